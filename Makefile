@@ -1,0 +1,37 @@
+# resumequal: `make run` and `make test` set everything up on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; install it before the project so the project's torch range is
+# already satisfied and pip does not fetch a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: env run test test-fast lint bench clean
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[test,lint]'
+	touch $@
+
+run: env
+	$(VENV)/bin/resumequal run
+
+test: env
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: env
+	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+lint: env
+	$(VENV)/bin/ruff check service operator tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+bench: env
+	$(PY) bench/trace_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,223 @@
+"""Per-step trace cost as a fraction of a tiny-gpt step (target: at most 3%).
+
+Runs the default tiny-gpt workload on one CPU thread and, in the same loop, times exactly
+the trace work the training loop does per step: RNG digests at step start, digests of the
+local and reduced gradients, of parameters and buffers after the update, of the optimizer
+state, and one StepRecord written to a trace file.
+
+    python bench/trace_overhead.py [--steps N] [--hashes]
+
+``--hashes`` also prints the hash comparison behind the choice of xxh3-128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+
+from resumequal.spec import TrainingSpec, WorkloadSpec
+from resumequal.trace import (
+    BucketRecord,
+    MicrostepRecord,
+    StepRecord,
+    TraceWriter,
+    bucket_layout_digest,
+    named_tensors_digest,
+    optimizer_state_digest,
+    rng_digests,
+)
+from resumequal.workloads import load_workload
+from resumequal.workloads.base import WorkloadContext
+
+TARGET = 0.03
+WARMUP_STEPS = 2
+
+
+class Stopwatch:
+    """Accumulates seconds per label for the steps after warmup."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = {}
+        self._last = time.perf_counter()
+        self.measuring = False
+
+    def lap(self, label: str) -> None:
+        """Charge the time since the previous lap to ``label``."""
+        now = time.perf_counter()
+        if self.measuring:
+            self.seconds.setdefault(label, []).append(now - self._last)
+        self._last = now
+
+    def mean_ms(self, labels: tuple[str, ...]) -> float:
+        """Mean per-step milliseconds of the given labels together."""
+        return sum(statistics.mean(self.seconds[label]) for label in labels) * 1e3
+
+
+TRAIN_LABELS = ("forward/backward", "clip+optimizer")
+DIGEST_LABELS = ("rng", "local grads", "reduced grads", "params+buffers", "optimizer", "record")
+
+
+def run_steps(steps: int, trace_dir: Path) -> tuple[Stopwatch, int]:
+    """Train ``steps`` measured steps after a warmup, timing training and trace work apart."""
+    training = TrainingSpec()
+    ctx = WorkloadContext(
+        params={}, training=training, rank=0, world_size=1, device=torch.device("cpu")
+    )
+    torch.manual_seed(training.seed)
+    w = load_workload(WorkloadSpec(), ctx)
+    model, opt = w.model, w.optimizer
+    params = list(model.named_parameters())
+    numel = sum(p.numel() for _, p in params)
+    # One bucket in reverse registration order, as a DDP reducer starts out.
+    buckets = [BucketRecord(index=0, params=[n for n, _ in reversed(params)], numel=numel)]
+    acc = training.accumulation_steps
+    clip = training.grad_clip_norm or float("inf")
+    watch = Stopwatch()
+
+    with TraceWriter(trace_dir / "rank0.jsonl") as writer:
+        for step in range(1, steps + WARMUP_STEPS + 1):
+            watch.measuring = step > WARMUP_STEPS
+            started_at = time.time()
+            watch.lap("between steps")
+            rng = rng_digests()
+            watch.lap("rng")
+
+            microsteps = []
+            for index in range(acc):
+                mb = w.dataset.next_microbatch()
+                loss = w.loss_fn(model, mb)
+                (loss / acc).backward()
+                microsteps.append(
+                    MicrostepRecord(index=index, sample_ids=mb.sample_ids, loss=loss.item())
+                )
+            watch.lap("forward/backward")
+
+            local = named_tensors_digest((n, p.grad) for n, p in params)
+            watch.lap("local grads")
+            # Single process: the reduced gradients are the local ones, digested again.
+            reduced = named_tensors_digest((n, p.grad) for n, p in params)
+            watch.lap("reduced grads")
+
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            lr = [float(g["lr"]) for g in opt.param_groups]
+            opt.step()
+            if w.scheduler is not None:
+                w.scheduler.step()
+            opt.zero_grad(set_to_none=True)
+            watch.lap("clip+optimizer")
+
+            params_digest = named_tensors_digest(
+                itertools.chain(model.named_parameters(), model.named_buffers())
+            )
+            watch.lap("params+buffers")
+            optimizer_digest = optimizer_state_digest(opt)
+            watch.lap("optimizer")
+            writer.write(
+                StepRecord(
+                    rank=0,
+                    attempt=0,
+                    step=step,
+                    microsteps=microsteps,
+                    rng=rng,
+                    local_grads=local,
+                    bucket_layout=bucket_layout_digest(buckets),
+                    buckets=buckets,
+                    reduced_grads=reduced,
+                    grad_norm=grad_norm,
+                    lr=lr,
+                    params=params_digest,
+                    optimizer_state=optimizer_digest,
+                    started_at=started_at,
+                    finished_at=time.time(),
+                )
+            )
+            watch.lap("record")
+    return watch, numel
+
+
+def _best_ms(fn: Callable[[], object], repeat: int = 5, number: int = 20) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / number)
+    return best * 1e3
+
+
+def compare_hashes() -> None:
+    """Print ms to hash ~10 MB of float32 and ~40 mixed-size tensors with each candidate."""
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(10 * 2**20 // 4, generator=g)
+    sizes = [64, 4096, 16384, 512, 65536, 65536, 128, 1, 131072, 3000]
+    mixed = [torch.randn(sizes[i % len(sizes)], generator=g) for i in range(40)]
+    mixed_mb = sum(t.numel() * 4 for t in mixed) / 2**20
+
+    def raw(t: torch.Tensor) -> Any:
+        return t.contiguous().reshape(-1).view(torch.uint8).numpy().data
+
+    candidates: dict[str, Callable[[], Any]] = {
+        "blake2b-128": lambda: hashlib.blake2b(digest_size=16),
+        "sha256": hashlib.sha256,
+        "xxh3_128": xxhash.xxh3_128,
+    }
+    print(f"{'hash':12s} {'10 MiB':>10s} {'GB/s':>7s} {f'40 tensors ({mixed_mb:.1f} MiB)':>24s}")
+    for name, make in candidates.items():
+
+        def one(make: Callable[[], Any] = make) -> None:
+            h = make()
+            h.update(raw(big))
+            h.hexdigest()
+
+        def many(make: Callable[[], Any] = make) -> None:
+            h = make()
+            for t in mixed:
+                h.update(raw(t))
+            h.hexdigest()
+
+        one_ms = _best_ms(one)
+        rate = 10 * 2**20 / (one_ms / 1e3) / 1e9
+        print(f"{name:12s} {one_ms:8.2f}ms {rate:7.2f} {_best_ms(many):22.2f}ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20, help="measured steps (after warmup)")
+    parser.add_argument("--hashes", action="store_true", help="also compare hash functions")
+    args = parser.parse_args(argv)
+
+    # One thread, as each rank runs by default (world.threads_per_rank).
+    torch.set_num_threads(1)
+    if args.hashes:
+        compare_hashes()
+        print()
+    with tempfile.TemporaryDirectory() as tmp:
+        watch, numel = run_steps(args.steps, Path(tmp))
+
+    step_ms = watch.mean_ms(TRAIN_LABELS)
+    digest_ms = watch.mean_ms(DIGEST_LABELS)
+    ratio = digest_ms / step_ms
+    verdict = "PASS" if ratio <= TARGET else f"OVER TARGET ({TARGET:.0%})"
+    print(f"tiny-gpt, {numel:,} parameters, {args.steps} steps after {WARMUP_STEPS} warmup")
+    for label in TRAIN_LABELS + DIGEST_LABELS:
+        print(f"  {label:18s} {watch.mean_ms((label,)):8.3f} ms")
+    acc = TrainingSpec().accumulation_steps
+    print(f"step   {step_ms:8.2f} ms  ({acc} microbatches fwd/bwd + clip + optimizer)")
+    print(f"digest {digest_ms:8.2f} ms  (rng, 2x grads, params+buffers, optimizer, 1 record)")
+    print(f"ratio  {ratio:8.2%}     {verdict}")
+    return 0 if ratio <= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

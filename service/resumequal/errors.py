@@ -1,0 +1,38 @@
+"""Our exceptions, one per boundary; vendor errors are chained with ``from e``.
+
+    ResumequalError
+    ├── TrainingError     a leg cannot go on (bad workload, restore disagreement, arm timeout)
+    ├── CheckpointError   a checkpoint cannot be written, found, verified or loaded
+    ├── StoreError        the store (file or object storage) refused an operation
+    ├── TraceError        a trace file cannot be read or holds a line that is not a record
+    ├── ReportError       a report file cannot be read: unknown schema version or invalid
+    └── MetricsError      metrics cannot be written to a textfile or pushed to a gateway
+"""
+
+
+class ResumequalError(Exception):
+    """Base of every error resumequal raises on purpose."""
+
+
+class TrainingError(ResumequalError):
+    """A training leg cannot continue."""
+
+
+class CheckpointError(ResumequalError):
+    """A checkpoint is missing, torn, tampered with, or does not match what is restored."""
+
+
+class StoreError(ResumequalError):
+    """The store refused or failed an operation."""
+
+
+class TraceError(ResumequalError):
+    """A trace file is unreadable or holds a bad line; the message names file and line."""
+
+
+class ReportError(ResumequalError):
+    """A report or verdict file has an unknown schema version or does not validate."""
+
+
+class MetricsError(ResumequalError):
+    """Metrics could not be written or pushed; the message names the target, never secrets."""

@@ -1,0 +1,323 @@
+"""The qualification spec: one pydantic model per component, shared by the CLI and the CRD.
+
+Every field has a default that runs on a 2-core CPU machine. Unknown fields are rejected;
+errors name the field path and, where there is a closed set, the allowed values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
+
+# Execution order inside one update; the comparator walks them in this order.
+BOUNDARIES: tuple[str, ...] = (
+    "inputs",
+    "rng",
+    "loss",
+    "local_grads",
+    "bucket_layout",
+    "reduced_grads",
+    "grad_norm",
+    "lr",
+    "params",
+    "optimizer_state",
+)
+Boundary = Literal[
+    "inputs",
+    "rng",
+    "loss",
+    "local_grads",
+    "bucket_layout",
+    "reduced_grads",
+    "grad_norm",
+    "lr",
+    "params",
+    "optimizer_state",
+]
+
+# The parts of training state a negative control may leave out of a resume.
+OMISSIONS: tuple[str, ...] = ("rng", "data_cursor", "scheduler", "model_optimizer_only",
+                              "pending_grads")
+Omission = Literal["rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads"]
+
+
+class SpecError(ValueError):
+    """A spec that cannot be loaded or does not validate; the message names the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkloadSpec(_Section):
+    """What trains: a built-in reference workload or a user factory ``module:function``."""
+
+    name: str = Field(
+        default="tiny-gpt",
+        description="Built-in workload (dropout-mlp, tiny-gpt) or a factory 'module:function'.",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Workload parameters, validated by the workload."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if ":" in value:
+            module, _, func = value.partition(":")
+            if not module or not func.isidentifier():
+                raise ValueError(f"factory must look like 'package.module:function', got {value!r}")
+            return value
+        if value not in BUILTIN_WORKLOADS:
+            raise ValueError(
+                f"unknown workload {value!r}; allowed: {', '.join(BUILTIN_WORKLOADS)} "
+                "or a factory 'module:function'"
+            )
+        return value
+
+    @property
+    def is_factory(self) -> bool:
+        return ":" in self.name
+
+
+class WorldSpec(_Section):
+    """How many processes train and how they talk."""
+
+    nnodes: int = Field(default=1, ge=1)
+    nproc_per_node: int = Field(default=2, ge=1)
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="auto: nccl when CUDA is available, else gloo."
+    )
+    threads_per_rank: int = Field(
+        default=1, ge=1, description="torch intra-op threads per rank (CPU oversubscription)."
+    )
+    max_restarts: int = Field(
+        default=1, ge=1, description="Elastic restarts the launcher may make (the kill needs 1)."
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+class OptimizerSpec(_Section):
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = Field(default=3e-3, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    momentum: float = Field(default=0.9, ge=0, description="sgd only")
+
+
+class ScheduleSpec(_Section):
+    """Learning-rate schedule, stepped once per optimizer step."""
+
+    kind: Literal["constant", "step", "warmup-cosine"] = "warmup-cosine"
+    step_size: int = Field(default=4, ge=1, description="step: decay every this many steps")
+    gamma: float = Field(default=0.5, gt=0, description="step: multiplicative decay")
+    warmup_steps: int = Field(default=3, ge=0, description="warmup-cosine: linear warmup")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="warmup-cosine: floor")
+
+
+class TrainingSpec(_Section):
+    steps: int = Field(default=12, ge=1, description="optimizer steps per leg")
+    accumulation_steps: int = Field(default=3, ge=1, description="microbatches per update")
+    microbatch_size: int = Field(default=8, ge=1)
+    seed: int = Field(default=1234, ge=0)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    grad_clip_norm: float | None = Field(default=1.0, gt=0)
+    deterministic_algorithms: bool = True
+
+
+class CheckpointSpec(_Section):
+    every_steps: int | None = Field(default=4, ge=1)
+    at_steps: list[int] = Field(default_factory=list)
+    keep_last: int = Field(default=3, ge=1)
+    store: str | None = Field(
+        default=None, description="Where checkpoints live; default: the leg's run directory."
+    )
+
+    @field_validator("at_steps")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        bad = [s for s in value if s < 1]
+        if bad:
+            raise ValueError(f"steps are numbered from 1; got {bad}")
+        return sorted(set(value))
+
+    def saves_after(self, step: int, last_step: int) -> bool:
+        """Whether a periodic checkpoint is committed once ``step`` has completed."""
+        if step == last_step or step in self.at_steps:
+            return True
+        return self.every_steps is not None and step % self.every_steps == 0
+
+
+class PreemptionSpec(_Section):
+    """The cut point: before microbatch ``microstep`` of optimizer step ``step`` on ``rank``.
+
+    microstep 0 cuts at an optimizer-step boundary; microstep > 0 cuts mid-accumulation,
+    after that many microbatches have run backward. With ``at: checkpoint_commit`` the
+    rank instead holds inside the commit protocol of the checkpoint saved after ``step``:
+    its shards are written, the commit has not happened.
+    """
+
+    at: Literal["microbatch", "checkpoint_commit"] = "microbatch"
+
+    step: int = Field(default=6, ge=1)
+    microstep: int = Field(default=1, ge=0)
+    rank: int = Field(default=1, ge=0)
+    mode: Literal["hard", "graceful"] = "hard"
+    grace_seconds: float = Field(default=20.0, gt=0)
+
+
+class TimeoutSpec(_Section):
+    process_group_seconds: float = Field(default=120.0, gt=0)
+    arm_seconds: float = Field(default=60.0, gt=0, description="cut reached -> killed")
+    restart_seconds: float = Field(default=120.0, gt=0, description="killed -> resumed")
+    leg_seconds: float = Field(default=900.0, gt=0, description="whole leg")
+
+
+class DDPSpec(_Section):
+    bucket_cap_mb: float = Field(default=25.0, gt=0)
+    reducer_prime: bool = Field(
+        default=True,
+        description="Rebuild DDP buckets with a synthetic backward in every fresh process.",
+    )
+
+
+class ComparisonSpec(_Section):
+    mode: Literal["exact", "tolerance"] = "exact"
+    tolerances: dict[Boundary, float] = Field(
+        default_factory=dict, description="tolerance mode: max abs difference per boundary"
+    )
+
+    @model_validator(mode="after")
+    def _tolerances_need_mode(self) -> ComparisonSpec:
+        if self.tolerances and self.mode != "tolerance":
+            raise ValueError("tolerances are only used with mode: tolerance")
+        bad = {k: v for k, v in self.tolerances.items() if v < 0}
+        if bad:
+            raise ValueError(f"tolerances must be >= 0, got {bad}")
+        return self
+
+
+class QualificationSpec(_Section):
+    """A whole qualification: what trains, where it is cut, and how legs are compared."""
+
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    world: WorldSpec = Field(default_factory=WorldSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    ddp: DDPSpec = Field(default_factory=DDPSpec)
+    comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QualificationSpec:
+        t, p = self.training, self.preemption
+        if p.step > t.steps:
+            raise ValueError(
+                f"preemption.step={p.step} is after the last step (training.steps={t.steps})"
+            )
+        if p.microstep >= t.accumulation_steps:
+            raise ValueError(
+                f"preemption.microstep={p.microstep} must be < training.accumulation_steps="
+                f"{t.accumulation_steps}"
+            )
+        if p.at == "checkpoint_commit":
+            if p.microstep != 0:
+                raise ValueError("preemption.microstep must be 0 with at: checkpoint_commit")
+            if not self.checkpoint.saves_after(p.step, t.steps):
+                raise ValueError(
+                    f"preemption.at=checkpoint_commit: no checkpoint is saved after step "
+                    f"{p.step}; add it to checkpoint.at_steps"
+                )
+        if p.rank >= self.world.world_size:
+            raise ValueError(
+                f"preemption.rank={p.rank} does not exist in a world of {self.world.world_size}"
+            )
+        if p.mode == "hard" and not any(
+            self.checkpoint.saves_after(s, t.steps) for s in range(1, p.step)
+        ):
+            raise ValueError(
+                f"preemption.step={p.step}: a hard kill there lands before the first committed "
+                "checkpoint, so the restart would not be a resume; set checkpoint.every_steps "
+                "or checkpoint.at_steps to a step before it"
+            )
+        if self.timeouts.arm_seconds >= self.timeouts.process_group_seconds:
+            raise ValueError(
+                "timeouts.arm_seconds must be < timeouts.process_group_seconds: the other ranks "
+                "wait in a collective while the armed rank holds"
+            )
+        return self
+
+    def digest(self) -> str:
+        """A stable sha256 of the spec, used to tie a run directory to one spec."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _allowed_fields(loc: tuple[int | str, ...]) -> list[str] | None:
+    """Fields of the model at ``loc`` (the parent of an unknown key), if it is one of ours."""
+    model: Any = QualificationSpec
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        model = field.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+    return sorted(model.model_fields)
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """Render pydantic errors as 'source: field.path: message' lines."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = ".".join(str(p) for p in loc) or "<top level>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_fields(loc[:-1])
+            msg = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        lines.append(f"{source}: {path}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: Any, source: str = "spec") -> QualificationSpec:
+    """Validate a mapping into a spec, raising SpecError that names every bad field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: the spec must be a mapping, got {type(data).__name__}")
+    try:
+        return QualificationSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, source)) from e
+
+
+def load_spec(path: str | Path) -> QualificationSpec:
+    """Load a spec from a YAML or JSON file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError as e:
+        raise SpecError(f"spec file not found: {p}") from e
+    except OSError as e:
+        raise SpecError(f"cannot read spec file {p}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{p}: not valid YAML/JSON: {e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"{p}: not valid YAML/JSON: {e}") from e
+    return parse_spec(data, source=str(p))

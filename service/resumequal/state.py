@@ -1,0 +1,255 @@
+"""Capture and restore of the full training state, and the negative-control omissions.
+
+Owns what a checkpoint must carry (model, optimizer, scheduler, RNGs, data cursor,
+counters, pending gradients at a mid-accumulation cut, AMP scaler) and how a restore may
+deliberately leave parts out. Knows nothing about files, stores or commit protocols.
+
+The state is split in two: tensors that DCP writes (model, optimizer, rank-keyed pending
+gradients) and a per-rank mapping of plain Python values. DCP treats plain tensors saved
+under the same key on every rank as replicated and restores rank 0's copy everywhere, so
+anything rank-local is keyed by rank or kept in the per-rank mapping.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from resumequal.errors import CheckpointError
+from resumequal.spec import OMISSIONS
+from resumequal.workloads.base import Workload
+
+log = logging.getLogger(__name__)
+
+RANK_STATE_FORMAT = 1
+_RANK_STATE_KEYS = frozenset(
+    {
+        "format",
+        "rank",
+        "world_size",
+        "counters",
+        "rng",
+        "data_cursor",
+        "scheduler",
+        "scaler",
+        "trace_partial",
+        "pending_grads",
+    }
+)
+
+# What each omission leaves out of a restore. Counters are always restored: they position
+# the loop, and every resume implementation stores at least the step it stopped at.
+_OMITTED_PARTS: dict[str, frozenset[str]] = {
+    "rng": frozenset({"rng"}),
+    "data_cursor": frozenset({"data_cursor"}),
+    "scheduler": frozenset({"scheduler"}),
+    "model_optimizer_only": frozenset(
+        {"rng", "data_cursor", "scheduler", "scaler", "pending_grads"}
+    ),
+    "pending_grads": frozenset({"pending_grads"}),
+}
+assert set(_OMITTED_PARTS) == set(OMISSIONS)
+
+
+@dataclass
+class Counters:
+    """Where the loop stands: completed optimizer steps and progress inside the next one."""
+
+    step: int = 0
+    microstep: int = 0
+    global_microstep: int = 0
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.step, self.microstep, self.global_microstep)
+
+
+@dataclass
+class LiveState:
+    """The live objects of one rank that together make up its training state."""
+
+    workload: Workload
+    model: nn.Module  # the DDP-wrapped model; state dicts are taken through it
+    rank: int
+    world_size: int
+    counters: Counters = field(default_factory=Counters)
+    trace_partial: dict[str, Any] | None = None
+
+
+def omitted_parts(omit: frozenset[str]) -> frozenset[str]:
+    """The union of state parts the given omissions leave out."""
+    unknown = sorted(set(omit) - set(_OMITTED_PARTS))
+    if unknown:
+        raise ValueError(f"unknown omission(s) {unknown}; allowed: {', '.join(OMISSIONS)}")
+    parts: set[str] = set()
+    for name in omit:
+        parts |= _OMITTED_PARTS[name]
+    return frozenset(parts)
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG this process draws from: Python, NumPy, torch CPU and each CUDA device."""
+    rng: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    """Set every RNG from a mapping made by :func:`capture_rng`."""
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices) with one value."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _pending_key(rank: int) -> str:
+    return f"rank_{rank}"
+
+
+def tensor_state(live: LiveState, with_pending_grads: bool) -> dict[str, Any]:
+    """The DCP state dict: model, optimizer and, mid-accumulation, this rank's pending grads."""
+    w = live.workload
+    model_sd, optim_sd = get_state_dict(
+        live.model, w.optimizer, options=StateDictOptions(strict=True)
+    )
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    if with_pending_grads:
+        grads = {}
+        for name, p in _unwrapped(live.model).named_parameters():
+            if p.grad is not None:
+                grads[name] = p.grad
+        state[_pending_key(live.rank)] = {"pending_grads": grads}
+    return state
+
+
+def pending_grads_template(live: LiveState, names: list[str]) -> dict[str, Any]:
+    """Tensors to load the named rank-local pending gradients into."""
+    params = dict(_unwrapped(live.model).named_parameters())
+    unknown = sorted(set(names) - set(params))
+    if unknown:
+        raise CheckpointError(f"pending gradients for unknown parameter(s): {unknown}")
+    return {
+        _pending_key(live.rank): {
+            "pending_grads": {n: torch.empty_like(params[n]) for n in names}
+        }
+    }
+
+
+def rank_state(live: LiveState) -> dict[str, Any]:
+    """The per-rank plain-Python part of the state."""
+    w = live.workload
+    return {
+        "format": RANK_STATE_FORMAT,
+        "rank": live.rank,
+        "world_size": live.world_size,
+        "counters": asdict(live.counters),
+        "rng": capture_rng(),
+        "data_cursor": w.dataset.state_dict(),
+        "scheduler": w.scheduler.state_dict() if w.scheduler is not None else None,
+        "scaler": w.scaler.state_dict() if w.scaler is not None else None,
+        "trace_partial": live.trace_partial,
+        # Names, not a flag: a parameter that got no gradient yet has none to restore.
+        "pending_grads": sorted(
+            n for n, p in _unwrapped(live.model).named_parameters() if p.grad is not None
+        ) if live.counters.microstep > 0 else [],
+    }
+
+
+def check_rank_state(state: dict[str, Any], source: str) -> None:
+    """Strict shape check of a loaded per-rank mapping; errors name the key."""
+    missing = sorted(_RANK_STATE_KEYS - set(state))
+    unexpected = sorted(set(state) - _RANK_STATE_KEYS)
+    if missing:
+        raise CheckpointError(f"{source}: missing key(s) in rank state: {', '.join(missing)}")
+    if unexpected:
+        raise CheckpointError(
+            f"{source}: unexpected key(s) in rank state: {', '.join(unexpected)}"
+        )
+    if state["format"] != RANK_STATE_FORMAT:
+        raise CheckpointError(
+            f"{source}: rank state format {state['format']!r}, expected {RANK_STATE_FORMAT}"
+        )
+
+
+def restore(
+    live: LiveState,
+    tensors: dict[str, Any],
+    ranks: dict[str, Any],
+    omit: frozenset[str],
+    source: str,
+) -> None:
+    """Apply a loaded state to the live objects, leaving out what ``omit`` selects."""
+    check_rank_state(ranks, source)
+    parts = omitted_parts(omit)
+    w = live.workload
+    try:
+        set_state_dict(
+            live.model,
+            w.optimizer,
+            model_state_dict=tensors["model"],
+            optim_state_dict=tensors["optim"],
+            options=StateDictOptions(strict=True),
+        )
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"{source}: model/optimizer state does not fit: {e}") from e
+
+    w.optimizer.zero_grad(set_to_none=True)
+    if ranks["pending_grads"] and "pending_grads" not in parts:
+        grads = tensors[_pending_key(live.rank)]["pending_grads"]
+        for name, p in _unwrapped(live.model).named_parameters():
+            if name in grads:
+                p.grad = grads[name].detach().clone()
+
+    if "scheduler" not in parts:
+        _load_optional(w.scheduler, ranks["scheduler"], "scheduler", source)
+    if "scaler" not in parts:
+        _load_optional(w.scaler, ranks["scaler"], "scaler", source)
+    if "data_cursor" not in parts:
+        try:
+            w.dataset.load_state_dict(ranks["data_cursor"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{source}: data cursor does not fit the dataset: {e}") from e
+    if "rng" not in parts:
+        restore_rng(ranks["rng"])
+    c = ranks["counters"]
+    live.counters = Counters(c["step"], c["microstep"], c["global_microstep"])
+    live.trace_partial = ranks["trace_partial"]
+    if omit:
+        log.warning("rank %d restored %s without: %s", live.rank, source, ", ".join(sorted(parts)))
+
+
+def _load_optional(obj: Any, state: Any, name: str, source: str) -> None:
+    if (obj is None) != (state is None):
+        have = "has" if obj is not None else "has no"
+        saved = "saved one" if state is not None else "saved none"
+        raise CheckpointError(f"{source}: the workload {have} {name} but the checkpoint {saved}")
+    if obj is not None:
+        obj.load_state_dict(state)
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, nn.Module) else model

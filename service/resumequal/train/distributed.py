@@ -1,0 +1,111 @@
+"""Process-group setup that survives elastic restarts.
+
+torchrun restarts every worker of a group when one fails, but the rendezvous store
+outlives the attempt. On torch 2.13 CPU, gloo reads the previous attempt's peer addresses
+from that surviving store and fails with ``connectFullMesh ... Connection refused``; a
+store namespaced per attempt makes the new group connect cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from resumequal.errors import TrainingError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process sits in the leg: rank, world, attempt, device."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    attempt: int
+    backend: str
+    device: torch.device
+    host: str
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        if default is None:
+            raise TrainingError(f"environment variable {name} is not set; run under torchrun")
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise TrainingError(f"environment variable {name}={raw!r} is not an integer") from e
+
+
+def resolve_backend(requested: str) -> str:
+    """'auto' means nccl where CUDA is available, else gloo."""
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise TrainingError("world.backend is nccl but CUDA is not available here")
+    return requested
+
+
+def init_process_group(requested_backend: str, timeout_seconds: float) -> Placement:
+    """Join this attempt's process group through a per-attempt namespaced store."""
+    rank = _env_int("RANK")
+    world_size = _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK", 0)
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    backend = resolve_backend(requested_backend)
+    host = os.environ.get("MASTER_ADDR")
+    port = _env_int("MASTER_PORT")
+    if host is None:
+        raise TrainingError("environment variable MASTER_ADDR is not set; run under torchrun")
+    timeout = timedelta(seconds=timeout_seconds)
+    # Under torchrun the agent hosts the store; standalone launches make rank 0 host it.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
+    try:
+        base = dist.TCPStore(
+            host,
+            port,
+            world_size=None if agent_store else world_size,
+            is_master=(not agent_store and rank == 0),
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        store = dist.PrefixStore(f"resumequal/attempt-{attempt}", base)
+        if backend == "nccl":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        dist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+    except (RuntimeError, ValueError) as e:
+        raise TrainingError(
+            f"rank {rank}: cannot join the {backend} process group at {host}:{port} "
+            f"(attempt {attempt}): {e}"
+        ) from e
+    log.info("rank %d/%d joined %s group (attempt %d)", rank, world_size, backend, attempt)
+    return Placement(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        attempt=attempt,
+        backend=backend,
+        device=device,
+        host=socket.gethostname(),
+    )
+
+
+def destroy_process_group() -> None:
+    """Leave the group if one exists."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

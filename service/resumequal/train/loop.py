@@ -1,0 +1,362 @@
+"""One training leg inside one worker process: build, resume, train, trace, checkpoint.
+
+The loop is the same for the control and the preempted leg; only the cut point (and, for
+negative controls, the omissions applied on resume) differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from resumequal.checkpoint import CheckpointManager, Position
+from resumequal.errors import CheckpointError, TrainingError
+from resumequal.spec import QualificationSpec
+from resumequal.state import (
+    Counters,
+    LiveState,
+    pending_grads_template,
+    rank_state,
+    restore,
+    seed_everything,
+    tensor_state,
+)
+from resumequal.trace import (
+    ArmRecord,
+    BucketRecord,
+    MicrostepRecord,
+    RestoreRecord,
+    StepRecord,
+    TraceWriter,
+    bucket_layout_digest,
+    collect_inventory,
+    named_tensors_digest,
+    optimizer_state_digest,
+    rng_digests,
+)
+from resumequal.train.distributed import Placement
+from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag
+from resumequal.train.prime import prime_reducer
+from resumequal.workloads import load_workload
+from resumequal.workloads.base import WorkloadContext
+
+log = logging.getLogger(__name__)
+
+LEGS = ("control", "preempted")
+
+
+@dataclass
+class _GradRecorder:
+    """A DDP comm hook that digests rank-local gradients before they are all-reduced."""
+
+    names: dict[int, str]
+    local: dict[str, str] = field(default_factory=dict)
+    buckets: list[BucketRecord] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.local = {}
+        self.buckets = []
+
+    def hook(
+        self, group: dist.ProcessGroup | None, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        params = [self.names[id(p)] for p in bucket.parameters()]
+        for name, grad in zip(params, bucket.gradients(), strict=True):
+            self.local[name] = named_tensors_digest([(name, grad)])
+        self.buckets.append(
+            BucketRecord(index=bucket.index(), params=params, numel=bucket.buffer().numel())
+        )
+        # The same arithmetic as DDP's built-in allreduce: divide, then sum.
+        buffer = bucket.buffer()
+        pg = group if group is not None else dist.group.WORLD
+        assert pg is not None
+        buffer.div_(pg.size())
+        work = dist.all_reduce(buffer, group=pg, async_op=True)
+        assert work is not None
+        reduced: torch.futures.Future[torch.Tensor] = work.get_future().then(
+            lambda fut: fut.value()[0]
+        )
+        return reduced
+
+    def local_digest(self) -> str:
+        joined = "\n".join(f"{n}={d}" for n, d in sorted(self.local.items()))
+        return "sha256:" + hashlib.sha256(joined.encode()).hexdigest()
+
+    def layout(self) -> list[BucketRecord]:
+        return sorted(self.buckets, key=lambda b: b.index)
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def _params_digest(model: nn.Module) -> str:
+    m = _unwrapped(model)
+    return named_tensors_digest(
+        [(f"param:{n}", p.detach()) for n, p in m.named_parameters()]
+        + [(f"buffer:{n}", b) for n, b in m.named_buffers()]
+    )
+
+
+class Leg:
+    """Trains one leg in this process, from scratch or from the newest checkpoint."""
+
+    def __init__(
+        self,
+        spec: QualificationSpec,
+        leg: str,
+        leg_dir: Path,
+        placement: Placement,
+        *,
+        omit: frozenset[str] = frozenset(),
+        checkpoint_root: Path | None = None,
+    ) -> None:
+        if leg not in LEGS:
+            raise TrainingError(f"unknown leg {leg!r}; allowed: {', '.join(LEGS)}")
+        self.spec = spec
+        self.leg = leg
+        self.leg_dir = leg_dir
+        self.p = placement
+        self.omit = omit
+        self.stop = StopFlag()
+        cut = None
+        if leg == "preempted":
+            pre = spec.preemption
+            cut = CutPoint(pre.step, pre.microstep, pre.rank, pre.at, spec.timeouts.arm_seconds)
+        self.arming = Arming(
+            cut,
+            rank=placement.rank,
+            attempt=placement.attempt,
+            leg_dir=leg_dir,
+            stop=self.stop,
+            on_arm=self._on_arm,
+        )
+        self.ckpt = CheckpointManager(
+            checkpoint_root or leg_dir / "checkpoints",
+            rank=placement.rank,
+            world_size=placement.world_size,
+            attempt=placement.attempt,
+            keep_last=spec.checkpoint.keep_last,
+        )
+        self.trace = TraceWriter(leg_dir / "trace" / f"rank-{placement.rank}.jsonl")
+
+    # -- setup --------------------------------------------------------------------------
+
+    def _build(self) -> LiveState:
+        t = self.spec.training
+        torch.set_num_threads(self.spec.world.threads_per_rank)
+        if t.deterministic_algorithms:
+            torch.use_deterministic_algorithms(True)
+        # Identical model initialisation on every rank, then per-rank streams.
+        seed_everything(t.seed)
+        ctx = WorkloadContext(
+            params=dict(self.spec.workload.params),
+            training=t,
+            rank=self.p.rank,
+            world_size=self.p.world_size,
+            device=self.p.device,
+        )
+        workload = load_workload(self.spec.workload, ctx)
+        model = workload.model.to(self.p.device)
+        ddp = DDP(
+            model,
+            device_ids=[self.p.local_rank] if self.p.device.type == "cuda" else None,
+            bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
+        )
+        self.recorder = _GradRecorder({id(p): n for n, p in model.named_parameters()})
+        # DDP inspects the hook's annotations, which postponed evaluation turns into strings.
+        recorder = self.recorder
+        ddp.register_comm_hook(None, lambda state, bucket: recorder.hook(state, bucket))
+        seed_everything(t.seed + 104729 * (self.p.rank + 1))
+        return LiveState(workload=workload, model=ddp, rank=self.p.rank,
+                         world_size=self.p.world_size)
+
+    def _resume(self, live: LiveState) -> None:
+        removed = self.ckpt.collect_garbage()
+        if removed:
+            log.warning("rank 0 removed uncommitted checkpoints: %s", ", ".join(removed))
+        name = self.ckpt.newest()
+        if name is None:
+            if self.p.attempt > 0:
+                log.warning("attempt %d found no committed checkpoint; starting over",
+                            self.p.attempt)
+            return
+
+        def template(ranks: dict[str, Any]) -> dict[str, Any]:
+            tensors = tensor_state(live, with_pending_grads=False)
+            if ranks.get("pending_grads"):
+                tensors.update(pending_grads_template(live, list(ranks["pending_grads"])))
+            return tensors
+
+        loaded = self.ckpt.load(name, template)
+        restore(live, loaded.tensors, loaded.rank_state, self.omit, source=name)
+        check_counters_agree(live.counters, self.p.device)
+        c = live.counters
+        self.trace.write(
+            RestoreRecord(
+                rank=self.p.rank,
+                attempt=self.p.attempt,
+                checkpoint=name,
+                step=c.step,
+                microstep=c.microstep,
+                global_microstep=c.global_microstep,
+                omitted=sorted(self.omit),  # type: ignore[arg-type]
+                restored_at=time.time(),
+                params=_params_digest(live.model),
+                optimizer_state=optimizer_state_digest(live.workload.optimizer),
+            )
+        )
+        log.info("rank %d resumed from %s", self.p.rank, name)
+
+    # -- training -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Train to the last step; raises Preempted after a graceful emergency checkpoint."""
+        self.stop.install()
+        live = self._build()
+        self.trace.write(collect_inventory(self.p.rank, self.p.attempt))
+        self._resume(live)
+        if self.spec.ddp.reducer_prime:
+            prime_reducer(live)
+            self.recorder.reset()
+        t = self.spec.training
+        for step in range(live.counters.step + 1, t.steps + 1):
+            self._step(live, step)
+            if self.spec.checkpoint.saves_after(step, t.steps):
+                self._save(live, hold_step=step)
+        self.trace.close()
+
+    def _step(self, live: LiveState, step: int) -> None:
+        w = live.workload
+        t = self.spec.training
+        accum = t.accumulation_steps
+        if live.counters.microstep == 0 or live.trace_partial is None:
+            live.trace_partial = {"rng": rng_digests(), "started_at": time.time(),
+                                  "microsteps": []}
+        self.recorder.reset()
+        for m in range(live.counters.microstep, accum):
+            self.arming.maybe_hold(step, m, "microbatch")
+            if self.stop.agreed(self.p.device):
+                self._save(live, hold_step=None)
+                raise Preempted(f"stopped at step {step} microstep {m}")
+            mb = w.dataset.next_microbatch()
+            sync = m == accum - 1
+            with nullcontext() if sync else _no_sync(live.model):
+                loss = w.loss_fn(live.model, mb)
+                scaled = loss / accum
+                if w.scaler is not None:
+                    scaled = w.scaler.scale(scaled)
+                scaled.backward()
+            live.trace_partial["microsteps"].append(
+                {"index": m, "sample_ids": list(mb.sample_ids), "loss": loss.item()}
+            )
+            live.counters.microstep = m + 1
+            live.counters.global_microstep += 1
+
+        params = [p for p in live.model.parameters() if p.grad is not None]
+        reduced = named_tensors_digest(
+            [(n, p.grad) for n, p in _unwrapped(live.model).named_parameters()]
+        )
+        if w.scaler is not None:
+            w.scaler.unscale_(w.optimizer)
+        if t.grad_clip_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip_norm, foreach=False)
+        else:
+            grads = [p.grad for p in params if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads, foreach=False)
+        lrs = [float(g["lr"]) for g in w.optimizer.param_groups]
+        if w.scaler is not None:
+            w.scaler.step(w.optimizer)
+            w.scaler.update()
+        else:
+            w.optimizer.step()
+        if w.scheduler is not None:
+            w.scheduler.step()
+        w.optimizer.zero_grad(set_to_none=True)
+        live.counters.step = step
+        live.counters.microstep = 0
+
+        layout = self.recorder.layout()
+        partial = live.trace_partial
+        self.trace.write(
+            StepRecord(
+                rank=self.p.rank,
+                attempt=self.p.attempt,
+                step=step,
+                microsteps=[MicrostepRecord(**m) for m in partial["microsteps"]],
+                rng=partial["rng"],
+                local_grads=self.recorder.local_digest(),
+                bucket_layout=bucket_layout_digest(layout),
+                buckets=layout,
+                reduced_grads=reduced,
+                grad_norm=float(norm.item()),
+                lr=lrs,
+                params=_params_digest(live.model),
+                optimizer_state=optimizer_state_digest(w.optimizer),
+                started_at=partial["started_at"],
+                finished_at=time.time(),
+            )
+        )
+        live.trace_partial = None
+
+    def _save(self, live: LiveState, hold_step: int | None) -> None:
+        c = live.counters
+        position = Position(c.step, c.microstep)
+
+        def before_commit() -> None:
+            if hold_step is not None:
+                self.arming.maybe_hold(hold_step, 0, "checkpoint_commit")
+
+        tensors = tensor_state(live, with_pending_grads=c.microstep > 0)
+        self.ckpt.save(
+            position,
+            tensors,
+            rank_state(live),
+            info={"leg": self.leg, "global_microstep": c.global_microstep},
+            before_commit=before_commit,
+        )
+
+    def _on_arm(self, step: int, microstep: int, where: str) -> None:
+        self.trace.write(ArmRecord(rank=self.p.rank, attempt=self.p.attempt, step=step,
+                                   microstep=microstep, pid=os.getpid(), armed_at=time.time()))
+
+
+@contextmanager
+def _no_sync(model: nn.Module) -> Iterator[None]:
+    if isinstance(model, DDP):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def check_counters_agree(counters: Counters, device: torch.device) -> None:
+    """MIN/MAX all-reduce the restored counters; stop naming ranks and values if they differ."""
+    values = torch.tensor(counters.as_tuple(), dtype=torch.int64, device=device)
+    lo, hi = values.clone(), values.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    if torch.equal(lo, hi):
+        return
+    gathered = [torch.zeros_like(values) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, values)
+    names = ("step", "microstep", "global_microstep")
+    problems = []
+    for i, name in enumerate(names):
+        if lo[i] != hi[i]:
+            per_rank = ", ".join(f"rank {r}={int(g[i])}" for r, g in enumerate(gathered))
+            problems.append(f"{name}: {per_rank}")
+    raise CheckpointError("ranks restored different counters: " + "; ".join(problems))

@@ -1,0 +1,118 @@
+"""The workload factory protocol: what a user's training code hands to resumequal.
+
+A factory is a function ``factory(ctx: WorkloadContext) -> Workload``, named in the spec as
+``workload.name: "my_package.my_module:my_factory"``. resumequal seeds every RNG with
+``training.seed`` before calling it (so model initialisation is identical on every rank),
+wraps ``Workload.model`` in DDP itself, and owns the loop: the factory only builds things.
+
+Rules a factory must follow for a resume to be exact:
+
+- The dataset is a :class:`StatefulDataset`: everything that decides which samples come
+  next lives in ``state_dict()`` (plain Python values), and ``load_state_dict`` restores it
+  strictly (a missing or unexpected key raises ``KeyError`` naming the key).
+- Randomness in the input path may draw from the global Python ``random``, NumPy and torch
+  RNGs (resumequal checkpoints them per rank); any private generator must be part of the
+  dataset's state.
+- ``loss_fn(model, microbatch)`` returns the un-normalised loss of one microbatch; the loop
+  divides by the accumulation steps.
+
+A factory may validate ``ctx.params`` with :func:`parse_params` to report bad parameters the
+way the rest of the spec does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import torch
+from pydantic import BaseModel, ValidationError
+from torch import nn
+
+from resumequal.spec import SpecError, TrainingSpec
+
+
+@dataclass
+class Microbatch:
+    """One microbatch: the global sample ids it holds and the tensors ``loss_fn`` consumes."""
+
+    sample_ids: list[int]
+    data: Any
+
+
+@runtime_checkable
+class StatefulDataset(Protocol):
+    """A per-rank stream of microbatches with an explicit, checkpointable cursor."""
+
+    def next_microbatch(self) -> Microbatch:
+        """The next microbatch for this rank; advances the cursor."""
+        ...
+
+    def synthetic_microbatch(self) -> Microbatch:
+        """A well-formed microbatch that consumes neither the cursor nor any global RNG."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor (and any private generator) as plain Python values."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the cursor strictly: missing or unexpected keys raise KeyError."""
+        ...
+
+
+LossFn = Callable[[nn.Module, Microbatch], torch.Tensor]
+
+
+@dataclass
+class Workload:
+    """Everything the loop needs from a workload. ``model`` is not yet wrapped in DDP."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    dataset: StatefulDataset
+    loss_fn: LossFn
+    scaler: torch.amp.GradScaler | None = None
+    description: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkloadContext:
+    """What a factory is given: its parameters, the training section, and its place."""
+
+    params: dict[str, Any]
+    training: TrainingSpec
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+WorkloadFactory = Callable[[WorkloadContext], Workload]
+
+
+ParamsModel = TypeVar("ParamsModel", bound=BaseModel)
+
+
+def parse_params(model: type[ParamsModel], params: Mapping[str, Any]) -> ParamsModel:
+    """Validate workload parameters; a SpecError names each bad ``workload.params.<field>``."""
+    try:
+        return model.model_validate(dict(params))
+    except ValidationError as e:
+        lines = []
+        for error in e.errors():
+            loc = tuple(str(part) for part in error["loc"])
+            path = ".".join(("workload.params", *loc))
+            if error["type"] == "extra_forbidden":
+                msg = "unknown parameter"
+                if len(loc) == 1:
+                    msg += f"; allowed: {', '.join(sorted(model.model_fields))}"
+            elif error["type"] == "missing":
+                msg = "required parameter is missing"
+            else:
+                msg = error["msg"].removeprefix("Value error, ")
+                if loc:  # a whole-model check would echo every parameter
+                    msg += f" (got {error['input']!r})"
+            lines.append(f"{path}: {msg}")
+        raise SpecError("\n".join(lines)) from e

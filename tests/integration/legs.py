@@ -1,0 +1,181 @@
+"""Launch real torchrun legs, wait for beacons, deliver real signals, read what legs wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from resumequal.spec import BOUNDARIES
+from resumequal.trace import RestoreRecord, StepRecord, boundary_value, effective_steps, read_trace
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_spec(path: Path, spec: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@dataclass
+class LegProcess:
+    """A torchrun launch of one leg in its own process group, with its log file."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+    run_dir: Path
+    leg: str
+    started: float = field(default_factory=time.monotonic)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"leg {self.leg} did not finish in {timeout}s; log:\n"
+                                 + self.tail()) from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+RUNNING: list[LegProcess] = []
+
+
+def launch(
+    spec_path: Path,
+    leg: str,
+    run_dir: Path,
+    *,
+    nproc: int = 2,
+    max_restarts: int = 1,
+    omit: tuple[str, ...] = (),
+) -> LegProcess:
+    """Start ``resumequal leg`` under torchrun with a c10d rendezvous on a free port."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / f"{leg}.log"
+    cmd = [
+        *TORCHRUN,
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.1",
+        "-m", "resumequal", "leg",
+        "--spec", str(spec_path), "--leg", leg, "--run-dir", str(run_dir),
+    ]
+    for o in omit:
+        cmd += ["--omit", o]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    lp = LegProcess(proc, log, run_dir, leg)
+    RUNNING.append(lp)
+    return lp
+
+
+def wait_beacon(lp: LegProcess, rank: int, timeout: float = 120) -> dict[str, Any]:
+    path = lp.run_dir / lp.leg / "beacons" / f"attempt-0-rank-{rank}.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())  # type: ignore[no-any-return]
+        if lp.proc.poll() is not None:
+            raise AssertionError(f"leg exited {lp.proc.returncode} before arming:\n{lp.tail()}")
+        time.sleep(0.05)
+    raise AssertionError(f"no beacon at {path} within {timeout}s:\n{lp.tail()}")
+
+
+def run_leg(spec_path: Path, leg: str, run_dir: Path, timeout: float = 240, **kw: Any) -> None:
+    lp = launch(spec_path, leg, run_dir, **kw)
+    code = lp.wait(timeout)
+    assert code == 0, f"{leg} leg exited {code}:\n{lp.tail()}"
+
+
+def preempt(
+    spec_path: Path, run_dir: Path, sig: signal.Signals, rank: int = 1, timeout: float = 240,
+    omit: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Run the preempted leg, deliver ``sig`` to the armed worker, wait for the restart."""
+    lp = launch(spec_path, "preempted", run_dir, omit=omit)
+    beacon = wait_beacon(lp, rank)
+    os.kill(beacon["pid"], sig)
+    code = lp.wait(timeout)
+    assert code == 0, f"preempted leg exited {code}:\n{lp.tail()}"
+    return beacon
+
+
+def steps(run_dir: Path, leg: str, rank: int) -> dict[int, StepRecord]:
+    return effective_steps(read_trace(run_dir / leg / "trace" / f"rank-{rank}.jsonl"), rank)
+
+
+def restores(run_dir: Path, leg: str, rank: int) -> list[RestoreRecord]:
+    recs = read_trace(run_dir / leg / "trace" / f"rank-{rank}.jsonl")
+    return [r for r in recs if isinstance(r, RestoreRecord)]
+
+
+def first_divergence(
+    a_dir: Path, b_dir: Path, ranks: int = 2, a_leg: str = "control", b_leg: str = "preempted"
+) -> tuple[int, str, int] | None:
+    """The first (step, boundary, rank) where two legs differ, in execution order."""
+    a = {r: steps(a_dir, a_leg, r) for r in range(ranks)}
+    b = {r: steps(b_dir, b_leg, r) for r in range(ranks)}
+    for r in range(ranks):
+        assert sorted(a[r]) == sorted(b[r]), f"rank {r}: steps {sorted(a[r])} vs {sorted(b[r])}"
+    for step in sorted(a[0]):
+        for boundary in BOUNDARIES:
+            for r in range(ranks):
+                if boundary_value(a[r][step], boundary) != boundary_value(b[r][step], boundary):
+                    return step, boundary, r
+    return None
+
+
+def final_tensors(run_dir: Path, leg: str, name: str) -> dict[str, Any]:
+    """Model and optimizer tensors of a committed checkpoint, read without a process group."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = run_dir / f"{leg}-{name}.pt"
+    dcp_to_torch_save(run_dir / leg / "checkpoints" / name / "dcp", out)
+    return torch.load(out, weights_only=False)  # type: ignore[no-any-return]
+
+
+def assert_same_tensors(a: Any, b: Any, path: str = "") -> int:
+    """Recursively require bitwise-equal tensors and equal values; returns tensors compared."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), path
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert torch.equal(a.view(torch.uint8) if a.dim() else a, b.view(torch.uint8)
+                           if b.dim() else b), f"tensor differs at {path}"
+        return 1
+    if isinstance(a, dict):
+        assert set(a) == set(b), f"keys differ at {path}: {set(a) ^ set(b)}"
+        return sum(assert_same_tensors(a[k], b[k], f"{path}.{k}") for k in a)
+    if isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        return sum(assert_same_tensors(x, y, f"{path}[{i}]") for i, (x, y) in
+                   enumerate(zip(a, b, strict=True)))
+    assert a == b, f"value differs at {path}: {a!r} vs {b!r}"
+    return 0

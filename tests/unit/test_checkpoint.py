@@ -1,0 +1,611 @@
+"""Unit tests for checkpoints and state restore, in one process with a world-1 gloo group:
+commit layout, manifest verification, newest/garbage/retention, strict key checks, and the
+save -> load -> restore round trip including every negative-control omission."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from resumequal.checkpoint import CheckpointManager, Loaded, Position, layout, verify
+from resumequal.errors import CheckpointError
+from resumequal.spec import OMISSIONS
+from resumequal.state import (
+    LiveState,
+    capture_rng,
+    check_rank_state,
+    omitted_parts,
+    pending_grads_template,
+    rank_state,
+    restore,
+    tensor_state,
+)
+from resumequal.workloads.base import Microbatch, Workload
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A single-process gloo group (rank 0 of 1) over a FileStore; no network."""
+    assert not dist.is_initialized()
+    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+# --- a tiny workload -------------------------------------------------------------------------
+
+
+class CountingDataset:
+    """A StatefulDataset whose cursor is one integer; sample ``i`` is a fixed function of i."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def _batch(self, ids: list[int]) -> Microbatch:
+        x = torch.tensor([[float(i), float(i) / 2, 1.0, -float(i)] for i in ids])
+        return Microbatch(sample_ids=ids, data=(x, x.sum(dim=1, keepdim=True).repeat(1, 2)))
+
+    def next_microbatch(self) -> Microbatch:
+        ids = [self.position, self.position + 1]
+        self.position += 2
+        return self._batch(ids)
+
+    def synthetic_microbatch(self) -> Microbatch:
+        return self._batch([0, 0])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != {"position"}:
+            raise KeyError(f"cursor keys {sorted(state)}, expected ['position']")
+        self.position = state["position"]
+
+
+def _loss(model: nn.Module, mb: Microbatch) -> torch.Tensor:
+    x, y = mb.data
+    return nn.functional.mse_loss(model(x), y)
+
+
+def _live(seed: int) -> LiveState:
+    """A fresh rank-0 state; different seeds give different initial parameters."""
+    torch.manual_seed(seed)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    workload = Workload(model=model, optimizer=optimizer, scheduler=scheduler,
+                        dataset=CountingDataset(), loss_fn=_loss)
+    return LiveState(workload=workload, model=model, rank=0, world_size=1)
+
+
+def _weight(live: LiveState) -> torch.Tensor:
+    return dict(live.model.named_parameters())["weight"]
+
+
+def _backward(live: LiveState) -> None:
+    w = live.workload
+    _loss(live.model, w.dataset.next_microbatch()).backward()
+    live.counters.microstep += 1
+    live.counters.global_microstep += 1
+
+
+def _trained(steps: int, pending_microbatches: int = 0) -> LiveState:
+    """Train ``steps`` optimizer steps of two microbatches, then run some more backward."""
+    live = _live(seed=1)
+    w = live.workload
+    for _ in range(steps):
+        for _ in range(2):
+            _backward(live)
+        w.optimizer.step()
+        assert w.scheduler is not None
+        w.scheduler.step()
+        w.optimizer.zero_grad(set_to_none=True)
+        live.counters.step += 1
+        live.counters.microstep = 0
+    for _ in range(pending_microbatches):
+        _backward(live)
+    return live
+
+
+def _seed_rngs(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _draw() -> tuple[float, float, torch.Tensor]:
+    return random.random(), float(np.random.rand()), torch.rand(3)
+
+
+def _manager(root: Path, *, attempt: int = 0, keep_last: int = 10,
+             world_size: int = 1) -> CheckpointManager:
+    return CheckpointManager(root, rank=0, world_size=world_size, attempt=attempt,
+                             keep_last=keep_last)
+
+
+def _save(mgr: CheckpointManager, live: LiveState, position: Position) -> str:
+    return mgr.save(position, tensor_state(live, with_pending_grads=live.counters.microstep > 0),
+                    rank_state(live))
+
+
+def _template(live: LiveState) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What the training loop asks DCP to fill: model, optimizer and maybe pending grads."""
+    def template(ranks: dict[str, Any]) -> dict[str, Any]:
+        tensors = tensor_state(live, with_pending_grads=False)
+        if ranks.get("pending_grads"):
+            tensors.update(pending_grads_template(live, list(ranks["pending_grads"])))
+        return tensors
+    return template
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_clone(v) for v in obj)
+    return obj
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray):
+        return bool(np.array_equal(a, b))
+    return bool(a == b)
+
+
+def _snapshot(live: LiveState) -> dict[str, Any]:
+    """Every part of the state, copied, in a form the tests compare."""
+    w = live.workload
+    assert w.scheduler is not None
+    model = live.model
+    return {
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+        "optimizer": _clone(w.optimizer.state_dict()),
+        "scheduler": _clone(w.scheduler.state_dict()),
+        "data_cursor": w.dataset.state_dict(),
+        "rng": capture_rng(),
+        "counters": live.counters.as_tuple(),
+        "pending_grads": {n: None if p.grad is None else p.grad.clone()
+                          for n, p in model.named_parameters()},
+    }
+
+
+# --- Position and layout ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("position", "name"),
+    [(Position(0), "step-00000000"), (Position(5), "step-00000005"),
+     (Position(5, 1), "step-00000005+1"), (Position(12345678, 12), "step-12345678+12")],
+)
+def test_position_name_round_trip(position: Position, name: str) -> None:
+    assert position.name == name
+    assert Position.parse(name) == position
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["step-5", "step-0000005", "step-000000005", "step-00000005+", "step-00000005+x",
+     "step-00000005-1", "step-00000005.attempt-0", "xstep-00000005", "manifest.json",
+     ".staging", "step-00000005+1 ", "step-00000005+0", "step-00000005+01"],
+)
+def test_position_parse_rejects_junk(name: str) -> None:
+    assert Position.parse(name) is None
+
+
+def test_positions_past_eight_digits_still_parse() -> None:
+    assert Position.parse(Position(123456789, 2).name) == Position(123456789, 2)
+
+
+def test_positions_order_by_step_then_microstep() -> None:
+    assert Position(5) < Position(5, 1) < Position(5, 9) < Position(5, 10) < Position(6)
+
+
+def test_committed_sorts_numerically_and_ignores_non_checkpoints(tmp_path: Path) -> None:
+    for name in ["step-00000006", "step-00000005+10", "step-00000005", "step-00000005+9",
+                 ".staging", "notes"]:
+        (tmp_path / name).mkdir()
+    (tmp_path / "step-00000007").write_text("a file, not a checkpoint")
+    assert [p.name for p in layout.committed(tmp_path)] == [
+        "step-00000005", "step-00000005+9", "step-00000005+10", "step-00000006"]
+    assert layout.committed(tmp_path / "absent") == []
+
+
+# --- save, commit and manifest ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One committed checkpoint at step-00000002+1 (pending gradients), never modified."""
+    root = tmp_path_factory.mktemp("saved")
+    live = _trained(steps=2, pending_microbatches=1)
+    assert _save(_manager(root), live, Position(2, 1)) == "step-00000002+1"
+    return root
+
+
+def _copy(saved: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "ckpt"
+    shutil.copytree(saved, root)
+    return root
+
+
+def test_save_commits_under_the_position_name(saved: Path) -> None:
+    final = saved / "step-00000002+1"
+    assert sorted(p.name for p in final.iterdir()) == ["dcp", "manifest.json", "rank-0.pkl"]
+    assert any((final / "dcp").glob("*.distcp"))
+    assert [p.name for p in (saved / ".staging").iterdir()] == []
+    assert not (saved / ".trash").exists()
+    assert sorted(p.name for p in saved.iterdir()) == [".staging", "step-00000002+1"]
+
+
+def test_manifest_lists_every_file_with_size_and_sha256(saved: Path) -> None:
+    final = saved / "step-00000002+1"
+    manifest = json.loads((final / "manifest.json").read_text())
+    on_disk = {str(p.relative_to(final)): p for p in final.rglob("*")
+               if p.is_file() and p.name != "manifest.json"}
+    assert set(manifest["files"]) == set(on_disk)
+    assert "rank-0.pkl" in on_disk and "dcp/.metadata" in on_disk
+    for rel, path in on_disk.items():
+        data = path.read_bytes()
+        assert manifest["files"][rel] == {"size": len(data),
+                                          "sha256": hashlib.sha256(data).hexdigest()}
+    assert (manifest["name"], manifest["step"], manifest["microstep"]) == ("step-00000002+1", 2, 1)
+    assert (manifest["world_size"], manifest["attempt"]) == (1, 0)
+    assert verify(final).files.keys() == on_disk.keys()
+
+
+def _shard(directory: Path) -> Path:
+    return sorted((directory / "dcp").glob("*.distcp"))[0]
+
+
+def test_verify_catches_a_flipped_byte(saved: Path, tmp_path: Path) -> None:
+    final = _copy(saved, tmp_path) / "step-00000002+1"
+    shard = _shard(final)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError,
+                       match=re.escape(f"dcp/{shard.name} fails its sha256 check")):
+        verify(final)
+
+
+def test_verify_catches_a_truncated_file(saved: Path, tmp_path: Path) -> None:
+    final = _copy(saved, tmp_path) / "step-00000002+1"
+    state = final / "rank-0.pkl"
+    size = state.stat().st_size
+    state.write_bytes(state.read_bytes()[:-3])
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"rank-0.pkl has {size - 3} bytes, the manifest says {size}")):
+        verify(final)
+
+
+def test_verify_catches_a_deleted_file(saved: Path, tmp_path: Path) -> None:
+    final = _copy(saved, tmp_path) / "step-00000002+1"
+    (final / "dcp" / ".metadata").unlink()
+    with pytest.raises(CheckpointError,
+                       match=re.escape("dcp/.metadata is listed in the manifest but missing")):
+        verify(final)
+
+
+def test_verify_catches_an_extra_file(saved: Path, tmp_path: Path) -> None:
+    final = _copy(saved, tmp_path) / "step-00000002+1"
+    (final / "dcp" / "__1_0.distcp").write_bytes(b"planted")
+    with pytest.raises(CheckpointError,
+                       match=re.escape("files not in the manifest: dcp/__1_0.distcp")):
+        verify(final)
+
+
+def test_verify_catches_a_missing_manifest(saved: Path, tmp_path: Path) -> None:
+    final = _copy(saved, tmp_path) / "step-00000002+1"
+    (final / "manifest.json").unlink()
+    with pytest.raises(CheckpointError,
+                       match=re.escape("no manifest.json; the checkpoint is not complete")):
+        verify(final)
+
+
+# --- newest, garbage, retention, re-save -----------------------------------------------------
+
+
+def test_newest_is_none_without_checkpoints(tmp_path: Path) -> None:
+    assert _manager(tmp_path / "empty").newest() is None
+
+
+def test_newest_orders_emergency_checkpoints_between_steps(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path)
+    live = _trained(steps=1)
+    for position in [Position(6), Position(5), Position(5, 1)]:
+        _save(mgr, live, position)
+    assert mgr.newest() == "step-00000006"
+    shutil.rmtree(tmp_path / "step-00000006")
+    assert mgr.newest() == "step-00000005+1"
+    shutil.rmtree(tmp_path / "step-00000005+1")
+    assert mgr.newest() == "step-00000005"
+
+
+def test_newest_refuses_a_tampered_newest_checkpoint(saved: Path, tmp_path: Path) -> None:
+    root = _copy(saved, tmp_path)
+    mgr = _manager(root)
+    _save(mgr, _trained(steps=1), Position(1))  # an older, intact checkpoint
+    shard = _shard(root / "step-00000002+1")
+    shard.write_bytes(b"\x00" + shard.read_bytes()[1:])
+    with pytest.raises(CheckpointError,
+                       match=re.escape(f"step-00000002+1: dcp/{shard.name} fails")):
+        mgr.newest()
+
+
+def test_newest_refuses_a_checkpoint_of_another_world_size(saved: Path) -> None:
+    mgr = _manager(saved, world_size=2)
+    with pytest.raises(CheckpointError,
+                       match=re.escape("step-00000002+1 was written by 1 ranks; this leg has 2")):
+        mgr.newest()
+
+
+def test_collect_garbage_removes_staging_leftovers(saved: Path, tmp_path: Path) -> None:
+    root = _copy(saved, tmp_path)
+    leftover = layout.staging_path(root, Position(3), attempt=0)
+    (leftover / "dcp").mkdir(parents=True)
+    (leftover / "rank-0.pkl").write_bytes(b"half written")
+    (root / ".trash" / "step-00000001.attempt-0").mkdir(parents=True)
+    assert _manager(root, attempt=1).collect_garbage() == ["step-00000003.attempt-0"]
+    assert list((root / ".staging").iterdir()) == []
+    assert not (root / ".trash").exists()
+    assert [p.name for p in layout.committed(root)] == ["step-00000002+1"]
+    verify(root / "step-00000002+1")
+
+
+def test_collect_garbage_is_rank_0_only(saved: Path, tmp_path: Path) -> None:
+    root = _copy(saved, tmp_path)
+    leftover = layout.staging_path(root, Position(3), attempt=0)
+    leftover.mkdir(parents=True)
+    mgr = CheckpointManager(root, rank=1, world_size=2, attempt=1, keep_last=3)
+    assert mgr.collect_garbage() == []
+    assert leftover.is_dir()
+
+
+def test_retention_keeps_the_newest_keep_last(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path, keep_last=2)
+    live = _trained(steps=1)
+    for position in [Position(1), Position(2), Position(2, 1), Position(3)]:
+        _save(mgr, live, position)
+    assert [p.name for p in layout.committed(tmp_path)] == ["step-00000002+1", "step-00000003"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".staging", "step-00000002+1", "step-00000003"]
+
+
+def test_saving_a_position_again_replaces_it(tmp_path: Path) -> None:
+    live = _trained(steps=1)
+    first = _manager(tmp_path, attempt=0)
+    _save(first, live, Position(1))
+    with torch.no_grad():
+        _weight(live).add_(1.0)
+    live.counters.global_microstep = 99
+    again = _manager(tmp_path, attempt=1)
+    _save(again, live, Position(1))
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".staging", "step-00000001"]
+    assert verify(tmp_path / "step-00000001").attempt == 1
+    fresh = _live(seed=2)
+    loaded = again.load("step-00000001", _template(fresh))
+    assert loaded.rank_state["counters"]["global_microstep"] == 99
+    assert torch.equal(loaded.tensors["model"]["weight"], _weight(live))
+
+
+# --- load: strict keys -----------------------------------------------------------------------
+
+
+def test_load_with_an_extra_template_key_names_it(saved: Path) -> None:
+    fresh = _live(seed=2)
+
+    def template(ranks: dict[str, Any]) -> dict[str, Any]:
+        tensors = _template(fresh)(ranks)
+        tensors["model"]["extra.weight"] = torch.zeros(2)
+        return tensors
+
+    with pytest.raises(CheckpointError,
+                       match=re.escape("missing key(s) in checkpoint: model.extra.weight")):
+        _manager(saved).load("step-00000002+1", template)
+
+
+def test_load_with_a_template_missing_a_saved_key_names_it(saved: Path) -> None:
+    fresh = _live(seed=2)
+
+    def template(ranks: dict[str, Any]) -> dict[str, Any]:
+        tensors = _template(fresh)(ranks)
+        del tensors["rank_0"]  # the pending gradients were saved
+        return tensors
+
+    with pytest.raises(CheckpointError,
+                       match=re.escape("unexpected key(s) in checkpoint: rank_0.pending_grads.")):
+        _manager(saved).load("step-00000002+1", template)
+
+
+def test_load_of_a_name_that_is_not_a_checkpoint(saved: Path) -> None:
+    with pytest.raises(CheckpointError, match="not a checkpoint name"):
+        _manager(saved).load(".staging", _template(_live(seed=2)))
+
+
+# --- round trip ------------------------------------------------------------------------------
+
+
+def _capture_and_save(root: Path, live: LiveState, position: Position) -> tuple[
+    dict[str, Any], tuple[float, float, torch.Tensor]
+]:
+    """Save ``live``; returns its snapshot and the RNG draws that follow the capture."""
+    tensors = tensor_state(live, with_pending_grads=live.counters.microstep > 0)
+    ranks = rank_state(live)
+    snapshot = _snapshot(live)
+    draws = _draw()
+    _manager(root).save(position, tensors, ranks)
+    return snapshot, draws
+
+
+def _load_into(root: Path, name: str, omit: frozenset[str]) -> tuple[LiveState, Loaded]:
+    fresh = _live(seed=2)
+    fresh.workload.dataset.next_microbatch()  # a fresh cursor that is not the saved one
+    _seed_rngs(777)
+    loaded = _manager(root).load(name, _template(fresh))
+    restore(fresh, loaded.tensors, loaded.rank_state, omit, source=name)
+    return fresh, loaded
+
+
+def test_round_trip_restores_every_part(tmp_path: Path) -> None:
+    live = _trained(steps=3)
+    _seed_rngs(5)
+    before, draws = _capture_and_save(tmp_path, live, Position(3))
+    assert before["counters"] == (3, 0, 6)
+
+    fresh, loaded = _load_into(tmp_path, "step-00000003", frozenset())
+    after_draws = _draw()  # first thing after the restore, like the loop
+    after = _snapshot(fresh)
+
+    assert loaded.position == Position(3)
+    assert loaded.rank_state["pending_grads"] == []
+    for part in ("params", "optimizer", "scheduler", "data_cursor", "counters"):
+        assert _same(after[part], before[part]), part
+    assert after["optimizer"]["state"][0]["step"] == 3
+    assert after["scheduler"]["last_epoch"] == 3
+    assert after["data_cursor"] == {"position": 12}
+    assert all(g is None for g in after["pending_grads"].values())
+    assert after_draws[:2] == draws[:2]
+    assert torch.equal(after_draws[2], draws[2])
+    assert fresh.workload.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+    # The restored state trains on exactly like the saved one.
+    probe = torch.ones(1, 4)
+    assert torch.equal(fresh.workload.model(probe), live.workload.model(probe))
+
+
+def test_pending_gradients_round_trip_mid_accumulation(tmp_path: Path) -> None:
+    live = _trained(steps=2, pending_microbatches=1)
+    assert live.counters.as_tuple() == (2, 1, 5)
+    before, _ = _capture_and_save(tmp_path, live, Position(2, 1))
+    fresh, loaded = _load_into(tmp_path, "step-00000002+1", frozenset())
+
+    assert loaded.rank_state["pending_grads"]
+    assert set(loaded.tensors["rank_0"]["pending_grads"]) == {"weight", "bias"}
+    # Rank-keyed in DCP, so no rank ever receives another rank's gradients as "replicated".
+    saved_keys = dcp.FileSystemReader(str(tmp_path / "step-00000002+1" / "dcp")).read_metadata()
+    assert {k for k in saved_keys.state_dict_metadata if "pending" in k} == {
+        "rank_0.pending_grads.weight", "rank_0.pending_grads.bias"}
+    after = _snapshot(fresh)
+    assert after["counters"] == (2, 1, 5)
+    assert all(g is not None for g in before["pending_grads"].values())
+    assert _same(after["pending_grads"], before["pending_grads"])
+    # The next microbatch accumulates onto the restored gradients exactly as it would have.
+    _backward(live)
+    _backward(fresh)
+    restored_grad, expected_grad = _weight(fresh).grad, _weight(live).grad
+    assert restored_grad is not None and expected_grad is not None
+    assert torch.equal(restored_grad, expected_grad)
+
+
+def test_pending_gradients_of_a_parameter_without_grad_still_resume(tmp_path: Path) -> None:
+    live = _trained(steps=1, pending_microbatches=1)
+    _weight(live).grad = None  # e.g. a parameter the first microbatch did not use
+    _capture_and_save(tmp_path, live, Position(1, 1))
+    fresh, loaded = _load_into(tmp_path, "step-00000001+1", frozenset())
+    assert loaded.rank_state["pending_grads"] == ["bias"]
+    assert _weight(fresh).grad is None
+    assert dict(fresh.model.named_parameters())["bias"].grad is not None
+
+
+# Written out here rather than read from resumequal.state, so a wrong table there fails.
+EXPECTED_OMITTED: dict[str, set[str]] = {
+    "rng": {"rng"},
+    "data_cursor": {"data_cursor"},
+    "scheduler": {"scheduler"},
+    "model_optimizer_only": {"rng", "data_cursor", "scheduler", "pending_grads"},
+    "pending_grads": {"pending_grads"},
+}
+PARTS = ("params", "optimizer", "counters", "scheduler", "data_cursor", "rng", "pending_grads")
+
+
+@pytest.fixture(scope="module")
+def mid_accumulation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint with every part different from a fresh state, and its snapshot."""
+    root = tmp_path_factory.mktemp("mid")
+    live = _trained(steps=2, pending_microbatches=1)
+    _seed_rngs(5)
+    before, _ = _capture_and_save(root, live, Position(2, 1))
+    return root, before
+
+
+def test_every_omission_is_tested() -> None:
+    assert set(EXPECTED_OMITTED) == set(OMISSIONS)
+
+
+@pytest.mark.parametrize("omission", OMISSIONS)
+def test_omission_leaves_exactly_its_parts_unrestored(
+    omission: str, mid_accumulation: tuple[Path, dict[str, Any]]
+) -> None:
+    root, saved = mid_accumulation
+    # What a fresh process holds just before the restore, for the parts left out.
+    reference = _live(seed=2)
+    reference.workload.dataset.next_microbatch()
+    _seed_rngs(777)
+    fresh_state = _snapshot(reference)
+
+    restored, _ = _load_into(root, "step-00000002+1", frozenset({omission}))
+    after = _snapshot(restored)
+
+    for part in PARTS:
+        assert not _same(saved[part], fresh_state[part]), f"{part} cannot tell the two apart"
+        if part in EXPECTED_OMITTED[omission]:
+            expected = fresh_state[part]
+            if part == "pending_grads":  # a restore always starts from no gradients
+                expected = {n: None for n in expected}
+            assert _same(after[part], expected), f"{omission}: {part} was restored"
+        else:
+            assert _same(after[part], saved[part]), f"{omission}: {part} was not restored"
+
+
+# --- rank state checks -----------------------------------------------------------------------
+
+
+def test_check_rank_state_names_missing_and_unexpected_keys() -> None:
+    state = rank_state(_trained(steps=1))
+    check_rank_state(state, "ok")
+    missing = {k: v for k, v in state.items() if k != "data_cursor"}
+    with pytest.raises(CheckpointError,
+                       match=re.escape("src: missing key(s) in rank state: data_cursor")):
+        check_rank_state(missing, "src")
+    extra = {**state, "sampler": {}}
+    with pytest.raises(CheckpointError,
+                       match=re.escape("src: unexpected key(s) in rank state: sampler")):
+        check_rank_state(extra, "src")
+    with pytest.raises(CheckpointError, match="rank state format 2, expected 1"):
+        check_rank_state({**state, "format": 2}, "src")
+
+
+def test_omitted_parts_unions_and_rejects_unknown_names() -> None:
+    assert omitted_parts(frozenset()) == frozenset()
+    assert omitted_parts(frozenset({"rng", "scheduler"})) == {"rng", "scheduler"}
+    with pytest.raises(ValueError,
+                       match=re.escape("unknown omission(s) ['optimizer']; allowed: ")) as info:
+        omitted_parts(frozenset({"optimizer", "rng"}))
+    for name in OMISSIONS:
+        assert name in str(info.value)
