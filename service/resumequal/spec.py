@@ -321,3 +321,28 @@ def load_spec(path: str | Path) -> QualificationSpec:
     except yaml.YAMLError as e:
         raise SpecError(f"{p}: not valid YAML/JSON: {e}") from e
     return parse_spec(data, source=str(p))
+
+
+def apply_overrides(
+    spec: QualificationSpec, overrides: tuple[str, ...] | list[str]
+) -> QualificationSpec:
+    """Apply ``path.to.field=value`` overrides (values parsed as YAML) and revalidate."""
+    data = spec.model_dump(mode="json")
+    for item in overrides:
+        path, sep, raw = item.partition("=")
+        if not sep or not path:
+            raise SpecError(f"--set {item!r}: expected PATH=VALUE, e.g. preemption.step=6")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise SpecError(f"--set {item!r}: value is not valid YAML: {e}") from e
+        node: Any = data
+        parts = path.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node, dict):
+                raise SpecError(f"--set {item!r}: {part!r} is not a section")
+            node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise SpecError(f"--set {item!r}: {parts[-2]!r} is not a section")
+        node[parts[-1]] = value
+    return parse_spec(data, source="--set")

@@ -327,8 +327,21 @@ class ArmRecord(_Record):
     armed_at: float
 
 
+class StartupRecord(_Record):
+    """When this worker process started and when it had joined its process group."""
+
+    kind: Literal["startup"] = "startup"
+    rank: int
+    attempt: int
+    pid: int
+    process_started_at: float = Field(description="process creation time (from /proc)")
+    group_joined_at: float
+    built_at: float = Field(description="workload built and wrapped in DDP")
+
+
 TraceRecord = Annotated[
-    StepRecord | InventoryRecord | RestoreRecord | ArmRecord, Field(discriminator="kind")
+    StepRecord | InventoryRecord | RestoreRecord | ArmRecord | StartupRecord,
+    Field(discriminator="kind"),
 ]
 _RECORD_ADAPTER: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from resumequal.errors import TrainingError
+from resumequal.errors import CheckpointError, TrainingError
 from resumequal.spec import QualificationSpec, parse_spec
 from resumequal.train.preemption import (
     FAILED_MARKER,
@@ -234,14 +234,14 @@ def test_checkpoint_root_under_a_file_uri(tmp_path: Path) -> None:
 
 def test_checkpoint_root_refuses_a_file_uri_with_a_host(tmp_path: Path) -> None:
     spec = _with_store("file://data/ckpts")
-    with pytest.raises(TrainingError, match="takes an absolute path"):
+    with pytest.raises(CheckpointError, match="takes an absolute path"):
         checkpoint_root(spec, tmp_path, "control")
 
 
 @pytest.mark.parametrize("scheme", ["s3", "gs"])
 def test_checkpoint_root_refuses_object_stores(tmp_path: Path, scheme: str) -> None:
     spec = _with_store(f"{scheme}://bucket/prefix")
-    with pytest.raises(TrainingError) as info:
+    with pytest.raises(CheckpointError) as info:
         checkpoint_root(spec, tmp_path, "control")
     assert f"scheme '{scheme}' is not supported here" in str(info.value)
     assert f"checkpoint.store='{scheme}://bucket/prefix'" in str(info.value)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,6 +35,7 @@ class Placement:
     backend: str
     device: torch.device
     host: str
+    joined_at: float
 
 
 def _env_int(name: str, default: int | None = None) -> int:
@@ -102,7 +105,19 @@ def init_process_group(requested_backend: str, timeout_seconds: float) -> Placem
         backend=backend,
         device=device,
         host=socket.gethostname(),
+        joined_at=time.time(),
     )
+
+
+def process_started_at() -> float:
+    """This process's creation time as a unix timestamp (Linux /proc; else now)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+    return time.time() - uptime + ticks / hz
 
 
 def destroy_process_group() -> None:

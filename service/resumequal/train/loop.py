@@ -38,6 +38,7 @@ from resumequal.trace import (
     BucketRecord,
     MicrostepRecord,
     RestoreRecord,
+    StartupRecord,
     StepRecord,
     TraceWriter,
     bucket_layout_digest,
@@ -46,7 +47,7 @@ from resumequal.trace import (
     optimizer_state_digest,
     rng_digests,
 )
-from resumequal.train.distributed import Placement
+from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag
 from resumequal.train.prime import prime_reducer
 from resumequal.workloads import load_workload
@@ -227,6 +228,16 @@ class Leg:
         """Train to the last step; raises Preempted after a graceful emergency checkpoint."""
         self.stop.install()
         live = self._build()
+        self.trace.write(
+            StartupRecord(
+                rank=self.p.rank,
+                attempt=self.p.attempt,
+                pid=os.getpid(),
+                process_started_at=process_started_at(),
+                group_joined_at=self.p.joined_at,
+                built_at=time.time(),
+            )
+        )
         self.trace.write(collect_inventory(self.p.rank, self.p.attempt))
         self._resume(live)
         if self.spec.ddp.reducer_prime:

@@ -7,10 +7,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch.distributed as dist
 
+from resumequal.checkpoint.layout import leg_root
 from resumequal.errors import TrainingError
 from resumequal.spec import QualificationSpec
 from resumequal.train.distributed import destroy_process_group, init_process_group
@@ -54,22 +54,7 @@ def check_run_dir(run_dir: Path, spec: QualificationSpec) -> None:
 
 def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Path:
     """Where a leg's checkpoints live: the spec's store, else the leg's folder."""
-    store = spec.checkpoint.store
-    if store is None:
-        return run_dir / leg / "checkpoints"
-    parsed = urlparse(store)
-    if parsed.scheme in ("", "file"):
-        if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
-            raise TrainingError(
-                f"checkpoint.store={store!r}: a file:// URI takes an absolute path "
-                "(file:///data/ckpt), not a host"
-            )
-        base = Path(parsed.path if parsed.scheme else store)
-        return base / leg / "checkpoints"
-    raise TrainingError(
-        f"checkpoint.store={store!r}: scheme {parsed.scheme!r} is not supported here; "
-        "use a path or file://"
-    )
+    return leg_root(spec.checkpoint.store, run_dir, leg)
 
 
 def run_leg(spec: QualificationSpec, leg: str, run_dir: Path, omit: frozenset[str]) -> int:

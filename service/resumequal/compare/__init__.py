@@ -1,0 +1,17 @@
+"""The comparator: validity checks, the boundary walk, drift statistics, the verdict.
+
+Reads what the workers wrote to a run directory (``run.json``, per-rank traces, beacons,
+committed checkpoints) and concludes PASS, FAIL, NONDETERMINISTIC or INVALID. It must not
+import the worker side (``resumequal.train``, ``resumequal.state``, workloads): it judges
+the files, not the code that wrote them.
+
+Modules: ``files`` (reading a run directory), ``validity`` (did the experiment test what
+it claims), ``walk`` (boundaries in execution order, tolerance rules), ``drift`` (final
+checkpoints, streamed tensor by tensor), ``judge`` (``compare_run``).
+"""
+
+from resumequal.compare.drift import checkpoint_drift
+from resumequal.compare.judge import compare_run
+from resumequal.compare.validity import expected_checkpoint
+
+__all__ = ["checkpoint_drift", "compare_run", "expected_checkpoint"]

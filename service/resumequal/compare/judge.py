@@ -1,0 +1,183 @@
+"""``compare_run``: from a finished run directory to a verdict.
+
+Order: validity checks on the traces; the final checkpoints' verification and drift
+(tolerance mode needs the drift to judge digest boundaries); a walk over the steps the
+preempted leg ran before the kill, which decides NONDETERMINISTIC; then the walk over the
+steps both legs finally ran, which decides FAIL or PASS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+from resumequal.checkpoint.layout import Position
+from resumequal.compare.drift import checkpoint_drift, is_exact
+from resumequal.compare.files import LEGS, LegTrace, checkpoint_root, load_run_spec
+from resumequal.compare.validity import (
+    check_armed,
+    check_final_checkpoints,
+    check_inventory,
+    check_restarted,
+    check_restored_checkpoint,
+    check_restored_state,
+    check_steps,
+    check_traces,
+    resumed_attempt,
+)
+from resumequal.compare.walk import Point, Rules, Steps, loss_deltas, summarise, walk
+from resumequal.errors import CheckpointError
+from resumequal.spec import Boundary, QualificationSpec
+from resumequal.trace import RestoreRecord, StepRecord
+from resumequal.verdict import (
+    Cut,
+    Divergence,
+    DriftSummary,
+    Result,
+    ValidityCheck,
+    Verdict,
+)
+
+
+def _cut(spec: QualificationSpec) -> Cut:
+    p = spec.preemption
+    return Cut(step=p.step, microstep=p.microstep, rank=p.rank, mode=p.mode, at=p.at)
+
+
+def _divergence(point: Point, control: Steps, preempted: Steps, before_cut: bool) -> Divergence:
+    a = control[point.rank][point.step]
+    b = preempted[point.rank][point.step]
+    ca, pb = summarise(point.boundary, a, b)
+    return Divergence(step=point.step, boundary=cast(Boundary, point.boundary), rank=point.rank,
+                      control=ca, preempted=pb, before_cut=before_cut)
+
+
+def _precut_steps(preempted: LegTrace, resumed_step: int) -> dict[int, dict[int, StepRecord]]:
+    """What the preempted leg did before the kill: attempt 0's steps, and any step before
+    the resumed checkpoint's (those the restart did not redo)."""
+    out = preempted.attempt_steps(0)
+    for rank, steps in preempted.effective.items():
+        for step, record in steps.items():
+            if step < resumed_step:
+                out.setdefault(rank, {}).setdefault(step, record)
+    return out
+
+
+def _drift_fault(drift: list[DriftSummary], rules: Rules) -> DriftSummary | None:
+    """The first group whose final drift the comparison does not accept, if any."""
+    for d in drift:
+        if is_exact(d):
+            continue
+        boundary = "params" if d.group == "model" else "optimizer_state"
+        tol = rules.tolerance(boundary)
+        if tol is None or not rules.group_within(d.group, tol):
+            return d
+    return None
+
+
+def _drift_words(drift: list[DriftSummary]) -> str:
+    parts = []
+    for d in drift:
+        if is_exact(d):
+            parts.append(f"{d.group} bitwise equal")
+        else:
+            extra = f", {len(d.values_differ)} value(s) differ" if d.values_differ else ""
+            extra += f", {len(d.unmatched)} key(s) unmatched" if d.unmatched else ""
+            parts.append(f"{d.group} max abs diff {d.max_abs_diff:.3g} "
+                         f"({d.mismatch_fraction:.3g} of elements differ{extra})")
+    return "final " + " and ".join(parts) if parts else "no final drift measured"
+
+
+def _drift_divergence(fault: DriftSummary, steps: int) -> Divergence:
+    worst = fault.worst[0].name if fault.worst else (fault.values_differ + fault.unmatched)[0]
+    boundary: Boundary = "params" if fault.group == "model" else "optimizer_state"
+    return Divergence(step=steps, boundary=boundary, rank=0,
+                      control=f"{Position(steps).name}: {worst}",
+                      preempted=f"max abs diff {fault.max_abs_diff:.3g}", before_cut=False)
+
+
+def compare_run(run_dir: Path, spec: QualificationSpec | None = None) -> Verdict:
+    """Compare the control and preempted legs of ``run_dir`` (spec: its ``run.json``)."""
+    spec = spec if spec is not None else load_run_spec(run_dir)
+    world = spec.world.world_size
+    steps = spec.training.steps
+    ranks = list(range(world))
+    control = LegTrace.read(run_dir, "control", world)
+    preempted = LegTrace.read(run_dir, "preempted", world)
+    attempt = resumed_attempt(preempted)
+    restore = next((r for r in preempted.of(RestoreRecord) if r.attempt == attempt), None)
+    resumed_from = restore.checkpoint if restore is not None else None
+
+    def invalid(checks: list[ValidityCheck]) -> Verdict:
+        failed = next(c for c in checks if not c.ok)
+        return Verdict(result=Result.INVALID, reason=f"invalid: {failed.detail}", cut=_cut(spec),
+                       resumed_from=resumed_from, first_divergence=None, exact_through_step=0,
+                       checks=checks)
+
+    checks = [check_traces(control, preempted), check_armed(spec, preempted, run_dir),
+              check_restarted(preempted), check_restored_checkpoint(spec, preempted, attempt),
+              check_restored_state(control, preempted, attempt),
+              check_steps(control, preempted, steps), check_inventory(control, preempted)]
+    if not all(c.ok for c in checks):
+        return invalid(checks)
+
+    final_check, final = check_final_checkpoints(
+        {leg: checkpoint_root(spec, run_dir, leg) for leg in LEGS}, steps
+    )
+    checks.append(final_check)
+    if final is None:
+        return invalid(checks)
+    try:
+        drift = checkpoint_drift(final.control, final.preempted)
+    except CheckpointError as e:
+        checks[-1] = ValidityCheck(name=final_check.name, ok=False,
+                                   detail=f"the final checkpoints cannot be compared: {e}")
+        return invalid(checks)
+
+    rules = Rules(spec.comparison, {d.group: d for d in drift})
+    ctrl, pre = control.effective, preempted.effective
+    assert restore is not None  # check_restored_checkpoint passed
+    resume_label = f"after the resume from {restore.checkpoint}"
+    precut = _precut_steps(preempted, restore.step)
+    early = walk(ctrl, precut, sorted({s for r in precut.values() for s in r}), ranks, rules,
+                 skip_missing=True).first
+    result = walk(ctrl, pre, range(1, steps + 1), ranks, rules)
+    deltas = loss_deltas(ctrl, pre, range(1, steps + 1))
+
+    def verdict(outcome: Result, reason: str, first: Divergence | None, exact: int) -> Verdict:
+        return Verdict(result=outcome, reason=reason, cut=_cut(spec), resumed_from=resumed_from,
+                       first_divergence=first, exact_through_step=exact, checks=checks,
+                       drift=drift, loss_deltas=deltas, boundary_table=result.rows,
+                       steps_compared=steps, ranks_compared=world)
+
+    if early is not None:
+        div = _divergence(early, ctrl, precut, before_cut=True)
+        reason = (f"not run-to-run deterministic: legs already differ at step {early.step} "
+                  f"({early.boundary}, rank {early.rank}) before the kill")
+        return verdict(Result.NONDETERMINISTIC, reason, div,
+                       min(result.exact_through, early.step - 1))
+
+    if result.first is not None:
+        p = result.first
+        div = _divergence(p, ctrl, pre, before_cut=pre[p.rank][p.step].attempt == 0)
+        reason = (f"first divergence at step {p.step}, boundary {p.boundary}, rank {p.rank}, "
+                  f"{resume_label}")
+        return verdict(Result.FAIL, reason, div, result.exact_through)
+
+    fault = _drift_fault(drift, rules)
+    if fault is not None:
+        reason = (f"every boundary of {steps} steps matched, but the final checkpoints differ "
+                  f"{resume_label}: {_drift_words(drift)}")
+        return verdict(Result.FAIL, reason, _drift_divergence(fault, steps),
+                       result.exact_through)
+
+    if result.exact_through == steps and all(is_exact(d) for d in drift):
+        reason = (f"exact: every boundary of {steps} steps on {world} ranks equal; "
+                  "final model and optimizer bitwise equal")
+    else:
+        relaxed = sorted({b for row in result.rows for b, s in row.status.items()
+                          if s == "within_tolerance"})
+        reason = (f"within tolerance: {steps} steps on {world} ranks, exact through step "
+                  f"{result.exact_through}; {', '.join(relaxed) or 'no boundary'} within the "
+                  f"declared tolerances; {_drift_words(drift)}")
+    return verdict(Result.PASS, reason, None, result.exact_through)

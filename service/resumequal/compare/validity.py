@@ -1,0 +1,258 @@
+"""Validity checks: did the experiment test what it claims?
+
+Each check is a :class:`~resumequal.verdict.ValidityCheck`; any failed check makes the
+verdict INVALID with that check's detail as the reason, before any boundary is compared.
+The details are written to follow "invalid: " in a sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resumequal.checkpoint.layout import Position
+from resumequal.checkpoint.manifest import verify
+from resumequal.compare.files import LegTrace, beacon_path
+from resumequal.errors import CheckpointError
+from resumequal.spec import QualificationSpec
+from resumequal.trace import ArmRecord, InventoryRecord, RestoreRecord
+from resumequal.verdict import ValidityCheck
+
+
+def _ok(name: str, detail: str) -> ValidityCheck:
+    return ValidityCheck(name=name, ok=True, detail=detail)
+
+
+def _failed(name: str, detail: str) -> ValidityCheck:
+    return ValidityCheck(name=name, ok=False, detail=detail)
+
+
+def expected_checkpoint(spec: QualificationSpec) -> str | None:
+    """The checkpoint the resumed attempt must restore, by kill mode and cut point.
+
+    A hard kill resumes from the newest checkpoint committed after a step before the cut's
+    step (at ``checkpoint_commit`` the cut's own checkpoint was never committed). A
+    graceful stop commits an emergency checkpoint at the cut: mid-accumulation that is
+    ``step-(step-1)+microstep``, inside a commit it is the checkpoint being committed.
+    None when a hard kill lands before any checkpoint (the spec rejects that).
+    """
+    p, t = spec.preemption, spec.training
+    if p.mode == "graceful":
+        if p.at == "checkpoint_commit":
+            return Position(p.step, 0).name
+        return Position(p.step - 1, p.microstep).name
+    saved = [s for s in range(1, p.step) if spec.checkpoint.saves_after(s, t.steps)]
+    return Position(saved[-1]).name if saved else None
+
+
+def check_traces(control: LegTrace, preempted: LegTrace) -> ValidityCheck:
+    problems = control.problems + preempted.problems
+    if problems:
+        return _failed("traces", "; ".join(problems))
+    return _ok("traces", f"both legs have a trace of each of {control.world_size} ranks")
+
+
+def check_armed(spec: QualificationSpec, preempted: LegTrace, run_dir: Path) -> ValidityCheck:
+    """The target rank reached the requested cut on attempt 0 and published its beacon."""
+    p = spec.preemption
+    want = (p.step, p.microstep)
+    arms = [a for a in preempted.of(ArmRecord, p.rank) if a.attempt == 0]
+    if not arms:
+        return _failed(
+            "armed",
+            f"the preempted leg was never armed: rank {p.rank} wrote no arm record on "
+            "attempt 0, so no kill landed at the cut",
+        )
+    arm = arms[0]
+    if (arm.step, arm.microstep) != want:
+        return _failed(
+            "armed",
+            f"rank {p.rank} was armed at step {arm.step} microstep {arm.microstep}, "
+            f"expected step {p.step} microstep {p.microstep}",
+        )
+    beacon = beacon_path(run_dir, "preempted", 0, p.rank)
+    if not beacon.is_file():
+        return _failed("armed", f"rank {p.rank} was armed but left no beacon at {beacon}")
+    return _ok("armed", f"rank {p.rank} armed at step {p.step} microstep {p.microstep} "
+                        f"({p.at}) on attempt 0, pid {arm.pid}")
+
+
+def resumed_attempt(preempted: LegTrace) -> int | None:
+    """The attempt the launcher started after the kill: the first one after attempt 0."""
+    later = [a for a in preempted.attempts() if a >= 1]
+    return later[0] if later else None
+
+
+def check_restarted(preempted: LegTrace) -> ValidityCheck:
+    attempt = resumed_attempt(preempted)
+    if attempt is None:
+        return _failed(
+            "restarted", "the preempted leg never restarted: its traces hold only attempt 0"
+        )
+    return _ok("restarted", f"the preempted leg ran attempts {preempted.attempts()}")
+
+
+def _restores(preempted: LegTrace, attempt: int) -> dict[int, RestoreRecord]:
+    return {r.rank: r for r in preempted.of(RestoreRecord) if r.attempt == attempt}
+
+
+def check_restored_checkpoint(
+    spec: QualificationSpec, preempted: LegTrace, attempt: int | None
+) -> ValidityCheck:
+    """Every rank of the resumed attempt restored the checkpoint the cut implies."""
+    name = "restored_checkpoint"
+    if attempt is None:
+        return _failed(name, "there is no resumed attempt to have restored anything")
+    expected = expected_checkpoint(spec)
+    if expected is None:
+        return _failed(name, "no checkpoint is committed before the cut, so the restart "
+                             "cannot be a resume")
+    restores = _restores(preempted, attempt)
+    for rank in range(spec.world.world_size):
+        got = restores.get(rank)
+        if got is None:
+            return _failed(
+                name,
+                f"rank {rank} of the resumed attempt {attempt} restored no checkpoint "
+                f"(it started from scratch), expected {expected}",
+            )
+        if got.checkpoint != expected:
+            return _failed(
+                name,
+                f"the resumed attempt restored {got.checkpoint} (rank {rank}), "
+                f"expected {expected}",
+            )
+    return _ok(name, f"every rank of attempt {attempt} restored {expected}")
+
+
+def check_restored_state(
+    control: LegTrace, preempted: LegTrace, attempt: int | None
+) -> ValidityCheck:
+    """The state right after the restore is the state after the checkpoint's step.
+
+    Compared with the control at that step. When the two legs already differed there
+    (a stack that is not run-to-run deterministic), the restore is still valid if it
+    equals what the preempted leg itself had at that step; the boundary walk then
+    reports the nondeterminism.
+    """
+    name = "restored_state"
+    if attempt is None:
+        return _failed(name, "there is no resumed attempt to check")
+    own = preempted.attempt_steps(0)
+    for rank, restore in sorted(_restores(preempted, attempt).items()):
+        step = restore.step
+        if restore.params is None or restore.optimizer_state is None:
+            return _failed(name, f"rank {rank}'s restore record carries no state digests, so "
+                                 "nothing shows the restore loaded what was saved")
+        if step == 0:
+            continue  # the state before step 1: no step record to compare against
+        ctrl = control.effective.get(rank, {}).get(step)
+        if ctrl is None:
+            return _failed(name, f"the control has no record of step {step} on rank {rank} to "
+                                 "check the restored state against")
+        restored = (restore.params, restore.optimizer_state)
+        if restored == (ctrl.params, ctrl.optimizer_state):
+            continue
+        saved = own.get(rank, {}).get(step)
+        if saved is not None and restored == (saved.params, saved.optimizer_state):
+            continue
+        part = "parameters" if restore.params != ctrl.params else "optimizer state"
+        return _failed(
+            name,
+            f"the {part} restored from {restore.checkpoint} on rank {rank} differ from the "
+            f"control's after step {step}",
+        )
+    return _ok(name, "the restored parameters and optimizer state equal the control's at the "
+                     "checkpoint's step on every rank")
+
+
+def check_steps(control: LegTrace, preempted: LegTrace, steps: int) -> ValidityCheck:
+    want = set(range(1, steps + 1))
+    for leg in (control, preempted):
+        for rank in range(leg.world_size):
+            have = set(leg.effective.get(rank, {}))
+            missing = sorted(want - have)
+            if missing:
+                shown = ", ".join(map(str, missing[:5])) + (" …" if len(missing) > 5 else "")
+                return _failed("steps", f"the {leg.leg} leg has no record of step(s) {shown} "
+                                        f"on rank {rank}")
+    return _ok("steps", f"steps 1..{steps} recorded by every rank of both legs")
+
+
+def _diff_keys(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            out += _diff_keys(va, vb, f"{prefix}{key}.")
+        elif va != vb or (key in a) != (key in b):
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _lookup(d: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = d
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def check_inventory(control: LegTrace, preempted: LegTrace) -> ValidityCheck:
+    """Each rank's runtime inventory is the same in both legs and every attempt."""
+    name = "inventory"
+    differences: list[str] = []
+    for rank in range(control.world_size):
+        mine = {leg.leg: list(leg.of(InventoryRecord, rank)) for leg in (control, preempted)}
+        if not mine["control"] or not mine["preempted"]:
+            empty = "control" if not mine["control"] else "preempted"
+            return _failed(name, f"the {empty} leg recorded no runtime inventory on rank {rank}")
+        ref = mine["control"][0].comparable()
+        for leg, records in mine.items():
+            for record in records:
+                keys = _diff_keys(ref, record.comparable())
+                if keys:
+                    where = f"{leg} rank {rank} attempt {record.attempt}"
+                    shown = ", ".join(
+                        f"{k} ({_lookup(ref, k)!r} vs {_lookup(record.comparable(), k)!r})"
+                        for k in keys
+                    )
+                    differences.append(f"{where}: {shown}")
+    if differences:
+        return _failed(name, "runtime inventories differ from the control's first attempt "
+                             "on the same rank: " + "; ".join(differences))
+    return _ok(name, "runtime inventories equal on every rank and attempt of both legs")
+
+
+@dataclass(frozen=True)
+class FinalCheckpoints:
+    """The two legs' checkpoints after the last step, once verified."""
+
+    control: Path
+    preempted: Path
+
+
+def check_final_checkpoints(
+    roots: Mapping[str, Path | None], steps: int
+) -> tuple[ValidityCheck, FinalCheckpoints | None]:
+    """Both legs committed ``step-T`` and each still matches its manifest."""
+    name = "final_checkpoints"
+    final = Position(steps).name
+    paths: dict[str, Path] = {}
+    for leg, root in roots.items():
+        if root is None:
+            return _failed(name, f"the {leg} leg's checkpoint store cannot be read as files "
+                                 "here"), None
+        directory = root / final
+        if not directory.is_dir():
+            return _failed(name, f"the {leg} leg has no final checkpoint {final}"), None
+        try:
+            verify(directory)
+        except CheckpointError as e:
+            return _failed(name, f"the {leg} leg's final checkpoint fails verification: {e}"), None
+        paths[leg] = directory
+    return (
+        _ok(name, f"both legs' {final} match their manifests"),
+        FinalCheckpoints(paths["control"], paths["preempted"]),
+    )

@@ -1,0 +1,106 @@
+"""Processes we start, and how to find and stop every one of them.
+
+torchrun starts each worker in a session of its own, so killing the launcher's process
+group does not reach the workers, and a SIGKILLed launcher leaves them orphaned. Every
+process we start therefore carries a tag in its environment, inherited by its children;
+cleanup finds tagged processes through /proc, whoever their parent is now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+TAG_VAR = "RESUMEQUAL_LAUNCH_TAG"
+
+
+def _tagged(tag: str) -> list[int]:
+    """Pids of live processes whose environment carries ``tag``."""
+    needle = f"{TAG_VAR}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); it has exited for every purpose of ours.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+class ProcessTree:
+    """Launches tagged processes and stops all of them, orphans included."""
+
+    def __init__(self) -> None:
+        self.tag = uuid.uuid4().hex
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` in a new session with our tag, output appended to ``log_path``."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        full_env = dict(env, **{TAG_VAR: self.tag})
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+            )
+        self.children.append(proc)
+        return proc
+
+    def pids(self) -> list[int]:
+        """Every live process we started, directly or through a launcher."""
+        return [p for p in _tagged(self.tag) if _alive(p)]
+
+    def stop_all(self, grace_seconds: float = 5.0) -> list[int]:
+        """SIGTERM every tagged process, SIGKILL what is left after the grace; returns pids."""
+        victims = self.pids()
+        for pid in victims:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and any(_alive(p) for p in self.pids()):
+            self._reap()
+            time.sleep(0.05)
+        leftovers = self.pids()
+        for pid in leftovers:
+            _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.pids():
+            self._reap()
+            time.sleep(0.05)
+        self._reap()
+        if leftovers:
+            log.warning("killed %d process(es) that ignored SIGTERM", len(leftovers))
+        return victims
+
+    def _reap(self) -> None:
+        for proc in self.children:
+            proc.poll()
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)

@@ -1,0 +1,257 @@
+"""The Prometheus metric families of a qualification, shared by the CLI and the operator.
+
+The CLI records one Report into a fresh registry and writes a node-exporter textfile or
+pushes to a Pushgateway; the operator keeps one registry for every QualificationRun it
+serves and calls :meth:`QualificationMetrics.forget` when a run is deleted, so the number
+of series stays bounded by the runs that exist. Must not import torch.
+
+Per-run gauges carry the labels ``namespace``, ``run``, ``pin`` and ``scenario``.
+A figure the report does not have (no drift because the final checkpoints were not
+compared, no restart time, no loss deltas) is *absent*: its series is removed rather than
+set to NaN, so ``max()``/``avg()`` over runs are not poisoned and ``absent()`` can alert.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from functools import partial
+from itertools import pairwise
+from pathlib import Path
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import (
+    basic_auth_handler,
+    default_handler,
+    push_to_gateway,
+    write_to_textfile,
+)
+
+from resumequal.errors import MetricsError
+from resumequal.verdict import Report, Result
+
+RUN_LABELS: tuple[str, ...] = ("namespace", "run", "pin", "scenario")
+# Phases last from about a second (validation, compare on tiny models) to the arm/leg
+# timeouts of large stacks (hours).
+PHASE_BUCKETS: tuple[float, ...] = (
+    1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200,
+)  # fmt: skip
+
+
+class QualificationMetrics:
+    """Every resumequal metric family, registered in an explicit registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, RUN_LABELS, registry=registry)
+
+        self.passed = gauge(
+            "resumequal_qualification_passed", "1 when the qualification passed, else 0."
+        )
+        self.valid = gauge(
+            "resumequal_qualification_valid",
+            "1 when the experiment tested what it claims (verdict not INVALID), else 0.",
+        )
+        self.first_divergent_step = gauge(
+            "resumequal_first_divergent_step",
+            "Optimizer step of the first divergence between the legs; -1 when none.",
+        )
+        self.param_max_abs_diff = gauge(
+            "resumequal_param_max_abs_diff",
+            "Largest element-wise |difference| of the final model parameters.",
+        )
+        self.param_rel_l2_diff = gauge(
+            "resumequal_param_rel_l2_diff",
+            "Relative L2 distance of the final model parameters (||a-b|| / ||a||).",
+        )
+        self.param_mismatch_fraction = gauge(
+            "resumequal_param_mismatch_fraction",
+            "Fraction of final model parameter elements that differ in bits.",
+        )
+        self.loss_max_abs_diff = gauge(
+            "resumequal_loss_max_abs_diff",
+            "Largest per-step |loss difference| between the legs (+Inf if any is not finite).",
+        )
+        self.restart_seconds = gauge(
+            "resumequal_restart_seconds", "Seconds from the kill to the first resumed step."
+        )
+        self.negative_controls_detected = gauge(
+            "resumequal_negative_controls_detected",
+            "Negative controls (planted resume omissions) the comparator detected.",
+        )
+        self.negative_controls_total = gauge(
+            "resumequal_negative_controls_total", "Negative controls that were run."
+        )
+        self.last_completion = gauge(
+            "resumequal_last_completion_timestamp_seconds",
+            "Unix time at which the qualification completed.",
+        )
+        # prometheus_client appends _total: exposed as resumequal_runs_total.
+        self.runs = Counter(
+            "resumequal_runs",
+            "Qualifications completed, by result.",
+            ["result"],
+            registry=registry,
+        )
+        for result in Result:
+            self.runs.labels(result=result.value)
+        self.phase_duration = Histogram(
+            "resumequal_phase_duration_seconds",
+            "Time spent in each phase of a qualification.",
+            ["phase"],
+            buckets=PHASE_BUCKETS,
+            registry=registry,
+        )
+
+    @property
+    def _per_run(self) -> tuple[Gauge, ...]:
+        return (
+            self.passed,
+            self.valid,
+            self.first_divergent_step,
+            self.param_max_abs_diff,
+            self.param_rel_l2_diff,
+            self.param_mismatch_fraction,
+            self.loss_max_abs_diff,
+            self.restart_seconds,
+            self.negative_controls_detected,
+            self.negative_controls_total,
+            self.last_completion,
+        )
+
+    def record(
+        self,
+        report: Report,
+        *,
+        namespace: str,
+        scenario: str = "resume",
+        controls_detected: int = 0,
+        controls_total: int = 0,
+    ) -> None:
+        """Set every family from one finished qualification's Report.
+
+        Counts the run once in ``resumequal_runs_total`` and observes each phase's
+        duration (from one PhaseEvent to the next; the last phase has no end).
+        """
+        v = report.verdict
+        labels = {
+            "namespace": namespace,
+            "run": report.run,
+            "pin": report.pin,
+            "scenario": scenario,
+        }
+
+        def put(g: Gauge, value: float | None) -> None:
+            if value is None:
+                _remove(g, labels)
+            else:
+                g.labels(**labels).set(value)
+
+        put(self.passed, 1.0 if v.result is Result.PASS else 0.0)
+        put(self.valid, 0.0 if v.result is Result.INVALID else 1.0)
+        put(
+            self.first_divergent_step,
+            -1.0 if v.first_divergence is None else float(v.first_divergence.step),
+        )
+        model = next((d for d in v.drift if d.group == "model"), None)
+        put(self.param_max_abs_diff, None if model is None else model.max_abs_diff)
+        put(self.param_rel_l2_diff, None if model is None else model.rel_l2)
+        put(self.param_mismatch_fraction, None if model is None else model.mismatch_fraction)
+        put(self.loss_max_abs_diff, _max_abs_diff([d.abs_diff for d in v.loss_deltas]))
+        put(self.restart_seconds, report.restart_seconds)
+        put(self.negative_controls_detected, float(controls_detected))
+        put(self.negative_controls_total, float(controls_total))
+        put(self.last_completion, report.phases[-1].at if report.phases else time.time())
+
+        self.runs.labels(result=v.result.value).inc()
+        for event, following in pairwise(report.phases):
+            duration = following.at - event.at
+            if duration >= 0:
+                self.phase_duration.labels(phase=event.phase).observe(duration)
+
+    def forget(
+        self, namespace: str, run: str, pin: str | None = None, scenario: str | None = None
+    ) -> None:
+        """Remove a run's per-run series; ``None`` for pin or scenario matches any."""
+        labels = {"namespace": namespace, "run": run}
+        if pin is not None:
+            labels["pin"] = pin
+        if scenario is not None:
+            labels["scenario"] = scenario
+        for g in self._per_run:
+            g.remove_by_labels(labels)
+
+
+def write_textfile(registry: CollectorRegistry, path: Path) -> None:
+    """Write the registry for node-exporter's textfile collector (temp file + rename)."""
+    try:
+        write_to_textfile(str(path), registry)
+    except OSError as e:
+        raise MetricsError(f"cannot write metrics to {path}: {e.strerror or e}") from e
+
+
+def push(
+    registry: CollectorRegistry,
+    gateway_url: str,
+    job: str,
+    *,
+    grouping_key: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> None:
+    """Push the registry to a Pushgateway (PUT: replaces the job's group).
+
+    Credentials may be given in the URL (``https://user:pass@gateway``); they are sent as
+    HTTP basic auth and never appear in an error message.
+    """
+    try:
+        parts = urlsplit(gateway_url if "://" in gateway_url else f"http://{gateway_url}")
+        shown = urlunsplit(_without_credentials(parts))
+    except ValueError as e:  # a bad port; the message names no part of the URL
+        raise MetricsError(f"not a valid Pushgateway URL: {e}") from e
+    handler: Callable[..., Callable[[], None]] = default_handler
+    if parts.username is not None:
+        handler = partial(
+            basic_auth_handler,
+            username=unquote(parts.username),
+            password=unquote(parts.password or ""),
+        )
+
+    try:
+        push_to_gateway(
+            shown,
+            job=job,
+            registry=registry,
+            grouping_key=grouping_key,
+            timeout=timeout,
+            handler=handler,
+        )
+    except (OSError, ValueError) as e:
+        # urllib's errors carry reasons, not URLs; str(e) holds no credentials.
+        reason = getattr(e, "reason", None) or e
+        raise MetricsError(
+            f"cannot push metrics to {shown} (job {job!r}): {type(e).__name__}: {reason}"
+        ) from e
+
+
+def _without_credentials(parts: SplitResult) -> SplitResult:
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return parts._replace(netloc=netloc)
+
+
+def _max_abs_diff(values: list[float]) -> float | None:
+    if not values:
+        return None
+    if any(not math.isfinite(x) for x in values):
+        return math.inf
+    return max(values)
+
+
+def _remove(g: Gauge, labels: dict[str, str]) -> None:
+    g.remove(*(labels[name] for name in RUN_LABELS))

@@ -1,0 +1,212 @@
+"""The terminal: a compact verdict summary, and a live progress display while legs run.
+
+Both degrade for CI logs: rich drops colour when the console is not a terminal, and
+:class:`LegProgress` prints plain, throttled lines instead of redrawing a live display.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from resumequal.verdict import Report, Result
+
+VERDICT_STYLES: dict[Result, str] = {
+    Result.PASS: "bold white on green",
+    Result.FAIL: "bold white on red",
+    Result.NONDETERMINISTIC: "bold black on dark_orange",
+    Result.INVALID: "bold white on grey50",
+}
+_BORDER: dict[Result, str] = {
+    Result.PASS: "green",
+    Result.FAIL: "red",
+    Result.NONDETERMINISTIC: "dark_orange",
+    Result.INVALID: "grey50",
+}
+
+
+def print_summary(
+    report: Report, console: Console, *, files: Mapping[str, Path] | None = None
+) -> None:
+    """Print the verdict, the reason, where it diverged, drift, failing checks and files."""
+    v = report.verdict
+    lines: list[RenderableType] = [
+        Text.assemble((f" {v.result.value} ", VERDICT_STYLES[v.result]), "  ", v.reason)
+    ]
+    # Every string from the report is wrapped in Text: rich would read "[...]" as markup.
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="dim")
+    facts.add_column()
+
+    def fact(label: str, value: str | Text) -> None:
+        facts.add_row(label, Text(value) if isinstance(value, str) else value)
+
+    cut = v.cut
+    fact("cut", f"step {cut.step}, microbatch {cut.microstep}, rank {cut.rank} ({cut.mode} kill)")
+    fact("resumed from", v.resumed_from or "-")
+    if report.restart_seconds is not None:
+        fact("restart", f"{report.restart_seconds:.1f} s")
+    fact("exact through", f"step {v.exact_through_step}")
+    if v.first_divergence is not None:
+        d = v.first_divergence
+        where = "before the cut" if d.before_cut else "after the cut"
+        fact(
+            "first divergence",
+            Text(f"step {d.step} · {d.boundary} · rank {d.rank} ({where})", style="bold red"),
+        )
+        fact("", f"control {_short(d.control)}  vs  preempted {_short(d.preempted)}")
+    if v.loss_deltas:
+        worst = max(v.loss_deltas, key=lambda s: _sort_key(s.abs_diff))
+        fact("max |Δ loss|", f"{worst.abs_diff:.6g} (step {worst.step})")
+    for g in v.drift:
+        fact(
+            f"{g.group} drift",
+            f"max |a-b| {g.max_abs_diff:.3g}  rel L2 {g.rel_l2:.3g}  "
+            f"mismatch {g.mismatch_fraction:.3g}",
+        )
+    lines.append(facts)
+
+    failing = [c for c in v.checks if not c.ok]
+    if failing:
+        checks = Table.grid(padding=(0, 1))
+        for c in failing:
+            checks.add_row(Text("✗", style="red"), Text(c.name, style="bold"), Text(c.detail))
+        lines += [Text("failing checks", style="bold red"), checks]
+    if files:
+        paths = Table.grid(padding=(0, 2))
+        paths.add_column(style="dim")
+        for name, path in files.items():
+            paths.add_row(Text(name), Text(str(path)))
+        lines.append(paths)
+
+    console.print(
+        Panel(
+            Group(*lines),
+            title=Text(f"resumequal · {report.run}"),
+            subtitle=Text(report.pin),
+            border_style=_BORDER[v.result],
+            expand=True,
+        )
+    )
+
+
+class LegProgress:
+    """Phase, steps done per leg and restarts, while a qualification runs.
+
+    On a terminal it is a live display; otherwise (CI logs, files) it prints one plain
+    line when the phase or the restart count changes, when a leg finishes, and at most
+    every ``interval`` seconds in between. Use as a context manager.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        *,
+        legs: tuple[str, ...] = ("control", "preempted"),
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.console = console
+        self.legs = legs
+        self.interval = interval
+        self._clock = clock
+        self._live_mode = console.is_terminal and not console.is_dumb_terminal
+        self._phase = "Pending"
+        self._restarts = 0
+        self._steps: dict[str, int] = dict.fromkeys(legs, 0)
+        self._total = 0
+        self._last_line = ""
+        self._last_at = -math.inf
+        self._progress = Progress(
+            TextColumn("{task.description:>10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+        )
+        self._tasks: dict[str, TaskID] = {
+            leg: self._progress.add_task(leg, total=None) for leg in legs
+        }
+        self._live: Live | None = None
+
+    def __enter__(self) -> LegProgress:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self._live_mode and self._live is None:
+            self._live = Live(
+                self._render(), console=self.console, refresh_per_second=4, transient=False
+            )
+            self._live.start()
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render(), refresh=True)
+            self._live.stop()
+            self._live = None
+        elif not self._live_mode:
+            self._emit(force=True)
+
+    def update(
+        self, phase: str, leg_steps: Mapping[str, int], total_steps: int, restarts: int
+    ) -> None:
+        """Show the current phase, steps done per leg (of ``total_steps``) and restarts."""
+        changed = phase != self._phase or restarts != self._restarts
+        finished = any(
+            leg_steps.get(leg, 0) >= total_steps > self._steps.get(leg, 0) for leg in self.legs
+        )
+        self._phase, self._restarts, self._total = phase, restarts, total_steps
+        for leg in self.legs:
+            self._steps[leg] = leg_steps.get(leg, self._steps[leg])
+            self._progress.update(
+                self._tasks[leg], completed=self._steps[leg], total=total_steps or None
+            )
+        if self._live is not None:
+            self._live.update(self._render())
+        elif not self._live_mode:
+            self._emit(force=changed or finished)
+
+    def _render(self) -> RenderableType:
+        header = Text.assemble(
+            ("phase ", "dim"), (self._phase, "bold"), ("   restarts ", "dim"), str(self._restarts)
+        )
+        return Group(header, self._progress)
+
+    def _line(self) -> str:
+        steps = "  ".join(f"{leg} {self._steps[leg]}/{self._total}" for leg in self.legs)
+        return f"phase={self._phase}  {steps}  restarts={self._restarts}"
+
+    def _emit(self, *, force: bool) -> None:
+        line = self._line()
+        now = self._clock()
+        if line == self._last_line or not (force or now - self._last_at >= self.interval):
+            return
+        self.console.print(line, markup=False, highlight=False)
+        self._last_line, self._last_at = line, now
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _sort_key(value: float) -> float:
+    return math.inf if math.isnan(value) else value

@@ -1,0 +1,157 @@
+"""The verdict and report schema (versioned): what a qualification concluded and why.
+
+Written by the comparator and the qualification runner, read by the reports, the metrics,
+the operator (into a QualificationRun's status) and by people. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from resumequal.spec import Boundary
+
+SCHEMA_VERSION = "resumequal.dev/report/v1"
+
+
+class Result(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    NONDETERMINISTIC = "NONDETERMINISTIC"
+    INVALID = "INVALID"
+
+
+class _Model(BaseModel):
+    # Drift of a NaN or an all-zero reference is NaN or infinite; "strings" keeps the JSON
+    # strict ("NaN", "Infinity") and validates back to the same float.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class Divergence(_Model):
+    """Where two legs first differ, in execution order of boundaries."""
+
+    step: int
+    boundary: Boundary
+    rank: int
+    control: Any = Field(description="the control leg's value at this boundary (summarised)")
+    preempted: Any
+    before_cut: bool = Field(description="true when the step ran before the kill in both legs")
+
+
+class ValidityCheck(_Model):
+    """One precondition for the comparison to mean anything."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+class TensorDrift(_Model):
+    name: str
+    numel: int
+    max_abs_diff: float
+    rel_l2: float = Field(description="||a-b||_2 / ||a||_2 (0 when both are zero)")
+    mismatch_fraction: float = Field(description="fraction of elements that differ in bits")
+
+
+class DriftSummary(_Model):
+    """Drift of one group of tensors (model or optimizer) between the final checkpoints."""
+
+    group: Literal["model", "optimizer"]
+    tensors: int
+    numel: int
+    max_abs_diff: float
+    rel_l2: float
+    mismatch_fraction: float
+    worst: list[TensorDrift] = Field(description="the tensors with the largest drift")
+    values: int = Field(
+        default=0, description="non-tensor items compared (e.g. optimizer hyperparameters)"
+    )
+    values_differ: list[str] = Field(
+        default_factory=list, description="non-tensor items that are not equal"
+    )
+    unmatched: list[str] = Field(
+        default_factory=list,
+        description="keys held by only one checkpoint, or with another shape or dtype",
+    )
+
+
+class StepDelta(_Model):
+    """Per-step loss of both legs (mean over ranks and microbatches) and their difference."""
+
+    step: int
+    control_loss: float
+    preempted_loss: float
+    abs_diff: float
+
+
+class BoundaryRow(_Model):
+    """One step of the boundary table: which boundaries were equal on every rank."""
+
+    step: int
+    attempt: int = Field(description="attempt of the preempted leg that finally ran the step")
+    status: dict[str, Literal["equal", "within_tolerance", "differs", "missing"]]
+
+
+class Cut(_Model):
+    step: int
+    microstep: int
+    rank: int
+    mode: Literal["hard", "graceful"]
+    at: Literal["microbatch", "checkpoint_commit"] = "microbatch"
+
+
+class Verdict(_Model):
+    """The conclusion of one comparison of a control and a preempted leg."""
+
+    schema_version: str = SCHEMA_VERSION
+    result: Result
+    reason: str = Field(description="one sentence a person can act on")
+    cut: Cut
+    resumed_from: str | None = Field(description="checkpoint the resumed attempt restored")
+    first_divergence: Divergence | None
+    exact_through_step: int = Field(
+        description="last step up to which every boundary on every rank was equal (0: none)"
+    )
+    checks: list[ValidityCheck]
+    drift: list[DriftSummary] = Field(default_factory=list)
+    loss_deltas: list[StepDelta] = Field(default_factory=list)
+    boundary_table: list[BoundaryRow] = Field(default_factory=list)
+    steps_compared: int = 0
+    ranks_compared: int = 0
+
+
+class PhaseEvent(_Model):
+    phase: str
+    at: float
+    reason: str | None = None
+    message: str | None = None
+
+
+class LegSummary(_Model):
+    name: Literal["control", "preempted"]
+    attempts: int
+    exit_code: int | None
+    started_at: float | None
+    finished_at: float | None
+    losses: list[float] = Field(description="per-step loss, mean over ranks and microbatches")
+
+
+class Report(_Model):
+    """Everything ``report.json`` holds: the verdict plus what it is about."""
+
+    schema_version: str = SCHEMA_VERSION
+    run: str
+    pin: str
+    verdict: Verdict
+    spec: dict[str, Any]
+    phases: list[PhaseEvent] = Field(default_factory=list)
+    legs: list[LegSummary] = Field(default_factory=list)
+    kill_at: float | None = None
+    restart_seconds: float | None = Field(
+        default=None, description="kill -> first resumed step finished"
+    )
+    inventory: dict[str, Any] = Field(default_factory=dict)
+    inventory_differences: dict[str, Any] = Field(default_factory=dict)

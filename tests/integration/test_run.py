@@ -1,0 +1,132 @@
+"""`resumequal run` end to end: real legs, real kills, verdicts, reports, and no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FAST = ["--set", "workload.name=dropout-mlp"]
+
+
+def _resumequal(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "resumequal", *args],
+        capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, COLUMNS="120"),
+    )
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _report(run_dir: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((run_dir / "report.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_default_qualification_passes_and_leaves_reports(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS" in proc.stdout
+    report = _report(run_dir)
+    verdict = report["verdict"]
+    assert verdict["result"] == "PASS"
+    assert verdict["exact_through_step"] == 12
+    assert verdict["first_divergence"] is None
+    assert report["restart_seconds"] > 0
+    assert [p["phase"] for p in report["phases"]] == [
+        "Pending", "LegsRunning", "Armed", "Preempted", "Resumed", "Comparing", "Succeeded"]
+    assert (run_dir / "verdict.json").exists()
+    html = (run_dir / "report.html").read_text()
+    assert "<svg" in html and "PASS" in html
+    metrics = (run_dir / "metrics.prom").read_text()
+    assert "resumequal_qualification_passed{" in metrics
+    assert not _processes_mentioning(str(run_dir))
+
+
+def test_resume_without_scheduler_state_fails_at_the_learning_rate(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FAST, "--omit", "scheduler")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = _report(run_dir)["verdict"]
+    assert verdict["result"] == "FAIL"
+    first = verdict["first_divergence"]
+    # Resumed from step 4: the optimizer's saved lr is right for step 5, then the fresh
+    # scheduler sets its own step-1 lr, so step 6 is the first update with a wrong lr.
+    assert (first["step"], first["boundary"]) == (6, "lr")
+    assert first["before_cut"] is False
+    assert verdict["exact_through_step"] == 5
+    assert not _processes_mentioning(str(run_dir))
+
+
+def test_armed_rank_never_killed_times_out_and_leaves_no_process(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FAST, "--no-kill",
+                       "--set", "timeouts.arm_seconds=4")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    report = _report(run_dir)
+    failed = report["phases"][-1]
+    assert failed["phase"] == "Failed" and failed["reason"] == "Timeout"
+    assert "timeouts.arm_seconds=4" in failed["message"]
+    armed = next(p for p in report["phases"] if p["phase"] == "Armed")
+    assert failed["at"] - armed["at"] < 4 + 3
+    assert report["verdict"]["result"] == "INVALID"
+    assert time.monotonic() - started < 120
+    assert not _processes_mentioning(str(run_dir))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("preemption.step=13", "after the last step"),
+        ("preemption.step=2", "lands before the first committed checkpoint"),
+        ("preemption.microstep=3", "must be < training.accumulation_steps"),
+    ],
+)
+def test_experiments_that_cannot_be_valid_are_rejected_up_front(
+    override: str, message: str, tmp_path: Path
+) -> None:
+    proc = _resumequal("run", "--run-dir", str(tmp_path / "run"), "--set", override, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_interrupt_stops_every_process(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "resumequal", "run", "--run-dir",
+                             str(run_dir), *FAST], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        trace = run_dir / "control" / "trace" / "rank-1.jsonl"
+        if trace.exists() and trace.read_text().count('"kind":"step"') >= 2:
+            break
+        time.sleep(0.1)
+    workers = _processes_mentioning(str(run_dir))
+    assert len(workers) >= 3  # torchrun and two workers
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert not _processes_mentioning(str(run_dir))

@@ -1,0 +1,279 @@
+"""The Prometheus families, set from hand-built Reports into a fresh registry per test."""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from resumequal.errors import MetricsError
+from resumequal.metrics import PHASE_BUCKETS, QualificationMetrics, push, write_textfile
+from resumequal.verdict import Result
+from tests.unit.report_samples import KILL_STEP, PHASES, T0, make_report
+
+NS = "ml-platform"
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def _labels(result: Result, scenario: str = "resume") -> dict[str, str]:
+    report = make_report(result)
+    return {"namespace": NS, "run": report.run, "pin": report.pin, "scenario": scenario}
+
+
+def test_record_pass_sets_every_family(registry: CollectorRegistry) -> None:
+    metrics = QualificationMetrics(registry)
+    report = make_report(Result.PASS)
+    metrics.record(report, namespace=NS, controls_detected=5, controls_total=5)
+    labels = _labels(Result.PASS)
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("resumequal_qualification_passed") == 1.0
+    assert value("resumequal_qualification_valid") == 1.0
+    assert value("resumequal_first_divergent_step") == -1.0
+    assert value("resumequal_param_max_abs_diff") == 0.0
+    assert value("resumequal_param_rel_l2_diff") == 0.0
+    assert value("resumequal_param_mismatch_fraction") == 0.0
+    assert value("resumequal_loss_max_abs_diff") == 0.0
+    assert value("resumequal_restart_seconds") == 8.25
+    assert value("resumequal_negative_controls_detected") == 5.0
+    assert value("resumequal_negative_controls_total") == 5.0
+    assert value("resumequal_last_completion_timestamp_seconds") == T0 + PHASES[-1][1]
+    assert registry.get_sample_value("resumequal_runs_total", {"result": "PASS"}) == 1.0
+    assert registry.get_sample_value("resumequal_runs_total", {"result": "FAIL"}) == 0.0
+
+
+def test_record_fail_sets_divergence_and_model_drift(registry: CollectorRegistry) -> None:
+    metrics = QualificationMetrics(registry)
+    report = make_report(Result.FAIL)
+    metrics.record(report, namespace=NS)
+    labels = _labels(Result.FAIL)
+    model = next(d for d in report.verdict.drift if d.group == "model")
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("resumequal_qualification_passed") == 0.0
+    assert value("resumequal_qualification_valid") == 1.0
+    assert value("resumequal_first_divergent_step") == float(KILL_STEP)
+    assert value("resumequal_param_max_abs_diff") == model.max_abs_diff
+    assert value("resumequal_param_rel_l2_diff") == model.rel_l2
+    assert value("resumequal_param_mismatch_fraction") == model.mismatch_fraction
+    assert value("resumequal_loss_max_abs_diff") == max(
+        d.abs_diff for d in report.verdict.loss_deltas
+    )
+    assert value("resumequal_negative_controls_detected") == 0.0
+    assert value("resumequal_negative_controls_total") == 0.0
+    assert registry.get_sample_value("resumequal_runs_total", {"result": "FAIL"}) == 1.0
+
+
+def test_record_invalid_leaves_missing_figures_absent(registry: CollectorRegistry) -> None:
+    metrics = QualificationMetrics(registry)
+    labels = _labels(Result.INVALID)
+    metrics.record(make_report(Result.FAIL), namespace=NS)  # same labels, then INVALID
+    metrics.record(make_report(Result.INVALID), namespace=NS)
+    assert registry.get_sample_value("resumequal_qualification_valid", labels) == 0.0
+    assert registry.get_sample_value("resumequal_qualification_passed", labels) == 0.0
+    assert registry.get_sample_value("resumequal_first_divergent_step", labels) == -1.0
+    for name in (
+        "resumequal_param_max_abs_diff",
+        "resumequal_param_rel_l2_diff",
+        "resumequal_param_mismatch_fraction",
+        "resumequal_restart_seconds",
+    ):
+        assert registry.get_sample_value(name, labels) is None, name
+
+
+def test_loss_max_abs_diff_is_infinite_when_a_delta_is_not_finite(
+    registry: CollectorRegistry,
+) -> None:
+    report = make_report(Result.FAIL)
+    report.verdict.loss_deltas[-1].abs_diff = math.nan
+    QualificationMetrics(registry).record(report, namespace=NS)
+    value = registry.get_sample_value("resumequal_loss_max_abs_diff", _labels(Result.FAIL))
+    assert value == math.inf
+
+
+def test_runs_total_counts_per_result(registry: CollectorRegistry) -> None:
+    metrics = QualificationMetrics(registry)
+    for result in (Result.PASS, Result.FAIL, Result.PASS, Result.NONDETERMINISTIC):
+        metrics.record(make_report(result), namespace=NS)
+    counts = {
+        r.value: registry.get_sample_value("resumequal_runs_total", {"result": r.value})
+        for r in Result
+    }
+    assert counts == {"PASS": 2.0, "FAIL": 1.0, "NONDETERMINISTIC": 1.0, "INVALID": 0.0}
+
+
+def test_phase_durations_are_observed_per_phase(registry: CollectorRegistry) -> None:
+    QualificationMetrics(registry).record(make_report(Result.PASS), namespace=NS)
+    for (phase, start), (_, end) in pairwise(PHASES):
+        labels = {"phase": phase}
+        count = registry.get_sample_value("resumequal_phase_duration_seconds_count", labels)
+        total = registry.get_sample_value("resumequal_phase_duration_seconds_sum", labels)
+        assert count == 1.0, phase
+        assert total == pytest.approx(end - start)
+    # The terminal phase has no end, so no duration.
+    last = {"phase": PHASES[-1][0]}
+    assert registry.get_sample_value("resumequal_phase_duration_seconds_count", last) is None
+    # Arming took 15 s: counted from the le=30 bucket on.
+    arming = {"phase": "Arming", "le": "10.0"}
+    assert registry.get_sample_value("resumequal_phase_duration_seconds_bucket", arming) == 0.0
+    arming["le"] = "30.0"
+    assert registry.get_sample_value("resumequal_phase_duration_seconds_bucket", arming) == 1.0
+    assert PHASE_BUCKETS[0] == 1 and PHASE_BUCKETS[-1] == 7200
+
+
+def test_forget_removes_only_that_runs_series(registry: CollectorRegistry) -> None:
+    metrics = QualificationMetrics(registry)
+    report = make_report(Result.PASS)
+    metrics.record(report, namespace=NS)
+    other = make_report(Result.FAIL)
+    other.run = "nightly-other"
+    metrics.record(other, namespace=NS)
+    metrics.forget(NS, report.run, report.pin, "resume")
+
+    def series(run: str) -> list[str]:
+        return [
+            s.name
+            for family in registry.collect()
+            for s in family.samples
+            if s.labels.get("run") == run
+        ]
+
+    assert series(report.run) == []
+    assert len(series("nightly-other")) == 11  # every per-run gauge
+    metrics.forget(NS, "nightly-other")  # pin and scenario unknown: match any
+    assert series("nightly-other") == []
+    # Counters and histograms carry no run label, so they are untouched.
+    assert registry.get_sample_value("resumequal_runs_total", {"result": "PASS"}) == 1.0
+
+
+def test_write_textfile_parses_back(registry: CollectorRegistry, tmp_path: Path) -> None:
+    QualificationMetrics(registry).record(make_report(Result.FAIL), namespace=NS)
+    path = tmp_path / "resumequal.prom"
+    write_textfile(registry, path)
+    families = {f.name: f for f in text_string_to_metric_families(path.read_text())}
+    assert {
+        "resumequal_qualification_passed",
+        "resumequal_qualification_valid",
+        "resumequal_first_divergent_step",
+        "resumequal_param_max_abs_diff",
+        "resumequal_param_rel_l2_diff",
+        "resumequal_param_mismatch_fraction",
+        "resumequal_loss_max_abs_diff",
+        "resumequal_restart_seconds",
+        "resumequal_negative_controls_detected",
+        "resumequal_negative_controls_total",
+        "resumequal_last_completion_timestamp_seconds",
+        "resumequal_runs",
+        "resumequal_phase_duration_seconds",
+    } <= set(families)
+    assert families["resumequal_runs"].type == "counter"
+    assert families["resumequal_phase_duration_seconds"].type == "histogram"
+    step = families["resumequal_first_divergent_step"].samples[0]
+    assert step.value == float(KILL_STEP) and step.labels["namespace"] == NS
+    assert [p.name for p in tmp_path.iterdir()] == ["resumequal.prom"]
+
+
+def test_write_textfile_error_names_the_path(registry: CollectorRegistry, tmp_path: Path) -> None:
+    with pytest.raises(MetricsError, match="missing-dir"):
+        write_textfile(registry, tmp_path / "missing-dir" / "x.prom")
+
+
+class _Gateway:
+    """A tiny Pushgateway stand-in on 127.0.0.1 that records what it receives."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _receive(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                gateway.requests.append((self.command, self.path, dict(self.headers), body))
+                self.send_response(200)
+                self.end_headers()
+
+            do_PUT = do_POST = _receive
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Gateway:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def gateway() -> Iterator[_Gateway]:
+    with _Gateway() as gw:
+        yield gw
+
+
+def test_push_sends_the_exposition(registry: CollectorRegistry, gateway: _Gateway) -> None:
+    QualificationMetrics(registry).record(make_report(Result.PASS), namespace=NS)
+    push(registry, gateway.url, "resumequal", grouping_key={"run": "nightly"})
+    [(method, path, headers, body)] = gateway.requests
+    assert method == "PUT"
+    assert path == "/metrics/job/resumequal/run/nightly"
+    assert "Authorization" not in headers
+    text = body.decode()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert "resumequal_qualification_passed" in families
+    assert 'resumequal_runs_total{result="PASS"} 1.0' in text
+
+
+def test_push_sends_url_credentials_as_basic_auth(
+    registry: CollectorRegistry, gateway: _Gateway
+) -> None:
+    QualificationMetrics(registry)
+    url = gateway.url.replace("http://", "http://bot:s%40cret@")
+    push(registry, url, "resumequal")
+    [(_, _, headers, _)] = gateway.requests
+    assert headers["Authorization"] == "Basic Ym90OnNAY3JldA=="  # bot:s@cret
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_push_to_a_closed_port_raises_without_credentials(registry: CollectorRegistry) -> None:
+    QualificationMetrics(registry)
+    port = _closed_port()
+    with pytest.raises(MetricsError) as info:
+        push(registry, f"http://bot:hunter2@127.0.0.1:{port}", "resumequal", timeout=5)
+    message = str(info.value)
+    assert f"http://127.0.0.1:{port}" in message
+    assert "hunter2" not in message and "bot" not in message
+
+
+def test_push_rejects_a_bad_url_without_echoing_it(registry: CollectorRegistry) -> None:
+    with pytest.raises(MetricsError) as info:
+        push(registry, "http://bot:hunter2@gateway:99999999", "resumequal")
+    assert "hunter2" not in str(info.value)

@@ -1,0 +1,64 @@
+"""ProcessTree finds and stops everything it started, orphans in other sessions included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from resumequal.local.processes import ProcessTree, _alive
+
+# A launcher that, like torchrun, starts its worker in a session of its own.
+LAUNCHER = (
+    "import subprocess, sys, time\n"
+    "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+    " start_new_session=True)\n"
+    "print(w.pid, flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def _spawn(tree: ProcessTree, tmp_path: Path) -> tuple[int, int]:
+    log = tmp_path / "launcher.log"
+    proc = tree.spawn([sys.executable, "-c", LAUNCHER], log, dict(os.environ))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = log.read_text().strip()
+        if text:
+            return proc.pid, int(text)
+        time.sleep(0.05)
+    raise AssertionError("launcher did not report its worker")
+
+
+def test_stop_all_reaches_workers_in_their_own_session(tmp_path: Path) -> None:
+    tree = ProcessTree()
+    launcher, worker = _spawn(tree, tmp_path)
+    assert os.getsid(worker) != os.getsid(launcher)
+    assert set(tree.pids()) == {launcher, worker}
+    stopped = tree.stop_all(grace_seconds=2)
+    assert set(stopped) == {launcher, worker}
+    assert not _alive(launcher) and not _alive(worker)
+    assert tree.pids() == []
+
+
+def test_orphans_of_a_killed_launcher_are_still_found(tmp_path: Path) -> None:
+    tree = ProcessTree()
+    launcher, worker = _spawn(tree, tmp_path)
+    os.kill(launcher, signal.SIGKILL)
+    tree.children[0].wait(timeout=10)
+    assert _alive(worker)
+    assert tree.pids() == [worker]
+    tree.stop_all(grace_seconds=2)
+    assert not _alive(worker)
+
+
+def test_another_tree_is_left_alone(tmp_path: Path) -> None:
+    ours, theirs = ProcessTree(), ProcessTree()
+    _spawn(theirs, tmp_path / "b")
+    try:
+        assert ours.stop_all(grace_seconds=1) == []
+        assert len(theirs.pids()) == 2
+    finally:
+        theirs.stop_all(grace_seconds=1)

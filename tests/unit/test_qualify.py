@@ -1,0 +1,216 @@
+"""The qualification state machine against a scripted backend and a fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from resumequal.qualify import (
+    Beacon,
+    LegObservation,
+    LegState,
+    Phase,
+    Qualification,
+    QualificationStatus,
+    Reason,
+)
+from resumequal.spec import QualificationSpec, parse_spec
+from resumequal.verdict import Cut, Result, Verdict
+
+
+def _verdict(result: Result) -> Verdict:
+    return Verdict(result=result, reason=f"{result} for the test", resumed_from="step-00000004",
+                   cut=Cut(step=6, microstep=1, rank=1, mode="hard"), first_divergence=None,
+                   exact_through_step=12, checks=[])
+
+
+@dataclass
+class Clock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class ScriptedBackend:
+    """Legs whose observations the test sets; records what the machine asked for."""
+
+    clock: Clock
+    legs: dict[str, LegObservation] = field(default_factory=dict)
+    beacon: Beacon | None = None
+    launched: list[str] = field(default_factory=list)
+    kills: list[tuple[int, str, float]] = field(default_factory=list)
+    cleanups: int = 0
+    result: Result = Result.PASS
+
+    def launch_leg(self, leg: str) -> None:
+        self.launched.append(leg)
+        self.legs[leg] = LegObservation(state=LegState.RUNNING)
+
+    def observe_leg(self, leg: str) -> LegObservation:
+        return self.legs.get(leg, LegObservation(state=LegState.NOT_STARTED))
+
+    def read_beacon(self, leg: str) -> Beacon | None:
+        return self.beacon
+
+    def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
+        self.kills.append((beacon.pid, mode, grace_seconds))
+
+    def compare(self) -> Verdict:
+        return _verdict(self.result)
+
+    def cleanup(self) -> None:
+        self.cleanups += 1
+
+
+def _beacon() -> Beacon:
+    return Beacon(pid=4242, host="h", rank=1, attempt=0, step=6, microstep=1, armed_at=0.0)
+
+
+def _machine(spec: QualificationSpec | None = None, **kw: bool) -> tuple[
+    Qualification, ScriptedBackend, Clock
+]:
+    clock = Clock()
+    backend = ScriptedBackend(clock)
+    q = Qualification(spec or QualificationSpec(), backend, clock=clock, **kw)
+    return q, backend, clock
+
+
+def _succeed(backend: ScriptedBackend, leg: str, **kw: object) -> None:
+    backend.legs[leg] = LegObservation(state=LegState.SUCCEEDED, steps_done=12, **kw)  # type: ignore[arg-type]
+
+
+def test_happy_path_walks_every_phase_in_order() -> None:
+    q, b, clock = _machine()
+    assert q.tick() == Phase.LEGS_RUNNING
+    assert b.launched == ["control"]  # one after the other by default
+    _succeed(b, "control")
+    q.tick()
+    assert b.launched == ["control", "preempted"]
+    b.beacon = _beacon()
+    clock.now += 5
+    assert q.tick() == Phase.PREEMPTED
+    assert b.kills == [(4242, "hard", 20.0)]
+    b.legs["preempted"] = LegObservation(state=LegState.RUNNING, attempts=2,
+                                         resumed_at=clock.now + 3)
+    clock.now += 4
+    assert q.tick() == Phase.RESUMED
+    _succeed(b, "preempted", attempts=2, resumed_at=clock.now - 1)
+    assert q.tick() == Phase.SUCCEEDED
+    s = q.status
+    assert [e.phase for e in s.history] == [
+        "Pending", "LegsRunning", "Armed", "Preempted", "Resumed", "Comparing", "Succeeded"]
+    assert s.verdict is not None and s.verdict.result == Result.PASS
+    assert s.reason == Reason.COMPLETED
+    assert b.cleanups == 1
+    assert q.tick() == Phase.SUCCEEDED  # terminal phases stay put
+
+
+def test_side_by_side_launches_both_legs_at_once() -> None:
+    q, b, _ = _machine(side_by_side=True)
+    q.tick()
+    assert b.launched == ["control", "preempted"]
+
+
+def test_graceful_mode_passes_the_grace_to_the_backend() -> None:
+    spec = parse_spec({"preemption": {"mode": "graceful", "grace_seconds": 7}})
+    q, b, _ = _machine(spec, side_by_side=True)
+    q.tick()
+    b.beacon = _beacon()
+    q.tick()
+    assert b.kills == [(4242, "graceful", 7.0)]
+
+
+def test_arm_timeout_when_the_kill_is_never_delivered() -> None:
+    spec = parse_spec({"timeouts": {"arm_seconds": 10}})
+    q, b, clock = _machine(spec, side_by_side=True, deliver_kill=False)
+    q.tick()
+    b.beacon = _beacon()
+    assert q.tick() == Phase.ARMED
+    clock.now += 9
+    assert q.tick() == Phase.ARMED
+    # The worker gives up on its own too; the reason must still be the timeout.
+    b.legs["preempted"] = LegObservation(state=LegState.FAILED, message="held too long")
+    clock.now += 2
+    assert q.tick() == Phase.FAILED
+    assert q.status.reason == Reason.TIMEOUT
+    assert "timeouts.arm_seconds=10" in (q.status.message or "")
+    assert b.kills == [] and b.cleanups == 1
+
+
+def test_restart_timeout() -> None:
+    spec = parse_spec({"timeouts": {"restart_seconds": 30}})
+    q, b, clock = _machine(spec, side_by_side=True)
+    q.tick()
+    b.beacon = _beacon()
+    q.tick()
+    clock.now += 31
+    assert q.tick() == Phase.FAILED
+    assert q.status.reason == Reason.TIMEOUT
+    assert "restart_seconds=30" in (q.status.message or "")
+
+
+def test_leg_timeout() -> None:
+    spec = parse_spec({"timeouts": {"leg_seconds": 100}})
+    q, _b, clock = _machine(spec)
+    q.tick()
+    clock.now += 101
+    assert q.tick() == Phase.FAILED
+    assert "control leg did not finish" in (q.status.message or "")
+
+
+def test_a_failed_leg_fails_the_run_with_its_message() -> None:
+    q, b, _ = _machine()
+    q.tick()
+    b.legs["control"] = LegObservation(state=LegState.FAILED, message="torchrun exited 1")
+    assert q.tick() == Phase.FAILED
+    assert q.status.reason == Reason.LEG_FAILED
+    assert "control leg failed: torchrun exited 1" in (q.status.message or "")
+
+
+def test_preempted_leg_finishing_without_its_cut_is_invalid() -> None:
+    q, b, _ = _machine(side_by_side=True)
+    q.tick()
+    _succeed(b, "preempted")
+    assert q.tick() == Phase.FAILED
+    assert q.status.reason == Reason.INVALID
+
+
+def test_invalid_verdict_fails_the_run() -> None:
+    q, b, _ = _machine(side_by_side=True)
+    b.result = Result.INVALID
+    q.tick()
+    b.beacon = _beacon()
+    q.tick()
+    b.legs["preempted"] = LegObservation(state=LegState.RUNNING, resumed_at=1.0)
+    q.tick()
+    _succeed(b, "control")
+    _succeed(b, "preempted", resumed_at=1.0)
+    assert q.tick() == Phase.FAILED
+    assert q.status.reason == Reason.INVALID
+
+
+def test_status_survives_a_round_trip_and_the_machine_continues() -> None:
+    q, b, clock = _machine(side_by_side=True)
+    q.tick()
+    b.beacon = _beacon()
+    q.tick()
+    stored = QualificationStatus.model_validate_json(q.status.model_dump_json())
+    again = Qualification(QualificationSpec(), b, status=stored, clock=clock)
+    b.legs["preempted"] = LegObservation(state=LegState.RUNNING, resumed_at=clock.now)
+    assert again.tick() == Phase.RESUMED
+    assert len(b.kills) == 1  # the kill is not delivered twice
+
+
+def test_interrupt_cleans_up_and_reraises() -> None:
+    q, b, _ = _machine()
+
+    def boom(_status: QualificationStatus) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        q.run(poll_seconds=0, on_tick=boom)
+    assert q.status.phase == Phase.FAILED and q.status.reason == Reason.INTERRUPTED
+    assert b.cleanups == 1

@@ -1,0 +1,297 @@
+"""Report files, the HTML report and the terminal summary, from hand-built Reports."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from resumequal.errors import ReportError
+from resumequal.report import (
+    REPORT_HTML,
+    REPORT_JSON,
+    VERDICT_JSON,
+    LegProgress,
+    print_summary,
+    read_report,
+    read_verdict,
+    render_html,
+    write_reports,
+)
+from resumequal.report.svg import SVG_NS, fmt, nice_ticks
+from resumequal.spec import BOUNDARIES
+from resumequal.verdict import SCHEMA_VERSION, Result
+from tests.unit.report_samples import KILL_STEP, RESUME_STEP, STEPS, make_report
+
+SVG_BLOCK = re.compile(r"<svg\b.*?</svg>", re.DOTALL)
+NS = {"svg": SVG_NS}
+
+
+def _svgs(page: str) -> dict[str, ET.Element]:
+    charts = {}
+    for block in SVG_BLOCK.findall(page):
+        root = ET.fromstring(block)  # each chart is well-formed XML on its own
+        charts[root.attrib["id"]] = root
+    return charts
+
+
+# -- files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("result", list(Result))
+def test_write_reports_round_trips(tmp_path: Path, result: Result) -> None:
+    report = make_report(result)
+    paths = write_reports(report, tmp_path / "run")
+    assert set(paths) == {VERDICT_JSON, REPORT_JSON, REPORT_HTML}
+    assert all(p.is_file() and p.parent == tmp_path / "run" for p in paths.values())
+    assert read_report(paths[REPORT_JSON]) == report
+    assert read_verdict(paths[VERDICT_JSON]) == report.verdict
+    assert json.loads(paths[VERDICT_JSON].read_text())["schema_version"] == SCHEMA_VERSION
+    assert json.loads(paths[REPORT_JSON].read_text())["schema_version"] == SCHEMA_VERSION
+    assert paths[REPORT_HTML].read_text(encoding="utf-8") == render_html(report)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(paths)  # no temps
+
+
+def test_non_finite_losses_survive_the_round_trip(tmp_path: Path) -> None:
+    report = make_report(Result.FAIL)
+    report.legs[1].losses[-1] = math.nan
+    report.verdict.loss_deltas[-1].abs_diff = math.inf
+    paths = write_reports(report, tmp_path)
+    back = read_report(paths[REPORT_JSON])
+    assert math.isnan(back.legs[1].losses[-1])
+    assert back.verdict.loss_deltas[-1].abs_diff == math.inf
+
+
+def test_read_report_names_the_file_on_unknown_version(tmp_path: Path) -> None:
+    path = write_reports(make_report(Result.PASS), tmp_path)[REPORT_JSON]
+    data = json.loads(path.read_text())
+    data["schema_version"] = "resumequal.dev/report/v99"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportError, match=r"report\.json: unknown schema_version .*v99"):
+        read_report(path)
+
+
+def test_read_report_names_the_file_and_field_on_invalid_content(tmp_path: Path) -> None:
+    path = write_reports(make_report(Result.PASS), tmp_path)[REPORT_JSON]
+    data = json.loads(path.read_text())
+    data["verdict"]["result"] = "MAYBE"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportError, match=r"report\.json: not a valid Report: verdict\.result"):
+        read_report(path)
+    path.write_text("{not json")
+    with pytest.raises(ReportError, match=r"report\.json: not JSON"):
+        read_report(path)
+    with pytest.raises(ReportError, match=r"missing\.json: cannot read"):
+        read_report(tmp_path / "missing.json")
+
+
+# -- html --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("result", list(Result))
+def test_html_is_self_contained(result: Result) -> None:
+    page = render_html(make_report(result))
+    # The only URL anywhere is the SVG namespace name, which is never fetched.
+    urls = re.findall(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>)]*", page)
+    assert set(urls) <= {SVG_NS}
+    assert not re.search(r"\b(src|href)\s*=\s*[\"'](?!#)", page)  # only in-page anchors
+    assert "<script" not in page.lower()
+    assert "@import" not in page and "url(" not in page
+
+
+@pytest.mark.parametrize("result", list(Result))
+def test_html_shows_the_verdict_header(result: Result) -> None:
+    report = make_report(result)
+    page = render_html(report)
+    assert f'<span class="badge">{result.value}</span>' in page
+    color = {"PASS": "#1a7f37", "FAIL": "#cf222e", "NONDETERMINISTIC": "#d97706"}
+    assert f"--vc:{color.get(result.value, '#6e7781')}" in page
+    # Text from the report is escaped, never interpreted.
+    assert "nightly-&lt;2026-05-09&gt;" in page and "nightly-<2026" not in page
+    assert "torch2.4 &amp; cuda12.4" in page
+    assert "step 7, microbatch 1, rank 1 (hard kill at microbatch)" in page
+
+
+def test_html_charts_are_svg_with_titles_and_both_loss_curves() -> None:
+    charts = _svgs(render_html(make_report(Result.FAIL)))
+    assert set(charts) == {"loss-chart", "delta-chart"}
+    for chart in charts.values():
+        assert chart.attrib["role"] == "img"
+        title = chart.find("svg:title", NS)
+        assert title is not None and title.text
+    paths = charts["loss-chart"].findall(".//svg:path", NS)
+    assert sorted(p.attrib["class"] for p in paths) == [
+        "series series-control",
+        "series series-preempted",
+    ]
+    assert all(p.attrib["d"].count("L") == STEPS - 1 for p in paths)
+    labels = [t.text or "" for t in charts["loss-chart"].iter(f"{{{SVG_NS}}}text")]
+    assert "control" in labels and "preempted" in labels  # legend
+    assert "optimizer step" in labels  # x axis label
+    assert any(lbl.startswith("kill (step 7") for lbl in labels)
+    assert any(lbl.startswith(f"resumed from step-{RESUME_STEP:08d}") for lbl in labels)
+    deltas = charts["delta-chart"].findall(".//svg:circle[@class='delta']", NS)
+    assert len(deltas) == STEPS
+
+
+def test_html_delta_chart_handles_all_zero_and_non_finite_deltas() -> None:
+    report = make_report(Result.PASS, zero_deltas=True)
+    assert all(d.abs_diff == 0 for d in report.verdict.loss_deltas)
+    chart = _svgs(render_html(report))["delta-chart"]
+    texts = [t.text or "" for t in chart.iter(f"{{{SVG_NS}}}text")]
+    assert "every compared step: |Δ| is exactly 0" in texts
+    assert len(chart.findall(".//svg:circle[@class='delta']", NS)) == STEPS
+
+    report.verdict.loss_deltas[3].abs_diff = math.nan
+    report.verdict.loss_deltas[4].abs_diff = 5e-324  # subnormal: log10 still works
+    report.legs[1].losses[2] = math.inf
+    charts = _svgs(render_html(report))
+    assert "NaN / ∞" in [t.text for t in charts["delta-chart"].iter(f"{{{SVG_NS}}}text")]
+    d = charts["loss-chart"].find(".//svg:path[@class='series series-preempted']", NS)
+    assert d is not None and d.attrib["d"].count("M") == 2  # a gap at the infinite loss
+
+
+def test_html_renders_without_legs_deltas_or_table() -> None:
+    report = make_report(Result.INVALID)
+    report.legs = []
+    report.verdict.loss_deltas = []
+    report.phases = []
+    page = render_html(report)
+    charts = _svgs(page)
+    assert set(charts) == {"loss-chart", "delta-chart"}
+    assert "no per-step losses recorded" in page
+    assert "No boundary table" in page
+
+
+def _boundary_table(page: str) -> ET.Element:
+    match = re.search(r'<table class="boundaries">.*?</table>', page, re.DOTALL)
+    assert match is not None
+    return ET.fromstring(match.group(0))
+
+
+def test_html_boundary_table_highlights_the_first_divergence() -> None:
+    page = render_html(make_report(Result.FAIL))
+    table = _boundary_table(page)
+    header = [th.text for th in table.iter("th")]
+    assert header == ["step", "attempt", *BOUNDARIES]
+    rows = table.findall("./tbody/tr")
+    assert len(rows) == STEPS
+    assert all(len(r.findall("td")) == 2 + len(BOUNDARIES) for r in rows)
+    first = [td for td in table.iter("td") if "first" in td.attrib.get("class", "").split()]
+    assert len(first) == 1
+    assert first[0].attrib["id"] == "first-divergence"
+    assert first[0].attrib["title"] == f"step {KILL_STEP}, rng: differs"
+    assert 'href="#first-divergence"' in page
+    assert page.count('id="first-divergence"') == 1
+    statuses = {c for td in table.iter("td") for c in td.attrib.get("class", "").split()}
+    assert {"s-equal", "s-differs"} <= statuses
+
+
+def test_html_pass_has_no_highlight_but_every_status_colour() -> None:
+    page = render_html(make_report(Result.PASS))
+    table = _boundary_table(page)
+    assert not [td for td in table.iter("td") if "first" in td.attrib.get("class", "")]
+    assert 'id="first-divergence"' not in page
+    assert 'class="cell s-within_tolerance"' in page
+
+
+def test_html_lists_checks_phases_drift_and_inventory() -> None:
+    report = make_report(Result.INVALID)
+    page = render_html(report)
+    assert "✗ <strong>restarted</strong>" in page
+    assert "✓ <strong>kill_delivered</strong>" in page
+    for phase in ("Pending", "Killing", "Succeeded"):
+        assert f"<th>{phase}</th>" in page
+    assert "inventories differ" in page and "2.5.0" in page
+    assert "CUBLAS_WORKSPACE_CONFIG" in page
+
+    page = render_html(make_report(Result.FAIL))
+    assert "Worst tensors: model" in page and "blocks.0.attn.weight" in page
+    assert "0.00025" in page  # model max abs diff
+
+
+def test_html_anchor_falls_back_to_the_divergence_box_without_a_table_cell() -> None:
+    report = make_report(Result.FAIL)
+    report.verdict.boundary_table = []
+    page = render_html(report)
+    assert page.count('id="first-divergence"') == 1
+    assert '<div class="diverge" id="first-divergence">' in page
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "expected"),
+    [
+        (0.0, 1.0, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+        (0.13, 0.47, [0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45]),
+        (2.0, 2.0, [2.0]),
+    ],
+)
+def test_nice_ticks(lo: float, hi: float, expected: list[float]) -> None:
+    assert nice_ticks(lo, hi, 6) == expected
+
+
+def test_nice_ticks_integer_steps() -> None:
+    assert nice_ticks(1, 12, 10, integer=True) == list(range(1, 13))
+    assert nice_ticks(1, 1000, 10, integer=True)[:3] == [100, 200, 300]
+    assert fmt(0.30000000000000004) == "0.3" and fmt(1e-7) == "1e-07" and fmt(3.0) == "3"
+
+
+# -- terminal ----------------------------------------------------------------------------
+
+
+def test_summary_shows_verdict_divergence_checks_and_files(tmp_path: Path) -> None:
+    console = Console(record=True, width=100, file=io.StringIO())
+    report = make_report(Result.FAIL)
+    print_summary(report, console, files={"report.html": tmp_path / "report.html"})
+    text = console.export_text()
+    assert "FAIL" in text and report.verdict.reason[:40] in text
+    assert "step 7 · rng · rank 1 (after the cut)" in text
+    assert "model drift" in text and "0.00025" in text
+    assert str(tmp_path / "report.html") in text
+
+    console = Console(record=True, width=100, file=io.StringIO())
+    report = make_report(Result.INVALID)
+    report.pin = "registry.local/train:[bold]nightly[/]"
+    report.verdict.checks[1].detail = "no restart [/red] seen"
+    print_summary(report, console)
+    text = console.export_text()
+    assert "INVALID" in text and "failing checks" in text and "inventories_equal" in text
+    # Report text that looks like rich markup is printed as it is, not interpreted.
+    assert "no restart [/red] seen" in text and "[bold]nightly[/]" in text
+
+
+def test_leg_progress_prints_plain_lines_without_a_terminal() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=False)
+    clock = iter(float(t) for t in range(100))
+    with LegProgress(console, interval=5.0, clock=lambda: next(clock)) as progress:
+        progress.update("Launching", {"control": 0, "preempted": 0}, 12, 0)
+        progress.update("Running", {"control": 1, "preempted": 1}, 12, 0)  # phase changed
+        progress.update("Running", {"control": 2, "preempted": 2}, 12, 0)  # throttled
+        progress.update("Running", {"control": 3, "preempted": 2}, 12, 1)  # restart
+        progress.update("Running", {"control": 12, "preempted": 5}, 12, 1)  # leg done
+        progress.update("Comparing", {"control": 12, "preempted": 12}, 12, 1)
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "phase=Launching  control 0/12  preempted 0/12  restarts=0",
+        "phase=Running  control 1/12  preempted 1/12  restarts=0",
+        "phase=Running  control 3/12  preempted 2/12  restarts=1",
+        "phase=Running  control 12/12  preempted 5/12  restarts=1",
+        "phase=Comparing  control 12/12  preempted 12/12  restarts=1",
+    ]
+    assert "\x1b" not in out.getvalue()
+
+
+def test_leg_progress_draws_live_on_a_terminal() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=True)
+    with LegProgress(console) as progress:
+        progress.update("Running", {"control": 4, "preempted": 3}, 12, 1)
+    text = out.getvalue()
+    assert "Running" in text and "4/12" in text and "3/12" in text
