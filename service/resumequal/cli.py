@@ -6,11 +6,20 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import cast
 
 import click
 
 from resumequal.errors import ResumequalError
-from resumequal.spec import OMISSIONS, QualificationSpec, SpecError, apply_overrides, load_spec
+from resumequal.spec import (
+    OMISSIONS,
+    Omission,
+    QualificationSpec,
+    SpecError,
+    apply_overrides,
+    check_leg_name,
+    load_spec,
+)
 
 log = logging.getLogger("resumequal")
 
@@ -33,6 +42,13 @@ def _load(spec_path: str | None, overrides: tuple[str, ...] = ()) -> Qualificati
     return apply_overrides(base, overrides)
 
 
+def _leg_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return check_leg_name(value)
+    except SpecError as e:
+        raise click.BadParameter(str(e)) from e
+
+
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.version_option(package_name="resumequal")
@@ -44,7 +60,8 @@ def main(verbose: bool) -> None:
 @main.command()
 @click.option("--spec", "spec_path", type=str, default=None,
               help="Spec file (YAML or JSON); defaults apply when omitted.")
-@click.option("--leg", type=click.Choice(["control", "preempted"]), required=True)
+@click.option("--leg", required=True, metavar="NAME", callback=_leg_name,
+              help="control (never cut), preempted, or another preempted leg's name.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.option("--omit", type=click.Choice(OMISSIONS), multiple=True,
               help="Leave this part of the state out of every resume (a negative control).")
@@ -114,7 +131,7 @@ def run(
             pin=pin or _default_pin(),
             side_by_side=side_by_side,
             deliver_kill=not no_kill,
-            omit=omit,
+            omit=cast(tuple[Omission, ...], omit),
             metrics_file=metrics_file,
             pushgateway=pushgateway,
         )

@@ -9,6 +9,30 @@ Per-run gauges carry the labels ``namespace``, ``run``, ``pin`` and ``scenario``
 A figure the report does not have (no drift because the final checkpoints were not
 compared, no restart time, no loss deltas) is *absent*: its series is removed rather than
 set to NaN, so ``max()``/``avg()`` over runs are not poisoned and ``absent()`` can alert.
+
+Negative controls: ``resumequal_negative_controls_detected`` / ``_total`` are read from the
+verdict's controls (``total`` leaves out controls that were not applicable, e.g. pending
+gradients when there is no mid-accumulation cut); a run without controls reports 0 / 0, so
+``detected < total`` alerts on a blind or invalid control and ``total == 0`` on none run.
+
+The seed matrix: a report with a matrix adds, next to the main comparison's series
+(``scenario`` = the ``scenario`` argument, "resume" by default), one series per matrix
+scenario whose ``scenario`` label is that scenario's name (``boundary-hard``,
+``mid-graceful``, ...), in three families only:
+
+- ``resumequal_qualification_passed``: 1 when every seed of the scenario was exact (its
+  summary row has ``exact == total > 0``), else 0;
+- ``resumequal_qualification_valid``: 0 when any seed of the scenario was INVALID, else 1;
+- ``resumequal_first_divergent_step``: the earliest first divergent step over its seeds,
+  -1 when none diverged.
+
+Drift, loss, restart, control and completion figures describe the main comparison only and
+have no matrix-scenario series. ``min(resumequal_qualification_passed) by (run)`` is thus
+1 only when the main comparison and every matrix scenario passed. The matrix adds at most
+one series per scenario (a closed set of four) per family and run; recording a run again
+drops the scenarios its new report no longer has, and :meth:`QualificationMetrics.forget`
+removes them with the run's other series. A matrix scenario named like the main scenario
+label is skipped (the main comparison's series wins).
 """
 
 from __future__ import annotations
@@ -30,7 +54,7 @@ from prometheus_client.exposition import (
 )
 
 from resumequal.errors import MetricsError
-from resumequal.verdict import Report, Result
+from resumequal.verdict import Matrix, Report, Result
 
 RUN_LABELS: tuple[str, ...] = ("namespace", "run", "pin", "scenario")
 # Phases last from about a second (validation, compare on tiny models) to the arm/leg
@@ -84,7 +108,8 @@ class QualificationMetrics:
             "Negative controls (planted resume omissions) the comparator detected.",
         )
         self.negative_controls_total = gauge(
-            "resumequal_negative_controls_total", "Negative controls that were run."
+            "resumequal_negative_controls_total",
+            "Negative controls that had to be detected (not applicable ones excluded).",
         )
         self.last_completion = gauge(
             "resumequal_last_completion_timestamp_seconds",
@@ -99,6 +124,8 @@ class QualificationMetrics:
         )
         for result in Result:
             self.runs.labels(result=result.value)
+        # (namespace, run, pin, main scenario) -> the matrix scenarios recorded with it.
+        self._matrix_scenarios: dict[tuple[str, ...], set[str]] = {}
         self.phase_duration = Histogram(
             "resumequal_phase_duration_seconds",
             "Time spent in each phase of a qualification.",
@@ -123,19 +150,17 @@ class QualificationMetrics:
             self.last_completion,
         )
 
-    def record(
-        self,
-        report: Report,
-        *,
-        namespace: str,
-        scenario: str = "resume",
-        controls_detected: int = 0,
-        controls_total: int = 0,
-    ) -> None:
+    @property
+    def _per_matrix_scenario(self) -> tuple[Gauge, ...]:
+        return (self.passed, self.valid, self.first_divergent_step)
+
+    def record(self, report: Report, *, namespace: str, scenario: str = "resume") -> None:
         """Set every family from one finished qualification's Report.
 
-        Counts the run once in ``resumequal_runs_total`` and observes each phase's
-        duration (from one PhaseEvent to the next; the last phase has no end).
+        The main comparison's series carry ``scenario``; each seed-matrix scenario adds
+        its own series (see the module docstring). Counts the run once in
+        ``resumequal_runs_total`` and observes each phase's duration (from one PhaseEvent
+        to the next; the last phase has no end).
         """
         v = report.verdict
         labels = {
@@ -163,9 +188,10 @@ class QualificationMetrics:
         put(self.param_mismatch_fraction, None if model is None else model.mismatch_fraction)
         put(self.loss_max_abs_diff, _max_abs_diff([d.abs_diff for d in v.loss_deltas]))
         put(self.restart_seconds, report.restart_seconds)
-        put(self.negative_controls_detected, float(controls_detected))
-        put(self.negative_controls_total, float(controls_total))
+        put(self.negative_controls_detected, float(v.controls_detected))
+        put(self.negative_controls_total, float(v.controls_total))
         put(self.last_completion, report.phases[-1].at if report.phases else time.time())
+        self._record_matrix(report.matrix, labels)
 
         self.runs.labels(result=v.result.value).inc()
         for event, following in pairwise(report.phases):
@@ -173,10 +199,30 @@ class QualificationMetrics:
             if duration >= 0:
                 self.phase_duration.labels(phase=event.phase).observe(duration)
 
+    def _record_matrix(self, matrix: Matrix | None, labels: dict[str, str]) -> None:
+        key = tuple(labels[name] for name in RUN_LABELS)
+        previous = self._matrix_scenarios.pop(key, set())
+        figures = {} if matrix is None else _matrix_figures(matrix)
+        figures.pop(labels["scenario"], None)
+        for stale in previous - figures.keys():
+            for g in self._per_matrix_scenario:
+                _remove(g, {**labels, "scenario": stale})
+        for name, (passed, valid, first_step) in figures.items():
+            series = {**labels, "scenario": name}
+            self.passed.labels(**series).set(passed)
+            self.valid.labels(**series).set(valid)
+            self.first_divergent_step.labels(**series).set(first_step)
+        if figures:
+            self._matrix_scenarios[key] = set(figures)
+
     def forget(
         self, namespace: str, run: str, pin: str | None = None, scenario: str | None = None
     ) -> None:
-        """Remove a run's per-run series; ``None`` for pin or scenario matches any."""
+        """Remove a run's per-run series; ``None`` for pin or scenario matches any.
+
+        Forgetting a main comparison's scenario also removes the matrix-scenario series
+        recorded with it.
+        """
         labels = {"namespace": namespace, "run": run}
         if pin is not None:
             labels["pin"] = pin
@@ -184,6 +230,19 @@ class QualificationMetrics:
             labels["scenario"] = scenario
         for g in self._per_run:
             g.remove_by_labels(labels)
+        for key in [k for k in self._matrix_scenarios if k[:2] == (namespace, run)]:
+            if pin is not None and key[2] != pin:
+                continue
+            names = self._matrix_scenarios[key]
+            if scenario is None or scenario == key[3]:
+                # The main comparison goes, and the matrix recorded with it.
+                main = dict(zip(RUN_LABELS, key, strict=True))
+                for name in names:
+                    for g in self._per_matrix_scenario:
+                        _remove(g, {**main, "scenario": name})
+                del self._matrix_scenarios[key]
+            else:
+                names.discard(scenario)
 
 
 def write_textfile(registry: CollectorRegistry, path: Path) -> None:
@@ -251,6 +310,26 @@ def _max_abs_diff(values: list[float]) -> float | None:
     if any(not math.isfinite(x) for x in values):
         return math.inf
     return max(values)
+
+
+def _matrix_figures(matrix: Matrix) -> dict[str, tuple[float, float, float]]:
+    """Per matrix scenario: (passed, valid, first divergent step or -1)."""
+    summary = {row.scenario: row for row in matrix.summary}
+    names = dict.fromkeys([*matrix.scenarios, *summary, *(c.scenario for c in matrix.cells)])
+    figures: dict[str, tuple[float, float, float]] = {}
+    for name in names:
+        cells = [c for c in matrix.cells if c.scenario == name]
+        row = summary.get(name)
+        if row is not None:
+            passed = row.total > 0 and row.exact == row.total
+        else:  # no summary row: every cell exact (PASS without a divergence)
+            passed = bool(cells) and all(
+                c.result is Result.PASS and c.first_divergent_step is None for c in cells
+            )
+        valid = bool(cells or row) and all(c.result is not Result.INVALID for c in cells)
+        steps = [c.first_divergent_step for c in cells if c.first_divergent_step is not None]
+        figures[name] = (float(passed), float(valid), float(min(steps)) if steps else -1.0)
+    return figures
 
 
 def _remove(g: Gauge, labels: dict[str, str]) -> None:

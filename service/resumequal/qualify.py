@@ -15,16 +15,16 @@ import logging
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resumequal.plan import LegPlan, Plan, qualification_plan
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Verdict
 
 log = logging.getLogger(__name__)
 
-LegName = Literal["control", "preempted"]
 
 
 class Phase(StrEnum):
@@ -87,14 +87,14 @@ class LegObservation(BaseModel):
 class Backend(Protocol):
     """Where legs run: torchrun processes on this machine, or PyTorchJobs on a cluster."""
 
-    def launch_leg(self, leg: LegName) -> None:
-        """Start a leg; must be idempotent for a leg that is already running."""
+    def launch_leg(self, plan: LegPlan) -> None:
+        """Start a leg with its own spec; must be idempotent for a leg already started."""
 
-    def observe_leg(self, leg: LegName) -> LegObservation:
+    def observe_leg(self, leg: str) -> LegObservation:
         """The leg's current state, progress and attempts."""
         ...
 
-    def read_beacon(self, leg: LegName) -> Beacon | None:
+    def read_beacon(self, leg: str, rank: int) -> Beacon | None:
         """The armed worker's beacon of attempt 0, once it exists."""
         ...
 
@@ -102,11 +102,24 @@ class Backend(Protocol):
         """Kill the armed worker: hard, or SIGTERM then SIGKILL after the grace period."""
 
     def compare(self) -> Verdict:
-        """Compare the finished legs."""
+        """Compare the finished legs and conclude."""
         ...
 
     def cleanup(self) -> None:
         """Stop everything this backend started; safe to call more than once."""
+
+
+class LegRun(BaseModel):
+    """What the machine remembers of one leg."""
+
+    launched_at: float | None = None
+    armed_at: float | None = None
+    beacon: Beacon | None = None
+    killed_at: float | None = None
+    resumed_at: float | None = None
+    finished_at: float | None = None
+    steps: int = 0
+    attempts: int = 0
 
 
 class QualificationStatus(BaseModel):
@@ -116,28 +129,33 @@ class QualificationStatus(BaseModel):
     reason: Reason | None = None
     message: str | None = None
     history: list[PhaseEvent] = Field(default_factory=list)
-    launched: dict[str, float] = Field(default_factory=dict)
-    armed_at: float | None = None
-    beacon: Beacon | None = None
-    killed_at: float | None = None
-    resumed_at: float | None = None
+    legs: dict[str, LegRun] = Field(default_factory=dict)
     verdict: Verdict | None = None
-    steps: dict[str, int] = Field(default_factory=dict)
-    attempts: dict[str, int] = Field(default_factory=dict)
 
     @property
     def done(self) -> bool:
         return self.phase in TERMINAL
 
+    def main(self) -> LegRun:
+        return self.legs.get(MAIN_LEG, LegRun())
+
+
+MAIN_LEG = "preempted"
+
 
 class Qualification:
-    """Drives one qualification through its phases with a backend."""
+    """Drives one qualification through its phases with a backend.
+
+    Phases follow the main preempted leg; other cut legs (negative controls, scenarios)
+    go through the same arm, kill and resume steps with the same timeouts.
+    """
 
     def __init__(
         self,
         spec: QualificationSpec,
         backend: Backend,
         *,
+        plan: Plan | None = None,
         status: QualificationStatus | None = None,
         side_by_side: bool = False,
         deliver_kill: bool = True,
@@ -145,10 +163,13 @@ class Qualification:
     ) -> None:
         self.spec = spec
         self.backend = backend
+        self.plan = plan or qualification_plan(spec)
         self.status = status or QualificationStatus()
         self.side_by_side = side_by_side
         self.kill_enabled = deliver_kill
         self.clock = clock
+        for leg in self.plan.legs:
+            self.status.legs.setdefault(leg.name, LegRun())
         if not self.status.history:
             self._enter(Phase.PENDING)
 
@@ -172,6 +193,13 @@ class Qualification:
             self._enter(Phase.FAILED, reason, message)
         self.backend.cleanup()
 
+    def _main_enters(self, leg: LegPlan, phase: Phase, message: str | None = None) -> None:
+        """Phases follow the lead leg: the main preempted leg, else the first cut leg."""
+        lead = next((p for p in self.plan.legs if p.role == "main"), None)
+        lead = lead or next(p for p in self.plan.legs if p.cut)
+        if leg.name == lead.name:
+            self._enter(phase, message=message)
+
     # -- one level-triggered step --------------------------------------------------------
 
     def tick(self) -> Phase:
@@ -179,83 +207,91 @@ class Qualification:
         s = self.status
         if s.done:
             return s.phase
-        now = self.clock()
-        t = self.spec.timeouts
         if s.phase == Phase.PENDING:
-            self._launch("control")
-            if self.side_by_side:
-                self._launch("preempted")
             self._enter(Phase.LEGS_RUNNING)
-
-        # The armed worker gives up on its own after the same timeout; judge the timeout
-        # before the leg failure it causes, so the reason says what went wrong.
-        if (
-            s.phase == Phase.ARMED
-            and not self.kill_enabled
-            and s.armed_at is not None
-            and now - s.armed_at > t.arm_seconds
-        ):
-            assert s.beacon is not None
-            self.fail(Reason.TIMEOUT, f"the armed worker (rank {s.beacon.rank}, pid "
-                      f"{s.beacon.pid}) was not killed within timeouts.arm_seconds="
-                      f"{t.arm_seconds:g}")
+        try:
+            self._tick_legs()
+        except _Stop:
             return s.phase
-
-        obs = {leg: self.backend.observe_leg(leg) for leg in ("control", "preempted")
-               if leg in s.launched}
-        for leg, o in obs.items():
-            s.steps[leg] = o.steps_done
-            s.attempts[leg] = o.attempts
-            if o.state == LegState.FAILED:
-                self.fail(Reason.LEG_FAILED, f"the {leg} leg failed: {o.message or 'no detail'}")
-                return s.phase
-            if o.state == LegState.RUNNING and now - s.launched[leg] > t.leg_seconds:
-                self.fail(Reason.TIMEOUT, f"the {leg} leg did not finish within "
-                          f"timeouts.leg_seconds={t.leg_seconds:g}")
-                return s.phase
-
-        if "preempted" not in s.launched:
-            if obs["control"].state == LegState.SUCCEEDED:
-                self._launch("preempted")
-            return s.phase
-
-        pre = obs.get("preempted")
-        if s.phase == Phase.LEGS_RUNNING:
-            beacon = self.backend.read_beacon("preempted")
-            if beacon is not None:
-                s.beacon = beacon
-                s.armed_at = now
-                self._enter(Phase.ARMED)
-            elif pre is not None and pre.state == LegState.SUCCEEDED:
-                self.fail(Reason.INVALID, "the preempted leg finished without reaching its cut")
-                return s.phase
-        if s.phase == Phase.ARMED:
-            assert s.beacon is not None and s.armed_at is not None
-            if self.kill_enabled:
-                p = self.spec.preemption
-                self.backend.deliver_kill(s.beacon, p.mode, p.grace_seconds)
-                s.killed_at = self.clock()
-                self._enter(Phase.PREEMPTED, message=f"killed pid {s.beacon.pid} ({p.mode})")
-        if s.phase == Phase.PREEMPTED:
-            assert s.killed_at is not None
-            if pre is not None and pre.resumed_at is not None:
-                s.resumed_at = pre.resumed_at
-                self._enter(Phase.RESUMED)
-            elif now - s.killed_at > t.restart_seconds:
-                self.fail(Reason.TIMEOUT, "the preempted leg did not resume within "
-                          f"timeouts.restart_seconds={t.restart_seconds:g}")
-                return s.phase
-        if s.phase == Phase.RESUMED and all(
-            o.state == LegState.SUCCEEDED for o in obs.values()
-        ) and len(obs) == 2:
-            self._enter(Phase.COMPARING)
-        if s.phase == Phase.COMPARING:
+        if all(s.legs[p.name].finished_at is not None for p in self.plan.legs):
+            if s.phase != Phase.COMPARING:
+                self._enter(Phase.COMPARING)
             self._compare()
         return s.phase
 
-    def _launch(self, leg: LegName) -> None:
-        self.backend.launch_leg(leg)
-        self.status.launched[leg] = self.clock()
+    def _tick_legs(self) -> None:
+        s, t = self.status, self.spec.timeouts
+        now = self.clock()
+        # The armed worker gives up on its own after the same timeout; judge the timeout
+        # before the leg failure it causes, so the reason says what went wrong.
+        for plan in self.plan.legs:
+            run = s.legs[plan.name]
+            if (run.armed_at is not None and run.killed_at is None and not self.kill_enabled
+                    and now - run.armed_at > t.arm_seconds):
+                assert run.beacon is not None
+                self._stop(Reason.TIMEOUT, f"the armed worker of the {plan.name} leg (rank "
+                           f"{run.beacon.rank}, pid {run.beacon.pid}) was not killed within "
+                           f"timeouts.arm_seconds={t.arm_seconds:g}")
+
+        for plan in self.plan.legs:
+            run = s.legs[plan.name]
+            if run.launched_at is None or run.finished_at is not None:
+                continue
+            obs = self.backend.observe_leg(plan.name)
+            run.steps, run.attempts = obs.steps_done, obs.attempts
+            if obs.state == LegState.FAILED:
+                self._stop(Reason.LEG_FAILED,
+                           f"the {plan.name} leg failed: {obs.message or 'no detail'}")
+            if obs.state == LegState.RUNNING and now - run.launched_at > t.leg_seconds:
+                self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not finish within "
+                           f"timeouts.leg_seconds={t.leg_seconds:g}")
+            if plan.cut:
+                self._drive_cut(plan, run, obs, now)
+            if obs.state == LegState.SUCCEEDED:
+                run.finished_at = now
+        self._launch_next()
+
+    def _drive_cut(self, plan: LegPlan, run: LegRun, obs: LegObservation, now: float) -> None:
+        t = self.spec.timeouts
+        p = plan.spec.preemption
+        if run.armed_at is None:
+            beacon = self.backend.read_beacon(plan.name, p.rank)
+            if beacon is not None:
+                run.beacon, run.armed_at = beacon, now
+                self._main_enters(plan, Phase.ARMED)
+            elif obs.state == LegState.SUCCEEDED:
+                self._stop(Reason.INVALID,
+                           f"the {plan.name} leg finished without reaching its cut")
+        if run.armed_at is not None and run.killed_at is None and self.kill_enabled:
+            assert run.beacon is not None
+            self.backend.deliver_kill(run.beacon, p.mode, p.grace_seconds)
+            run.killed_at = self.clock()
+            self._main_enters(plan, Phase.PREEMPTED,
+                              f"{plan.name}: killed pid {run.beacon.pid} ({p.mode})")
+        if run.killed_at is not None and run.resumed_at is None:
+            if obs.resumed_at is not None:
+                run.resumed_at = obs.resumed_at
+                self._main_enters(plan, Phase.RESUMED)
+            elif now - run.killed_at > t.restart_seconds:
+                self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not resume within "
+                           f"timeouts.restart_seconds={t.restart_seconds:g}")
+
+    def _launch_next(self) -> None:
+        s = self.status
+        running = [p for p in self.plan.legs
+                   if s.legs[p.name].launched_at is not None and s.legs[p.name].finished_at is None]
+        limit = 2 if self.side_by_side else 1
+        for plan in self.plan.legs:
+            if len(running) >= limit:
+                return
+            if s.legs[plan.name].launched_at is None:
+                self.backend.launch_leg(plan)
+                s.legs[plan.name].launched_at = self.clock()
+                running.append(plan)
+
+    def _stop(self, reason: Reason, message: str) -> None:
+        self.fail(reason, message)
+        raise _Stop
 
     def _compare(self) -> None:
         verdict = self.backend.compare()
@@ -286,3 +322,7 @@ class Qualification:
             self.fail(Reason.ERROR, f"{type(e).__name__}: {e}")
             raise
         return self.status
+
+
+class _Stop(Exception):
+    """The machine reached Failed inside a tick; unwinds to tick()."""

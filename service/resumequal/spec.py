@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,19 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
 
-# Execution order inside one update; the comparator walks them in this order.
-BOUNDARIES: tuple[str, ...] = (
-    "inputs",
-    "rng",
-    "loss",
-    "local_grads",
-    "bucket_layout",
-    "reduced_grads",
-    "grad_norm",
-    "lr",
-    "params",
-    "optimizer_state",
-)
 Boundary = Literal[
     "inputs",
     "rng",
@@ -42,14 +30,46 @@ Boundary = Literal[
     "optimizer_state",
 ]
 
+# Execution order inside one update; the comparator walks them in this order.
+BOUNDARIES: tuple[Boundary, ...] = (
+    "inputs",
+    "rng",
+    "loss",
+    "local_grads",
+    "bucket_layout",
+    "reduced_grads",
+    "grad_norm",
+    "lr",
+    "params",
+    "optimizer_state",
+)
+
 # The parts of training state a negative control may leave out of a resume.
-OMISSIONS: tuple[str, ...] = ("rng", "data_cursor", "scheduler", "model_optimizer_only",
-                              "pending_grads")
 Omission = Literal["rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads"]
+OMISSIONS: tuple[Omission, ...] = (
+    "rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads"
+)
+
+
+_TRAINING_SECTIONS = ("workload", "world", "training", "checkpoint", "ddp")
 
 
 class SpecError(ValueError):
     """A spec that cannot be loaded or does not validate; the message names the field."""
+
+
+CONTROL_LEG = "control"
+_LEG_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+def check_leg_name(name: str) -> str:
+    """Leg names become folder names (and Kubernetes names): keep them boring."""
+    if not _LEG_NAME.match(name):
+        raise SpecError(
+            f"leg name {name!r}: use lowercase letters, digits, '-' or '_' (at most 63 "
+            "characters, starting with a letter or digit)"
+        )
+    return name
 
 
 class _Section(BaseModel):
@@ -138,11 +158,23 @@ class TrainingSpec(_Section):
 
 
 class CheckpointSpec(_Section):
+    # ``async`` is a Python keyword, so the field is ``async_save`` with the YAML key as its
+    # alias; specs are written back (dumps, --set, the CRD schema) under the alias.
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
     every_steps: int | None = Field(default=4, ge=1)
     at_steps: list[int] = Field(default_factory=list)
     keep_last: int = Field(default=3, ge=1)
     store: str | None = Field(
         default=None, description="Where checkpoints live; default: the leg's run directory."
+    )
+    async_save: bool = Field(
+        default=False,
+        alias="async",
+        description="Write checkpoints in the background (DCP async_save) while training "
+        "goes on; the commit waits until every rank's write has finished. A save is "
+        "committed before the step after next begins.",
     )
 
     @field_validator("at_steps")
@@ -166,7 +198,8 @@ class PreemptionSpec(_Section):
     microstep 0 cuts at an optimizer-step boundary; microstep > 0 cuts mid-accumulation,
     after that many microbatches have run backward. With ``at: checkpoint_commit`` the
     rank instead holds inside the commit protocol of the checkpoint saved after ``step``:
-    its shards are written, the commit has not happened.
+    its shards are written (with ``checkpoint.async``: handed to the background writer,
+    finished or not), the commit has not happened.
     """
 
     at: Literal["microbatch", "checkpoint_commit"] = "microbatch"
@@ -198,6 +231,18 @@ class ComparisonSpec(_Section):
     tolerances: dict[Boundary, float] = Field(
         default_factory=dict, description="tolerance mode: max abs difference per boundary"
     )
+    boundaries: list[Boundary] = Field(
+        default_factory=lambda: list(BOUNDARIES),
+        description="Boundaries the comparator looks at (all by default). Fewer boundaries "
+        "make it blind to some faults; the negative controls show which.",
+    )
+
+    @field_validator("boundaries")
+    @classmethod
+    def _some(cls, value: list[Boundary]) -> list[Boundary]:
+        if not value:
+            raise ValueError("at least one boundary must be compared")
+        return [b for b in BOUNDARIES if b in value]
 
     @model_validator(mode="after")
     def _tolerances_need_mode(self) -> ComparisonSpec:
@@ -207,6 +252,38 @@ class ComparisonSpec(_Section):
         if bad:
             raise ValueError(f"tolerances must be >= 0, got {bad}")
         return self
+
+
+Scenario = Literal["boundary-hard", "boundary-graceful", "mid-hard", "mid-graceful"]
+SCENARIOS: tuple[Scenario, ...] = ("boundary-hard", "boundary-graceful", "mid-hard", "mid-graceful")
+
+
+class ControlsSpec(_Section):
+    """Negative controls: deliberately broken resumes the comparator must catch."""
+
+    enabled: bool = True
+    omissions: list[Omission] = Field(
+        default_factory=lambda: list(OMISSIONS),
+        description="Which broken resumes to run; each is a real preempted-and-restarted leg.",
+    )
+
+
+class MatrixSpec(_Section):
+    """Repeat positive scenarios across seeds (a seed matrix); empty seeds: no matrix."""
+
+    seeds: list[int] = Field(default_factory=list)
+    scenarios: list[Scenario] = Field(
+        default_factory=lambda: list(SCENARIOS),
+        description="boundary-*: cut at microstep 0 of preemption.step; mid-*: at "
+        "preemption.microstep (1 if that is 0); hard or graceful kill.",
+    )
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value) or any(v < 0 for v in value):
+            raise ValueError(f"seeds must be distinct and >= 0, got {value}")
+        return value
 
 
 class QualificationSpec(_Section):
@@ -220,6 +297,8 @@ class QualificationSpec(_Section):
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     ddp: DDPSpec = Field(default_factory=DDPSpec)
     comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
+    controls: ControlsSpec = Field(default_factory=ControlsSpec)
+    matrix: MatrixSpec = Field(default_factory=MatrixSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> QualificationSpec:
@@ -241,6 +320,19 @@ class QualificationSpec(_Section):
                     f"preemption.at=checkpoint_commit: no checkpoint is saved after step "
                     f"{p.step}; add it to checkpoint.at_steps"
                 )
+        if (
+            self.checkpoint.async_save
+            and p.mode == "hard"
+            and p.at == "microbatch"
+            and p.step > 1
+            and self.checkpoint.saves_after(p.step - 1, t.steps)
+        ):
+            raise ValueError(
+                f"preemption.step={p.step} with checkpoint.async: the checkpoint saved after "
+                f"step {p.step - 1} is still being written in the background during step "
+                f"{p.step}, so whether a hard kill there resumes from it depends on timing; "
+                "cut at least two steps after a save"
+            )
         if p.rank >= self.world.world_size:
             raise ValueError(
                 f"preemption.rank={p.rank} does not exist in a world of {self.world.world_size}"
@@ -261,9 +353,18 @@ class QualificationSpec(_Section):
         return self
 
     def digest(self) -> str:
-        """A stable sha256 of the spec, used to tie a run directory to one spec."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """A stable sha256 of what decides the numerics of training, tying a run directory
+        to one experiment. Where a leg is cut, how legs are compared, timeouts, controls and
+        the matrix are left out: the legs of one run differ in exactly those."""
+        data = self.model_dump(mode="json", include=set(_TRAINING_SECTIONS))
+        canonical = json.dumps(data, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def with_preemption(self, **changes: Any) -> QualificationSpec:
+        """This spec with another cut (validated like any spec)."""
+        data = self.model_dump(mode="json")
+        data["preemption"].update(changes)
+        return parse_spec(data, source="scenario")
 
 
 def _allowed_fields(loc: tuple[int | str, ...]) -> list[str] | None:
@@ -276,7 +377,7 @@ def _allowed_fields(loc: tuple[int | str, ...]) -> list[str] | None:
         model = field.annotation
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
-    return sorted(model.model_fields)
+    return sorted(f.alias or name for name, f in model.model_fields.items())
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:

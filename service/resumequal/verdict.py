@@ -92,7 +92,7 @@ class BoundaryRow(_Model):
 
     step: int
     attempt: int = Field(description="attempt of the preempted leg that finally ran the step")
-    status: dict[str, Literal["equal", "within_tolerance", "differs", "missing"]]
+    status: dict[str, Literal["equal", "within_tolerance", "differs", "missing", "not_compared"]]
 
 
 class Cut(_Model):
@@ -121,6 +121,58 @@ class Verdict(_Model):
     boundary_table: list[BoundaryRow] = Field(default_factory=list)
     steps_compared: int = 0
     ranks_compared: int = 0
+    controls: list[ControlOutcome] = Field(default_factory=list)
+
+    @property
+    def controls_detected(self) -> int:
+        return sum(c.status == "detected" for c in self.controls)
+
+    @property
+    def controls_total(self) -> int:
+        """Controls that had to be detected (not applicable ones excluded)."""
+        return sum(c.status != "not_applicable" for c in self.controls)
+
+
+class ControlOutcome(_Model):
+    """One negative control: a deliberately broken resume the comparator must catch."""
+
+    omission: str
+    leg: str | None = Field(description="the leg that ran it (None when not run)")
+    method: str = Field(description="how it ran, e.g. a real preempted-and-restarted leg")
+    expected: Literal["diverge"] = "diverge"
+    status: Literal["detected", "blind", "not_applicable", "invalid"]
+    first_divergence: Divergence | None = None
+    max_param_diff: float | None = Field(
+        default=None, description="max abs parameter difference at the end (model drift)"
+    )
+    mechanism: str = Field(description="what diverged first and what followed, in words")
+    evidence: str | None = Field(
+        default=None, description="for not_applicable: what shows the state was never used"
+    )
+
+
+class MatrixCell(_Model):
+    scenario: str
+    seed: int
+    result: Result
+    first_divergent_step: int | None = None
+    first_divergent_boundary: str | None = None
+    reason: str
+
+
+class MatrixRow(_Model):
+    scenario: str
+    exact: int
+    total: int
+
+
+class Matrix(_Model):
+    """Positive scenarios repeated across seeds: scenario x seed -> exact or where not."""
+
+    seeds: list[int]
+    scenarios: list[str]
+    cells: list[MatrixCell]
+    summary: list[MatrixRow]
 
 
 class PhaseEvent(_Model):
@@ -155,3 +207,4 @@ class Report(_Model):
     )
     inventory: dict[str, Any] = Field(default_factory=dict)
     inventory_differences: dict[str, Any] = Field(default_factory=dict)
+    matrix: Matrix | None = None

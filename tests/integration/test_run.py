@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-FAST = ["--set", "workload.name=dropout-mlp"]
+FAST = ["--set", "workload.name=dropout-mlp", "--set", "controls.enabled=false"]
 
 
 def _resumequal(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

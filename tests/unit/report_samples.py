@@ -1,16 +1,21 @@
-"""Hand-built Reports for the report and metrics tests: one per verdict."""
+"""Hand-built Reports for the report and metrics tests: one per verdict, plus negative
+controls and a seed matrix."""
 
 from __future__ import annotations
 
 import math
 
-from resumequal.spec import BOUNDARIES
+from resumequal.spec import BOUNDARIES, SCENARIOS
 from resumequal.verdict import (
     BoundaryRow,
+    ControlOutcome,
     Cut,
     Divergence,
     DriftSummary,
     LegSummary,
+    Matrix,
+    MatrixCell,
+    MatrixRow,
     PhaseEvent,
     Report,
     Result,
@@ -190,3 +195,147 @@ def make_report(result: Result, *, zero_deltas: bool = False) -> Report:
         },
         inventory_differences=inventory_differences,
     )
+
+
+# -- negative controls -------------------------------------------------------------------
+
+CONTROL_METHOD = "a real preempted-and-restarted leg resuming without the omitted state"
+# The blind control of make_controls(blind=True); its name is markup-like on purpose.
+BLIND_OMISSION = "data_cursor"
+
+
+def make_controls(*, blind: bool) -> list[ControlOutcome]:
+    """rng, scheduler and model_optimizer_only detected; data_cursor detected or blind;
+    pending_grads not applicable (the cut is not mid-accumulation in this sample)."""
+    detected = [
+        ControlOutcome(
+            omission=omission,
+            leg=f"control-{omission.replace('_', '-')}",
+            method=CONTROL_METHOD,
+            status="detected",
+            first_divergence=Divergence(
+                step=RESUME_STEP + 1,
+                boundary=boundary,
+                rank=rank,
+                control="a1",
+                preempted="b2",
+                before_cut=False,
+            ),
+            max_param_diff=diff,
+            mechanism=f"{boundary} differs at the first resumed step; loss and params follow",
+        )
+        for omission, boundary, rank, diff in (
+            ("rng", "rng", 0, 3.1e-3),
+            ("scheduler", "lr", 0, 7.5e-4),
+            ("model_optimizer_only", "inputs", 1, 2.0e-2),
+        )
+    ]
+    cursor = ControlOutcome(
+        omission=BLIND_OMISSION,
+        leg="control-data-cursor",
+        method=CONTROL_METHOD,
+        status="detected",
+        first_divergence=Divergence(
+            step=RESUME_STEP + 1,
+            boundary="inputs",
+            rank=0,
+            control=[8, 9],
+            preempted=[0, 1],
+            before_cut=False,
+        ),
+        max_param_diff=1.2e-2,
+        mechanism="the resumed leg replays samples 0.. instead of continuing at sample 8",
+    )
+    if blind:
+        cursor = cursor.model_copy(
+            update={
+                "status": "blind",
+                "first_divergence": None,
+                "max_param_diff": 0.0,
+                "mechanism": "every compared boundary equal: <inputs> were not compared",
+            }
+        )
+    pending = ControlOutcome(
+        omission="pending_grads",
+        leg=None,
+        method="not run: the cut is at an accumulation boundary",
+        status="not_applicable",
+        mechanism="no gradients are pending at an accumulation boundary",
+        evidence="cut microstep 0: the window's first backward had not run",
+    )
+    return [*detected, cursor, pending]
+
+
+def make_controls_report(*, blind: bool = True) -> Report:
+    """A report whose verdict carries controls; a blind one makes the verdict INVALID."""
+    if not blind:
+        report = make_report(Result.PASS)
+        report.verdict.controls = make_controls(blind=False)
+        return report
+    report = make_report(Result.PASS)
+    report.verdict.result = Result.INVALID
+    report.verdict.reason = (
+        f"The comparator is blind to {BLIND_OMISSION}: a resume without it looked exact."
+    )
+    report.verdict.controls = make_controls(blind=True)
+    # Blind because the spec's comparison.boundaries leaves "inputs" out.
+    for row in report.verdict.boundary_table:
+        row.status["inputs"] = "not_compared"
+    return report
+
+
+# -- seed matrix -------------------------------------------------------------------------
+
+MATRIX_SEEDS = (0, 1, 2, 3, 4)
+FAILING_CELL = ("mid-graceful", 3)
+FAILING_STEP = 9
+FAILING_BOUNDARY = "reduced_grads"
+
+
+def make_matrix() -> Matrix:
+    """The four positive scenarios x five seeds; one cell (mid-graceful, seed 3) fails."""
+    cells: list[MatrixCell] = []
+    for scenario in SCENARIOS:
+        for seed in MATRIX_SEEDS:
+            if (scenario, seed) == FAILING_CELL:
+                cells.append(
+                    MatrixCell(
+                        scenario=scenario,
+                        seed=seed,
+                        result=Result.FAIL,
+                        first_divergent_step=FAILING_STEP,
+                        first_divergent_boundary=FAILING_BOUNDARY,
+                        reason="reduced gradients differ: bucket layout <rebuilt> after resume",
+                    )
+                )
+            else:
+                cells.append(
+                    MatrixCell(scenario=scenario, seed=seed, result=Result.PASS, reason="exact")
+                )
+    summary = [
+        MatrixRow(
+            scenario=scenario,
+            exact=sum(
+                c.result is Result.PASS and c.first_divergent_step is None
+                for c in cells
+                if c.scenario == scenario
+            ),
+            total=len(MATRIX_SEEDS),
+        )
+        for scenario in SCENARIOS
+    ]
+    return Matrix(seeds=list(MATRIX_SEEDS), scenarios=list(SCENARIOS), cells=cells, summary=summary)
+
+
+def make_matrix_report() -> Report:
+    """A FAIL report (the main comparison exact, one matrix cell not) with the matrix."""
+    report = make_report(Result.PASS)
+    report.verdict.result = Result.FAIL
+    scenario, seed = FAILING_CELL
+    report.verdict.reason = (
+        f"Scenario {scenario} with seed {seed} diverged at step {FAILING_STEP} "
+        f"({FAILING_BOUNDARY})."
+    )
+    report.verdict.controls = make_controls(blind=False)
+    report.matrix = make_matrix()
+    return report

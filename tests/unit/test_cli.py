@@ -164,8 +164,8 @@ def test_omit_rejects_unknown_omission_listing_allowed(
 
 
 def test_leg_rejects_unknown_leg(runner: CliRunner, tmp_path: Path, run_leg_calls: Calls) -> None:
-    result = runner.invoke(cli.main, ["leg", "--leg", "canary", "--run-dir", str(tmp_path)])
+    result = runner.invoke(cli.main, ["leg", "--leg", "Canary Leg", "--run-dir", str(tmp_path)])
     assert result.exit_code == 2
-    assert "--leg" in result.stderr and "'canary'" in result.stderr
-    assert "control" in result.stderr and "preempted" in result.stderr
+    assert "--leg" in result.stderr and "'Canary Leg'" in result.stderr
+    assert "lowercase letters, digits" in result.stderr
     assert run_leg_calls == []

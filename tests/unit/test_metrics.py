@@ -16,8 +16,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from resumequal.errors import MetricsError
 from resumequal.metrics import PHASE_BUCKETS, QualificationMetrics, push, write_textfile
-from resumequal.verdict import Result
-from tests.unit.report_samples import KILL_STEP, PHASES, T0, make_report
+from resumequal.spec import SCENARIOS
+from resumequal.verdict import Report, Result
+from tests.unit.report_samples import (
+    FAILING_CELL,
+    FAILING_STEP,
+    KILL_STEP,
+    PHASES,
+    T0,
+    make_controls_report,
+    make_matrix_report,
+    make_report,
+)
 
 NS = "ml-platform"
 
@@ -34,8 +44,8 @@ def _labels(result: Result, scenario: str = "resume") -> dict[str, str]:
 
 def test_record_pass_sets_every_family(registry: CollectorRegistry) -> None:
     metrics = QualificationMetrics(registry)
-    report = make_report(Result.PASS)
-    metrics.record(report, namespace=NS, controls_detected=5, controls_total=5)
+    report = make_controls_report(blind=False)  # a PASS whose controls were all detected
+    metrics.record(report, namespace=NS)
     labels = _labels(Result.PASS)
 
     def value(name: str) -> float | None:
@@ -49,8 +59,9 @@ def test_record_pass_sets_every_family(registry: CollectorRegistry) -> None:
     assert value("resumequal_param_mismatch_fraction") == 0.0
     assert value("resumequal_loss_max_abs_diff") == 0.0
     assert value("resumequal_restart_seconds") == 8.25
-    assert value("resumequal_negative_controls_detected") == 5.0
-    assert value("resumequal_negative_controls_total") == 5.0
+    # Five controls ran; pending_grads was not applicable, so 4 had to be detected.
+    assert value("resumequal_negative_controls_detected") == 4.0
+    assert value("resumequal_negative_controls_total") == 4.0
     assert value("resumequal_last_completion_timestamp_seconds") == T0 + PHASES[-1][1]
     assert registry.get_sample_value("resumequal_runs_total", {"result": "PASS"}) == 1.0
     assert registry.get_sample_value("resumequal_runs_total", {"result": "FAIL"}) == 0.0
@@ -95,6 +106,23 @@ def test_record_invalid_leaves_missing_figures_absent(registry: CollectorRegistr
         "resumequal_restart_seconds",
     ):
         assert registry.get_sample_value(name, labels) is None, name
+
+
+def test_negative_controls_are_read_from_the_verdict(registry: CollectorRegistry) -> None:
+    metrics = QualificationMetrics(registry)
+    report = make_controls_report(blind=True)
+    metrics.record(report, namespace=NS)
+    labels = _labels(Result.INVALID)
+    detected = registry.get_sample_value("resumequal_negative_controls_detected", labels)
+    total = registry.get_sample_value("resumequal_negative_controls_total", labels)
+    assert (detected, total) == (3.0, 4.0)  # one blind, one not applicable
+    assert registry.get_sample_value("resumequal_qualification_valid", labels) == 0.0
+
+    report.verdict.controls[0].status = "invalid"  # counted, not detected
+    metrics.record(report, namespace=NS)
+    detected = registry.get_sample_value("resumequal_negative_controls_detected", labels)
+    total = registry.get_sample_value("resumequal_negative_controls_total", labels)
+    assert (detected, total) == (2.0, 4.0)
 
 
 def test_loss_max_abs_diff_is_infinite_when_a_delta_is_not_finite(
@@ -160,6 +188,126 @@ def test_forget_removes_only_that_runs_series(registry: CollectorRegistry) -> No
     assert series("nightly-other") == []
     # Counters and histograms carry no run label, so they are untouched.
     assert registry.get_sample_value("resumequal_runs_total", {"result": "PASS"}) == 1.0
+
+
+# -- the seed matrix ---------------------------------------------------------------------
+
+
+def _matrix_series(registry: CollectorRegistry, run: str) -> dict[tuple[str, str], float]:
+    """(family, scenario) -> value for every series of ``run`` except the main one."""
+    return {
+        (s.name, s.labels["scenario"]): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.labels.get("run") == run and s.labels.get("scenario") != "resume"
+    }
+
+
+def test_matrix_adds_passed_valid_and_first_step_per_scenario(
+    registry: CollectorRegistry,
+) -> None:
+    metrics = QualificationMetrics(registry)
+    report = make_matrix_report()
+    metrics.record(report, namespace=NS)
+    failing, _ = FAILING_CELL
+    expected: dict[tuple[str, str], float] = {}
+    for scenario in SCENARIOS:
+        bad = scenario == failing
+        expected[("resumequal_qualification_passed", scenario)] = 0.0 if bad else 1.0
+        expected[("resumequal_qualification_valid", scenario)] = 1.0
+        expected[("resumequal_first_divergent_step", scenario)] = (
+            float(FAILING_STEP) if bad else -1.0
+        )
+    assert _matrix_series(registry, report.run) == expected
+    # The main comparison keeps its own series (and its controls), unchanged by the matrix.
+    main = _labels(Result.FAIL)
+    assert registry.get_sample_value("resumequal_qualification_passed", main) == 0.0
+    assert registry.get_sample_value("resumequal_first_divergent_step", main) == -1.0
+    assert registry.get_sample_value("resumequal_negative_controls_total", main) == 4.0
+    assert registry.get_sample_value("resumequal_param_max_abs_diff", main) == 0.0
+
+
+def test_matrix_scenario_with_an_invalid_seed_is_not_valid(registry: CollectorRegistry) -> None:
+    report = make_matrix_report()
+    assert report.matrix is not None
+    cell = report.matrix.cells[0]
+    report.matrix.cells[0] = cell.model_copy(update={"result": Result.INVALID})
+    report.matrix.summary[0].exact -= 1
+    QualificationMetrics(registry).record(report, namespace=NS)
+    series = _matrix_series(registry, report.run)
+    assert series[("resumequal_qualification_valid", cell.scenario)] == 0.0
+    assert series[("resumequal_qualification_passed", cell.scenario)] == 0.0
+    assert series[("resumequal_first_divergent_step", cell.scenario)] == -1.0
+
+
+def test_matrix_scenario_without_a_summary_row_is_judged_by_its_cells(
+    registry: CollectorRegistry,
+) -> None:
+    report = make_matrix_report()
+    assert report.matrix is not None
+    report.matrix.summary = []
+    QualificationMetrics(registry).record(report, namespace=NS)
+    series = _matrix_series(registry, report.run)
+    passed = {s: v for (f, s), v in series.items() if f == "resumequal_qualification_passed"}
+    assert passed == {s: 0.0 if s == FAILING_CELL[0] else 1.0 for s in SCENARIOS}
+
+
+def test_recording_again_drops_matrix_scenarios_no_longer_reported(
+    registry: CollectorRegistry,
+) -> None:
+    metrics = QualificationMetrics(registry)
+    report = make_matrix_report()
+    metrics.record(report, namespace=NS)
+    assert len(_matrix_series(registry, report.run)) == 3 * len(SCENARIOS)
+
+    assert report.matrix is not None
+    kept = SCENARIOS[:2]
+    report.matrix.scenarios = list(kept)
+    report.matrix.cells = [c for c in report.matrix.cells if c.scenario in kept]
+    report.matrix.summary = [r for r in report.matrix.summary if r.scenario in kept]
+    metrics.record(report, namespace=NS)
+    assert {s for _, s in _matrix_series(registry, report.run)} == set(kept)
+
+    report.matrix = None
+    metrics.record(report, namespace=NS)
+    assert _matrix_series(registry, report.run) == {}
+
+
+def test_forget_removes_the_matrix_series_with_the_run(registry: CollectorRegistry) -> None:
+    metrics = QualificationMetrics(registry)
+    report = make_matrix_report()
+
+    def every_series(run: str) -> int:
+        return sum(
+            s.labels.get("run") == run for family in registry.collect() for s in family.samples
+        )
+
+    metrics.record(report, namespace=NS)
+    assert every_series(report.run) == 11 + 3 * len(SCENARIOS)  # bounded per run
+    metrics.forget(NS, report.run, report.pin, "mid-hard")  # one matrix scenario
+    assert {s for _, s in _matrix_series(registry, report.run)} == set(SCENARIOS) - {"mid-hard"}
+    metrics.forget(NS, report.run, report.pin, "resume")  # the main comparison: all of it
+    assert every_series(report.run) == 0
+
+    metrics.record(report, namespace=NS)
+    metrics.forget(NS, report.run, "another-pin")
+    assert every_series(report.run) == 11 + 3 * len(SCENARIOS)
+    metrics.forget(NS, report.run)
+    assert every_series(report.run) == 0
+    metrics.record(report, namespace=NS)  # nothing stale is remembered
+    assert every_series(report.run) == 11 + 3 * len(SCENARIOS)
+
+
+def test_matrix_scenario_named_like_the_main_one_is_skipped(
+    registry: CollectorRegistry,
+) -> None:
+    report: Report = make_matrix_report()
+    failing, _ = FAILING_CELL
+    QualificationMetrics(registry).record(report, namespace=NS, scenario=failing)
+    labels = {"namespace": NS, "run": report.run, "pin": report.pin, "scenario": failing}
+    # The main comparison's first divergence (none), not the matrix scenario's step.
+    assert registry.get_sample_value("resumequal_first_divergent_step", labels) == -1.0
+    assert registry.get_sample_value("resumequal_restart_seconds", labels) == 8.25
 
 
 def test_write_textfile_parses_back(registry: CollectorRegistry, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from resumequal.plan import LegPlan
 from resumequal.qualify import (
     Beacon,
     LegObservation,
@@ -39,21 +40,29 @@ class ScriptedBackend:
 
     clock: Clock
     legs: dict[str, LegObservation] = field(default_factory=dict)
-    beacon: Beacon | None = None
+    beacons: dict[str, Beacon] = field(default_factory=dict)
     launched: list[str] = field(default_factory=list)
     kills: list[tuple[int, str, float]] = field(default_factory=list)
     cleanups: int = 0
     result: Result = Result.PASS
 
-    def launch_leg(self, leg: str) -> None:
-        self.launched.append(leg)
-        self.legs[leg] = LegObservation(state=LegState.RUNNING)
+    def launch_leg(self, plan: LegPlan) -> None:
+        self.launched.append(plan.name)
+        self.legs[plan.name] = LegObservation(state=LegState.RUNNING)
 
     def observe_leg(self, leg: str) -> LegObservation:
         return self.legs.get(leg, LegObservation(state=LegState.NOT_STARTED))
 
-    def read_beacon(self, leg: str) -> Beacon | None:
-        return self.beacon
+    def read_beacon(self, leg: str, rank: int) -> Beacon | None:
+        return self.beacons.get(leg)
+
+    @property
+    def beacon(self) -> Beacon | None:
+        return self.beacons.get("preempted")
+
+    @beacon.setter
+    def beacon(self, value: Beacon) -> None:
+        self.beacons["preempted"] = value
 
     def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
         self.kills.append((beacon.pid, mode, grace_seconds))
@@ -69,12 +78,19 @@ def _beacon() -> Beacon:
     return Beacon(pid=4242, host="h", rank=1, attempt=0, step=6, microstep=1, armed_at=0.0)
 
 
+NO_CONTROLS = {"controls": {"enabled": False}}
+
+
+def _spec(**sections: dict[str, object]) -> QualificationSpec:
+    return parse_spec({**NO_CONTROLS, **sections})
+
+
 def _machine(spec: QualificationSpec | None = None, **kw: bool) -> tuple[
     Qualification, ScriptedBackend, Clock
 ]:
     clock = Clock()
     backend = ScriptedBackend(clock)
-    q = Qualification(spec or QualificationSpec(), backend, clock=clock, **kw)
+    q = Qualification(spec or _spec(), backend, clock=clock, **kw)
     return q, backend, clock
 
 
@@ -115,7 +131,7 @@ def test_side_by_side_launches_both_legs_at_once() -> None:
 
 
 def test_graceful_mode_passes_the_grace_to_the_backend() -> None:
-    spec = parse_spec({"preemption": {"mode": "graceful", "grace_seconds": 7}})
+    spec = _spec(preemption={"mode": "graceful", "grace_seconds": 7})
     q, b, _ = _machine(spec, side_by_side=True)
     q.tick()
     b.beacon = _beacon()
@@ -124,7 +140,7 @@ def test_graceful_mode_passes_the_grace_to_the_backend() -> None:
 
 
 def test_arm_timeout_when_the_kill_is_never_delivered() -> None:
-    spec = parse_spec({"timeouts": {"arm_seconds": 10}})
+    spec = _spec(timeouts={"arm_seconds": 10})
     q, b, clock = _machine(spec, side_by_side=True, deliver_kill=False)
     q.tick()
     b.beacon = _beacon()
@@ -141,7 +157,7 @@ def test_arm_timeout_when_the_kill_is_never_delivered() -> None:
 
 
 def test_restart_timeout() -> None:
-    spec = parse_spec({"timeouts": {"restart_seconds": 30}})
+    spec = _spec(timeouts={"restart_seconds": 30})
     q, b, clock = _machine(spec, side_by_side=True)
     q.tick()
     b.beacon = _beacon()
@@ -153,7 +169,7 @@ def test_restart_timeout() -> None:
 
 
 def test_leg_timeout() -> None:
-    spec = parse_spec({"timeouts": {"leg_seconds": 100}})
+    spec = _spec(timeouts={"leg_seconds": 100})
     q, _b, clock = _machine(spec)
     q.tick()
     clock.now += 101
@@ -198,7 +214,7 @@ def test_status_survives_a_round_trip_and_the_machine_continues() -> None:
     b.beacon = _beacon()
     q.tick()
     stored = QualificationStatus.model_validate_json(q.status.model_dump_json())
-    again = Qualification(QualificationSpec(), b, status=stored, clock=clock)
+    again = Qualification(_spec(), b, status=stored, clock=clock)
     b.legs["preempted"] = LegObservation(state=LegState.RUNNING, resumed_at=clock.now)
     assert again.tick() == Phase.RESUMED
     assert len(b.kills) == 1  # the kill is not delivered twice
@@ -214,3 +230,26 @@ def test_interrupt_cleans_up_and_reraises() -> None:
         q.run(poll_seconds=0, on_tick=boom)
     assert q.status.phase == Phase.FAILED and q.status.reason == Reason.INTERRUPTED
     assert b.cleanups == 1
+
+
+def test_negative_controls_run_after_the_main_leg_through_the_same_steps() -> None:
+    q, b, clock = _machine(parse_spec({}))
+    names = [p.name for p in q.plan.legs]
+    assert names == ["control", "preempted", "nc-rng", "nc-data-cursor", "nc-scheduler",
+                     "nc-model-optimizer-only", "nc-pending-grads"]
+    q.tick()
+    for name in names:
+        assert b.launched[-1] == name  # one leg at a time, in plan order
+        if name != "control":
+            b.beacons[name] = _beacon()
+            q.tick()
+            b.legs[name] = LegObservation(state=LegState.RUNNING, resumed_at=clock.now)
+            q.tick()
+        _succeed(b, name, resumed_at=clock.now)
+        clock.now += 1
+        q.tick()
+    assert q.status.phase == Phase.SUCCEEDED
+    # The pending-gradients control needs an emergency checkpoint: it is killed gracefully.
+    assert [mode for _pid, mode, _grace in b.kills] == ["hard"] * 5 + ["graceful"]
+    phases = [e.phase for e in q.status.history]
+    assert phases.count("Armed") == 1 and phases.count("Preempted") == 1

@@ -7,6 +7,8 @@ import json
 import math
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -25,9 +27,29 @@ from resumequal.report import (
     write_reports,
 )
 from resumequal.report.svg import SVG_NS, fmt, nice_ticks
-from resumequal.spec import BOUNDARIES
-from resumequal.verdict import SCHEMA_VERSION, Result
-from tests.unit.report_samples import KILL_STEP, RESUME_STEP, STEPS, make_report
+from resumequal.spec import BOUNDARIES, SCENARIOS
+from resumequal.verdict import SCHEMA_VERSION, Report, Result
+from tests.unit.report_samples import (
+    BLIND_OMISSION,
+    FAILING_BOUNDARY,
+    FAILING_CELL,
+    FAILING_STEP,
+    KILL_STEP,
+    MATRIX_SEEDS,
+    RESUME_STEP,
+    STEPS,
+    make_controls_report,
+    make_matrix_report,
+    make_report,
+)
+
+# Every sample: one per verdict, negative controls (one blind), and a seed matrix.
+SAMPLES: dict[str, Report] = {
+    **{r.value: make_report(r) for r in Result},
+    "controls-blind": make_controls_report(blind=True),
+    "controls-detected": make_controls_report(blind=False),
+    "matrix": make_matrix_report(),
+}
 
 SVG_BLOCK = re.compile(r"<svg\b.*?</svg>", re.DOTALL)
 NS = {"svg": SVG_NS}
@@ -56,6 +78,18 @@ def test_write_reports_round_trips(tmp_path: Path, result: Result) -> None:
     assert json.loads(paths[REPORT_JSON].read_text())["schema_version"] == SCHEMA_VERSION
     assert paths[REPORT_HTML].read_text(encoding="utf-8") == render_html(report)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(paths)  # no temps
+
+
+@pytest.mark.parametrize("name", ["controls-blind", "matrix"])
+def test_write_reports_round_trips_controls_and_matrix(tmp_path: Path, name: str) -> None:
+    report = SAMPLES[name]
+    paths = write_reports(report, tmp_path)
+    back = read_report(paths[REPORT_JSON])
+    assert back == report
+    assert read_verdict(paths[VERDICT_JSON]).controls == report.verdict.controls
+    assert back.verdict.controls_detected == report.verdict.controls_detected
+    assert back.verdict.controls_total == report.verdict.controls_total
+    assert "controls_detected" not in json.loads(paths[VERDICT_JSON].read_text())
 
 
 def test_non_finite_losses_survive_the_round_trip(tmp_path: Path) -> None:
@@ -94,9 +128,9 @@ def test_read_report_names_the_file_and_field_on_invalid_content(tmp_path: Path)
 # -- html --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("result", list(Result))
-def test_html_is_self_contained(result: Result) -> None:
-    page = render_html(make_report(result))
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_html_is_self_contained(name: str) -> None:
+    page = render_html(SAMPLES[name])
     # The only URL anywhere is the SVG namespace name, which is never fetched.
     urls = re.findall(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>)]*", page)
     assert set(urls) <= {SVG_NS}
@@ -242,7 +276,264 @@ def test_nice_ticks_integer_steps() -> None:
     assert fmt(0.30000000000000004) == "0.3" and fmt(1e-7) == "1e-07" and fmt(3.0) == "3"
 
 
+# -- html: negative controls and the seed matrix -----------------------------------------
+
+
+@dataclass
+class _Cell:
+    text: str = ""
+    attrs: dict[str, str] = field(default_factory=dict)
+
+
+class _Tables(HTMLParser):
+    """The rows of every table (header rows included) as cells with their text and attrs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[_Cell]]] = {}
+        self._table: list[list[_Cell]] | None = None
+        self._cell: _Cell | None = None
+        self.spans: list[_Cell] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "table":
+            self._table = self.tables.setdefault(a.get("class", ""), [])
+        elif tag == "tr" and self._table is not None:
+            self._table.append([])
+        elif tag in ("td", "th") and self._table is not None:
+            self._cell = _Cell(attrs=a)
+            self._table[-1].append(self._cell)
+        elif tag == "span" and self._cell is not None:
+            self.spans.append(_Cell(attrs=a))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._table = None
+        elif tag in ("td", "th"):
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.text += data
+
+
+def _tables(page: str) -> _Tables:
+    parser = _Tables()
+    parser.feed(page)
+    return parser
+
+
+def _section(page: str, anchor: str) -> str:
+    match = re.search(rf'<section id="{anchor}">.*?</section>', page, re.DOTALL)
+    assert match is not None, anchor
+    return match.group(0)
+
+
+def test_html_controls_section_names_a_blind_control() -> None:
+    report = SAMPLES["controls-blind"]
+    page = render_html(report)
+    section = _section(page, "controls")
+    assert "3 of 4 applicable controls detected (1 not applicable)" in section
+    assert '<div class="blind"><strong>comparator blind to data_cursor</strong>' in section
+    assert "the verdict is INVALID" in section
+    # The header says it too, next to the link to the section.
+    header = page[: page.index("</header>")]
+    assert 'href="#controls"' in header and f"comparator blind to {BLIND_OMISSION}" in header
+
+    parsed = _tables(section)
+    head, *rows = parsed.tables["controls"]
+    assert [c.text for c in head] == [
+        "omission",
+        "method",
+        "status",
+        "first divergence",
+        "max param diff",
+        "mechanism",
+        "evidence",
+    ]
+    assert [r[0].text for r in rows] == [
+        "rngleg control-rng",
+        "schedulerleg control-scheduler",
+        "model_optimizer_onlyleg control-model-optimizer-only",
+        "data_cursorleg control-data-cursor",
+        "pending_grads",  # not run: no leg
+    ]
+    assert [r[2].text for r in rows] == [
+        "detected",
+        "detected",
+        "detected",
+        "blind",
+        "not applicable",
+    ]
+    badges = [s.attrs["class"] for s in parsed.spans if "cs" in s.attrs["class"].split()]
+    assert badges == ["cs cs-detected"] * 3 + ["cs cs-blind", "cs cs-not_applicable"]
+    rng, _, _, cursor, pending = rows
+    assert rng[3].text == "step 7 · rng · rank 0" and rng[4].text == "0.0031"
+    assert cursor[3].text == "—" and cursor[4].text == "0"
+    assert pending[4].text == "—"
+    assert pending[6].text == "cut microstep 0: the window's first backward had not run"
+    # Report text is escaped.
+    assert "&lt;inputs&gt; were not compared" in section and "<inputs>" not in section
+
+
+def test_html_badge_colours_are_defined_for_every_status() -> None:
+    page = render_html(SAMPLES["controls-detected"])
+    colours = {
+        "detected": "#1a7f37",  # green
+        "blind": "#cf222e",  # red
+        "not_applicable": "#6e7781",  # grey
+        "invalid": "#d97706",  # orange
+    }
+    for status, colour in colours.items():
+        assert f".cs-{status} {{ background: {colour}; }}" in page
+
+
+def test_html_controls_all_detected_has_no_blind_note_and_shows_invalid() -> None:
+    report = make_controls_report(blind=False)
+    section = _section(render_html(report), "controls")
+    assert "4 of 4 applicable controls detected (1 not applicable)" in section
+    assert "comparator blind" not in section and 'class="blind"' not in section
+
+    report.verdict.controls[0].status = "invalid"
+    report.verdict.controls[0].mechanism = "the control leg was never killed"
+    section = _section(render_html(report), "controls")
+    assert "3 of 4 applicable controls detected" in section
+    assert '<span class="cs cs-invalid" title="expected: diverge">invalid</span>' in section
+    assert "comparator blind" not in section
+
+
+def test_html_without_controls_says_none_were_run() -> None:
+    page = render_html(make_report(Result.PASS))
+    assert "No negative controls were run" in _section(page, "controls")
+    header = page[: page.index("</header>")]
+    assert "negative controls" not in header
+
+
+def test_html_seed_matrix_marks_the_failing_cell() -> None:
+    report = SAMPLES["matrix"]
+    page = render_html(report)
+    section = _section(page, "matrix")
+    head, *rows = _tables(section).tables["matrix"]
+    assert [c.text for c in head] == [
+        "scenario",
+        *(f"seed {s}" for s in MATRIX_SEEDS),
+        "exact/total",
+    ]
+    assert [r[0].text for r in rows] == list(SCENARIOS)
+    assert all(len(r) == 2 + len(MATRIX_SEEDS) for r in rows)
+    scenario, seed = FAILING_CELL
+    for row in rows:
+        for s, cell in zip(MATRIX_SEEDS, row[1:-1], strict=True):
+            if (row[0].text, s) == FAILING_CELL:
+                assert cell.text == f"step {FAILING_STEP} · {FAILING_BOUNDARY}"
+                assert cell.attrs["class"] == "m m-fail"
+                assert cell.attrs["title"] == (
+                    f"{scenario}, seed {seed}: FAIL — reduced gradients differ: bucket "
+                    "layout <rebuilt> after resume"
+                )
+            else:
+                assert (cell.text, cell.attrs["class"]) == ("exact", "m m-exact")
+        expected = "4/5" if row[0].text == scenario else "5/5"
+        assert row[-1].text == expected
+        assert row[-1].attrs["class"] == ("num bad" if expected == "4/5" else "num ok")
+    assert "bucket layout &lt;rebuilt&gt;" in section  # the tooltip is escaped
+    header = page[: page.index("</header>")]
+    assert 'href="#matrix"' in header and "19/20 exact" in header
+    assert "(4 scenarios x 5 seeds)" in header
+
+
+def test_html_seed_matrix_invalid_tolerance_and_missing_cells() -> None:
+    report = make_matrix_report()
+    assert report.matrix is not None
+    cells = report.matrix.cells
+    cells[0] = cells[0].model_copy(
+        update={"result": Result.INVALID, "reason": "the kill did not land"}
+    )
+    cells[1] = cells[1].model_copy(
+        update={"first_divergent_step": 8, "first_divergent_boundary": "params"}
+    )
+    cells[2] = cells[2].model_copy(
+        update={"result": Result.NONDETERMINISTIC, "first_divergent_step": 2}
+    )
+    del cells[3]  # (boundary-hard, seed 3) did not run
+    row = _tables(_section(render_html(report), "matrix")).tables["matrix"][1]
+    assert [(c.text, c.attrs["class"]) for c in row[1:-1]] == [
+        ("INVALID", "m m-invalid"),
+        ("≈ step 8 · params", "m m-tolerance"),
+        ("step 2", "m m-nondeterministic"),
+        ("—", "m m-none"),
+        ("exact", "m m-exact"),
+    ]
+    assert row[1].attrs["title"] == "boundary-hard, seed 0: INVALID — the kill did not land"
+    assert row[4].attrs["title"] == "boundary-hard, seed 3: not run"
+
+
+def test_html_has_no_matrix_section_without_a_matrix() -> None:
+    page = render_html(make_report(Result.FAIL))
+    assert 'id="matrix"' not in page and "Seed matrix" not in page
+
+
+def test_html_boundary_table_shows_not_compared_boundaries() -> None:
+    page = render_html(SAMPLES["controls-blind"])
+    table = _boundary_table(page)
+    inputs = [row.findall("td")[2] for row in table.findall("./tbody/tr")]
+    assert all(td.attrib["class"] == "cell s-not_compared" for td in inputs)
+    assert inputs[0].attrib["title"] == "step 1, inputs: not compared"
+    assert "Not compared (the spec&#x27;s comparison.boundaries" in page
+    assert '<b class="s-not_compared"> </b> not compared' in page  # in the legend
+    assert "Not compared" not in render_html(make_report(Result.PASS))
+
+
 # -- terminal ----------------------------------------------------------------------------
+
+
+def _summary(report: Report, *, styles: bool = False) -> str:
+    console = Console(record=True, width=110, file=io.StringIO(), color_system="standard")
+    print_summary(report, console)
+    return console.export_text(styles=styles)
+
+
+def test_summary_counts_controls_and_names_the_blind_ones_in_red() -> None:
+    report = SAMPLES["controls-blind"]
+    text = _summary(report)
+    line = next(ln for ln in text.splitlines() if "controls:" in ln)
+    assert "controls: 3/4 detected (1 not applicable)  blind: data_cursor" in line
+    styled = _summary(report, styles=True)
+    # The blind omission is printed bold red (SGR 1;31).
+    assert re.search(r"\x1b\[1;31m\s*blind: data_cursor", styled)
+    assert "not compared" in text and "inputs" in text
+
+    text = _summary(SAMPLES["controls-detected"])
+    assert "controls: 4/4 detected (1 not applicable)" in text and "blind" not in text
+    assert "controls:" not in _summary(make_report(Result.PASS))
+
+
+def test_summary_names_invalid_controls() -> None:
+    report = make_controls_report(blind=False)
+    report.verdict.controls[1].status = "invalid"
+    text = _summary(report)
+    assert "controls: 3/4 detected (1 not applicable)  invalid: scheduler" in text
+
+
+def test_summary_prints_a_compact_seed_matrix() -> None:
+    report = make_matrix_report()
+    assert report.matrix is not None
+    report.matrix.cells[0] = report.matrix.cells[0].model_copy(
+        update={"result": Result.INVALID, "reason": "no kill"}
+    )
+    lines = _summary(report).splitlines()
+    start = next(i for i, ln in enumerate(lines) if "seed matrix" in ln)
+    head = lines[start + 1]
+    assert "scenario" in head and "exact/total" in head
+    assert all(f"seed {s}" in head for s in MATRIX_SEEDS)
+    rows = {ln.split()[1]: ln for ln in lines[start + 2 : start + 2 + len(SCENARIOS)]}
+    assert set(rows) == set(SCENARIOS)
+    assert f"{FAILING_STEP}·{FAILING_BOUNDARY}" in rows[FAILING_CELL[0]]
+    assert rows[FAILING_CELL[0]].rstrip(" │").endswith("4/5")
+    assert "INVALID" in rows["boundary-hard"] and rows["boundary-hard"].count("exact") == 4
+    assert rows["mid-hard"].count("exact") == 5
+    assert "seed matrix" not in _summary(make_report(Result.FAIL))
 
 
 def test_summary_shows_verdict_divergence_checks_and_files(tmp_path: Path) -> None:

@@ -59,13 +59,45 @@ def test_digest_is_stable_and_ignores_key_order() -> None:
     [
         {"training": {"seed": 1235}},
         {"training": {"optimizer": {"lr": 1e-3}}},
-        {"preemption": {"mode": "graceful"}},
+        {"world": {"nproc_per_node": 3}},
         {"workload": {"params": {"hidden": 16}}},
         {"checkpoint": {"at_steps": [2]}},
+        {"ddp": {"reducer_prime": False}},
     ],
 )
 def test_digest_changes_when_a_field_changes(change: dict[str, Any]) -> None:
     assert parse_spec(change).digest() != parse_spec({}).digest()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"preemption": {"mode": "graceful"}},
+        {"timeouts": {"arm_seconds": 5}},
+        {"comparison": {"boundaries": ["loss"]}},
+        {"controls": {"enabled": False}},
+        {"matrix": {"seeds": [1, 2]}},
+    ],
+)
+def test_digest_ignores_what_legs_of_one_run_differ_in(change: dict[str, Any]) -> None:
+    assert parse_spec(change).digest() == parse_spec({}).digest()
+
+
+def test_comparison_boundaries_keep_execution_order_and_need_one() -> None:
+    spec = parse_spec({"comparison": {"boundaries": ["params", "inputs"]}})
+    assert spec.comparison.boundaries == ["inputs", "params"]
+    assert "at least one boundary" in _error({"comparison": {"boundaries": []}})
+
+
+def test_matrix_seeds_must_be_distinct() -> None:
+    assert "matrix.seeds" in _error({"matrix": {"seeds": [3, 3]}})
+
+
+def test_with_preemption_validates_the_new_cut() -> None:
+    spec = parse_spec({})
+    assert spec.with_preemption(mode="graceful").preemption.mode == "graceful"
+    with pytest.raises(SpecError, match="after the last step"):
+        spec.with_preemption(step=99)
 
 
 # --- cross-field rules -----------------------------------------------------------------------
@@ -177,8 +209,8 @@ def test_unknown_tolerance_boundary_lists_the_boundaries() -> None:
 def test_unknown_top_level_field_lists_the_sections() -> None:
     msg = _error({"trainig": {"steps": 3}})
     assert msg == (
-        "spec: trainig: unknown field; allowed: checkpoint, comparison, ddp, preemption, "
-        "timeouts, training, workload, world"
+        "spec: trainig: unknown field; allowed: checkpoint, comparison, controls, ddp, matrix, "
+        "preemption, timeouts, training, workload, world"
     )
 
 

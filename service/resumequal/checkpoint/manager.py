@@ -9,6 +9,33 @@ removed at the next start.
 Decisions that must agree across ranks (which checkpoint to resume, whether it verified)
 are taken by rank 0 and broadcast, so a failure on one rank becomes an error on all ranks
 instead of a hang in the next collective.
+
+Background saves (``checkpoint.async``) split the save in two. ``save_async`` is the
+first half: barrier → ``dcp.async_save`` copies this rank's tensors into fresh CPU memory
+before it returns (so later optimizer steps cannot change what is written) and hands the
+write to a background thread → the rank state is pickled into the staging folder at once.
+Training goes on. ``poll``, called at microbatch boundaries while a save is pending, is
+the second half: every rank says whether its background write has finished, and only when
+all have does rank 0 write the manifest and rename (the same commit as above), then
+broadcast the outcome. A failed write on any rank is an error on every rank.
+
+- The commit waits for a collective, never for a local "my write is done": a rank's
+  future finishing says nothing about the other ranks' files, and a manifest hashed while
+  any rank is still writing lists missing or short files — the checkpoint would be
+  committed torn, and refused (or worse, half-loaded) at the resume.
+- Two extra gloo groups, each used by one thread only. DCP's background thread runs its
+  own collectives (gather the plans, scatter them back, gather the write results,
+  broadcast the metadata); on the default group they would interleave with DDP's
+  all-reduces and the stop-flag all-reduce of the training thread, and collectives are
+  matched by issue order per group, so ranks would pair different operations and hang or
+  exchange garbage. The commit's own collectives run on the training thread while a
+  slower rank's background thread may still be inside DCP's, so they get a group of their
+  own too. gloo, because DCP's background collectives need a CPU backend even when
+  training uses NCCL.
+- At most one save is in flight: a new save (and every emergency save, which stays
+  synchronous) first waits for the pending one and commits it. The training loop also
+  waits for it once a whole further step has run, so which checkpoints are committed at
+  the start of a step does not depend on timing.
 """
 
 from __future__ import annotations
@@ -17,14 +44,19 @@ import logging
 import os
 import pickle
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
@@ -44,21 +76,71 @@ class Loaded:
     rank_state: dict[str, Any]
 
 
-def _broadcast(value: Any) -> Any:
+class WriteState(IntEnum):
+    """Where one rank's background write stands; gathered from every rank at a poll."""
+
+    WRITING = 0
+    WRITTEN = 1
+    FAILED = 2
+
+
+def commit_decision(states: Sequence[int], name: str) -> bool:
+    """Whether a background save may be committed, from every rank's ``WriteState``.
+
+    True only when every rank has written its part. A failure on any rank is an error on
+    every rank (naming the ranks), even while others are still writing: the checkpoint
+    can never be committed, and waiting for the others would gain nothing.
+    """
+    failed = [r for r, s in enumerate(states) if s == WriteState.FAILED]
+    if failed:
+        raise CheckpointError(
+            f"background write of {name} failed on rank(s) {', '.join(map(str, failed))}"
+        )
+    return all(s == WriteState.WRITTEN for s in states)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A background save: written (or being written) on this rank, not yet committed."""
+
+    position: Position
+    staging: Path
+    info: dict[str, Any]
+    future: Future[Any]
+
+
+def _broadcast(value: Any, group: dist.ProcessGroup | None = None) -> Any:
     holder = [value]
-    dist.broadcast_object_list(holder, src=0)
+    dist.broadcast_object_list(holder, src=0, group=group)
     return holder[0]
 
 
 class CheckpointManager:
     """Saves, finds, verifies, loads and retires the checkpoints of one leg."""
 
-    def __init__(self, root: Path, *, rank: int, world_size: int, attempt: int, keep_last: int):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        rank: int,
+        world_size: int,
+        attempt: int,
+        keep_last: int,
+        async_save: bool = False,
+        group_timeout: timedelta | None = None,
+    ):
         self.root = root
         self.rank = rank
         self.world_size = world_size
         self.attempt = attempt
         self.keep_last = keep_last
+        self._pending: _Pending | None = None
+        self._io_group: dist.ProcessGroup | None = None
+        self._commit_group: dist.ProcessGroup | None = None
+        if async_save:
+            # Collective: every rank constructs its manager at the same point.
+            self._io_group = dist.new_group(backend="gloo", timeout=group_timeout)
+            self._commit_group = dist.new_group(backend="gloo", timeout=group_timeout)
 
     # -- save ---------------------------------------------------------------------------
 
@@ -71,7 +153,11 @@ class CheckpointManager:
         info: dict[str, Any] | None = None,
         before_commit: Callable[[], None] | None = None,
     ) -> str:
-        """Write and commit one checkpoint on every rank; returns its committed name."""
+        """Write and commit one checkpoint on every rank; returns its committed name.
+
+        A background save still pending is committed first.
+        """
+        self.poll(wait=True)
         staging = layout.staging_path(self.root, position, self.attempt)
         if self.rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
@@ -87,13 +173,108 @@ class CheckpointManager:
         if before_commit is not None:
             before_commit()
         dist.barrier()
+        return self._commit_everywhere(staging, position, info or {}, group=None)
+
+    # -- background save ----------------------------------------------------------------
+
+    @property
+    def pending(self) -> Position | None:
+        """The background save written or being written, not committed yet."""
+        return self._pending.position if self._pending is not None else None
+
+    def save_async(
+        self,
+        position: Position,
+        tensors: dict[str, Any],
+        rank_state: dict[str, Any],
+        *,
+        info: dict[str, Any] | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Start one checkpoint on every rank; ``poll`` commits it once all have written it.
+
+        Returns once this rank's tensors are copied to CPU memory and its rank state is in
+        the staging folder; ``before_commit`` runs then. A save still pending is committed
+        first, so at most one is in flight.
+        """
+        if self._io_group is None or self._commit_group is None:
+            raise CheckpointError("this checkpoint manager was made without async_save")
+        self.poll(wait=True)
+        staging = layout.staging_path(self.root, position, self.attempt)
+        if self.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        dist.barrier(group=self._commit_group)
+        writer = dcp.FileSystemWriter(str(staging / layout.DCP_DIR))
+        try:
+            # A FileSystemWriter is its own stager: async_save copies every tensor into new
+            # CPU memory (CPU tensors too) before it returns.
+            response = dcp.async_save(tensors, storage_writer=writer,
+                                      process_group=self._io_group)
+            if isinstance(response, AsyncSaveResponse):
+                response.staging_completion.result()
+                future = response.upload_completion
+            else:
+                future = response
+        except Exception as e:
+            raise CheckpointError(
+                f"rank {self.rank}: DCP async save of {position.name} failed to start: {e}"
+            ) from e
+        _write_durably(staging / layout.rank_state_file(self.rank), pickle.dumps(rank_state))
+        self._pending = _Pending(position, staging, info or {}, future)
+        if before_commit is not None:
+            before_commit()
+
+    def poll(self, *, wait: bool = False) -> str | None:
+        """Commit the pending background save if every rank has written it.
+
+        Collective while a save is pending (ranks agree on that: they save at the same
+        steps); nothing at all otherwise. ``wait`` first waits for this rank's write.
+        Returns the committed name, or None while a rank is still writing.
+        """
+        pending = self._pending
+        if pending is None:
+            return None
+        assert self._commit_group is not None
+        error: BaseException | None = None
+        if wait or pending.future.done():
+            error = pending.future.exception()
+            state = WriteState.FAILED if error is not None else WriteState.WRITTEN
+        else:
+            state = WriteState.WRITING
+        mine = torch.tensor([int(state)], dtype=torch.int64)
+        states = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(states, mine, group=self._commit_group)
+        try:
+            ready = commit_decision([int(s.item()) for s in states], pending.position.name)
+        except CheckpointError as e:
+            self._pending = None
+            cause = f"; rank {self.rank}: {error}" if error is not None else ""
+            raise CheckpointError(f"{e}{cause}") from error
+        if not ready:
+            return None
+        self._pending = None
+        return self._commit_everywhere(
+            pending.staging, pending.position, pending.info, group=self._commit_group
+        )
+
+    # -- commit -------------------------------------------------------------------------
+
+    def _commit_everywhere(
+        self,
+        staging: Path,
+        position: Position,
+        info: dict[str, Any],
+        group: dist.ProcessGroup | None,
+    ) -> str:
+        """Rank 0 commits, every rank learns the outcome; then retention."""
         error = None
         if self.rank == 0:
             try:
-                self._commit(staging, position, info or {})
+                self._commit(staging, position, info)
             except (OSError, CheckpointError) as e:
                 error = f"commit of {position.name} failed: {e}"
-        error = _broadcast(error)
+        error = _broadcast(error, group)
         if error is not None:
             raise CheckpointError(error)
         if self.rank == 0:

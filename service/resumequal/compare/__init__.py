@@ -10,8 +10,15 @@ it claims), ``walk`` (boundaries in execution order, tolerance rules), ``drift``
 checkpoints, streamed tensor by tensor), ``judge`` (``compare_run``).
 """
 
+from resumequal.compare.controls import compare_qualification, evaluate_control
 from resumequal.compare.drift import checkpoint_drift
 from resumequal.compare.judge import compare_run
 from resumequal.compare.validity import expected_checkpoint
 
-__all__ = ["checkpoint_drift", "compare_run", "expected_checkpoint"]
+__all__ = [
+    "checkpoint_drift",
+    "compare_qualification",
+    "compare_run",
+    "evaluate_control",
+    "expected_checkpoint",
+]

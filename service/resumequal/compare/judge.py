@@ -13,7 +13,7 @@ from typing import cast
 
 from resumequal.checkpoint.layout import Position
 from resumequal.compare.drift import checkpoint_drift, is_exact
-from resumequal.compare.files import LEGS, LegTrace, checkpoint_root, load_run_spec
+from resumequal.compare.files import LegTrace, checkpoint_root, load_run_spec
 from resumequal.compare.validity import (
     check_armed,
     check_final_checkpoints,
@@ -27,7 +27,7 @@ from resumequal.compare.validity import (
 )
 from resumequal.compare.walk import Point, Rules, Steps, loss_deltas, summarise, walk
 from resumequal.errors import CheckpointError
-from resumequal.spec import Boundary, QualificationSpec
+from resumequal.spec import BOUNDARIES, Boundary, QualificationSpec
 from resumequal.trace import RestoreRecord, StepRecord
 from resumequal.verdict import (
     Cut,
@@ -66,9 +66,9 @@ def _precut_steps(preempted: LegTrace, resumed_step: int) -> dict[int, dict[int,
 def _drift_fault(drift: list[DriftSummary], rules: Rules) -> DriftSummary | None:
     """The first group whose final drift the comparison does not accept, if any."""
     for d in drift:
-        if is_exact(d):
-            continue
         boundary = "params" if d.group == "model" else "optimizer_state"
+        if is_exact(d) or not rules.compares(boundary):
+            continue
         tol = rules.tolerance(boundary)
         if tol is None or not rules.group_within(d.group, tol):
             return d
@@ -96,14 +96,20 @@ def _drift_divergence(fault: DriftSummary, steps: int) -> Divergence:
                       preempted=f"max abs diff {fault.max_abs_diff:.3g}", before_cut=False)
 
 
-def compare_run(run_dir: Path, spec: QualificationSpec | None = None) -> Verdict:
-    """Compare the control and preempted legs of ``run_dir`` (spec: its ``run.json``)."""
+def compare_run(
+    run_dir: Path, spec: QualificationSpec | None = None, *, leg: str = "preempted"
+) -> Verdict:
+    """Compare the control leg of ``run_dir`` with a preempted leg (default: "preempted").
+
+    ``spec`` defaults to the run's ``run.json``; for another leg (a scenario or a negative
+    control) pass the spec that leg ran with, so its cut and kill mode are the ones judged.
+    """
     spec = spec if spec is not None else load_run_spec(run_dir)
     world = spec.world.world_size
     steps = spec.training.steps
     ranks = list(range(world))
     control = LegTrace.read(run_dir, "control", world)
-    preempted = LegTrace.read(run_dir, "preempted", world)
+    preempted = LegTrace.read(run_dir, leg, world)
     attempt = resumed_attempt(preempted)
     restore = next((r for r in preempted.of(RestoreRecord) if r.attempt == attempt), None)
     resumed_from = restore.checkpoint if restore is not None else None
@@ -122,7 +128,9 @@ def compare_run(run_dir: Path, spec: QualificationSpec | None = None) -> Verdict
         return invalid(checks)
 
     final_check, final = check_final_checkpoints(
-        {leg: checkpoint_root(spec, run_dir, leg) for leg in LEGS}, steps
+        {"control": checkpoint_root(spec, run_dir, "control"),
+         "preempted": checkpoint_root(spec, run_dir, leg)},
+        steps,
     )
     checks.append(final_check)
     if final is None:
@@ -171,7 +179,11 @@ def compare_run(run_dir: Path, spec: QualificationSpec | None = None) -> Verdict
         return verdict(Result.FAIL, reason, _drift_divergence(fault, steps),
                        result.exact_through)
 
-    if result.exact_through == steps and all(is_exact(d) for d in drift):
+    compared = spec.comparison.boundaries
+    if len(compared) < len(BOUNDARIES):
+        reason = (f"equal on the compared boundaries ({', '.join(compared)}) of {steps} steps "
+                  f"on {world} ranks; the others were not looked at")
+    elif result.exact_through == steps and all(is_exact(d) for d in drift):
         reason = (f"exact: every boundary of {steps} steps on {world} ranks equal; "
                   "final model and optimizer bitwise equal")
     else:

@@ -72,7 +72,7 @@ def check_armed(spec: QualificationSpec, preempted: LegTrace, run_dir: Path) -> 
             f"rank {p.rank} was armed at step {arm.step} microstep {arm.microstep}, "
             f"expected step {p.step} microstep {p.microstep}",
         )
-    beacon = beacon_path(run_dir, "preempted", 0, p.rank)
+    beacon = beacon_path(run_dir, preempted.leg, 0, p.rank)
     if not beacon.is_file():
         return _failed("armed", f"rank {p.rank} was armed but left no beacon at {beacon}")
     return _ok("armed", f"rank {p.rank} armed at step {p.step} microstep {p.microstep} "
@@ -205,10 +205,12 @@ def check_inventory(control: LegTrace, preempted: LegTrace) -> ValidityCheck:
     differences: list[str] = []
     for rank in range(control.world_size):
         mine = {leg.leg: list(leg.of(InventoryRecord, rank)) for leg in (control, preempted)}
-        if not mine["control"] or not mine["preempted"]:
-            empty = "control" if not mine["control"] else "preempted"
-            return _failed(name, f"the {empty} leg recorded no runtime inventory on rank {rank}")
-        ref = mine["control"][0].comparable()
+        for trace in (control, preempted):
+            if not mine[trace.leg]:
+                return _failed(
+                    name, f"the {trace.leg} leg recorded no runtime inventory on rank {rank}"
+                )
+        ref = mine[control.leg][0].comparable()
         for leg, records in mine.items():
             for record in records:
                 keys = _diff_keys(ref, record.comparable())

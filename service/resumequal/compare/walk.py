@@ -30,7 +30,7 @@ from resumequal.spec import BOUNDARIES, ComparisonSpec
 from resumequal.trace import StepRecord, boundary_value
 from resumequal.verdict import BoundaryRow, DriftSummary, StepDelta
 
-Status = Literal["equal", "within_tolerance", "differs", "missing"]
+Status = Literal["equal", "within_tolerance", "differs", "missing", "not_compared"]
 Steps = Mapping[int, Mapping[int, StepRecord]]  # rank -> step -> record
 
 NUMERIC: Final = frozenset({"loss", "grad_norm", "lr"})
@@ -43,7 +43,7 @@ _DIGEST_GROUP: Final = {
 # Non-tensor optimizer items the lr boundary judges (the optimizer_state digest skips them).
 _LR_ITEM = re.compile(r"\.(lr|initial_lr)$")
 _SEVERITY: Final[dict[Status, int]] = {
-    "equal": 0, "within_tolerance": 1, "missing": 2, "differs": 3
+    "not_compared": 0, "equal": 0, "within_tolerance": 1, "missing": 2, "differs": 3
 }
 
 
@@ -79,7 +79,13 @@ class Rules:
             return False
         return not math.isnan(d.max_abs_diff) and d.max_abs_diff <= tol
 
+    def compares(self, boundary: str) -> bool:
+        """Whether the spec asks to look at this boundary at all."""
+        return boundary in self.comparison.boundaries
+
     def status(self, boundary: str, a: StepRecord, b: StepRecord) -> Status:
+        if not self.compares(boundary):
+            return "not_compared"
         va, vb = boundary_value(a, boundary), boundary_value(b, boundary)
         if values_equal(va, vb):
             return "equal"
@@ -135,6 +141,9 @@ def walk(
         attempts = []
         for boundary in BOUNDARIES:
             worst: Status = "equal"
+            if not rules.compares(boundary):
+                status[boundary] = "not_compared"
+                continue
             for rank in ranks:
                 a = control.get(rank, {}).get(step)
                 b = preempted.get(rank, {}).get(step)
@@ -153,7 +162,8 @@ def walk(
         if not attempts:
             continue
         rows.append(BoundaryRow(step=step, attempt=max(attempts), status=dict(status)))
-        still_exact = still_exact and all(v == "equal" for v in status.values())
+        still_exact = still_exact and all(v in ("equal", "not_compared")
+                                          for v in status.values())
         if still_exact:
             exact_through = step
     return Walk(rows, first, exact_through)

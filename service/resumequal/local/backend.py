@@ -15,13 +15,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree
-from resumequal.qualify import Beacon, LegName, LegObservation, LegState
+from resumequal.plan import LegPlan
+from resumequal.qualify import Beacon, LegObservation, LegState
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import Verdict
 
@@ -42,31 +43,33 @@ class LocalBackend:
         spec: QualificationSpec,
         run_dir: Path,
         *,
-        omit: Mapping[str, tuple[str, ...]] | None = None,
+        judge: Callable[[], Verdict] | None = None,
         python: str = sys.executable,
     ) -> None:
         self.spec = spec
         self.run_dir = run_dir
-        self.omit = dict(omit or {})
+        self.judge = judge
         self.python = python
         self.tree = ProcessTree()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._escalate: tuple[int, float] | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.spec_path = run_dir / "spec.json"
-        self.spec_path.write_text(spec.model_dump_json(indent=1))
+        (run_dir / "spec.json").write_text(spec.model_dump_json(indent=1))
 
     # -- Backend ------------------------------------------------------------------------
 
-    def launch_leg(self, leg: LegName) -> None:
-        if leg in self.procs:
+    def launch_leg(self, plan: LegPlan) -> None:
+        if plan.name in self.procs:
             return
-        w = self.spec.world
+        w = plan.spec.world
         if w.nnodes != 1:
             raise ResumequalError(
                 f"world.nnodes={w.nnodes}: a local run has one node; set nproc_per_node to "
                 "the world size instead"
             )
+        spec_path = self.run_dir / "legs" / f"{plan.name}.spec.json"
+        spec_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path.write_text(plan.spec.model_dump_json(indent=1))
         cmd = [
             self.python, "-m", "torch.distributed.run",
             "--rdzv-backend=c10d",
@@ -75,15 +78,15 @@ class LocalBackend:
             f"--max-restarts={w.max_restarts}",
             "--monitor-interval=0.1",
             "-m", "resumequal", "leg",
-            "--spec", str(self.spec_path), "--leg", leg, "--run-dir", str(self.run_dir),
+            "--spec", str(spec_path), "--leg", plan.name, "--run-dir", str(self.run_dir),
         ]
-        for name in self.omit.get(leg, ()):
+        for name in plan.omit:
             cmd += ["--omit", name]
         env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
-        self.procs[leg] = self.tree.spawn(cmd, self.run_dir / f"{leg}.log", env)
-        log.info("launched the %s leg (%d ranks)", leg, w.nproc_per_node)
+        self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log", env)
+        log.info("launched the %s leg (%d ranks)", plan.name, w.nproc_per_node)
 
-    def observe_leg(self, leg: LegName) -> LegObservation:
+    def observe_leg(self, leg: str) -> LegObservation:
         self._maybe_escalate()
         proc = self.procs.get(leg)
         if proc is None:
@@ -102,8 +105,7 @@ class LocalBackend:
         return LegObservation(state=state, steps_done=steps_done, attempts=attempts,
                               resumed_at=resumed_at, message=message)
 
-    def read_beacon(self, leg: LegName) -> Beacon | None:
-        rank = self.spec.preemption.rank
+    def read_beacon(self, leg: str, rank: int) -> Beacon | None:
         path = self.run_dir / leg / "beacons" / f"attempt-0-rank-{rank}.json"
         try:
             return Beacon.model_validate_json(path.read_text())
@@ -123,9 +125,11 @@ class LocalBackend:
         log.info("delivered %s kill to rank %d (pid %d)", mode, beacon.rank, beacon.pid)
 
     def compare(self) -> Verdict:
-        from resumequal.compare import compare_run  # torch loads only when comparing
+        if self.judge is not None:
+            return self.judge()
+        from resumequal.compare import compare_qualification  # loads torch only here
 
-        return compare_run(self.run_dir, self.spec)
+        return compare_qualification(self.run_dir, self.spec)
 
     def cleanup(self) -> None:
         stopped = self.tree.stop_all()

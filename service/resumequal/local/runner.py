@@ -6,7 +6,8 @@ import logging
 import signal
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
@@ -15,12 +16,23 @@ from rich.console import Console
 
 from resumequal.local.backend import LocalBackend
 from resumequal.metrics import QualificationMetrics, push, write_textfile
+from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
 from resumequal.report.files import write_reports
 from resumequal.report.terminal import LegProgress
-from resumequal.spec import QualificationSpec
-from resumequal.trace import InventoryRecord, StepRecord, effective_steps, read_trace
-from resumequal.verdict import Cut, LegSummary, Report, Result, ValidityCheck, Verdict
+from resumequal.spec import Omission, QualificationSpec, apply_overrides
+from resumequal.trace import InventoryRecord, effective_steps, read_trace
+from resumequal.verdict import (
+    Cut,
+    LegSummary,
+    Matrix,
+    MatrixCell,
+    MatrixRow,
+    Report,
+    Result,
+    ValidityCheck,
+    Verdict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +46,7 @@ class RunOptions:
     namespace: str = "local"
     side_by_side: bool = False
     deliver_kill: bool = True
-    omit: tuple[str, ...] = ()
+    omit: tuple[Omission, ...] = ()
     metrics_file: Path | None = None
     pushgateway: str | None = None
 
@@ -45,23 +57,14 @@ def exit_code(result: Result) -> int:
 
 
 def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Console) -> Report:
-    """Run both legs, deliver the kill, compare, and write reports and metrics."""
-    backend = LocalBackend(spec, opts.run_dir, omit={"preempted": opts.omit})
-    q = Qualification(spec, backend, side_by_side=opts.side_by_side,
-                      deliver_kill=opts.deliver_kill)
-    progress = LegProgress(console)
-
-    def on_tick(s: QualificationStatus) -> None:
-        restarts = max(0, s.attempts.get("preempted", 0) - 1)
-        progress.update(s.phase.value, dict(s.steps), spec.training.steps, restarts)
-
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        with progress:
-            status = q.run(on_tick=on_tick)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    report = build_report(spec, status, opts)
+    """Run every leg, deliver the kills, compare, and write reports and metrics."""
+    matrix = run_matrix(spec, opts, console) if spec.matrix.seeds else None
+    plan = qualification_plan(spec)
+    if opts.omit:
+        plan = Plan([replace(p, omit=opts.omit) if p.role == "main" else p for p in plan.legs],
+                    plan.not_run)
+    status = _run_plan(spec, plan, opts.run_dir, opts, console)
+    report = build_report(spec, status, opts, matrix)
     write_reports(report, opts.run_dir)
     registry = CollectorRegistry()
     QualificationMetrics(registry).record(report, namespace=opts.namespace)
@@ -71,11 +74,84 @@ def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Consol
     return report
 
 
+def _run_plan(
+    spec: QualificationSpec,
+    plan: Plan,
+    run_dir: Path,
+    opts: RunOptions,
+    console: Console,
+    judge: Callable[[], Verdict] | None = None,
+) -> QualificationStatus:
+    backend = LocalBackend(spec, run_dir, judge=judge)
+    q = Qualification(spec, backend, plan=plan, side_by_side=opts.side_by_side,
+                      deliver_kill=opts.deliver_kill)
+    progress = LegProgress(console)
+
+    def on_tick(s: QualificationStatus) -> None:
+        restarts = sum(max(0, leg.attempts - 1) for leg in s.legs.values())
+        steps = {name: leg.steps for name, leg in s.legs.items() if leg.launched_at is not None}
+        progress.update(s.phase.value, steps, spec.training.steps, restarts)
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with progress:
+            return q.run(on_tick=on_tick)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_matrix(spec: QualificationSpec, opts: RunOptions, console: Console) -> Matrix:
+    """Each positive scenario, for each seed, against that seed's control leg."""
+    from resumequal.compare import compare_run  # loads torch only here
+
+    cells: list[MatrixCell] = []
+    for seed in spec.matrix.seeds:
+        seeded = apply_overrides(spec, [f"training.seed={seed}"])
+        plan = scenario_plan(seeded)
+        run_dir = opts.run_dir / f"seed-{seed}"
+        verdicts: dict[str, Verdict] = {}
+
+        def judge(plan: Plan = plan, run_dir: Path = run_dir,
+                  verdicts: dict[str, Verdict] = verdicts) -> Verdict:
+            for leg in plan.legs:
+                if leg.cut:
+                    verdicts[leg.name] = compare_run(run_dir, leg.spec, leg=leg.name)
+            failing = [v for v in verdicts.values() if v.result != Result.PASS]
+            return failing[0] if failing else next(iter(verdicts.values()))
+
+        console.print(f"seed {seed}: {len(plan.legs) - 1} scenario(s)")
+        status = _run_plan(seeded, plan, run_dir, opts, console, judge=judge)
+        for scenario in spec.matrix.scenarios:
+            v = verdicts.get(scenario)
+            if v is None:
+                cells.append(MatrixCell(scenario=scenario, seed=seed, result=Result.INVALID,
+                                        reason=status.message or "the scenario did not finish"))
+                continue
+            d = v.first_divergence
+            cells.append(MatrixCell(
+                scenario=scenario, seed=seed, result=v.result,
+                first_divergent_step=d.step if d else None,
+                first_divergent_boundary=d.boundary if d else None, reason=v.reason))
+    summary = [
+        MatrixRow(scenario=sc, exact=sum(c.result == Result.PASS for c in cells
+                                         if c.scenario == sc),
+                  total=sum(c.scenario == sc for c in cells))
+        for sc in spec.matrix.scenarios
+    ]
+    return Matrix(seeds=list(spec.matrix.seeds), scenarios=list(spec.matrix.scenarios),
+                  cells=cells, summary=summary)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def build_report(spec: QualificationSpec, status: QualificationStatus, opts: RunOptions) -> Report:
+def build_report(
+    spec: QualificationSpec,
+    status: QualificationStatus,
+    opts: RunOptions,
+    matrix: Matrix | None = None,
+) -> Report:
     """Assemble report.json from the machine's status, the verdict and the traces."""
     p = spec.preemption
     verdict = status.verdict or Verdict(
@@ -89,9 +165,10 @@ def build_report(spec: QualificationSpec, status: QualificationStatus, opts: Run
                               detail=status.message or "no detail")],
     )
     legs = [_leg_summary(opts.run_dir, leg, spec, status) for leg in ("control", "preempted")]
+    main = status.main()
     restart = None
-    if status.killed_at is not None and status.resumed_at is not None:
-        restart = status.resumed_at - status.killed_at
+    if main.killed_at is not None and main.resumed_at is not None:
+        restart = main.resumed_at - main.killed_at
     return Report(
         run=opts.run_dir.name,
         pin=opts.pin,
@@ -99,9 +176,10 @@ def build_report(spec: QualificationSpec, status: QualificationStatus, opts: Run
         spec=spec.model_dump(mode="json"),
         phases=status.history,
         legs=legs,
-        kill_at=status.killed_at,
+        kill_at=main.killed_at,
         restart_seconds=restart,
         inventory=_inventory(opts.run_dir),
+        matrix=matrix,
     )
 
 
@@ -118,12 +196,9 @@ def _leg_summary(
         attempts = max([attempts] + [getattr(x, "attempt", 0) + 1 for x in records])
         for step, rec in effective_steps(records, r).items():
             per_step.setdefault(step, []).extend(m.loss for m in rec.microsteps)
-    started = status.launched.get(leg)
-    finished = None
-    for event in status.history:
-        if event.phase in ("Comparing", "Failed"):
-            finished = event.at
-            break
+    run = status.legs.get(leg)
+    started = run.launched_at if run else None
+    finished = run.finished_at if run else None
     return LegSummary(
         name=leg,  # type: ignore[arg-type]
         attempts=attempts,
@@ -148,4 +223,4 @@ def default_run_dir(base: Path = Path("runs")) -> Path:
     return base / time.strftime("qual-%Y%m%d-%H%M%S")
 
 
-__all__ = ["RunOptions", "StepRecord", "default_run_dir", "exit_code", "run_qualification"]
+__all__ = ["RunOptions", "default_run_dir", "exit_code", "run_qualification"]

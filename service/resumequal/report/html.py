@@ -14,11 +14,20 @@ import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from html import escape
-from typing import Any
+from typing import Any, TypeVar
 
 from resumequal.report import svg
 from resumequal.spec import BOUNDARIES
-from resumequal.verdict import BoundaryRow, DriftSummary, Report, Result, Verdict
+from resumequal.verdict import (
+    BoundaryRow,
+    ControlOutcome,
+    DriftSummary,
+    Matrix,
+    MatrixCell,
+    Report,
+    Result,
+    Verdict,
+)
 
 VERDICT_COLORS: dict[Result, str] = {
     Result.PASS: "#1a7f37",
@@ -31,8 +40,21 @@ KILL_COLOR = "#cf222e"
 RESUME_COLOR = "#8250df"
 FIRST_DIVERGENCE_ID = "first-divergence"
 
-_STATUS_SYMBOL = {"equal": "=", "within_tolerance": "≈", "differs": "≠", "missing": "·"}
+_STATUS_SYMBOL = {
+    "equal": "=",
+    "within_tolerance": "≈",
+    "differs": "≠",
+    "missing": "·",
+    "not_compared": " ",
+}
+CONTROL_STATUS_LABELS = {
+    "detected": "detected",
+    "blind": "blind",
+    "not_applicable": "not applicable",
+    "invalid": "invalid",
+}
 _CHECKPOINT_STEP = re.compile(r"step[-_]?0*(\d+)")
+_T = TypeVar("_T")
 
 _CSS = """
 :root { color-scheme: light; }
@@ -64,6 +86,8 @@ table.boundaries th.b { font-size: 11px; }
 .s-within_tolerance { background: #fff8c5; color: #7d4e00; }
 .s-differs { background: #ffebe9; color: #cf222e; }
 .s-missing { background: #eaeef2; color: #6e7781; }
+.s-not_compared { background: repeating-linear-gradient(45deg, #f6f8fa, #f6f8fa 4px,
+  #eaeef2 4px, #eaeef2 8px); }
 td.first { outline: 3px solid #cf222e; outline-offset: -3px; background: #cf222e;
   color: #fff; }
 tr.killrow th, tr.killrow td.step { background: #ffebe9; }
@@ -76,6 +100,21 @@ ul.checks li { padding: 3px 0; } .ok { color: #1a7f37; } .bad { color: #cf222e; 
 .legend b { display: inline-block; width: 22px; text-align: center; border-radius: 3px; }
 .diverge { border: 1px solid #cf222e; background: #fff5f5; border-radius: 6px;
   padding: 8px 12px; margin-top: 12px; }
+.cs { display: inline-block; color: #fff; font-weight: 600; font-size: 12px;
+  padding: 1px 8px; border-radius: 10px; white-space: nowrap; }
+.cs-detected { background: #1a7f37; } .cs-blind { background: #cf222e; }
+.cs-not_applicable { background: #6e7781; } .cs-invalid { background: #d97706; }
+.blind { border: 2px solid #cf222e; background: #ffebe9; color: #cf222e; border-radius: 6px;
+  padding: 8px 12px; margin: 8px 0 12px; }
+.blind strong { display: block; font-size: 16px; }
+span.leg { font-weight: 400; color: #57606a; font-size: 12px; }
+table.matrix td.m { text-align: center; white-space: nowrap; font-family: ui-monospace,
+  monospace; }
+.m-exact { background: #dafbe1; color: #1a7f37; }
+.m-tolerance { background: #fff8c5; color: #7d4e00; }
+.m-fail { background: #ffebe9; color: #cf222e; font-weight: 700; }
+.m-nondeterministic { background: #fff1e5; color: #bc4c00; font-weight: 700; }
+.m-invalid, .m-none { background: #eaeef2; color: #6e7781; }
 footer { color: #57606a; font-size: 12px; margin-top: 24px; }
 pre { background: #f6f8fa; padding: 8px; overflow-x: auto; font-size: 12px; }
 """
@@ -100,6 +139,12 @@ def render_html(report: Report) -> str:
         ),
         _section("Boundary table", [_boundary_table(v, resume_step)], anchor="boundaries"),
         _section("Drift between the final checkpoints", [_drift(v.drift)], anchor="drift"),
+        _section("Negative controls", [_controls(v)], anchor="controls"),
+        *(
+            [_section("Seed matrix", [_matrix(report.matrix)], anchor="matrix")]
+            if report.matrix is not None
+            else []
+        ),
         _section("Validity checks", [_checks(v)], anchor="checks"),
         _section("Legs", [_legs(report)], anchor="legs"),
         _section("Phase timeline", [_phases(report)], anchor="phases"),
@@ -146,6 +191,30 @@ def _header(report: Report, color: str, resume_step: int | None) -> str:
                 "first divergence",
                 f'<a href="#{FIRST_DIVERGENCE_ID}">'
                 f"{escape(f'step {d.step} · {d.boundary} · rank {d.rank} ({where})')}</a>",
+            )
+        )
+    if v.controls:
+        blind = [c.omission for c in v.controls if c.status == "blind"]
+        facts.append(
+            (
+                "negative controls",
+                f'<a href="#controls">{escape(_controls_sentence(v))}</a>'
+                + (
+                    f' <span class="bad">— comparator blind to {escape(", ".join(blind))}</span>'
+                    if blind
+                    else ""
+                ),
+            )
+        )
+    m = report.matrix
+    if m is not None and m.summary:
+        exact = sum(row.exact for row in m.summary)
+        total = sum(row.total for row in m.summary)
+        facts.append(
+            (
+                "seed matrix",
+                f'<a href="#matrix">{escape(f"{exact}/{total} exact")}</a>'
+                + escape(f" ({len(m.scenarios)} scenarios x {len(m.seeds)} seeds)"),
             )
         )
     rows = "".join(f"<dt>{k}</dt><dd>{val}</dd>" for k, val in facts)
@@ -232,8 +301,14 @@ def _boundary_table(v: Verdict, resume_step: int | None) -> str:
         "Rows are optimizer steps, columns the comparison boundaries in execution order; "
         "a cell is the worst status over all ranks."
     )
+    skipped = _not_compared(v)
+    if skipped:
+        note += (
+            " Not compared (the spec's comparison.boundaries leaves them out, so a fault "
+            f"that first shows there is not seen at its step): {', '.join(skipped)}."
+        )
     return (
-        f'<p class="note">{note}</p><p class="legend">{legend}</p>'
+        f'<p class="note">{escape(note)}</p><p class="legend">{legend}</p>'
         f'<table class="boundaries"><thead><tr><th scope="col">step</th>'
         f'<th scope="col">attempt</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
         "</table>"
@@ -295,6 +370,107 @@ def _drift(drift: Sequence[DriftSummary]) -> str:
             "</table>"
         )
     return "".join(parts)
+
+
+def _controls_sentence(v: Verdict) -> str:
+    text = f"{v.controls_detected} of {v.controls_total} applicable controls detected"
+    not_applicable = len(v.controls) - v.controls_total
+    if not_applicable:
+        text += f" ({not_applicable} not applicable)"
+    return text
+
+
+def _controls(v: Verdict) -> str:
+    if not v.controls:
+        return (
+            '<p class="note">No negative controls were run: nothing shows that this '
+            "comparator would see a broken resume.</p>"
+        )
+    blind = [c for c in v.controls if c.status == "blind"]
+    parts = [f'<p class="reason">{escape(_controls_sentence(v))}</p>']
+    if blind:
+        lines = "".join(f"<strong>comparator blind to {escape(c.omission)}</strong>" for c in blind)
+        parts.append(
+            f'<div class="blind">{lines}A resume that left that state out was not told '
+            "apart from an exact one, so a PASS from this comparator would not mean the "
+            "resume is exact: the verdict is INVALID.</div>"
+        )
+    rows = "".join(_control_row(c) for c in v.controls)
+    parts.append(
+        '<table class="controls"><thead><tr><th>omission</th><th>method</th>'
+        "<th>status</th><th>first divergence</th><th>max param diff</th>"
+        f"<th>mechanism</th><th>evidence</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+    return "".join(parts)
+
+
+def _control_row(c: ControlOutcome) -> str:
+    d = c.first_divergence
+    where = "—" if d is None else f"step {d.step} · {d.boundary} · rank {d.rank}"
+    leg = f'<br><span class="leg">leg {escape(c.leg)}</span>' if c.leg else ""
+    # Neutral: a detected control is expected to drift, so red/green would read backwards.
+    diff = "—" if c.max_param_diff is None else svg.fmt(c.max_param_diff)
+    label = CONTROL_STATUS_LABELS[c.status]
+    return (
+        f'<tr id="control-{escape(c.omission)}"><th><code>{escape(c.omission)}</code>{leg}</th>'
+        f"<td>{escape(c.method)}</td>"
+        f'<td><span class="cs cs-{c.status}" title="expected: {escape(c.expected)}">'
+        f"{escape(label)}</span></td>"
+        f"<td>{escape(where)}</td><td class='num'>{escape(diff)}</td>"
+        f"<td>{escape(c.mechanism)}</td>"
+        f"<td>{escape(c.evidence or '')}</td></tr>"
+    )
+
+
+def _matrix(m: Matrix) -> str:
+    scenarios = _unique([*m.scenarios, *(c.scenario for c in m.cells)])
+    seeds = _unique([*m.seeds, *(c.seed for c in m.cells)])
+    cells = {(c.scenario, c.seed): c for c in m.cells}
+    summary = {row.scenario: row for row in m.summary}
+    head = "".join(f'<th scope="col">seed {s}</th>' for s in seeds)
+    rows: list[str] = []
+    for scenario in scenarios:
+        tds = "".join(_matrix_cell(cells.get((scenario, seed)), scenario, seed) for seed in seeds)
+        row = summary.get(scenario)
+        if row is None:
+            total = "<td class='num'>—</td>"
+        else:
+            cls = "ok" if row.exact == row.total else "bad"
+            total = f"<td class='num {cls}'>{row.exact}/{row.total}</td>"
+        rows.append(f'<tr><th scope="row">{escape(scenario)}</th>{tds}{total}</tr>')
+    note = (
+        "Positive scenarios repeated with other seeds: each cell is one preempted-and-resumed "
+        "leg against its control; it names the first divergent step and boundary when not "
+        "exact (hover for the reason)."
+    )
+    return (
+        f'<p class="note">{note}</p><table class="matrix"><thead><tr>'
+        f'<th scope="col">scenario</th>{head}<th scope="col">exact/total</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _matrix_cell(cell: MatrixCell | None, scenario: str, seed: int) -> str:
+    if cell is None:
+        return f'<td class="m m-none" title="{escape(f"{scenario}, seed {seed}: not run")}">—</td>'
+    where = (
+        None
+        if cell.first_divergent_step is None
+        else " · ".join(
+            [f"step {cell.first_divergent_step}"]
+            + ([cell.first_divergent_boundary] if cell.first_divergent_boundary else [])
+        )
+    )
+    if cell.result is Result.PASS:
+        cls, text = ("m-exact", "exact") if where is None else ("m-tolerance", f"≈ {where}")
+    elif cell.result is Result.INVALID:
+        cls, text = "m-invalid", "INVALID"
+    elif cell.result is Result.NONDETERMINISTIC:
+        cls, text = "m-nondeterministic", where or "NONDETERMINISTIC"
+    else:
+        cls, text = "m-fail", where or "FAIL"
+    title = f"{scenario}, seed {seed}: {cell.result.value} — {cell.reason}"
+    return f'<td class="m {cls}" title="{escape(title)}">{escape(text)}</td>'
 
 
 def _checks(v: Verdict) -> str:
@@ -462,6 +638,16 @@ def _all_steps(report: Report, resume_step: int | None) -> list[float]:
     steps += [float(d.step) for d in report.verdict.loss_deltas]
     steps += [float(r.step) for r in report.verdict.boundary_table]
     return steps
+
+
+def _not_compared(v: Verdict) -> list[str]:
+    """Boundaries some row of the table marks "not_compared", in execution order."""
+    seen = {b for row in v.boundary_table for b, s in row.status.items() if s == "not_compared"}
+    return [b for b in BOUNDARIES if b in seen]
+
+
+def _unique(items: Iterable[_T]) -> list[_T]:
+    return list(dict.fromkeys(items))
 
 
 def _num_td(value: float) -> str:

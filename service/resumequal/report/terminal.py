@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from resumequal.verdict import Report, Result
+from resumequal.spec import BOUNDARIES
+from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 VERDICT_STYLES: dict[Result, str] = {
     Result.PASS: "bold white on green",
@@ -57,6 +58,9 @@ def print_summary(
     if report.restart_seconds is not None:
         fact("restart", f"{report.restart_seconds:.1f} s")
     fact("exact through", f"step {v.exact_through_step}")
+    skipped = _not_compared(v)
+    if skipped:
+        fact("not compared", Text(", ".join(skipped), style="yellow"))
     if v.first_divergence is not None:
         d = v.first_divergence
         where = "before the cut" if d.before_cut else "after the cut"
@@ -75,6 +79,10 @@ def print_summary(
             f"mismatch {g.mismatch_fraction:.3g}",
         )
     lines.append(facts)
+    if v.controls:
+        lines.append(_controls_line(v))
+    if report.matrix is not None:
+        lines.append(_matrix_table(report.matrix))
 
     failing = [c for c in v.checks if not c.ok]
     if failing:
@@ -98,6 +106,75 @@ def print_summary(
             expand=True,
         )
     )
+
+
+def _controls_line(v: Verdict) -> Text:
+    """``controls: N/M detected``, then the blind (red) and invalid (orange) omissions."""
+    line = Text.assemble(
+        "controls: ",
+        (
+            f"{v.controls_detected}/{v.controls_total} detected",
+            "green" if v.controls_detected == v.controls_total else "bold",
+        ),
+    )
+    not_applicable = len(v.controls) - v.controls_total
+    if not_applicable:
+        line.append(f" ({not_applicable} not applicable)", style="dim")
+    for status, style in (("blind", "bold red"), ("invalid", "dark_orange")):
+        names = [c.omission for c in v.controls if c.status == status]
+        if names:
+            line.append(f"  {status}: {', '.join(names)}", style=style)
+    return line
+
+
+def _matrix_table(m: Matrix) -> Table:
+    """Scenario x seed: ``exact``, or the first divergent ``step·boundary``; exact/total."""
+    scenarios = list(dict.fromkeys([*m.scenarios, *(c.scenario for c in m.cells)]))
+    seeds = list(dict.fromkeys([*m.seeds, *(c.seed for c in m.cells)]))
+    cells = {(c.scenario, c.seed): c for c in m.cells}
+    summary = {row.scenario: row for row in m.summary}
+    table = Table(
+        title="seed matrix", title_justify="left", box=None, padding=(0, 1), show_edge=False
+    )
+    table.add_column("scenario", style="bold", no_wrap=True)
+    for seed in seeds:
+        table.add_column(f"seed {seed}", justify="center")
+    table.add_column("exact/total", justify="right", no_wrap=True)
+    for scenario in scenarios:
+        row = summary.get(scenario)
+        if row is None:
+            total = Text("-", style="dim")
+        else:
+            style = "green" if row.exact == row.total else "red"
+            total = Text(f"{row.exact}/{row.total}", style=style)
+        table.add_row(
+            Text(scenario),
+            *(_matrix_cell(cells.get((scenario, seed))) for seed in seeds),
+            total,
+        )
+    return table
+
+
+def _matrix_cell(cell: MatrixCell | None) -> Text:
+    if cell is None:
+        return Text("-", style="dim")
+    where = None
+    if cell.first_divergent_step is not None:
+        where = f"{cell.first_divergent_step}"
+        if cell.first_divergent_boundary:
+            where += f"·{cell.first_divergent_boundary}"
+    if cell.result is Result.PASS:
+        return Text("exact", style="green") if where is None else Text(f"≈{where}", "yellow")
+    if cell.result is Result.INVALID:
+        return Text("INVALID", style="grey50")
+    if cell.result is Result.NONDETERMINISTIC:
+        return Text(where or "NONDET", style="dark_orange")
+    return Text(where or "FAIL", style="bold red")
+
+
+def _not_compared(v: Verdict) -> list[str]:
+    seen = {b for row in v.boundary_table for b, s in row.status.items() if s == "not_compared"}
+    return [b for b in BOUNDARIES if b in seen]
 
 
 class LegProgress:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, Position
-from resumequal.errors import CheckpointError, TrainingError
-from resumequal.spec import QualificationSpec
+from resumequal.errors import CheckpointError
+from resumequal.spec import CONTROL_LEG, QualificationSpec, check_leg_name
 from resumequal.state import (
     Counters,
     LiveState,
@@ -55,7 +56,6 @@ from resumequal.workloads.base import WorkloadContext
 
 log = logging.getLogger(__name__)
 
-LEGS = ("control", "preempted")
 
 
 @dataclass
@@ -125,8 +125,7 @@ class Leg:
         omit: frozenset[str] = frozenset(),
         checkpoint_root: Path | None = None,
     ) -> None:
-        if leg not in LEGS:
-            raise TrainingError(f"unknown leg {leg!r}; allowed: {', '.join(LEGS)}")
+        check_leg_name(leg)
         self.spec = spec
         self.leg = leg
         self.leg_dir = leg_dir
@@ -134,7 +133,8 @@ class Leg:
         self.omit = omit
         self.stop = StopFlag()
         cut = None
-        if leg == "preempted":
+        # Every leg but the control is cut: the main preempted leg, scenarios, controls.
+        if leg != CONTROL_LEG:
             pre = spec.preemption
             cut = CutPoint(pre.step, pre.microstep, pre.rank, pre.at, spec.timeouts.arm_seconds)
         self.arming = Arming(
@@ -151,6 +151,8 @@ class Leg:
             world_size=placement.world_size,
             attempt=placement.attempt,
             keep_last=spec.checkpoint.keep_last,
+            async_save=spec.checkpoint.async_save,
+            group_timeout=timedelta(seconds=spec.timeouts.process_group_seconds),
         )
         self.trace = TraceWriter(leg_dir / "trace" / f"rank-{placement.rank}.jsonl")
 
@@ -248,6 +250,7 @@ class Leg:
             self._step(live, step)
             if self.spec.checkpoint.saves_after(step, t.steps):
                 self._save(live, hold_step=step)
+        self.ckpt.poll(wait=True)  # the last background save, if any
         self.trace.close()
 
     def _step(self, live: LiveState, step: int) -> None:
@@ -259,6 +262,7 @@ class Leg:
                                   "microsteps": []}
         self.recorder.reset()
         for m in range(live.counters.microstep, accum):
+            self._settle_background_save(step)
             self.arming.maybe_hold(step, m, "microbatch")
             if self.stop.agreed(self.p.device):
                 self._save(live, hold_step=None)
@@ -323,7 +327,16 @@ class Leg:
         )
         live.trace_partial = None
 
+    def _settle_background_save(self, step: int) -> None:
+        """Commit a background save once every rank has written it (a collective, only
+        while one is pending); once a whole step has run since it began, wait for it."""
+        pending = self.ckpt.pending
+        if pending is not None:
+            self.ckpt.poll(wait=pending.step < step - 1)
+
     def _save(self, live: LiveState, hold_step: int | None) -> None:
+        """A periodic checkpoint after ``hold_step``, or (None) the emergency checkpoint,
+        which is always written synchronously."""
         c = live.counters
         position = Position(c.step, c.microstep)
 
@@ -332,13 +345,13 @@ class Leg:
                 self.arming.maybe_hold(hold_step, 0, "checkpoint_commit")
 
         tensors = tensor_state(live, with_pending_grads=c.microstep > 0)
-        self.ckpt.save(
-            position,
-            tensors,
-            rank_state(live),
-            info={"leg": self.leg, "global_microstep": c.global_microstep},
-            before_commit=before_commit,
-        )
+        info = {"leg": self.leg, "global_microstep": c.global_microstep}
+        if self.spec.checkpoint.async_save and hold_step is not None:
+            self.ckpt.save_async(position, tensors, rank_state(live), info=info,
+                                 before_commit=before_commit)
+        else:
+            self.ckpt.save(position, tensors, rank_state(live), info=info,
+                           before_commit=before_commit)
 
     def _on_arm(self, step: int, microstep: int, where: str) -> None:
         self.trace.write(ArmRecord(rank=self.p.rank, attempt=self.p.attempt, step=step,

@@ -1,0 +1,264 @@
+"""From the kill to the first resumed step, phase by phase, next to a bare torchrun restart.
+
+Both sides run under torchrun as LocalBackend launches legs (c10d rendezvous on loopback,
+2 ranks, ``--max-restarts 1``, ``--monitor-interval 0.1``, OMP_NUM_THREADS=1) and lose
+rank 1 to a SIGKILL on attempt 0:
+
+- resumequal: the preempted leg of the default spec (hard cut at step 6, microstep 1, on
+  rank 1). The bench waits for the beacon, kills the pid it names, and reads the phases of
+  attempt 1 from torchrun's log and the leg's trace;
+- bare: ``bench/_bare_restart.py``, which only joins a per-attempt gloo group and
+  all-reduces once; rank 1 publishes its pid and sleeps until killed.
+
+Phases, each a timestamp on this machine's clock, measured from the kill:
+
+    failure detected  torchrun logs "failed (exitcode: -9)" (it logs this once it has also
+                      stopped the surviving ranks)
+    processes up      earliest process creation of attempt 1 (/proc), over ranks
+    group joined      the last rank of attempt 1 has joined its process group
+    built             the last rank has built the workload and wrapped it in DDP
+    restored          the last rank has loaded the checkpoint (RestoreRecord.restored_at)
+    first step        the last rank has finished its first resumed step
+
+The bare side stops at "group joined". Runs alternate sides; figures are medians.
+
+    python bench/restart_latency.py [--repeats 2]
+
+Temporary run directories are deleted at the end and every process started is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from resumequal.local.backend import free_port
+from resumequal.local.processes import ProcessTree
+from resumequal.trace import RestoreRecord, StartupRecord, StepRecord, read_trace
+
+BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")
+NPROC = 2
+TARGET_RANK = 1
+PHASES = ("failure detected", "processes up", "group joined", "built", "restored",
+          "first step")
+BARE_PHASES = PHASES[:3]
+# torch's elastic logger: "E1129 19:02:09.579000 4242 torch/.../api.py:1002] failed (..."
+FAILED_LINE = re.compile(
+    r"^[DIWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) .*\bfailed \(exitcode: (-?\d+)\)"
+)
+
+Timeline = dict[str, float]  # phase -> seconds since the kill
+
+
+class BenchError(Exception):
+    """A launch failed or left nothing to measure."""
+
+
+def torchrun(args: Sequence[str]) -> list[str]:
+    """LocalBackend's launch options."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        f"--nproc-per-node={NPROC}", "--max-restarts=1", "--monitor-interval=0.1",
+        *args,
+    ]
+
+
+def tail(log: Path, n: int = 25) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+
+
+def kill_and_wait(
+    tree: ProcessTree, cmd: list[str], log: Path, pid_file: Path, timeout: float
+) -> float:
+    """Launch, SIGKILL the pid published in ``pid_file``, wait for a clean exit; kill time."""
+    proc = tree.spawn(cmd, log, dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.monotonic() + timeout
+    while not pid_file.exists():
+        if proc.poll() is not None:
+            raise BenchError(f"{log.name}: exited {proc.returncode} before arming\n{tail(log)}")
+        if time.monotonic() > deadline:
+            raise BenchError(f"{log.name}: no {pid_file.name} within {timeout:g}s\n{tail(log)}")
+        time.sleep(0.01)
+    pid = int(json.loads(pid_file.read_text())["pid"])
+    if pid not in tree.pids():
+        raise BenchError(f"{pid_file} names pid {pid}, which is not a process of this bench")
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    try:
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except Exception as e:
+        raise BenchError(f"{log.name}: no exit within {timeout:g}s\n{tail(log)}") from e
+    if code != 0:
+        raise BenchError(f"{log.name}: torchrun exited {code} after the restart\n{tail(log)}")
+    return killed_at
+
+
+def failure_logged_at(log: Path) -> float:
+    """When torchrun logged the failed attempt (month and day from the line, year from today).
+
+    A run that exits 0 after one restart has exactly one such line.
+    """
+    year = dt.date.today().year
+    for line in log.read_text(errors="replace").splitlines():
+        m = FAILED_LINE.match(line)
+        if m is not None:
+            month, day, hour, minute, second, micro, _ = (int(g) for g in m.groups())
+            return dt.datetime(year, month, day, hour, minute, second, micro).timestamp()
+    raise BenchError(f"{log.name}: no 'failed (exitcode: ...)' line from torchrun\n{tail(log)}")
+
+
+def since(killed_at: float, stamps: dict[str, float]) -> Timeline:
+    return {phase: at - killed_at for phase, at in stamps.items()}
+
+
+def resumequal_run(tree: ProcessTree, spec_path: Path, run_dir: Path, timeout: float) -> Timeline:
+    log = run_dir.with_suffix(".log")
+    cmd = torchrun(["-m", "resumequal", "leg", "--spec", str(spec_path), "--leg", "preempted",
+                    "--run-dir", str(run_dir)])
+    beacon = run_dir / "preempted" / "beacons" / f"attempt-0-rank-{TARGET_RANK}.json"
+    killed_at = kill_and_wait(tree, cmd, log, beacon, timeout)
+
+    startups: list[StartupRecord] = []
+    restores: list[RestoreRecord] = []
+    first_steps: list[float] = []
+    for rank in range(NPROC):
+        records = [r for r in read_trace(run_dir / "preempted" / "trace" / f"rank-{rank}.jsonl")
+                   if r.attempt == 1]
+        startups += [r for r in records if isinstance(r, StartupRecord)]
+        restores += [r for r in records if isinstance(r, RestoreRecord)]
+        first_steps += [r.finished_at for r in records if isinstance(r, StepRecord)][:1]
+    if not (len(startups) == len(restores) == len(first_steps) == NPROC):
+        raise BenchError(f"{run_dir}: attempt 1 traced {len(startups)} startups, "
+                         f"{len(restores)} restores, {len(first_steps)} first steps "
+                         f"for {NPROC} ranks")
+    return since(killed_at, {
+        "failure detected": failure_logged_at(log),
+        "processes up": min(r.process_started_at for r in startups),
+        "group joined": max(r.group_joined_at for r in startups),
+        "built": max(r.built_at for r in startups),
+        "restored": max(r.restored_at for r in restores),
+        "first step": max(first_steps),
+    })
+
+
+def bare_run(tree: ProcessTree, out: Path, timeout: float) -> Timeline:
+    out.mkdir(parents=True)
+    log = out.with_suffix(".log")
+    cmd = torchrun([str(BARE_SCRIPT), "--out", str(out)])
+    killed_at = kill_and_wait(tree, cmd, log, out / f"pid-rank-{TARGET_RANK}.json", timeout)
+    bodies: list[dict[str, Any]] = [
+        json.loads((out / f"attempt-1-rank-{rank}.json").read_text()) for rank in range(NPROC)
+    ]
+    return since(killed_at, {
+        "failure detected": failure_logged_at(log),
+        "processes up": min(b["process_started_at"] for b in bodies),
+        "group joined": max(b["joined_at"] for b in bodies),
+    })
+
+
+def measure(spec_path: Path, root: Path, repeats: int,
+            timeout: float) -> tuple[list[Timeline], list[Timeline]]:
+    tree = ProcessTree()
+    rq: list[Timeline] = []
+    bare: list[Timeline] = []
+    try:
+        for i in range(repeats):
+            order = ("resumequal", "bare") if i % 2 == 0 else ("bare", "resumequal")
+            for side in order:
+                if side == "resumequal":
+                    timeline = resumequal_run(tree, spec_path, root / f"rq-{i}", timeout)
+                    rq.append(timeline)
+                else:
+                    timeline = bare_run(tree, root / f"bare-{i}", timeout)
+                    bare.append(timeline)
+                last = list(timeline)[-1]
+                print(f"  run {i + 1}/{repeats} {side:<10}: kill -> {last} "
+                      f"{timeline[last] * 1e3:6.0f} ms", flush=True)
+    finally:
+        tree.stop_all()
+    return rq, bare
+
+
+def phase_ms(runs: list[Timeline], phases: Sequence[str]) -> tuple[list[float], list[float]]:
+    """Median duration of each phase and median time since the kill at its end, in ms."""
+    durations, cumulative = [], []
+    for i, phase in enumerate(phases):
+        prev = phases[i - 1] if i else None
+        durations.append(statistics.median(
+            (t[phase] - (t[prev] if prev else 0.0)) * 1e3 for t in runs))
+        cumulative.append(statistics.median(t[phase] * 1e3 for t in runs))
+    return durations, cumulative
+
+
+def report(rq: list[Timeline], bare: list[Timeline]) -> None:
+    rq_phase, rq_cum = phase_ms(rq, PHASES)
+    bare_phase, bare_cum = phase_ms(bare, BARE_PHASES)
+    print()
+    print(f"restart latency, {NPROC} ranks on gloo; medians of {len(rq)} runs per side "
+          "(ms; 'since kill' is its own median)")
+    print()
+    print(f"{'':<18}{'resumequal':>22}{'bare torchrun':>24}")
+    print(f"{'phase':<18}{'phase':>10}{'since kill':>12}{'phase':>12}{'since kill':>12}")
+    for i, phase in enumerate(PHASES):
+        row = f"{phase:<18}{rq_phase[i]:>10.0f}{rq_cum[i]:>12.0f}"
+        if i < len(BARE_PHASES):
+            row += f"{bare_phase[i]:>12.0f}{bare_cum[i]:>12.0f}"
+        else:
+            row += f"{'-':>12}{'-':>12}"
+        print(row)
+    rq_total, bare_total = rq_cum[-1], bare_cum[-1]
+    ratio = statistics.median(r["first step"] / b["group joined"]
+                              for r, b in zip(rq, bare, strict=True))
+    pair_ratios = ", ".join(f"{r['first step'] / b['group joined']:.2f}"
+                            for r, b in zip(rq, bare, strict=True))
+    worst = max(range(len(PHASES)), key=lambda i: rq_phase[i])
+    print()
+    print(f"kill -> first resumed step {rq_total:.0f} ms; bare kill -> group joined "
+          f"{bare_total:.0f} ms; ratio {ratio:.2f}x (median of pairs: {pair_ratios})")
+    print(f"dominant resumequal phase: {PHASES[worst]} ({rq_phase[worst]:.0f} ms, "
+          f"{100 * rq_phase[worst] / rq_total:.0f}% of the total)")
+    beyond = rq_total - bare_total
+    print()
+    print(f"summary: resumequal resumes {rq_total / 1e3:.2f} s after the kill, "
+          f"{ratio:.2f}x a bare torchrun restart ({bare_total / 1e3:.2f} s); "
+          f"{PHASES[worst]} dominates; {beyond / 1e3:.2f} s is beyond the bare restart")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2, help="runs per side, alternating")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per launch")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="rq-bench-restart-") as tmp:
+        root = Path(tmp)
+        spec_path = root / "spec.yaml"
+        # The default cut: hard kill at step 6, microstep 1, on rank 1.
+        spec_path.write_text(yaml.safe_dump({
+            "world": {"nproc_per_node": NPROC, "backend": "gloo", "threads_per_rank": 1},
+            "preemption": {"step": 6, "microstep": 1, "rank": TARGET_RANK, "mode": "hard"},
+        }))
+        print(f"restart latency: {args.repeats} runs per side, alternating", flush=True)
+        try:
+            rq, bare = measure(spec_path, root, args.repeats, args.timeout)
+        except BenchError as e:
+            sys.exit(f"restart_latency: {e}")
+    report(rq, bare)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Negative controls: each deliberately broken resume must be caught, or shown irrelevant.
+
+A control is *detected* when its leg, compared with the control leg like any preempted
+leg, FAILs. It is *not applicable* when the control leg's own trace shows the omitted
+state was never used in the compared window (the RNG states never advanced, the learning
+rate never changed, no gradient was pending at the resume) — the report gives that
+evidence. Otherwise the comparator is *blind* to that omission and the whole
+qualification is INVALID: its PASS has not been shown to mean anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from resumequal.compare.files import LegTrace, load_run_spec
+from resumequal.compare.judge import compare_run
+from resumequal.plan import LegPlan, NotRun, qualification_plan
+from resumequal.spec import QualificationSpec
+from resumequal.trace import RestoreRecord, StepRecord
+from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict
+
+Steps = dict[int, dict[int, StepRecord]]
+
+_NAMES = {
+    "inputs": "inputs (sample ids)",
+    "rng": "RNG states",
+    "loss": "loss",
+    "local_grads": "local gradients",
+    "bucket_layout": "DDP bucket layout",
+    "reduced_grads": "reduced gradients",
+    "grad_norm": "gradient norm",
+    "lr": "learning rate",
+    "params": "parameters",
+    "optimizer_state": "optimizer state",
+}
+
+
+def compare_qualification(run_dir: Path, spec: QualificationSpec | None = None) -> Verdict:
+    """The main verdict of ``run_dir`` plus its negative controls, judged together."""
+    spec = spec if spec is not None else load_run_spec(run_dir)
+    plan = qualification_plan(spec)
+    verdict = compare_run(run_dir, spec, leg="preempted")
+    outcomes = [evaluate_control(run_dir, leg) for leg in plan.controls]
+    outcomes += [_not_run(n) for n in plan.not_run]
+    if not outcomes:
+        return verdict
+    verdict = verdict.model_copy(update={"controls": outcomes})
+    if verdict.result == Result.INVALID:
+        return verdict
+    blind = [c.omission for c in outcomes if c.status == "blind"]
+    broken = [c for c in outcomes if c.status == "invalid"]
+    if blind:
+        return verdict.model_copy(update={
+            "result": Result.INVALID,
+            "reason": f"invalid: comparator blind to {', '.join(blind)} — a resume without "
+                      f"that state matched the control, so this {verdict.result.value} "
+                      "has not been shown to mean anything",
+        })
+    if broken:
+        c = broken[0]
+        return verdict.model_copy(update={
+            "result": Result.INVALID,
+            "reason": f"invalid: the negative control {c.omission} did not run as planned: "
+                      f"{c.mechanism}",
+        })
+    return verdict
+
+
+def _not_run(n: NotRun) -> ControlOutcome:
+    return ControlOutcome(omission=n.omission, leg=None, method="not run", status="not_applicable",
+                          mechanism="not run: the omitted state cannot exist at this cut",
+                          evidence=n.evidence)
+
+
+def evaluate_control(run_dir: Path, plan: LegPlan) -> ControlOutcome:
+    """Compare one control's leg with the control leg and classify the outcome."""
+    (omission,) = plan.omit
+    v = compare_run(run_dir, plan.spec, leg=plan.name)
+    def outcome(status: str, mechanism_: str, **extra: object) -> ControlOutcome:
+        return ControlOutcome.model_validate({
+            "omission": omission, "leg": plan.name, "method": plan.method, "status": status,
+            "mechanism": mechanism_, "max_param_diff": _param_drift(v), **extra,
+        })
+
+    if v.result == Result.FAIL and v.first_divergence is not None:
+        return outcome("detected", mechanism(v), first_divergence=v.first_divergence)
+    if v.result != Result.PASS:
+        return outcome("invalid", v.reason)
+    evidence = not_applicable_evidence(run_dir, plan, omission)
+    if evidence is not None:
+        return outcome("not_applicable", "no boundary differed", evidence=evidence)
+    return outcome("blind", f"no compared boundary differed: the comparator is blind to "
+                            f"{omission}")
+
+
+def _param_drift(v: Verdict) -> float | None:
+    return next((d.max_abs_diff for d in v.drift if d.group == "model"), None)
+
+
+def _first_steps(rows: list[BoundaryRow]) -> dict[str, int]:
+    first: dict[str, int] = {}
+    for row in rows:
+        for boundary, status in row.status.items():
+            if status == "differs":
+                first.setdefault(boundary, row.step)
+    return first
+
+
+def mechanism(v: Verdict) -> str:
+    """E.g. "learning rate differed from step 6 (rank 0); parameters from step 6"."""
+    d = v.first_divergence
+    assert d is not None
+    words = [f"{_NAMES[d.boundary]} differed from step {d.step} (rank {d.rank})"]
+    first = _first_steps(v.boundary_table)
+    for boundary in ("loss", "params"):
+        if boundary != d.boundary and boundary in first:
+            words.append(f"{_NAMES[boundary]} from step {first[boundary]}")
+    drift = _param_drift(v)
+    if drift is not None:
+        words.append(f"final max parameter difference {drift:.3g}")
+    return "; ".join(words)
+
+
+def not_applicable_evidence(run_dir: Path, plan: LegPlan, omission: str) -> str | None:
+    """What in the control leg's trace shows the omitted state never mattered, if anything."""
+    world = plan.spec.world.world_size
+    control = LegTrace.read(run_dir, "control", world)
+    steps = control.effective
+    if omission == "rng":
+        return _rng_still(steps)
+    if omission == "scheduler":
+        return _lr_constant(steps)
+    if omission == "data_cursor":
+        return _inputs_constant(steps)
+    if omission == "pending_grads":
+        leg = LegTrace.read(run_dir, plan.name, world)
+        restores = [r for r in leg.of(RestoreRecord) if r.attempt >= 1]
+        if restores and all(r.microstep == 0 for r in restores):
+            return (f"the resume restored {restores[0].checkpoint}, taken at an optimizer-step "
+                    "boundary: no gradients were pending")
+        return None
+    if omission == "model_optimizer_only":
+        parts = [_rng_still(steps), _lr_constant(steps), _inputs_constant(steps)]
+        if all(parts):
+            return "; ".join(p for p in parts if p)
+    return None
+
+
+def _rng_still(steps: Steps) -> str | None:
+    for records in steps.values():
+        states = {repr(sorted(r.rng.items())) for r in records.values()}
+        if len(states) != 1:
+            return None
+    n = len(next(iter(steps.values()), {}))
+    return (f"the RNG states never advanced: every one of {n} steps started from the same "
+            "Python, NumPy and torch states on every rank")
+
+
+def _lr_constant(steps: Steps) -> str | None:
+    values = {tuple(r.lr) for records in steps.values() for r in records.values()}
+    if len(values) != 1:
+        return None
+    (lrs,) = values
+    return f"the learning rate was {', '.join(f'{x:g}' for x in lrs)} at every step"
+
+
+def _inputs_constant(steps: Steps) -> str | None:
+    for records in steps.values():
+        ids = {repr([m.sample_ids for m in r.microsteps]) for r in records.values()}
+        if len(ids) != 1:
+            return None
+    return "every step consumed the same sample ids on every rank"

@@ -1,0 +1,107 @@
+"""Which legs a qualification runs: the control, the main preempted leg, negative controls,
+and the positive scenarios of a seed matrix. Pure data derived from the spec; no I/O.
+
+Negative controls are real preempted-and-restarted legs: the same cut and kill as the main
+leg, with one part of the state left out of the resume. The pending-gradients control
+needs a checkpoint that holds pending gradients, which only a graceful kill at a
+mid-accumulation cut writes, so that control runs with a graceful kill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from resumequal.spec import CONTROL_LEG, Omission, QualificationSpec, Scenario
+
+Role = Literal["reference", "main", "control", "scenario"]
+
+REAL_LEG = "a real preempted-and-restarted leg"
+
+
+@dataclass(frozen=True)
+class LegPlan:
+    """One leg: its folder name, what it is for, the spec it runs with, what it omits."""
+
+    name: str
+    role: Role
+    spec: QualificationSpec
+    omit: tuple[Omission, ...] = ()
+    method: str = REAL_LEG
+
+    @property
+    def cut(self) -> bool:
+        return self.role != "reference"
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """A control that cannot apply to this spec, and why (no leg is started for it)."""
+
+    omission: Omission
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """All legs of one qualification, in launch order."""
+
+    legs: list[LegPlan]
+    not_run: list[NotRun] = field(default_factory=list)
+
+    def leg(self, name: str) -> LegPlan:
+        for plan in self.legs:
+            if plan.name == name:
+                return plan
+        raise KeyError(name)
+
+    @property
+    def controls(self) -> list[LegPlan]:
+        return [p for p in self.legs if p.role == "control"]
+
+
+def control_leg_name(omission: str) -> str:
+    return "nc-" + omission.replace("_", "-")
+
+
+def reference(spec: QualificationSpec) -> LegPlan:
+    return LegPlan(CONTROL_LEG, "reference", spec)
+
+
+def qualification_plan(spec: QualificationSpec) -> Plan:
+    """The control, the main preempted leg, and the negative controls the spec asks for."""
+    legs = [reference(spec), LegPlan("preempted", "main", spec)]
+    not_run: list[NotRun] = []
+    if spec.controls.enabled:
+        p = spec.preemption
+        for omission in spec.controls.omissions:
+            leg_spec, method = spec, REAL_LEG
+            if omission == "pending_grads":
+                if p.microstep == 0 or p.at != "microbatch":
+                    not_run.append(NotRun(omission, (
+                        f"the cut (step {p.step}, microstep {p.microstep}, {p.at}) is at an "
+                        "optimizer-step boundary: no gradients are pending to be dropped")))
+                    continue
+                if p.mode != "graceful":
+                    leg_spec = spec.with_preemption(mode="graceful")
+                    method = (f"{REAL_LEG}, graceful kill: its emergency checkpoint carries the "
+                              "pending gradients the control then drops")
+            legs.append(LegPlan(control_leg_name(omission), "control", leg_spec, (omission,),
+                                method))
+    return Plan(legs, not_run)
+
+
+def scenario_spec(spec: QualificationSpec, scenario: Scenario) -> QualificationSpec:
+    """The spec of one positive scenario: a boundary or mid-accumulation cut, hard or graceful."""
+    where, _, mode = scenario.partition("-")
+    p = spec.preemption
+    microstep = 0 if where == "boundary" else (p.microstep or 1)
+    return spec.with_preemption(microstep=microstep, mode=mode, at="microbatch")
+
+
+def scenario_plan(spec: QualificationSpec) -> Plan:
+    """The control and one preempted leg per positive scenario of the matrix."""
+    legs = [reference(spec)]
+    for scenario in spec.matrix.scenarios:
+        legs.append(LegPlan(scenario, "scenario", scenario_spec(spec, scenario)))
+    return Plan(legs)

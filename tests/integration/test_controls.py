@@ -1,0 +1,134 @@
+"""Negative controls, positive scenarios across seeds, and the DDP reducer prime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_run import _processes_mentioning, _resumequal
+
+pytestmark = pytest.mark.slow
+
+MLP = ["--set", "workload.name=dropout-mlp"]
+
+
+def _report(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "report.json").read_text())  # type: ignore[no-any-return]
+
+
+def _controls(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["omission"]: c for c in report["verdict"]["controls"]}
+
+
+def test_default_controls_are_all_detected_with_their_mechanism(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), *MLP)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = _report(run_dir)
+    controls = _controls(report)
+    assert set(controls) == {"rng", "data_cursor", "scheduler", "model_optimizer_only",
+                             "pending_grads"}
+    assert all(c["status"] == "detected" for c in controls.values()), controls
+    # Resumed from step 4: fresh RNGs show at the start of step 5, immediately.
+    rng = controls["rng"]["first_divergence"]
+    assert (rng["step"], rng["boundary"]) == (5, "rng")
+    # The optimizer's saved lr is right for step 5; the fresh scheduler's lr is used from
+    # step 6 on: a delayed divergence, learning rate first, then the parameters it moved.
+    sched = controls["scheduler"]
+    assert (sched["first_divergence"]["step"], sched["first_divergence"]["boundary"]) == (6, "lr")
+    assert sched["mechanism"].startswith("learning rate differed from step 6")
+    assert "parameters from step 6" in sched["mechanism"]
+    assert sched["max_param_diff"] > 0
+    # Dropping pending gradients needs them to exist: that leg is killed gracefully.
+    pending = controls["pending_grads"]
+    assert "graceful" in pending["method"]
+    assert (pending["first_divergence"]["step"],
+            pending["first_divergence"]["boundary"]) == (6, "local_grads")
+    metrics = (run_dir / "metrics.prom").read_text()
+    assert "resumequal_negative_controls_detected{" in metrics
+    assert not _processes_mentioning(str(run_dir))
+
+
+def test_a_blind_comparator_makes_the_qualification_invalid(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # Looking only at the sample ids, a resume with fresh RNGs looks perfect.
+    proc = _resumequal("run", "--run-dir", str(run_dir), *MLP,
+                       "--set", "comparison.boundaries=[inputs]",
+                       "--set", "controls.omissions=[rng]")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    verdict = _report(run_dir)["verdict"]
+    assert verdict["result"] == "INVALID"
+    assert "comparator blind to rng" in verdict["reason"]
+    (rng,) = verdict["controls"]
+    assert rng["status"] == "blind"
+
+
+def test_a_workload_without_randomness_reports_the_rng_control_not_applicable(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), *MLP,
+                       "--set", "workload.params={dropout: 0.0, augment: false}",
+                       "--set", "controls.omissions=[rng, scheduler]")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    controls = _controls(_report(run_dir))
+    assert controls["rng"]["status"] == "not_applicable"
+    assert "RNG states never advanced" in controls["rng"]["evidence"]
+    assert controls["scheduler"]["status"] == "detected"
+
+
+def _ddp_spec(prime: bool) -> list[str]:
+    # Three ranks and small buckets: gloo sums one bucket and several buckets in different
+    # orders, so a layout change shows up in the reduced gradients' bits.
+    return [*MLP, "--set", "world.nproc_per_node=3",
+            "--set", "workload.params={hidden: 256, in_features: 64}",
+            "--set", "ddp.bucket_cap_mb=0.05", "--set", f"ddp.reducer_prime={str(prime).lower()}",
+            "--set", "controls.enabled=false"]
+
+
+def test_without_the_reducer_prime_three_ranks_fail_at_the_bucket_layout(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=False))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = _report(run_dir)["verdict"]
+    first = verdict["first_divergence"]
+    assert first["boundary"] == "bucket_layout"
+    # The first resumed step: a fresh reducer still has its initial buckets.
+    assert first["step"] == 5
+    row = next(r for r in verdict["boundary_table"] if r["step"] == 5)["status"]
+    assert row["local_grads"] == "equal"
+    assert row["reduced_grads"] == "differs"
+
+
+def test_with_the_reducer_prime_three_ranks_resume_exactly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=True))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdict = _report(run_dir)["verdict"]
+    assert verdict["result"] == "PASS"
+    layouts = {len(r["buckets"]) for r in _steps(run_dir / "control", 0)}
+    assert min(layouts) > 1  # several buckets, really
+
+
+def _steps(leg_dir: Path, rank: int) -> list[dict[str, Any]]:
+    lines = (leg_dir / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "step"]
+
+
+def test_seed_matrix_over_five_seeds_for_the_default_workload(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), "--set", "controls.enabled=false",
+                       "--set", "matrix.seeds=[11, 17, 29, 47, 83]", timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    matrix = _report(run_dir)["matrix"]
+    assert matrix["seeds"] == [11, 17, 29, 47, 83]
+    assert len(matrix["cells"]) == 5 * 4
+    assert {r["scenario"]: (r["exact"], r["total"]) for r in matrix["summary"]} == {
+        s: (5, 5) for s in ("boundary-hard", "boundary-graceful", "mid-hard", "mid-graceful")}
+    html = (run_dir / "report.html").read_text()
+    assert "Seed matrix" in html
+    for seed in (11, 17, 29, 47, 83):
+        assert (run_dir / f"seed-{seed}" / "boundary-graceful" / "trace").is_dir()
