@@ -32,6 +32,9 @@ lint: env
 
 bench: env
 	$(PY) bench/trace_overhead.py
+	$(PY) bench/harness_overhead.py
+	$(PY) bench/restart_latency.py
+	$(PY) bench/compare_drift.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
