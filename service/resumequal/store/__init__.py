@@ -1,0 +1,59 @@
+"""The store: object layout and I/O against ``file://`` and ``s3://`` stores.
+
+Everything a run keeps — checkpoints, traces, beacons, verdicts, reports — is an object
+under one root URI, addressed by a relative string key. This package owns how keys map to
+files or S3 objects, atomic writes, transfers, sha256 checks and the translation of OS and
+botocore failures into :mod:`resumequal.store.errors`. It must not know about torch,
+training or the checkpoint format: callers decide what the keys mean.
+
+    store = open_store("s3://bucket/runs", S3Config(endpoint_url="http://minio:9000"))
+    digest = store.put_file("ns/run/uid/control/checkpoints/step-00000004/dcp/0.distcp", path)
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+from resumequal.errors import StoreError
+from resumequal.store.base import ObjectInfo, Store, sha256_file
+from resumequal.store.errors import (
+    StoreAccessDenied,
+    StoreIntegrityError,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from resumequal.store.file import FileStore
+from resumequal.store.s3 import S3Config, S3Store
+
+__all__ = [
+    "FileStore",
+    "ObjectInfo",
+    "S3Config",
+    "S3Store",
+    "Store",
+    "StoreAccessDenied",
+    "StoreError",
+    "StoreIntegrityError",
+    "StoreNotFound",
+    "StoreUnavailable",
+    "open_store",
+    "sha256_file",
+]
+
+
+def open_store(uri: str, s3: S3Config | None = None) -> Store:
+    """The store at ``uri``: a path, ``file:///abs/path`` or ``s3://bucket[/prefix]``.
+
+    ``s3`` configures how an ``s3://`` store is reached and is ignored for local ones.
+    """
+    if "://" not in uri:
+        return FileStore(uri)
+    scheme = urlparse(uri).scheme
+    if scheme == "file":
+        return FileStore(uri)
+    if scheme == "s3":
+        return S3Store(uri, s3)
+    raise StoreError(
+        f"store {uri!r}: scheme {scheme!r} is not supported; use a path, file:///abs/path "
+        "or s3://bucket/prefix (MinIO and Ceph RGW through S3Config.endpoint_url)"
+    )

@@ -1,0 +1,145 @@
+"""The ``Store`` protocol, object keys, and the sha256 checks both stores share.
+
+A store is a flat namespace of objects under one root URI. Keys are relative, ``/``
+separated strings (``ns/run/uid/control/checkpoints/step-00000004/manifest.json``); there
+are no folders, only keys that share a prefix. A prefix always names a folder: ``a/b``
+and ``a/b/`` both mean every key under ``a/b/``, never ``a/bc`` — so deleting
+``step-00000005`` cannot take ``step-00000005+1`` with it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from resumequal.store.errors import StoreIntegrityError
+
+CHUNK = 1 << 20
+# Suffix of the temporary files writes and downloads go through; never listed as a key.
+TMP_SUFFIX = ".rqtmp"
+
+LocalPath = str | os.PathLike[str]
+
+
+@dataclass(frozen=True, order=True)
+class ObjectInfo:
+    """One object: its key relative to the store's root, and its size in bytes."""
+
+    key: str
+    size: int
+
+
+class Store(Protocol):
+    """Objects under one root URI (a local folder or ``s3://bucket/prefix``)."""
+
+    def uri(self, key: str = "") -> str:
+        """The full URI of ``key`` (the root itself for ``""``), for messages and reports."""
+        ...
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write ``data`` as ``key``, replacing what was there; readers see old or new."""
+        ...
+
+    def put_file(self, key: str, local_path: LocalPath) -> str:
+        """Upload a local file as ``key``; returns the sha256 (hex) of what was uploaded."""
+        ...
+
+    def get_bytes(self, key: str) -> bytes:
+        """The content of ``key``; :class:`StoreNotFound` naming the key if it is missing."""
+        ...
+
+    def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
+        """Download ``key`` to ``local_path`` (parents created); returns its sha256.
+
+        With ``expect_sha256``, a mismatch raises :class:`StoreIntegrityError` naming the
+        key and leaves nothing at ``local_path``.
+        """
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is an object (a folder prefix is not)."""
+        ...
+
+    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        """Every object under the folder ``prefix``, recursively, sorted by key."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; removing a missing key is not an error."""
+        ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every object under the folder ``prefix``; returns how many there were."""
+        ...
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is a well-formed relative key, else ``ValueError`` saying why."""
+    parts = key.split("/")
+    if not key or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(
+            f"store key {key!r}: a key is a relative path of non-empty segments without "
+            "'.' or '..' (no leading, trailing or double '/')"
+        )
+    if parts[-1].endswith(TMP_SUFFIX):
+        raise ValueError(f"store key {key!r}: the suffix {TMP_SUFFIX!r} is reserved")
+    return key
+
+
+def folder(prefix: str) -> str:
+    """The folder form of a prefix: ``""`` for the root, else ``"a/b/"``."""
+    stripped = prefix.rstrip("/")
+    return "" if not stripped else check_key(stripped) + "/"
+
+
+def sha256_file(path: LocalPath) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tmp_sibling(path: str) -> str:
+    """A fresh temporary name next to ``path``, so that a rename onto it is atomic."""
+    parent, name = os.path.split(path)
+    return os.path.join(parent, f".{name}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
+
+
+def download_verified(
+    uri: str,
+    local_path: LocalPath,
+    expect_sha256: str | None,
+    fetch: Callable[[str], str | None],
+) -> str:
+    """Fetch into a temporary sibling of ``local_path``, check its sha256, rename it in place.
+
+    ``fetch(tmp)`` writes the object to ``tmp`` and returns its sha256 if it hashed while
+    writing (else ``None``, and the file is hashed here). On any failure, including a
+    mismatch, the temporary file is removed and nothing appears at ``local_path``.
+    """
+    dest = os.path.abspath(os.fspath(local_path))
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = tmp_sibling(dest)
+    try:
+        digest = fetch(tmp) or sha256_file(tmp)
+        if expect_sha256 is not None and digest != expect_sha256.lower():
+            # A copy left from an earlier download must not pass for a verified one either.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(dest)
+            raise StoreIntegrityError(
+                f"{uri}: sha256 {digest[:16]}… does not match the expected "
+                f"{expect_sha256[:16]}…; the object was modified or corrupted, and the "
+                f"downloaded copy was deleted"
+            )
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return digest

@@ -1,0 +1,40 @@
+"""What the store raises: one subclass of :class:`resumequal.errors.StoreError` per cause.
+
+    StoreError (resumequal.errors)
+    ├── StoreNotFound        the bucket, the key or the file does not exist
+    ├── StoreAccessDenied    no credentials, wrong credentials, or no permission
+    ├── StoreUnavailable     the endpoint cannot be reached or keeps failing, after retries
+    └── StoreIntegrityError  what was read does not hash to what was expected
+
+Messages name the URI, bucket or key; never credentials, and never a raw response body.
+The vendor error is chained with ``from e``.
+"""
+
+from __future__ import annotations
+
+from resumequal.errors import StoreError
+
+
+class StoreNotFound(StoreError):
+    """The bucket, key or file does not exist; the message names which."""
+
+
+class StoreAccessDenied(StoreError):
+    """Credentials are missing or wrong, or they do not grant the operation."""
+
+
+class StoreUnavailable(StoreError):
+    """The endpoint is unreachable or kept failing after the client's retries."""
+
+
+class StoreIntegrityError(StoreError):
+    """The bytes read do not match the sha256 they were expected to have."""
+
+
+__all__ = [
+    "StoreAccessDenied",
+    "StoreError",
+    "StoreIntegrityError",
+    "StoreNotFound",
+    "StoreUnavailable",
+]

@@ -1,0 +1,183 @@
+"""``FileStore``: objects as files under a local folder (a path or a ``file://`` URI).
+
+Every write goes to a temporary sibling, is fsynced, renamed over the target and the
+folder fsynced: a reader, or a restart after a kill, sees the old file or the new one,
+never a torn one. Temporary files end in ``.rqtmp`` and are never listed.
+
+A ``file://`` URI is taken literally (``file:///data/my store`` is the folder
+``/data/my store``; no percent-decoding), as :mod:`resumequal.checkpoint.layout` does.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from typing import BinaryIO, TypeVar
+from urllib.parse import urlparse
+
+from resumequal.errors import StoreError
+from resumequal.store.base import (
+    CHUNK,
+    TMP_SUFFIX,
+    LocalPath,
+    ObjectInfo,
+    check_key,
+    download_verified,
+    folder,
+    tmp_sibling,
+)
+from resumequal.store.errors import StoreAccessDenied, StoreNotFound
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _root_dir(root: str) -> tuple[str, str]:
+    """(the absolute folder, the URI prefix keys are appended to) for a path or file:// URI."""
+    if "://" not in root:
+        path = os.path.abspath(root)
+        return path, path.rstrip("/")
+    parsed = urlparse(root)
+    if parsed.scheme != "file":
+        raise StoreError(f"{root!r}: FileStore takes a path or a file:// URI")
+    if parsed.netloc not in ("", "localhost"):
+        raise StoreError(
+            f"{root!r}: a file:// URI takes an absolute path (file:///data/store), not a host"
+        )
+    path = os.path.abspath(parsed.path or "/")
+    return path, "file://" + path.rstrip("/")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_hashing(src: BinaryIO, dst: BinaryIO) -> str:
+    h = hashlib.sha256()
+    while chunk := src.read(CHUNK):
+        h.update(chunk)
+        dst.write(chunk)
+    return h.hexdigest()
+
+
+class FileStore:
+    """A :class:`~resumequal.store.base.Store` over a local (or mounted) folder."""
+
+    def __init__(self, root: str) -> None:
+        self.root, self._uri_prefix = _root_dir(root)
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.uri()!r})"
+
+    def uri(self, key: str = "") -> str:
+        if not key:
+            return self._uri_prefix or "/"
+        return f"{self._uri_prefix}/{check_key(key)}"
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str) -> Iterator[None]:
+        """Turn OS errors about the store's own files into store errors naming the URI."""
+        uri = self.uri(key)
+        try:
+            yield
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            if op in ("read", "download"):
+                raise StoreNotFound(f"{uri} does not exist") from e
+            raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
+        except PermissionError as e:
+            raise StoreAccessDenied(f"no permission to {op} {uri}") from e
+        except OSError as e:
+            raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
+
+    def _write_atomic(self, key: str, write: Callable[[BinaryIO], T]) -> T:
+        path = self._path(key)
+        with self._errors("write", key):
+            parent = os.path.dirname(path)
+            os.makedirs(parent, exist_ok=True)
+            tmp = tmp_sibling(path)
+            try:
+                with open(tmp, "wb") as f:
+                    result = write(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            _fsync_dir(parent)
+        return result
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._write_atomic(key, lambda f: f.write(data))
+
+    def put_file(self, key: str, local_path: LocalPath) -> str:
+        # The source is opened outside the store's error mapping: a missing local file is
+        # the caller's FileNotFoundError, not a missing object.
+        with open(local_path, "rb") as src:
+            digest = self._write_atomic(key, lambda dst: _copy_hashing(src, dst))
+        log.debug("put %s sha256 %s", self.uri(key), digest)
+        return digest
+
+    def get_bytes(self, key: str) -> bytes:
+        path = self._path(key)
+        with self._errors("read", key), open(path, "rb") as f:
+            return f.read()
+
+    def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
+        path = self._path(key)
+
+        def fetch(tmp: str) -> str:
+            with self._errors("download", key), open(path, "rb") as src, open(tmp, "wb") as dst:
+                return _copy_hashing(src, dst)
+
+        return download_verified(self.uri(key), local_path, expect_sha256, fetch)
+
+    def exists(self, key: str) -> bool:
+        return os.path.isfile(self._path(key))
+
+    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        base = folder(prefix)
+        top = os.path.join(self.root, *base.split("/"))
+        found = []
+
+        def fail(e: OSError) -> None:
+            if not isinstance(e, FileNotFoundError | NotADirectoryError):
+                raise e
+
+        with self._errors("list", base.rstrip("/")):
+            for dirpath, _dirs, files in os.walk(top, onerror=fail):
+                rel = os.path.relpath(dirpath, self.root)
+                for name in files:
+                    if name.endswith(TMP_SUFFIX):
+                        continue
+                    key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+                    found.append(ObjectInfo(key, os.path.getsize(os.path.join(dirpath, name))))
+        return sorted(found)
+
+    def delete(self, key: str) -> None:
+        with self._errors("delete", key), contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        base = folder(prefix)
+        if not base:
+            raise ValueError("delete_prefix('') would empty the whole store; name a folder")
+        count = len(self.list(base))
+        top = os.path.join(self.root, *base.split("/"))
+        with self._errors("delete", base.rstrip("/")):
+            if os.path.isdir(top):
+                shutil.rmtree(top)
+        return count

@@ -1,0 +1,339 @@
+"""``S3Store``: objects under ``s3://bucket/prefix`` on AWS S3, MinIO or Ceph RGW.
+
+Credentials come only from the standard AWS chain — ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` (+ ``AWS_SESSION_TOKEN``), a shared profile (``AWS_PROFILE``),
+web identity (``AWS_WEB_IDENTITY_TOKEN_FILE`` + ``AWS_ROLE_ARN``, as IRSA sets them), the
+container or instance role — never from :class:`S3Config`, which may be written into specs
+and reports. botocore retries throttling, 5xx and connection errors; what still fails is
+raised as one of :mod:`resumequal.store.errors`, naming the bucket or key and never a
+credential or a response body.
+
+S3 has no rename: a write of one object is atomic (readers see the old or the new
+object), but a group of objects is committed by writing a marker last.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+# boto3 ships no type information (no py.typed); its objects are Any here.
+import boto3  # type: ignore[import-untyped]
+from boto3.exceptions import (  # type: ignore[import-untyped]
+    RetriesExceededError,
+    S3UploadFailedError,
+)
+from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
+from botocore.config import Config as BotoConfig  # type: ignore[import-untyped]
+from botocore.exceptions import (  # type: ignore[import-untyped]
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    CredentialRetrievalError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from resumequal.errors import StoreError
+from resumequal.store.base import (
+    LocalPath,
+    ObjectInfo,
+    check_key,
+    download_verified,
+    folder,
+    sha256_file,
+)
+from resumequal.store.errors import StoreAccessDenied, StoreNotFound, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+# S3 rejects a multipart part under 5 MiB (except the last) and over 5 GiB.
+_MIN_PART_MB = 5
+_MAX_PART_MB = 5 * 1024
+
+_DENIED = frozenset(
+    {
+        "AccessDenied",
+        "403",
+        "Forbidden",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AllAccessDisabled",
+        "AccountProblem",
+    }
+)
+_MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+_THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout"})
+
+
+class S3Config(BaseModel):
+    """How to reach the object store. Holds no credentials (see the module docstring)."""
+
+    # Inputs stay out of validation messages: a misplaced secret must not be echoed.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    endpoint_url: str | None = None
+    """``http(s)://host:port`` of MinIO, Ceph RGW or another S3 API; ``None`` for AWS."""
+    region: str | None = None
+    """Signing region; ``None`` takes ``AWS_REGION`` / the profile. MinIO accepts any."""
+    addressing_style: Literal["path", "virtual", "auto"] = "auto"
+    """``path`` (``host/bucket/key``) is what MinIO and RGW without wildcard DNS need."""
+    max_attempts: int = Field(5, ge=1, le=20)
+    """Attempts per request, the first included. Standard mode backs off exponentially
+    (random, up to 1, 2, 4, 8 s), so 5 attempts ride out ~15 s of endpoint trouble — a
+    gateway pod restarting — before a leg fails."""
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+    """``adaptive`` also rate-limits the client after throttling; useful when many ranks
+    write one bucket at once."""
+    multipart_threshold_mb: int = Field(16, ge=1)
+    """Files from this size (MiB) up are uploaded and downloaded in parallel parts."""
+    multipart_chunk_mb: int = Field(16, ge=_MIN_PART_MB, le=_MAX_PART_MB)
+    """Part size (MiB). S3 wants 5 MiB to 5 GiB; 16 MiB keeps at most
+    ``max_concurrency`` x 16 MiB in flight and a 100 GiB shard under the 10 000-part limit."""
+    max_concurrency: int = Field(10, ge=1, le=64)
+    """Parts transferred at once per file (boto3's default)."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Seconds to open a connection; each timeout is one failed attempt."""
+    read_timeout_s: float = Field(60.0, gt=0)
+    """Seconds without a byte from the server before an attempt fails."""
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parsed = urlparse(value)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL")
+        if parsed.username is not None or parsed.password is not None:
+            # Do not echo the value: it holds what looks like a credential.
+            raise ValueError(
+                "holds user:password; credentials come from the AWS chain "
+                "(env, profile, web identity), never from the endpoint URL"
+            )
+        return value.rstrip("/")
+
+
+def _code(e: ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def _status(e: ClientError) -> int:
+    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _unwrap(e: Exception) -> Exception:
+    """The botocore error under boto3's transfer wrappers."""
+    if isinstance(e, S3UploadFailedError) and isinstance(e.__context__, Exception):
+        return e.__context__
+    if isinstance(e, RetriesExceededError) and isinstance(e.last_exception, Exception):
+        return e.last_exception
+    return e
+
+
+class S3Store:
+    """A :class:`~resumequal.store.base.Store` over ``s3://bucket[/prefix]``."""
+
+    def __init__(self, uri: str, config: S3Config | None = None) -> None:
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise StoreError(f"{uri!r}: S3Store takes s3://bucket[/prefix]")
+        if parsed.query or parsed.fragment:
+            raise StoreError(f"{uri!r}: an s3:// URI has no query or fragment")
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        if self.prefix:
+            check_key(self.prefix)
+        self.config = config or S3Config()
+        c = self.config
+        # A session of our own: boto3's default session is shared and not thread-safe.
+        session = boto3.session.Session()
+        self._client: Any = session.client(
+            "s3",
+            endpoint_url=c.endpoint_url,
+            region_name=c.region,
+            config=BotoConfig(
+                retries={"total_max_attempts": c.max_attempts, "mode": c.retry_mode},
+                connect_timeout=c.connect_timeout_s,
+                read_timeout=c.read_timeout_s,
+                s3={"addressing_style": c.addressing_style},
+                max_pool_connections=max(10, c.max_concurrency),
+            ),
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=c.multipart_threshold_mb * MiB,
+            multipart_chunksize=c.multipart_chunk_mb * MiB,
+            max_concurrency=c.max_concurrency,
+            num_download_attempts=c.max_attempts,
+            preferred_transfer_client="classic",
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.uri()!r})"
+
+    @property
+    def endpoint(self) -> str:
+        return str(self._client.meta.endpoint_url)
+
+    def uri(self, key: str = "") -> str:
+        path = "/".join(p for p in (self.prefix, key and check_key(key)) if p)
+        return f"s3://{self.bucket}/{path}"
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _bucket_missing(self) -> bool:
+        """Whether the bucket is gone: a HEAD 404 does not say if the key or the bucket is."""
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as e:
+            return _code(e) in ("404", "NoSuchBucket", "NotFound")
+        except BotoCoreError:
+            return False
+        return False
+
+    def _no_bucket(self, op: str, uri: str) -> StoreNotFound:
+        return StoreNotFound(
+            f"bucket {self.bucket!r} does not exist (at {self.endpoint}); cannot {op} {uri}"
+        )
+
+    def _translate(self, error: Exception, op: str, uri: str) -> StoreError:
+        e = _unwrap(error)
+        attempts = self.config.max_attempts
+        if isinstance(e, ClientError):
+            code, status = _code(e), _status(e)
+            if code == "NoSuchBucket" or (code in _MISSING and self._bucket_missing()):
+                return self._no_bucket(op, uri)
+            if code in _MISSING:
+                return StoreNotFound(f"{uri} does not exist")
+            if code in _DENIED or status == 403:
+                return StoreAccessDenied(
+                    f"wrong credentials or no permission for {uri} ({op}: {code or status})"
+                )
+            if status >= 500 or code in _THROTTLED:
+                return StoreUnavailable(
+                    f"{self.endpoint} kept failing to {op} {uri} ({code or status}) "
+                    f"after {attempts} attempts"
+                )
+            return StoreError(f"cannot {op} {uri}: {code or status}")
+        if isinstance(e, ConnectionError | HTTPClientError | IncompleteReadError):
+            return StoreUnavailable(
+                f"cannot reach {self.endpoint} to {op} {uri} after {attempts} attempts "
+                f"({type(e).__name__})"
+            )
+        if isinstance(e, NoCredentialsError | PartialCredentialsError | CredentialRetrievalError):
+            return StoreAccessDenied(
+                f"no usable credentials in the AWS chain (env, profile, web identity) to {op} "
+                f"{uri} ({type(e).__name__})"
+            )
+        return StoreError(f"cannot {op} {uri}: {type(e).__name__}")
+
+    @contextlib.contextmanager
+    def _call(self, op: str, key: str = "") -> Iterator[None]:
+        try:
+            yield
+        except (BotoCoreError, ClientError, S3UploadFailedError, RetriesExceededError) as e:
+            cause = _unwrap(e)
+            raise self._translate(cause, op, self.uri(key)) from cause
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        with self._call("write", key):
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def put_file(self, key: str, local_path: LocalPath) -> str:
+        path = os.fspath(local_path)
+        start = time.perf_counter()
+        # Hash while the parts go out (hashlib releases the GIL): on a machine with a core
+        # to spare the digest adds no wall time. The file must not change meanwhile, as
+        # checkpoint files do not once they are closed.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            hashing = pool.submit(sha256_file, path)
+            with self._call("upload", key):
+                self._client.upload_file(path, self.bucket, self._key(key), Config=self._transfer)
+            digest = hashing.result()
+        elapsed = time.perf_counter() - start
+        log.debug("uploaded %s in %.2fs, sha256 %s", self.uri(key), elapsed, digest)
+        return digest
+
+    def get_bytes(self, key: str) -> bytes:
+        with self._call("read", key):
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return bytes(response["Body"].read())
+
+    def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
+        full = self._key(key)
+
+        def fetch(tmp: str) -> None:
+            with self._call("download", key):
+                self._client.download_file(self.bucket, full, tmp, Config=self._transfer)
+
+        return download_verified(self.uri(key), local_path, expect_sha256, fetch)
+
+    def exists(self, key: str) -> bool:
+        with self._call("look up", key):
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            except ClientError as e:
+                if _code(e) not in _MISSING:
+                    raise
+                if self._bucket_missing():
+                    raise self._no_bucket("look up", self.uri(key)) from e
+                return False
+        return True
+
+    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        base = folder(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+        found = []
+        with self._call("list", base.rstrip("/")):
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=root + base
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    key = str(obj["Key"])[len(root) :]
+                    if key and not key.endswith("/"):  # "folder" markers made by consoles
+                        found.append(ObjectInfo(key, int(obj["Size"])))
+        return sorted(found)
+
+    def delete(self, key: str) -> None:
+        with self._call("delete", key):
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        base = folder(prefix)
+        if not base:
+            raise ValueError("delete_prefix('') would empty the whole store; name a folder")
+        keys = [o.key for o in self.list(base)]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = keys[start : start + 1000]
+            with self._call("delete", base.rstrip("/")):
+                response = self._client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": self._key(k)} for k in batch], "Quiet": True},
+                )
+            errors = response.get("Errors", [])
+            if errors:
+                first = errors[0]
+                code = str(first.get("Code", ""))
+                uri = f"s3://{self.bucket}/{first.get('Key', '')}"
+                message = f"cannot delete {uri} and {len(errors) - 1} more ({code})"
+                if code in _DENIED:
+                    raise StoreAccessDenied(f"wrong credentials or no permission: {message}")
+                raise StoreError(message)
+        return len(keys)

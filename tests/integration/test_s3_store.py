@@ -1,0 +1,405 @@
+"""The store against a real S3 endpoint: moto's server in a subprocess, over HTTP on
+loopback. Nothing in boto3 is patched: errors come from real responses, refused
+connections and a server that is killed mid-way."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from resumequal.store import (
+    FileStore,
+    ObjectInfo,
+    S3Config,
+    S3Store,
+    Store,
+    StoreAccessDenied,
+    StoreIntegrityError,
+    StoreNotFound,
+    StoreUnavailable,
+)
+
+if TYPE_CHECKING:
+    from tests.s3server import MotoServer
+
+# The fixtures (moto_server, moto_servers, aws_env) come from this plugin: no conftest.
+pytest_plugins = ("tests.s3server",)
+pytestmark = [pytest.mark.usefixtures("aws_env"), pytest.mark.timeout(120)]
+
+MiB = 1 << 20
+
+
+def s3_config(server: MotoServer, **fields: object) -> S3Config:
+    return S3Config.model_validate(
+        {"endpoint_url": server.endpoint, "addressing_style": "path", **fields}
+    )
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "file":
+        return FileStore(str(tmp_path / "store"))
+    server: MotoServer = request.getfixturevalue("moto_server")
+    return S3Store(f"s3://{server.new_bucket()}/runs/q1", s3_config(server))
+
+
+@pytest.fixture
+def s3(moto_server: MotoServer) -> S3Store:
+    return S3Store(f"s3://{moto_server.new_bucket()}/runs", s3_config(moto_server))
+
+
+# --- every method on both stores ----------------------------------------------------------
+
+
+def test_round_trip_every_method(store: Store, tmp_path: Path) -> None:
+    key = "ns/run/uid/control/checkpoints/step-00000004/manifest.json"
+    assert not store.exists(key)
+    store.put_bytes(key, b'{"step": 4}')
+    assert store.exists(key)
+    assert store.get_bytes(key) == b'{"step": 4}'
+    assert store.uri(key).endswith("/" + key)
+
+    data = os.urandom(300_000)
+    src = tmp_path / "shard.distcp"
+    src.write_bytes(data)
+    digest = store.put_file("ns/run/uid/control/checkpoints/step-00000004/dcp/0.distcp", src)
+    assert digest == hashlib.sha256(data).hexdigest()
+    dest = tmp_path / "restore" / "0.distcp"
+    got = store.get_file(
+        "ns/run/uid/control/checkpoints/step-00000004/dcp/0.distcp", dest, expect_sha256=digest
+    )
+    assert got == digest
+    assert dest.read_bytes() == data
+
+    assert store.list("ns/run/uid/control") == [
+        ObjectInfo("ns/run/uid/control/checkpoints/step-00000004/dcp/0.distcp", len(data)),
+        ObjectInfo("ns/run/uid/control/checkpoints/step-00000004/manifest.json", 11),
+    ]
+    store.delete(key)
+    store.delete(key)  # a missing key is not an error
+    assert not store.exists(key)
+    assert store.delete_prefix("ns/run") == 1
+    assert store.list() == []
+
+
+def test_listing_order_and_folder_prefixes(store: Store) -> None:
+    keys = [
+        "c/step-00000010/manifest.json",
+        "c/step-00000005+1/manifest.json",
+        "c/step-00000005/dcp/1.distcp",
+        "c/step-00000005/dcp/0.distcp",
+        "c/step-00000005/manifest.json",
+        "c/COMMITTED",
+        "trace/rank-0.jsonl",
+    ]
+    for i, key in enumerate(keys):
+        store.put_bytes(key, bytes(i))
+    assert [o.key for o in store.list()] == sorted(keys)
+    assert [o.size for o in store.list()] == [keys.index(o.key) for o in store.list()]
+    assert [o.key for o in store.list("c/step-00000005")] == [
+        "c/step-00000005/dcp/0.distcp",
+        "c/step-00000005/dcp/1.distcp",
+        "c/step-00000005/manifest.json",
+    ]
+    assert store.list("c/step-00000005/dcp/") == store.list("c/step-00000005/dcp")
+    assert store.list("c/step-0000000") == []
+    assert store.list("absent") == []
+
+
+def test_delete_prefix_takes_the_folder_only(store: Store) -> None:
+    for key in ("c/step-00000005/a", "c/step-00000005/d/b", "c/step-00000005+1/a", "c/z"):
+        store.put_bytes(key, b"1")
+    assert store.delete_prefix("c/step-00000005/") == 2
+    assert [o.key for o in store.list()] == ["c/step-00000005+1/a", "c/z"]
+    assert store.delete_prefix("c/step-00000005") == 0
+
+
+def test_delete_prefix_beyond_one_batch(s3: S3Store) -> None:
+    with ThreadPoolExecutor(8) as pool:  # one store from many threads, as ranks' uploaders do
+        list(pool.map(lambda i: s3.put_bytes(f"gc/{i:04d}", b""), range(1005)))
+    s3.put_bytes("keep", b"")
+    assert s3.delete_prefix("gc") == 1005
+    assert s3.list() == [ObjectInfo("keep", 0)]
+
+
+def test_flipped_byte_is_caught_on_download(store: Store, tmp_path: Path) -> None:
+    data = bytearray(os.urandom(1 << 20))
+    src = tmp_path / "shard.bin"
+    src.write_bytes(data)
+    digest = store.put_file("c/shard.bin", src)
+    data[777_777] ^= 0x10
+    store.put_bytes("c/shard.bin", bytes(data))  # bit rot or tampering after the upload
+    dest = tmp_path / "out" / "shard.bin"
+    with pytest.raises(StoreIntegrityError, match="does not match") as info:
+        store.get_file("c/shard.bin", dest, expect_sha256=digest)
+    assert store.uri("c/shard.bin") in str(info.value)
+    assert not dest.exists()
+    assert os.listdir(dest.parent) == []  # no temporary either
+    assert store.get_file("c/shard.bin", dest) == hashlib.sha256(data).hexdigest()
+
+
+# --- S3 specifics ---------------------------------------------------------------------------
+
+
+def test_multipart_upload_and_ranged_download(moto_server: MotoServer, tmp_path: Path) -> None:
+    bucket = moto_server.new_bucket()
+    store = S3Store(
+        f"s3://{bucket}/big",
+        s3_config(moto_server, multipart_threshold_mb=5, multipart_chunk_mb=5),
+    )
+    data = os.urandom(6 * MiB)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    digest = store.put_file("shard.bin", src)
+    assert digest == hashlib.sha256(data).hexdigest()
+    head = moto_server.client().head_object(Bucket=bucket, Key="big/shard.bin")
+    assert head["ETag"].strip('"').endswith("-2")  # uploaded as 5 MiB + 1 MiB parts
+    assert head["ContentLength"] == 6 * MiB
+    dest = tmp_path / "down.bin"
+    assert store.get_file("shard.bin", dest, expect_sha256=digest) == digest
+    assert dest.read_bytes() == data
+
+
+def test_prefix_isolates_stores_in_one_bucket(moto_server: MotoServer) -> None:
+    bucket = moto_server.new_bucket()
+    a = S3Store(f"s3://{bucket}/a", s3_config(moto_server))
+    ab = S3Store(f"s3://{bucket}/ab", s3_config(moto_server))
+    whole = S3Store(f"s3://{bucket}", s3_config(moto_server))
+    a.put_bytes("k", b"1")
+    ab.put_bytes("k", b"2")
+    assert a.list() == [ObjectInfo("k", 1)]
+    assert [o.key for o in whole.list()] == ["a/k", "ab/k"]
+    assert whole.uri("a/k") == a.uri("k") == f"s3://{bucket}/a/k"
+
+
+@pytest.mark.parametrize(
+    "op",
+    ["get_bytes", "get_file", "exists", "list", "put_bytes", "put_file", "delete_prefix"],
+)
+def test_missing_bucket_names_the_bucket(moto_server: MotoServer, tmp_path: Path, op: str) -> None:
+    store = S3Store("s3://rq-no-such-bucket/runs", s3_config(moto_server))
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    calls: dict[str, Callable[[], object]] = {
+        "get_bytes": lambda: store.get_bytes("k"),
+        "get_file": lambda: store.get_file("k", tmp_path / "out"),
+        "exists": lambda: store.exists("k"),
+        "list": lambda: store.list(),
+        "put_bytes": lambda: store.put_bytes("k", b"x"),
+        "put_file": lambda: store.put_file("k", src),
+        "delete_prefix": lambda: store.delete_prefix("c"),
+    }
+    with pytest.raises(StoreNotFound, match="bucket 'rq-no-such-bucket' does not exist"):
+        calls[op]()
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_key_names_the_key(s3: S3Store, tmp_path: Path) -> None:
+    uri = s3.uri("c/step-00000004/manifest.json")
+    with pytest.raises(StoreNotFound, match=f"^{uri} does not exist$"):
+        s3.get_bytes("c/step-00000004/manifest.json")
+    with pytest.raises(StoreNotFound, match=f"^{uri} does not exist$"):  # HEAD: no error body
+        s3.get_file("c/step-00000004/manifest.json", tmp_path / "m.json")
+    assert not s3.exists("c/step-00000004/manifest.json")
+    assert not (tmp_path / "m.json").exists()
+
+
+# --- credentials ------------------------------------------------------------------------------
+
+FAKE_SECRET = "rq-FAKE-SECRET-7f3a9c-must-never-be-logged"
+FAKE_KEY_ID = "AKIARQFAKEKEYID12345"
+
+
+@pytest.fixture(scope="module")
+def iam_bucket(moto_server: MotoServer) -> tuple[str, dict[str, str]]:
+    """A bucket with ``open/x``, and an IAM user allowed to read and write ``open/*`` only."""
+    bucket = moto_server.new_bucket()
+    raw = moto_server.client()
+    raw.put_object(Bucket=bucket, Key="data/open/x", Body=b"readable")
+    raw.put_object(Bucket=bucket, Key="data/closed/x", Body=b"secret data")
+    iam = moto_server.client("iam")
+    user = f"u-{bucket}"
+    iam.create_user(UserName=user)
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject"],
+                "Resource": f"arn:aws:s3:::{bucket}/data/open/*",
+            }
+        ],
+    }
+    iam.put_user_policy(UserName=user, PolicyName="open-only", PolicyDocument=json.dumps(policy))
+    return bucket, {"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+
+
+def _operations(store: S3Store, key: str, tmp_path: Path) -> dict[str, Callable[[], object]]:
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    return {
+        "get_bytes": lambda: store.get_bytes(key),
+        "get_file": lambda: store.get_file(key, tmp_path / "out"),
+        "exists": lambda: store.exists(key),
+        "put_bytes": lambda: store.put_bytes(key, b"x"),
+        "put_file": lambda: store.put_file(key, src),
+    }
+
+
+@pytest.mark.parametrize("who", ["unknown key id", "wrong secret", "no permission"])
+def test_wrong_credentials_are_access_denied_and_never_shown(
+    moto_server: MotoServer,
+    iam_bucket: tuple[str, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    who: str,
+) -> None:
+    bucket, real = iam_bucket
+    key_id, secret, key = {
+        "unknown key id": (FAKE_KEY_ID, FAKE_SECRET, "open/x"),
+        "wrong secret": (real["id"], FAKE_SECRET, "open/x"),
+        "no permission": (real["id"], real["secret"], "closed/x"),
+    }[who]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    caplog.set_level(logging.DEBUG)
+    store = S3Store(f"s3://{bucket}/data", s3_config(moto_server, max_attempts=2))
+    with moto_server.enforce_auth():
+        for op, call in _operations(store, key, tmp_path).items():
+            with pytest.raises(StoreAccessDenied) as info:
+                call()
+            message = str(info.value)
+            assert message.startswith(
+                f"wrong credentials or no permission for s3://{bucket}/data/{key}"
+            ), (op, message)
+            chain = "".join(traceback.format_exception(info.value))  # with the boto3 cause
+            for shown in (message, chain, caplog.text):
+                assert secret not in shown
+                assert real["secret"] not in shown
+                assert FAKE_SECRET not in shown
+            assert key_id not in message
+        assert not (tmp_path / "out").exists()
+
+
+def test_right_credentials_pass_with_auth_enforced(
+    moto_server: MotoServer,
+    iam_bucket: tuple[str, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bucket, real = iam_bucket
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", real["id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", real["secret"])
+    store = S3Store(f"s3://{bucket}/data", s3_config(moto_server))
+    with moto_server.enforce_auth():
+        store.put_bytes("open/y", b"written")
+        assert store.get_bytes("open/y") == b"written"
+        assert store.get_bytes("open/x") == b"readable"
+
+
+def test_no_credentials_anywhere_is_access_denied(
+    s3: S3Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    store = S3Store(s3.uri(), s3.config)
+    with pytest.raises(StoreAccessDenied, match="no usable credentials in the AWS chain"):
+        store.get_bytes("k")
+
+
+# --- an endpoint that is not there, or goes away ---------------------------------------------
+
+
+def test_unreachable_endpoint_is_unavailable_after_retries(
+    closed_endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    endpoint = closed_endpoint
+    store = S3Store(
+        "s3://bucket/runs",
+        S3Config(endpoint_url=endpoint, addressing_style="path", max_attempts=3),
+    )
+    caplog.set_level(logging.DEBUG, logger="botocore.retries")
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=f"cannot reach {endpoint} .* after 3 attempts"):
+        store.put_bytes("k", b"x")
+    assert time.monotonic() - start < 15
+    retried = [r for r in caplog.records if "Retry needed" in r.getMessage()]
+    assert len(retried) == 2  # botocore retried before we gave up
+
+
+def test_endpoint_dying_mid_way_then_coming_back(
+    moto_servers: Callable[[], MotoServer], tmp_path: Path
+) -> None:
+    server = moto_servers()
+    store = S3Store(f"s3://{server.new_bucket()}/runs", s3_config(server, max_attempts=2))
+    store.put_bytes("c/a", b"before")
+    src = tmp_path / "shard.bin"
+    src.write_bytes(os.urandom(1 << 20))
+
+    server.stop()  # SIGKILL: the gateway is gone, with everything it held
+    with pytest.raises(StoreUnavailable, match=f"cannot reach {server.endpoint}"):
+        store.put_bytes("c/b", b"during")
+    with pytest.raises(StoreUnavailable):
+        store.put_file("c/shard.bin", src)
+    with pytest.raises(StoreUnavailable):
+        store.get_file("c/a", tmp_path / "a")
+    with pytest.raises(StoreUnavailable):
+        store.list()
+
+    server.start()  # same port; moto keeps nothing, so the bucket is made again
+    bucket = store.bucket
+    server.client().create_bucket(Bucket=bucket)
+    store.put_file("c/shard.bin", src)  # the same client recovers its connections
+    assert store.list() == [ObjectInfo("c/shard.bin", 1 << 20)]
+
+
+def test_endpoint_killed_during_a_multipart_upload(
+    moto_servers: Callable[[], MotoServer], tmp_path: Path
+) -> None:
+    server = moto_servers()
+    bucket = server.new_bucket()
+    store = S3Store(
+        f"s3://{bucket}/runs",
+        s3_config(
+            server,
+            max_attempts=2,
+            multipart_threshold_mb=5,
+            multipart_chunk_mb=5,
+            max_concurrency=1,  # one part after the other: the upload lasts a while
+        ),
+    )
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(60 * MiB))
+    raw = server.client()
+    with ThreadPoolExecutor(1) as pool:
+        upload = pool.submit(store.put_file, "big.bin", src)
+        deadline = time.monotonic() + 30
+        while not raw.list_multipart_uploads(Bucket=bucket).get("Uploads"):
+            assert not upload.done() and time.monotonic() < deadline, "upload never started"
+            time.sleep(0.01)
+        server.stop()  # parts are going out
+        with pytest.raises(StoreUnavailable, match=f"cannot reach {server.endpoint} to upload"):
+            upload.result(timeout=60)
+
+
+def test_fixture_credentials_do_not_leak_either(
+    s3: S3Store, aws_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(StoreNotFound) as info:
+        s3.get_bytes("absent")
+    secret, key_id = aws_env["AWS_SECRET_ACCESS_KEY"], aws_env["AWS_ACCESS_KEY_ID"]
+    assert secret not in caplog.text
+    assert secret not in str(info.value)
+    assert key_id not in str(info.value)

@@ -1,0 +1,196 @@
+"""A real S3 endpoint for tests: moto's server as a subprocess on 127.0.0.1.
+
+A subprocess, not moto's in-process mock, so that requests cross real HTTP and a test can
+kill the endpoint (SIGKILL, like a gateway pod dying) and start it again on the same port.
+A test module loads the fixtures as a plugin, without a conftest::
+
+    pytest_plugins = ("tests.s3server",)
+
+``moto_servers`` is a session-scoped factory (every server it started is stopped at the
+end of the session); ``moto_server`` is one shared server; ``aws_env`` gives each test
+dummy credentials and nothing else from the AWS chain (no profile, no instance metadata);
+``closed_endpoint`` is a loopback URL where nothing listens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+
+ACCESS_KEY = "AKIARQTESTDUMMYKEY00"
+SECRET_KEY = "rq-dummy-secret-for-moto-only"
+REGION = "us-east-1"
+READY_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the kernel's pick; closed again before returning)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MotoServer:
+    """One ``python -m moto.server`` process; its state lives in memory and dies with it."""
+
+    def __init__(self, log_path: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        assert not self.running, "already running"
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"moto server exited with {self.proc.returncode}; see {self.log_path}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1):
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto server not answering on {self.endpoint}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Kill the server abruptly; what it stored is gone."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _post(self, path: str, body: bytes) -> Any:
+        request = urllib.request.Request(
+            f"{self.endpoint}{path}",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "text/plain"},  # not a form: moto reads the raw body
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read() or b"{}")
+
+    @contextlib.contextmanager
+    def enforce_auth(self) -> Iterator[None]:
+        """Inside: requests must be signed by an access key moto's IAM knows, and allowed.
+
+        moto accepts any credentials until ``INITIAL_NO_AUTH_ACTION_COUNT`` requests have
+        been served (infinite by default); its ``/moto-api/reset-auth`` endpoint sets that
+        count at runtime, so 0 turns IAM authentication and authorization on for every
+        later request and ``inf`` turns it off again.
+        """
+        self._post("/moto-api/reset-auth", b"0")
+        try:
+            yield
+        finally:
+            self._post("/moto-api/reset-auth", b"inf")
+
+    def client(self, service: str = "s3", **keys: str) -> Any:
+        """A raw boto3 client for setting up and tampering (dummy credentials by default)."""
+        session = boto3.session.Session(
+            aws_access_key_id=keys.get("access_key", ACCESS_KEY),
+            aws_secret_access_key=keys.get("secret_key", SECRET_KEY),
+            region_name=REGION,
+        )
+        return session.client(
+            service, endpoint_url=self.endpoint, config=Config(s3={"addressing_style": "path"})
+        )
+
+    def new_bucket(self) -> str:
+        name = f"rq-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def moto_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], MotoServer]]:
+    """Start a fresh moto server per call; all of them are stopped at the end."""
+    started: list[MotoServer] = []
+    logs = tmp_path_factory.mktemp("moto")
+
+    def start() -> MotoServer:
+        server = MotoServer(logs / f"moto-{len(started)}.log")
+        started.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server(moto_servers: Callable[[], MotoServer]) -> MotoServer:
+    """The shared server: tests isolate themselves with a bucket each."""
+    return moto_servers()
+
+
+@pytest.fixture
+def closed_endpoint() -> str:
+    """An http endpoint on loopback where nothing listens: connections are refused."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Dummy credentials in the environment, and no other source in the AWS chain."""
+    for name in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_SECURITY_TOKEN",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    env = {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env

@@ -1,0 +1,201 @@
+"""Unit tests for the store package without a network: FileStore end to end, keys and
+prefixes, atomic writes, sha256 checks, open_store dispatch and S3Config validation.
+The same behaviour against a real S3 endpoint is in tests/integration/test_s3_store.py."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from resumequal.errors import StoreError
+from resumequal.store import (
+    FileStore,
+    ObjectInfo,
+    S3Config,
+    S3Store,
+    StoreIntegrityError,
+    StoreNotFound,
+    open_store,
+)
+from resumequal.store import file as file_module
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FileStore:
+    return FileStore(str(tmp_path / "store"))
+
+
+def test_bytes_round_trip_and_uri(store: FileStore, tmp_path: Path) -> None:
+    assert not store.exists("a/b.json")
+    store.put_bytes("a/b.json", b'{"x": 1}')
+    assert store.exists("a/b.json")
+    assert not store.exists("a")  # a folder is not an object
+    assert store.get_bytes("a/b.json") == b'{"x": 1}'
+    store.put_bytes("a/b.json", b"replaced")
+    assert store.get_bytes("a/b.json") == b"replaced"
+    assert store.uri("a/b.json") == f"{tmp_path}/store/a/b.json"
+    assert store.uri() == f"{tmp_path}/store"
+
+
+def test_file_uri_root(tmp_path: Path) -> None:
+    store = FileStore(f"file://{tmp_path}/s")
+    store.put_bytes("k", b"v")
+    assert (tmp_path / "s" / "k").read_bytes() == b"v"
+    assert store.uri("k") == f"file://{tmp_path}/s/k"
+    assert FileStore(f"file://localhost{tmp_path}/s").get_bytes("k") == b"v"
+
+
+def test_file_uri_with_host_is_rejected() -> None:
+    with pytest.raises(StoreError, match="not a host"):
+        FileStore("file://server/data")
+
+
+def test_put_file_returns_sha256_and_get_file_verifies(store: FileStore, tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    expected = hashlib.sha256(data).hexdigest()
+    assert store.put_file("ckpt/shard.bin", src) == expected
+    dest = tmp_path / "down" / "deep" / "shard.bin"
+    assert store.get_file("ckpt/shard.bin", dest, expect_sha256=expected) == expected
+    assert dest.read_bytes() == data
+    assert store.get_file("ckpt/shard.bin", str(dest)) == expected  # str paths too, no check
+
+
+def test_flipped_byte_fails_verification_and_leaves_no_file(
+    store: FileStore, tmp_path: Path
+) -> None:
+    data = bytearray(os.urandom(1 << 16))
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    digest = store.put_file("x/shard.bin", src)
+    data[1234] ^= 0x01
+    (Path(store.root) / "x" / "shard.bin").write_bytes(data)
+    dest = tmp_path / "down.bin"
+    dest.write_bytes(b"an older copy")
+    with pytest.raises(StoreIntegrityError, match=r"x/shard\.bin.*does not match") as info:
+        store.get_file("x/shard.bin", dest, expect_sha256=digest)
+    assert store.uri("x/shard.bin") in str(info.value)
+    assert not dest.exists()
+    assert sorted(os.listdir(tmp_path)) == ["src.bin", "store"]  # no temporary left
+
+
+def test_missing_key_names_the_key(store: FileStore, tmp_path: Path) -> None:
+    with pytest.raises(StoreNotFound, match=r"store/no/such\.key does not exist"):
+        store.get_bytes("no/such.key")
+    with pytest.raises(StoreNotFound, match=r"no/such\.key"):
+        store.get_file("no/such.key", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    store.put_bytes("dir/k", b"")
+    with pytest.raises(StoreNotFound, match="dir does not exist"):
+        store.get_bytes("dir")  # a folder, not an object
+
+
+def test_missing_local_source_is_the_callers_error(store: FileStore, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        store.put_file("k", tmp_path / "absent")
+
+
+def test_list_is_recursive_sorted_and_prefixes_are_folders(store: FileStore) -> None:
+    keys = [
+        "run/step-00000005+1/b",
+        "run/step-00000005/dcp/1.distcp",
+        "run/step-00000005/dcp/0.distcp",
+        "run/step-00000005/manifest.json",
+        "run/step-00000004/manifest.json",
+        "other/x",
+    ]
+    for i, key in enumerate(keys):
+        store.put_bytes(key, b"x" * i)
+    assert store.list() == sorted(ObjectInfo(k, i) for i, k in enumerate(keys))
+    assert [o.key for o in store.list("run/step-00000005")] == [
+        "run/step-00000005/dcp/0.distcp",
+        "run/step-00000005/dcp/1.distcp",
+        "run/step-00000005/manifest.json",
+    ]
+    assert store.list("run/step-00000005/") == store.list("run/step-00000005")
+    assert store.list("run/step-0000000") == []  # a prefix is a folder, not a string prefix
+    assert store.list("nothing/here") == []
+    assert FileStore(str(Path(store.root) / "absent")).list() == []
+
+
+def test_delete_and_delete_prefix(store: FileStore) -> None:
+    for key in ("c/step-00000005/a", "c/step-00000005/d/b", "c/step-00000005+1/a", "c/keep"):
+        store.put_bytes(key, b"1")
+    store.delete("c/keep")
+    store.delete("c/keep")  # idempotent
+    assert not store.exists("c/keep")
+    assert store.delete_prefix("c/step-00000005") == 2
+    assert [o.key for o in store.list()] == ["c/step-00000005+1/a"]
+    assert store.delete_prefix("c/absent") == 0
+    with pytest.raises(ValueError, match="whole store"):
+        store.delete_prefix("")
+    with pytest.raises(ValueError, match="whole store"):
+        store.delete_prefix("/")
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/", "a//b", "../up", "a/../b", "a/./b", "a/b.rqtmp"])
+def test_bad_keys_are_rejected(store: FileStore, key: str) -> None:
+    with pytest.raises(ValueError, match="store key"):
+        store.put_bytes(key, b"")
+
+
+def test_failed_write_keeps_the_old_object_and_no_temporary(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.put_bytes("k", b"old")
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(file_module.os, "fsync", broken_fsync)
+    with pytest.raises(StoreError, match=r"cannot write .*/k: No space left"):
+        store.put_bytes("k", b"new")
+    monkeypatch.undo()
+    assert store.get_bytes("k") == b"old"
+    assert os.listdir(store.root) == ["k"]
+
+
+def test_temporary_files_are_not_listed(store: FileStore) -> None:
+    store.put_bytes("a/k", b"1")
+    Path(store.root, "a", ".k.deadbeef.rqtmp").write_bytes(b"half")  # left by a kill
+    assert [o.key for o in store.list()] == ["a/k"]
+    assert store.delete_prefix("a") == 1
+    assert not Path(store.root, "a").exists()
+
+
+def test_open_store_dispatches_on_scheme(tmp_path: Path) -> None:
+    assert isinstance(open_store(str(tmp_path)), FileStore)
+    assert isinstance(open_store(f"file://{tmp_path}"), FileStore)
+    s3 = open_store("s3://bucket/runs/x/", S3Config(endpoint_url="http://127.0.0.1:9"))
+    assert isinstance(s3, S3Store)
+    assert s3.uri("a/b") == "s3://bucket/runs/x/a/b"
+    assert S3Store("s3://bucket").uri("k") == "s3://bucket/k"
+    with pytest.raises(StoreError, match="scheme 'gs' is not supported"):
+        open_store("gs://bucket/x")
+    with pytest.raises(StoreError, match="s3://bucket"):
+        open_store("s3:///no-bucket")
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"multipart_chunk_mb": 4}, "multipart_chunk_mb"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"addressing_style": "dns"}, "addressing_style"),
+        ({"retry_mode": "legacy"}, "retry_mode"),
+        ({"endpoint_url": "minio:9000"}, "endpoint_url"),
+        ({"aws_secret_access_key": "rq-SECRET-in-config"}, "aws_secret_access_key"),
+        ({"endpoint_url": "http://user:rq-SECRET-in-url@minio:9000"}, "user:password"),
+    ],
+)
+def test_s3_config_rejects_bad_fields_without_echoing_them(
+    fields: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ValidationError, match=match) as info:
+        S3Config.model_validate(fields)
+    assert "rq-SECRET" not in str(info.value)
