@@ -253,3 +253,23 @@ def test_negative_controls_run_after_the_main_leg_through_the_same_steps() -> No
     assert [mode for _pid, mode, _grace in b.kills] == ["hard"] * 5 + ["graceful"]
     phases = [e.phase for e in q.status.history]
     assert phases.count("Armed") == 1 and phases.count("Preempted") == 1
+
+
+def test_a_seed_matrix_with_a_failing_cell_fails_the_qualification() -> None:
+    from resumequal.local.runner import fold_matrix
+    from resumequal.verdict import Matrix, MatrixCell, MatrixRow
+
+    cells = [MatrixCell(scenario="mid-hard", seed=s, result=Result.PASS, reason="exact")
+             for s in (1, 2)]
+    cells.append(MatrixCell(scenario="mid-hard", seed=3, result=Result.FAIL,
+                            first_divergent_step=7, first_divergent_boundary="lr",
+                            reason="first divergence at step 7"))
+    matrix = Matrix(seeds=[1, 2, 3], scenarios=["mid-hard"], cells=cells,
+                    summary=[MatrixRow(scenario="mid-hard", exact=2, total=3)])
+    folded = fold_matrix(_verdict(Result.PASS), matrix)
+    assert folded.result == Result.FAIL
+    assert "1 of 3 scenario runs not exact (mid-hard/seed 3)" in folded.reason
+    assert "step 7, lr" in folded.reason
+    clean = Matrix(seeds=[1, 2], scenarios=["mid-hard"], cells=cells[:2],
+                   summary=[MatrixRow(scenario="mid-hard", exact=2, total=2)])
+    assert fold_matrix(_verdict(Result.PASS), clean).result == Result.PASS

@@ -85,7 +85,7 @@ def _run_plan(
     backend = LocalBackend(spec, run_dir, judge=judge)
     q = Qualification(spec, backend, plan=plan, side_by_side=opts.side_by_side,
                       deliver_kill=opts.deliver_kill)
-    progress = LegProgress(console)
+    progress = LegProgress(console, legs=tuple(p.name for p in plan.legs))
 
     def on_tick(s: QualificationStatus) -> None:
         restarts = sum(max(0, leg.attempts - 1) for leg in s.legs.values())
@@ -169,6 +169,8 @@ def build_report(
     restart = None
     if main.killed_at is not None and main.resumed_at is not None:
         restart = main.resumed_at - main.killed_at
+    if matrix is not None:
+        verdict = fold_matrix(verdict, matrix)
     return Report(
         run=opts.run_dir.name,
         pin=opts.pin,
@@ -181,6 +183,25 @@ def build_report(
         inventory=_inventory(opts.run_dir),
         matrix=matrix,
     )
+
+
+_WORST = (Result.PASS, Result.FAIL, Result.NONDETERMINISTIC, Result.INVALID)
+
+
+def fold_matrix(verdict: Verdict, matrix: Matrix) -> Verdict:
+    """A qualification with a seed matrix passes only when every scenario and seed did."""
+    bad = [c for c in matrix.cells if c.result != Result.PASS]
+    if verdict.result != Result.PASS or not bad:
+        return verdict
+    worst = max(bad, key=lambda c: _WORST.index(c.result))
+    where = ", ".join(f"{c.scenario}/seed {c.seed}" for c in bad[:4])
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    detail = (f"step {worst.first_divergent_step}, {worst.first_divergent_boundary}"
+              if worst.first_divergent_step is not None else worst.reason)
+    reason = (f"seed matrix: {len(bad)} of {len(matrix.cells)} scenario runs not exact "
+              f"({where}{more}); {worst.scenario}/seed {worst.seed}: {worst.result.value}, "
+              f"{detail}")
+    return verdict.model_copy(update={"result": worst.result, "reason": reason})
 
 
 def _leg_summary(
