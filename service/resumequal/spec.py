@@ -157,6 +157,35 @@ class TrainingSpec(_Section):
     deterministic_algorithms: bool = True
 
 
+class S3Spec(_Section):
+    """How workers and the comparator reach an ``s3://`` checkpoint store (AWS S3, MinIO,
+    Ceph RGW). No credentials here: they come from the standard AWS chain (env, profile,
+    web identity, instance role), since specs are written into run files and reports."""
+
+    endpoint_url: str | None = Field(
+        default=None, description="http(s)://host:port of MinIO / RGW; None for AWS S3."
+    )
+    region: str | None = Field(default=None, description="Signing region; None: AWS_REGION.")
+    addressing_style: Literal["path", "virtual", "auto"] = Field(
+        default="auto", description="'path' for MinIO and RGW without wildcard DNS."
+    )
+    max_attempts: int = Field(
+        default=5, ge=1, le=20,
+        description="Attempts per request (exponential backoff); 5 ride out ~15 s of "
+        "endpoint trouble before a save fails.",
+    )
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.match(r"^https?://[^/@\s]+(/.*)?$", value):
+            # Not echoed: a URL with user:password would leak a credential into messages.
+            raise ValueError("must be http(s)://host[:port], without user:password")
+        return value.rstrip("/")
+
+
 class CheckpointSpec(_Section):
     # ``async`` is a Python keyword, so the field is ``async_save`` with the YAML key as its
     # alias; specs are written back (dumps, --set, the CRD schema) under the alias.
@@ -167,7 +196,12 @@ class CheckpointSpec(_Section):
     at_steps: list[int] = Field(default_factory=list)
     keep_last: int = Field(default=3, ge=1)
     store: str | None = Field(
-        default=None, description="Where checkpoints live; default: the leg's run directory."
+        default=None,
+        description="Where checkpoints live: a path, file:///abs/path or s3://bucket/prefix "
+        "(legs under <store>/<leg>/checkpoints/); default: the leg's run directory.",
+    )
+    s3: S3Spec | None = Field(
+        default=None, description="How to reach an s3:// store (endpoint, region, retries)."
     )
     async_save: bool = Field(
         default=False,
@@ -176,6 +210,29 @@ class CheckpointSpec(_Section):
         "goes on; the commit waits until every rank's write has finished. A save is "
         "committed before the step after next begins.",
     )
+
+    @field_validator("store")
+    @classmethod
+    def _store_scheme(cls, value: str | None) -> str | None:
+        if value is None or "://" not in value:
+            return value
+        scheme, _, rest = value.partition("://")
+        if scheme == "s3":
+            if not rest.split("/", 1)[0]:
+                raise ValueError(f"{value!r}: an s3:// store names a bucket (s3://bucket/prefix)")
+        elif scheme != "file":
+            raise ValueError(
+                f"{value!r}: scheme {scheme!r} is not supported; use a path, file:///abs/path "
+                "or s3://bucket/prefix"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _s3_only_for_s3(self) -> CheckpointSpec:
+        if self.s3 is not None and not (self.store or "").startswith("s3://"):
+            raise ValueError("checkpoint.s3 configures an s3:// store; checkpoint.store is "
+                             f"{self.store!r}")
+        return self
 
     @field_validator("at_steps")
     @classmethod

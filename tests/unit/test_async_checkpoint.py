@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
@@ -33,17 +32,7 @@ FileSystemWriter = dcp.FileSystemWriter  # the real one, whatever a test patches
 GATE_TIMEOUT = 30.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def process_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A single-process gloo group (rank 0 of 1) over a FileStore; no network."""
-    assert not dist.is_initialized()
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("single_process_group")
 
 
 class Gate:

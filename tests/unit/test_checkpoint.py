@@ -9,15 +9,13 @@ import json
 import random
 import re
 import shutil
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
@@ -36,18 +34,7 @@ from resumequal.state import (
 )
 from resumequal.workloads.base import Microbatch, Workload
 
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A single-process gloo group (rank 0 of 1) over a FileStore; no network."""
-    assert not dist.is_initialized()
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("single_process_group")
 
 
 # --- a tiny workload -------------------------------------------------------------------------

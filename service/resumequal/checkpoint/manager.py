@@ -19,6 +19,14 @@ the second half: every rank says whether its background write has finished, and 
 all have does rank 0 write the manifest and rename (the same commit as above), then
 broadcast the outcome. A failed write on any rank is an error on every rank.
 
+On an object store (a :class:`~resumequal.checkpoint.remote.RemoteRoot`) the staging
+folder is local and the commit differs (see :mod:`resumequal.checkpoint.remote`): every
+rank uploads the files it wrote (a synchronous save before ``before_commit``, so a rank
+held there has uploaded its part; a background save at its commit), the ranks gather
+each other's sizes and digests, rank 0 uploads the manifest and then the ``COMMITTED``
+marker, and broadcasts the outcome. Loading first downloads the checkpoint, verified
+against its manifest, into a local folder per rank.
+
 - The commit waits for a collective, never for a local "my write is done": a rank's
   future finishing says nothing about the other ranks' files, and a manifest hashed while
   any rank is still writing lists missing or short files — the checkpoint would be
@@ -58,10 +66,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from resumequal.checkpoint import layout
+from resumequal.checkpoint import layout, remote
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import fsync_dir, verify, write_manifest
-from resumequal.errors import CheckpointError
+from resumequal.checkpoint.manifest import FileEntry, fsync_dir, verify, write_manifest
+from resumequal.checkpoint.remote import RemoteRoot
+from resumequal.errors import CheckpointError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +124,24 @@ def _broadcast(value: Any, group: dist.ProcessGroup | None = None) -> Any:
     return holder[0]
 
 
+# One rank's upload: the entries of the files it uploaded, or why it could not.
+_Upload = tuple[dict[str, FileEntry], str | None]
+
+
+def _gather_errors(error: str | None, world_size: int,
+                   group: dist.ProcessGroup | None = None) -> list[str]:
+    """Every rank's error, ``"rank N: ..."``; the same list on every rank."""
+    gathered: list[str | None] = [None] * world_size
+    dist.all_gather_object(gathered, error, group=group)
+    return [f"rank {r}: {e}" for r, e in enumerate(gathered) if e is not None]
+
+
 class CheckpointManager:
     """Saves, finds, verifies, loads and retires the checkpoints of one leg."""
 
     def __init__(
         self,
-        root: Path,
+        root: Path | RemoteRoot,
         *,
         rank: int,
         world_size: int,
@@ -129,7 +150,10 @@ class CheckpointManager:
         async_save: bool = False,
         group_timeout: timedelta | None = None,
     ):
-        self.root = root
+        self.remote = root if isinstance(root, RemoteRoot) else None
+        # On an object store, the local folder for staging and downloaded copies.
+        self.root = root.local if isinstance(root, RemoteRoot) else root
+        self._start_error: str | None = None
         self.rank = rank
         self.world_size = world_size
         self.attempt = attempt
@@ -158,11 +182,7 @@ class CheckpointManager:
         A background save still pending is committed first.
         """
         self.poll(wait=True)
-        staging = layout.staging_path(self.root, position, self.attempt)
-        if self.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-        dist.barrier()
+        staging = self._prepare(position, group=None)
         try:
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(staging / layout.DCP_DIR)))
         except Exception as e:  # DCP raises CheckpointException (an Exception) on every rank
@@ -170,10 +190,45 @@ class CheckpointManager:
                 f"rank {self.rank}: DCP save of {position.name} failed: {e}"
             ) from e
         _write_durably(staging / layout.rank_state_file(self.rank), pickle.dumps(rank_state))
+        uploaded = self._upload(staging, position) if self.remote is not None else None
         if before_commit is not None:
             before_commit()
-        dist.barrier()
-        return self._commit_everywhere(staging, position, info or {}, group=None)
+        if self.remote is None:
+            dist.barrier()
+        return self._commit_everywhere(staging, position, info or {}, group=None,
+                                       uploaded=uploaded)
+
+    def _prepare(self, position: Position, group: dist.ProcessGroup | None) -> Path:
+        """Rank 0 makes a fresh staging folder (and on an object store removes an earlier
+        checkpoint of the same name); then every rank may write. Returns the folder."""
+        staging = layout.staging_path(self.root, position, self.attempt)
+        error = None
+        if self.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            if self.remote is not None:
+                try:
+                    remote.clear(self.remote, position.name)
+                except StoreError as e:
+                    error = f"cannot save {position.name}: {e}"
+        if self.remote is None:
+            dist.barrier(group=group)
+        else:
+            error = _broadcast(error, group)
+            if error is not None:
+                raise CheckpointError(error)
+            staging.mkdir(parents=True, exist_ok=True)  # another node's local disk
+        return staging
+
+    def _upload(self, staging: Path, position: Position) -> _Upload:
+        """Upload this rank's files of a staged checkpoint; failures are reported, not
+        raised, so that every rank still joins the commit's collectives."""
+        assert self.remote is not None
+        try:
+            return remote.upload(self.remote, position.name, staging, self.rank), None
+        except (StoreError, OSError) as e:
+            log.error("rank %d: upload of %s failed: %s", self.rank, position.name, e)
+            return {}, str(e)
 
     # -- background save ----------------------------------------------------------------
 
@@ -200,11 +255,7 @@ class CheckpointManager:
         if self._io_group is None or self._commit_group is None:
             raise CheckpointError("this checkpoint manager was made without async_save")
         self.poll(wait=True)
-        staging = layout.staging_path(self.root, position, self.attempt)
-        if self.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-        dist.barrier(group=self._commit_group)
+        staging = self._prepare(position, group=self._commit_group)
         writer = dcp.FileSystemWriter(str(staging / layout.DCP_DIR))
         try:
             # A FileSystemWriter is its own stager: async_save copies every tensor into new
@@ -266,8 +317,11 @@ class CheckpointManager:
         position: Position,
         info: dict[str, Any],
         group: dist.ProcessGroup | None,
+        uploaded: _Upload | None = None,
     ) -> str:
         """Rank 0 commits, every rank learns the outcome; then retention."""
+        if self.remote is not None:
+            return self._commit_remote(self.remote, staging, position, info, group, uploaded)
         error = None
         if self.rank == 0:
             try:
@@ -280,6 +334,49 @@ class CheckpointManager:
         if self.rank == 0:
             self._retire()
         log.info("rank %d: committed checkpoint %s", self.rank, position.name)
+        return position.name
+
+    def _commit_remote(
+        self,
+        root: RemoteRoot,
+        staging: Path,
+        position: Position,
+        info: dict[str, Any],
+        group: dist.ProcessGroup | None,
+        uploaded: _Upload | None,
+    ) -> str:
+        """Gather every rank's uploaded files; rank 0 uploads the manifest, then COMMITTED."""
+        entries, upload_error = uploaded or self._upload(staging, position)
+        gathered: list[_Upload | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, (entries, upload_error), group=group)
+        failed = [f"rank {r}: {g[1]}" for r, g in enumerate(gathered)
+                  if g is not None and g[1] is not None]
+        error = None
+        if failed:
+            error = (f"upload of checkpoint {position.name} to {root.uri(position.name)} "
+                     f"failed; it stays uncommitted: {'; '.join(failed)}")
+        elif self.rank == 0:
+            files: dict[str, FileEntry] = {}
+            for g in gathered:
+                assert g is not None
+                files.update(g[0])
+            manifest = remote.make_manifest(position, files, world_size=self.world_size,
+                                            attempt=self.attempt, info=info)
+            try:
+                remote.commit(root, manifest)
+            except StoreError as e:
+                error = f"commit of {position.name} failed; it stays uncommitted: {e}"
+        error = _broadcast(error, group)
+        shutil.rmtree(staging, ignore_errors=True)
+        if error is not None:
+            raise CheckpointError(error)
+        if self.rank == 0:
+            try:
+                remote.retire(root, self.keep_last)
+            except StoreError as e:
+                log.warning("retention after %s failed (retried at the next save): %s",
+                            position.name, e)
+        log.info("rank %d: committed checkpoint %s", self.rank, root.uri(position.name))
         return position.name
 
     def _commit(self, staging: Path, position: Position, info: dict[str, Any]) -> None:
@@ -316,6 +413,14 @@ class CheckpointManager:
         removed: list[str] = []
         if self.rank != 0:
             return removed
+        if self.remote is not None:
+            # The leg's first request to the store: its failure is reported to every rank
+            # by ``newest``, which all ranks call next.
+            try:
+                return remote.collect_garbage(self.remote)
+            except StoreError as e:
+                self._start_error = f"checkpoint store {self.remote.uri()}: {e}"
+                return removed
         staging_root = self.root / layout.STAGING_DIR
         if staging_root.is_dir():
             for child in sorted(staging_root.iterdir()):
@@ -329,11 +434,40 @@ class CheckpointManager:
         """The newest committed checkpoint, verified against its manifest (agreed by all)."""
         decision: tuple[str | None, str | None] = (None, None)
         if self.rank == 0:
-            decision = self._choose()
+            decision = self._choose() if self.remote is None else self._choose_remote()
         name, error = _broadcast(decision)
         if error is not None:
             raise CheckpointError(error)
+        if name is not None and self.remote is not None:
+            self._download(self.remote, name)
         return name  # type: ignore[no-any-return]
+
+    def _choose_remote(self) -> tuple[str | None, str | None]:
+        assert self.remote is not None
+        if self._start_error is not None:
+            return None, self._start_error
+        try:
+            return remote.newest_verified(self.remote, self.world_size), None
+        except (StoreError, CheckpointError) as e:
+            return None, f"cannot resume from {self.remote.uri()}: {e}"
+
+    def _directory(self, name: str) -> Path:
+        """The local folder checkpoint ``name`` is loaded from."""
+        if self.remote is None:
+            return self.root / name
+        return self.root / remote.CACHE_DIR / f"rank-{self.rank}" / name
+
+    def _download(self, root: RemoteRoot, name: str) -> None:
+        """Every rank downloads ``name``, verified; a failure anywhere fails every rank."""
+        error = None
+        shutil.rmtree(self.root / remote.CACHE_DIR / f"rank-{self.rank}", ignore_errors=True)
+        try:
+            remote.download(root, name, self._directory(name))
+        except (StoreError, CheckpointError, OSError) as e:
+            error = str(e)
+        errors = _gather_errors(error, self.world_size)
+        if errors:
+            raise CheckpointError(f"cannot resume from {root.uri(name)}: {'; '.join(errors)}")
 
     def _choose(self) -> tuple[str | None, str | None]:
         positions = layout.committed(self.root)
@@ -355,7 +489,7 @@ class CheckpointManager:
         self, name: str, template: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> Loaded:
         """Load this rank's part of checkpoint ``name`` into tensors built by ``template``."""
-        directory = self.root / name
+        directory = self._directory(name)
         position = Position.parse(name)
         if position is None:
             raise CheckpointError(f"{directory}: not a checkpoint name")

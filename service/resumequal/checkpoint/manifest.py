@@ -89,6 +89,12 @@ def write_manifest(
         files=files,
         info=info or {},
     )
+    write_manifest_file(directory, manifest)
+    return manifest
+
+
+def write_manifest_file(directory: Path, manifest: Manifest) -> None:
+    """Write ``manifest`` durably as the manifest of ``directory``."""
     tmp = directory / f".{MANIFEST}.tmp"
     with tmp.open("w") as f:
         f.write(manifest.model_dump_json(indent=1))
@@ -96,7 +102,6 @@ def write_manifest(
         os.fsync(f.fileno())
     tmp.rename(directory / MANIFEST)
     fsync_dir(directory)
-    return manifest
 
 
 def read_manifest(directory: Path) -> Manifest:

@@ -16,8 +16,9 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-from resumequal.checkpoint.layout import leg_root
-from resumequal.errors import CheckpointError, TraceError
+from resumequal.checkpoint import remote
+from resumequal.checkpoint.layout import Position
+from resumequal.errors import CheckpointError, StoreError, TraceError
 from resumequal.spec import QualificationSpec, SpecError, format_validation_error
 from resumequal.trace import (
     ArmRecord,
@@ -58,12 +59,29 @@ def beacon_path(run_dir: Path, leg: str, attempt: int, rank: int) -> Path:
     return run_dir / leg / "beacons" / f"attempt-{attempt}-rank-{rank}.json"
 
 
-def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Path | None:
-    """Where a leg's checkpoints live; None for a store this process cannot read as files."""
+def final_checkpoint_root(
+    spec: QualificationSpec, run_dir: Path, leg: str, scratch: Path
+) -> Path | None:
+    """A local folder holding the leg's final checkpoint (``step-T``) as a checkpoint root.
+
+    On a file store that is the leg's checkpoint root itself. On an ``s3://`` store,
+    ``step-T`` is downloaded into ``scratch/<leg>/`` with every object checked against the
+    manifest's sha256; a failure (not committed, tampered, unreachable) is a
+    CheckpointError naming the object. None for a store this process cannot read.
+    """
     try:
-        return leg_root(spec.checkpoint.store, run_dir, leg)
+        where = remote.checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3,
+                                           run_dir, leg)
     except CheckpointError:
         return None
+    if isinstance(where, Path):
+        return where
+    name = Position(spec.training.steps).name
+    try:
+        remote.download(where, name, scratch / leg / name)
+    except StoreError as e:
+        raise CheckpointError(f"cannot download the {leg} leg's {where.uri(name)}: {e}") from e
+    return scratch / leg
 
 
 @dataclass

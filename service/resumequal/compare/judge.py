@@ -8,12 +8,13 @@ steps both legs finally ran, which decides FAIL or PASS.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import cast
 
 from resumequal.checkpoint.layout import Position
 from resumequal.compare.drift import checkpoint_drift, is_exact
-from resumequal.compare.files import LegTrace, checkpoint_root, load_run_spec
+from resumequal.compare.files import LegTrace, final_checkpoint_root, load_run_spec
 from resumequal.compare.validity import (
     check_armed,
     check_final_checkpoints,
@@ -96,6 +97,32 @@ def _drift_divergence(fault: DriftSummary, steps: int) -> Divergence:
                       preempted=f"max abs diff {fault.max_abs_diff:.3g}", before_cut=False)
 
 
+def _final_drift(
+    spec: QualificationSpec, run_dir: Path, leg: str
+) -> tuple[ValidityCheck, list[DriftSummary] | None]:
+    """Verify both legs' final checkpoints and measure their drift (None: not measured).
+
+    Checkpoints on an object store are first downloaded, verified, into a scratch folder
+    that is removed afterwards.
+    """
+    name = "final_checkpoints"
+    with tempfile.TemporaryDirectory(prefix="resumequal-final-") as scratch:
+        try:
+            roots = {"control": final_checkpoint_root(spec, run_dir, "control", Path(scratch)),
+                     "preempted": final_checkpoint_root(spec, run_dir, leg, Path(scratch))}
+        except CheckpointError as e:
+            return ValidityCheck(name=name, ok=False,
+                                 detail=f"the final checkpoints cannot be read: {e}"), None
+        final_check, final = check_final_checkpoints(roots, spec.training.steps)
+        if final is None:
+            return final_check, None
+        try:
+            return final_check, checkpoint_drift(final.control, final.preempted)
+        except CheckpointError as e:
+            return ValidityCheck(name=final_check.name, ok=False,
+                                 detail=f"the final checkpoints cannot be compared: {e}"), None
+
+
 def compare_run(
     run_dir: Path, spec: QualificationSpec | None = None, *, leg: str = "preempted"
 ) -> Verdict:
@@ -127,20 +154,11 @@ def compare_run(
     if not all(c.ok for c in checks):
         return invalid(checks)
 
-    final_check, final = check_final_checkpoints(
-        {"control": checkpoint_root(spec, run_dir, "control"),
-         "preempted": checkpoint_root(spec, run_dir, leg)},
-        steps,
-    )
+    final_check, measured = _final_drift(spec, run_dir, leg)
     checks.append(final_check)
-    if final is None:
+    if measured is None:
         return invalid(checks)
-    try:
-        drift = checkpoint_drift(final.control, final.preempted)
-    except CheckpointError as e:
-        checks[-1] = ValidityCheck(name=final_check.name, ok=False,
-                                   detail=f"the final checkpoints cannot be compared: {e}")
-        return invalid(checks)
+    drift = measured
 
     rules = Rules(spec.comparison, {d.group: d for d in drift})
     ctrl, pre = control.effective, preempted.effective

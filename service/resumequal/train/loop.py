@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resumequal.checkpoint import CheckpointManager, Position
+from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot
 from resumequal.errors import CheckpointError
 from resumequal.spec import CONTROL_LEG, QualificationSpec, check_leg_name
 from resumequal.state import (
@@ -123,7 +123,7 @@ class Leg:
         placement: Placement,
         *,
         omit: frozenset[str] = frozenset(),
-        checkpoint_root: Path | None = None,
+        checkpoint_root: Path | RemoteRoot | None = None,
     ) -> None:
         check_leg_name(leg)
         self.spec = spec

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from resumequal.checkpoint.layout import leg_root
+from resumequal.checkpoint import RemoteRoot, checkpoint_location
 from resumequal.errors import TrainingError
 from resumequal.spec import QualificationSpec
 from resumequal.train.distributed import destroy_process_group, init_process_group
@@ -52,9 +52,10 @@ def check_run_dir(run_dir: Path, spec: QualificationSpec) -> None:
         )
 
 
-def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Path:
-    """Where a leg's checkpoints live: the spec's store, else the leg's folder."""
-    return leg_root(spec.checkpoint.store, run_dir, leg)
+def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Path | RemoteRoot:
+    """Where a leg's checkpoints live: the spec's store (a folder or ``s3://``), else the
+    leg's folder."""
+    return checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, run_dir, leg)
 
 
 def run_leg(spec: QualificationSpec, leg: str, run_dir: Path, omit: frozenset[str]) -> int:

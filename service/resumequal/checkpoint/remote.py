@@ -1,0 +1,247 @@
+"""Checkpoints on an object store (``s3://``), which has no rename: a marker commits them.
+
+Object layout under the leg's prefix (``<store>/<leg>/checkpoints/``)::
+
+    step-00000004/dcp/.metadata, dcp/__<rank>_<i>.distcp, rank-<rank>.pkl
+    step-00000004/manifest.json     every file above with its size and sha256
+    step-00000004/COMMITTED         written last: only a prefix holding it is a checkpoint
+
+Every rank writes its DCP files into a local staging folder exactly as on a file store,
+uploads the files it wrote itself and reports their sizes and digests; rank 0 uploads the
+manifest, then ``COMMITTED``. A kill or an endpoint failure anywhere before the marker
+leaves a prefix without one: never listed as committed, deleted at the next start.
+Loading downloads a committed checkpoint into a local folder, checking every object's
+sha256 against the manifest, then reads it like a local one.
+
+This module does the store side; :mod:`resumequal.checkpoint.manager` runs the
+collectives around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from resumequal.checkpoint import layout
+from resumequal.checkpoint.layout import MANIFEST, Position
+from resumequal.checkpoint.manifest import FileEntry, Manifest, write_manifest_file
+from resumequal.errors import CheckpointError, StoreError
+from resumequal.spec import S3Spec
+from resumequal.store import ObjectInfo, S3Config, Store, StoreIntegrityError, open_store
+
+log = logging.getLogger(__name__)
+
+COMMITTED = "COMMITTED"
+CACHE_DIR = ".cache"
+# The objects of a checkpoint that are not listed in its manifest.
+_UNLISTED = frozenset({MANIFEST, COMMITTED})
+_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
+_RANK_STATE = re.compile(r"^rank-(\d+)\.pkl$")
+
+
+@dataclass(frozen=True)
+class RemoteRoot:
+    """Where one leg's checkpoints live on an object store, and its local working folder.
+
+    ``local`` holds the staging folders of saves and the downloaded copies of loads; it is
+    scratch space, never a source of truth.
+    """
+
+    store: Store
+    prefix: str
+    local: Path
+
+    def key(self, name: str, rel: str = "") -> str:
+        return "/".join(p for p in (self.prefix, name, rel) if p)
+
+    def uri(self, name: str = "", rel: str = "") -> str:
+        return self.store.uri(self.key(name, rel))
+
+
+def s3_config(spec: S3Spec | None) -> S3Config:
+    """The store's client settings from the spec's ``checkpoint.s3``."""
+    if spec is None:
+        return S3Config()
+    return S3Config(**spec.model_dump())
+
+
+def checkpoint_location(
+    store: str | None, s3: S3Spec | None, run_dir: Path, leg: str
+) -> Path | RemoteRoot:
+    """A leg's checkpoint root: a local folder, or ``<store>/<leg>/checkpoints`` on S3."""
+    if store is None or not store.startswith("s3://"):
+        return layout.leg_root(store, run_dir, leg)
+    try:
+        opened = open_store(store, s3_config(s3))
+    except StoreError as e:
+        raise CheckpointError(f"checkpoint.store={store!r}: {e}") from e
+    return RemoteRoot(opened, f"{leg}/checkpoints", run_dir / leg / ".ckpt-local")
+
+
+def own_files(staging: Path, rank: int) -> list[str]:
+    """The files of a staging folder that ``rank`` wrote, relative to it.
+
+    Its DCP shards ``dcp/__<rank>_*.distcp`` and ``rank-<rank>.pkl``; rank 0 also owns
+    what no rank's name claims (DCP's ``.metadata``, written by the coordinator).
+    """
+    mine = []
+    for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+        rel = path.relative_to(staging).as_posix()
+        if path.name.startswith(".") and path.name.endswith(".tmp"):
+            continue
+        m = _SHARD.match(path.name) or _RANK_STATE.match(path.name)
+        owner = int(m.group(1)) if m is not None else 0
+        if owner == rank:
+            mine.append(rel)
+    return mine
+
+
+def upload(root: RemoteRoot, name: str, staging: Path, rank: int) -> dict[str, FileEntry]:
+    """Upload this rank's files of ``staging`` under checkpoint ``name``; their entries."""
+    entries = {}
+    for rel in own_files(staging, rank):
+        path = staging / rel
+        size = path.stat().st_size
+        digest = root.store.put_file(root.key(name, rel), path)
+        entries[rel] = FileEntry(size=size, sha256=digest)
+    return entries
+
+
+def clear(root: RemoteRoot, name: str) -> None:
+    """Remove checkpoint ``name``, committed or not: the marker first, so a kill halfway
+    leaves an uncommitted prefix (garbage) rather than a committed torn one."""
+    root.store.delete(root.key(name, COMMITTED))
+    root.store.delete_prefix(root.key(name))
+
+
+def commit(root: RemoteRoot, manifest: Manifest) -> None:
+    """Upload the manifest, then the marker that makes the checkpoint exist."""
+    root.store.put_bytes(root.key(manifest.name, MANIFEST),
+                         manifest.model_dump_json(indent=1).encode())
+    root.store.put_bytes(root.key(manifest.name, COMMITTED), b"")
+
+
+def _by_checkpoint(objects: list[ObjectInfo], prefix: str) -> dict[Position, dict[str, int]]:
+    """Listed objects grouped per checkpoint name: position -> relative key -> size."""
+    out: dict[Position, dict[str, int]] = defaultdict(dict)
+    for obj in objects:
+        name, _, rel = obj.key[len(prefix) + 1 :].partition("/")
+        pos = Position.parse(name)
+        if pos is not None and rel:
+            out[pos][rel] = obj.size
+    return out
+
+
+def _listing(root: RemoteRoot) -> dict[Position, dict[str, int]]:
+    return _by_checkpoint(root.store.list(root.prefix), root.prefix)
+
+
+def committed(root: RemoteRoot) -> list[Position]:
+    """Committed checkpoints (prefixes holding ``COMMITTED``), oldest first."""
+    return sorted(pos for pos, objs in _listing(root).items() if COMMITTED in objs)
+
+
+def collect_garbage(root: RemoteRoot) -> list[str]:
+    """Delete every checkpoint prefix without a ``COMMITTED`` marker; their names.
+
+    Also the first request of a leg to the store, so a missing bucket, wrong credentials
+    or an unreachable endpoint stop the leg here, before any training.
+    """
+    removed = []
+    for pos, objs in sorted(_listing(root).items()):
+        if COMMITTED not in objs:
+            root.store.delete_prefix(root.key(pos.name))
+            removed.append(pos.name)
+            log.warning("removed uncommitted checkpoint %s", root.uri(pos.name))
+    shutil.rmtree(root.local / layout.STAGING_DIR, ignore_errors=True)
+    return removed
+
+
+def retire(root: RemoteRoot, keep_last: int) -> None:
+    """Keep the newest ``keep_last`` committed checkpoints."""
+    for pos in committed(root)[:-keep_last]:
+        clear(root, pos.name)
+        log.info("retention: removed %s", root.uri(pos.name))
+
+
+def read_manifest(root: RemoteRoot, name: str) -> Manifest:
+    try:
+        return Manifest.model_validate_json(root.store.get_bytes(root.key(name, MANIFEST)))
+    except ValidationError as e:
+        raise CheckpointError(f"{root.uri(name, MANIFEST)}: unreadable manifest: {e}") from e
+
+
+def newest_verified(root: RemoteRoot, world_size: int) -> str | None:
+    """The newest committed checkpoint, its manifest checked against the listing.
+
+    Every object the manifest names is there with its size, and nothing else is; the
+    contents are checked against the manifest's sha256 when they are downloaded.
+    """
+    listing = _listing(root)
+    positions = sorted(pos for pos, objs in listing.items() if COMMITTED in objs)
+    if not positions:
+        return None
+    newest = positions[-1]
+    name = newest.name
+    manifest = read_manifest(root, name)
+    present = {rel: size for rel, size in listing[newest].items() if rel not in _UNLISTED}
+    extra = sorted(set(present) - set(manifest.files))
+    if extra:
+        raise CheckpointError(f"{root.uri(name)}: objects not in the manifest: "
+                              f"{', '.join(extra)}")
+    for rel, entry in sorted(manifest.files.items()):
+        if rel not in present:
+            raise CheckpointError(
+                f"{root.uri(name, rel)} is listed in the manifest but missing"
+            )
+        if present[rel] != entry.size:
+            raise CheckpointError(
+                f"{root.uri(name, rel)} has {present[rel]} bytes, the manifest says "
+                f"{entry.size}"
+            )
+    if manifest.world_size != world_size:
+        raise CheckpointError(
+            f"{root.uri(name)} was written by {manifest.world_size} ranks; this leg has "
+            f"{world_size}"
+        )
+    return name
+
+
+def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
+    """Download committed checkpoint ``name`` into folder ``dest``, verifying every object.
+
+    ``dest`` then holds the checkpoint's files and its manifest, as a committed local
+    checkpoint does. A digest that differs from the manifest's is a CheckpointError naming
+    the object.
+    """
+    if not root.store.exists(root.key(name, COMMITTED)):
+        raise CheckpointError(f"{root.uri(name)} is not a committed checkpoint (no {COMMITTED})")
+    manifest = read_manifest(root, name)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for rel, entry in sorted(manifest.files.items()):
+        try:
+            root.store.get_file(root.key(name, rel), dest / rel, expect_sha256=entry.sha256)
+        except StoreIntegrityError as e:
+            raise CheckpointError(
+                f"checkpoint {name} fails verification: {e} (manifest sha256 {entry.sha256})"
+            ) from e
+    write_manifest_file(dest, manifest)
+    return manifest
+
+
+def make_manifest(
+    position: Position, files: dict[str, FileEntry], *, world_size: int, attempt: int,
+    info: dict[str, Any],
+) -> Manifest:
+    return Manifest(name=position.name, step=position.step, microstep=position.microstep,
+                    world_size=world_size, attempt=attempt, created_at=time.time(),
+                    files=dict(sorted(files.items())), info=info)

@@ -1,0 +1,237 @@
+"""Checkpoints on S3 (moto's server over HTTP): the commit protocol with real torchrun legs.
+
+The workers reach the endpoint through the spec's ``checkpoint.s3.endpoint_url`` and take
+the dummy credentials from the AWS_* variables they inherit from the test process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from resumequal.checkpoint import Position, RemoteRoot, checkpoint_location, remote
+from resumequal.compare import compare_run
+from resumequal.spec import QualificationSpec, S3Spec
+from resumequal.verdict import Result
+from tests.integration import legs
+from tests.integration.conftest import ControlRuns, spec_for
+
+if TYPE_CHECKING:
+    from tests.s3server import MotoServer
+
+pytest_plugins = ("tests.s3server",)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("aws_env")]
+
+STEP4 = "step-00000004"
+STEP8 = "step-00000008"
+
+
+def _s3_spec(endpoint: str, bucket: str, **overrides: dict[str, Any]) -> dict[str, Any]:
+    spec = spec_for("dropout-mlp", **overrides)
+    spec["checkpoint"].update({
+        "store": f"s3://{bucket}/runs",
+        "s3": {"endpoint_url": endpoint, "addressing_style": "path", "max_attempts": 3},
+    })
+    return spec
+
+
+def _root(server: MotoServer, bucket: str, run_dir: Path, leg: str) -> RemoteRoot:
+    """The leg's checkpoints as the workers see them, reached directly at moto."""
+    where = checkpoint_location(
+        f"s3://{bucket}/runs",
+        S3Spec(endpoint_url=server.endpoint, addressing_style="path"),
+        run_dir / "inspect",
+        leg,
+    )
+    assert isinstance(where, RemoteRoot)
+    return where
+
+
+def _objects(root: RemoteRoot, name: str) -> set[str]:
+    return {o.key.removeprefix(root.key(name) + "/") for o in root.store.list(root.key(name))}
+
+
+def test_control_and_hard_killed_legs_on_s3_are_bitwise_identical(
+    moto_server: MotoServer, tmp_path: Path
+) -> None:
+    bucket = moto_server.new_bucket()
+    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(moto_server.endpoint, bucket))
+    control = legs.launch(spec, "control", tmp_path)
+    legs.preempt(spec, tmp_path, signal.SIGKILL)
+    assert control.wait(240) == 0, control.tail()
+
+    for rank in range(2):
+        (restore,) = legs.restores(tmp_path, "preempted", rank)
+        assert (restore.attempt, restore.checkpoint) == (1, STEP4)
+    assert legs.first_divergence(tmp_path, tmp_path) is None
+    for leg in ("control", "preempted"):
+        root = _root(moto_server, bucket, tmp_path, leg)
+        assert remote.committed(root) == [Position(4), Position(8), Position(12)]
+    assert not (tmp_path / "control" / "checkpoints").exists()  # nothing local but scratch
+    # The comparator downloads both final checkpoints, verified, and measures their drift.
+    verdict = compare_run(tmp_path)
+    assert verdict.result == Result.PASS, verdict.reason
+    assert verdict.reason.startswith("exact:")
+
+
+def test_a_kill_after_the_upload_before_the_marker_leaves_the_checkpoint_uncommitted(
+    moto_server: MotoServer, control_run: ControlRuns, tmp_path: Path
+) -> None:
+    bucket = moto_server.new_bucket()
+    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(
+        moto_server.endpoint, bucket,
+        preemption={"at": "checkpoint_commit", "step": 8, "microstep": 0}))
+    lp = legs.launch(spec, "preempted", tmp_path)
+    beacon = legs.wait_beacon(lp, rank=1)
+    root = _root(moto_server, bucket, tmp_path, "preempted")
+    # Rank 1 holds after uploading its shards; no manifest, no marker: not a checkpoint.
+    held = _objects(root, STEP8)
+    assert {"dcp/__1_0.distcp", "rank-1.pkl"} <= held
+    assert not held & {"manifest.json", "COMMITTED"}
+    assert remote.committed(root) == [Position(4)]
+    legs.os.kill(beacon["pid"], signal.SIGKILL)
+    assert lp.wait(240) == 0, lp.tail()
+
+    for rank in range(2):
+        (restore,) = legs.restores(tmp_path, "preempted", rank)
+        assert restore.checkpoint == STEP4
+    assert "removed uncommitted checkpoint s3://" in lp.log.read_text()
+    # The restart saved step 8 again, whole this time.
+    assert remote.committed(root) == [Position(4), Position(8), Position(12)]
+    assert legs.first_divergence(control_run("dropout-mlp"), tmp_path) is None
+
+
+def test_a_flipped_byte_in_a_committed_object_fails_the_resume_naming_it(
+    moto_server: MotoServer, tmp_path: Path
+) -> None:
+    bucket = moto_server.new_bucket()
+    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(moto_server.endpoint, bucket))
+    lp = legs.launch(spec, "preempted", tmp_path)
+    beacon = legs.wait_beacon(lp, rank=1)
+    root = _root(moto_server, bucket, tmp_path, "preempted")
+    assert remote.committed(root) == [Position(4)]
+    s3 = moto_server.client()
+    key = "runs/" + root.key(STEP4, "dcp/__1_0.distcp")  # the bucket key, under the prefix
+    body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0x01  # same size: only the digest can tell
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    legs.os.kill(beacon["pid"], signal.SIGKILL)
+    assert lp.wait(240) != 0
+
+    log = lp.log.read_text()
+    expected = re.escape(f"s3://{bucket}/{key}") + r": sha256 [0-9a-f]{16}… does not match"
+    assert re.search(expected, log), lp.tail()
+    assert not legs.restores(tmp_path, "preempted", 0)  # nothing was loaded
+
+
+class CutableProxy:
+    """A TCP forwarder to the S3 endpoint that can be cut: the endpoint "goes down" for the
+    workers while moto keeps its objects, so the test can inspect them afterwards."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.down = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down:  # accepted in the race with cut()
+                client.close()
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        """Refuse new connections and drop the open ones."""
+        self.down = True
+        # shutdown, not only close: it wakes the accept() blocked in the other thread.
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self.lock:
+            for conn in self.conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+
+
+@pytest.fixture
+def proxy(moto_server: MotoServer) -> Iterator[CutableProxy]:
+    p = CutableProxy(moto_server.port)
+    yield p
+    p.cut()
+
+
+def test_an_endpoint_down_during_a_save_fails_the_leg_and_keeps_the_committed_one(
+    moto_server: MotoServer, proxy: CutableProxy, tmp_path: Path
+) -> None:
+    bucket = moto_server.new_bucket()
+    # Graceful: the SIGTERM makes every rank write an emergency checkpoint, a save that
+    # runs while the endpoint is down.
+    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(
+        proxy.endpoint, bucket, preemption={"mode": "graceful"}))
+    lp = legs.launch(spec, "preempted", tmp_path)
+    beacon = legs.wait_beacon(lp, rank=1)
+    root = _root(moto_server, bucket, tmp_path, "preempted")
+    before = remote.download(root, STEP4, tmp_path / "before" / STEP4)
+    proxy.cut()
+    legs.os.kill(beacon["pid"], signal.SIGTERM)
+    assert lp.wait(240) != 0
+
+    log = lp.log.read_text()
+    # The save fails on every rank after botocore's retries, then the restart stops at
+    # its first request to the store, before training.
+    down = r"error: cannot save step-00000005\+1: cannot reach " + re.escape(proxy.endpoint)
+    assert re.search(down + r" to \w+ s3://.* after 3 attempts", log), lp.tail()
+    assert re.search(r"error: checkpoint store s3://\S+: cannot reach .* after 3 attempts",
+                     log), lp.tail()
+    # moto kept its objects behind the cut: step 4 is still committed, whole, unchanged.
+    assert remote.committed(root) == [Position(4)]
+    after = remote.download(root, STEP4, tmp_path / "after" / STEP4)
+    assert after == before
+
+
+def test_a_missing_bucket_stops_the_leg_before_training(
+    moto_server: MotoServer, tmp_path: Path
+) -> None:
+    spec = legs.write_spec(tmp_path / "spec.yaml",
+                           _s3_spec(moto_server.endpoint, "rq-no-such-bucket"))
+    lp = legs.launch(spec, "control", tmp_path)
+    assert lp.wait(120) != 0
+    assert "bucket 'rq-no-such-bucket' does not exist" in lp.log.read_text(), lp.tail()
+    assert legs.steps(tmp_path, "control", 0) == {}
+
+
+def test_spec_round_trip_keeps_the_s3_settings() -> None:
+    spec = QualificationSpec.model_validate(_s3_spec("http://127.0.0.1:9", "b"))
+    again = QualificationSpec.model_validate(spec.model_dump(mode="json", by_alias=True))
+    assert again.digest() == spec.digest()
+    assert again.checkpoint.s3 is not None and again.checkpoint.s3.max_attempts == 3
+

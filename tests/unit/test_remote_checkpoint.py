@@ -1,0 +1,242 @@
+"""Unit tests for checkpoints on an object store (the COMMITTED-marker protocol), in one
+process with a world-1 gloo group. The store is a FileStore behind a RemoteRoot: the
+protocol only uses the Store interface, so no S3 server is needed here (the integration
+tests run it against moto over HTTP)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from resumequal.checkpoint import (
+    CheckpointManager,
+    Position,
+    RemoteRoot,
+    checkpoint_location,
+    remote,
+)
+from resumequal.checkpoint.manifest import Manifest
+from resumequal.errors import CheckpointError
+from resumequal.spec import QualificationSpec, S3Spec, SpecError, parse_spec
+from resumequal.store import FileStore, StoreUnavailable
+from resumequal.store.base import LocalPath
+
+PREFIX = "control/checkpoints"
+
+
+pytestmark = pytest.mark.usefixtures("single_process_group")
+
+
+class FlakyStore(FileStore):
+    """A FileStore whose uploads fail (as after botocore's retries) while ``down``."""
+
+    down = False
+
+    def put_file(self, key: str, local_path: LocalPath) -> str:
+        if self.down:
+            raise StoreUnavailable(f"cannot reach the endpoint to upload {self.uri(key)}")
+        return super().put_file(key, local_path)
+
+
+def _root(tmp_path: Path) -> RemoteRoot:
+    return RemoteRoot(FlakyStore(str(tmp_path / "bucket")), PREFIX, tmp_path / "local")
+
+
+def _manager(root: RemoteRoot, *, keep_last: int = 10, async_save: bool = False
+             ) -> CheckpointManager:
+    return CheckpointManager(root, rank=0, world_size=1, attempt=0, keep_last=keep_last,
+                             async_save=async_save, group_timeout=timedelta(seconds=30))
+
+
+def _state(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    return {"model": nn.Linear(4, 3).state_dict()}
+
+
+def _template(_: dict[str, Any]) -> dict[str, Any]:
+    return {"model": {k: torch.zeros_like(v) for k, v in _state(0)["model"].items()}}
+
+
+def _save(m: CheckpointManager, step: int, **kw: Any) -> str:
+    return m.save(Position(step), _state(step), {"step": step}, info={"leg": "control"}, **kw)
+
+
+def _keys(root: RemoteRoot, name: str) -> set[str]:
+    return {o.key[len(root.key(name)) + 1 :] for o in root.store.list(root.key(name))}
+
+
+def test_a_save_uploads_every_file_then_the_manifest_then_the_marker(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    seen: list[set[str]] = []
+    name = _save(_manager(root), 4, before_commit=lambda: seen.append(_keys(root, "step-00000004")))
+    assert name == "step-00000004"
+    # At before_commit this rank's files are uploaded, the commit has not happened.
+    assert seen == [{"dcp/.metadata", "dcp/__0_0.distcp", "rank-0.pkl"}]
+    assert _keys(root, name) == seen[0] | {"manifest.json", "COMMITTED"}
+    manifest = remote.read_manifest(root, name)
+    assert sorted(manifest.files) == sorted(seen[0])
+    for rel, entry in manifest.files.items():
+        assert entry.size == (tmp_path / "bucket" / PREFIX / name / rel).stat().st_size
+    assert remote.committed(root) == [Position(4)]
+    assert not (root.local / ".staging" / "step-00000004.attempt-0").exists()
+
+
+def test_resume_downloads_verifies_and_loads_the_newest_committed(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    m = _manager(root)
+    _save(m, 4)
+    _save(m, 8)
+    fresh = _manager(root)
+    assert fresh.collect_garbage() == []
+    assert fresh.newest() == "step-00000008"
+    loaded = fresh.load("step-00000008", _template)
+    assert loaded.rank_state == {"step": 8}
+    for k, v in _state(8)["model"].items():
+        assert torch.equal(loaded.tensors["model"][k], v)
+
+
+def test_a_checkpoint_without_its_marker_is_never_loaded_and_is_collected(
+    tmp_path: Path
+) -> None:
+    root = _root(tmp_path)
+    m = _manager(root)
+    _save(m, 4)
+    _save(m, 8)
+    root.store.delete(root.key("step-00000008", remote.COMMITTED))  # a kill before it
+    fresh = _manager(root)
+    assert fresh.collect_garbage() == ["step-00000008"]
+    assert _keys(root, "step-00000008") == set()
+    assert fresh.newest() == "step-00000004"
+
+
+@pytest.mark.parametrize("tamper", ["flip", "truncate", "extra", "missing"])
+def test_a_damaged_committed_checkpoint_fails_the_resume_naming_the_object(
+    tamper: str, tmp_path: Path
+) -> None:
+    root = _root(tmp_path)
+    _save(_manager(root), 4)
+    shard = tmp_path / "bucket" / PREFIX / "step-00000004" / "dcp" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    if tamper == "flip":
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+        expect = r"__0_0\.distcp: sha256 .* does not match the expected"
+    elif tamper == "truncate":
+        shard.write_bytes(bytes(data[:-1]))
+        expect = r"__0_0\.distcp has \d+ bytes, the manifest says"
+    elif tamper == "extra":
+        (shard.parent / "__0_1.distcp").write_bytes(b"x")
+        expect = r"objects not in the manifest: dcp/__0_1\.distcp"
+    else:
+        shard.unlink()
+        expect = r"__0_0\.distcp is listed in the manifest but missing"
+    with pytest.raises(CheckpointError, match=expect):
+        _manager(root).newest()
+
+
+def test_a_failed_upload_fails_the_save_and_keeps_the_committed_one(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    m = _manager(root)
+    _save(m, 4)
+    assert isinstance(root.store, FlakyStore)
+    root.store.down = True
+    with pytest.raises(CheckpointError, match=r"upload of checkpoint step-00000008 .* "
+                       r"uncommitted: rank 0: cannot reach the endpoint"):
+        _save(m, 8)
+    root.store.down = False
+    assert remote.committed(root) == [Position(4)]
+    fresh = _manager(root)
+    fresh.collect_garbage()
+    assert fresh.newest() == "step-00000004"
+
+
+def test_retention_keeps_the_newest_committed(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    m = _manager(root, keep_last=2)
+    for step in (2, 4, 6):
+        _save(m, step)
+    assert remote.committed(root) == [Position(4), Position(6)]
+    assert _keys(root, "step-00000002") == set()
+
+
+def test_saving_a_position_again_replaces_it(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    m = _manager(root)
+    _save(m, 4)
+    m.save(Position(4), _state(9), {"step": 9})
+    loaded = _manager(root).load(_newest(root), _template)
+    assert loaded.rank_state == {"step": 9}
+
+
+def _newest(root: RemoteRoot) -> str:
+    m = _manager(root)
+    name = m.newest()
+    assert name is not None
+    return name
+
+
+def test_a_background_save_uploads_at_its_commit(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    m = _manager(root, async_save=True)
+    m.save_async(Position(4), _state(4), {"step": 4})
+    assert m.poll(wait=True) == "step-00000004"
+    assert remote.committed(root) == [Position(4)]
+    assert _manager(root).load(_newest(root), _template).rank_state == {"step": 4}
+
+
+def test_every_rank_uploads_only_the_files_it_wrote(tmp_path: Path) -> None:
+    for rel in ("dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/__10_0.distcp",
+                "rank-0.pkl", "rank-1.pkl", "rank-10.pkl", ".rank-1.pkl.tmp"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    assert remote.own_files(tmp_path, 0) == ["dcp/.metadata", "dcp/__0_0.distcp", "rank-0.pkl"]
+    assert remote.own_files(tmp_path, 1) == ["dcp/__1_0.distcp", "rank-1.pkl"]
+    assert remote.own_files(tmp_path, 10) == ["dcp/__10_0.distcp", "rank-10.pkl"]
+
+
+def test_download_writes_a_local_checkpoint_that_verifies(tmp_path: Path) -> None:
+    from resumequal.checkpoint import verify
+
+    root = _root(tmp_path)
+    _save(_manager(root), 4)
+    manifest = remote.download(root, "step-00000004", tmp_path / "copy" / "step-00000004")
+    assert isinstance(manifest, Manifest)
+    assert verify(tmp_path / "copy" / "step-00000004") == manifest
+    root.store.delete(root.key("step-00000004", remote.COMMITTED))
+    with pytest.raises(CheckpointError, match="not a committed checkpoint"):
+        remote.download(root, "step-00000004", tmp_path / "again")
+
+
+# --- spec -------------------------------------------------------------------------------------
+
+
+def test_an_s3_store_with_its_settings_is_a_valid_spec(tmp_path: Path) -> None:
+    spec = QualificationSpec.model_validate({"checkpoint": {
+        "store": "s3://bucket/runs", "s3": {"endpoint_url": "http://127.0.0.1:9000/",
+                                            "addressing_style": "path", "max_attempts": 2}}})
+    assert spec.checkpoint.s3 == S3Spec(endpoint_url="http://127.0.0.1:9000",
+                                        addressing_style="path", max_attempts=2)
+    where = checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, tmp_path, "control")
+    assert isinstance(where, RemoteRoot)
+    assert where.uri("step-00000004") == "s3://bucket/runs/control/checkpoints/step-00000004"
+    assert where.local == tmp_path / "control" / ".ckpt-local"
+    assert checkpoint_location(None, None, tmp_path, "control") == (
+        tmp_path / "control" / "checkpoints")
+
+
+@pytest.mark.parametrize(("checkpoint", "message"), [
+    ({"store": "gs://bucket"}, "scheme 'gs' is not supported"),
+    ({"store": "s3:///prefix"}, "names a bucket"),
+    ({"store": "/data", "s3": {}}, "checkpoint.s3 configures an s3:// store"),
+    ({"store": "s3://b", "s3": {"endpoint_url": "http://user:secret@host"}},
+     "without user:password"),
+])
+def test_a_bad_store_is_refused_naming_why(checkpoint: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message) as info:
+        parse_spec({"checkpoint": checkpoint})
+    assert "secret" not in str(info.value)
