@@ -23,9 +23,10 @@ def _controls(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["omission"]: c for c in report["verdict"]["controls"]}
 
 
+@pytest.mark.timeout(900)
 def test_default_controls_are_all_detected_with_their_mechanism(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir), *MLP)
+    proc = _resumequal("run", "--run-dir", str(run_dir), *MLP, timeout=840)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = _report(run_dir)
     controls = _controls(report)
@@ -89,9 +90,10 @@ def _ddp_spec(prime: bool) -> list[str]:
             "--set", "controls.enabled=false"]
 
 
+@pytest.mark.timeout(600)
 def test_without_the_reducer_prime_three_ranks_fail_at_the_bucket_layout(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=False))
+    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=False), timeout=540)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     verdict = _report(run_dir)["verdict"]
     first = verdict["first_divergence"]
@@ -103,9 +105,10 @@ def test_without_the_reducer_prime_three_ranks_fail_at_the_bucket_layout(tmp_pat
     assert row["reduced_grads"] == "differs"
 
 
+@pytest.mark.timeout(600)
 def test_with_the_reducer_prime_three_ranks_resume_exactly(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=True))
+    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=True), timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verdict = _report(run_dir)["verdict"]
     assert verdict["result"] == "PASS"

@@ -50,9 +50,11 @@ def _report(run_dir: Path) -> dict:  # type: ignore[type-arg]
     return json.loads((run_dir / "report.json").read_text())  # type: ignore[no-any-return]
 
 
+@pytest.mark.timeout(900)
 def test_default_qualification_passes_and_leaves_reports(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir))
+    # The default runs seven legs (control, preempted, five negative controls).
+    proc = _resumequal("run", "--run-dir", str(run_dir), timeout=840)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS" in proc.stdout
     report = _report(run_dir)
