@@ -596,3 +596,14 @@ def test_omitted_parts_unions_and_rejects_unknown_names() -> None:
         omitted_parts(frozenset({"optimizer", "rng"}))
     for name in OMISSIONS:
         assert name in str(info.value)
+
+
+def test_a_dcp_failure_on_load_is_a_checkpoint_error(tmp_path: Path) -> None:
+    # DCP's CheckpointException derives from BaseException; it must not escape unwrapped.
+    live = _trained(steps=1)
+    mgr = _manager(tmp_path)
+    name = _save(mgr, live, Position(1))
+    shard = sorted((tmp_path / name / "dcp").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:16])  # past the manifest check: load directly
+    with pytest.raises(CheckpointError, match="DCP load of step-00000001 failed"):
+        mgr.load(name, _template(_live(seed=2)))

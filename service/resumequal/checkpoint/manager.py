@@ -64,6 +64,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from resumequal.checkpoint import layout, remote
@@ -73,6 +74,9 @@ from resumequal.checkpoint.remote import RemoteRoot
 from resumequal.errors import CheckpointError, StoreError
 
 log = logging.getLogger(__name__)
+
+# DCP's CheckpointException derives from BaseException (torch 2.13), not Exception.
+DCP_ERRORS = (Exception, CheckpointException)
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ class CheckpointManager:
         staging = self._prepare(position, group=None)
         try:
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(staging / layout.DCP_DIR)))
-        except Exception as e:  # DCP raises CheckpointException (an Exception) on every rank
+        except DCP_ERRORS as e:  # DCP raises CheckpointException on every rank
             raise CheckpointError(
                 f"rank {self.rank}: DCP save of {position.name} failed: {e}"
             ) from e
@@ -267,7 +271,7 @@ class CheckpointManager:
                 future = response.upload_completion
             else:
                 future = response
-        except Exception as e:
+        except DCP_ERRORS as e:
             raise CheckpointError(
                 f"rank {self.rank}: DCP async save of {position.name} failed to start: {e}"
             ) from e
@@ -507,7 +511,7 @@ class CheckpointManager:
         self._check_keys(tensors, reader, directory)
         try:
             dcp.load(tensors, storage_reader=reader)
-        except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+        except DCP_ERRORS as e:  # DCP wraps per-rank failures in CheckpointException
             raise CheckpointError(f"rank {self.rank}: DCP load of {name} failed: {e}") from e
         return Loaded(name=name, position=position, tensors=tensors, rank_state=rank_state)
 

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
 from resumequal.checkpoint.layout import DCP_DIR
+from resumequal.checkpoint.manager import DCP_ERRORS
 from resumequal.errors import CheckpointError
 from resumequal.verdict import DriftSummary, TensorDrift
 
@@ -174,7 +175,7 @@ class _Checkpoint:
         self.path = directory / DCP_DIR if (directory / DCP_DIR).is_dir() else directory
         try:
             meta = dcp.FileSystemReader(str(self.path)).read_metadata()
-        except Exception as e:  # a missing or unpicklable .metadata file
+        except DCP_ERRORS as e:  # a missing or unpicklable .metadata file
             raise CheckpointError(f"{self.path}: unreadable DCP metadata: {e}") from e
         self.items = meta.state_dict_metadata
 
@@ -190,7 +191,7 @@ class _Checkpoint:
             try:
                 dcp.load(state, storage_reader=dcp.FileSystemReader(str(self.path)),
                          planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
-            except Exception as e:  # DCP wraps read failures in CheckpointException
+            except DCP_ERRORS as e:  # DCP wraps read failures in CheckpointException
                 raise CheckpointError(f"{self.path}: cannot load {len(state)} item(s): "
                                       f"{e}") from e
         return state

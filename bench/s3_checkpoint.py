@@ -1,0 +1,275 @@
+"""resumequal's S3 checkpoint save and resume next to raw boto3, against moto on loopback.
+
+Starts ``python -m moto.server`` on a free 127.0.0.1 port (dummy credentials), builds a
+~300 MB state dict of float32 tensors of mixed sizes and, in a single-process gloo group
+(rank 0 of 1, over a FileStore), measures side by side in every round:
+
+- save: ``CheckpointManager.save`` on the S3 root the worker builds
+  (``checkpoint_location`` → ``RemoteRoot``): local DCP write into staging, sha256 and
+  upload of every file, manifest, then ``COMMITTED`` — next to boto3's ``upload_file`` of
+  the same files (a local DCP copy of the same state) to the same endpoint;
+- resume: ``newest()`` + ``load()`` (manifest check against the listing, download with
+  sha256 verification, DCP load into fresh tensors) next to boto3's ``download_file`` of
+  the same objects.
+
+The local DCP write alone is timed too, so the save ratio can be split into "writing the
+files" and "moving the bytes". Prints MB/s (median round) and the median over rounds of
+raw boto3 time / resumequal time (1.00 = as fast as the raw transfer alone).
+
+    python bench/s3_checkpoint.py [--mb 300] [--rounds 3]
+
+moto keeps objects in one Python process and shares the CPUs with the client, so
+absolute figures are far below a real endpoint; the ratios are what this measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3  # type: ignore[import-untyped]
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
+from botocore.config import Config  # type: ignore[import-untyped]
+
+from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot, checkpoint_location
+from resumequal.spec import S3Spec
+from resumequal.store import S3Config
+
+MiB = 1 << 20
+BUCKET = "rq-bench"
+REGION = "us-east-1"
+# (count, elements) of float32 tensors: a few large weights, many mid-size, many small.
+_MIX = ((4, 10 * MiB), (6, 4 * MiB), (20, MiB // 2), (50, 16 * 1024))
+_MIX_BYTES = sum(n * e * 4 for n, e in _MIX)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dummy_credentials() -> None:
+    """Dummy credentials in the environment and nothing else from the AWS chain."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                 "AWS_ROLE_ARN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        os.environ.pop(name, None)
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="AKIARQBENCHDUMMYKEY0",
+        AWS_SECRET_ACCESS_KEY="rq-dummy-secret-for-moto-only",
+        AWS_DEFAULT_REGION=REGION,
+        AWS_REGION=REGION,
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto S3 server on a free loopback port; killed (with its objects) on exit."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("moto server did not start") from None
+                time.sleep(0.05)
+        yield endpoint
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def process_group(tmp: Path) -> Iterator[None]:
+    """A single-process gloo group (rank 0 of 1) over a FileStore, as the unit tests use."""
+    store = dist.FileStore(str(tmp / "pg-store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
+                            timeout=timedelta(seconds=120))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def raw_client(endpoint: str) -> Any:
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"})
+    )
+
+
+def make_state(mb: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """~``mb`` MB of float32 tensors of mixed sizes (the _MIX proportions), reproducible."""
+    scale = mb * 1e6 / _MIX_BYTES
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for group, (count, elements) in enumerate(_MIX):
+        for i in range(count):
+            n = max(1, int(elements * scale))
+            state[f"g{group}.t{i:02d}"] = torch.randn(n, generator=gen)
+    return state
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def zeros_like_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: torch.zeros_like(v) for k, v in state.items()}
+
+
+def s3_root(endpoint: str, run_dir: Path, leg: str = "control") -> RemoteRoot:
+    """The checkpoint root a worker builds for ``checkpoint.store=s3://…`` (worker.py)."""
+    spec = S3Spec(endpoint_url=endpoint, addressing_style="path")
+    root = checkpoint_location(f"s3://{BUCKET}/runs", spec, run_dir, leg)
+    assert isinstance(root, RemoteRoot)
+    return root
+
+
+def transfer_config() -> Any:
+    """boto3's transfer settings matching S3Store's defaults (part size, concurrency)."""
+    config = S3Config()
+    return TransferConfig(
+        multipart_threshold=config.multipart_threshold_mb * MiB,
+        multipart_chunksize=config.multipart_chunk_mb * MiB,
+        max_concurrency=config.max_concurrency,
+    )
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def quiet() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    warnings.filterwarnings("ignore", module="torch.distributed.checkpoint")
+
+
+def report(label: str, mb: float, mine: list[float], base: list[float], base_label: str,
+           extra: str = "") -> None:
+    ratio = statistics.median(b / m for m, b in zip(mine, base, strict=True))
+    print(f"  {label:<34} {mb / statistics.median(mine):7.1f} MB/s   "
+          f"{base_label:<26} {mb / statistics.median(base):7.1f} MB/s   "
+          f"ratio {ratio:.2f}{extra}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=300, help="state size in MB")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    quiet()
+    dummy_credentials()
+
+    state = make_state(args.mb)
+    nbytes = state_bytes(state)
+    with (moto_server() as endpoint, tempfile.TemporaryDirectory(prefix="rq-s3ckpt-") as t,
+          process_group(Path(t))):
+        tmp = Path(t)
+        raw = raw_client(endpoint)
+        raw.create_bucket(Bucket=BUCKET)
+        xfer = transfer_config()
+        manager = CheckpointManager(s3_root(endpoint, tmp), rank=0, world_size=1, attempt=0,
+                                    keep_last=1)
+        # The raw side moves the same files: a local DCP copy of the same state.
+        local = tmp / "local-dcp"
+        down = tmp / "raw-down"
+        down.mkdir()
+        rank_state = {"step": 0, "rng": torch.get_rng_state()}
+
+        def local_write() -> None:
+            shutil.rmtree(local, ignore_errors=True)
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(local)))
+
+        local_write()
+        files = sorted(p for p in local.rglob("*") if p.is_file())
+        total_mb = sum(p.stat().st_size for p in files) / 1e6
+        print(f"state: {len(state)} float32 tensors, {nbytes / 1e6:.0f} MB "
+              f"(largest {max(t.numel() for t in state.values()) * 4 / 1e6:.1f} MB, smallest "
+              f"{min(t.numel() for t in state.values()) * 4 / 1e3:.1f} kB); DCP files "
+              f"{len(files)}, {total_mb:.0f} MB; {os.cpu_count()} CPUs; moto at {endpoint}")
+
+        def raw_upload() -> None:
+            for p in files:
+                raw.upload_file(str(p), BUCKET, f"raw/{p.relative_to(local)}", Config=xfer)
+
+        def raw_download() -> None:
+            for p in files:
+                rel = p.relative_to(local)
+                (down / rel).parent.mkdir(parents=True, exist_ok=True)
+                raw.download_file(BUCKET, f"raw/{rel}", str(down / rel), Config=xfer)
+
+        saves: list[tuple[float, float, float]] = []
+        loads: list[tuple[float, float]] = []
+        for r in range(args.rounds):
+            position = Position(r + 1)
+
+            def ours_save(position: Position = position) -> None:
+                manager.save(position, state, rank_state)
+
+            def ours_load(position: Position = position) -> None:
+                name = manager.newest()
+                assert name == position.name, (name, position)
+                loaded = manager.load(name, lambda _: zeros_like_state(state))
+                assert torch.equal(loaded.tensors["g0.t00"], state["g0.t00"])
+
+            # Who goes first alternates, so load from elsewhere hits both sides alike.
+            if r % 2 == 0:
+                s_ours, s_raw, s_local = timed(ours_save), timed(raw_upload), timed(local_write)
+                l_ours, l_raw = timed(ours_load), timed(raw_download)
+            else:
+                s_local, s_raw, s_ours = timed(local_write), timed(raw_upload), timed(ours_save)
+                l_raw, l_ours = timed(raw_download), timed(ours_load)
+            saves.append((s_ours, s_raw, s_local))
+            loads.append((l_ours, l_raw))
+            print(f"  round {r + 1}: save {s_ours:.2f}s (local DCP write {s_local:.2f}s), "
+                  f"boto3 upload {s_raw:.2f}s; resume {l_ours:.2f}s, boto3 download "
+                  f"{l_raw:.2f}s")
+
+        print(f"median of {args.rounds} rounds, {total_mb:.0f} MB "
+              "(ratio = boto3 time / resumequal time; 1.00 = as fast as the bare transfer):")
+        report("save (DCP write+upload+commit)", total_mb, [s[0] for s in saves],
+               [s[1] for s in saves], "boto3 upload_file",
+               f"   (local DCP write alone {total_mb / statistics.median(s[2] for s in saves):.1f}"
+               " MB/s)")
+        report("resume (newest+verify+load)", total_mb, [x[0] for x in loads],
+               [x[1] for x in loads], "boto3 download_file")
+        upload_only = [max(s[0] - s[2], 1e-9) for s in saves]
+        report("save minus local DCP write", total_mb, upload_only, [s[1] for s in saves],
+               "boto3 upload_file", "   (upload+sha256+commit, estimated)")
+
+
+if __name__ == "__main__":
+    main()
