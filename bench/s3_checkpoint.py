@@ -28,14 +28,9 @@ import argparse
 import logging
 import os
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,6 +48,7 @@ from botocore.config import Config  # type: ignore[import-untyped]
 from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot, checkpoint_location
 from resumequal.spec import S3Spec
 from resumequal.store import S3Config
+from s3_upload import moto_server  # the same loopback moto launcher
 
 MiB = 1 << 20
 BUCKET = "rq-bench"
@@ -60,12 +56,6 @@ REGION = "us-east-1"
 # (count, elements) of float32 tensors: a few large weights, many mid-size, many small.
 _MIX = ((4, 10 * MiB), (6, 4 * MiB), (20, MiB // 2), (50, 16 * 1024))
 _MIX_BYTES = sum(n * e * 4 for n, e in _MIX)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def dummy_credentials() -> None:
@@ -82,32 +72,6 @@ def dummy_credentials() -> None:
         AWS_SHARED_CREDENTIALS_FILE=os.devnull,
         AWS_EC2_METADATA_DISABLED="true",
     )
-
-
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """A moto S3 server on a free loopback port; killed (with its objects) on exit."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("moto server did not start") from None
-                time.sleep(0.05)
-        yield endpoint
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @contextmanager

@@ -60,7 +60,7 @@ def moto_server() -> Iterator[str]:
             try:
                 with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
                     break
-            except (urllib.error.URLError, ConnectionError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("moto server did not start") from None
                 time.sleep(0.05)

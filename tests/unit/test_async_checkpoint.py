@@ -27,6 +27,7 @@ from resumequal.checkpoint.manager import WriteState, commit_decision
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.errors import CheckpointError
 from resumequal.spec import SpecError, apply_overrides, parse_spec
+from tests.unit.tensors import clone_tree
 
 FileSystemWriter = dcp.FileSystemWriter  # the real one, whatever a test patches
 GATE_TIMEOUT = 30.0
@@ -88,16 +89,6 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]
     return {"model": model.state_dict(), "optim": optimizer.state_dict()}
 
 
-def _clone(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_clone(v) for v in obj)
-    return obj
-
-
 def _zeros(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return torch.full_like(obj, -7.0)
@@ -138,7 +129,7 @@ def test_async_save_writes_a_snapshot_taken_before_it_returns(
     gate: Gate, tmp_path: Path
 ) -> None:
     model, optimizer = _trained()
-    expected = _clone(_state(model, optimizer))
+    expected = clone_tree(_state(model, optimizer))
     future = dcp.async_save(_state(model, optimizer),
                             storage_writer=dcp.FileSystemWriter(str(tmp_path)))
     assert gate.reached.wait(GATE_TIMEOUT)  # the write is in flight, held at its start
@@ -180,7 +171,7 @@ def test_a_manifest_written_before_the_write_finished_does_not_verify(
 def test_commit_waits_until_the_background_write_is_done(gate: Gate, tmp_path: Path) -> None:
     mgr = _manager(tmp_path)
     model, optimizer = _trained()
-    expected = _clone(_state(model, optimizer))
+    expected = clone_tree(_state(model, optimizer))
     held: list[bool] = []
     mgr.save_async(Position(1), _state(model, optimizer), {"cursor": 1},
                    info={"leg": "t"}, before_commit=lambda: held.append(True))

@@ -33,6 +33,7 @@ from resumequal.state import (
     tensor_state,
 )
 from resumequal.workloads.base import Microbatch, Workload
+from tests.unit.tensors import clone_tree
 
 pytestmark = pytest.mark.usefixtures("single_process_group")
 
@@ -143,16 +144,6 @@ def _template(live: LiveState) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return template
 
 
-def _clone(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_clone(v) for v in obj)
-    return obj
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
@@ -172,8 +163,8 @@ def _snapshot(live: LiveState) -> dict[str, Any]:
     model = live.model
     return {
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-        "optimizer": _clone(w.optimizer.state_dict()),
-        "scheduler": _clone(w.scheduler.state_dict()),
+        "optimizer": clone_tree(w.optimizer.state_dict()),
+        "scheduler": clone_tree(w.scheduler.state_dict()),
         "data_cursor": w.dataset.state_dict(),
         "rng": capture_rng(),
         "counters": live.counters.as_tuple(),
