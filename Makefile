@@ -6,23 +6,33 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: env run test test-fast lint bench clean
+.PHONY: env tools run test test-fast lint bench clean
 
 env: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[test,lint]'
+	$(PY) -m pip install -q -e '.[test,lint,operator]'
 	touch $@
+
+# promtool (alert rule checks) and prometheus (the end-to-end alert test) come from
+# Debian's prometheus package; installed when missing and we may install packages.
+tools:
+	@command -v promtool >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $$SUDO apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && \
+	    $$SUDO apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; }
 
 run: env
 	$(VENV)/bin/resumequal run
 
-test: env
+test: env tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: env
+test-fast: env tools
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 lint: env
