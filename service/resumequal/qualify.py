@@ -101,8 +101,12 @@ class Backend(Protocol):
     def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
         """Kill the armed worker: hard, or SIGTERM then SIGKILL after the grace period."""
 
-    def compare(self) -> Verdict:
-        """Compare the finished legs and conclude."""
+    def compare(self) -> Verdict | None:
+        """Compare the finished legs and conclude; ``None`` while the comparison still runs.
+
+        A cluster runs the comparator as a Job, so its verdict arrives on a later tick;
+        the machine stays in Comparing until then, for at most ``timeouts.leg_seconds``.
+        """
         ...
 
     def cleanup(self) -> None:
@@ -289,12 +293,25 @@ class Qualification:
                 s.legs[plan.name].launched_at = self.clock()
                 running.append(plan)
 
+    def _entered(self, phase: Phase) -> float | None:
+        """When the machine last entered ``phase``, from its history."""
+        return next((e.at for e in reversed(self.status.history) if e.phase == phase.value),
+                    None)
+
     def _stop(self, reason: Reason, message: str) -> None:
         self.fail(reason, message)
         raise _Stop
 
     def _compare(self) -> None:
         verdict = self.backend.compare()
+        if verdict is None:
+            # A comparison is as long as a leg at most: it reads what the legs wrote.
+            limit = self.spec.timeouts.leg_seconds
+            since = self._entered(Phase.COMPARING)
+            if since is not None and self.clock() - since > limit:
+                self.fail(Reason.TIMEOUT, "the comparison did not finish within "
+                          f"timeouts.leg_seconds={limit:g}")
+            return
         self.status.verdict = verdict
         if verdict.result == Result.INVALID:
             self.fail(Reason.INVALID, verdict.reason)

@@ -45,6 +45,8 @@ class ScriptedBackend:
     kills: list[tuple[int, str, float]] = field(default_factory=list)
     cleanups: int = 0
     result: Result = Result.PASS
+    compare_pending: bool = False
+    compares: int = 0
 
     def launch_leg(self, plan: LegPlan) -> None:
         self.launched.append(plan.name)
@@ -67,8 +69,9 @@ class ScriptedBackend:
     def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
         self.kills.append((beacon.pid, mode, grace_seconds))
 
-    def compare(self) -> Verdict:
-        return _verdict(self.result)
+    def compare(self) -> Verdict | None:
+        self.compares += 1
+        return None if self.compare_pending else _verdict(self.result)
 
     def cleanup(self) -> None:
         self.cleanups += 1
@@ -206,6 +209,49 @@ def test_invalid_verdict_fails_the_run() -> None:
     _succeed(b, "preempted", resumed_at=1.0)
     assert q.tick() == Phase.FAILED
     assert q.status.reason == Reason.INVALID
+
+
+def _to_comparing(q: Qualification, b: ScriptedBackend, clock: Clock) -> None:
+    q.tick()
+    b.beacon = _beacon()
+    q.tick()
+    b.legs["preempted"] = LegObservation(state=LegState.RUNNING, resumed_at=clock.now)
+    q.tick()
+    _succeed(b, "control")
+    _succeed(b, "preempted", resumed_at=clock.now)
+
+
+def test_a_pending_comparison_keeps_the_machine_comparing_until_its_verdict() -> None:
+    q, b, clock = _machine(side_by_side=True)
+    b.compare_pending = True
+    _to_comparing(q, b, clock)
+    assert q.tick() == Phase.COMPARING
+    clock.now += 30
+    assert q.tick() == Phase.COMPARING
+    assert q.status.verdict is None and b.cleanups == 0
+    # A restarted controller continues the wait from the stored status.
+    stored = QualificationStatus.model_validate_json(q.status.model_dump_json())
+    q = Qualification(_spec(), b, status=stored, clock=clock, side_by_side=True)
+    b.compare_pending = False
+    assert q.tick() == Phase.SUCCEEDED
+    assert q.status.verdict is not None and q.status.verdict.result == Result.PASS
+    assert [e.phase for e in q.status.history].count("Comparing") == 1
+    assert b.cleanups == 1
+
+
+def test_a_comparison_that_never_finishes_times_out() -> None:
+    spec = _spec(timeouts={"leg_seconds": 100})
+    q, b, clock = _machine(spec, side_by_side=True)
+    b.compare_pending = True
+    _to_comparing(q, b, clock)
+    assert q.tick() == Phase.COMPARING
+    clock.now += 99
+    assert q.tick() == Phase.COMPARING
+    clock.now += 2
+    assert q.tick() == Phase.FAILED
+    assert q.status.reason == Reason.TIMEOUT
+    assert "comparison did not finish within timeouts.leg_seconds=100" in (q.status.message or "")
+    assert b.cleanups == 1
 
 
 def test_status_survives_a_round_trip_and_the_machine_continues() -> None:
