@@ -1,0 +1,119 @@
+{{/* Chart name, overridable. */}}
+{{- define "resumequal.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release-name[-chart-name], at most 63 characters. */}}
+{{- define "resumequal.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "resumequal.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object of the release. */}}
+{{- define "resumequal.labels" -}}
+helm.sh/chart: {{ include "resumequal.chart" . }}
+{{ include "resumequal.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels selecting the operator's pods. */}}
+{{- define "resumequal.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "resumequal.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "resumequal.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "resumequal.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository[:tag][@digest] */}}
+{{- define "resumequal.imageRef" -}}
+{{- $ref := .repository }}
+{{- if .tag }}{{ $ref = printf "%s:%s" $ref .tag }}{{ end }}
+{{- if .digest }}{{ $ref = printf "%s@%s" $ref .digest }}{{ end }}
+{{- $ref }}
+{{- end }}
+
+{{- define "resumequal.image" -}}
+{{- include "resumequal.imageRef" (dict "repository" .Values.image.repository "tag" (default .Chart.AppVersion .Values.image.tag) "digest" .Values.image.digest) }}
+{{- end }}
+
+{{/* The namespaces whose QualificationRuns are served (not used with allNamespaces). */}}
+{{- define "resumequal.watchNamespaces" -}}
+{{- $ns := .Values.watch.namespaces | default (list .Release.Namespace) | uniq }}
+{{- toJson $ns }}
+{{- end }}
+
+{{/* Leader election is on when asked for, and must be when there are replicas to elect from. */}}
+{{- define "resumequal.leaderElect" -}}
+{{- if and (gt (int .Values.replicas) 1) (not .Values.leaderElection.enabled) }}
+{{- fail "leaderElection.enabled: must be true when replicas > 1 (only the leader may reconcile)" }}
+{{- end }}
+{{- if .Values.leaderElection.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Security context shared by every container the chart runs. */}}
+{{- define "resumequal.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "resumequal.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* What the operator does to the objects of the runs it serves, in one namespace or all. */}}
+{{- define "resumequal.runRules" -}}
+- apiGroups: ["resumequal.dev"]
+  resources: ["qualificationruns"]
+  verbs: ["get", "list", "watch", "update", "patch"]
+- apiGroups: ["resumequal.dev"]
+  resources: ["qualificationruns/status"]
+  verbs: ["get", "update", "patch"]
+- apiGroups: ["resumequal.dev"]
+  resources: ["qualificationruns/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["kubeflow.org"]
+  resources: ["pytorchjobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Preemption is the deletion of one worker pod.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "delete"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
