@@ -1,0 +1,425 @@
+"""The Helm chart, rendered by the real Helm engine (helm-python-sdk) and every object
+validated: built-in kinds against Kubernetes' strict schemas, monitoring.coreos.com kinds
+against strict models, QualificationRuns against the chart's own CRD."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from tests.chart.monitoring import validate_monitoring
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts/resumequal"
+VALUES_ALL = ROOT / "tests/chart/values-all.yaml"
+K8S_VERSION = "1.33.0"
+RELEASE, NAMESPACE = "rq", "resumequal"
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART) as c:
+        yield c
+
+
+def render(chart: helm.Chart, values: Obj | None = None) -> list[Obj]:
+    """Every object the chart renders (NOTES.txt left out), in template order."""
+    out = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    objs: list[Obj] = []
+    for name in sorted(out):
+        if name.endswith("NOTES.txt"):
+            continue
+        objs.extend(d for d in yaml.safe_load_all(out[name]) if d)
+    return objs
+
+
+def values_all() -> Obj:
+    data: Obj = yaml.safe_load(VALUES_ALL.read_text())
+    return data
+
+
+def by_kind(objs: list[Obj], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[Obj], kind: str) -> Obj:
+    found = by_kind(objs, kind)
+    assert len(found) == 1, f"{len(found)} {kind} objects"
+    return found[0]
+
+
+def named(objs: list[Obj], kind: str, name: str) -> Obj:
+    found = [o for o in by_kind(objs, kind) if o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{len(found)} {kind} objects named {name}"
+    return found[0]
+
+
+def validate(obj: Obj) -> None:
+    what = f"{obj['kind']} {obj['metadata'].get('name')!r}"
+    if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+        validate_monitoring(obj)
+        return
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        path = ".".join(str(p) for p in e.caused_by.absolute_path)
+        raise AssertionError(f"{what} invalid at .{path}: {e.caused_by.message}") from None
+
+
+def args_of(deployment: Obj) -> list[str]:
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+@pytest.mark.parametrize("variant", ["default", "all"])
+def test_every_rendered_object_is_valid(chart: helm.Chart, variant: str) -> None:
+    objs = render(chart, values_all() if variant == "all" else None)
+    assert objs
+    for obj in objs:
+        validate(obj)
+    names = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
+    assert len(names) == len(set(names)), "two objects share kind, namespace and name"
+
+
+def test_default_render(chart: helm.Chart) -> None:
+    objs = render(chart)
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(
+        [
+            "ConfigMap", "Deployment", "PrometheusRule", "Role", "Role", "RoleBinding",
+            "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor",
+        ]
+    )  # fmt: skip
+    dep = one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    assert args_of(dep) == [
+        "run",
+        "--port=8080",
+        f"--namespace={NAMESPACE}",
+        "--leader-elect",
+        "--lease-name=resumequal-operator",
+        f"--lease-namespace={NAMESPACE}",
+        "--resync-seconds=60",
+        "--workers=2",
+    ]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "ghcr.io/resumequal/resumequal-operator:0.1.0"
+    )
+
+
+def test_operator_pod_is_locked_down(chart: helm.Chart) -> None:
+    for values in (None, values_all()):
+        pod = one(render(chart, values), "Deployment")["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        (c,) = pod["containers"]
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        port = {p["name"]: p["containerPort"] for p in c["ports"]}["http-metrics"]
+        assert c["livenessProbe"]["httpGet"]["port"] == "http-metrics"
+        assert f"--port={port}" in c["args"]
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"][:2]}
+        assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+
+def test_all_values_render(chart: helm.Chart) -> None:
+    objs = render(chart, values_all())
+    dep = one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    args = args_of(dep)
+    assert [a for a in args if a.startswith("--namespace=")] == [
+        "--namespace=training",
+        "--namespace=research",
+        "--namespace=ci",
+    ]
+    assert "--leader-elect" in args and "--lease-name=resumequal-leader" in args
+    assert "--port=9090" in args and "--workers=4" in args
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == (
+        "ghcr.io/resumequal/resumequal-operator:0.1.0-rc1@sha256:" + "0123456789abcdef" * 4
+    )
+    assert {"name": "LOG_FORMAT", "value": "json"} in container["env"]
+
+    sm = one(objs, "ServiceMonitor")
+    assert sm["metadata"]["namespace"] == "monitoring"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    service = one(objs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    # The run's own namespace label must survive the scrape.
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    assert service["metadata"]["labels"][sm["spec"]["jobLabel"]] == "resumequal-operator"
+    assert service["spec"]["ports"][0]["port"] == 9090
+
+    cm = [o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    assert cm[0]["metadata"]["labels"]["grafana_dashboard"] == "resumequal"
+    assert cm[0]["metadata"]["annotations"] == {"grafana_folder": "Training"}
+
+
+def _rules(role: Obj) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+OPERATOR_RULES = (
+    {
+        ("resumequal.dev", "qualificationruns", v)
+        for v in ("get", "list", "watch", "update", "patch")
+    }
+    | {("resumequal.dev", "qualificationruns/status", v) for v in ("get", "update", "patch")}
+    | {("resumequal.dev", "qualificationruns/finalizers", "update")}
+    | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch", "create", "delete")}
+    | {("batch", "jobs", v) for v in ("get", "list", "watch", "create", "delete")}
+    | {("", "pods", v) for v in ("get", "list", "watch", "delete")}
+    | {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+)
+
+
+def test_rbac_is_least_privilege_per_watched_namespace(chart: helm.Chart) -> None:
+    objs = render(chart, values_all())
+    roles = {o["metadata"]["name"]: o for o in by_kind(objs, "Role")}
+    watched = {"training", "research", "ci"}
+    run_roles = [o for o in by_kind(objs, "Role") if o["metadata"]["name"] == "rq-resumequal"]
+    assert {r["metadata"]["namespace"] for r in run_roles} == watched
+    for role in run_roles:
+        assert _rules(role) == OPERATOR_RULES
+    bindings = [b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["name"] == "rq-resumequal"]
+    assert {b["metadata"]["namespace"] for b in bindings} == watched
+    for b in bindings:
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rq-resumequal", "namespace": NAMESPACE}
+        ]
+    lease = roles["rq-resumequal-leader-election"]
+    assert lease["metadata"]["namespace"] == NAMESPACE
+    assert _rules(lease) == {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+    }
+    assert [r.get("resourceNames") for r in lease["rules"]] == [None, ["resumequal-leader"]]
+    for obj in by_kind(objs, "Role") + by_kind(objs, "ClusterRole"):
+        for group, resource, verb in _rules(obj):
+            assert "*" not in (group, resource, verb), obj["metadata"]["name"]
+            assert resource != "secrets", f"{obj['metadata']['name']} reads secrets"
+    assert not by_kind(objs, "ClusterRole") and not by_kind(objs, "ClusterRoleBinding")
+
+
+def test_all_namespaces_uses_one_cluster_role(chart: helm.Chart) -> None:
+    objs = render(chart, {"watch": {"allNamespaces": True}})
+    assert "--all-namespaces" in args_of(one(objs, "Deployment"))
+    assert not [a for a in args_of(one(objs, "Deployment")) if a.startswith("--namespace=")]
+    assert _rules(one(objs, "ClusterRole")) == OPERATOR_RULES
+    binding = one(objs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["namespace"] == NAMESPACE
+    # Only the lease Role stays namespaced.
+    assert [r["metadata"]["name"] for r in by_kind(objs, "Role")] == [
+        "rq-resumequal-leader-election"
+    ]
+
+
+def test_leader_election(chart: helm.Chart) -> None:
+    objs = render(chart, {"leaderElection": {"enabled": False}})
+    assert "--no-leader-elect" in args_of(one(objs, "Deployment"))
+    assert not [r for r in by_kind(objs, "Role") if "leader" in r["metadata"]["name"]]
+    with pytest.raises(helm.HelmRenderError, match=r"leaderElection\.enabled"):
+        render(chart, {"replicas": 2, "leaderElection": {"enabled": False}})
+
+
+def test_nightly_cronjob(chart: helm.Chart) -> None:
+    objs = render(chart, values_all())
+    cron = one(objs, "CronJob")
+    assert cron["metadata"]["namespace"] == "training"
+    assert cron["spec"]["schedule"] == "30 1 * * *"
+    assert cron["spec"]["timeZone"] == "Europe/Berlin"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "registry.k8s.io/kubectl:v1.31.4"
+    assert c["args"] == ["create", "-f", "/etc/resumequal/qualificationruns.yaml"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["runAsUser"] == 65532
+    # Its own account, allowed to create QualificationRuns and nothing else.
+    assert pod["serviceAccountName"] == "rq-resumequal-nightly"
+    role = named(objs, "Role", "rq-resumequal-nightly")
+    assert role["metadata"]["namespace"] == "training"
+    assert _rules(role) == {("resumequal.dev", "qualificationruns", "create")}
+
+    cm = named(objs, "ConfigMap", "rq-resumequal-nightly")
+    runs = [d for d in yaml.safe_load_all(cm["data"]["qualificationruns.yaml"]) if d]
+    assert [r["metadata"]["generateName"] for r in runs] == [
+        "nightly-torch-nightly-",
+        "nightly-torch-stable-",
+    ]
+    first, second = (r["spec"] for r in runs)
+    assert first["stack"]["image"].startswith("ghcr.io/acme/train@sha256:")
+    assert first["stack"]["pin"] == "torch-nightly"
+    assert second["stack"] == {
+        "image": "ghcr.io/acme/train:2.7.1-cu126",
+        "image_pull_secrets": ["ghcr-pull"],
+        "image_pull_policy": "IfNotPresent",
+    }
+    assert first["store"]["uri"] == "s3://resumequal-runs/nightly"
+    assert all(r["metadata"]["namespace"] == "training" for r in runs)
+
+
+def test_nightly_runs_are_valid_qualificationruns(chart: helm.Chart) -> None:
+    k8s_schemas = pytest.importorskip("tests.k8s_schemas")
+    if not (CHART / "crds/qualificationruns.resumequal.dev.yaml").exists():
+        pytest.skip("the chart has no QualificationRun CRD yet")
+    objs = render(chart, values_all())
+    cm = named(objs, "ConfigMap", "rq-resumequal-nightly")
+    for run in yaml.safe_load_all(cm["data"]["qualificationruns.yaml"]):
+        # The API server turns generateName into a name.
+        run["metadata"]["name"] = run["metadata"].pop("generateName") + "x7k2q"
+        k8s_schemas.validate_qualificationrun(run)
+
+
+def test_nightly_needs_pins_and_a_watched_namespace(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"nightly\.pins"):
+        render(chart, {"nightly": {"enabled": True}})
+    pins = [{"name": "p", "image": "img:1.0.0"}]
+    with pytest.raises(helm.HelmRenderError, match=r"nightly\.namespace: elsewhere"):
+        render(chart, {"nightly": {"enabled": True, "pins": pins, "namespace": "elsewhere"}})
+    objs = render(
+        chart,
+        {
+            "watch": {"allNamespaces": True},
+            "nightly": {"enabled": True, "pins": pins, "namespace": "elsewhere"},
+        },
+    )
+    assert one(objs, "CronJob")["metadata"]["namespace"] == "elsewhere"
+
+
+def test_optional_parts_can_be_turned_off(chart: helm.Chart) -> None:
+    objs = render(
+        chart,
+        {
+            "serviceMonitor": {"enabled": False},
+            "prometheusRule": {"enabled": False},
+            "grafanaDashboard": {"enabled": False},
+            "serviceAccount": {"create": False, "name": "existing"},
+            "rbac": {"create": False},
+        },
+    )
+    assert sorted(o["kind"] for o in objs) == ["Deployment", "Service"]
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "existing"
+
+
+def test_prometheus_rule_embeds_the_alert_file(chart: helm.Chart) -> None:
+    rule = one(render(chart), "PrometheusRule")
+    alerts = yaml.safe_load((CHART / "files/alerts.yaml").read_text())
+    # The default threshold in values.yaml is the one in the file: the same rules exactly.
+    assert rule["spec"]["groups"] == alerts["groups"]
+    annotations = [
+        r["annotations"]["summary"]
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
+    # Prometheus' own templates arrive untouched by Helm's.
+    assert "Pin {{ $labels.pin }} is not resume-exact" in annotations[0]
+
+
+def test_prometheus_rule_overrides(chart: helm.Chart, tmp_path: Path) -> None:
+    rule = one(render(chart, values_all()), "PrometheusRule")
+    assert rule["metadata"]["namespace"] == "monitoring"
+    rules = {r.get("alert") or r["record"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert rules["resumequal:drift_threshold:param_rel_l2"]["expr"] == "vector(0.0005)"
+    assert "ReconcileErrors" not in rules
+    assert rules["OperatorDown"]["for"] == "10m"
+    assert rules["OperatorDown"]["labels"] == {"severity": "warning", "team": "ml-platform"}
+    assert rules["QualificationFailed"]["labels"] == {"severity": "critical", "team": "ml-platform"}
+    # What the chart produced is still a rule file Prometheus accepts.
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (make tools)")
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dashboard_configmap_holds_the_committed_json(chart: helm.Chart) -> None:
+    cm = named(render(chart), "ConfigMap", "rq-resumequal-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    committed = (CHART / "files/dashboard.json").read_text()
+    assert json.loads(cm["data"]["resumequal.json"]) == json.loads(committed)
+
+
+def test_crd_ships_with_the_chart(chart: helm.Chart) -> None:
+    if not (CHART / "crds/qualificationruns.resumequal.dev.yaml").exists():
+        pytest.skip("the chart has no QualificationRun CRD yet")
+    (crd,) = chart.crds
+    doc = yaml.safe_load(crd["data"])
+    assert doc["kind"] == "CustomResourceDefinition"
+    assert doc["spec"]["group"] == "resumequal.dev"
+    assert doc["spec"]["names"]["kind"] == "QualificationRun"
+
+
+@pytest.mark.parametrize("variant", ["default", "all"])
+def test_lint(variant: str) -> None:
+    values = values_all() if variant == "all" else None
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"replicas": "two"}, "/replicas"),
+        ({"replicas": -1}, "/replicas"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"watch": {"namespaces": ["Not_A_Namespace"]}}, "/watch/namespaces/0"),
+        ({"operator": {"port": 70000}}, "/operator/port"),
+        ({"operator": {"workers": 0}}, "/operator/workers"),
+        ({"serviceMonitor": {"interval": "soon"}}, "/serviceMonitor/interval"),
+        ({"prometheusRule": {"driftThreshold": -1}}, "/prometheusRule/driftThreshold"),
+        ({"prometheusRule": {"driftThreshold": "small"}}, "/prometheusRule/driftThreshold"),
+        ({"prometheusRule": {"alerts": {"QualificationFaild": {}}}}, "/prometheusRule/alerts"),
+        (
+            {"prometheusRule": {"alerts": {"OperatorDown": {"for": "5 minutes"}}}},
+            "/prometheusRule/alerts/OperatorDown/for",
+        ),
+        (
+            {"prometheusRule": {"alerts": {"OperatorDown": {"severity": "page"}}}},
+            "/prometheusRule/alerts/OperatorDown/severity",
+        ),
+        ({"nightly": {"pins": [{"name": "p"}]}}, "/nightly/pins/0"),
+        ({"nightly": {"pins": [{"name": "P!", "image": "i:1.0.0"}]}}, "/nightly/pins/0/name"),
+        ({"serviceMonitor": {"enabled": "yes"}}, "/serviceMonitor/enabled"),
+        ({"leaderElection": {"enable": True}}, "/leaderElection"),
+        ({"replica": 2}, "'replica'"),
+    ],
+)
+def test_schema_rejects_bad_values(chart: helm.Chart, values: Obj, field: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as e:
+        render(chart, values)
+    assert field in str(e.value)
+
+
+def test_defaults_satisfy_the_schema(chart: helm.Chart) -> None:
+    chart.validate_schema(chart.values)
+    chart.validate_schema(values_all())
