@@ -1,5 +1,12 @@
-"""resumequal_operator: the cluster side (CRD, PyTorchJob backend, controller).
+"""resumequal_operator: the cluster side of resumequal.
 
-Drives the same qualification core as ``resumequal run`` with a Kubernetes backend.
-Must never import torch: the operator image carries no training stack.
+Owns the QualificationRun custom resource (``resource``: spec and status models; ``crd``:
+the CRD generated from them), the manifests a run starts (``pytorchjob``: one Kubeflow
+PyTorchJob per leg, one comparator Job), and the controller that drives the same
+qualification core as ``resumequal run`` through a Kubernetes backend.
+
+Must never import torch or numpy, directly or through anything it imports: the operator
+image carries no training stack. Of resumequal it uses only the torch-free rooms (spec,
+plan, qualify, verdict, metrics, store, errors, runstore). Training runs in the pods it
+starts, never in the operator.
 """

@@ -1,0 +1,266 @@
+"""The objects a QualificationRun starts: one Kubeflow PyTorchJob per leg, one comparator Job.
+
+Pure functions from the resource to manifests (plain dicts, as the API takes them); no I/O.
+
+Choices the manifests make, and why:
+
+- Elastic PyTorchJob, Worker replicas only (one pod per node), c10d rendezvous on pod
+  ``worker-0`` at the container port named ``pytorchjob-port`` — 29400, torchrun's own c10d
+  port. min = max replicas: the world size is part of what is qualified, it must not shrink.
+- ``restartPolicy: ExitCode``: a pod whose container died of a signal (exit 128+: SIGKILL,
+  SIGTERM from an eviction or a node going away) is recreated; an exit 1-127 is the leg's
+  own failure (bad spec, a checkpoint that does not verify) and fails the job at once, with
+  its reason in the store. OnFailure would rerun such a leg in place from attempt 0.
+- ``cleanPodPolicy: Running``: when a job ends, pods still running (ranks blocked on a dead
+  peer) are deleted so they free their nodes; finished pods stay for ``kubectl logs``.
+  Beacons, traces and checkpoints are in the store, and every job goes with its
+  QualificationRun through the owner reference.
+- ``activeDeadlineSeconds``: timeouts.leg_seconds plus a margin, a backstop for when the
+  operator is down; the operator's own timeout fires first and says why.
+- S3 credentials only as ``secretKeyRef`` to ``store.credentials_secret``; never inlined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from typing import Any
+
+from resumequal.plan import LegPlan
+from resumequal_operator.resource import (
+    API_VERSION,
+    GPU_RESOURCES,
+    KIND,
+    QualificationRunSpec,
+)
+
+Obj = dict[str, Any]
+
+CONTAINER = "pytorch"  # the training operator finds its port on the container of this name
+RDZV_PORT = 29400
+RDZV_PORT_NAME = "pytorchjob-port"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+OPERATOR = "resumequal-operator"
+COMPONENT = "app.kubernetes.io/component"
+RUN_LABEL = "resumequal.dev/run"
+UID_LABEL = "resumequal.dev/run-uid"
+LEG_LABEL = "resumequal.dev/leg"
+# The operator times legs out itself; the deadline only backstops an operator that is down.
+DEADLINE_MARGIN_S = 60
+COMPARATOR_DEADLINE_S = 1800
+# Job names leave room for the training operator's "-worker-<index>" pod and service names,
+# which are DNS-1035 labels (<= 63 characters) too.
+MAX_JOB_NAME = 50
+_NOT_DNS = re.compile(r"[^a-z0-9-]+")
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+OPTIONAL_SECRET_KEYS = ("AWS_SESSION_TOKEN",)
+
+
+def _digest(*parts: str, n: int = 8) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:n]
+
+
+def _dns_name(readable: str, unique: tuple[str, ...], limit: int = MAX_JOB_NAME) -> str:
+    """A DNS-1035 label: ``readable`` cleaned and cut to fit, then a hash of ``unique``."""
+    suffix = _digest(*unique)
+    base = _NOT_DNS.sub("-", readable.lower()).strip("-")
+    base = base[: limit - len(suffix) - 1].rstrip("-")
+    if not base or not base[0].isalpha():
+        base = ("qr-" + base)[: limit - len(suffix) - 1].rstrip("-")
+    return f"{base}-{suffix}"
+
+
+def leg_job_name(run_name: str, uid: str, leg: str) -> str:
+    """``<run>-<leg>-<hash>``: stable for one run and leg, new when the run is recreated."""
+    return _dns_name(f"{run_name}-{leg}", (uid, "leg", leg))
+
+
+def comparator_job_name(run_name: str, uid: str) -> str:
+    """``<run>-compare-<hash>``, stable for one run."""
+    return _dns_name(f"{run_name}-compare", (uid, "compare"))
+
+
+def label_value(value: str) -> str:
+    """A label value (<= 63 characters); a longer one is cut and made unique by a hash."""
+    if len(value) <= 63:
+        return value
+    return f"{value[:54].rstrip('-_.')}-{_digest(value)}"
+
+
+def labels(run_name: str, uid: str, leg: str | None = None) -> dict[str, str]:
+    """Labels of everything a run creates; ``leg`` None for the comparator."""
+    out = {
+        MANAGED_BY: OPERATOR,
+        "app.kubernetes.io/name": "resumequal",
+        COMPONENT: "leg" if leg is not None else "comparator",
+        RUN_LABEL: label_value(run_name),
+        UID_LABEL: uid,
+    }
+    if leg is not None:
+        out[LEG_LABEL] = leg
+    return out
+
+
+def owner_reference(run_name: str, uid: str) -> Obj:
+    """The QualificationRun as controller owner: deleting it deletes what it started."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": run_name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _env(spec: QualificationRunSpec) -> list[Obj]:
+    env: list[Obj] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE",
+         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    store = spec.store
+    if store.credentials_secret:
+        for key in SECRET_KEYS + OPTIONAL_SECRET_KEYS:
+            ref: Obj = {"name": store.credentials_secret, "key": key}
+            if key in OPTIONAL_SECRET_KEYS:
+                ref["optional"] = True
+            env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+    if store.endpoint_url:
+        # S3 only: AWS_ENDPOINT_URL would also send STS (web identity) to the object store.
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": store.endpoint_url})
+    if store.region:
+        env += [{"name": "AWS_REGION", "value": store.region},
+                {"name": "AWS_DEFAULT_REGION", "value": store.region}]
+    return env
+
+
+def _resources(spec: QualificationRunSpec, gpus: bool) -> Obj:
+    out: Obj = {}
+    for kind in ("requests", "limits"):
+        values = {k: v for k, v in getattr(spec.resources, kind).items()
+                  if gpus or k not in GPU_RESOURCES}
+        if values:
+            out[kind] = values
+    return out
+
+
+def _pod_spec(spec: QualificationRunSpec, container: Obj, restart_policy: str) -> Obj:
+    pod: Obj = {"containers": [container], "restartPolicy": restart_policy}
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod["tolerations"] = [t.model_dump(mode="json", exclude_none=True)
+                              for t in spec.tolerations]
+    if spec.stack.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in spec.stack.image_pull_secrets]
+    if spec.service_account_name:
+        pod["serviceAccountName"] = spec.service_account_name
+    return pod
+
+
+def _container(spec: QualificationRunSpec, command: list[str], args: list[str], env: list[Obj],
+               gpus: bool) -> Obj:
+    c: Obj = {"name": CONTAINER, "image": spec.stack.image, "command": command, "args": args,
+              "env": env}
+    if spec.stack.image_pull_policy:
+        c["imagePullPolicy"] = spec.stack.image_pull_policy
+    resources = _resources(spec, gpus)
+    if resources:
+        c["resources"] = resources
+    return c
+
+
+def leg_args(leg: LegPlan, run_uri: str) -> list[str]:
+    """``resumequal leg --leg <leg> --run <uri> [--omit X]...``, run as torchrun's module."""
+    args = ["-m", "resumequal", "leg", "--leg", leg.name, "--run", run_uri]
+    for omission in leg.omit:
+        args += ["--omit", omission]
+    return args
+
+
+def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
+            leg: LegPlan, run_uri: str) -> Obj:
+    """The kubeflow.org/v1 PyTorchJob of one leg (its own spec is in the run location)."""
+    w, t = leg.spec.world, leg.spec.timeouts
+    name = leg_job_name(run_name, uid, leg.name)
+    meta_labels = labels(run_name, uid, leg.name)
+    env = [*_env(spec), {"name": "OMP_NUM_THREADS", "value": str(w.threads_per_rank)}]
+    container = _container(spec, ["torchrun"], leg_args(leg, run_uri), env, gpus=True)
+    container["ports"] = [{"name": RDZV_PORT_NAME, "containerPort": RDZV_PORT,
+                           "protocol": "TCP"}]
+    # NCCL and DataLoader workers use /dev/shm; a container's default is 64 MiB.
+    container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    # ExitCode: the pod's own restartPolicy is Never; the training operator recreates pods.
+    pod = _pod_spec(spec, container, "Never")
+    pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    # A graceful kill deletes the pod with the spec's grace; cleanup uses the same.
+    pod["terminationGracePeriodSeconds"] = math.ceil(leg.spec.preemption.grace_seconds)
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": meta_labels,
+            "ownerReferences": [owner_reference(run_name, uid)],
+        },
+        "spec": {
+            "elasticPolicy": {
+                "rdzvBackend": "c10d",
+                "rdzvId": name,
+                "minReplicas": w.nnodes,
+                "maxReplicas": w.nnodes,
+                "maxRestarts": w.max_restarts,
+                "nProcPerNode": w.nproc_per_node,
+            },
+            "runPolicy": {
+                "cleanPodPolicy": "Running",
+                "backoffLimit": w.max_restarts,
+                "activeDeadlineSeconds": math.ceil(t.leg_seconds) + DEADLINE_MARGIN_S,
+            },
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": w.nnodes,
+                    "restartPolicy": "ExitCode",
+                    "template": {"metadata": {"labels": meta_labels}, "spec": pod},
+                },
+            },
+        },
+    }
+
+
+def comparator_args(run_name: str, namespace: str, spec: QualificationRunSpec,
+                    run_uri: str) -> list[str]:
+    """``resumequal compare <uri> --write --pin <pin> --namespace <ns> --name <run>``."""
+    return ["compare", run_uri, "--write", "--pin", spec.stack.effective_pin,
+            "--namespace", namespace, "--name", run_name]
+
+
+def comparator_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
+                   run_uri: str, *, ttl_seconds: int | None = None) -> Obj:
+    """The batch/v1 Job that compares the finished legs and writes the verdict and reports.
+
+    backoffLimit 0: the comparator is deterministic, and exit 1 (FAIL) or 2 (INVALID) are
+    verdicts, written to the store before it exits, not failures to retry.
+    """
+    meta_labels = labels(run_name, uid)
+    container = _container(spec, ["resumequal"],
+                           comparator_args(run_name, namespace, spec, run_uri), _env(spec),
+                           gpus=False)
+    job_spec: Obj = {
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": max(COMPARATOR_DEADLINE_S, math.ceil(spec.timeouts.leg_seconds)),
+        "template": {
+            "metadata": {"labels": meta_labels},
+            "spec": _pod_spec(spec, container, "Never"),
+        },
+    }
+    if ttl_seconds is not None:
+        job_spec["ttlSecondsAfterFinished"] = ttl_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": comparator_job_name(run_name, uid),
+            "namespace": namespace,
+            "labels": meta_labels,
+            "ownerReferences": [owner_reference(run_name, uid)],
+        },
+        "spec": job_spec,
+    }

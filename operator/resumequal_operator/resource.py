@@ -1,0 +1,518 @@
+"""The QualificationRun custom resource: its spec and status as pydantic models.
+
+The spec reuses every section of :class:`resumequal.spec.QualificationSpec` as the same
+models (same snake_case field names, same defaults and per-field validation) and adds what
+only a cluster needs: the image (``stack``), the object store (``store``), pod placement and
+``retention``. The status is camelCase, like every Kubernetes status, and serialises by alias.
+
+Validation comes in two layers: the models check each field (this is also what the CRD
+schema is generated from), and :func:`parse_run_spec` adds the checks across fields — the
+spec's own (a cut after the last step, a rank outside the world, ...) and the cluster's
+(a kill on the pod that hosts the rendezvous, GPUs for nccl). Every problem names its field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
+
+from resumequal.qualify import Phase
+from resumequal.spec import (
+    CheckpointSpec,
+    ComparisonSpec,
+    ControlsSpec,
+    DDPSpec,
+    MatrixSpec,
+    PreemptionSpec,
+    QualificationSpec,
+    S3Spec,
+    SpecError,
+    TimeoutSpec,
+    TrainingSpec,
+    WorkloadSpec,
+    WorldSpec,
+)
+from resumequal.verdict import Result
+
+GROUP = "resumequal.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "QualificationRun"
+PLURAL = "qualificationruns"
+SINGULAR = "qualificationrun"
+
+# Kubernetes' resource.Quantity grammar (apimachinery/pkg/api/resource).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# Extended resources a pod can ask for to get one accelerator per rank.
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def _quantity(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _QUANTITY.match(value):
+        return value
+    raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, \"500m\", \"4Gi\")")
+
+
+# What a pod's resources take: an integer or a string like "500m" or "4Gi".
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_quantity),
+    WithJsonSchema({"anyOf": [{"type": "integer"},
+                              {"type": "string", "pattern": QUANTITY_PATTERN}]}),
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StackSpec(_Section):
+    """The training stack under qualification: the image every leg and the comparator run."""
+
+    image: str = Field(
+        min_length=1,
+        pattern=r"^[^\s]+$",
+        description="The training image (registry/repository:tag or @sha256:digest); it "
+        "must contain resumequal and the torch stack to qualify.",
+    )
+    pin: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="The label this qualification is reported under (metrics, status, "
+        "report); default: the image's last path segment with its tag or short digest.",
+    )
+    image_pull_secrets: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN)]] = Field(
+        default_factory=list, description="Names of Secrets to pull the image with."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Kubernetes' default when unset (Always for :latest)."
+    )
+
+    @property
+    def effective_pin(self) -> str:
+        return self.pin or pin_of(self.image)
+
+
+def pin_of(image: str) -> str:
+    """``ghcr.io/acme/train:2026-11-29`` -> ``train:2026-11-29``; digests shortened to 12."""
+    name, _, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    if digest:
+        algo, _, hexpart = digest.partition(":")
+        return f"{last.split(':', 1)[0]}@{algo}:{hexpart[:12]}"
+    return last
+
+
+class StoreSpec(_Section):
+    """Where the run's traces, beacons, checkpoints and reports live, and how to reach it."""
+
+    uri: str = Field(
+        description="s3://bucket/prefix; each run lives under <uri>/<namespace>/<name>/<uid>. "
+        "file:///abs/path only where the operator and every pod see one filesystem "
+        "(tests, development).",
+    )
+    credentials_secret: str | None = Field(
+        default=None,
+        pattern=_DNS_SUBDOMAIN,
+        description="Secret in the run's namespace with AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (optionally AWS_SESSION_TOKEN); unset: the pods' own AWS "
+        "chain (IRSA, instance role).",
+    )
+    endpoint_url: str | None = Field(
+        default=None, description="http(s)://host:port of MinIO / Ceph RGW; unset for AWS S3."
+    )
+    region: str | None = Field(default=None, description="Signing region (AWS_REGION).")
+    addressing_style: Literal["path", "virtual", "auto"] = Field(
+        default="auto", description="'path' for MinIO and RGW without wildcard DNS."
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        scheme, sep, rest = value.partition("://")
+        if scheme == "s3" and sep:
+            bucket = rest.split("/", 1)[0]
+            if not _S3_BUCKET.match(bucket):
+                raise ValueError(f"{value!r}: not s3://bucket/prefix with a valid bucket name")
+            return value.rstrip("/")
+        if scheme == "file" and sep and rest.startswith("/"):
+            return value.rstrip("/") or value
+        raise ValueError(f"{value!r}: use s3://bucket/prefix (or file:///abs/path in tests)")
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        # The spec's own check, which never echoes a URL that may hold user:password.
+        try:
+            return S3Spec(endpoint_url=value).endpoint_url
+        except ValidationError as e:
+            raise ValueError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+    @property
+    def is_s3(self) -> bool:
+        return self.uri.startswith("s3://")
+
+    def s3_spec(self) -> S3Spec | None:
+        """How workers reach the store (no credentials: those come from the AWS chain)."""
+        if not self.is_s3:
+            return None
+        return S3Spec(endpoint_url=self.endpoint_url, region=self.region,
+                      addressing_style=self.addressing_style)
+
+
+class ResourceRequirements(_Section):
+    """Requests and limits of every training container (one pod per node)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class Toleration(_Section):
+    """A pod toleration, in Kubernetes' own (camelCase) shape so it can be pasted as is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
+
+
+class RetentionSpec(_Section):
+    policy: Literal["Delete", "Retain"] = Field(
+        default="Retain",
+        description="What happens to the run's store artifacts (traces, checkpoints, "
+        "reports) when the QualificationRun is deleted. Retain keeps the evidence; expire "
+        "it with the bucket's lifecycle rules.",
+    )
+
+
+class QualificationRunSpec(_Section):
+    """A qualification on a cluster: the spec's sections plus image, store and placement."""
+
+    stack: StackSpec
+    store: StoreSpec
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    world: WorldSpec = Field(default_factory=WorldSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    ddp: DDPSpec = Field(default_factory=DDPSpec)
+    comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
+    controls: ControlsSpec = Field(default_factory=ControlsSpec)
+    matrix: MatrixSpec = Field(default_factory=MatrixSpec)
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="nodeSelector of every pod the run starts."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations of every pod the run starts."
+    )
+    service_account_name: str | None = Field(
+        default=None, pattern=_DNS_SUBDOMAIN,
+        description="ServiceAccount of the pods (e.g. one bound to an IAM role for S3).",
+    )
+    retention: RetentionSpec = Field(default_factory=RetentionSpec)
+    allow_rendezvous_host_kill: bool = Field(
+        default=False,
+        description="Allow a cut whose rank runs on pod worker-0. With the c10d rendezvous "
+        "that pod hosts the rendezvous store, so deleting it ends the whole group rather "
+        "than preempting one node; only meaningful when a lost job is what you qualify.",
+    )
+
+
+# Sections of QualificationSpec, in its own order.
+SPEC_SECTIONS: tuple[str, ...] = tuple(QualificationSpec.model_fields)
+
+
+class Problem(BaseModel):
+    """One reason a QualificationRun cannot run, at a field path (``spec.world.nnodes``)."""
+
+    model_config = ConfigDict(frozen=True)
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class RunSpecError(SpecError):
+    """A QualificationRun spec that cannot run; ``problems`` name each field."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+def _allowed(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str] | None:
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = field.annotation if field is not None else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return sorted(f.alias or name for name, f in model.model_fields.items())
+
+
+def _problems(err: ValidationError, prefix: str) -> list[Problem]:
+    out = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = ".".join([prefix, *(str(p) for p in loc)])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed(QualificationRunSpec, loc[:-1])
+            msg = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        out.append(Problem(path=path, message=msg))
+    return out
+
+
+# The spec's checks across sections lead with the field they judge ("preemption.step=7 ...").
+_LEADING_FIELD = re.compile(r"^([a-z_]+\.[a-z_]+)")
+
+
+def _spec_problems(spec: QualificationRunSpec) -> list[Problem]:
+    try:
+        _as_qualification_spec(spec, None)
+    except ValidationError as e:
+        out = []
+        for p in _problems(e, "spec"):
+            lead = _LEADING_FIELD.match(p.message)
+            out.append(Problem(path=f"spec.{lead.group(1)}", message=p.message)
+                       if p.path == "spec" and lead else p)
+        return out
+    return []
+
+
+def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
+    out: list[Problem] = []
+    w, p, ck = spec.world, spec.preemption, spec.checkpoint
+    if ck.store is not None:
+        out.append(Problem(path="spec.checkpoint.store", message=(
+            "set by the operator (checkpoints live in the run location under store.uri); "
+            "leave it unset")))
+    if ck.s3 is not None:
+        out.append(Problem(path="spec.checkpoint.s3", message=(
+            "set by the operator from store.endpoint_url, store.region and "
+            "store.addressing_style; leave it unset")))
+    if p.rank < w.nproc_per_node and not spec.allow_rendezvous_host_kill:
+        out.append(Problem(path="spec.preemption.rank", message=(
+            f"rank {p.rank} runs on pod worker-0 (ranks 0..{w.nproc_per_node - 1} of "
+            f"world.nproc_per_node={w.nproc_per_node}), which hosts the c10d rendezvous: "
+            "deleting it ends every node's group instead of preempting one. Use "
+            "world.nnodes >= 2 and preemption.rank >= world.nproc_per_node, or set "
+            "allow_rendezvous_host_kill: true")))
+    gpus = _gpu_limit(spec.resources)
+    if w.backend == "nccl" and gpus is None:
+        out.append(Problem(path="spec.resources.limits", message=(
+            f"world.backend=nccl needs one GPU per rank: set {GPU_RESOURCES[0]}: "
+            f"{w.nproc_per_node} (world.nproc_per_node)")))
+    elif gpus is not None and w.backend != "gloo" and gpus < w.nproc_per_node:
+        out.append(Problem(path="spec.world.nproc_per_node", message=(
+            f"world.nproc_per_node={w.nproc_per_node} ranks per pod but only {gpus} GPUs "
+            "per pod in resources.limits; nccl needs one GPU per rank")))
+    if spec.store.credentials_secret and not spec.store.is_s3:
+        out.append(Problem(path="spec.store.credentials_secret",
+                           message="only used with an s3:// store.uri"))
+    return out
+
+
+def _gpu_limit(resources: ResourceRequirements) -> int | None:
+    for name in GPU_RESOURCES:
+        value = resources.limits.get(name)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return None
+
+
+def run_spec_problems(spec: QualificationRunSpec) -> list[Problem]:
+    """Checks across fields: the qualification spec's own, then the cluster's."""
+    return _spec_problems(spec) + _cluster_problems(spec)
+
+
+def parse_run_spec(data: Any) -> QualificationRunSpec:
+    """Validate a QualificationRun's ``spec`` mapping; RunSpecError names every bad field."""
+    if not isinstance(data, dict):
+        raise RunSpecError([Problem(path="spec", message="must be a mapping")])
+    try:
+        spec = QualificationRunSpec.model_validate(data)
+    except ValidationError as e:
+        raise RunSpecError(_problems(e, "spec")) from e
+    problems = run_spec_problems(spec)
+    if problems:
+        raise RunSpecError(problems)
+    return spec
+
+
+def _as_qualification_spec(spec: QualificationRunSpec, location: str | None) -> QualificationSpec:
+    data = {name: getattr(spec, name) for name in SPEC_SECTIONS}
+    if location is not None:
+        data["checkpoint"] = spec.checkpoint.model_copy(
+            update={"store": location, "s3": spec.store.s3_spec()})
+    # Revalidated from plain data: the spec's checks across sections must run again.
+    return QualificationSpec.model_validate(
+        {k: v.model_dump(mode="json") for k, v in data.items()})
+
+
+def qualification_spec(
+    spec: QualificationRunSpec, location: str | None = None
+) -> QualificationSpec:
+    """The spec every leg runs: the CR's sections, checkpoints stored in the run location
+    (``location``, default: ``store.uri``) with the store's S3 settings."""
+    try:
+        return _as_qualification_spec(spec, location or spec.store.uri)
+    except ValidationError as e:
+        raise RunSpecError(_problems(e, "spec")) from e
+
+
+def run_uri(store_uri: str, namespace: str, name: str, uid: str) -> str:
+    """The run location: ``<store>/<namespace>/<name>/<uid>`` (uid: reruns never mix)."""
+    for label, part in (("namespace", namespace), ("name", name), ("uid", uid)):
+        if not part or "/" in part:
+            raise ValueError(f"{label} {part!r} cannot be a path segment")
+    return f"{store_uri.rstrip('/')}/{namespace}/{name}/{uid}"
+
+
+# -- status -----------------------------------------------------------------------------
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+
+def _time(value: Any) -> Any:
+    """Epoch seconds (what the qualification machine records) become UTC datetimes."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, tz=UTC)
+    return value
+
+
+def _finite(value: Any) -> Any:
+    """A JSON number cannot be NaN or infinite; such drift is reported as unknown (null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+Time = Annotated[datetime, BeforeValidator(_time)]
+Drift = Annotated[float | None, BeforeValidator(_finite)]
+
+
+class Condition(_Status):
+    type: Literal["Ready", "Qualified"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = None
+    message: str | None = None
+    last_transition_time: Time | None = Field(default=None, alias="lastTransitionTime")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+
+
+class LegStatus(_Status):
+    job: str | None = Field(default=None, description="the leg's PyTorchJob")
+    attempts: int = 0
+    steps: int = 0
+    launched_at: Time | None = Field(default=None, alias="launchedAt")
+    killed_at: Time | None = Field(default=None, alias="killedAt")
+    resumed_at: Time | None = Field(default=None, alias="resumedAt")
+    finished_at: Time | None = Field(default=None, alias="finishedAt")
+    restart_seconds: Drift = Field(
+        default=None, alias="restartSeconds", description="kill -> first resumed step"
+    )
+
+
+class PreemptionStatus(_Status):
+    leg: str
+    pod: str | None = None
+    rank: int
+    mode: Literal["hard", "graceful"]
+    injected_at: Time | None = Field(default=None, alias="injectedAt")
+
+
+class FirstDivergence(_Status):
+    step: int
+    boundary: str
+    rank: int
+
+
+class VerdictStatus(_Status):
+    result: Result
+    reason: str | None = None
+    first_divergence: FirstDivergence | None = Field(default=None, alias="firstDivergence")
+    first_divergence_summary: str | None = Field(
+        default=None, alias="firstDivergenceSummary",
+        description="'step 6 lr rank 1', or 'none'",
+    )
+    exact_through_step: int | None = Field(default=None, alias="exactThroughStep")
+    param_max_abs_diff: Drift = Field(default=None, alias="paramMaxAbsDiff")
+    param_rel_l2_diff: Drift = Field(default=None, alias="paramRelL2Diff")
+    param_mismatch_fraction: Drift = Field(default=None, alias="paramMismatchFraction")
+    loss_max_abs_diff: Drift = Field(default=None, alias="lossMaxAbsDiff")
+    controls_detected: int | None = Field(default=None, alias="controlsDetected")
+    controls_total: int | None = Field(default=None, alias="controlsTotal")
+
+
+class QualificationRunStatus(_Status):
+    """What the operator reports; ``machine`` lets a restarted operator continue."""
+
+    phase: Phase | None = None
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    conditions: list[Condition] = Field(default_factory=list)
+    pin: str | None = None
+    run_uri: str | None = Field(default=None, alias="runUri")
+    report_url: str | None = Field(default=None, alias="reportUrl")
+    legs: dict[str, LegStatus] = Field(default_factory=dict)
+    preemption: PreemptionStatus | None = None
+    comparator_job: str | None = Field(default=None, alias="comparatorJob")
+    verdict: VerdictStatus | None = None
+    started_at: Time | None = Field(default=None, alias="startedAt")
+    completed_at: Time | None = Field(default=None, alias="completedAt")
+    machine: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The serialised qualification state machine (resumequal.qualify."
+        "QualificationStatus); kept as is.",
+    )
+
+    def to_k8s(self) -> dict[str, Any]:
+        """The status as the API stores it: camelCase, RFC 3339 times, no nulls."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class QualificationRun(BaseModel):
+    """A whole QualificationRun object (for examples and tests; the API holds metadata)."""
+
+    model_config = ConfigDict(extra="forbid")
+    api_version: Literal["resumequal.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["QualificationRun"]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: QualificationRunSpec
+    status: QualificationRunStatus | None = None

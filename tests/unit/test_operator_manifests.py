@@ -1,0 +1,372 @@
+"""The QualificationRun spec, its validation, and the PyTorchJobs and Jobs a run starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from resumequal.plan import LegPlan, qualification_plan, scenario_plan
+from resumequal.spec import QualificationSpec, apply_overrides
+from resumequal_operator import pytorchjob
+from resumequal_operator.resource import (
+    QualificationRunSpec,
+    RunSpecError,
+    parse_run_spec,
+    pin_of,
+    qualification_spec,
+    run_uri,
+)
+from tests.k8s_schemas import validate_core, validate_pytorchjob
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qualificationrun.yaml"
+NS, RUN, UID = "training", "nightly", "5b1f0c3e-7d2a-4e8b-9c61-0a2f3e4d5c6b"
+SECRET_VALUE = "dummy-secret-never-inline"
+
+
+def example_spec(**changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    for path, value in changes.items():
+        node = data
+        parts = path.split("__")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return data
+
+
+def problems(data: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(RunSpecError) as info:
+        parse_run_spec(data)
+    return {p.path: p.message for p in info.value.problems}
+
+
+def all_legs(spec: QualificationSpec) -> list[LegPlan]:
+    """Every leg a run may start: the plan's, and each seed's scenarios (named per seed)."""
+    legs = list(qualification_plan(spec).legs)
+    for seed in spec.matrix.seeds:
+        seeded = apply_overrides(spec, [f"training.seed={seed}"])
+        legs += [dataclasses.replace(leg, name=f"seed-{seed}-{leg.name}")
+                 for leg in scenario_plan(seeded).legs]
+    return legs
+
+
+# -- the resource ------------------------------------------------------------------------
+
+
+def test_example_parses_and_maps_to_the_spec() -> None:
+    cr = parse_run_spec(example_spec())
+    location = run_uri(cr.store.uri, NS, RUN, UID)
+    assert location == f"s3://resumequal-runs/qualifications/{NS}/{RUN}/{UID}"
+    spec = qualification_spec(cr, location)
+    assert spec.checkpoint.store == location
+    assert spec.checkpoint.s3 is not None
+    assert (spec.checkpoint.s3.endpoint_url, spec.checkpoint.s3.addressing_style) == (
+        "http://minio.storage.svc:9000", "path")
+    assert spec.world == cr.world and spec.preemption == cr.preemption
+    assert type(cr.world) is type(spec.world)  # the same models, not copies
+    assert qualification_spec(cr).checkpoint.store == cr.store.uri
+
+
+def test_defaults_are_the_spec_defaults() -> None:
+    cr = QualificationRunSpec.model_validate(
+        {"stack": {"image": "train:1"}, "store": {"uri": "s3://bucket/p"}})
+    base = QualificationSpec()
+    for section in ("workload", "world", "training", "preemption", "timeouts", "ddp",
+                    "comparison", "controls", "matrix"):
+        assert getattr(cr, section) == getattr(base, section), section
+    assert cr.retention.policy == "Retain"
+
+
+@pytest.mark.parametrize(("image", "pin"), [
+    ("ghcr.io/acme/train:2026-11-29", "train:2026-11-29"),
+    ("train", "train"),
+    ("localhost:5000/train:v1", "train:v1"),
+    ("r.io/train@sha256:" + "ab" * 32, "train@sha256:abababababab"),
+    ("r.io/train:v2@sha256:" + "cd" * 32, "train@sha256:cdcdcdcdcdcd"),
+])
+def test_pin_defaults_from_the_image(image: str, pin: str) -> None:
+    assert pin_of(image) == pin
+
+
+def test_store_uri_is_checked() -> None:
+    assert "spec.store.uri" in problems(example_spec(store__uri="http://bucket/x"))
+    assert "spec.store.uri" in problems(example_spec(store__uri="s3://Bad_Bucket/x"))
+    assert "spec.store" in problems({k: v for k, v in example_spec().items() if k != "store"})
+    found = problems(example_spec(store__endpoint_url="http://user:pw@minio:9000"))
+    assert "pw" not in found["spec.store.endpoint_url"]
+
+
+@pytest.mark.parametrize(("changes", "path", "words"), [
+    ({"preemption__step": 13}, "spec.preemption.step", "after the last step"),
+    ({"preemption__rank": 4}, "spec.preemption.rank", "does not exist"),
+    ({"preemption__microstep": 3}, "spec.preemption.microstep", "accumulation_steps"),
+    ({"timeouts__arm_seconds": 500}, "spec.timeouts.arm_seconds", "process_group_seconds"),
+    ({"preemption__rank": 0}, "spec.preemption.rank", "worker-0"),
+    ({"preemption__rank": 1}, "spec.preemption.rank", "rendezvous"),
+    ({"world__nnodes": 1, "preemption__rank": 1}, "spec.preemption.rank", "worker-0"),
+    ({"checkpoint__store": "s3://other/x"}, "spec.checkpoint.store", "set by the operator"),
+    ({"world__backend": "nccl"}, "spec.resources.limits", "GPU"),
+    ({"world__nproc_per_node": 4, "preemption__rank": 5, "world__backend": "auto",
+      "resources__limits": {"nvidia.com/gpu": 2}}, "spec.world.nproc_per_node", "2 GPUs"),
+    ({"world__nnodes": 0}, "spec.world.nnodes", "greater than or equal to 1"),
+    ({"world__nodes": 2}, "spec.world.nodes", "unknown field; allowed: backend"),
+    ({"stack__image": ""}, "spec.stack.image", "at least 1"),
+    ({"retention__policy": "Keep"}, "spec.retention.policy", "'Delete' or 'Retain'"),
+    ({"resources__limits": {"cpu": "two"}}, "spec.resources.limits.cpu",
+     "not a Kubernetes quantity"),
+    ({"tolerations": [{"key": "a", "operator": "Maybe"}]}, "spec.tolerations.0.operator",
+     "Exists"),
+    ({"colour": "blue"}, "spec.colour", "unknown field; allowed: allow_rendezvous_host_kill"),
+])
+def test_impossible_specs_name_the_field(changes: dict[str, Any], path: str, words: str) -> None:
+    found = problems(example_spec(**changes))
+    assert path in found, found
+    assert words in found[path]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    found = problems(example_spec(preemption__rank=0, checkpoint__store="s3://x/y",
+                                  world__backend="nccl"))
+    assert {"spec.preemption.rank", "spec.checkpoint.store", "spec.resources.limits"} <= set(
+        found)
+
+
+def test_rendezvous_host_kill_is_an_explicit_opt_in() -> None:
+    data = example_spec(world__nnodes=1, preemption__rank=1, allow_rendezvous_host_kill=True)
+    assert parse_run_spec(data).preemption.rank == 1
+
+
+def test_a_cut_on_another_pod_is_accepted() -> None:
+    cr = parse_run_spec(example_spec(preemption__rank=3))
+    assert cr.preemption.rank == 3
+
+
+def test_not_a_mapping() -> None:
+    assert problems([]) == {"spec": "must be a mapping"}  # type: ignore[arg-type]
+
+
+# -- names -------------------------------------------------------------------------------
+
+
+def test_job_names_are_stable_unique_and_short() -> None:
+    long_run = "a" * 40 + ".b" * 40
+    names = set()
+    for run in (RUN, long_run, "9lives", "x"):
+        for leg in ("control", "preempted", "nc-model-optimizer-only", "nc-rng",
+                    "seed-7-boundary-hard", "seed-8-boundary-hard", "a_b"):
+            name = pytorchjob.leg_job_name(run, UID, leg)
+            assert name == pytorchjob.leg_job_name(run, UID, leg)
+            assert len(name) <= pytorchjob.MAX_JOB_NAME
+            # The training operator names pods and services <job>-worker-<i>.
+            assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name + "-worker-999"), name
+            assert len(name + "-worker-999") <= 63
+            names.add(name)
+        names.add(pytorchjob.comparator_job_name(run, UID))
+    assert len(names) == 4 * 8
+    # The same run name recreated (a new uid) gets new jobs: no clash with dying ones.
+    assert pytorchjob.leg_job_name(RUN, "other-uid", "control") != pytorchjob.leg_job_name(
+        RUN, UID, "control")
+
+
+def test_long_run_names_still_make_valid_labels() -> None:
+    long_run = "a" * 40 + ".b" * 40
+    value = pytorchjob.labels(long_run, UID, "control")[pytorchjob.RUN_LABEL]
+    assert len(value) <= 63 and value != pytorchjob.label_value(long_run + "x")
+    assert pytorchjob.label_value(RUN) == RUN
+
+
+# -- manifests ---------------------------------------------------------------------------
+
+
+SPECS = {
+    "example": {},
+    "graceful-mid": {"preemption__mode": "graceful"},
+    "boundary-hard": {"preemption__microstep": 0},
+    "matrix": {"matrix__seeds": [7, 8]},
+    "commit-cut": {"preemption__at": "checkpoint_commit", "preemption__microstep": 0,
+                   "preemption__step": 8},
+    "iam-aws": {"store": {"uri": "s3://acme-runs/q", "region": "eu-west-1"},
+                "service_account_name": "rq", "tolerations": [], "node_selector": {}},
+    "gpu": {"world__backend": "nccl", "world__nproc_per_node": 4, "preemption__rank": 5,
+            "resources": {"limits": {"nvidia.com/gpu": 4, "memory": "64Gi"},
+                          "requests": {"cpu": 8}}},
+}
+
+
+def _manifests(changes: dict[str, Any]) -> tuple[QualificationRunSpec, list[LegPlan],
+                                                 list[dict[str, Any]], dict[str, Any]]:
+    cr = parse_run_spec(example_spec(**changes))
+    location = run_uri(cr.store.uri, NS, RUN, UID)
+    legs = all_legs(qualification_spec(cr, location))
+    jobs = [pytorchjob.leg_job(RUN, NS, UID, cr, leg, location) for leg in legs]
+    return cr, legs, jobs, pytorchjob.comparator_job(RUN, NS, UID, cr, location,
+                                                     ttl_seconds=3600)
+
+
+@pytest.mark.parametrize("changes", SPECS.values(), ids=SPECS.keys())
+def test_every_leg_and_the_comparator_validate(changes: dict[str, Any]) -> None:
+    _, legs, jobs, comparator = _manifests(changes)
+    assert {leg.role for leg in legs} >= {"reference", "main"}
+    for job in jobs:
+        validate_pytorchjob(job)
+    validate_core(comparator)
+    names = [j["metadata"]["name"] for j in jobs] + [comparator["metadata"]["name"]]
+    assert len(set(names)) == len(names)
+    assert all(len(n) <= 63 for n in names)
+
+
+def test_the_plan_covers_controls_and_matrix_scenarios() -> None:
+    _, legs, jobs, _ = _manifests(SPECS["matrix"])
+    names = {leg.name for leg in legs}
+    assert {"control", "preempted", "nc-rng", "nc-pending-grads",
+            "seed-7-boundary-hard", "seed-8-mid-graceful"} <= names
+    assert len(jobs) == len(legs)
+
+
+def test_leg_job_shape() -> None:
+    cr, _, jobs, _ = _manifests({})
+    by_leg = {j["metadata"]["labels"][pytorchjob.LEG_LABEL]: j for j in jobs}
+    job = by_leg["nc-data-cursor"]
+    spec = job["spec"]
+    assert spec["elasticPolicy"] == {
+        "rdzvBackend": "c10d", "rdzvId": job["metadata"]["name"], "minReplicas": 2,
+        "maxReplicas": 2, "maxRestarts": 1, "nProcPerNode": 2}
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 1,
+                                 "activeDeadlineSeconds": 1800 + 60}
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    assert set(spec["pytorchReplicaSpecs"]) == {"Worker"}
+    assert (worker["replicas"], worker["restartPolicy"]) == (2, "ExitCode")
+    pod = worker["template"]["spec"]
+    [c] = pod["containers"]
+    assert c["name"] == "pytorch" and c["image"] == cr.stack.image
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    assert [*c["command"], *c["args"]] == [
+        "torchrun", "-m", "resumequal", "leg", "--leg", "nc-data-cursor", "--run",
+        f"s3://resumequal-runs/qualifications/{NS}/{RUN}/{UID}", "--omit", "data_cursor"]
+    assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400,
+                           "protocol": "TCP"}]
+    assert c["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"},
+                              "limits": {"cpu": "2", "memory": "4Gi"}}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["OMP_NUM_THREADS"]["value"] == "1"
+    assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio.storage.svc:9000"
+    assert env["AWS_REGION"]["value"] == "us-east-1"
+    assert "AWS_ENDPOINT_URL" not in env  # STS (web identity) must keep its own endpoint
+    assert pod["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Equal",
+                                   "value": "training", "effect": "NoSchedule"}]
+    assert pod["imagePullSecrets"] == [{"name": "ghcr-pull"}]
+    assert pod["serviceAccountName"] == "resumequal-worker"
+    assert pod["restartPolicy"] == "Never"
+    assert "--omit" not in by_leg["preempted"]["spec"]["pytorchReplicaSpecs"]["Worker"][
+        "template"]["spec"]["containers"][0]["args"]
+
+
+def test_labels_and_owner_references() -> None:
+    _, _, jobs, comparator = _manifests({})
+    for obj in [*jobs, comparator]:
+        meta = obj["metadata"]
+        assert meta["namespace"] == NS
+        assert meta["labels"][pytorchjob.MANAGED_BY] == "resumequal-operator"
+        assert meta["labels"]["resumequal.dev/run"] == RUN
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "resumequal.dev/v1alpha1", "kind": "QualificationRun",
+            "name": RUN, "uid": UID, "controller": True, "blockOwnerDeletion": True}]
+    for job in jobs:
+        leg = job["metadata"]["labels"]["resumequal.dev/leg"]
+        template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+        assert template["metadata"]["labels"]["resumequal.dev/leg"] == leg
+    assert "resumequal.dev/leg" not in comparator["metadata"]["labels"]
+    assert comparator["metadata"]["labels"][pytorchjob.COMPONENT] == "comparator"
+
+
+def test_comparator_job_shape() -> None:
+    _, _, _, job = _manifests(SPECS["gpu"])
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["ttlSecondsAfterFinished"]) == (0, 3600)
+    assert spec["activeDeadlineSeconds"] >= 900
+    [c] = spec["template"]["spec"]["containers"]
+    assert [*c["command"], *c["args"]] == [
+        "resumequal", "compare", f"s3://resumequal-runs/qualifications/{NS}/{RUN}/{UID}",
+        "--write", "--pin", "nightly-2026-11-29", "--namespace", NS, "--name", RUN]
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    # The comparator reads checkpoints on CPU: no GPU asked for.
+    assert c["resources"] == {"requests": {"cpu": 8}, "limits": {"memory": "64Gi"}}
+
+
+def test_credentials_only_by_secret_reference() -> None:
+    _, _, jobs, comparator = _manifests({})
+    for obj in [*jobs, comparator]:
+        text = json.dumps(obj)
+        for c in _containers(obj):
+            env = {e["name"]: e for e in c["env"]}
+            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                assert "value" not in env[key]
+                assert env[key]["valueFrom"] == {"secretKeyRef": {
+                    "name": "resumequal-s3", "key": key}}
+            assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+        assert SECRET_VALUE not in text
+
+
+def test_without_a_secret_the_pods_use_their_own_aws_chain() -> None:
+    _, _, jobs, comparator = _manifests(SPECS["iam-aws"])
+    for obj in [*jobs, comparator]:
+        for c in _containers(obj):
+            names = {e["name"] for e in c["env"]}
+            assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                "AWS_ENDPOINT_URL_S3"}
+            assert "AWS_REGION" in names
+
+
+def test_graceful_pods_get_the_grace_period() -> None:
+    _, _, jobs, _ = _manifests({"preemption__mode": "graceful",
+                                "preemption__grace_seconds": 42.5})
+    for job in jobs:
+        pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == 43
+
+
+def test_the_pytorchjob_validator_can_fail() -> None:
+    _, _, jobs, comparator = _manifests({})
+    bad = json.loads(json.dumps(jobs[0]))
+    bad["spec"]["elasticPolicy"]["minReplicas"] = "two"
+    with pytest.raises(AssertionError, match=r"\.spec\.elasticPolicy\.minReplicas"):
+        validate_pytorchjob(bad)
+    bad = json.loads(json.dumps(jobs[0]))
+    bad["spec"]["elasticPolicy"]["nProcsPerNode"] = 2
+    with pytest.raises(AssertionError, match=r"\.spec\.elasticPolicy\.nProcsPerNode"):
+        validate_pytorchjob(bad)
+    bad = json.loads(json.dumps(jobs[0]))
+    bad["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
+        "env"].append({"name": "X", "valueFrom": {"secretKeyRef": {"key": 1}}})
+    with pytest.raises(AssertionError, match=r"containers\[0\]\.env"):
+        validate_pytorchjob(bad)
+    bad = json.loads(json.dumps(jobs[0]))
+    bad["metadata"]["name"] = "Not_A_Name"
+    with pytest.raises(AssertionError, match=r"\.metadata\.name"):
+        validate_pytorchjob(bad)
+    bad = json.loads(json.dumps(comparator))
+    bad["spec"]["backoffLimit"] = "none"
+    with pytest.raises(AssertionError, match=r"\.spec\.backoffLimit"):
+        validate_core(bad)
+    bad = json.loads(json.dumps(comparator))
+    bad["metadata"]["labels"]["resumequal.dev/run"] = "x" * 64
+    with pytest.raises(AssertionError, match=r"labels"):
+        validate_core(bad)
+
+
+def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if obj["kind"] == "PyTorchJob":
+        return [c for r in obj["spec"]["pytorchReplicaSpecs"].values()
+                for c in r["template"]["spec"]["containers"]]
+    containers: list[dict[str, Any]] = obj["spec"]["template"]["spec"]["containers"]
+    return containers
