@@ -6,7 +6,8 @@
     ├── StoreError        the store (file or object storage) refused an operation
     ├── TraceError        a trace file cannot be read or holds a line that is not a record
     ├── ReportError       a report file cannot be read: unknown schema version or invalid
-    └── MetricsError      metrics cannot be written to a textfile or pushed to a gateway
+    ├── MetricsError      metrics cannot be written to a textfile or pushed to a gateway
+    └── ClusterError      the Kubernetes API refused or failed a request
 """
 
 
@@ -36,3 +37,13 @@ class ReportError(ResumequalError):
 
 class MetricsError(ResumequalError):
     """Metrics could not be written or pushed; the message names the target, never secrets."""
+
+
+class ClusterError(ResumequalError):
+    """The Kubernetes API refused or failed a request; the message names the object and the
+    HTTP status, never the response body. ``status`` is the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason

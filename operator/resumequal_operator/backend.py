@@ -1,0 +1,219 @@
+"""KubernetesBackend: the legs of one QualificationRun as PyTorchJobs, its comparator a Job.
+
+The same interface as the local torchrun backend, so :class:`resumequal.qualify.Qualification`
+drives both. The backend keeps no memory of its own: every answer is read from the cluster
+(job conditions, pods) and from the run location (progress, beacons, failure markers,
+verdict), so a backend built afresh on every reconcile, or by a restarted operator, sees
+what the previous one saw. Launching is idempotent (an existing job is the leg already
+launched); kills and deletions are checked against what this run owns.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from resumequal.errors import ClusterError, ResumequalError
+from resumequal.plan import LegPlan, Plan
+from resumequal.qualify import Beacon, LegObservation, LegState
+from resumequal.runstore import RunLocation
+from resumequal.spec import QualificationSpec
+from resumequal.verdict import Verdict
+from resumequal_operator import pytorchjob
+from resumequal_operator.kube import JOBS, PODS, PYTORCHJOBS, Conflict, Kube, NotFound, Obj
+from resumequal_operator.resource import QualificationRunSpec
+
+log = logging.getLogger(__name__)
+
+# Set by the training operator on every pod of a PyTorchJob.
+REPLICA_INDEX = "training.kubeflow.org/replica-index"
+
+
+class ComparatorFailed(ResumequalError):
+    """The comparator Job failed without writing a verdict: the run cannot conclude."""
+
+
+class KillRefused(ResumequalError):
+    """The beacon names a pod this run must not delete (not its leg's, or worker-0)."""
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The QualificationRun a backend works for: what owner references need."""
+
+    namespace: str
+    name: str
+    uid: str
+    api_version: str = "resumequal.dev/v1alpha1"
+    kind: str = "QualificationRun"
+
+    @classmethod
+    def of(cls, obj: Obj) -> RunRef:
+        m = obj["metadata"]
+        return cls(m["namespace"], m["name"], m["uid"], obj.get("apiVersion", cls.api_version),
+                   obj.get("kind", cls.kind))
+
+    def owns(self, obj: Obj) -> bool:
+        return any(r.get("uid") == self.uid and r.get("controller")
+                   for r in obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+def _condition(obj: Obj, type_: str) -> Obj | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_ and c.get("status") == "True":
+            return dict(c)
+    return None
+
+
+class KubernetesBackend:
+    """Backend of one QualificationRun (see the module docstring)."""
+
+    def __init__(self, kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
+                 spec: QualificationSpec, plan: Plan, location: RunLocation) -> None:
+        self.kube, self.run, self.run_spec = kube, run, run_spec
+        self.spec, self.plan, self.location = spec, plan, location
+
+    # -- names ---------------------------------------------------------------------------
+
+    def job_name(self, leg: str) -> str:
+        return pytorchjob.leg_job_name(self.run.name, self.run.uid, leg)
+
+    @property
+    def comparator_name(self) -> str:
+        return pytorchjob.comparator_job_name(self.run.name, self.run.uid)
+
+    # -- Backend -------------------------------------------------------------------------
+
+    def launch_leg(self, plan: LegPlan) -> None:
+        self.location.write_spec(self.spec)
+        self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
+        r = self.run
+        body = pytorchjob.leg_job(r.name, r.namespace, r.uid, self.run_spec, plan,
+                                  self.location.uri)
+        try:
+            self.kube.create(PYTORCHJOBS, self.run.namespace, body)
+        except Conflict:
+            log.debug("%s: PyTorchJob %s exists already", self.run.name, self.job_name(plan.name))
+            return
+        log.info("%s/%s: launched the %s leg (PyTorchJob %s)", self.run.namespace,
+                 self.run.name, plan.name, self.job_name(plan.name))
+
+    def observe_leg(self, leg: str) -> LegObservation:
+        name = self.job_name(leg)
+        try:
+            job = self.kube.get(PYTORCHJOBS, self.run.namespace, name)
+        except NotFound:
+            return LegObservation(state=LegState.FAILED,
+                                  message=f"its PyTorchJob {name} no longer exists")
+        progress = self.location.leg_progress(leg, self.spec.world.world_size)
+        failed = _condition(job, "Failed")
+        if _condition(job, "Succeeded") is not None:
+            state = LegState.SUCCEEDED
+        elif failed is not None:
+            state = LegState.FAILED
+        else:
+            state = LegState.RUNNING
+        message = None
+        if state == LegState.FAILED:
+            why = self.location.leg_failure(leg)
+            detail = (failed or {}).get("message") or (failed or {}).get("reason")
+            message = why or f"PyTorchJob {name} failed: {detail or 'no detail'}"
+        return LegObservation(state=state, steps_done=progress.steps_done,
+                              attempts=progress.attempts, resumed_at=progress.resumed_at,
+                              message=message)
+
+    def read_beacon(self, leg: str, rank: int) -> Beacon | None:
+        body = self.location.read_beacon(leg, rank, 0)
+        return None if body is None else Beacon.model_validate(body)
+
+    def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
+        if not beacon.pod:
+            raise KillRefused(f"the beacon of rank {beacon.rank} names no pod (POD_NAME unset "
+                              "in the worker)")
+        try:
+            pod = self.kube.get(PODS, self.run.namespace, beacon.pod)
+        except NotFound:
+            log.warning("%s: pod %s is gone already; counting it as killed", self.run.name,
+                        beacon.pod)
+            return
+        self._check_target(pod)
+        grace = 0 if mode == "hard" else max(1, math.ceil(grace_seconds))
+        try:
+            self.kube.delete(PODS, self.run.namespace, beacon.pod, grace_seconds=grace,
+                             uid=pod["metadata"]["uid"])
+        except NotFound:
+            return
+        log.info("%s: deleted pod %s (rank %d, %s, grace %ds)", self.run.name, beacon.pod,
+                 beacon.rank, mode, grace)
+
+    def _check_target(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        jobs = {self.job_name(p.name) for p in self.plan.legs}
+        owners = [r for r in meta.get("ownerReferences") or []
+                  if r.get("kind") == "PyTorchJob" and r.get("controller")]
+        if not owners or owners[0].get("name") not in jobs:
+            raise KillRefused(f"pod {meta['name']} does not belong to a leg of "
+                              f"{self.run.namespace}/{self.run.name}; not deleting it")
+        index = (meta.get("labels") or {}).get(REPLICA_INDEX)
+        worker0 = index == "0" or (index is None and meta["name"].endswith("-worker-0"))
+        if worker0 and not self.run_spec.allow_rendezvous_host_kill:
+            raise KillRefused(f"pod {meta['name']} is worker-0, which hosts the c10d "
+                              "rendezvous; set allow_rendezvous_host_kill to cut there")
+
+    def compare(self) -> Verdict | None:
+        name = self.comparator_name
+        try:
+            job = self.kube.get(JOBS, self.run.namespace, name)
+        except NotFound:
+            r = self.run
+            body = pytorchjob.comparator_job(r.name, r.namespace, r.uid, self.run_spec,
+                                             self.location.uri)
+            try:
+                self.kube.create(JOBS, self.run.namespace, body)
+                log.info("%s: started the comparator Job %s", self.run.name, name)
+            except Conflict:
+                pass
+            return None
+        complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
+        if complete is None and failed is None:
+            return None
+        # The comparator exits 1 for FAIL and 2 for INVALID after writing its verdict: a
+        # failed Job with a verdict concluded; without one, it broke.
+        verdict = self.location.read_verdict()
+        if verdict is not None:
+            return verdict
+        if complete is not None:
+            raise ComparatorFailed(f"the comparator Job {name} completed without writing "
+                                   f"{self.location.url('verdict.json')}")
+        detail = (failed or {}).get("message") or (failed or {}).get("reason") or "no detail"
+        raise ComparatorFailed(f"the comparator Job {name} failed without a verdict: {detail}")
+
+    def cleanup(self) -> None:
+        """Delete every job this run started (pods go with them: Background propagation)."""
+        deleted = delete_run_jobs(self.kube, self.run)
+        if deleted:
+            log.info("%s/%s: deleted %d job(s)", self.run.namespace, self.run.name, deleted)
+
+
+def delete_run_jobs(kube: Kube, ref: RunRef) -> int:
+    """Delete the PyTorchJobs and Jobs a run owns (Background: pods follow); how many."""
+    selector = f"{pytorchjob.UID_LABEL}={ref.uid},{pytorchjob.MANAGED_BY}={pytorchjob.OPERATOR}"
+    deleted = 0
+    for kind in (PYTORCHJOBS, JOBS):
+        for obj in kube.list(kind, ref.namespace, labels=selector).get("items") or []:
+            if not ref.owns(obj) or obj["metadata"].get("deletionTimestamp"):
+                continue
+            try:
+                kube.delete(kind, ref.namespace, obj["metadata"]["name"],
+                            propagation="Background")
+                deleted += 1
+            except NotFound:
+                pass
+    return deleted
+
+
+__all__ = [
+    "ClusterError", "ComparatorFailed", "KillRefused", "KubernetesBackend", "RunRef",
+    "delete_run_jobs",
+]

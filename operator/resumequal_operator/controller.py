@@ -1,0 +1,283 @@
+"""The reconcile of one QualificationRun: level-triggered, from its stored status.
+
+Each reconcile reads the run, validates its spec (an invalid one ends as Failed with
+Ready=False naming the field, and nothing is started), restores the qualification machine
+from ``status.machine``, ticks it once through a :class:`KubernetesBackend`, and writes the
+status through the status subresource. The finalizer ``resumequal.dev/cleanup`` lets a
+deleted run take its jobs, its metric series and (with ``retention.policy: Delete``) its
+store artifacts with it. Transient errors (API, store) propagate to the caller, which
+retries with backoff; a tick's progress is written before its error is raised, so nothing
+done (a kill in particular) is done twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from resumequal.errors import ClusterError, ResumequalError
+from resumequal.plan import qualification_plan
+from resumequal.qualify import MAIN_LEG, Phase, Qualification, QualificationStatus, Reason
+from resumequal.runstore import RunLocation
+from resumequal.spec import QualificationSpec
+from resumequal.verdict import Cut, Report, Result, ValidityCheck, Verdict
+from resumequal_operator.backend import (
+    ComparatorFailed,
+    KillRefused,
+    KubernetesBackend,
+    RunRef,
+    delete_run_jobs,
+)
+from resumequal_operator.events import EventRecorder
+from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, NotFound, Obj
+from resumequal_operator.opmetrics import OperatorMetrics
+from resumequal_operator.resource import (
+    QualificationRunSpec,
+    QualificationRunStatus,
+    RunSpecError,
+    parse_run_spec,
+    qualification_spec,
+    run_uri,
+)
+from resumequal_operator.status import (
+    INVALID_SPEC,
+    invalid_status,
+    machine_of,
+    read_status,
+    run_status,
+)
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "resumequal.dev/cleanup"
+STATUS_RETRIES = 5
+
+
+@dataclass
+class _Run:
+    """What one reconcile works with."""
+
+    obj: Obj
+    ref: RunRef
+    spec: QualificationRunSpec
+    qspec: QualificationSpec
+    location: RunLocation
+
+
+class Reconciler:
+    """Reconciles QualificationRuns by key (``namespace/name``); safe for one key per thread."""
+
+    def __init__(self, kube: Kube, metrics: OperatorMetrics, events: EventRecorder, *,
+                 poll_seconds: float = 2.0, clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.metrics, self.events = kube, metrics, events
+        self.poll_seconds = poll_seconds
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._locations: dict[str, RunLocation] = {}
+        self._recorded: dict[str, tuple[str, str]] = {}  # key -> (uid, pin) recorded
+
+    # -- entry ---------------------------------------------------------------------------
+
+    def reconcile(self, key: str) -> float | None:
+        """One reconcile; returns when to look again (seconds) or None (on the next event)."""
+        namespace, name = key.split("/", 1)
+        try:
+            obj = self.kube.get(QUALIFICATION_RUNS, namespace, name)
+        except NotFound:
+            self._forget(key)
+            return None
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp"):
+            self._finalize(key, obj)
+            return None
+        if FINALIZER not in (meta.get("finalizers") or []):
+            obj = self._add_finalizer(obj)
+        previous = read_status(obj)
+        generation = meta.get("generation")
+        try:
+            spec = parse_run_spec(obj.get("spec"))
+        except RunSpecError as e:
+            self._invalid(obj, previous, generation, str(e))
+            return None
+        if previous is not None and previous.phase in (Phase.SUCCEEDED, Phase.FAILED) \
+                and not previous.machine:
+            # Failed before it started (an invalid spec, since corrected): start afresh.
+            previous = None
+        run = self._run(obj, spec)
+        return self._drive(key, run, previous, generation)
+
+    # -- one tick ------------------------------------------------------------------------
+
+    def _run(self, obj: Obj, spec: QualificationRunSpec) -> _Run:
+        ref = RunRef.of(obj)
+        uri = run_uri(spec.store.uri, ref.namespace, ref.name, ref.uid)
+        with self._lock:
+            location = self._locations.get(ref.uid)
+            if location is None:
+                location = RunLocation.open(uri, spec.store.s3_spec())
+                self._locations[ref.uid] = location
+        return _Run(obj, ref, spec, qualification_spec(spec, uri), location)
+
+    def _drive(self, key: str, run: _Run, previous: QualificationRunStatus | None,
+               generation: int | None) -> float | None:
+        plan = qualification_plan(run.qspec)
+        backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
+                                    run.location)
+        machine = machine_of(previous)
+        q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
+                          clock=self.clock)
+        seen = len(q.status.history)
+        killed = {n for n, leg in q.status.legs.items() if leg.killed_at is not None}
+        error: Exception | None = None
+        if not q.status.done:
+            try:
+                q.tick()
+            except (ComparatorFailed, KillRefused) as e:
+                q.fail(Reason.ERROR, str(e))
+            except ResumequalError as e:  # API or store trouble: write progress, then retry
+                error = e
+        status = run_status(
+            q.status, previous=previous, generation=generation, pin=run.spec.stack.effective_pin,
+            run_uri=run.location.uri,
+            report_url=run.location.url("report.html") if q.status.verdict else
+            (previous.report_url if previous else None),
+            leg_jobs={p.name: backend.job_name(p.name) for p in plan.legs},
+            comparator_job=backend.comparator_name if q.status.phase in (
+                Phase.COMPARING, Phase.SUCCEEDED) or (previous and previous.comparator_job)
+            else None,
+            preemption_mode=run.spec.preemption.mode,
+        )
+        self._announce(run, q.status, seen, killed)
+        self._write_status(run.obj, status)
+        if error is not None:
+            raise error
+        if q.status.done:
+            self._record(key, run, q.status)
+            with self._lock:
+                self._locations.pop(run.ref.uid, None)  # its trace cache is not needed again
+            return None
+        return self.poll_seconds
+
+    def _announce(self, run: _Run, machine: QualificationStatus, seen: int,
+                  killed: set[str]) -> None:
+        for event in machine.history[seen:]:
+            warning = event.phase == Phase.FAILED.value
+            self.events.record(run.obj, event.phase, event.message or f"phase {event.phase}",
+                               warning=warning)
+        for name, leg in machine.legs.items():
+            if leg.killed_at is not None and name not in killed and leg.beacon is not None:
+                b = leg.beacon
+                mode = run.spec.preemption.mode if name == MAIN_LEG else "per its plan"
+                self.events.record(run.obj, "Preempted", (
+                    f"{name} leg: deleted pod {b.pod} (rank {b.rank}, attempt {b.attempt}) at "
+                    f"step {b.step} microstep {b.microstep}; kill mode {mode}"))
+
+    # -- status --------------------------------------------------------------------------
+
+    def _write_status(self, obj: Obj, status: QualificationRunStatus) -> Obj:
+        """PUT the status with the object's resourceVersion; on 409 re-read and retry while
+        nobody else changed the status meanwhile."""
+        body = status.to_k8s()
+        read = obj.get("status")
+        if read == body:
+            return obj
+        meta = obj["metadata"]
+        for _ in range(STATUS_RETRIES):
+            try:
+                return self.kube.replace(QUALIFICATION_RUNS, meta["namespace"],
+                                         {**obj, "status": body}, sub="status")
+            except Conflict:
+                obj = self.kube.get(QUALIFICATION_RUNS, meta["namespace"], meta["name"])
+                if obj.get("status") != read:
+                    raise  # another writer moved the status: reconcile again from it
+        raise ClusterError(f"status of {meta['namespace']}/{meta['name']}: still conflicting "
+                           f"after {STATUS_RETRIES} attempts", status=409, reason="Conflict")
+
+    def _invalid(self, obj: Obj, previous: QualificationRunStatus | None,
+                 generation: int | None, message: str) -> None:
+        status = invalid_status(previous, generation, message)
+        ready = next((c for c in previous.conditions if c.type == "Ready"), None) \
+            if previous else None
+        if ready is None or ready.reason != INVALID_SPEC or ready.message != message[:1024]:
+            self.events.record(obj, INVALID_SPEC, message, warning=True)
+            log.warning("%s/%s: invalid spec: %s", obj["metadata"]["namespace"],
+                        obj["metadata"]["name"], message.replace("\n", "; "))
+        self._write_status(obj, status)
+
+    # -- metrics -------------------------------------------------------------------------
+
+    def _record(self, key: str, run: _Run, machine: QualificationStatus) -> None:
+        pin = run.spec.stack.effective_pin
+        if self._recorded.get(key) == (run.ref.uid, pin):
+            return
+        verdict = machine.verdict or run.location.read_verdict() or _failed_verdict(
+            run.qspec, machine)
+        main = machine.main()
+        restart = None
+        if main.killed_at is not None and main.resumed_at is not None:
+            restart = main.resumed_at - main.killed_at
+        report = Report(run=run.ref.name, pin=pin, verdict=verdict,
+                        spec=run.qspec.model_dump(mode="json"), phases=machine.history,
+                        kill_at=main.killed_at, restart_seconds=restart)
+        with self._lock:
+            old = self._recorded.get(key)
+            if old is not None and old[1] != pin:
+                self.metrics.qualification.forget(run.ref.namespace, run.ref.name, pin=old[1])
+            self.metrics.qualification.record(report, namespace=run.ref.namespace)
+            self._recorded[key] = (run.ref.uid, pin)
+
+    def _forget(self, key: str) -> None:
+        namespace, name = key.split("/", 1)
+        with self._lock:
+            if self._recorded.pop(key, None) is not None:
+                self.metrics.qualification.forget(namespace, name)
+
+    # -- finalizer -----------------------------------------------------------------------
+
+    def _add_finalizer(self, obj: Obj) -> Obj:
+        meta = obj["metadata"]
+        patch = {"metadata": {"finalizers": [*(meta.get("finalizers") or []), FINALIZER],
+                              "resourceVersion": meta["resourceVersion"]}}
+        return self.kube.patch(QUALIFICATION_RUNS, meta["namespace"], meta["name"], patch)
+
+    def _finalize(self, key: str, obj: Obj) -> None:
+        meta = obj["metadata"]
+        if FINALIZER not in (meta.get("finalizers") or []):
+            return
+        ref = RunRef.of(obj)
+        delete_run_jobs(self.kube, ref)
+        try:
+            spec: QualificationRunSpec | None = parse_run_spec(obj.get("spec"))
+        except RunSpecError:
+            spec = None  # never started: nothing in the store
+        if spec is not None and spec.retention.policy == "Delete":
+            run = self._run(obj, spec)
+            removed = run.location.delete_all()
+            log.info("%s: retention Delete: removed %d object(s) under %s", key, removed,
+                     run.location.uri)
+        with self._lock:
+            self._locations.pop(ref.uid, None)
+        self._forget(key)
+        rest = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        self.kube.patch(QUALIFICATION_RUNS, meta["namespace"], meta["name"],
+                        {"metadata": {"finalizers": rest,
+                                      "resourceVersion": meta["resourceVersion"]}})
+        log.info("%s: cleaned up; finalizer removed", key)
+
+
+def _failed_verdict(spec: QualificationSpec, machine: QualificationStatus) -> Verdict:
+    """The INVALID verdict of a run that ended without a comparison (a timeout, a failed
+    leg): what the metrics and the local runner report for it."""
+    p = spec.preemption
+    why = f"{machine.reason.value if machine.reason else 'Failed'}: {machine.message}"
+    return Verdict(result=Result.INVALID, reason=why,
+                   cut=Cut(step=p.step, microstep=p.microstep, rank=p.rank, mode=p.mode,
+                           at=p.at),
+                   resumed_from=None, first_divergence=None, exact_through_step=0,
+                   checks=[ValidityCheck(name="qualification completed", ok=False,
+                                         detail=machine.message or "no detail")])
+
+

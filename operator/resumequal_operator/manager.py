@@ -1,0 +1,210 @@
+"""The running operator: watchers, a work queue, workers, leader election, one HTTP port.
+
+Every replica watches (so a standby's cache is warm), but only the leader's workers take
+keys from the queue; a replica that becomes leader enqueues every run it knows. Runs that
+are not finished are looked at again every ``poll_seconds`` (progress lives in the store,
+which sends no events), every run every ``resync_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from resumequal.errors import ResumequalError
+from resumequal_operator.controller import Reconciler
+from resumequal_operator.events import EventRecorder
+from resumequal_operator.health import HealthServer
+from resumequal_operator.kube import Kube
+from resumequal_operator.leader import LeaderElector, LeaseSettings
+from resumequal_operator.opmetrics import OperatorMetrics
+from resumequal_operator.watching import Watcher
+from resumequal_operator.workqueue import ShutDown, WorkQueue
+
+log = logging.getLogger(__name__)
+
+
+def default_identity() -> str:
+    """POD_NAME in a cluster; elsewhere the host name plus a random suffix."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the operator runs. ``namespaces`` empty: every namespace."""
+
+    namespaces: tuple[str, ...] = ()
+    port: int = 8080
+    host: str = "0.0.0.0"
+    leader_elect: bool = True
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    identity: str = field(default_factory=default_identity)
+    resync_seconds: float = 60.0
+    workers: int = 2
+    # Store progress (beacons, steps) has no events: a running run is read this often.
+    # 2 s keeps the arm-to-kill delay well under the default arm timeout (60 s).
+    poll_seconds: float = 2.0
+    # Kubernetes ends watches after 5-10 min on its own; 60 s bounds how stale a broken
+    # connection that no error reports can leave the cache.
+    watch_timeout_seconds: int = 60
+
+
+class Operator:
+    """Start, serve, stop. ``registry`` defaults to a fresh one (tests read it)."""
+
+    def __init__(self, kube: Kube, settings: Settings,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.kube, self.settings = kube, settings
+        self.registry = registry or CollectorRegistry()
+        self.metrics = OperatorMetrics(self.registry)
+        self.queue = WorkQueue()
+        self.metrics.watch_queue(lambda: len(self.queue))
+        self.reconciler = Reconciler(kube, self.metrics,
+                                     EventRecorder(kube, settings.identity),
+                                     poll_seconds=settings.poll_seconds)
+        namespaces: Sequence[str | None] = settings.namespaces or (None,)
+        self.watchers = [Watcher(kube, ns, self.queue.add,
+                                 timeout_seconds=settings.watch_timeout_seconds)
+                         for ns in namespaces]
+        self.elector: LeaderElector | None = None
+        self._leading = threading.Event()
+        if settings.leader_elect:
+            self.elector = LeaderElector(kube, settings.identity, settings.lease,
+                                         on_change=self._leadership)
+        else:
+            self._leadership(True)
+        self.health = HealthServer(self.registry, self._healthy, self._ready,
+                                   port=settings.port, host=settings.host)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.reconciles = 0  # by this replica, for tests and logs
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.health.start()
+        for w in self.watchers:
+            w.start()
+        if self.elector is not None:
+            self.elector.start()
+        for i in range(self.settings.workers):
+            self._spawn(self._work, f"worker-{i}")
+        self._spawn(self._resync, "resync")
+        log.info("operator %s started (%s; leader election %s)", self.settings.identity,
+                 ", ".join(w.where for w in self.watchers),
+                 "on" if self.elector else "off")
+
+    def _spawn(self, target: object, name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        """Stop taking work, finish the reconciles in flight, release the Lease."""
+        self._stop.set()
+        self.queue.shutdown()
+        for t in self._threads:
+            t.join(timeout=30)
+        for w in self.watchers:
+            w.stop()
+        if self.elector is not None:
+            self.elector.stop(release=True)
+        self.health.stop()
+        log.info("operator %s stopped", self.settings.identity)
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Start, block until ``stop`` is set (SIGTERM), stop."""
+        self.start()
+        try:
+            stop.wait()
+        finally:
+            self.stop()
+
+    # -- leadership, health --------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leading.is_set()
+
+    def _leadership(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
+        if leading:
+            self._leading.set()
+            for w in self.watchers:
+                for key in w.runs():
+                    self.queue.add(key)
+        else:
+            self._leading.clear()
+
+    def _healthy(self) -> str | None:
+        dead = [w.where for w in self.watchers if not w.alive]
+        if dead and not self._stop.is_set():
+            return f"watch of {', '.join(dead)} stopped"
+        return None
+
+    def _ready(self) -> str | None:
+        unsynced = [w.where for w in self.watchers if not w.synced.is_set()]
+        if unsynced:
+            return f"cache of {', '.join(unsynced)} not synced"
+        if self.elector is not None and not self.elector.known.is_set():
+            return "leader state not known yet"
+        return None
+
+    # -- work ----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            if not self._leading.wait(0.5):
+                continue
+            try:
+                key = self.queue.get(timeout=0.5)
+            except ShutDown:
+                return
+            if key is None:
+                continue
+            try:
+                if not self.is_leader:
+                    self.queue.add(key)  # back for whoever leads next (done() requeues it)
+                    continue
+                self._process(key)
+            finally:
+                self.queue.done(key)
+
+    def _process(self, key: str) -> None:
+        start = time.perf_counter()
+        try:
+            again = self.reconciler.reconcile(key)
+        except ResumequalError as e:
+            delay = self.queue.add_rate_limited(key)
+            self.metrics.errors.inc()
+            self.metrics.reconcile.labels(result="error").inc()
+            log.warning("reconcile %s failed (retry in %.2fs): %s", key, delay, e)
+        except Exception:
+            delay = self.queue.add_rate_limited(key)
+            self.metrics.errors.inc()
+            self.metrics.reconcile.labels(result="error").inc()
+            log.exception("reconcile %s failed unexpectedly (retry in %.2fs)", key, delay)
+        else:
+            self.queue.forget(key)
+            if again is not None:
+                self.queue.add_after(key, again)
+            self.metrics.reconcile.labels(result="requeue" if again else "success").inc()
+        finally:
+            self.reconciles += 1
+            self.metrics.duration.observe(time.perf_counter() - start)
+
+    def _resync(self) -> None:
+        while not self._stop.wait(self.settings.resync_seconds):
+            if not self.is_leader:
+                continue
+            for w in self.watchers:
+                for key in w.runs():
+                    self.queue.add(key)

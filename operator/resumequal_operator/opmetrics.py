@@ -1,0 +1,66 @@
+"""The operator's own metric families, next to the qualification families it records.
+
+Both live in one explicit registry that ``/metrics`` serves; tests build a fresh one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from resumequal.metrics import QualificationMetrics
+
+# A reconcile is a few API calls and store reads (milliseconds), up to a status write
+# retried after conflicts on a slow API server (seconds).
+RECONCILE_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+)  # fmt: skip
+RESULTS: tuple[str, ...] = ("success", "requeue", "error")
+
+
+def build_version() -> str:
+    try:
+        return version("resumequal")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class OperatorMetrics:
+    """Operator families plus :class:`QualificationMetrics`, in one registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.qualification = QualificationMetrics(registry)
+        self.reconcile = Counter(
+            "resumequal_operator_reconcile", "Reconciles of QualificationRuns, by result.",
+            ["result"], registry=registry,
+        )
+        for result in RESULTS:
+            self.reconcile.labels(result=result)
+        self.errors = Counter(
+            "resumequal_operator_reconcile_errors",
+            "Reconciles that failed with an error and were retried with backoff.",
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "resumequal_operator_queue_depth", "QualificationRuns waiting to be reconciled.",
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "resumequal_operator_reconcile_duration_seconds", "Time one reconcile took.",
+            buckets=RECONCILE_BUCKETS, registry=registry,
+        )
+        self.leader = Gauge(
+            "resumequal_operator_leader", "1 when this replica holds the leader Lease.",
+            registry=registry,
+        )
+        self.build_info = Gauge(
+            "resumequal_operator_build_info", "The operator's version (always 1).",
+            ["version"], registry=registry,
+        )
+        self.build_info.labels(version=build_version()).set(1)
+
+    def watch_queue(self, depth: Callable[[], int]) -> None:
+        self.queue_depth.set_function(lambda: float(depth()))

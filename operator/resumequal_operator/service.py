@@ -1,0 +1,84 @@
+"""``resumequal-operator run``: connect to the cluster, run the operator until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from kubernetes import client as k8s  # type: ignore[import-untyped]
+from kubernetes import config as k8s_config
+
+from resumequal.errors import ClusterError
+from resumequal_operator.kube import Kube
+from resumequal_operator.leader import LeaseSettings
+from resumequal_operator.manager import Operator, Settings, default_identity
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """The command line's options (see ``resumequal-operator run --help``)."""
+
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    port: int = 8080
+    leader_elect: bool = True
+    lease_name: str = "resumequal-operator"
+    lease_namespace: str | None = None
+    resync_seconds: float = 60.0
+    workers: int = 2
+    poll_seconds: float = 2.0
+
+
+def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Settings:
+    """Settings from options and POD_NAME / POD_NAMESPACE (the downward API)."""
+    env = dict(os.environ) if env is None else env
+    home = env.get("POD_NAMESPACE") or "default"
+    if opts.all_namespaces and opts.namespaces:
+        raise ValueError("--namespace and --all-namespaces exclude each other")
+    namespaces = () if opts.all_namespaces else (opts.namespaces or (home,))
+    return Settings(
+        namespaces=namespaces, port=opts.port, leader_elect=opts.leader_elect,
+        lease=LeaseSettings(name=opts.lease_name, namespace=opts.lease_namespace or home),
+        identity=env.get("POD_NAME") or default_identity(),
+        resync_seconds=opts.resync_seconds, workers=opts.workers,
+        poll_seconds=opts.poll_seconds,
+    )
+
+
+def cluster_configuration() -> Any:
+    """In a pod: the service account; elsewhere: KUBECONFIG / ~/.kube/config."""
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except k8s_config.ConfigException:
+        try:
+            k8s_config.load_kube_config(client_configuration=configuration)
+        except (k8s_config.ConfigException, OSError) as e:
+            raise ClusterError(f"no cluster to talk to: not in a pod, and no usable "
+                               f"kubeconfig ({type(e).__name__})") from e
+    return configuration
+
+
+def serve(opts: ServiceOptions) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully (the Lease is released)."""
+    settings = settings_from(opts)
+    kube = Kube.from_configuration(cluster_configuration())
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        Operator(kube, settings).run_until(stop)
+    finally:
+        kube.close()

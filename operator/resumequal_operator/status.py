@@ -1,0 +1,184 @@
+"""A QualificationRun's status from the qualification machine's memory, and back.
+
+The status is derived, never edited in place: every reconcile computes it whole from the
+machine (:class:`resumequal.qualify.QualificationStatus`, kept in ``status.machine``) and
+the previous status, which only contributes what the machine does not keep: condition
+transition times and the verdict summary of a finished run.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus
+from resumequal.verdict import Result, Verdict
+from resumequal_operator.resource import (
+    Condition,
+    FirstDivergence,
+    LegStatus,
+    PreemptionStatus,
+    QualificationRunStatus,
+    VerdictStatus,
+)
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+INVALID_SPEC = "InvalidSpec"
+
+
+def machine_of(status: QualificationRunStatus | None) -> QualificationStatus | None:
+    """The stored machine, or None for a run not started (or a machine this code cannot
+    read, which then starts over: legs are idempotent to launch)."""
+    if status is None or not status.machine:
+        return None
+    try:
+        return QualificationStatus.model_validate(status.machine)
+    except ValidationError:
+        return None
+
+
+def stored_machine(machine: QualificationStatus) -> dict[str, Any]:
+    """What goes into ``status.machine``: everything but the verdict, which can be large
+    (boundary tables, per-step losses) and lives in the store's verdict.json."""
+    return machine.model_dump(mode="json", exclude={"verdict"})
+
+
+def read_status(obj: dict[str, Any]) -> QualificationRunStatus | None:
+    raw = obj.get("status")
+    if not raw:
+        return None
+    try:
+        return QualificationRunStatus.model_validate(raw)
+    except ValidationError:
+        return None  # written by another version: rebuilt from scratch
+
+
+def verdict_summary(v: Verdict) -> VerdictStatus:
+    d = v.first_divergence
+    model = next((x for x in v.drift if x.group == "model"), None)
+    losses = [x.abs_diff for x in v.loss_deltas]
+    loss = None if not losses or any(not math.isfinite(x) for x in losses) else max(losses)
+    return VerdictStatus(
+        result=v.result,
+        reason=v.reason,
+        first_divergence=None if d is None else FirstDivergence(step=d.step,
+                                                                 boundary=d.boundary,
+                                                                 rank=d.rank),
+        first_divergence_summary="none" if d is None else f"step {d.step} {d.boundary} "
+                                                          f"rank {d.rank}",
+        exact_through_step=v.exact_through_step,
+        param_max_abs_diff=None if model is None else model.max_abs_diff,
+        param_rel_l2_diff=None if model is None else model.rel_l2,
+        param_mismatch_fraction=None if model is None else model.mismatch_fraction,
+        loss_max_abs_diff=loss,
+        controls_detected=v.controls_detected,
+        controls_total=v.controls_total,
+    )
+
+
+def _condition(previous: QualificationRunStatus | None, type_: Literal["Ready", "Qualified"],
+               status: ConditionStatus, reason: str, message: str,
+               generation: int | None) -> Condition:
+    """A condition whose lastTransitionTime moves only when its status changes."""
+    old = next((c for c in (previous.conditions if previous else []) if c.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status == status else None
+    return Condition(type=type_, status=status, reason=reason, message=message[:1024],
+                     last_transition_time=since or datetime.now(UTC),
+                     observed_generation=generation)
+
+
+def conditions(previous: QualificationRunStatus | None, phase: Phase, reason: str | None,
+               message: str | None, verdict: VerdictStatus | None,
+               generation: int | None) -> list[Condition]:
+    """Ready: True once finished with a verdict, False when it failed, Unknown meanwhile.
+    Qualified: True for a PASS, False for any other verdict or a failure, else Unknown."""
+    if phase == Phase.SUCCEEDED:
+        ready: tuple[ConditionStatus, str, str] = ("True", reason or "Completed",
+                                                   message or "finished")
+    elif phase == Phase.FAILED:
+        ready = ("False", reason or "Failed", message or "failed")
+    else:
+        ready = ("Unknown", phase.value, f"the qualification is in phase {phase.value}")
+    if verdict is not None:
+        ok = verdict.result == Result.PASS
+        qualified: tuple[ConditionStatus, str, str] = (
+            "True" if ok else "False", verdict.result.value, verdict.reason or "")
+    elif phase == Phase.FAILED:
+        qualified = ("False", reason or "Failed", message or "failed")
+    else:
+        qualified = ("Unknown", "NoVerdict", "no verdict yet")
+    return [_condition(previous, "Ready", *ready, generation),
+            _condition(previous, "Qualified", *qualified, generation)]
+
+
+def run_status(
+    machine: QualificationStatus,
+    *,
+    previous: QualificationRunStatus | None,
+    generation: int | None,
+    pin: str,
+    run_uri: str,
+    report_url: str | None,
+    leg_jobs: dict[str, str],
+    comparator_job: str | None,
+    preemption_mode: Literal["hard", "graceful"],
+) -> QualificationRunStatus:
+    """The whole status of a run from its machine (see the module docstring)."""
+    legs = {}
+    for name, leg in machine.legs.items():
+        restart = None
+        if leg.killed_at is not None and leg.resumed_at is not None:
+            restart = leg.resumed_at - leg.killed_at
+        legs[name] = LegStatus.model_validate({
+            "job": leg_jobs.get(name) if leg.launched_at is not None else None,
+            "attempts": leg.attempts, "steps": leg.steps, "launchedAt": leg.launched_at,
+            "killedAt": leg.killed_at, "resumedAt": leg.resumed_at,
+            "finishedAt": leg.finished_at, "restartSeconds": restart,
+        })
+    main = machine.legs.get(MAIN_LEG)
+    preemption = None
+    if main is not None and main.beacon is not None and main.killed_at is not None:
+        preemption = PreemptionStatus.model_validate({
+            "leg": MAIN_LEG, "pod": main.beacon.pod, "rank": main.beacon.rank,
+            "mode": preemption_mode, "injectedAt": main.killed_at})
+    verdict = (verdict_summary(machine.verdict) if machine.verdict is not None
+               else previous.verdict if previous is not None else None)
+    done = machine.done
+    history = machine.history
+    return QualificationRunStatus.model_validate({
+        "phase": machine.phase,
+        "observedGeneration": generation,
+        "conditions": conditions(previous, machine.phase,
+                                 machine.reason.value if machine.reason else None,
+                                 machine.message, verdict, generation),
+        "pin": pin,
+        "runUri": run_uri,
+        "reportUrl": report_url,
+        "legs": legs,
+        "preemption": preemption,
+        "comparatorJob": comparator_job,
+        "verdict": verdict,
+        "startedAt": history[0].at if history else None,
+        "completedAt": history[-1].at if done and history else None,
+        "machine": stored_machine(machine),
+    })
+
+
+def invalid_status(previous: QualificationRunStatus | None, generation: int | None,
+                   message: str) -> QualificationRunStatus:
+    """A run whose spec cannot run: Failed, Ready=False naming the field; no machine."""
+    now = datetime.now(UTC)
+    return QualificationRunStatus.model_validate({
+        "phase": Phase.FAILED,
+        "observedGeneration": generation,
+        "conditions": [
+            _condition(previous, "Ready", "False", INVALID_SPEC, message, generation),
+            _condition(previous, "Qualified", "False", INVALID_SPEC, message, generation),
+        ],
+        "startedAt": previous.started_at if previous and previous.started_at else now,
+        "completedAt": now if previous is None or previous.completed_at is None
+        else previous.completed_at,
+    })

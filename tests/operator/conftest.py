@@ -1,0 +1,52 @@
+"""The operator against the API emulator (real HTTP, the official client) and moto (real S3).
+
+Every object written to the emulator passes admission by the schemas in
+``tests/k8s_schemas.py``: PyTorchJobs against Kubeflow's CRD, QualificationRuns (status
+included) against the chart's CRD, Jobs, Leases and Events against Kubernetes' own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.kubeapi import KubeAPI
+from tests.operator.harness import Admission, Operators
+
+if TYPE_CHECKING:  # loaded as a plugin below; importing it here first defeats assert rewriting
+    from tests.s3server import MotoServer
+
+pytest_plugins = ("tests.s3server", "tests.kubeapi.fixtures")
+
+
+@pytest.fixture
+def admission(kubeapi: KubeAPI) -> Admission:
+    check = Admission()
+    kubeapi.add_validator(check)
+    return check
+
+
+@pytest.fixture
+def api(kubeapi: KubeAPI, admission: Admission) -> KubeAPI:
+    """The emulator, with admission by the real schemas."""
+    return kubeapi
+
+
+@pytest.fixture
+def store(moto_server: MotoServer, aws_env: dict[str, str]) -> dict[str, str]:
+    """A fresh bucket on the shared moto server: the ``store`` section of a run."""
+    return {"uri": f"s3://{moto_server.new_bucket()}/runs",
+            "endpoint_url": moto_server.endpoint, "region": "us-east-1",
+            "addressing_style": "path"}
+
+
+@pytest.fixture
+def operators(api: KubeAPI, aws_env: dict[str, str]) -> Iterator[Operators]:
+    """Operator replicas; stopped before the AWS environment they read is taken away."""
+    ops = Operators(api)
+    try:
+        yield ops
+    finally:
+        ops.stop_all()

@@ -1,0 +1,147 @@
+"""What the operator tests share: admission, run manifests, operator replicas, waits.
+
+Every object written to the emulator passes admission by the schemas in
+``tests/k8s_schemas.py``: PyTorchJobs against Kubeflow's CRD, QualificationRuns (status
+included) against the chart's CRD, Jobs, Leases and Events against Kubernetes' own.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
+from resumequal_operator.leader import LeaseSettings
+from resumequal_operator.manager import Operator, Settings
+from tests.k8s_schemas import validate_core, validate_pytorchjob, validate_qualificationrun
+from tests.kubeapi import KubeAPI
+
+NAMESPACE = "quals"
+Obj = dict[str, Any]
+
+# Timings for a test: reconciles every 50 ms, leases of 1 s, watches that end every 2 s.
+FAST = {"poll_seconds": 0.05, "resync_seconds": 30.0, "watch_timeout_seconds": 2,
+        "lease": LeaseSettings(namespace=NAMESPACE, lease_seconds=1.0,
+                               renew_deadline_seconds=0.8, retry_seconds=0.1)}
+
+
+class Admission:
+    """Validates what the operator writes; counts what it validated, per kind."""
+
+    def __init__(self) -> None:
+        self.validated: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, obj: Obj) -> None:
+        kind = obj.get("kind", "")
+        if kind == "PyTorchJob":
+            validate_pytorchjob(obj)
+        elif kind == "QualificationRun":
+            validate_qualificationrun(obj)
+        elif kind in ("Job", "Lease", "Event"):
+            validate_core(obj)
+        else:
+            return
+        self.validated[kind] += 1
+
+
+def run_manifest(name: str, store: dict[str, str], **spec: Any) -> Obj:
+    """A small valid QualificationRun: 2 nodes x 1 rank, cut on rank 1 (pod worker-1)."""
+    body: Obj = {
+        "stack": {"image": "ghcr.io/acme/train:2026-11-29"},
+        "store": dict(store),
+        "world": {"nnodes": 2, "nproc_per_node": 1},
+        "training": {"steps": 6, "accumulation_steps": 2},
+        "checkpoint": {"every_steps": 2},
+        "preemption": {"step": 4, "microstep": 1, "rank": 1},
+        "controls": {"enabled": False},
+    }
+    for section, value in spec.items():
+        if isinstance(value, dict) and isinstance(body.get(section), dict):
+            body[section] = {**body[section], **value}
+        else:
+            body[section] = value
+    return {"apiVersion": "resumequal.dev/v1alpha1", "kind": "QualificationRun",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": body}
+
+
+class Operators:
+    """Starts operator replicas against the emulator; stops them all at the end."""
+
+    def __init__(self, api: KubeAPI) -> None:
+        self.api = api
+        self.started: list[tuple[Operator, Kube]] = []
+
+    def start(self, **overrides: Any) -> Operator:
+        kube = Kube(self.api.api_client())
+        settings = Settings(**{"namespaces": (NAMESPACE,), "port": 0, "host": "127.0.0.1",
+                               "identity": f"op-{uuid.uuid4().hex[:6]}", **FAST,
+                               **overrides})
+        op = Operator(kube, settings, CollectorRegistry())
+        op.start()
+        self.started.append((op, kube))
+        return op
+
+    def stop(self, op: Operator) -> None:
+        for i, (o, kube) in enumerate(self.started):
+            if o is op:
+                o.stop()
+                kube.close()
+                del self.started[i]
+                return
+
+    def stop_all(self) -> None:
+        for op, _ in list(self.started):
+            self.stop(op)
+
+
+def qr(api: KubeAPI, name: str) -> Obj:
+    obj = api.get(QUALIFICATION_RUNS.plural, NAMESPACE, name)
+    assert obj is not None, f"QualificationRun {name} is gone"
+    return obj
+
+
+def wait_phase(api: KubeAPI, name: str, phases: str | tuple[str, ...],
+               timeout: float = 20.0) -> Obj:
+    """Wait until the run's status.phase is one of ``phases``; the object."""
+    wanted = (phases,) if isinstance(phases, str) else phases
+    seen: list[str] = []
+
+    def check() -> Obj | None:
+        obj = api.get(QUALIFICATION_RUNS.plural, NAMESPACE, name)
+        phase = ((obj or {}).get("status") or {}).get("phase")
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
+        return obj if phase in wanted else None
+
+    try:
+        return api.wait_for(check, timeout, f"{name} in phase {'/'.join(wanted)}")
+    except TimeoutError as e:
+        obj = api.get(QUALIFICATION_RUNS.plural, NAMESPACE, name) or {}
+        conds = (obj.get("status") or {}).get("conditions")
+        raise AssertionError(f"{e}; phases seen: {seen}; conditions: {conds}") from None
+
+
+def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``check`` (for what the emulator cannot signal: metrics, store objects)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def condition(obj: Obj, type_: str) -> Obj:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return dict(c)
+    raise AssertionError(f"no condition {type_} in {obj.get('status')}")
+
+

@@ -1,0 +1,120 @@
+"""The controller without workers: spec validation, finalizer, watch recovery, leadership."""
+
+from __future__ import annotations
+
+from resumequal_operator.kube import LEASES, PYTORCHJOBS, QUALIFICATION_RUNS
+from resumequal_operator.leader import LeaseSettings
+from tests.kubeapi import KubeAPI
+from tests.operator.harness import (
+    NAMESPACE,
+    Admission,
+    Operators,
+    condition,
+    eventually,
+    qr,
+    run_manifest,
+    wait_phase,
+)
+
+
+def _jobs(api: KubeAPI, run: str) -> list[str]:
+    return sorted(j["metadata"]["name"] for j in api.list(PYTORCHJOBS.plural, NAMESPACE)
+                  if j["metadata"]["labels"].get("resumequal.dev/run") == run)
+
+
+def test_an_invalid_spec_fails_naming_the_field_while_a_valid_run_proceeds(
+    api: KubeAPI, operators: Operators, store: dict[str, str], admission: Admission
+) -> None:
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural,
+               run_manifest("bad", store, preemption={"step": 9}))
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("good", store))
+
+    bad = wait_phase(api, "bad", "Failed")
+    ready = condition(bad, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    assert "spec.preemption.step" in ready["message"]
+    assert condition(bad, "Qualified")["status"] == "False"
+    assert _jobs(api, "bad") == []  # nothing started for it
+    reasons = [e["reason"] for e in api.list("events", NAMESPACE)
+               if e["involvedObject"]["name"] == "bad"]
+    assert reasons == ["InvalidSpec"]
+
+    good = wait_phase(api, "good", "LegsRunning")
+    assert condition(good, "Ready")["status"] == "Unknown"
+    assert len(eventually(lambda: _jobs(api, "good") if len(_jobs(api, "good")) == 2 else None,
+                          what="both legs' PyTorchJobs")) == 2
+    assert "resumequal.dev/cleanup" in qr(api, "good")["metadata"]["finalizers"]
+    assert admission.validated["PyTorchJob"] == 2
+    assert admission.validated["QualificationRun"] >= 4  # creates and status writes
+
+
+def test_a_corrected_spec_starts_the_run(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("fixme", store, preemption={"rank": 0}))
+    failed = wait_phase(api, "fixme", "Failed")
+    assert "spec.preemption.rank" in condition(failed, "Ready")["message"]
+    api.patch(QUALIFICATION_RUNS.plural, NAMESPACE, "fixme", {"spec": {"preemption": {"rank": 1}}})
+    wait_phase(api, "fixme", "LegsRunning")
+
+
+def test_watch_expiry_is_recovered_by_listing_again(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    op = operators.start()
+    eventually(lambda: all(w.synced.is_set() for w in op.watchers), what="synced caches")
+    # Move the resourceVersion past what the watch has seen, then drop the history: the
+    # next watch request (every 2 s here) gets 410 Gone.
+    api.create("configmaps", {"metadata": {"name": "bump"}, "data": {}}, NAMESPACE)
+    api.compact()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("after-gone", store))
+    wait_phase(api, "after-gone", "LegsRunning", timeout=15)
+    assert op.watchers[0].relists >= 1
+
+
+def test_only_the_leader_reconciles_and_a_standby_takes_over(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    first = operators.start(leader_elect=True)
+    eventually(lambda: first.is_leader, what="the first replica to lead")
+    second = operators.start(leader_elect=True)
+    eventually(lambda: second.elector is not None and second.elector.known.is_set(),
+               what="the second replica to know who leads")
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("led", store))
+    wait_phase(api, "led", "LegsRunning")
+    eventually(lambda: first.reconciles > 0, what="the leader's reconciles to be counted")
+    assert second.reconciles == 0
+    assert not second.is_leader
+    lease = api.get(LEASES.plural, NAMESPACE, "resumequal-operator")
+    assert lease is not None and lease["spec"]["holderIdentity"] == first.settings.identity
+
+    # A crash: the leader stops without releasing; the standby waits out the lease.
+    assert first.elector is not None
+    first.elector.stop(release=False)
+    operators.stop(first)
+    eventually(lambda: second.is_leader, timeout=5, what="the standby to take over")
+    before = second.reconciles
+    eventually(lambda: second.reconciles > before, what="the new leader to reconcile")
+    lease = api.get(LEASES.plural, NAMESPACE, "resumequal-operator")
+    assert lease is not None and lease["spec"]["holderIdentity"] == second.settings.identity
+    assert lease["spec"]["leaseTransitions"] >= 1
+
+
+def test_a_leader_that_stops_releases_the_lease_at_once(
+    api: KubeAPI, operators: Operators
+) -> None:
+    slow = LeaseSettings(namespace=NAMESPACE, lease_seconds=30, renew_deadline_seconds=20,
+                         retry_seconds=0.1)
+    first = operators.start(leader_elect=True, lease=slow)
+    eventually(lambda: first.is_leader, what="the first replica to lead")
+    second = operators.start(leader_elect=True, lease=first.settings.lease)
+    eventually(lambda: second.elector is not None and second.elector.known.is_set(),
+               what="the second replica to know who leads")
+    assert not second.is_leader
+    operators.stop(first)
+    # A 30 s lease, yet the standby leads within a few retries: it was released.
+    eventually(lambda: second.is_leader, timeout=3, what="the standby to take over")
+    lease = api.get(LEASES.plural, NAMESPACE, "resumequal-operator")
+    assert lease is not None and lease["spec"]["holderIdentity"] == second.settings.identity
