@@ -1,0 +1,180 @@
+"""The kinds the emulator serves: built-in kinds, CRDs registered from YAML, discovery documents."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ApiError
+
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One served resource: where it lives in the URL space and which semantics it gets."""
+
+    group: str  # "" for the core group
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    status_subresource: bool
+    singular: str = ""
+    short_names: tuple[str, ...] = ()
+    # Pods and custom resources answer a DELETE with the object, most others with a Status.
+    delete_returns_object: bool = False
+    # batch/v1 Jobs orphan their pods unless the client asks for Background or Foreground.
+    default_propagation: str = "Background"
+    # openAPIV3Schema of a CRD version: custom resources are pruned against it.
+    schema: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    custom: bool = False
+
+    @property
+    def api_version(self) -> str:
+        """``v1`` for the core group, ``group/version`` otherwise."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def key(self) -> str:
+        """Storage key, the same for every version: ``pods``, ``jobs.batch``, ``x.kubeflow.org``."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def list_kind(self) -> str:
+        """The ``kind`` of a list of these objects."""
+        return f"{self.kind}List"
+
+
+def _core(kind: str, plural: str, *, namespaced: bool = True, status: bool = False,
+          short: tuple[str, ...] = (), returns_object: bool = False) -> Kind:
+    return Kind("", "v1", kind, plural, namespaced, status, kind.lower(), short,
+                delete_returns_object=returns_object)
+
+
+BUILTIN_KINDS: tuple[Kind, ...] = (
+    _core("Namespace", "namespaces", namespaced=False, status=True, short=("ns",),
+          returns_object=True),
+    _core("Pod", "pods", status=True, short=("po",), returns_object=True),
+    _core("Event", "events", short=("ev",)),
+    _core("Secret", "secrets"),
+    _core("ConfigMap", "configmaps", short=("cm",)),
+    _core("Service", "services", status=True, short=("svc",), returns_object=True),
+    _core("ServiceAccount", "serviceaccounts", short=("sa",)),
+    Kind("batch", "v1", "Job", "jobs", True, True, "job", default_propagation="Orphan"),
+    Kind("batch", "v1", "CronJob", "cronjobs", True, True, "cronjob", ("cj",)),
+    Kind("coordination.k8s.io", "v1", "Lease", "leases", True, False, "lease"),
+    Kind("events.k8s.io", "v1", "Event", "events", True, False, "event", ("ev",)),
+    Kind("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions",
+         False, True, "customresourcedefinition", ("crd", "crds"), delete_returns_object=True),
+)
+
+
+def kinds_from_crd(crd: Mapping[str, Any]) -> list[Kind]:
+    """One Kind per served version of an ``apiextensions.k8s.io/v1`` CustomResourceDefinition."""
+    try:
+        spec = crd["spec"]
+        names = spec["names"]
+        group = spec["group"]
+        namespaced = spec.get("scope", "Namespaced") == "Namespaced"
+        kinds = []
+        for version in spec["versions"]:
+            if not version.get("served", True):
+                continue
+            subresources = version.get("subresources") or {}
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            kinds.append(Kind(
+                group, version["name"], names["kind"], names["plural"], namespaced,
+                "status" in subresources, names.get("singular", names["kind"].lower()),
+                tuple(names.get("shortNames") or ()), delete_returns_object=True,
+                schema=schema, custom=True,
+            ))
+    except (KeyError, TypeError) as e:
+        raise ApiError.invalid(f"CustomResourceDefinition is malformed: missing {e}") from e
+    if not kinds:
+        raise ApiError.invalid("CustomResourceDefinition serves no version")
+    return kinds
+
+
+class Registry:
+    """Thread-safe set of served kinds, looked up by URL coordinates or by a short name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kinds: dict[tuple[str, str, str], Kind] = {}
+        for kind in BUILTIN_KINDS:
+            self.add(kind)
+
+    def add(self, kind: Kind) -> None:
+        """Serve ``kind`` (replacing an earlier registration of the same group/version/plural)."""
+        with self._lock:
+            self._kinds[(kind.group, kind.version, kind.plural)] = kind
+
+    def __iter__(self) -> Iterator[Kind]:
+        with self._lock:
+            return iter(list(self._kinds.values()))
+
+    def lookup(self, group: str, version: str, plural: str) -> Kind:
+        """The kind at ``/apis/<group>/<version>/<plural>``; 404 when not served."""
+        with self._lock:
+            kind = self._kinds.get((group, version, plural))
+        if kind is None:
+            gv = f"{group}/{version}" if group else version
+            raise ApiError.not_found_path(f"the server could not find the requested resource "
+                                          f"({plural} in {gv})")
+        return kind
+
+    def resolve(self, name: str) -> Kind:
+        """A kind by ``plural``, ``plural.group``, singular, Kind or short name (core wins ties).
+
+        ``events`` is core/v1 Event; ask for ``events.events.k8s.io`` for the other one.
+        """
+        wanted = name.lower()
+        with self._lock:
+            kinds = list(self._kinds.values())
+        for kind in kinds:
+            if wanted in (kind.key, f"{kind.plural}.{kind.group}"):
+                return kind
+        for kind in kinds:
+            if wanted in (kind.plural, kind.singular, kind.kind.lower(), *kind.short_names):
+                return kind
+        raise KeyError(f"no kind named {name!r} is served")
+
+    def groups(self) -> dict[str, list[str]]:
+        """Every non-core group with its versions, in registration order."""
+        with self._lock:
+            out: dict[str, list[str]] = {}
+            for kind in self._kinds.values():
+                if kind.group and kind.version not in out.setdefault(kind.group, []):
+                    out[kind.group].append(kind.version)
+            return out
+
+    def discovery_group_list(self) -> dict[str, Any]:
+        """The ``/apis`` document."""
+        groups = []
+        for group, versions in self.groups().items():
+            entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+            groups.append({"name": group, "versions": entries, "preferredVersion": entries[0]})
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+    def discovery_resource_list(self, group: str, version: str) -> dict[str, Any]:
+        """The ``/api/v1`` or ``/apis/<group>/<version>`` document; 404 for an unknown version."""
+        resources: list[dict[str, Any]] = []
+        for kind in self:
+            if (kind.group, kind.version) != (group, version):
+                continue
+            resources.append({
+                "name": kind.plural, "singularName": kind.singular, "namespaced": kind.namespaced,
+                "kind": kind.kind, "verbs": VERBS, "shortNames": list(kind.short_names),
+            })
+            if kind.status_subresource:
+                resources.append({"name": f"{kind.plural}/status", "singularName": "",
+                                  "namespaced": kind.namespaced, "kind": kind.kind,
+                                  "verbs": ["get", "patch", "update"]})
+        if not resources:
+            raise ApiError.not_found_path("the server could not find the requested resource")
+        gv = f"{group}/{version}" if group else version
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                "resources": resources}

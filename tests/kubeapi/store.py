@@ -1,0 +1,624 @@
+"""Object state: resourceVersion, generation, status subresource, finalizers, garbage collection.
+
+One re-entrant lock guards everything; ``changed`` (a condition on that lock) is notified
+on every commit so watch streams and ``wait_for`` wake up. Stored objects are never
+mutated in place: every write stores a new dict, and the watch history keeps references
+to them, so readers copy only what they hand out.
+
+Semantics worth knowing when a test depends on them:
+
+- resourceVersion is one global counter; a write with a stale ``metadata.resourceVersion``
+  (PUT, or a patch carrying one) is 409 Conflict. A PUT without one is allowed for
+  built-in kinds and 422 for custom resources, as on a real server.
+- A write that changes nothing is a no-op: no new resourceVersion, no watch event.
+- Kinds with a status subresource: create drops ``status`` (then pods get
+  ``phase: Pending``, namespaces ``phase: Active``), writes to the main resource keep the
+  stored status, writes to ``/status`` change only status. ``metadata.generation`` grows
+  when anything but metadata and status changes, and when deletion starts.
+- Delete: ``Background`` (default) removes the object and then, recursively, every
+  object whose ownerReferences name only owners that are gone; ``Foreground`` keeps the
+  owner (finalizer ``foregroundDeletion``) until its dependents are gone; ``Orphan``
+  (the default for batch/v1 Jobs, as on a real server) strips the owner reference from
+  the dependents. Objects with finalizers get ``deletionTimestamp`` and stay until the
+  last finalizer is removed; no finalizer may be added meanwhile. Pods are removed at
+  once whatever the grace period (there is no kubelet); every delete request is recorded
+  in ``deletions`` with its grace period.
+- Namespaces are created on first use unless ``auto_namespaces`` is off (then 404, as
+  on a real server); deleting a namespace deletes what is in it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import ApiError
+from .patch import apply_patch
+from .resources import Kind, Registry, kinds_from_crd
+from .schema import prune
+from .selectors import Selector
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+Validator = Callable[[Obj], object]
+
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+CRD_KEY = "customresourcedefinitions.apiextensions.k8s.io"
+
+
+def now_rfc3339() -> str:
+    """The current time as the API server writes timestamps (seconds, UTC, ``Z``)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change: ``type`` ADDED / MODIFIED / DELETED, the object after it and before it."""
+
+    rv: int
+    kind_key: str
+    type: str
+    object: Obj
+    old: Obj | None
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """One delete request: ``cause`` is ``api``, ``garbage-collector`` or ``namespace``."""
+
+    kind: str  # storage key: pods, jobs.batch, pytorchjobs.kubeflow.org
+    namespace: str
+    name: str
+    uid: str
+    grace_period_seconds: int | None
+    propagation_policy: str
+    cause: str
+    time: float
+
+
+def _meta(obj: Obj) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise ApiError.bad_request("metadata must be an object")
+    return meta
+
+
+def _validate_metadata(kind: Kind, meta: dict[str, Any]) -> None:
+    name = meta["name"]
+    limit = 63 if kind.plural == "namespaces" else 253
+    if len(name) > limit or not _NAME_RE.match(name):
+        raise ApiError.invalid(
+            f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: "{name}": a '
+            f"lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
+            f"'-' or '.' (at most {limit} characters)", kind.plural, kind.group, name)
+    for field in ("labels", "annotations"):
+        values = meta.get(field) or {}
+        if not isinstance(values, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+            raise ApiError.bad_request(f"metadata.{field} must map strings to strings")
+    for key, value in (meta.get("labels") or {}).items():
+        prefix, _, label = key.rpartition("/")
+        if len(label) > 63 or not _LABEL_NAME_RE.match(label) or len(prefix) > 253:
+            raise ApiError.invalid(f'{kind.kind} "{name}" is invalid: metadata.labels: '
+                                   f'Invalid value: "{key}": name part must be at most 63 '
+                                   "characters of [-A-Za-z0-9_.]", kind.plural, kind.group, name)
+        if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
+            raise ApiError.invalid(f'{kind.kind} "{name}" is invalid: metadata.labels: '
+                                   f'Invalid value: "{value}": a valid label must be an empty '
+                                   "string or at most 63 characters of [-A-Za-z0-9_.]",
+                                   kind.plural, kind.group, name)
+
+
+def _without(obj: Obj, keys: Iterable[str]) -> Obj:
+    drop = set(keys)
+    return {k: v for k, v in obj.items() if k not in drop}
+
+
+class Store:
+    """The emulated cluster state. Every method is thread-safe."""
+
+    def __init__(self, registry: Registry, *, history: int = 5000,
+                 auto_namespaces: bool = True) -> None:
+        self.registry = registry
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.auto_namespaces = auto_namespaces
+        self._history_limit = history
+        self._rv = 0
+        self._compacted = 0
+        self._objects: dict[str, dict[tuple[str, str], Obj]] = {}
+        self._kinds: dict[str, Kind] = {}
+        self._by_uid: dict[str, tuple[str, str, str]] = {}
+        self._history: deque[WatchEvent] = deque()
+        self._created: dict[str, list[Obj]] = {}
+        self._validators: list[Validator] = []
+        self.deletions: list[Deletion] = []
+        # (kind key, namespace, name, JSON path) of every field pruned from a custom resource.
+        self.pruned: list[tuple[str, str, str, str]] = []
+        self.closed = False
+
+    # ----------------------------------------------------------------- bookkeeping
+
+    @property
+    def resource_version(self) -> int:
+        """The newest resourceVersion handed out."""
+        with self.lock:
+            return self._rv
+
+    def add_validator(self, fn: Validator) -> None:
+        """Run ``fn(obj)`` on every object before it is stored; raising or returning a message
+        rejects the write with 422 Invalid."""
+        with self.lock:
+            self._validators.append(fn)
+
+    def created(self, kind: Kind) -> list[Obj]:
+        """Every object of ``kind`` ever created, as it was stored at creation."""
+        with self.lock:
+            return copy.deepcopy(self._created.get(kind.key, []))
+
+    def compact(self) -> int:
+        """Forget the watch history: watches from any older resourceVersion get 410 Gone."""
+        with self.lock:
+            self._history.clear()
+            self._compacted = self._rv
+            self.changed.notify_all()
+            return self._rv
+
+    def close(self) -> None:
+        """Wake every waiter for good (the server is stopping)."""
+        with self.lock:
+            self.closed = True
+            self.changed.notify_all()
+
+    def _commit(self, kind: Kind, obj: Obj, old: Obj | None, event: str) -> Obj:
+        self._rv += 1
+        meta = obj["metadata"]
+        meta["resourceVersion"] = str(self._rv)
+        table = self._objects.setdefault(kind.key, {})
+        self._kinds.setdefault(kind.key, kind)
+        key = (meta.get("namespace", ""), meta["name"])
+        if event == "DELETED":
+            table.pop(key, None)
+            self._by_uid.pop(meta["uid"], None)
+        else:
+            table[key] = obj
+            self._by_uid[meta["uid"]] = (kind.key, *key)
+        self._history.append(WatchEvent(self._rv, kind.key, event, obj, old))
+        while len(self._history) > self._history_limit:
+            self._compacted = self._history.popleft().rv
+        self.changed.notify_all()
+        return obj
+
+    def _prune(self, kind: Kind, obj: Obj) -> Obj:
+        if kind.schema is None:
+            return obj
+        pruned, dropped = prune(obj, kind.schema)
+        meta = obj["metadata"]
+        for path in dropped:
+            self.pruned.append((kind.key, meta.get("namespace", ""), meta["name"], path))
+        return pruned
+
+    def _admit(self, kind: Kind, obj: Obj) -> None:
+        _validate_metadata(kind, obj["metadata"])
+        for fn in self._validators:
+            try:
+                verdict = fn(copy.deepcopy(obj))
+            except ApiError:
+                raise
+            except Exception as e:
+                raise self._denied(kind, obj, str(e) or type(e).__name__) from e
+            if verdict:
+                raise self._denied(kind, obj, str(verdict))
+
+    @staticmethod
+    def _denied(kind: Kind, obj: Obj, message: str) -> ApiError:
+        name = obj["metadata"].get("name", "")
+        what = f"{kind.kind}.{kind.group}" if kind.group else kind.kind
+        return ApiError.invalid(f'{what} "{name}" is invalid: {message}',
+                                kind.plural, kind.group, name)
+
+    # ----------------------------------------------------------------- reads
+
+    def _get(self, kind: Kind, namespace: str, name: str) -> Obj:
+        ns = namespace if kind.namespaced else ""
+        obj = self._objects.get(kind.key, {}).get((ns, name))
+        if obj is None:
+            raise ApiError.not_found(kind.plural, kind.group, name)
+        return obj
+
+    def _as_version(self, kind: Kind, obj: Obj) -> Obj:
+        # Custom resources served at several versions share storage; no conversion.
+        if obj.get("apiVersion") == kind.api_version:
+            return obj
+        return {**obj, "apiVersion": kind.api_version}
+
+    def get(self, kind: Kind, namespace: str, name: str) -> Obj:
+        """A copy of one object; 404 ApiError when absent."""
+        with self.lock:
+            return copy.deepcopy(self._as_version(kind, self._get(kind, namespace, name)))
+
+    def select(self, kind: Kind, namespace: str | None,
+               selector: Selector | None = None) -> tuple[list[Obj], int]:
+        """Copies of the matching objects (by namespace, name) and the list's resourceVersion."""
+        with self.lock:
+            table = self._objects.get(kind.key, {})
+            items = [self._as_version(kind, obj) for (ns, _), obj in sorted(table.items())
+                     if (namespace is None or not kind.namespaced or ns == namespace)
+                     and (selector is None or selector.matches(obj))]
+            return copy.deepcopy(items), self._rv
+
+    def by_uid(self, uid: str) -> Obj | None:
+        """The live object with this uid, if any (a copy)."""
+        with self.lock:
+            where = self._by_uid.get(uid)
+            if where is None:
+                return None
+            return copy.deepcopy(self._objects[where[0]][(where[1], where[2])])
+
+    # ----------------------------------------------------------------- create
+
+    def create(self, kind: Kind, namespace: str | None, body: Any, *,
+               dry_run: bool = False) -> Obj:
+        """Create; 409 AlreadyExists, 422 for invalid names or admission denials."""
+        if not isinstance(body, dict):
+            raise ApiError.bad_request("the request body must be a JSON object")
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        _meta(obj)
+        with self.lock:
+            ns = self._target_namespace(kind, namespace, meta)
+            name = meta.get("name") or ""
+            if not name:
+                prefix = meta.get("generateName")
+                if not prefix:
+                    raise ApiError.invalid(f"{kind.kind} is invalid: metadata.name: Required "
+                                           "value: name or generateName is required")
+                while True:
+                    name = prefix + "".join(random.choices(_GENERATE_ALPHABET, k=5))
+                    if (ns, name) not in self._objects.get(kind.key, {}):
+                        break
+            if (ns, name) in self._objects.get(kind.key, {}):
+                raise ApiError.already_exists(kind.plural, kind.group, name)
+            if kind.namespaced:
+                self._ensure_namespace(ns)
+            for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields",
+                          "selfLink"):
+                meta.pop(field, None)
+            meta.update(name=name, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(),
+                        generation=1)
+            if kind.namespaced:
+                meta["namespace"] = ns
+            else:
+                meta.pop("namespace", None)
+            obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+            if kind.status_subresource:
+                obj.pop("status", None)
+            self._default(kind, obj)
+            obj = self._prune(kind, obj)
+            self._admit(kind, obj)
+            if dry_run:
+                return copy.deepcopy(obj)
+            if kind.key == CRD_KEY:
+                for served in kinds_from_crd(obj):
+                    self.registry.add(served)
+            self._commit(kind, obj, None, "ADDED")
+            self._created.setdefault(kind.key, []).append(copy.deepcopy(obj))
+            return copy.deepcopy(obj)
+
+    def _target_namespace(self, kind: Kind, namespace: str | None, meta: dict[str, Any]) -> str:
+        if not kind.namespaced:
+            return ""
+        body_ns = meta.get("namespace")
+        if namespace and body_ns and body_ns != namespace:
+            raise ApiError.bad_request("the namespace of the provided object does not match "
+                                       "the namespace sent on the request")
+        ns = namespace or body_ns
+        if not ns:
+            raise ApiError.bad_request("a namespaced object needs a namespace")
+        return str(ns)
+
+    def _ensure_namespace(self, ns: str) -> None:
+        namespaces = self.registry.lookup("", "v1", "namespaces")
+        if ("", ns) in self._objects.get(namespaces.key, {}):
+            return
+        if not self.auto_namespaces:
+            raise ApiError.not_found("namespaces", "", ns)
+        self.create(namespaces, None, {"metadata": {"name": ns}})
+
+    def _default(self, kind: Kind, obj: Obj) -> None:
+        """The few server-side defaults the operator's code can observe."""
+        meta = obj["metadata"]
+        if kind.key == "pods":
+            obj["status"] = {"phase": "Pending"}
+        elif kind.key == "namespaces":
+            obj["status"] = {"phase": "Active"}
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+        elif kind.key == "jobs.batch":
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("parallelism", 1)
+            spec.setdefault("completions", 1)
+            spec.setdefault("backoffLimit", 6)
+            labels = {"batch.kubernetes.io/controller-uid": meta["uid"],
+                      "batch.kubernetes.io/job-name": meta["name"],
+                      "controller-uid": meta["uid"], "job-name": meta["name"]}
+            template = spec.setdefault("template", {})
+            template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+            spec.setdefault("selector", {"matchLabels": {
+                "batch.kubernetes.io/controller-uid": meta["uid"]}})
+        elif kind.key == CRD_KEY:
+            obj["status"] = {"conditions": [
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}],
+                "acceptedNames": obj.get("spec", {}).get("names", {})}
+
+    # ----------------------------------------------------------------- update / patch
+
+    def update(self, kind: Kind, namespace: str, name: str, body: Any, *,
+               subresource: str | None = None, dry_run: bool = False) -> Obj:
+        """PUT; 409 Conflict on a stale resourceVersion."""
+        if not isinstance(body, dict):
+            raise ApiError.bad_request("the request body must be a JSON object")
+        new = copy.deepcopy(body)
+        meta = _meta(new) if "metadata" in new else new.setdefault("metadata", {})
+        with self.lock:
+            old = self._get(kind, namespace, name)
+            if meta.get("name") not in (None, name):
+                raise ApiError.bad_request(f"the name of the object ({meta.get('name')}) does "
+                                           f"not match the name on the URL ({name})")
+            rv = meta.get("resourceVersion")
+            if not rv:
+                if kind.custom:
+                    raise ApiError.invalid(f'{kind.kind}.{kind.group} "{name}" is invalid: '
+                                           "metadata.resourceVersion: Invalid value: 0x0: must "
+                                           "be specified for an update",
+                                           kind.plural, kind.group, name)
+            elif str(rv) != old["metadata"]["resourceVersion"]:
+                raise ApiError.conflict(kind.plural, kind.group, name)
+            return self._write(kind, old, self._merged(kind, old, new, subresource), dry_run)
+
+    def patch(self, kind: Kind, namespace: str, name: str, patch: Any, content_type: str, *,
+              subresource: str | None = None, dry_run: bool = False) -> Obj:
+        """PATCH (merge, JSON or strategic); a resourceVersion in the patch is a precondition."""
+        with self.lock:
+            old = self._get(kind, namespace, name)
+            patched = apply_patch(copy.deepcopy(old), patch, content_type, kind.custom)
+            meta = _meta(patched)
+            rv = meta.get("resourceVersion")
+            if rv and str(rv) != old["metadata"]["resourceVersion"]:
+                raise ApiError.conflict(kind.plural, kind.group, name)
+            if meta.get("name") != name:
+                raise ApiError.bad_request("metadata.name cannot be changed by a patch")
+            return self._write(kind, old, self._merged(kind, old, patched, subresource),
+                               dry_run)
+
+    def _merged(self, kind: Kind, old: Obj, new: Obj, subresource: str | None) -> Obj:
+        if subresource == "status":
+            if not kind.status_subresource:
+                raise ApiError.not_found_path("the server could not find the requested resource")
+            result = copy.deepcopy(old)
+            if "status" in new:
+                result["status"] = new["status"]
+            else:
+                result.pop("status", None)
+            return result
+        if subresource is not None:
+            raise ApiError.not_found_path(f"subresource {subresource!r} is not served")
+        result = new
+        result["apiVersion"], result["kind"] = kind.api_version, kind.kind
+        meta, old_meta = result["metadata"], old["metadata"]
+        for field in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
+                      "deletionGracePeriodSeconds", "generation", "resourceVersion"):
+            if field in old_meta:
+                meta[field] = old_meta[field]
+            else:
+                meta.pop(field, None)
+        meta.pop("managedFields", None)
+        if kind.status_subresource:
+            if "status" in old:
+                result["status"] = old["status"]
+            else:
+                result.pop("status", None)
+        ignored = ("metadata", "status") if kind.status_subresource else ("metadata",)
+        if _without(result, ignored) != _without(old, ignored):
+            meta["generation"] = int(old_meta.get("generation", 1)) + 1
+        if old_meta.get("deletionTimestamp"):
+            added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
+            if added:
+                raise ApiError.invalid(
+                    f'{kind.kind} "{meta["name"]}" is invalid: metadata.finalizers: Forbidden: '
+                    "no new finalizers can be added if the object is being deleted",
+                    kind.plural, kind.group, meta["name"])
+        return result
+
+    def _write(self, kind: Kind, old: Obj, new: Obj, dry_run: bool) -> Obj:
+        new = self._prune(kind, new)
+        self._admit(kind, new)
+        if new == old:
+            return copy.deepcopy(old)
+        if dry_run:
+            return copy.deepcopy(new)
+        if old["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            return copy.deepcopy(self._remove(kind, new))
+        return copy.deepcopy(self._commit(kind, new, old, "MODIFIED"))
+
+    # ----------------------------------------------------------------- delete
+
+    def delete(self, kind: Kind, namespace: str, name: str, *,
+               grace_period_seconds: int | None = None, propagation_policy: str | None = None,
+               preconditions: dict[str, Any] | None = None, cause: str = "api",
+               dry_run: bool = False) -> tuple[Obj, bool]:
+        """Delete; the object's last state and whether it is gone (not held by finalizers)."""
+        with self.lock:
+            obj = self._get(kind, namespace, name)
+            meta = obj["metadata"]
+            for field, wanted in (preconditions or {}).items():
+                if wanted and str(meta.get(field)) != str(wanted):
+                    raise ApiError.conflict(kind.plural, kind.group, name)
+            policy = propagation_policy or kind.default_propagation
+            if policy not in ("Background", "Foreground", "Orphan"):
+                raise ApiError.bad_request(f"unknown propagationPolicy {policy!r}")
+            if dry_run:
+                return copy.deepcopy(obj), not meta.get("finalizers")
+            self.deletions.append(Deletion(kind.key, meta.get("namespace", ""), name,
+                                           meta["uid"], grace_period_seconds, policy, cause,
+                                           time.time()))
+            if policy == "Orphan":
+                self._orphan(meta["uid"])
+            finalizers = list(meta.get("finalizers") or [])
+            dependents = self._dependents(meta["uid"])
+            if policy == "Foreground" and dependents and "foregroundDeletion" not in finalizers:
+                finalizers.append("foregroundDeletion")
+            if kind.key == "namespaces":
+                self._empty_namespace(name)
+            if finalizers:
+                if meta.get("deletionTimestamp") and finalizers == meta.get("finalizers"):
+                    return copy.deepcopy(obj), False
+                held = copy.deepcopy(obj)
+                held_meta = held["metadata"]
+                held_meta["finalizers"] = finalizers
+                if not held_meta.get("deletionTimestamp"):
+                    held_meta["deletionTimestamp"] = now_rfc3339()
+                    held_meta["deletionGracePeriodSeconds"] = grace_period_seconds or 0
+                    held_meta["generation"] = int(held_meta.get("generation", 1)) + 1
+                self._commit(kind, held, obj, "MODIFIED")
+                if policy == "Foreground":
+                    for dep_key, dep_ns, dep_name in dependents:
+                        self._delete_quietly(dep_key, dep_ns, dep_name, "Foreground")
+                    self._finish_foreground()
+                return copy.deepcopy(self._objects.get(kind.key, {}).get(
+                    (held_meta.get("namespace", ""), name), held)), False
+            return copy.deepcopy(self._remove(kind, obj)), True
+
+    def _remove(self, kind: Kind, obj: Obj) -> Obj:
+        old = self._objects[kind.key][(obj["metadata"].get("namespace", ""),
+                                       obj["metadata"]["name"])]
+        gone = self._commit(kind, copy.deepcopy(obj), old, "DELETED")
+        self._collect(gone["metadata"]["uid"])
+        self._finish_foreground()
+        return gone
+
+    def _dependents(self, uid: str) -> list[tuple[str, str, str]]:
+        found = []
+        for key, table in self._objects.items():
+            for (ns, name), obj in table.items():
+                refs = obj["metadata"].get("ownerReferences") or []
+                if any(ref.get("uid") == uid for ref in refs):
+                    found.append((key, ns, name))
+        return found
+
+    def _set_owner_refs(self, key: str, ns: str, name: str, refs: list[Any]) -> None:
+        old = self._objects[key][(ns, name)]
+        new = copy.deepcopy(old)
+        if refs:
+            new["metadata"]["ownerReferences"] = refs
+        else:
+            new["metadata"].pop("ownerReferences", None)
+        self._commit(self._kinds[key], new, old, "MODIFIED")
+
+    def _orphan(self, uid: str) -> None:
+        for key, ns, name in self._dependents(uid):
+            refs = self._objects[key][(ns, name)]["metadata"]["ownerReferences"]
+            self._set_owner_refs(key, ns, name, [r for r in refs if r.get("uid") != uid])
+
+    def _collect(self, uid: str) -> None:
+        """Garbage collector: dependents with no live owner left are deleted (Background)."""
+        for key, ns, name in self._dependents(uid):
+            obj = self._objects.get(key, {}).get((ns, name))
+            if obj is None:
+                continue
+            refs = obj["metadata"]["ownerReferences"]
+            others = [r for r in refs if r.get("uid") != uid and r.get("uid") in self._by_uid]
+            if others:
+                self._set_owner_refs(key, ns, name, [r for r in refs if r.get("uid") != uid])
+            elif not obj["metadata"].get("deletionTimestamp"):
+                self._delete_quietly(key, ns, name, "Background")
+
+    def _delete_quietly(self, key: str, ns: str, name: str, policy: str,
+                        cause: str = "garbage-collector") -> None:
+        if (ns, name) in self._objects.get(key, {}):
+            self.delete(self._kinds[key], ns, name, propagation_policy=policy, cause=cause)
+
+    def _finish_foreground(self) -> None:
+        for key, table in list(self._objects.items()):
+            for (ns, name), obj in list(table.items()):
+                meta = obj["metadata"]
+                finalizers = meta.get("finalizers") or []
+                if ("foregroundDeletion" in finalizers and meta.get("deletionTimestamp")
+                        and not self._dependents(meta["uid"])):
+                    new = copy.deepcopy(obj)
+                    new["metadata"]["finalizers"] = [
+                        f for f in finalizers if f != "foregroundDeletion"]
+                    if (ns, name) not in table:
+                        continue
+                    if new["metadata"]["finalizers"]:
+                        self._commit(self._kinds[key], new, obj, "MODIFIED")
+                    else:
+                        self._remove(self._kinds[key], new)
+
+    def _empty_namespace(self, ns: str) -> None:
+        for key, table in list(self._objects.items()):
+            if not self._kinds[key].namespaced:
+                continue
+            for obj_ns, name in [k for k in table if k[0] == ns]:
+                self._delete_quietly(key, obj_ns, name, "Background", cause="namespace")
+
+    # ----------------------------------------------------------------- watch
+
+    def snapshot(self, kind: Kind, namespace: str | None,
+                 selector: Selector | None) -> tuple[list[Obj], int]:
+        """Current matching objects and the resourceVersion they are current at (no copies)."""
+        with self.lock:
+            table = self._objects.get(kind.key, {})
+            items = [self._as_version(kind, obj) for (ns, _), obj in sorted(table.items())
+                     if (namespace is None or not kind.namespaced or ns == namespace)
+                     and (selector is None or selector.matches(obj))]
+            return items, self._rv
+
+    def events_after(self, kind: Kind, after: int, timeout: float) -> list[WatchEvent]:
+        """Events of ``kind`` newer than ``after``, waiting up to ``timeout`` s for the first.
+
+        Raises 410 Gone when ``after`` is older than the retained history.
+        """
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                if after < self._compacted:
+                    raise ApiError.gone(
+                        f"too old resource version: {after} ({self._compacted})")
+                found: list[WatchEvent] = []
+                for event in reversed(self._history):
+                    if event.rv <= after:
+                        break
+                    if event.kind_key == kind.key:
+                        found.append(event)
+                if found or self.closed:
+                    found.reverse()
+                    return found
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self.changed.wait(remaining)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` (evaluated under the lock after each change) holds."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.closed:
+                    return False
+                self.changed.wait(min(remaining, 0.5))
+            return True

@@ -1,0 +1,512 @@
+"""The Kubernetes API emulator, driven through the official client over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import kubernetes.client as k8s
+import pytest
+from kubernetes import watch
+from kubernetes.client.rest import ApiException
+
+from tests.kubeapi import KubeAPI
+
+pytest_plugins = ("tests.kubeapi.fixtures",)
+pytestmark = pytest.mark.timeout(30)
+
+NS = "team-a"
+PTJ = ("kubeflow.org", "v1", NS, "pytorchjobs")
+
+
+def pod(name: str, labels: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels or {}, **meta},
+            "spec": {"containers": [{"name": "main", "image": "busybox",
+                                     "env": [{"name": "A", "value": "1"}]}]}}
+
+
+def pytorchjob(name: str, **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": name, **meta},
+            "spec": {"pytorchReplicaSpecs": {"Worker": {
+                "replicas": 2, "restartPolicy": "OnFailure",
+                "template": {"spec": {"containers": [{"name": "pytorch", "image": "w"}]}}}}}}
+
+
+def status_of(e: ApiException) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(e.body)
+    assert body["kind"] == "Status" and body["code"] == e.status
+    return body
+
+
+@pytest.fixture
+def core(kube_client: k8s.ApiClient) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(kube_client)
+
+
+@pytest.fixture
+def custom(kube_client: k8s.ApiClient) -> k8s.CustomObjectsApi:
+    return k8s.CustomObjectsApi(kube_client)
+
+
+# ---------------------------------------------------------------------- discovery, CRUD
+
+
+def test_discovery_serves_version_groups_and_registered_crds(
+        kube_client: k8s.ApiClient) -> None:
+    assert k8s.VersionApi(kube_client).get_code().major == "1"
+    groups = {g.name for g in k8s.ApisApi(kube_client).get_api_versions().groups}
+    assert {"batch", "coordination.k8s.io", "events.k8s.io", "kubeflow.org"} <= groups
+    resources = k8s.CustomObjectsApi(kube_client).get_api_resources("kubeflow.org", "v1")
+    assert {r.name for r in resources.resources} == {"pytorchjobs", "pytorchjobs/status"}
+    crd = k8s.ApiextensionsV1Api(kube_client).read_custom_resource_definition(
+        "pytorchjobs.kubeflow.org")
+    assert crd.spec.names.kind == "PyTorchJob"
+
+
+def test_create_get_list_and_errors_are_status_objects(core: k8s.CoreV1Api) -> None:
+    created = core.create_namespaced_pod(NS, pod("p1", {"app": "x"}))
+    assert created.metadata.uid and created.metadata.creation_timestamp
+    assert created.status.phase == "Pending" and created.metadata.namespace == NS
+    assert core.read_namespace(NS).status.phase == "Active"  # created on first use
+    with pytest.raises(ApiException) as exists:
+        core.create_namespaced_pod(NS, pod("p1"))
+    assert exists.value.status == 409 and status_of(exists.value)["reason"] == "AlreadyExists"
+    with pytest.raises(ApiException) as missing:
+        core.read_namespaced_pod("nope", NS)
+    assert missing.value.status == 404 and status_of(missing.value)["reason"] == "NotFound"
+    generated = core.create_namespaced_pod(NS, {**pod(""), "metadata": {"generateName": "w-"}})
+    assert generated.metadata.name.startswith("w-") and len(generated.metadata.name) == 7
+    listing = core.list_namespaced_pod(NS)
+    assert {p.metadata.name for p in listing.items} == {"p1", generated.metadata.name}
+    assert int(listing.metadata.resource_version) >= int(generated.metadata.resource_version)
+    with pytest.raises(ApiException) as invalid:
+        core.create_namespaced_pod(NS, pod("Bad_Name"))
+    assert invalid.value.status == 422
+    with pytest.raises(ApiException) as bad_label:
+        core.create_namespaced_pod(NS, pod("p2", {"run": "x" * 64}))
+    assert bad_label.value.status == 422
+
+
+def test_strict_namespaces_are_not_created_on_demand() -> None:
+    with KubeAPI(auto_namespaces=False) as api, api.api_client() as client:
+        core = k8s.CoreV1Api(client)
+        with pytest.raises(ApiException) as missing:
+            core.create_namespaced_config_map("ghost", {"metadata": {"name": "c"}})
+        assert missing.value.status == 404
+        core.create_namespace({"metadata": {"name": "ghost"}})
+        core.create_namespaced_config_map("ghost", {"metadata": {"name": "c"}})
+
+
+def test_replace_with_stale_resource_version_conflicts(core: k8s.CoreV1Api,
+                                                       custom: k8s.CustomObjectsApi) -> None:
+    cm = core.create_namespaced_config_map(NS, {"metadata": {"name": "c"}, "data": {"k": "1"}})
+    cm.data["k"] = "2"
+    updated = core.replace_namespaced_config_map("c", NS, cm)
+    assert updated.data == {"k": "2"}
+    cm.data["k"] = "3"  # still carries the old resourceVersion
+    with pytest.raises(ApiException) as conflict:
+        core.replace_namespaced_config_map("c", NS, cm)
+    assert conflict.value.status == 409 and status_of(conflict.value)["reason"] == "Conflict"
+    job = custom.create_namespaced_custom_object(*PTJ, pytorchjob("j"))
+    del job["metadata"]["resourceVersion"]
+    with pytest.raises(ApiException) as unconditional:
+        custom.replace_namespaced_custom_object(*PTJ, "j", job)
+    assert unconditional.value.status == 422  # custom resources need a resourceVersion
+
+
+def test_status_subresource_and_generation(custom: k8s.CustomObjectsApi,
+                                           kubeapi: KubeAPI) -> None:
+    body = pytorchjob("j")
+    body["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    job = custom.create_namespaced_custom_object(*PTJ, body)
+    assert "status" not in job and job["metadata"]["generation"] == 1
+    rv = job["metadata"]["resourceVersion"]
+
+    labelled = custom.patch_namespaced_custom_object(
+        *PTJ, "j", {"metadata": {"labels": {"a": "b"}}})
+    assert labelled["metadata"]["generation"] == 1
+    assert labelled["metadata"]["resourceVersion"] != rv
+
+    status = {"conditions": [{"type": "Created", "status": "True"}]}
+    with_status = custom.patch_namespaced_custom_object_status(
+        *PTJ, "j", {"status": status, "spec": {"runPolicy": {"backoffLimit": 9}}})
+    assert with_status["status"] == status
+    assert "runPolicy" not in with_status["spec"]  # /status changes only status
+    assert with_status["metadata"]["generation"] == 1
+
+    ignored = custom.patch_namespaced_custom_object(
+        *PTJ, "j", {"status": {"conditions": []}, "spec": {"runPolicy": {"backoffLimit": 2}}})
+    assert ignored["status"] == status  # the main resource ignores status
+    assert ignored["metadata"]["generation"] == 2
+
+    same = custom.patch_namespaced_custom_object_status(*PTJ, "j", {"status": status})
+    assert same["metadata"]["resourceVersion"] == ignored["metadata"]["resourceVersion"]
+
+    replaced = custom.get_namespaced_custom_object_status(*PTJ, "j")
+    replaced["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
+    after = custom.replace_namespaced_custom_object_status(*PTJ, "j", replaced)
+    assert after["status"]["conditions"][0]["type"] == "Running"
+    assert kubeapi.get("pytorchjobs", NS, "j")["status"] == after["status"]  # type: ignore[index]
+
+
+def test_custom_resources_are_pruned_to_their_schema(custom: k8s.CustomObjectsApi,
+                                                     kubeapi: KubeAPI) -> None:
+    body = pytorchjob("j")
+    body["spec"]["unknownKnob"] = True
+    job = custom.create_namespaced_custom_object(*PTJ, body)
+    assert "unknownKnob" not in job["spec"]
+    assert ("pytorchjobs.kubeflow.org", NS, "j", ".spec.unknownKnob") in kubeapi.pruned
+
+
+# ---------------------------------------------------------------------- selectors
+
+
+@pytest.mark.parametrize(("selector", "expected"), [
+    ("tier=web", {"a", "b"}),
+    ("tier==web", {"a", "b"}),
+    ("tier!=web", {"c", "d"}),
+    ("tier in (web,db)", {"a", "b", "c"}),
+    ("tier notin (web)", {"c", "d"}),
+    ("tier", {"a", "b", "c"}),
+    ("!tier", {"d"}),
+    ("tier=web,env=prod", {"a"}),
+    ("tier in (web, db),!env", {"c"}),
+    ("", {"a", "b", "c", "d"}),
+])
+def test_label_selectors(core: k8s.CoreV1Api, selector: str, expected: set[str]) -> None:
+    labels = {"a": {"tier": "web", "env": "prod"}, "b": {"tier": "web", "env": "dev"},
+              "c": {"tier": "db"}, "d": {}}
+    for name, lbl in labels.items():
+        core.create_namespaced_pod(NS, pod(name, lbl))
+    found = core.list_namespaced_pod(NS, label_selector=selector).items
+    assert {p.metadata.name for p in found} == expected
+
+
+def test_field_selectors_and_lists_across_namespaces(core: k8s.CoreV1Api,
+                                                     custom: k8s.CustomObjectsApi) -> None:
+    core.create_namespaced_pod("ns-1", pod("x"))
+    core.create_namespaced_pod("ns-2", pod("x"))
+    core.create_namespaced_pod("ns-2", pod("y"))
+    every = core.list_pod_for_all_namespaces()
+    assert len(every.items) == 3
+    by_name = core.list_pod_for_all_namespaces(field_selector="metadata.name=x")
+    assert {p.metadata.namespace for p in by_name.items} == {"ns-1", "ns-2"}
+    not_ns1 = core.list_pod_for_all_namespaces(field_selector="metadata.namespace!=ns-1")
+    assert {(p.metadata.namespace, p.metadata.name) for p in not_ns1.items} == {
+        ("ns-2", "x"), ("ns-2", "y")}
+    assert len(core.list_namespaced_pod("ns-2", field_selector="status.phase=Pending").items) == 2
+    with pytest.raises(ApiException) as unsupported:
+        core.list_namespaced_pod("ns-2", field_selector="spec.containers=x")
+    assert unsupported.value.status == 400
+    with pytest.raises(ApiException) as bad:
+        core.list_namespaced_pod("ns-2", label_selector="a in (b")
+    assert bad.value.status == 400
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", "ns-1", "pytorchjobs",
+                                           pytorchjob("j1"))
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", "ns-2", "pytorchjobs",
+                                           pytorchjob("j2"))
+    across = custom.list_cluster_custom_object("kubeflow.org", "v1", "pytorchjobs")
+    assert {j["metadata"]["name"] for j in across["items"]} == {"j1", "j2"}
+
+
+# ---------------------------------------------------------------------- patches
+
+
+def test_strategic_merge_patch_merges_named_lists(core: k8s.CoreV1Api) -> None:
+    core.create_namespaced_pod(NS, pod("p"))
+    patched = core.patch_namespaced_pod("p", NS, {"spec": {"containers": [
+        {"name": "main", "env": [{"name": "B", "value": "2"}]},
+        {"name": "sidecar", "image": "envoy"}]}})
+    containers = {c.name: c for c in patched.spec.containers}
+    assert containers["main"].image == "busybox"
+    assert [(e.name, e.value) for e in containers["main"].env] == [("A", "1"), ("B", "2")]
+    assert containers["sidecar"].image == "envoy"
+    removed = core.patch_namespaced_pod("p", NS, {"spec": {"containers": [
+        {"name": "sidecar", "$patch": "delete"}]}})
+    assert [c.name for c in removed.spec.containers] == ["main"]
+    finalized = core.patch_namespaced_pod("p", NS, {"metadata": {"finalizers": ["a", "b"]}})
+    assert finalized.metadata.finalizers == ["a", "b"]
+    dropped = core.patch_namespaced_pod(
+        "p", NS, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}})
+    assert dropped.metadata.finalizers == ["b"]
+
+
+def test_json_patch_and_merge_patch(core: k8s.CoreV1Api, custom: k8s.CustomObjectsApi) -> None:
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "c"}, "data": {"a": "1"}})
+    patched = core.patch_namespaced_config_map("c", NS, [
+        {"op": "test", "path": "/data/a", "value": "1"},
+        {"op": "add", "path": "/data/b", "value": "2"},
+        {"op": "remove", "path": "/data/a"}])
+    assert patched.data == {"b": "2"}
+    with pytest.raises(ApiException) as failed:
+        core.patch_namespaced_config_map("c", NS, [{"op": "test", "path": "/data/b",
+                                                    "value": "nope"}])
+    assert failed.value.status == 422
+    custom.create_namespaced_custom_object(*PTJ, pytorchjob("j"))
+    merged = custom.patch_namespaced_custom_object(*PTJ, "j", {"spec": {"runPolicy": {
+        "cleanPodPolicy": "All"}}, "metadata": {"labels": {"x": "y"}}})
+    assert merged["spec"]["runPolicy"] == {"cleanPodPolicy": "All"}
+    assert merged["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+    unset = custom.patch_namespaced_custom_object(*PTJ, "j", {"metadata": {"labels": {"x": None}}})
+    assert not unset["metadata"].get("labels")
+    stale = {"metadata": {"resourceVersion": "1", "labels": {"z": "1"}}}
+    with pytest.raises(ApiException) as conflict:
+        custom.patch_namespaced_custom_object(*PTJ, "j", stale)
+    assert conflict.value.status == 409
+    with pytest.raises(ApiException) as strategic:
+        custom.patch_namespaced_custom_object(
+            *PTJ, "j", {"spec": {}}, _content_type="application/strategic-merge-patch+json")
+    assert strategic.value.status == 415
+
+
+# ---------------------------------------------------------------------- watch
+
+
+def _stream(func: Any, *args: Any, **kwargs: Any) -> list[tuple[str, str]]:
+    return [(e["type"], e["raw_object"]["metadata"].get("name", ""))
+            for e in watch.Watch().stream(func, *args, **kwargs)]
+
+
+def test_watch_streams_changes_after_a_resource_version(core: k8s.CoreV1Api) -> None:
+    core.create_namespaced_pod(NS, pod("before"))
+    start = core.list_namespaced_pod(NS).metadata.resource_version
+    core.create_namespaced_pod(NS, pod("p", {"role": "w"}))
+    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"extra": "1"}}})
+    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"role": "x"}}})  # leaves
+    core.delete_namespaced_pod("before", NS)
+    seen = _stream(core.list_namespaced_pod, NS, resource_version=start, timeout_seconds=1)
+    assert seen == [("ADDED", "p"), ("MODIFIED", "p"), ("MODIFIED", "p"), ("DELETED", "before")]
+    selective = _stream(core.list_namespaced_pod, NS, resource_version=start,
+                        label_selector="role=w", timeout_seconds=1)
+    assert selective == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p")]
+    initial = _stream(core.list_namespaced_pod, NS, timeout_seconds=1)
+    assert initial == [("ADDED", "p")]
+
+
+def test_watch_delivers_live_events_and_honours_timeout(core: k8s.CoreV1Api,
+                                                         kubeapi: KubeAPI) -> None:
+    rv = core.list_namespaced_pod(NS).metadata.resource_version
+
+    def later() -> None:
+        time.sleep(0.2)
+        kubeapi.create("pods", pod("live"), namespace=NS)
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    t0 = time.monotonic()
+    seen = _stream(core.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=1,
+                   allow_watch_bookmarks=True)
+    thread.join()
+    assert seen[0] == ("ADDED", "live") and seen[-1][0] == "BOOKMARK"
+    assert 0.9 <= time.monotonic() - t0 < 5
+
+
+def test_watch_from_a_compacted_resource_version_raises_410(core: k8s.CoreV1Api,
+                                                            kubeapi: KubeAPI) -> None:
+    old = core.create_namespaced_pod(NS, pod("p")).metadata.resource_version
+    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": "b"}}})
+    kubeapi.compact()
+    for kwargs in ({"timeout_seconds": 1}, {}):  # without a timeout the client retries once
+        with pytest.raises(ApiException) as gone:
+            _stream(core.list_namespaced_pod, NS, resource_version=old, **kwargs)
+        assert gone.value.status == 410
+        assert "too old resource version" in gone.value.reason
+    fresh = core.list_namespaced_pod(NS).metadata.resource_version
+    assert _stream(core.list_namespaced_pod, NS, resource_version=fresh, timeout_seconds=0.3) == []
+
+
+def test_bounded_history_expires_old_watches() -> None:
+    with KubeAPI(history=3) as api, api.api_client() as client:
+        core = k8s.CoreV1Api(client)
+        start = core.create_namespaced_config_map(
+            NS, {"metadata": {"name": "c"}}).metadata.resource_version
+        for i in range(4):
+            core.patch_namespaced_config_map("c", NS, {"data": {"i": str(i)}})
+        with pytest.raises(ApiException) as gone:
+            _stream(core.list_namespaced_config_map, NS, resource_version=start,
+                    timeout_seconds=1)
+        assert gone.value.status == 410
+
+
+# ---------------------------------------------------------------------- delete, finalizers, GC
+
+
+def test_finalizers_hold_deletion_until_removed(core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "c",
+                                                        "finalizers": ["example.com/keep"]}})
+    core.delete_namespaced_config_map("c", NS)
+    held = core.read_namespaced_config_map("c", NS)
+    assert held.metadata.deletion_timestamp is not None
+    with pytest.raises(ApiException) as add:
+        core.patch_namespaced_config_map("c", NS, [
+            {"op": "add", "path": "/metadata/finalizers/-", "value": "more"}])
+    assert add.value.status == 422
+    core.patch_namespaced_config_map("c", NS, [{"op": "remove", "path": "/metadata/finalizers"}])
+    with pytest.raises(ApiException) as gone:
+        core.read_namespaced_config_map("c", NS)
+    assert gone.value.status == 404
+    assert [e.type for e in kubeapi.history("configmaps")] == [
+        "ADDED", "MODIFIED", "DELETED"]
+
+
+def test_owner_deletion_collects_dependents_recursively(core: k8s.CoreV1Api,
+                                                        custom: k8s.CustomObjectsApi,
+                                                        kubeapi: KubeAPI) -> None:
+    job = custom.create_namespaced_custom_object(*PTJ, pytorchjob("j"))
+    ref = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j",
+           "uid": job["metadata"]["uid"], "controller": True}
+    p = core.create_namespaced_pod(NS, pod("j-worker-0", ownerReferences=[ref]))
+    pod_ref = {"apiVersion": "v1", "kind": "Pod", "name": "j-worker-0", "uid": p.metadata.uid}
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "grandchild",
+                                                        "ownerReferences": [pod_ref]}})
+    keeper = core.create_namespaced_config_map(NS, {"metadata": {"name": "keeper"}})
+    keeper_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keeper",
+                  "uid": keeper.metadata.uid}
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "shared",
+                                                        "ownerReferences": [ref, keeper_ref]}})
+    custom.delete_namespaced_custom_object(*PTJ, "j")
+    assert kubeapi.get("pods", NS, "j-worker-0") is None
+    assert kubeapi.get("configmaps", NS, "grandchild") is None
+    shared = kubeapi.get("configmaps", NS, "shared")
+    assert shared is not None and shared["metadata"]["ownerReferences"] == [keeper_ref]
+    causes = {(d.kind, d.name): d.cause for d in kubeapi.deletions}
+    assert causes == {("pytorchjobs.kubeflow.org", "j"): "api",
+                      ("pods", "j-worker-0"): "garbage-collector",
+                      ("configmaps", "grandchild"): "garbage-collector"}
+
+
+def test_batch_jobs_orphan_pods_unless_told_otherwise(kube_client: k8s.ApiClient,
+                                                      kubeapi: KubeAPI) -> None:
+    batch, core = k8s.BatchV1Api(kube_client), k8s.CoreV1Api(kube_client)
+    template = {"spec": {"restartPolicy": "Never",
+                         "containers": [{"name": "c", "image": "x"}]}}
+    for name in ("orphaning", "collecting"):
+        job = batch.create_namespaced_job(NS, {"metadata": {"name": name},
+                                               "spec": {"template": template}})
+        assert job.spec.template.metadata.labels["job-name"] == name
+        ref = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job.metadata.uid}
+        core.create_namespaced_pod(NS, pod(f"{name}-pod", ownerReferences=[ref]))
+    batch.delete_namespaced_job("orphaning", NS)
+    left = core.read_namespaced_pod("orphaning-pod", NS)
+    assert not left.metadata.owner_references
+    batch.delete_namespaced_job("collecting", NS, propagation_policy="Foreground")
+    assert kubeapi.get("pods", NS, "collecting-pod") is None
+    assert kubeapi.get("jobs", NS, "collecting") is None
+
+
+def test_deletions_record_grace_period_and_policy(core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
+    core.create_namespaced_pod(NS, pod("p"))
+    core.create_namespaced_pod(NS, pod("q"))
+    core.delete_namespaced_pod("p", NS, body=k8s.V1DeleteOptions(grace_period_seconds=0))
+    core.delete_namespaced_pod("q", NS, grace_period_seconds=5,
+                               propagation_policy="Foreground")
+    record = {d.name: (d.grace_period_seconds, d.propagation_policy, d.cause)
+              for d in kubeapi.deletions_of("pods")}
+    assert record == {"p": (0, "Background", "api"), "q": (5, "Foreground", "api")}
+    with pytest.raises(ApiException) as missing:
+        core.delete_namespaced_pod("p", NS)
+    assert missing.value.status == 404
+
+
+def test_namespace_deletion_removes_its_objects(core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
+    core.create_namespaced_pod("doomed", pod("p"))
+    core.create_namespaced_pod("kept", pod("p"))
+    core.delete_namespace("doomed")
+    assert kubeapi.list("pods") == kubeapi.list("pods", "kept")
+    assert len(kubeapi.list("pods")) == 1
+
+
+# ---------------------------------------------------------------------- admission, helpers
+
+
+def test_validators_reject_with_422_and_created_log_keeps_everything(
+        core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
+    def no_latest(obj: dict[str, Any]) -> str | None:
+        for c in obj.get("spec", {}).get("containers", []):
+            if c.get("image", "").endswith(":latest"):
+                return f"spec.containers[{c['name']}].image: no :latest"
+        return None
+
+    def labelled(obj: dict[str, Any]) -> None:
+        assert obj["metadata"].get("labels"), "metadata.labels: required"
+
+    kubeapi.add_validator(no_latest)
+    kubeapi.add_validator(labelled)
+    bad = pod("p", {"a": "b"})
+    bad["spec"]["containers"][0]["image"] = "busybox:latest"
+    with pytest.raises(ApiException) as denied:
+        core.create_namespaced_pod(NS, bad)
+    assert denied.value.status == 422 and "no :latest" in status_of(denied.value)["message"]
+    with pytest.raises(ApiException) as unlabelled:
+        core.create_namespaced_pod(NS, pod("p"))
+    assert "metadata.labels: required" in status_of(unlabelled.value)["message"]
+    core.create_namespaced_pod(NS, pod("p", {"a": "b"}))
+    with pytest.raises(ApiException) as patched:
+        core.patch_namespaced_pod("p", NS, {"spec": {"containers": [
+            {"name": "main", "image": "x:latest"}]}})
+    assert patched.value.status == 422
+    core.delete_namespaced_pod("p", NS)
+    assert [p["metadata"]["name"] for p in kubeapi.created("pods")] == ["p"]
+
+
+def test_in_process_accessors_emit_events_and_wait_for(kubeapi: KubeAPI,
+                                                       core: k8s.CoreV1Api) -> None:
+    kubeapi.create("configmaps", {"metadata": {"name": "c", "namespace": NS}})
+    kubeapi.patch("cm", NS, "c", {"data": {"x": "1"}})
+
+    def later() -> None:
+        time.sleep(0.1)
+        core.patch_namespaced_config_map("c", NS, {"data": {"x": "2"}})
+
+    threading.Thread(target=later).start()
+    got = kubeapi.wait_for(lambda: (kubeapi.get("configmaps", NS, "c") or {}).get(
+        "data", {}).get("x") == "2" and "done", timeout=5)
+    assert got == "done"
+    assert [e.type for e in kubeapi.history("configmaps")] == ["ADDED", "MODIFIED", "MODIFIED"]
+    with pytest.raises(TimeoutError, match="never"):
+        kubeapi.wait_for(lambda: False, timeout=0.1, message="never")
+    kubeapi.delete("configmaps", NS, "c")
+    assert kubeapi.get("configmaps", NS, "c") is None
+
+
+def test_leases_support_optimistic_leader_election(kube_client: k8s.ApiClient) -> None:
+    coord = k8s.CoordinationV1Api(kube_client)
+    lease = coord.create_namespaced_lease(NS, {"metadata": {"name": "op"}, "spec": {
+        "holderIdentity": "a", "leaseDurationSeconds": 15}})
+    mine = coord.read_namespaced_lease("op", NS)
+    mine.spec.holder_identity = "b"
+    coord.replace_namespaced_lease("op", NS, mine)
+    lease.spec.holder_identity = "c"
+    with pytest.raises(ApiException) as lost:
+        coord.replace_namespaced_lease("op", NS, lease)
+    assert lost.value.status == 409
+    assert coord.read_namespaced_lease("op", NS).spec.holder_identity == "b"
+
+
+def test_both_event_apis_are_served(kube_client: k8s.ApiClient, kubeapi: KubeAPI) -> None:
+    involved = {"kind": "Pod", "name": "p", "namespace": NS}
+    k8s.CoreV1Api(kube_client).create_namespaced_event(NS, {
+        "metadata": {"name": "e1"}, "involvedObject": involved, "reason": "Started"})
+    k8s.EventsV1Api(kube_client).create_namespaced_event(NS, {
+        "metadata": {"name": "e2"}, "eventTime": "2026-01-01T00:00:00.000000Z",
+        "regarding": involved, "reason": "Killed", "action": "Delete",
+        "reportingController": "x", "reportingInstance": "y", "type": "Normal"})
+    assert [e["metadata"]["name"] for e in kubeapi.list("events", NS)] == ["e1"]
+    assert [e["metadata"]["name"] for e in kubeapi.list("events.events.k8s.io", NS)] == ["e2"]
+
+
+def test_injected_faults_and_restart_on_the_same_port(kubeapi: KubeAPI,
+                                                       core: k8s.CoreV1Api) -> None:
+    kubeapi.inject_fault(method="POST", kind="pods", code=500, times=1)
+    with pytest.raises(ApiException) as injected:
+        core.create_namespaced_pod(NS, pod("p"))
+    assert injected.value.status == 500
+    core.create_namespaced_pod(NS, pod("p"))
+    url = kubeapi.url
+    kubeapi.stop()
+    kubeapi.start()
+    assert kubeapi.url == url
+    assert core.read_namespaced_pod("p", NS).metadata.name == "p"
