@@ -1,0 +1,151 @@
+"""A real qualification on a real cluster: kind + Kubeflow training operator + MinIO.
+
+Opt-in (``pytest -m cluster``) and skipped unless the cluster is named. What it needs:
+
+- ``RESUMEQUAL_CLUSTER_KUBECONFIG`` (or ``KUBECONFIG``): a cluster with the Kubeflow
+  training operator (v1.9, PyTorchJob) and the resumequal chart installed, watching
+  ``RESUMEQUAL_CLUSTER_NAMESPACE`` (default ``resumequal-e2e``);
+- ``RESUMEQUAL_CLUSTER_STORE``: ``s3://bucket/prefix`` on an S3 endpoint the pods reach,
+  with ``RESUMEQUAL_CLUSTER_STORE_ENDPOINT`` (e.g. ``http://minio.minio:9000``) and
+  ``RESUMEQUAL_CLUSTER_STORE_SECRET``: a Secret in that namespace with
+  ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (the operator reads the store with its
+  own AWS environment, set through the chart's ``operator.extraEnv``);
+- ``RESUMEQUAL_CLUSTER_IMAGE``: the worker image loaded into the cluster (default
+  ``resumequal-worker:dev``); ``RESUMEQUAL_CLUSTER_TIMEOUT``: seconds to wait (default 1800).
+
+It applies one QualificationRun (2 nodes x 1 rank on CPU, a hard kill of rank 1, so pod
+worker-1 is deleted with grace 0), waits for the verdict in the status, checks what the
+operator reported, then deletes the run and checks that its finalizer removed every job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+KUBECONFIG = os.environ.get("RESUMEQUAL_CLUSTER_KUBECONFIG") or os.environ.get("KUBECONFIG")
+STORE = os.environ.get("RESUMEQUAL_CLUSTER_STORE")
+NAMESPACE = os.environ.get("RESUMEQUAL_CLUSTER_NAMESPACE", "resumequal-e2e")
+IMAGE = os.environ.get("RESUMEQUAL_CLUSTER_IMAGE", "resumequal-worker:dev")
+ENDPOINT = os.environ.get("RESUMEQUAL_CLUSTER_STORE_ENDPOINT")
+SECRET = os.environ.get("RESUMEQUAL_CLUSTER_STORE_SECRET")
+TIMEOUT = float(os.environ.get("RESUMEQUAL_CLUSTER_TIMEOUT", "1800"))
+
+GROUP, VERSION, PLURAL = "resumequal.dev", "v1alpha1", "qualificationruns"
+
+if not (KUBECONFIG and STORE):
+    pytest.skip(
+        "no cluster: set RESUMEQUAL_CLUSTER_KUBECONFIG (or KUBECONFIG) and "
+        "RESUMEQUAL_CLUSTER_STORE=s3://bucket/prefix (see tests/cluster/test_real_cluster.py)",
+        allow_module_level=True,
+    )
+
+from kubernetes import client, config  # noqa: E402 - only with a cluster to talk to
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[client.ApiClient]:
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=KUBECONFIG, client_configuration=configuration)
+    with client.ApiClient(configuration) as api_client:
+        core = client.CoreV1Api(api_client)
+        try:
+            core.read_namespace(NAMESPACE)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+        yield api_client
+
+
+def _manifest(name: str) -> dict[str, Any]:
+    store: dict[str, Any] = {"uri": STORE, "addressing_style": "path"}
+    if ENDPOINT:
+        store["endpoint_url"] = ENDPOINT
+    if SECRET:
+        store["credentials_secret"] = SECRET
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "QualificationRun",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "stack": {"image": IMAGE, "pin": f"e2e-{name}", "image_pull_policy": "IfNotPresent"},
+            "store": store,
+            "workload": {"name": "tiny-gpt"},
+            "world": {"nnodes": 2, "nproc_per_node": 1, "backend": "gloo"},
+            "training": {"steps": 8, "accumulation_steps": 2},
+            "checkpoint": {"every_steps": 2},
+            "preemption": {"step": 5, "microstep": 1, "rank": 1, "mode": "hard"},
+            "timeouts": {"arm_seconds": 300, "restart_seconds": 600, "leg_seconds": 1500},
+            "controls": {"enabled": False},
+            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+            "retention": {"policy": "Delete"},
+        },
+    }
+
+
+def _get(objects: client.CustomObjectsApi, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = objects.get_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL, name)
+        return obj
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
+    api: client.ApiClient,
+) -> None:
+    objects = client.CustomObjectsApi(api)
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _manifest(name))
+    phases: list[str] = []
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while True:
+            obj = _get(objects, name) or {}
+            status = obj.get("status") or {}
+            phase = status.get("phase")
+            if phase and (not phases or phases[-1] != phase):
+                phases.append(phase)
+            if phase in ("Succeeded", "Failed"):
+                break
+            assert time.monotonic() < deadline, f"no verdict within {TIMEOUT:g}s: {phases}"
+            time.sleep(5)
+
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        assert phase == "Succeeded", f"phases {phases}; Ready: {conditions.get('Ready')}"
+        verdict = status["verdict"]
+        assert verdict["result"] == "PASS", verdict
+        assert verdict["firstDivergenceSummary"] == "none"
+        assert conditions["Qualified"]["status"] == "True"
+        assert conditions["Ready"]["status"] == "True"
+        assert status["pin"] == f"e2e-{name}"
+        assert status["reportUrl"].endswith("/report.html")
+        preemption = status["preemption"]
+        assert preemption["rank"] == 1 and preemption["mode"] == "hard"
+        assert preemption["pod"].endswith("-worker-1"), preemption
+        assert status["legs"]["preempted"]["attempts"] >= 2
+        assert status["legs"]["preempted"]["restartSeconds"] > 0
+        events = client.CoreV1Api(api).list_namespaced_event(
+            NAMESPACE, field_selector=f"involvedObject.name={name}")
+        assert any(e.reason == "Preempted" for e in events.items)
+    finally:
+        objects.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+        gone_by = time.monotonic() + 120
+        while _get(objects, name) is not None:
+            assert time.monotonic() < gone_by, "the run's finalizer did not finish"
+            time.sleep(2)
+    jobs = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "kubeflow.org", "v1", NAMESPACE, "pytorchjobs",
+        label_selector=f"resumequal.dev/run={name}")
+    assert [j for j in jobs["items"] if not j["metadata"].get("deletionTimestamp")] == []
