@@ -106,8 +106,14 @@ def _unknown_fields(value: Any, schema: Mapping[str, Any], path: str) -> list[st
     return found
 
 
-def _validate_crd_object(obj: Obj, schema: Obj, what: str) -> None:
-    validator = jsonschema.Draft4Validator(as_json_schema(schema))
+@functools.cache
+def _crd_validator(path: Path) -> tuple[Obj, jsonschema.Draft4Validator]:
+    schema = crd_schema(_load_crd(path))
+    return schema, jsonschema.Draft4Validator(as_json_schema(schema))
+
+
+def _validate_crd_object(obj: Obj, path: Path, what: str) -> None:
+    schema, validator = _crd_validator(path)
     errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
@@ -171,7 +177,7 @@ def validate_pytorchjob(obj: Obj) -> None:
     if obj.get("apiVersion") != "kubeflow.org/v1" or obj.get("kind") != "PyTorchJob":
         raise AssertionError(f"{what}: .apiVersion/.kind are {obj.get('apiVersion')}/"
                              f"{obj.get('kind')}, not kubeflow.org/v1/PyTorchJob")
-    _validate_crd_object(obj, crd_schema(_load_crd(PYTORCHJOB_CRD)), what)
+    _validate_crd_object(obj, PYTORCHJOB_CRD, what)
     _metadata(obj, what)
     for rtype, replica in (obj["spec"].get("pytorchReplicaSpecs") or {}).items():
         template = replica.get("template") or {}
@@ -193,5 +199,5 @@ def validate_qualificationrun(obj: Obj) -> None:
     if obj.get("apiVersion") != "resumequal.dev/v1alpha1" or obj.get("kind") != "QualificationRun":
         raise AssertionError(f"{what}: .apiVersion/.kind are {obj.get('apiVersion')}/"
                              f"{obj.get('kind')}")
-    _validate_crd_object(obj, crd_schema(_load_crd(QUALIFICATIONRUN_CRD)), what)
+    _validate_crd_object(obj, QUALIFICATIONRUN_CRD, what)
     _metadata(obj, what)

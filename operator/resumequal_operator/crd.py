@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, TypeAdapter
 
 from resumequal_operator.resource import (
     GROUP,
@@ -121,9 +122,28 @@ def structural(node: Schema, defs: dict[str, Schema]) -> Schema:
     return out
 
 
+def _factory_defaults(model: type[BaseModel], schema: Schema) -> None:
+    """Defaults pydantic builds with a factory, which its JSON Schema leaves out: ``{}`` for
+    a section (the server then fills in the section's own defaults), and non-empty lists.
+    So a stored QualificationRun shows the whole configuration it ran with."""
+    for name, field in model.model_fields.items():
+        node = schema["properties"][field.alias or name]
+        ann = field.annotation
+        if field.default_factory is not None:
+            value = field.default_factory()  # type: ignore[call-arg]
+            if isinstance(value, BaseModel):
+                node["default"] = {}
+            elif value:
+                node["default"] = TypeAdapter(type(value)).dump_python(value, mode="json")
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            _factory_defaults(ann, node)
+
+
 def _model_schema(model: type[QualificationRunSpec] | type[QualificationRunStatus]) -> Schema:
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return structural(raw, raw.get("$defs", {}))
+    schema = structural(raw, raw.get("$defs", {}))
+    _factory_defaults(model, schema)
+    return schema
 
 
 def open_api_schema() -> Schema:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 
 from resumequal_operator.crd import CHART_CRD, build_crd, crd_yaml, structural, write_crd
 from resumequal_operator.main import main
-from resumequal_operator.resource import QualificationRun
+from resumequal_operator.resource import QualificationRun, QualificationRunSpec, parse_run_spec
 from tests.k8s_schemas import crd_schema, validate_qualificationrun
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("qualificationrun*.yaml"))
@@ -243,3 +244,37 @@ def test_status_round_trips_through_the_schema() -> None:
     obj["status"] = body
     validate_qualificationrun(obj)
     assert QualificationRunStatus.model_validate(body).to_k8s() == body
+
+
+def _apply_defaults(value: Any, schema: dict[str, Any]) -> Any:
+    """Structural defaulting as the API server does it: absent fields get their default,
+    then defaulting goes on inside what is there."""
+    if isinstance(value, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = _apply_defaults(value[name], sub)
+    elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for name in value:
+            value[name] = _apply_defaults(value[name], schema["additionalProperties"])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_apply_defaults(v, schema["items"]) for v in value]
+    return value
+
+
+def test_server_defaults_are_the_model_defaults(crd: dict[str, Any]) -> None:
+    """What the API server stores for a minimal run is what pydantic makes of it."""
+    minimal = {"stack": {"image": "train:1"}, "store": {"uri": "s3://bucket/q"},
+               "world": {"nnodes": 2}, "preemption": {"rank": 2}, "training": {"steps": 9}}
+    spec_schema = crd_schema(crd)["properties"]["spec"]
+    stored = _apply_defaults(copy.deepcopy(minimal), spec_schema)
+    assert stored["world"]["nproc_per_node"] == 2
+    assert stored["training"]["optimizer"]["name"] == "adamw"  # nested sections default too
+    assert stored["controls"]["omissions"][0] == "rng"
+    validate_qualificationrun({"apiVersion": "resumequal.dev/v1alpha1",
+                               "kind": "QualificationRun", "metadata": {"name": "r"},
+                               "spec": stored})
+    assert parse_run_spec(stored) == parse_run_spec(minimal)
+    assert parse_run_spec(stored).model_dump() == QualificationRunSpec.model_validate(
+        minimal).model_dump()

@@ -370,3 +370,26 @@ def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
                 for c in r["template"]["spec"]["containers"]]
     containers: list[dict[str, Any]] = obj["spec"]["template"]["spec"]["containers"]
     return containers
+
+
+def test_core_validator_knows_leases_and_events() -> None:
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "resumequal-operator", "namespace": "ops"},
+             "spec": {"holderIdentity": "op-0", "leaseDurationSeconds": 15,
+                      "renewTime": "2026-11-29T21:50:00.000000Z"}}
+    validate_core(lease)
+    for api in ("v1", "events.k8s.io/v1"):
+        event: dict[str, Any] = {"apiVersion": api, "kind": "Event",
+                                 "metadata": {"name": "nightly.1879f0a2", "namespace": NS},
+                                 "reason": "Preempted", "type": "Normal"}
+        if api == "v1":
+            event["involvedObject"] = {"kind": "QualificationRun", "name": RUN}
+        else:
+            event["eventTime"] = "2026-11-29T21:50:00.000000Z"
+        validate_core(event)
+    lease["spec"]["leaseDurationSeconds"] = "15s"
+    with pytest.raises(AssertionError, match=r"\.spec\.leaseDurationSeconds"):
+        validate_core(lease)
+    with pytest.raises(AssertionError, match="no schema"):
+        validate_core({"apiVersion": "example.com/v1", "kind": "Widget",
+                       "metadata": {"name": "w"}})
