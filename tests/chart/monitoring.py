@@ -1,4 +1,5 @@
-"""The monitoring.coreos.com/v1 objects the chart writes, as strict pydantic models.
+"""The monitoring.coreos.com/v1 objects the chart writes, as strict pydantic models, and
+the series names resumequal exposes.
 
 Field names, types and patterns follow prometheus-operator's CRDs
 (example/prometheus-operator-crd/monitoring.coreos.com_{prometheusrules,servicemonitors}.yaml
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from resumequal.metrics import QualificationMetrics
 
 DURATION = (
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
@@ -113,3 +117,28 @@ def validate_monitoring(obj: dict[str, Any]) -> None:
         first = e.errors()[0]
         path = ".".join(str(p) for p in first["loc"])
         raise AssertionError(f"{what} invalid at .{path}: {first['msg']}") from None
+
+
+# The operator's own families (resumequal-operator run serves them next to the
+# qualification families of resumequal.metrics).
+OPERATOR_FAMILIES = {
+    "resumequal_operator_reconcile_total",
+    "resumequal_operator_reconcile_errors_total",
+    "resumequal_operator_queue_depth",
+    "resumequal_operator_reconcile_duration_seconds",
+    "resumequal_operator_leader",
+    "resumequal_operator_build_info",
+}
+
+
+def metric_names() -> set[str]:
+    """Every series name resumequal exposes: its qualification and operator families."""
+    registry = CollectorRegistry()
+    QualificationMetrics(registry)
+    known: set[str] = set()
+    for family in registry.collect():
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}
+        known |= {family.name + s for s in suffixes.get(family.type, [""])}
+    for name in OPERATOR_FAMILIES:
+        known |= {name, f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+    return known

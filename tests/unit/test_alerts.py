@@ -1,0 +1,228 @@
+"""The alert rules of charts/resumequal/files/alerts.yaml: promtool checks and unit tests,
+their shape, the metric names they use, and one end-to-end firing in a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, start_http_server
+
+from resumequal.metrics import QualificationMetrics
+from resumequal.verdict import Result
+from tests.chart.monitoring import OPERATOR_FAMILIES, metric_names
+from tests.unit.report_samples import make_report
+
+ROOT = Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "charts/resumequal/files/alerts.yaml"
+PROMTOOL_TESTS = ROOT / "tests/chart/alerts_test.yaml"
+SCHEMA = ROOT / "charts/resumequal/values.schema.json"
+PER_RUN = {
+    "QualificationFailed",
+    "QualificationInvalid",
+    "ResumeDriftAboveThreshold",
+    "NegativeControlBlind",
+}
+EVERY_ALERT = PER_RUN | {"NoPassingQualification", "OperatorDown", "ReconcileErrors"}
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool is not installed (make tools installs Debian's prometheus)")
+    return path
+
+
+def _rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(ALERTS.read_text())
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+def _alerts() -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for r in _rules() if "alert" in r}
+
+
+def test_promtool_check_rules() -> None:
+    done = subprocess.run(
+        [_promtool(), "check", "rules", str(ALERTS)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_unit_tests() -> None:
+    done = subprocess.run(
+        [_promtool(), "test", "rules", str(PROMTOOL_TESTS)],
+        capture_output=True,
+        text=True,
+        cwd=PROMTOOL_TESTS.parent,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_has_a_firing_and_a_silent_case() -> None:
+    doc = yaml.safe_load(PROMTOOL_TESTS.read_text())
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for case in doc["tests"]:
+        for check in case.get("alert_rule_test", []):
+            (firing if check.get("exp_alerts") else silent).add(check["alertname"])
+        # A per-run alert is silent on the runs of the same case it does not list.
+        runs = {
+            m.group(1)
+            for s in case["input_series"]
+            if (m := re.search(r'run="([^"]+)"', s["series"]))
+        }
+        for check in case.get("alert_rule_test", []):
+            listed = {a["exp_labels"].get("run") for a in check.get("exp_alerts") or []}
+            if check["alertname"] in PER_RUN and runs - listed:
+                silent.add(check["alertname"])
+    assert firing == EVERY_ALERT
+    assert silent == EVERY_ALERT
+
+
+def test_alerts_are_the_documented_set() -> None:
+    assert set(_alerts()) == EVERY_ALERT
+    schema = json.loads(SCHEMA.read_text())
+    overridable = schema["properties"]["prometheusRule"]["properties"]["alerts"]["properties"]
+    assert set(overridable) == EVERY_ALERT
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_ALERT))
+def test_alert_shape(name: str) -> None:
+    rule = _alerts()[name]
+    assert rule["labels"]["severity"] in {"critical", "warning"}
+    assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    text = rule["annotations"]["summary"] + rule["annotations"]["description"]
+    if name in PER_RUN:
+        for label in ("pin", "run", "namespace"):
+            assert "{{ $labels." + label + " }}" in text, f"{name} does not name {label}"
+
+
+def test_alerts_use_only_metrics_that_exist() -> None:
+    known = metric_names()
+    assert "resumequal_runs_total" in known and "resumequal_qualification_passed" in known
+    for rule in _rules():
+        for name in re.findall(r"\bresumequal_[a-z0-9_]+", rule["expr"]):
+            assert name in known, f"{rule.get('alert') or rule.get('record')}: no metric {name}"
+
+
+# --- a real Prometheus scraping a real resumequal metrics endpoint -----------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+@pytest.fixture
+def failing_run_endpoint() -> Iterator[int]:
+    """/metrics of a registry holding one FAILed qualification, as the operator serves it."""
+    registry = CollectorRegistry()
+    QualificationMetrics(registry).record(make_report(Result.FAIL), namespace="ml")
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_prometheus_fires_qualification_failed(failing_run_endpoint: int, tmp_path: Path) -> None:
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.skip("prometheus is not installed (make tools installs Debian's prometheus)")
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(ALERTS)],
+        "scrape_configs": [
+            {
+                "job_name": "resumequal-operator",
+                # The run's namespace label wins over the target's, as with the chart's
+                # ServiceMonitor (honorLabels).
+                "honor_labels": True,
+                "static_configs": [{"targets": [f"127.0.0.1:{failing_run_endpoint}"]}],
+            }
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = _free_port()
+    log = (tmp_path / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    report = make_report(Result.FAIL)
+    try:
+        deadline = time.monotonic() + 60
+        firing: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not firing:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
+            time.sleep(0.5)
+            try:
+                alerts = _get(f"http://127.0.0.1:{port}/api/v1/alerts")["data"]["alerts"]
+            except OSError:
+                continue
+            firing = [
+                a
+                for a in alerts
+                if a["labels"]["alertname"] == "QualificationFailed" and a["state"] == "firing"
+            ]
+        assert firing, "QualificationFailed did not fire within 60 s"
+        (alert,) = firing
+        assert alert["labels"]["pin"] == report.pin
+        assert alert["labels"]["run"] == report.run
+        assert alert["labels"]["namespace"] == "ml"
+        assert alert["labels"]["severity"] == "critical"
+        assert f"run ml/{report.run} failed" in alert["annotations"]["summary"]
+        names = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
+        # The target is up and the run is valid and saw every control; its parameters
+        # drifted past the default threshold (1e-6).
+        model = next(d for d in report.verdict.drift if d.group == "model")
+        assert model.rel_l2 > 1e-6
+        assert names == {"QualificationFailed", "ResumeDriftAboveThreshold"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_operator_families_are_the_operators() -> None:
+    opmetrics = pytest.importorskip("resumequal_operator.opmetrics")
+    registry = CollectorRegistry()
+    opmetrics.OperatorMetrics(registry)
+    served = {
+        f.name + ("_total" if f.type == "counter" else "")
+        for f in registry.collect()
+        if f.name.startswith("resumequal_operator_")
+    }
+    assert served == OPERATOR_FAMILIES
