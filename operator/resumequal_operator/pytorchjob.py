@@ -18,6 +18,7 @@ Choices the manifests make, and why:
 - ``activeDeadlineSeconds``: timeouts.leg_seconds plus a margin, a backstop for when the
   operator is down; the operator's own timeout fires first and says why.
 - S3 credentials only as ``secretKeyRef`` to ``store.credentials_secret``; never inlined.
+  No Kubernetes API token is mounted: nothing in the pods talks to the API server.
 """
 
 from __future__ import annotations
@@ -141,7 +142,10 @@ def _resources(spec: QualificationRunSpec, gpus: bool) -> Obj:
 
 
 def _pod_spec(spec: QualificationRunSpec, container: Obj, restart_policy: str) -> Obj:
-    pod: Obj = {"containers": [container], "restartPolicy": restart_policy}
+    # Workers and the comparator never call the Kubernetes API (IRSA and workload identity
+    # bring their own token), so the pods carry no API credentials.
+    pod: Obj = {"containers": [container], "restartPolicy": restart_policy,
+                "automountServiceAccountToken": False}
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
