@@ -192,7 +192,7 @@ OPERATOR_RULES = (
     | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch", "create", "delete")}
     | {("batch", "jobs", v) for v in ("get", "list", "watch", "create", "delete")}
     | {("", "pods", v) for v in ("get", "list", "watch", "delete")}
-    | {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+    | {("", "events", v) for v in ("create", "patch")}
 )
 
 

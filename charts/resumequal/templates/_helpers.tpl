@@ -113,7 +113,7 @@ seccompProfile:
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete"]
-- apiGroups: ["", "events.k8s.io"]
+- apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
