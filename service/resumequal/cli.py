@@ -59,22 +59,54 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @click.option("--spec", "spec_path", type=str, default=None,
-              help="Spec file (YAML or JSON); defaults apply when omitted.")
+              help="Spec file (YAML or JSON); default: legs/<leg>.spec.json of the run "
+              "location, else (a local folder without one) the defaults.")
 @click.option("--leg", required=True, metavar="NAME", callback=_leg_name,
               help="control (never cut), preempted, or another preempted leg's name.")
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--run", "--run-dir", "run", required=True, metavar="URI",
+              help="The run location: a folder, file:///abs/path or s3://bucket/prefix/...")
 @click.option("--omit", type=click.Choice(OMISSIONS), multiple=True,
               help="Leave this part of the state out of every resume (a negative control).")
-def leg(spec_path: str | None, leg: str, run_dir: Path, omit: tuple[str, ...]) -> None:
+@click.option("--scratch", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Local folder for checkpoint staging (default: the run folder, or a "
+              "temporary folder for an s3:// run).")
+@click.option("--trace-every", type=click.IntRange(min=1), default=1, show_default=True,
+              help="On S3: trace records per uploaded segment (1: none lost to a SIGKILL).")
+def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
+        scratch: Path | None, trace_every: int) -> None:
     """Run one training leg in this process; meant to run under torchrun."""
     from resumequal.train.worker import run_leg  # torch loads only for commands that train
 
     try:
-        code = run_leg(_load(spec_path), leg, run_dir, frozenset(omit))
+        spec, omissions = _leg_spec(spec_path, leg, run, omit)
+        target: Path | str = Path(run) if "://" not in run else run
+        if scratch is None and trace_every == 1:
+            code = run_leg(spec, leg, target, omissions)
+        else:
+            code = run_leg(spec, leg, target, omissions, scratch=scratch,
+                           trace_every=trace_every)
     except (SpecError, ResumequalError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_ERROR)
     sys.exit(code)
+
+
+def _leg_spec(
+    spec_path: str | None, leg: str, run: str, omit: tuple[str, ...]
+) -> tuple[QualificationSpec, frozenset[str]]:
+    """The spec and omissions a worker runs: --spec, else the run location's leg spec."""
+    if spec_path is not None:
+        return load_spec(spec_path), frozenset(omit)
+    from resumequal.runstore import RunLocation
+
+    location = RunLocation.open(run)
+    found = location.read_leg_spec(leg)
+    if found is None:
+        if location.local is None:
+            raise SpecError(f"{location.url(f'legs/{leg}.spec.json')} does not exist; "
+                            "write it first (or pass --spec)")
+        return QualificationSpec(), frozenset(omit)
+    return found.spec, frozenset(omit) | frozenset(found.omit)
 
 
 @main.command("validate")
@@ -106,6 +138,9 @@ def validate(spec_path: str) -> None:
 @click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Prometheus textfile to write (default: RUN_DIR/metrics.prom).")
 @click.option("--pushgateway", default=None, help="Also push the metrics to this Pushgateway.")
+@click.option("--store", default=None, metavar="s3://BUCKET/PREFIX",
+              help="Keep traces, beacons, checkpoints and reports in this store, under "
+              "<store>/local/<run>/<uid> (logs and staging stay in --run-dir).")
 def run(
     spec_path: str | None,
     overrides: tuple[str, ...],
@@ -116,11 +151,12 @@ def run(
     omit: tuple[str, ...],
     metrics_file: Path | None,
     pushgateway: str | None,
+    store: str | None,
 ) -> None:
     """Qualify this machine's stack: control and preempted legs, kill, compare, report."""
     from rich.console import Console
 
-    from resumequal.local.runner import RunOptions, default_run_dir, exit_code, run_qualification
+    from resumequal.local.runner import RunOptions, default_run_dir, exit_code, qualify_here
     from resumequal.report.terminal import print_summary
 
     console = Console(stderr=False)
@@ -134,37 +170,51 @@ def run(
             omit=cast(tuple[Omission, ...], omit),
             metrics_file=metrics_file,
             pushgateway=pushgateway,
+            store=store,
         )
-        report = run_qualification(spec, opts, console)
+        outcome = qualify_here(spec, opts, console)
     except (SpecError, ResumequalError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         click.echo("interrupted; every process of this run was stopped", err=True)
         sys.exit(130)
-    files = {name: opts.run_dir / name for name in ("report.html", "report.json", "verdict.json")}
-    files["metrics"] = opts.metrics_file or opts.run_dir / "metrics.prom"
-    print_summary(report, console, files=files)
-    sys.exit(exit_code(report.verdict.result))
+    files: dict[str, Path | str] = {
+        "metrics" if name == "metrics.prom" else name: where
+        for name, where in outcome.files.items()
+    }
+    print_summary(outcome.report, console, files=files)
+    sys.exit(exit_code(outcome.report.verdict.result))
 
 
 @main.command()
-@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("uri", metavar="RUN")
+@click.option("--write", is_flag=True,
+              help="Write verdict.json, report.json, report.html and metrics.prom into RUN.")
+@click.option("--pin", default=None, help="Label of the stack (default: the installed torch).")
+@click.option("--namespace", default=None,
+              help="Metrics label (default: from s3://.../<namespace>/<run>/<uid>, or local).")
+@click.option("--name", default=None, help="Run name in the report (default: from RUN).")
 @click.option("--json", "as_json", is_flag=True, help="Print verdict.json instead of a summary.")
-def compare(run_dir: Path, as_json: bool) -> None:
-    """Compare the legs of a finished run directory and print the verdict."""
-    from resumequal.compare import compare_run
+def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name: str | None,
+            as_json: bool) -> None:
+    """Compare the legs of a finished run (a folder or s3:// URI), negative controls included."""
+    from resumequal.local.comparator import compare_location
     from resumequal.local.runner import exit_code
 
     try:
-        verdict = compare_run(run_dir)
+        judged = compare_location(uri, write=write, pin=pin or _default_pin(),
+                                  namespace=namespace, name=name)
     except (SpecError, ResumequalError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_ERROR)
+    verdict = judged.verdict
     if as_json:
         click.echo(verdict.model_dump_json(indent=2))
     else:
         click.echo(f"{verdict.result}: {verdict.reason}")
+        for file_name, where in judged.files.items():
+            click.echo(f"{file_name}: {where}")
     sys.exit(exit_code(verdict.result))
 
 

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Annotated, Any, BinaryIO, Final, Literal
+from typing import Annotated, Any, BinaryIO, Final, Literal, Protocol
 
 import numpy as np
 import torch
@@ -52,6 +52,7 @@ __all__ = [
     "RestoreRecord",
     "StepRecord",
     "TraceRecord",
+    "TraceSink",
     "TraceWriter",
     "boundary_value",
     "bucket_layout_digest",
@@ -476,26 +477,56 @@ def _drop_torn_tail(path: Path) -> None:
         f.truncate(keep)
 
 
-class TraceWriter:
-    """Appends trace records to one file, one JSON object per line."""
+class TraceSink(Protocol):
+    """Where a trace goes when it is not a local file (e.g. segment objects on S3)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_torn_tail(self.path)
-        self._file: BinaryIO = self.path.open("ab")
+    def append(self, line: bytes) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TraceWriter:
+    """Appends trace records, one JSON object per line, to a file or a :class:`TraceSink`."""
+
+    def __init__(self, path: str | os.PathLike[str] | TraceSink) -> None:
+        self._sink: TraceSink | None = None
+        if isinstance(path, str | os.PathLike):
+            self.path: Path | None = Path(path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_torn_tail(self.path)
+            self._file: BinaryIO | None = self.path.open("ab")
+        else:
+            self.path = None
+            self._file = None
+            self._sink = path
 
     def write(self, record: TraceRecord) -> None:
-        """Append one record and hand it to the OS before returning."""
-        self._file.write(record.model_dump_json().encode() + b"\n")
+        """Append one record and hand it to the OS (or the sink) before returning."""
+        line = record.model_dump_json().encode() + b"\n"
+        if self._sink is not None:
+            self._sink.append(line)
+            # What the backend acts on (arming, a restore) must be visible at once, even
+            # when the sink groups step records.
+            if not isinstance(record, StepRecord):
+                self._sink.flush()
+            return
+        assert self._file is not None
+        if self._file.closed:
+            raise ValueError("write to a closed trace")
+        self._file.write(line)
         # flush() puts the line in the kernel's page cache, which outlives a SIGKILL of this
         # process; fsync would only matter for a machine crash, which a preemption test
         # does not simulate, and it would cost milliseconds per step.
         self._file.flush()
 
     def close(self) -> None:
-        """Close the file; further writes raise ValueError."""
-        self._file.close()
+        """Close the file (or flush and close the sink); further writes raise ValueError."""
+        if self._sink is not None:
+            self._sink.close()
+        elif self._file is not None:
+            self._file.close()
 
     def __enter__(self) -> TraceWriter:
         return self

@@ -1,13 +1,14 @@
 """LocalBackend: each leg is a torchrun elastic launch on this machine.
 
 Legs use a c10d rendezvous on a free loopback port and the spec's max restarts. The
-backend reads what workers write (traces, beacons, failure markers) to observe them,
-kills the armed worker by pid, and on cleanup stops every process it started.
+backend reads what workers write (traces, beacons, failure markers) through the run
+location — a folder, or an ``s3://`` prefix, the way the operator reads them — to observe
+them, kills the armed worker by pid, and on cleanup stops every process it started. Logs
+and checkpoint staging stay in the local ``run_dir``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -17,12 +18,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import LegPlan
 from resumequal.qualify import Beacon, LegObservation, LegState
+from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import Verdict
 
@@ -43,10 +44,12 @@ class LocalBackend:
         spec: QualificationSpec,
         run_dir: Path,
         *,
+        location: RunLocation | None = None,
         judge: Callable[[], Verdict] | None = None,
         python: str = sys.executable,
     ) -> None:
-        self.spec = spec
+        self.location = location or RunLocation.open(str(run_dir))
+        self.spec = self.location.leg_spec(spec)
         self.run_dir = run_dir
         self.judge = judge
         self.python = python
@@ -54,7 +57,7 @@ class LocalBackend:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._escalate: tuple[int, float] | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "spec.json").write_text(spec.model_dump_json(indent=1))
+        self.location.write_spec(self.spec)
 
     # -- Backend ------------------------------------------------------------------------
 
@@ -67,9 +70,7 @@ class LocalBackend:
                 f"world.nnodes={w.nnodes}: a local run has one node; set nproc_per_node to "
                 "the world size instead"
             )
-        spec_path = self.run_dir / "legs" / f"{plan.name}.spec.json"
-        spec_path.parent.mkdir(parents=True, exist_ok=True)
-        spec_path.write_text(plan.spec.model_dump_json(indent=1))
+        self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
         cmd = [
             self.python, "-m", "torch.distributed.run",
             "--rdzv-backend=c10d",
@@ -78,11 +79,16 @@ class LocalBackend:
             f"--max-restarts={w.max_restarts}",
             "--monitor-interval=0.1",
             "-m", "resumequal", "leg",
-            "--spec", str(spec_path), "--leg", plan.name, "--run-dir", str(self.run_dir),
+            # Not "--run": torchrun's parser takes it for an abbreviation of its --run-path.
+            "--leg", plan.name, "--run-dir", self.location.uri,
         ]
-        for name in plan.omit:
-            cmd += ["--omit", name]
         env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
+        if not self.location.is_local:
+            cmd += ["--scratch", str(self.run_dir)]
+            # Workers find their leg spec with the standard AWS settings, as on a cluster.
+            s3 = self.spec.checkpoint.s3
+            if s3 is not None and s3.endpoint_url:
+                env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
         self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log", env)
         log.info("launched the %s leg (%d ranks)", plan.name, w.nproc_per_node)
 
@@ -92,7 +98,7 @@ class LocalBackend:
         if proc is None:
             return LegObservation(state=LegState.NOT_STARTED)
         code = proc.poll()
-        steps_done, attempts, resumed_at = self._progress(leg)
+        progress = self.location.leg_progress(leg, self.spec.world.world_size)
         if code is None:
             state = LegState.RUNNING
         elif code == 0:
@@ -102,15 +108,13 @@ class LocalBackend:
         message = None
         if state == LegState.FAILED:
             message = self._failure(leg, code)
-        return LegObservation(state=state, steps_done=steps_done, attempts=attempts,
-                              resumed_at=resumed_at, message=message)
+        return LegObservation(state=state, steps_done=progress.steps_done,
+                              attempts=progress.attempts, resumed_at=progress.resumed_at,
+                              message=message)
 
     def read_beacon(self, leg: str, rank: int) -> Beacon | None:
-        path = self.run_dir / leg / "beacons" / f"attempt-0-rank-{rank}.json"
-        try:
-            return Beacon.model_validate_json(path.read_text())
-        except FileNotFoundError:
-            return None
+        body = self.location.read_beacon(leg, rank)
+        return None if body is None else Beacon.model_validate(body)
 
     def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
         if beacon.pid not in self.tree.pids():
@@ -129,7 +133,7 @@ class LocalBackend:
             return self.judge()
         from resumequal.compare import compare_qualification  # loads torch only here
 
-        return compare_qualification(self.run_dir, self.spec)
+        return compare_qualification(self.location.materialize(self.run_dir), self.spec)
 
     def cleanup(self) -> None:
         stopped = self.tree.stop_all()
@@ -149,56 +153,16 @@ class LocalBackend:
             log.warning("pid %d outlived its grace period; sending SIGKILL", pid)
             os.kill(pid, signal.SIGKILL)
 
-    def _progress(self, leg: str) -> tuple[int, int, float | None]:
-        """Steps every rank has finished, attempts seen, and when the resume completed."""
-        per_rank_steps: list[int] = []
-        attempts = 0
-        resumed: list[float] = []
-        for r in range(self.spec.world.world_size):
-            path = self.run_dir / leg / "trace" / f"rank-{r}.jsonl"
-            done = 0
-            first_resumed: float | None = None
-            for rec in _complete_lines(path):
-                attempts = max(attempts, int(rec.get("attempt", 0)) + 1)
-                if rec.get("kind") != "step":
-                    continue
-                done = max(done, int(rec["step"]))
-                if rec["attempt"] >= 1 and first_resumed is None:
-                    first_resumed = float(rec["finished_at"])
-            per_rank_steps.append(done)
-            if first_resumed is not None:
-                resumed.append(first_resumed)
-        resumed_at = max(resumed) if len(resumed) == self.spec.world.world_size else None
-        return min(per_rank_steps, default=0), attempts, resumed_at
-
     def _failure(self, leg: str, code: int | None) -> str:
-        marker = self.run_dir / leg / "FAILED.json"
-        if marker.exists():
-            try:
-                return str(json.loads(marker.read_text())["reason"])
-            except (ValueError, KeyError, OSError):
-                pass
+        reason = self.location.leg_failure(leg)
+        if reason is not None and reason != "unreadable failure marker":
+            return reason
         errors = [
             line for line in _tail(self.run_dir / f"{leg}.log", 200)
             if line.startswith("error: ") or "Error:" in line
         ]
         detail = errors[-1].strip() if errors else "see the leg's log"
         return f"torchrun exited {code}: {detail} ({self.run_dir / f'{leg}.log'})"
-
-
-def _complete_lines(path: Path) -> list[dict[str, Any]]:
-    """Whole JSON lines of a trace that may be written to right now."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in data.split(b"\n")[:-1]:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def _tail(path: Path, n: int) -> list[str]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import statistics
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,12 +16,14 @@ from types import FrameType
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 
+from resumequal.errors import ResumequalError
 from resumequal.local.backend import LocalBackend
 from resumequal.metrics import QualificationMetrics, push, write_textfile
 from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
 from resumequal.report.files import write_reports
 from resumequal.report.terminal import LegProgress
+from resumequal.runstore import METRICS_PROM, RunLocation
 from resumequal.spec import Omission, QualificationSpec, apply_overrides
 from resumequal.trace import InventoryRecord, effective_steps, read_trace
 from resumequal.verdict import (
@@ -49,6 +53,18 @@ class RunOptions:
     omit: tuple[Omission, ...] = ()
     metrics_file: Path | None = None
     pushgateway: str | None = None
+    store: str | None = None
+    """``s3://bucket/prefix``: everything but logs and staging goes to
+    ``<store>/<namespace>/<run>/<uid>`` (as ``checkpoint.store=s3://...`` in the spec does)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished local qualification: its report and where its result files are."""
+
+    report: Report
+    location: RunLocation
+    files: dict[str, str]
 
 
 def exit_code(result: Result) -> int:
@@ -56,22 +72,53 @@ def exit_code(result: Result) -> int:
     return {Result.PASS: 0, Result.FAIL: 1, Result.NONDETERMINISTIC: 1}.get(result, 2)
 
 
+def run_location(spec: QualificationSpec, opts: RunOptions) -> RunLocation:
+    """The run folder, or ``<store>/<namespace>/<run>/<uid>`` for an ``s3://`` store."""
+    store = opts.store or spec.checkpoint.store
+    if store is None or not store.startswith("s3://"):
+        return RunLocation.open(str(opts.run_dir))
+    uri = f"{store.rstrip('/')}/{opts.namespace}/{opts.run_dir.name}/{uuid.uuid4().hex[:12]}"
+    return RunLocation.open(uri, spec.checkpoint.s3)
+
+
 def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Console) -> Report:
     """Run every leg, deliver the kills, compare, and write reports and metrics."""
-    matrix = run_matrix(spec, opts, console) if spec.matrix.seeds else None
+    return qualify_here(spec, opts, console).report
+
+
+def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) -> Outcome:
+    """:func:`run_qualification`, also saying where the result files were published."""
+    if opts.store is not None:
+        spec = apply_overrides(spec, [f"checkpoint.store={opts.store}"])
+    location = run_location(spec, opts)
+    spec = location.leg_spec(spec)
+    if not location.is_local:
+        console.print(f"run location {location.uri}")
+    matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     plan = qualification_plan(spec)
     if opts.omit:
         plan = Plan([replace(p, omit=opts.omit) if p.role == "main" else p for p in plan.legs],
                     plan.not_run)
-    status = _run_plan(spec, plan, opts.run_dir, opts, console)
+    status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
+    if status.verdict is None and not location.is_local:
+        # No comparison ran: the report still shows what the legs wrote.
+        with contextlib.suppress(ResumequalError):
+            location.materialize(opts.run_dir)
     report = build_report(spec, status, opts, matrix)
-    write_reports(report, opts.run_dir)
+    local = write_reports(report, opts.run_dir)
     registry = CollectorRegistry()
     QualificationMetrics(registry).record(report, namespace=opts.namespace)
-    write_textfile(registry, opts.metrics_file or opts.run_dir / "metrics.prom")
+    metrics = opts.metrics_file or opts.run_dir / METRICS_PROM
+    write_textfile(registry, metrics)
     if opts.pushgateway:
         push(registry, opts.pushgateway, job="resumequal")
-    return report
+    files: dict[str, Path] = dict(local)
+    if opts.metrics_file is None or not location.is_local:
+        files[METRICS_PROM] = metrics
+    published = location.publish(files)
+    if opts.metrics_file is not None and location.is_local:
+        published[METRICS_PROM] = str(opts.metrics_file)
+    return Outcome(report, location, published)
 
 
 def _run_plan(
@@ -81,8 +128,9 @@ def _run_plan(
     opts: RunOptions,
     console: Console,
     judge: Callable[[], Verdict] | None = None,
+    location: RunLocation | None = None,
 ) -> QualificationStatus:
-    backend = LocalBackend(spec, run_dir, judge=judge)
+    backend = LocalBackend(spec, run_dir, location=location, judge=judge)
     q = Qualification(spec, backend, plan=plan, side_by_side=opts.side_by_side,
                       deliver_kill=opts.deliver_kill)
     progress = LegProgress(console, legs=tuple(p.name for p in plan.legs))
@@ -100,27 +148,34 @@ def _run_plan(
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_matrix(spec: QualificationSpec, opts: RunOptions, console: Console) -> Matrix:
+def run_matrix(
+    spec: QualificationSpec, opts: RunOptions, console: Console,
+    location: RunLocation | None = None,
+) -> Matrix:
     """Each positive scenario, for each seed, against that seed's control leg."""
     from resumequal.compare import compare_run  # loads torch only here
 
+    parent = location or RunLocation.open(str(opts.run_dir))
     cells: list[MatrixCell] = []
     for seed in spec.matrix.seeds:
-        seeded = apply_overrides(spec, [f"training.seed={seed}"])
+        sub = parent.child(f"seed-{seed}")
+        seeded = sub.leg_spec(apply_overrides(spec, [f"training.seed={seed}"]))
         plan = scenario_plan(seeded)
         run_dir = opts.run_dir / f"seed-{seed}"
         verdicts: dict[str, Verdict] = {}
 
-        def judge(plan: Plan = plan, run_dir: Path = run_dir,
+        def judge(plan: Plan = plan, run_dir: Path = run_dir, sub: RunLocation = sub,
                   verdicts: dict[str, Verdict] = verdicts) -> Verdict:
+            local = sub.materialize(run_dir)
             for leg in plan.legs:
                 if leg.cut:
-                    verdicts[leg.name] = compare_run(run_dir, leg.spec, leg=leg.name)
+                    verdicts[leg.name] = compare_run(local, sub.leg_spec(leg.spec),
+                                                     leg=leg.name)
             failing = [v for v in verdicts.values() if v.result != Result.PASS]
             return failing[0] if failing else next(iter(verdicts.values()))
 
         console.print(f"seed {seed}: {len(plan.legs) - 1} scenario(s)")
-        status = _run_plan(seeded, plan, run_dir, opts, console, judge=judge)
+        status = _run_plan(seeded, plan, run_dir, opts, console, judge=judge, location=sub)
         for scenario in spec.matrix.scenarios:
             v = verdicts.get(scenario)
             if v is None:
@@ -164,7 +219,7 @@ def build_report(
         checks=[ValidityCheck(name="qualification completed", ok=False,
                               detail=status.message or "no detail")],
     )
-    legs = [_leg_summary(opts.run_dir, leg, spec, status) for leg in ("control", "preempted")]
+    legs = [leg_summary(opts.run_dir, leg, spec, status) for leg in ("control", "preempted")]
     main = status.main()
     restart = None
     if main.killed_at is not None and main.resumed_at is not None:
@@ -180,7 +235,7 @@ def build_report(
         legs=legs,
         kill_at=main.killed_at,
         restart_seconds=restart,
-        inventory=_inventory(opts.run_dir),
+        inventory=inventory(opts.run_dir),
         matrix=matrix,
     )
 
@@ -204,9 +259,10 @@ def fold_matrix(verdict: Verdict, matrix: Matrix) -> Verdict:
     return verdict.model_copy(update={"result": worst.result, "reason": reason})
 
 
-def _leg_summary(
-    run_dir: Path, leg: str, spec: QualificationSpec, status: QualificationStatus
+def leg_summary(
+    run_dir: Path, leg: str, spec: QualificationSpec, status: QualificationStatus | None = None
 ) -> LegSummary:
+    """One leg's attempts and per-step mean loss from its traces (times from ``status``)."""
     per_step: dict[int, list[float]] = {}
     attempts = 0
     for r in range(spec.world.world_size):
@@ -217,7 +273,7 @@ def _leg_summary(
         attempts = max([attempts] + [getattr(x, "attempt", 0) + 1 for x in records])
         for step, rec in effective_steps(records, r).items():
             per_step.setdefault(step, []).extend(m.loss for m in rec.microsteps)
-    run = status.legs.get(leg)
+    run = status.legs.get(leg) if status is not None else None
     started = run.launched_at if run else None
     finished = run.finished_at if run else None
     return LegSummary(
@@ -230,7 +286,8 @@ def _leg_summary(
     )
 
 
-def _inventory(run_dir: Path) -> dict[str, object]:
+def inventory(run_dir: Path) -> dict[str, object]:
+    """The control leg's runtime inventory (rank 0), as the legs must agree on it."""
     path = run_dir / "control" / "trace" / "rank-0.jsonl"
     if not path.exists():
         return {}
@@ -244,4 +301,5 @@ def default_run_dir(base: Path = Path("runs")) -> Path:
     return base / time.strftime("qual-%Y%m%d-%H%M%S")
 
 
-__all__ = ["RunOptions", "default_run_dir", "exit_code", "run_qualification"]
+__all__ = ["Outcome", "RunOptions", "default_run_dir", "exit_code", "qualify_here",
+           "run_location", "run_qualification"]

@@ -37,7 +37,7 @@ _BORDER: dict[Result, str] = {
 
 
 def print_summary(
-    report: Report, console: Console, *, files: Mapping[str, Path] | None = None
+    report: Report, console: Console, *, files: Mapping[str, Path | str] | None = None
 ) -> None:
     """Print the verdict, the reason, where it diverged, drift, failing checks and files."""
     v = report.verdict

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot
 from resumequal.errors import CheckpointError
+from resumequal.runstore import LegFiles
 from resumequal.spec import CONTROL_LEG, QualificationSpec, check_leg_name
 from resumequal.state import (
     Counters,
@@ -41,6 +42,7 @@ from resumequal.trace import (
     RestoreRecord,
     StartupRecord,
     StepRecord,
+    TraceSink,
     TraceWriter,
     bucket_layout_digest,
     collect_inventory,
@@ -119,12 +121,15 @@ class Leg:
         self,
         spec: QualificationSpec,
         leg: str,
-        leg_dir: Path,
+        leg_dir: Path | LegFiles,
         placement: Placement,
         *,
         omit: frozenset[str] = frozenset(),
         checkpoint_root: Path | RemoteRoot | None = None,
+        trace: Path | TraceSink | None = None,
     ) -> None:
+        """``leg_dir`` is the leg's folder, or its files in an object store; then
+        ``checkpoint_root`` and ``trace`` (a sink) say where checkpoints and the trace go."""
         check_leg_name(leg)
         self.spec = spec
         self.leg = leg
@@ -145,8 +150,12 @@ class Leg:
             stop=self.stop,
             on_arm=self._on_arm,
         )
+        if checkpoint_root is None:
+            if not isinstance(leg_dir, Path):
+                raise ValueError("a leg outside a local folder needs its checkpoint_root")
+            checkpoint_root = leg_dir / "checkpoints"
         self.ckpt = CheckpointManager(
-            checkpoint_root or leg_dir / "checkpoints",
+            checkpoint_root,
             rank=placement.rank,
             world_size=placement.world_size,
             attempt=placement.attempt,
@@ -154,7 +163,11 @@ class Leg:
             async_save=spec.checkpoint.async_save,
             group_timeout=timedelta(seconds=spec.timeouts.process_group_seconds),
         )
-        self.trace = TraceWriter(leg_dir / "trace" / f"rank-{placement.rank}.jsonl")
+        if trace is None:
+            if not isinstance(leg_dir, Path):
+                raise ValueError("a leg outside a local folder needs its trace sink")
+            trace = leg_dir / "trace" / f"rank-{placement.rank}.jsonl"
+        self.trace = TraceWriter(trace)
 
     # -- setup --------------------------------------------------------------------------
 

@@ -11,11 +11,8 @@ same commit protocol before exiting; a rank holding at a cut leaves its hold to 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,10 +24,11 @@ import torch
 import torch.distributed as dist
 
 from resumequal.errors import TrainingError
+from resumequal.runstore import FAILED_MARKER as FAILED_MARKER
+from resumequal.runstore import LegFiles
 
 log = logging.getLogger(__name__)
 
-FAILED_MARKER = "FAILED.json"
 # 128 + SIGTERM: what a process ended by SIGTERM reports; launchers treat it as retryable.
 EXIT_PREEMPTED = 143
 
@@ -79,7 +77,7 @@ class Arming:
         *,
         rank: int,
         attempt: int,
-        leg_dir: Path,
+        leg_dir: Path | LegFiles,
         stop: StopFlag,
         on_arm: Callable[[int, int, str], None] | None = None,
     ) -> None:
@@ -124,44 +122,29 @@ class Arming:
         log.warning("rank %d: SIGTERM while armed; stopping gracefully", self.rank)
 
 
+def _files(leg_dir: Path | LegFiles) -> LegFiles:
+    return LegFiles.folder(leg_dir) if isinstance(leg_dir, Path) else leg_dir
+
+
 def write_beacon(
-    leg_dir: Path, rank: int, attempt: int, step: int, microstep: int, where: str
-) -> Path:
-    """Atomically publish that this process is armed, with the pid to kill."""
-    beacons = leg_dir / "beacons"
-    beacons.mkdir(parents=True, exist_ok=True)
-    path = beacons / f"attempt-{attempt}-rank-{rank}.json"
-    body = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
-        "rank": rank,
-        "attempt": attempt,
-        "step": step,
-        "microstep": microstep,
-        "at": where,
-        "armed_at": time.time(),
-    }
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(body))
-    tmp.rename(path)
-    return path
+    leg_dir: Path | LegFiles, rank: int, attempt: int, step: int, microstep: int, where: str
+) -> Path | str:
+    """Atomically publish that this process is armed, with the pid to kill; the beacon's
+    path (a leg folder) or URI (a leg in an object store)."""
+    files = _files(leg_dir)
+    uri = files.write_beacon(rank, attempt, step, microstep, where)
+    if isinstance(leg_dir, Path):
+        return leg_dir / "beacons" / f"attempt-{attempt}-rank-{rank}.json"
+    return uri
 
 
-def mark_failed(leg_dir: Path, reason: str) -> None:
+def mark_failed(leg_dir: Path | LegFiles, reason: str) -> None:
     """Fail the leg for every later attempt too (the launcher would otherwise restart it)."""
-    path = leg_dir / FAILED_MARKER
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"reason": reason, "at": time.time()}))
-    tmp.rename(path)
+    _files(leg_dir).mark_failed(reason)
 
 
-def check_not_failed(leg_dir: Path) -> None:
+def check_not_failed(leg_dir: Path | LegFiles) -> None:
     """Refuse to start an attempt of a leg that has already failed for good."""
-    path = leg_dir / FAILED_MARKER
-    if path.exists():
-        try:
-            reason = json.loads(path.read_text())["reason"]
-        except (OSError, ValueError, KeyError):
-            reason = "unreadable failure marker"
+    reason = _files(leg_dir).failure()
+    if reason is not None:
         raise TrainingError(f"this leg has already failed: {reason}")

@@ -1,17 +1,20 @@
-"""The entry of a worker process: join the group, check the run directory, run the leg."""
+"""The entry of a worker process: join the group, check the run location, run the leg.
+
+A run location is a local folder (traces, beacons and checkpoints in it, as always) or an
+``s3://`` prefix; then the worker keeps only scratch files (checkpoint staging, downloaded
+copies) on local disk and writes everything else to the store.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import time
 from pathlib import Path
 
 import torch.distributed as dist
 
 from resumequal.checkpoint import RemoteRoot, checkpoint_location
-from resumequal.errors import TrainingError
+from resumequal.runstore import RUN_FILE as RUN_FILE
+from resumequal.runstore import RunLocation, default_scratch
 from resumequal.spec import QualificationSpec
 from resumequal.train.distributed import destroy_process_group, init_process_group
 from resumequal.train.loop import Leg
@@ -19,57 +22,59 @@ from resumequal.train.preemption import EXIT_PREEMPTED, Preempted, check_not_fai
 
 log = logging.getLogger(__name__)
 
-RUN_FILE = "run.json"
-
 
 def claim_run_dir(run_dir: Path, spec: QualificationSpec) -> None:
     """Tie a new ``run_dir`` to this spec; an existing one is left for check_run_dir."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / RUN_FILE
-    body = {"spec_digest": spec.digest(), "spec": spec.model_dump(mode="json"),
-            "created_at": time.time()}
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return
-    with os.fdopen(fd, "w") as f:
-        json.dump(body, f, indent=1)
+    RunLocation.open(str(run_dir)).claim(spec)
 
 
 def check_run_dir(run_dir: Path, spec: QualificationSpec) -> None:
     """Raise TrainingError when ``run_dir`` was made for a different spec."""
-    path = run_dir / RUN_FILE
-    try:
-        theirs = json.loads(path.read_text())["spec_digest"]
-    except FileNotFoundError as e:
-        raise TrainingError(f"{run_dir} is not a run directory (no {RUN_FILE})") from e
-    except (ValueError, KeyError) as e:
-        raise TrainingError(f"{path}: unreadable run file: {e}") from e
-    if theirs != spec.digest():
-        raise TrainingError(
-            f"run directory {run_dir} belongs to another run (its spec digest "
-            f"{theirs[:12]}…, this spec {spec.digest()[:12]}…); use a new --run-dir"
-        )
+    RunLocation.open(str(run_dir)).check_claim(spec)
 
 
 def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Path | RemoteRoot:
     """Where a leg's checkpoints live: the spec's store (a folder or ``s3://``), else the
-    leg's folder."""
+    leg's folder. ``run_dir`` is the local folder (the run's, or scratch on S3)."""
     return checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, run_dir, leg)
 
 
-def run_leg(spec: QualificationSpec, leg: str, run_dir: Path, omit: frozenset[str]) -> int:
-    """Run one leg in this process under torchrun; returns the process exit code."""
-    leg_dir = run_dir / leg
+def run_leg(
+    spec: QualificationSpec,
+    leg: str,
+    run_dir: Path | str,
+    omit: frozenset[str],
+    *,
+    scratch: Path | None = None,
+    trace_every: int = 1,
+) -> int:
+    """Run one leg in this process under torchrun; returns the process exit code.
+
+    ``run_dir`` is the run location (a folder, ``file://`` or ``s3://`` URI); ``scratch``
+    a local folder for staging (default: the run folder, or a temporary folder per run
+    location). On S3 each rank uploads a trace segment every ``trace_every`` records.
+    """
+    location = RunLocation.open(str(run_dir), spec.checkpoint.s3)
+    if location.local is None:
+        spec = location.leg_spec(spec)
+    scratch = scratch or location.local or default_scratch(location.uri)
+    files = location.leg(leg)
+    # The first request to the store, before any collective: a store that is unreachable
+    # or refuses these credentials stops every rank here with an error naming it.
+    check_not_failed(files if location.local is None else location.local / leg)
     placement = init_process_group(spec.world.backend, spec.timeouts.process_group_seconds)
     try:
         if placement.rank == 0:
-            claim_run_dir(run_dir, spec)
+            location.claim(spec)
         dist.barrier()
-        check_run_dir(run_dir, spec)
-        check_not_failed(leg_dir)
-        worker = Leg(spec, leg, leg_dir, placement, omit=omit,
-                     checkpoint_root=checkpoint_root(spec, run_dir, leg))
+        location.check_claim(spec)
+        if location.local is not None:
+            worker = Leg(spec, leg, location.local / leg, placement, omit=omit,
+                         checkpoint_root=checkpoint_root(spec, location.local, leg))
+        else:
+            sink = location.trace_sink(leg, placement.rank, placement.attempt, trace_every)
+            worker = Leg(spec, leg, files, placement, omit=omit,
+                         checkpoint_root=checkpoint_root(spec, scratch, leg), trace=sink)
         try:
             worker.run()
         except Preempted as e:
@@ -78,3 +83,6 @@ def run_leg(spec: QualificationSpec, leg: str, run_dir: Path, omit: frozenset[st
         return 0
     finally:
         destroy_process_group()
+
+
+__all__ = ["RUN_FILE", "check_run_dir", "checkpoint_root", "claim_run_dir", "run_leg"]

@@ -1,0 +1,654 @@
+"""The run location: where everything of one qualification lives, a folder or ``s3://``.
+
+A run location is a local folder (a path or ``file://`` URI) or an object-store prefix
+``s3://bucket/prefix/<namespace>/<run>/<uid>``. The layout relative to it is the same on
+both::
+
+    run.json                         the spec and its digest (written once, by the first leg)
+    spec.json                        the qualification's spec
+    legs/<leg>.spec.json             a leg's own spec and omissions (what its workers read)
+    <leg>/trace/...                  per-rank trace records (see below)
+    <leg>/beacons/attempt-<a>-rank-<r>.json    an armed worker: who to kill
+    <leg>/FAILED.json                the leg failed for good, and why
+    <leg>/checkpoints/...            committed checkpoints
+    verdict.json, report.json, report.html, metrics.prom
+
+Traces differ by medium. In a folder each rank appends JSON lines to
+``<leg>/trace/rank-<r>.jsonl``. On S3, which cannot append, each rank writes immutable
+segment objects ``<leg>/trace/rank-<r>/attempt-<a>/<seq>.jsonl`` (by default one per
+record), each ending in a trailer line with its record count and sha256, so a segment is
+whole or absent after a SIGKILL, and a corrupted or missing one is reported by name.
+:meth:`RunLocation.materialize` rebuilds a local run folder from them for the comparator.
+
+This module is shared with the operator: it must import neither torch nor numpy, nor the
+worker side (``train``, ``checkpoint``, ``trace``), nor ``report``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
+from resumequal.spec import (
+    OMISSIONS,
+    QualificationSpec,
+    S3Spec,
+    SpecError,
+    check_leg_name,
+    format_validation_error,
+)
+from resumequal.store import (
+    FileStore,
+    S3Config,
+    S3Store,
+    Store,
+    StoreIntegrityError,
+    StoreNotFound,
+)
+from resumequal.verdict import SCHEMA_VERSION, Verdict
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+SPEC_FILE = "spec.json"
+FAILED_MARKER = "FAILED.json"
+VERDICT_JSON = "verdict.json"
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+METRICS_PROM = "metrics.prom"
+RESULT_FILES = (VERDICT_JSON, REPORT_JSON, REPORT_HTML, METRICS_PROM)
+
+_SEGMENT = re.compile(r"^rank-(\d+)/attempt-(\d+)/(\d{8,})\.jsonl$")
+# Any trace segment under the location, seed-matrix sub-runs (seed-N/<leg>/...) included.
+_ANY_SEGMENT = re.compile(r"^(.+)/trace/rank-(\d+)/attempt-(\d+)/(\d{8,})\.jsonl$")
+_TRAILER_KEY = "segment"
+
+__all__ = [
+    "FAILED_MARKER",
+    "RESULT_FILES",
+    "RUN_FILE",
+    "LegFiles",
+    "LegProgress",
+    "LegSpecFile",
+    "RunLocation",
+    "SegmentSink",
+    "s3_config",
+]
+
+
+def s3_config(spec: S3Spec | None) -> S3Config:
+    """The store client's settings from a spec's ``checkpoint.s3`` (AWS defaults if None)."""
+    return S3Config() if spec is None else S3Config(**spec.model_dump())
+
+
+@dataclass(frozen=True)
+class LegProgress:
+    """How far a leg got: steps every rank finished, attempts seen, and when the resume
+    completed (the latest rank's first finished step of an attempt >= 1)."""
+
+    steps_done: int = 0
+    attempts: int = 0
+    resumed_at: float | None = None
+
+
+class LegSpecFile(BaseModel):
+    """``legs/<leg>.spec.json``: what a leg's workers run, read by ``resumequal leg``."""
+
+    model_config = ConfigDict(extra="forbid")
+    leg: str
+    spec: QualificationSpec
+    omit: list[str] = []
+
+
+# --------------------------------------------------------------------------- segments
+
+
+def segment_bytes(lines: Sequence[bytes], seq: int) -> bytes:
+    """One trace segment: the record lines, then a trailer with their count and sha256."""
+    body = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
+    trailer = {_TRAILER_KEY: {"seq": seq, "records": len(lines),
+                              "sha256": hashlib.sha256(body).hexdigest()}}
+    return body + json.dumps(trailer, separators=(",", ":")).encode() + b"\n"
+
+
+def parse_segment(data: bytes, where: str) -> list[bytes]:
+    """The record lines of a segment, checked against its trailer; TraceError naming ``where``
+    if it is truncated, corrupted or not a segment."""
+    if not data.endswith(b"\n"):
+        raise TraceError(f"{where}: truncated trace segment (no final newline)")
+    lines = data[:-1].split(b"\n")
+    try:
+        trailer = json.loads(lines[-1])[_TRAILER_KEY]
+        count, digest = int(trailer["records"]), str(trailer["sha256"])
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise TraceError(f"{where}: corrupted trace segment (no valid trailer)") from e
+    records = lines[:-1]
+    body = b"".join(line + b"\n" for line in records)
+    if len(records) != count or hashlib.sha256(body).hexdigest() != digest:
+        raise TraceError(
+            f"{where}: corrupted trace segment ({len(records)} line(s), sha256 "
+            f"{hashlib.sha256(body).hexdigest()[:16]}…; its trailer says {count}, "
+            f"{digest[:16]}…)"
+        )
+    return [line + b"\n" for line in records]
+
+
+class SegmentSink:
+    """Writes one rank's trace of one attempt as segment objects, ``every`` records each.
+
+    Each segment is uploaded before :meth:`append` (or :meth:`flush`) returns, so what a
+    SIGKILL can lose is at most the records not yet flushed: none with ``every=1``.
+    """
+
+    def __init__(self, store: Store, prefix: str, *, every: int = 1) -> None:
+        if every < 1:
+            raise ValueError("every must be >= 1")
+        self.store = store
+        self.prefix = prefix
+        self.every = every
+        self._buffer: list[bytes] = []
+        # A re-run of the same attempt (a rescheduled pod) continues after what is there.
+        taken = [_seq_of(o.key) for o in store.list(prefix)]
+        self.seq = max((s for s in taken if s is not None), default=-1) + 1
+
+    def key(self, seq: int) -> str:
+        return f"{self.prefix}/{seq:08d}.jsonl"
+
+    def append(self, line: bytes) -> None:
+        self._buffer.append(line)
+        if len(self._buffer) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        data = segment_bytes(self._buffer, self.seq)
+        self.store.put_bytes(self.key(self.seq), data)
+        self._buffer = []
+        self.seq += 1
+
+    def close(self) -> None:
+        self.flush()
+
+
+def _seq_of(key: str) -> int | None:
+    name = key.rsplit("/", 1)[-1]
+    if not name.endswith(".jsonl"):
+        return None
+    try:
+        return int(name.removesuffix(".jsonl"))
+    except ValueError:
+        return None
+
+
+def _json_lines(lines: Iterable[bytes]) -> list[dict[str, Any]]:
+    out = []
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def _complete_lines(path: Path) -> list[dict[str, Any]]:
+    """Whole JSON lines of a trace file that may be written to right now."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return _json_lines(data.split(b"\n")[:-1])
+
+
+def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> LegProgress:
+    """Progress from each rank's trace records (as JSON objects, in write order)."""
+    per_rank_steps: list[int] = []
+    attempts = 0
+    resumed: list[float] = []
+    for r in range(world_size):
+        done = 0
+        first_resumed: float | None = None
+        for rec in per_rank.get(r, []):
+            attempts = max(attempts, int(rec.get("attempt", 0)) + 1)
+            if rec.get("kind") != "step":
+                continue
+            done = max(done, int(rec["step"]))
+            if rec["attempt"] >= 1 and first_resumed is None:
+                first_resumed = float(rec["finished_at"])
+        per_rank_steps.append(done)
+        if first_resumed is not None:
+            resumed.append(first_resumed)
+    resumed_at = max(resumed) if len(resumed) == world_size else None
+    return LegProgress(min(per_rank_steps, default=0), attempts, resumed_at)
+
+
+# --------------------------------------------------------------------------- one leg
+
+
+@dataclass
+class LegFiles:
+    """One leg's beacons and failure marker under a store prefix (``""``: the store root)."""
+
+    store: Store
+    prefix: str = ""
+    local: Path | None = None
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    @classmethod
+    def folder(cls, leg_dir: Path) -> LegFiles:
+        """A leg folder on this machine."""
+        return cls(FileStore(str(leg_dir)), "", leg_dir)
+
+    def beacon_key(self, rank: int, attempt: int) -> str:
+        return self.key(f"beacons/attempt-{attempt}-rank-{rank}.json")
+
+    def write_beacon(self, rank: int, attempt: int, step: int, microstep: int,
+                     where: str) -> str:
+        """Publish (atomically) that this process is armed, with the pid to kill; its URI."""
+        body = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
+            "rank": rank,
+            "attempt": attempt,
+            "step": step,
+            "microstep": microstep,
+            "at": where,
+            "armed_at": time.time(),
+        }
+        key = self.beacon_key(rank, attempt)
+        self.store.put_bytes(key, json.dumps(body).encode())
+        return self.store.uri(key)
+
+    def read_beacon(self, rank: int, attempt: int = 0) -> dict[str, Any] | None:
+        """The beacon as a JSON object, or None while there is none."""
+        try:
+            data = self.store.get_bytes(self.beacon_key(rank, attempt))
+        except StoreNotFound:
+            return None
+        try:
+            body = json.loads(data)
+        except ValueError as e:
+            raise StoreError(
+                f"{self.store.uri(self.beacon_key(rank, attempt))}: not a beacon: {e}"
+            ) from e
+        if not isinstance(body, dict):
+            raise StoreError(f"{self.store.uri(self.beacon_key(rank, attempt))}: not a beacon")
+        return body
+
+    def mark_failed(self, reason: str) -> None:
+        """Fail the leg for every later attempt too (the launcher would otherwise restart it)."""
+        body = {"reason": reason, "at": time.time()}
+        self.store.put_bytes(self.key(FAILED_MARKER), json.dumps(body).encode())
+
+    def failure(self) -> str | None:
+        """Why the leg failed for good, or None; an unreadable marker still counts."""
+        try:
+            data = self.store.get_bytes(self.key(FAILED_MARKER))
+        except StoreNotFound:
+            return None
+        try:
+            return str(json.loads(data)["reason"])
+        except (ValueError, KeyError, TypeError):
+            return "unreadable failure marker"
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class RunLocation:
+    """Everything of one qualification: a local folder or an ``s3://`` prefix.
+
+    Open one with :meth:`open`. The operator uses it (without torch) to write leg specs
+    and read beacons, progress, failures and the verdict; workers and the comparator use
+    it to publish what they produce.
+    """
+
+    uri: str
+    store: Store
+    local: Path | None = None
+    s3: S3Spec | None = None
+    _segments: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, uri: str, s3: S3Spec | None = None) -> RunLocation:
+        """A path, ``file:///abs/path`` or ``s3://bucket/prefix/...``; nothing is created.
+
+        ``s3`` says how to reach an S3 endpoint; without it the standard AWS environment
+        applies (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION``, keys).
+        """
+        parsed = urlparse(uri)
+        if "://" not in uri or parsed.scheme == "file":
+            store = FileStore(uri)
+            return cls(uri.rstrip("/") or "/", store, Path(store.root), None)
+        if parsed.scheme != "s3":
+            raise StoreError(
+                f"run location {uri!r}: scheme {parsed.scheme!r} is not supported; use a "
+                "path, file:///abs/path or s3://bucket/prefix"
+            )
+        if not parsed.path.strip("/"):
+            raise StoreError(f"run location {uri!r}: name a prefix under the bucket "
+                             "(s3://bucket/prefix/<namespace>/<run>/<uid>)")
+        remote = S3Store(uri, s3_config(s3))
+        return cls(remote.uri(), remote, None, s3)
+
+    @property
+    def is_local(self) -> bool:
+        return self.local is not None
+
+    def url(self, name: str) -> str:
+        """The full URI (or path, for a folder given as a path) of an artifact."""
+        if self.local is not None and "://" not in self.uri:
+            return str(Path(self.uri) / name)
+        return self.store.uri(name)
+
+    def leg(self, leg: str) -> LegFiles:
+        return LegFiles(self.store, check_leg_name(leg),
+                        self.local / leg if self.local is not None else None)
+
+    # -- specs ------------------------------------------------------------------------------
+
+    def leg_spec(self, spec: QualificationSpec) -> QualificationSpec:
+        """``spec`` as the legs of this location run it: on S3, checkpoints live under the
+        run location (``<run>/<leg>/checkpoints``) whatever store the spec named."""
+        if self.is_local:
+            return spec
+        ckpt = spec.checkpoint.model_copy(update={"store": self.uri,
+                                                  "s3": spec.checkpoint.s3 or self.s3})
+        return spec.model_copy(update={"checkpoint": ckpt})
+
+    def write_spec(self, spec: QualificationSpec) -> None:
+        """``spec.json``: the qualification's spec, for people and the comparator."""
+        self.store.put_bytes(SPEC_FILE, self.leg_spec(spec).model_dump_json(indent=1).encode())
+
+    def read_spec(self) -> QualificationSpec:
+        """The qualification's spec: ``spec.json``, else the spec in ``run.json``."""
+        for key, pick in ((SPEC_FILE, False), (RUN_FILE, True)):
+            try:
+                data = json.loads(self.store.get_bytes(key))
+            except StoreNotFound:
+                continue
+            except ValueError as e:
+                raise SpecError(f"{self.url(key)}: not JSON: {e}") from e
+            try:
+                return QualificationSpec.model_validate(data["spec"] if pick else data)
+            except (KeyError, TypeError) as e:
+                raise SpecError(f"{self.url(key)}: unreadable run file: {e}") from e
+            except ValidationError as e:
+                raise SpecError(format_validation_error(e, self.url(key))) from e
+        raise SpecError(f"{self.uri} is not a run directory (no {SPEC_FILE} or {RUN_FILE})")
+
+    def write_leg_spec(self, leg: str, spec: QualificationSpec, omit: Sequence[str]) -> None:
+        """``legs/<leg>.spec.json``: the leg's spec (see :meth:`leg_spec`) and omissions."""
+        bad = sorted(set(omit) - set(OMISSIONS))
+        if bad:
+            raise SpecError(f"omit: unknown omission(s) {', '.join(bad)}; allowed: "
+                            f"{', '.join(OMISSIONS)}")
+        body = LegSpecFile(leg=check_leg_name(leg), spec=self.leg_spec(spec), omit=list(omit))
+        self.store.put_bytes(f"legs/{leg}.spec.json", body.model_dump_json(indent=1).encode())
+
+    def read_leg_spec(self, leg: str) -> LegSpecFile | None:
+        """The leg's spec file, or None if there is none; SpecError naming it if invalid."""
+        key = f"legs/{check_leg_name(leg)}.spec.json"
+        try:
+            data = self.store.get_bytes(key)
+        except StoreNotFound:
+            return None
+        try:
+            return LegSpecFile.model_validate_json(data)
+        except ValidationError as e:
+            raise SpecError(format_validation_error(e, self.url(key))) from e
+
+    # -- run.json ---------------------------------------------------------------------------
+
+    def claim(self, spec: QualificationSpec) -> bool:
+        """Tie a new location to ``spec`` by writing ``run.json`` if absent; True if written.
+
+        A folder uses an exclusive create. S3 has no such create everywhere (MinIO, RGW),
+        so it checks first: two legs racing write bodies of the same digest, and
+        :meth:`check_claim` still refuses a different spec.
+        """
+        body = json.dumps({"spec_digest": spec.digest(), "spec": spec.model_dump(mode="json"),
+                           "created_at": time.time()}, indent=1).encode()
+        if self.local is not None:
+            self.local.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.local / RUN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            return True
+        if self.store.exists(RUN_FILE):
+            return False
+        self.store.put_bytes(RUN_FILE, body)
+        return True
+
+    def check_claim(self, spec: QualificationSpec) -> None:
+        """TrainingError when this location was made for a different spec (or for none)."""
+        where = self.url(RUN_FILE)
+        try:
+            theirs = json.loads(self.store.get_bytes(RUN_FILE))["spec_digest"]
+        except StoreNotFound as e:
+            raise TrainingError(f"{self.uri} is not a run directory (no {RUN_FILE})") from e
+        except (ValueError, KeyError, TypeError) as e:
+            raise TrainingError(f"{where}: unreadable run file: {e}") from e
+        if theirs != spec.digest():
+            raise TrainingError(
+                f"run directory {self.uri} belongs to another run (its spec digest "
+                f"{theirs[:12]}…, this spec {spec.digest()[:12]}…); use a new --run-dir"
+            )
+
+    # -- what the backend observes ----------------------------------------------------------
+
+    def read_beacon(self, leg: str, rank: int, attempt: int = 0) -> dict[str, Any] | None:
+        """The beacon of an armed worker (pid, host, pod, rank, attempt, step, microstep,
+        at, armed_at), or None while it has not armed."""
+        return self.leg(leg).read_beacon(rank, attempt)
+
+    def leg_failure(self, leg: str) -> str | None:
+        """The reason in ``<leg>/FAILED.json``, or None."""
+        return self.leg(leg).failure()
+
+    def trace_records(self, leg: str, rank: int) -> list[dict[str, Any]]:
+        """One rank's trace records so far, as JSON objects in write order (lenient: a torn
+        last line or an unreadable segment is skipped with a warning; see materialize)."""
+        return self._trace_records(leg, world_size=rank + 1).get(rank, [])
+
+    def leg_progress(self, leg: str, world_size: int) -> LegProgress:
+        """Steps every rank has finished, attempts seen, and when the resume completed."""
+        return progress_of(self._trace_records(leg, world_size), world_size)
+
+    def _trace_records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
+        check_leg_name(leg)
+        if self.local is not None:
+            return {r: _complete_lines(self.local / leg / "trace" / f"rank-{r}.jsonl")
+                    for r in range(world_size)}
+        out: dict[int, list[dict[str, Any]]] = {}
+        for rank, _attempt, _seq, key in self._segment_keys(leg):
+            if rank >= world_size:
+                continue
+            records = self._segments.get(key)
+            if records is None:
+                try:
+                    lines = parse_segment(self.store.get_bytes(key), self.store.uri(key))
+                except (TraceError, StoreNotFound) as e:
+                    log.warning("progress: skipping %s: %s", self.store.uri(key), e)
+                    continue
+                # Segments are immutable once written: read each one once.
+                records = self._segments[key] = _json_lines(lines)
+            out.setdefault(rank, []).extend(records)
+        return out
+
+    def _segment_keys(self, leg: str) -> list[tuple[int, int, int, str]]:
+        """(rank, attempt, seq, key) of every trace segment of ``leg``, in write order."""
+        base = f"{leg}/trace"
+        found = []
+        for obj in self.store.list(base):
+            m = _SEGMENT.match(obj.key[len(base) + 1:])
+            if m is not None:
+                found.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), obj.key))
+        return sorted(found)
+
+    def child(self, name: str) -> RunLocation:
+        """A sub-run under this location (e.g. ``seed-11`` of a seed matrix)."""
+        if self.local is not None:
+            return RunLocation.open(str(Path(self.uri) / name)) if "://" not in self.uri \
+                else RunLocation.open(f"{self.uri}/{name}")
+        return RunLocation.open(f"{self.uri}/{name}", self.s3)
+
+    def trace_sink(self, leg: str, rank: int, attempt: int, every: int = 1) -> SegmentSink:
+        """Where an S3 run's worker writes its trace (a folder's workers append a file)."""
+        return SegmentSink(self.store, f"{check_leg_name(leg)}/trace/rank-{rank}/"
+                                       f"attempt-{attempt}", every=every)
+
+    def trace_path(self, leg: str, rank: int) -> Path:
+        """A folder run's trace file of one rank."""
+        assert self.local is not None, "S3 run locations keep traces as segments"
+        return self.local / check_leg_name(leg) / "trace" / f"rank-{rank}.jsonl"
+
+    # -- results ----------------------------------------------------------------------------
+
+    def publish(self, files: dict[str, Path]) -> dict[str, str]:
+        """Put local result files (name -> path) into the location; name -> their URI.
+
+        On a folder a file already in place is left as is.
+        """
+        out = {}
+        for name, path in files.items():
+            if self.local is not None and path.resolve() == (self.local / name).resolve():
+                out[name] = self.url(name)
+                continue
+            self.store.put_file(name, path)
+            out[name] = self.url(name)
+        return out
+
+    def read_verdict(self) -> Verdict | None:
+        """``verdict.json``, or None while the comparator has not written it.
+
+        ReportError naming the URI if it is not a verdict of a schema this code reads.
+        """
+        where = self.url(VERDICT_JSON)
+        try:
+            raw = self.store.get_bytes(VERDICT_JSON)
+        except StoreNotFound:
+            return None
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ReportError(f"{where}: not JSON: {e}") from e
+        if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+            version = data.get("schema_version") if isinstance(data, dict) else None
+            raise ReportError(f"{where}: unknown schema_version {version!r} (this resumequal "
+                              f"reads: {SCHEMA_VERSION})")
+        try:
+            return Verdict.model_validate(data)
+        except ValidationError as e:
+            raise ReportError(f"{where}: not a valid Verdict: {e.errors()[0]['msg']}") from e
+
+    # -- the comparator's copy --------------------------------------------------------------
+
+    def materialize(self, dest: Path | None = None) -> Path:
+        """A local run folder the comparator reads; for a folder location, the folder itself.
+
+        From S3: every object but checkpoints is downloaded and checked against its listed
+        size; each rank's trace segments are verified (trailer count and sha256, no gap in
+        the sequence) and concatenated in order into ``<leg>/trace/rank-<r>.jsonl``. A
+        corrupted, truncated or missing segment is a TraceError naming it. Checkpoints stay
+        in the store (the comparator downloads the final ones, verified).
+        """
+        if self.local is not None:
+            return self.local
+        if dest is None:
+            dest = Path(tempfile.mkdtemp(prefix="resumequal-run-"))
+        dest.mkdir(parents=True, exist_ok=True)
+        objects = self.store.list()
+        if not any(o.key == RUN_FILE for o in objects):
+            raise StoreNotFound(f"{self.url(RUN_FILE)} does not exist: {self.uri} is not a "
+                                "run location (or no leg has started)")
+        traces: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+        for obj in objects:
+            if "/checkpoints/" in f"/{obj.key}":
+                continue
+            m = _ANY_SEGMENT.match(obj.key)
+            if m is not None:
+                traces.setdefault((m.group(1), int(m.group(2))), []).append(
+                    (int(m.group(3)), int(m.group(4)), obj.key))
+                continue
+            if "/trace/" in f"/{obj.key}":
+                raise TraceError(f"{self.store.uri(obj.key)}: not a trace segment name")
+            data = self.store.get_bytes(obj.key)
+            if len(data) != obj.size:
+                raise StoreIntegrityError(f"{self.store.uri(obj.key)}: read {len(data)} bytes, "
+                                          f"listed with {obj.size}")
+            _write_file(dest / obj.key, data)
+        for (leg, rank), segments in sorted(traces.items()):
+            _write_file(dest / leg / "trace" / f"rank-{rank}.jsonl",
+                        b"".join(self._verified_trace(sorted(segments))))
+        return dest
+
+    def _verified_trace(self, segments: list[tuple[int, int, str]]) -> list[bytes]:
+        lines: list[bytes] = []
+        expected: tuple[int, int] | None = None
+        for attempt, seq, key in segments:
+            if expected is not None and expected[0] == attempt and seq != expected[1]:
+                missing = key.rsplit("/", 1)[0] + f"/{expected[1]:08d}.jsonl"
+                raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
+                                 f"next one present is {seq:08d})")
+            if (expected is None or expected[0] != attempt) and seq != 0:
+                missing = key.rsplit("/", 1)[0] + "/00000000.jsonl"
+                raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
+                                 f"first one present is {seq:08d})")
+            lines += parse_segment(self.store.get_bytes(key), self.store.uri(key))
+            expected = (attempt, seq + 1)
+        return lines
+
+    # -- retention --------------------------------------------------------------------------
+
+    def delete_all(self) -> int:
+        """Remove the whole run location; returns how many objects (files) there were."""
+        if self.local is not None:
+            if not self.local.exists():
+                return 0
+            count = sum(1 for p in self.local.rglob("*") if p.is_file())
+            shutil.rmtree(self.local)
+            return count
+        assert isinstance(self.store, S3Store)
+        bucket_root = S3Store(f"s3://{self.store.bucket}", self.store.config)
+        return bucket_root.delete_prefix(self.store.prefix)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.materialize")
+    tmp.write_bytes(data)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    tmp.rename(path)
+
+
+def default_scratch(uri: str) -> Path:
+    """A local working folder for one run location, shared by the ranks of this machine."""
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"resumequal-{digest}"
