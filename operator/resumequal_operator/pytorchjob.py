@@ -16,7 +16,9 @@ Choices the manifests make, and why:
   Beacons, traces and checkpoints are in the store, and every job goes with its
   QualificationRun through the owner reference.
 - ``activeDeadlineSeconds``: timeouts.leg_seconds plus a margin, a backstop for when the
-  operator is down; the operator's own timeout fires first and says why.
+  operator is down; the operator's own timeout fires first and says why. ``backoffLimit``
+  is world.max_restarts, though with ExitCode pods are recreated rather than restarted in
+  place, which the training operator does not count against it.
 - S3 credentials only as ``secretKeyRef`` to ``store.credentials_secret``; never inlined.
   No Kubernetes API token is mounted: nothing in the pods talks to the API server.
 """

@@ -321,6 +321,8 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
         out.append(Problem(path="spec.checkpoint.s3", message=(
             "set by the operator from store.endpoint_url, store.region and "
             "store.addressing_style; leave it unset")))
+    # The c10d rendezvous numbers nodes by host name, and <job>-worker-0 sorts first, so
+    # ranks 0..nproc_per_node-1 always run on worker-0, the pod the rendezvous lives on.
     if p.rank < w.nproc_per_node and not spec.allow_rendezvous_host_kill:
         out.append(Problem(path="spec.preemption.rank", message=(
             f"rank {p.rank} runs on pod worker-0 (ranks 0..{w.nproc_per_node - 1} of "
