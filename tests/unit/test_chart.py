@@ -111,6 +111,7 @@ def test_default_render(chart: helm.Chart) -> None:
         f"--lease-namespace={NAMESPACE}",
         "--resync-seconds=60",
         "--workers=2",
+        "--log-level=INFO",
     ]
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "ghcr.io/resumequal/resumequal-operator:0.1.0"
@@ -395,6 +396,7 @@ def test_lint(variant: str) -> None:
         ({"watch": {"namespaces": ["Not_A_Namespace"]}}, "/watch/namespaces/0"),
         ({"operator": {"port": 70000}}, "/operator/port"),
         ({"operator": {"workers": 0}}, "/operator/workers"),
+        ({"operator": {"logLevel": "chatty"}}, "/operator/logLevel"),
         ({"serviceMonitor": {"interval": "soon"}}, "/serviceMonitor/interval"),
         ({"prometheusRule": {"driftThreshold": -1}}, "/prometheusRule/driftThreshold"),
         ({"prometheusRule": {"driftThreshold": "small"}}, "/prometheusRule/driftThreshold"),
@@ -423,3 +425,22 @@ def test_schema_rejects_bad_values(chart: helm.Chart, values: Obj, field: str) -
 def test_defaults_satisfy_the_schema(chart: helm.Chart) -> None:
     chart.validate_schema(chart.values)
     chart.validate_schema(values_all())
+
+
+@pytest.mark.parametrize("variant", ["default", "all", "allNamespaces", "noLeader"])
+def test_the_operator_accepts_the_arguments(chart: helm.Chart, variant: str) -> None:
+    operator_main = pytest.importorskip("resumequal_operator.main")
+    values = {
+        "default": None,
+        "all": values_all(),
+        "allNamespaces": {"watch": {"allNamespaces": True}},
+        "noLeader": {"leaderElection": {"enabled": False}},
+    }[variant]
+    container = one(render(chart, values), "Deployment")["spec"]["template"]["spec"]
+    command, *args = container["containers"][0]["args"]
+    run = operator_main.main.commands[command]
+    # Parses and converts every option as `resumequal-operator run ...` would.
+    with run.make_context(command, list(args)) as ctx:
+        assert ctx.params["port"] == container["containers"][0]["ports"][0]["containerPort"]
+        assert ctx.params["leader_elect"] is (variant != "noLeader")
+        assert ctx.params["all_namespaces"] is (variant == "allNamespaces")
