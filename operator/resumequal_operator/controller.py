@@ -171,7 +171,7 @@ class Reconciler:
             if leg.killed_at is not None and name not in killed and leg.beacon is not None:
                 b = leg.beacon
                 mode = run.spec.preemption.mode if name == MAIN_LEG else "per its plan"
-                self.events.record(run.obj, "Preempted", (
+                self.events.record(run.obj, "PreemptionInjected", (
                     f"{name} leg: deleted pod {b.pod} (rank {b.rank}, attempt {b.attempt}) at "
                     f"step {b.step} microstep {b.microstep}; kill mode {mode}"))
 

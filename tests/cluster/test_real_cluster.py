@@ -138,7 +138,7 @@ def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
         assert status["legs"]["preempted"]["restartSeconds"] > 0
         events = client.CoreV1Api(api).list_namespaced_event(
             NAMESPACE, field_selector=f"involvedObject.name={name}")
-        assert any(e.reason == "Preempted" for e in events.items)
+        assert any(e.reason == "PreemptionInjected" for e in events.items)
     finally:
         objects.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
         gone_by = time.monotonic() + 120

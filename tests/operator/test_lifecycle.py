@@ -1,0 +1,249 @@
+"""A QualificationRun from apply to verdict: legs, beacon, kill, restart, comparator, status,
+events, metrics; the timeouts; an operator restart mid-run; deletion and retention."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from resumequal.runstore import RunLocation
+from resumequal.spec import S3Spec
+from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
+from tests.kubeapi import KubeAPI
+from tests.operator.harness import (
+    NAMESPACE,
+    Admission,
+    Operators,
+    condition,
+    eventually,
+    qr,
+    run_manifest,
+    wait_phase,
+)
+from tests.operator.pods import SimulatedTraining
+from tests.operator.workers import Workers
+
+
+@pytest.fixture
+def workers(store: dict[str, str]) -> Workers:
+    return Workers(s3=S3Spec(endpoint_url=store["endpoint_url"], region=store["region"],
+                             addressing_style="path"))
+
+
+@pytest.fixture
+def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTraining]:
+    sim = SimulatedTraining(api, workers).start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+def _events(api: KubeAPI, name: str) -> list[tuple[str, str, str]]:
+    events = sorted(api.list("events", NAMESPACE),
+                    key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [(e["reason"], e["type"], e["message"]) for e in events
+            if e["involvedObject"]["name"] == name]
+
+
+def _metric(port: int, line_start: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(line_start):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _live(api: KubeAPI, plural: str, run: str) -> list[str]:
+    return [o["metadata"]["name"] for o in api.list(plural, NAMESPACE)
+            if o["metadata"]["labels"].get("resumequal.dev/run") == run]
+
+
+def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: SimulatedTraining,
+                          store: dict[str, str], admission: Admission) -> None:
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("nightly", store))
+    done = wait_phase(api, "nightly", ("Succeeded", "Failed"), timeout=30)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", condition(done, "Ready")
+
+    # The kill: the beacon's pod (worker-1, not worker-0) deleted with grace 0.
+    kills = [d for d in api.deletions_of("pods") if d.cause == "api"]
+    assert len(kills) == 1, kills
+    assert kills[0].name.endswith("-worker-1") and kills[0].grace_period_seconds == 0
+    assert status["preemption"]["pod"] == kills[0].name
+    assert status["preemption"]["mode"] == "hard" and status["preemption"]["rank"] == 1
+
+    # The verdict, conditions and printer-column fields.
+    v = status["verdict"]
+    assert v["result"] == "PASS" and v["firstDivergenceSummary"] == "none"
+    assert v["exactThroughStep"] == 6 and v["paramMaxAbsDiff"] == 0.0
+    assert condition(done, "Ready")["status"] == "True"
+    assert condition(done, "Qualified")["status"] == "True"
+    assert status["pin"] == "train:2026-11-29"
+    assert status["observedGeneration"] == done["metadata"]["generation"]
+    uid = done["metadata"]["uid"]
+    assert status["runUri"] == f"{store['uri']}/{NAMESPACE}/nightly/{uid}"
+    assert status["reportUrl"] == f"{status['runUri']}/report.html"
+    legs = status["legs"]
+    assert legs["preempted"]["attempts"] == 2 and legs["preempted"]["steps"] == 6
+    assert legs["control"]["attempts"] == 1 and legs["control"]["steps"] == 6
+    assert legs["preempted"]["restartSeconds"] > 0
+    assert status["comparatorJob"].startswith("nightly-compare-")
+
+    # Events for each phase and for the injected preemption.
+    reasons = [r for r, _, _ in _events(api, "nightly")]
+    assert reasons[:2] == ["LegsRunning", "Armed"] and reasons[-2:] == ["Comparing", "Succeeded"]
+    assert {"Preempted", "PreemptionInjected", "Resumed"} <= set(reasons)
+    preempted = next(m for r, _, m in _events(api, "nightly") if r == "PreemptionInjected")
+    assert kills[0].name in preempted
+
+    # Every job it started is deleted when it concluded; everything it created is owned.
+    assert _live(api, PYTORCHJOBS.plural, "nightly") == []
+    assert _live(api, JOBS.plural, "nightly") == []
+    for plural in (PYTORCHJOBS.plural, JOBS.plural):
+        for obj in api.created(plural):
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert len(api.created(PYTORCHJOBS.plural)) == 2 and len(api.created(JOBS.plural)) == 1
+    assert admission.validated["PyTorchJob"] >= 2 and admission.validated["Job"] >= 1
+    assert admission.validated["Event"] >= 6
+
+    # Metrics from the verdict.
+    labels = f'namespace="{NAMESPACE}",pin="train:2026-11-29",run="nightly",scenario="resume"'
+    port = op.health.port
+    assert eventually(lambda: _metric(port, f"resumequal_qualification_passed{{{labels}}}")
+                      == 1.0, what="the passed series")
+    assert _metric(port, f"resumequal_first_divergent_step{{{labels}}}") == -1.0
+    assert (_metric(port, f"resumequal_restart_seconds{{{labels}}}") or 0) > 0
+    assert _metric(port, 'resumequal_runs_total{result="PASS"}') == 1.0
+    assert _metric(port, "resumequal_operator_leader") == 1.0
+    assert (_metric(port, 'resumequal_operator_reconcile_total{result="requeue"}') or 0) > 0
+    assert (_metric(port, "resumequal_operator_reconcile_duration_seconds_count") or 0) > 0
+    assert _metric(port, "resumequal_operator_build_info{") == 1.0
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            assert r.status == 200
+
+    # Deletion: finalizer cleanup, series removed, artifacts retained (the default).
+    api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "nightly")
+    api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "nightly") is None,
+                 10, "the finalizer to let the run go")
+    assert eventually(lambda: _metric(port, f"resumequal_qualification_passed{{{labels}}}")
+                      is None, what="the series to be removed")
+    loc = RunLocation.open(status["runUri"], S3Spec(endpoint_url=store["endpoint_url"],
+                                                    addressing_style="path"))
+    assert loc.read_verdict() is not None
+
+
+def test_a_failing_verdict_and_graceful_kill(
+    api: KubeAPI, operators: Operators, training: SimulatedTraining, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    from resumequal.verdict import Result
+
+    workers.result = Result.FAIL
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest(
+        "spot", store, preemption={"mode": "graceful", "grace_seconds": 7.5},
+        retention={"policy": "Delete"}))
+    done = wait_phase(api, "spot", ("Succeeded", "Failed"), timeout=30)
+    kills = [d for d in api.deletions_of("pods") if d.cause == "api"]
+    assert [(k.name.rsplit("-", 2)[-2:], k.grace_period_seconds) for k in kills] == [
+        (["worker", "1"], 8)]
+    v = done["status"]["verdict"]
+    assert done["status"]["phase"] == "Succeeded"
+    assert v["result"] == "FAIL" and v["firstDivergenceSummary"] == "step 5 lr rank 1"
+    assert v["firstDivergence"] == {"step": 5, "boundary": "lr", "rank": 1}
+    assert condition(done, "Qualified")["status"] == "False"
+    assert condition(done, "Ready")["status"] == "True"
+    labels = f'namespace="{NAMESPACE}",pin="train:2026-11-29",run="spot",scenario="resume"'
+    assert eventually(lambda: _metric(op.health.port,
+                                      f"resumequal_first_divergent_step{{{labels}}}") == 5.0,
+                      what="the divergent step series")
+    # Retention Delete: the store artifacts go with the run.
+    loc = RunLocation.open(done["status"]["runUri"],
+                           S3Spec(endpoint_url=store["endpoint_url"], addressing_style="path"))
+    assert loc.store.list()
+    api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "spot")
+    api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "spot") is None,
+                 10, "the finalizer to let the run go")
+    assert loc.store.list() == []
+
+
+def _failed_with_timeout(api: KubeAPI, name: str) -> str:
+    done = wait_phase(api, name, ("Succeeded", "Failed"), timeout=30)
+    ready = condition(done, "Ready")
+    assert done["status"]["phase"] == "Failed" and ready["reason"] == "Timeout", ready
+    assert condition(done, "Qualified")["status"] == "False"
+    api.wait_for(lambda: not _live(api, PYTORCHJOBS.plural, name), 10, "the legs deleted")
+    assert not _live(api, JOBS.plural, name)
+    failed = [m for r, t, m in _events(api, name) if r == "Failed"]
+    assert len(failed) == 1 and [t for r, t, _ in _events(api, name) if r == "Failed"] == [
+        "Warning"]
+    return str(ready["message"])
+
+
+def test_a_cut_never_reached_times_out_at_the_leg_deadline(
+    api: KubeAPI, operators: Operators, training: SimulatedTraining, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    workers.arm = False
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural,
+               run_manifest("never-armed", store, timeouts={"leg_seconds": 1.5}))
+    message = _failed_with_timeout(api, "never-armed")
+    assert "preempted leg did not finish within timeouts.leg_seconds=1.5" in message
+    assert [d for d in api.deletions_of("pods") if d.cause == "api"] == []  # nothing killed
+
+
+def test_a_leg_that_does_not_resume_times_out(
+    api: KubeAPI, operators: Operators, training: SimulatedTraining, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    workers.resume = False
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural,
+               run_manifest("stuck", store, timeouts={"restart_seconds": 1}))
+    message = _failed_with_timeout(api, "stuck")
+    assert "preempted leg did not resume within timeouts.restart_seconds=1" in message
+
+
+def test_a_restarted_operator_continues_from_the_status(
+    api: KubeAPI, operators: Operators, training: SimulatedTraining, store: dict[str, str]
+) -> None:
+    first = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("survivor", store))
+    wait_phase(api, "survivor", ("Armed", "Preempted", "Resumed"))
+    operators.stop(first)
+    mid = qr(api, "survivor")["status"]
+    assert mid["machine"]["legs"]["preempted"]["launched_at"] is not None
+
+    operators.start()
+    done = wait_phase(api, "survivor", ("Succeeded", "Failed"), timeout=30)
+    assert done["status"]["phase"] == "Succeeded", condition(done, "Ready")
+    kills = [d for d in api.deletions_of("pods") if d.cause == "api"]
+    assert len(kills) == 1  # the second operator did not kill again
+    history = [e["phase"] for e in done["status"]["machine"]["history"]]
+    assert history == ["Pending", "LegsRunning", "Armed", "Preempted", "Resumed", "Comparing",
+                       "Succeeded"]
+    assert len(api.created(PYTORCHJOBS.plural)) == 2  # no leg launched twice
+    assert done["status"]["startedAt"] == mid["startedAt"]
+
+
+def test_deleting_a_running_run_stops_its_legs(
+    api: KubeAPI, operators: Operators, training: SimulatedTraining, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    workers.arm = False  # keeps the preempted leg running
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("doomed", store))
+    api.wait_for(lambda: len(_live(api, PYTORCHJOBS.plural, "doomed")) == 2, 10, "both legs")
+    api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "doomed")
+    api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "doomed") is None,
+                 10, "the finalizer to let the run go")
+    deleted = {d.name for d in api.deletions_of(PYTORCHJOBS.plural) if d.cause == "api"}
+    assert len(deleted) == 2
+    assert all(d.propagation_policy == "Background"
+               for d in api.deletions_of(PYTORCHJOBS.plural) if d.cause == "api")

@@ -1,0 +1,118 @@
+"""What the workers of a leg and the comparator write into the run location, without torch.
+
+The simulated training operator runs pods; these functions play their containers the way
+``resumequal leg`` and ``resumequal compare`` do, through the same :class:`RunLocation`:
+each rank reads its leg's spec file, appends step records as trace segments, the cut rank
+of a cut leg writes its beacon on attempt 0 and holds until its pod is deleted, and a
+restarted attempt resumes after the newest checkpoint step and finishes. The comparator
+writes a prepared ``verdict.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from resumequal.runstore import RunLocation
+from resumequal.spec import S3Spec
+from resumequal.verdict import (
+    Cut,
+    Divergence,
+    DriftSummary,
+    Result,
+    StepDelta,
+    ValidityCheck,
+    Verdict,
+)
+
+
+def verdict(result: Result = Result.PASS) -> Verdict:
+    """A comparator's verdict: exact for PASS, a divergence at step 5 lr rank 1 otherwise."""
+    diverged = result == Result.FAIL
+    return Verdict(
+        result=result, reason=f"{result.value} (simulated comparator)",
+        cut=Cut(step=4, microstep=1, rank=1, mode="hard"), resumed_from="step-00000002",
+        first_divergence=Divergence(step=5, boundary="lr", rank=1, control=0.1,
+                                    preempted=0.2, before_cut=False) if diverged else None,
+        exact_through_step=4 if diverged else 6,
+        checks=[ValidityCheck(name="kill happened", ok=True, detail="pod deleted")],
+        drift=[DriftSummary(group="model", tensors=4, numel=100,
+                            max_abs_diff=0.25 if diverged else 0.0,
+                            rel_l2=0.01 if diverged else 0.0,
+                            mismatch_fraction=0.5 if diverged else 0.0, worst=[])],
+        loss_deltas=[StepDelta(step=s, control_loss=1.0, preempted_loss=1.0,
+                               abs_diff=0.125 if diverged and s >= 5 else 0.0)
+                     for s in range(1, 7)],
+    )
+
+
+@dataclass
+class Workers:
+    """Plays every leg's ranks and the comparator against run locations (S3 via ``s3``)."""
+
+    s3: S3Spec | None = None
+    result: Result = Result.PASS
+    hold_timeout: float = 30.0
+    arm: bool = True  # False: the cut rank never reaches its cut (an arm timeout)
+    resume: bool = True  # False: a restarted attempt hangs before its first step
+    _locations: dict[str, RunLocation] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def location(self, uri: str) -> RunLocation:
+        with self._lock:
+            if uri not in self._locations:
+                self._locations[uri] = RunLocation.open(uri, self.s3)
+            return self._locations[uri]
+
+    def run_rank(self, uri: str, leg: str, rank: int, attempt: int, pod: str,
+                 killed: threading.Event) -> bool:
+        """One rank's container; True when it exits 0, False when it stops (killed)."""
+        loc = self.location(uri)
+        leg_file = loc.read_leg_spec(leg)
+        assert leg_file is not None, f"{uri}: no legs/{leg}.spec.json (the operator writes it)"
+        spec = leg_file.spec
+        p, steps = spec.preemption, spec.training.steps
+        cut = leg != "control"
+        sink = loc.trace_sink(leg, rank, attempt)
+        first = 1
+        if attempt > 0:
+            if not self.resume:
+                killed.wait(self.hold_timeout)
+                return False
+            every = spec.checkpoint.every_steps or 1
+            first = (p.step - 1) // every * every + 1
+        last = p.step - 1 if cut and attempt == 0 else steps
+        for step in range(first, last + 1):
+            record = {"kind": "step", "step": step, "attempt": attempt, "rank": rank,
+                      "finished_at": time.time()}
+            sink.append(json.dumps(record).encode())
+        if cut and attempt == 0:
+            if rank == p.rank and self.arm:
+                beacon = {"pid": 1000 + rank, "host": pod, "pod": pod, "rank": rank,
+                          "attempt": 0, "step": p.step, "microstep": p.microstep,
+                          "at": p.at, "armed_at": time.time()}
+                leg_files = loc.leg(leg)
+                loc.store.put_bytes(leg_files.beacon_key(rank, 0), json.dumps(beacon).encode())
+            # Every rank is stuck at the cut: the armed one holds, the others wait for it.
+            killed.wait(self.hold_timeout)
+            return False
+        return True
+
+    def compare(self, uri: str) -> int:
+        """The comparator Job: writes verdict.json; exit 0 PASS, 1 FAIL, 2 INVALID."""
+        v = verdict(self.result)
+        self.location(uri).store.put_bytes("verdict.json", v.model_dump_json().encode())
+        return {Result.PASS: 0, Result.FAIL: 1}.get(v.result, 2)
+
+
+def arg_after(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def container_args(pod_or_template: dict[str, Any]) -> list[str]:
+    spec = pod_or_template.get("spec") or {}
+    container = spec["containers"][0]
+    return [*container.get("command", []), *container.get("args", [])]
