@@ -6,21 +6,18 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from resumequal.metrics import QualificationMetrics
 from resumequal.verdict import Result
 from tests.chart.monitoring import OPERATOR_FAMILIES, metric_names
+from tests.chart.prometheus import metrics_endpoint, running_prometheus
 from tests.unit.report_samples import make_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,101 +116,38 @@ def test_alerts_use_only_metrics_that_exist() -> None:
 # --- a real Prometheus scraping a real resumequal metrics endpoint -----------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)
-
-
-@pytest.fixture
-def failing_run_endpoint() -> Iterator[int]:
-    """/metrics of a registry holding one FAILed qualification, as the operator serves it."""
-    registry = CollectorRegistry()
-    QualificationMetrics(registry).record(make_report(Result.FAIL), namespace="ml")
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-    try:
-        yield server.server_port
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_prometheus_fires_qualification_failed(failing_run_endpoint: int, tmp_path: Path) -> None:
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
+def test_prometheus_fires_qualification_failed(tmp_path: Path) -> None:
+    if shutil.which("prometheus") is None:
         pytest.skip("prometheus is not installed (make tools installs Debian's prometheus)")
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(ALERTS)],
-        "scrape_configs": [
-            {
-                "job_name": "resumequal-operator",
-                # The run's namespace label wins over the target's, as with the chart's
-                # ServiceMonitor (honorLabels).
-                "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{failing_run_endpoint}"]}],
-            }
-        ],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     report = make_report(Result.FAIL)
-    try:
-        deadline = time.monotonic() + 60
-        firing: list[dict[str, Any]] = []
-        while time.monotonic() < deadline and not firing:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
-            time.sleep(0.5)
-            try:
-                alerts = _get(f"http://127.0.0.1:{port}/api/v1/alerts")["data"]["alerts"]
-            except OSError:
-                continue
-            firing = [
+    registry = CollectorRegistry()
+    QualificationMetrics(registry).record(report, namespace="ml")
+    with (
+        metrics_endpoint(registry) as target,
+        running_prometheus(tmp_path, target, [ALERTS]) as prometheus,
+    ):
+
+        def failed() -> list[dict[str, Any]]:
+            return [
                 a
-                for a in alerts
+                for a in prometheus.alerts()
                 if a["labels"]["alertname"] == "QualificationFailed" and a["state"] == "firing"
             ]
-        assert firing, "QualificationFailed did not fire within 60 s"
-        (alert,) = firing
+
+        (alert,) = prometheus.wait_for("firing QualificationFailed", failed)
         assert alert["labels"]["pin"] == report.pin
         assert alert["labels"]["run"] == report.run
         assert alert["labels"]["namespace"] == "ml"
         assert alert["labels"]["severity"] == "critical"
         assert f"run ml/{report.run} failed" in alert["annotations"]["summary"]
-        names = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
+        names = {a["labels"]["alertname"] for a in prometheus.alerts() if a["state"] == "firing"}
         # The target is up and the run is valid and saw every control; its parameters
         # drifted past the default threshold (1e-6).
         model = next(d for d in report.verdict.drift if d.group == "model")
         assert model.rel_l2 > 1e-6
         assert names == {"QualificationFailed", "ResumeDriftAboveThreshold"}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_operator_families_are_the_operators() -> None:

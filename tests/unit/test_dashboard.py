@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,10 +15,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from resumequal.metrics import RUN_LABELS, QualificationMetrics
+from resumequal.verdict import Result
 from tests.chart.monitoring import metric_names
+from tests.chart.prometheus import metrics_endpoint, running_prometheus
+from tests.unit.report_samples import make_report
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "charts/resumequal/files/dashboard.json"
+ALERTS = ROOT / "charts/resumequal/files/alerts.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +124,50 @@ def test_verdict_panel_maps_every_verdict(board: dict[str, Any]) -> None:
     texts = {k: v["text"] for k, v in mapping["options"].items()}
     assert texts == {"2": "PASS", "1": "FAIL", "0": "INVALID"}
     json.dumps(verdict)  # serialisable as it is
+
+
+def _as_grafana_sends(expr: str) -> str:
+    """The query with the dashboard's variables as Grafana substitutes them for "All"."""
+    for variable, value in {
+        "$namespace": ".*",
+        "$pin": ".*",
+        "$__range": "1h",
+        "$__rate_interval": "1m",
+    }.items():
+        expr = expr.replace(variable, value)
+    return expr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_every_query_runs_in_prometheus(board: dict[str, Any], tmp_path: Path) -> None:
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed (make tools installs Debian's prometheus)")
+    opmetrics = pytest.importorskip("resumequal_operator.opmetrics")
+    registry = CollectorRegistry()
+    operator = opmetrics.OperatorMetrics(registry)
+    report = make_report(Result.FAIL)
+    with (
+        metrics_endpoint(registry) as target,
+        running_prometheus(tmp_path, target, [ALERTS]) as prometheus,
+    ):
+        # Counters and histograms are scraped at zero first, so increase() sees the run.
+        prometheus.wait_for("two scrapes", lambda: prometheus.query("count_over_time(up[1h]) >= 2"))
+        operator.qualification.record(report, namespace="ml")
+        prometheus.wait_for(
+            "the run in the alert records",
+            lambda: prometheus.query("count_over_time(resumequal:qualification_latest[1h]) >= 2"),
+        )
+        results = {expr: prometheus.query(_as_grafana_sends(expr)) for expr in _exprs(board)}
+    (verdict,) = [p for p in _panels(board) if p["type"] == "state-timeline"]
+    (series,) = results[verdict["targets"][0]["expr"]]
+    assert series["metric"] == {"namespace": "ml", "pin": report.pin}
+    assert series["value"][1] == "1"  # FAIL
+    (runs,) = [p for p in _panels(board) if p["type"] == "stat"]
+    by_result = {
+        s["metric"]["result"]: float(s["value"][1]) for s in results[runs["targets"][0]["expr"]]
+    }
+    assert by_result["FAIL"] > 0 and by_result["PASS"] == 0
+    # Every panel about the recorded run has data; the operator's rates may not yet.
+    empty = [e for e, r in results.items() if not r and "resumequal_operator_" not in e]
+    assert empty == []
