@@ -8,9 +8,11 @@ included) against the chart's CRD, Jobs, Leases and Events against Kubernetes' o
 from __future__ import annotations
 
 import collections
+import json
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -145,3 +147,15 @@ def condition(obj: Obj, type_: str) -> Obj:
     raise AssertionError(f"no condition {type_} in {obj.get('status')}")
 
 
+
+
+def write_kubeconfig(api: KubeAPI, path: Path, namespace: str = NAMESPACE) -> Path:
+    """A kubeconfig for the emulator, as ``kubectl`` and the operator's CLI read it."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+        "clusters": [{"name": "emulator", "cluster": {"server": api.url}}],
+        "users": [{"name": "tests", "user": {"token": "not-checked"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tests",
+                                                      "namespace": namespace}}],
+    }))
+    return path

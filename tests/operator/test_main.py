@@ -1,0 +1,82 @@
+"""``resumequal-operator run``: options, and a real process that stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from resumequal_operator.kube import LEASES, QUALIFICATION_RUNS
+from resumequal_operator.main import main
+from resumequal_operator.service import ServiceOptions, settings_from
+from tests.kubeapi import KubeAPI
+from tests.operator.harness import (
+    NAMESPACE,
+    condition,
+    eventually,
+    run_manifest,
+    wait_phase,
+    write_kubeconfig,
+)
+from tests.s3server import free_port
+
+
+def test_run_options_and_defaults() -> None:
+    result = CliRunner().invoke(main, ["run", "--help"])
+    assert result.exit_code == 0
+    for option in ("--namespace", "--all-namespaces", "--port", "--leader-elect",
+                   "--no-leader-elect", "--lease-name", "--lease-namespace",
+                   "--resync-seconds", "--workers"):
+        assert option in result.output
+    s = settings_from(ServiceOptions(), {"POD_NAME": "op-0", "POD_NAMESPACE": "infra"})
+    assert s.namespaces == ("infra",) and s.identity == "op-0"
+    assert (s.lease.name, s.lease.namespace) == ("resumequal-operator", "infra")
+    s = settings_from(ServiceOptions(all_namespaces=True, lease_namespace="x"), {})
+    assert s.namespaces == () and s.lease.namespace == "x"
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def test_the_operator_process_reconciles_and_stops_on_sigterm(
+    api: KubeAPI, store: dict[str, str], tmp_path: Path, aws_env: dict[str, str]
+) -> None:
+    port = free_port()
+    env = dict(os.environ, KUBECONFIG=str(write_kubeconfig(api, tmp_path / "kubeconfig")),
+               POD_NAME="op-process", POD_NAMESPACE=NAMESPACE)
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    cmd = [sys.executable, "-c", "from resumequal_operator.main import main; main()", "run",
+           "--port", str(port), "--poll-seconds", "0.1"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        eventually(lambda: _get(f"http://127.0.0.1:{port}/readyz") == 200, timeout=20,
+                   what="/readyz")
+        assert _get(f"http://127.0.0.1:{port}/healthz") == 200
+        api.create(QUALIFICATION_RUNS.plural, run_manifest("cli", store, world={"nnodes": 1}))
+        failed = wait_phase(api, "cli", "Failed", timeout=20)
+        assert "spec.preemption" in condition(failed, "Ready")["message"]
+        lease = api.get(LEASES.plural, NAMESPACE, "resumequal-operator")
+        assert lease is not None and lease["spec"]["holderIdentity"] == "op-process"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out.decode(errors="replace")[-2000:]
+    assert b"stopped" in out
+    lease = api.get(LEASES.plural, NAMESPACE, "resumequal-operator")
+    assert lease is not None and lease["spec"]["holderIdentity"] == ""  # released
