@@ -59,6 +59,23 @@ def resolve_backend(requested: str) -> str:
     return requested
 
 
+JOINS_KEY = "resumequal/joins"
+
+
+def attempt_from_joins(joins: int, world_size: int, restart_count: int) -> int:
+    """The group's attempt from this worker's 1-based join number in the agent store.
+
+    Every worker of an attempt joins once, so joins ``k*W+1 .. (k+1)*W`` are attempt ``k``.
+    A count below what the local agent already restarted means the store was not the one
+    of earlier attempts (a new rendezvous host); the local count is then the better guess.
+    """
+    by_joins = (joins - 1) // world_size
+    if by_joins != restart_count:
+        log.info("attempt %d from the group's joins (this agent's restart count is %d)",
+                 by_joins, restart_count)
+    return by_joins if by_joins >= restart_count else restart_count
+
+
 def init_process_group(requested_backend: str, timeout_seconds: float) -> Placement:
     """Join this attempt's process group through a per-attempt namespaced store."""
     rank = _env_int("RANK")
@@ -82,6 +99,8 @@ def init_process_group(requested_backend: str, timeout_seconds: float) -> Placem
             timeout=timeout,
             wait_for_workers=False,
         )
+        if agent_store:
+            attempt = attempt_from_joins(int(base.add(JOINS_KEY, 1)), world_size, attempt)
         store = dist.PrefixStore(f"resumequal/attempt-{attempt}", base)
         if backend == "nccl":
             device = torch.device("cuda", local_rank)
