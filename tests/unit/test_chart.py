@@ -294,20 +294,23 @@ def test_nightly_runs_are_valid_qualificationruns(chart: helm.Chart) -> None:
         k8s_schemas.validate_qualificationrun(run)
 
 
-def test_nightly_needs_pins_and_a_watched_namespace(chart: helm.Chart) -> None:
-    with pytest.raises(helm.HelmRenderError, match=r"nightly\.pins"):
+def test_nightly_needs_pins_a_store_and_a_watched_namespace(chart: helm.Chart) -> None:
+    with pytest.raises(helm.HelmValuesError) as e:
         render(chart, {"nightly": {"enabled": True}})
+    assert "/nightly/pins" in str(e.value) and "/nightly/spec" in str(e.value)
     pins = [{"name": "p", "image": "img:1.0.0"}]
+    with pytest.raises(helm.HelmValuesError, match="/nightly/spec/store"):
+        render(chart, {"nightly": {"enabled": True, "pins": pins, "spec": {"store": {}}}})
+    nightly = {"enabled": True, "pins": pins, "spec": {"store": {"uri": "s3://b/p"}}}
     with pytest.raises(helm.HelmRenderError, match=r"nightly\.namespace: elsewhere"):
-        render(chart, {"nightly": {"enabled": True, "pins": pins, "namespace": "elsewhere"}})
+        render(chart, {"nightly": {**nightly, "namespace": "elsewhere"}})
     objs = render(
         chart,
-        {
-            "watch": {"allNamespaces": True},
-            "nightly": {"enabled": True, "pins": pins, "namespace": "elsewhere"},
-        },
+        {"watch": {"allNamespaces": True}, "nightly": {**nightly, "namespace": "elsewhere"}},
     )
     assert one(objs, "CronJob")["metadata"]["namespace"] == "elsewhere"
+    # Off, nothing is asked of it.
+    assert not by_kind(render(chart, {"nightly": {"enabled": False, "pins": []}}), "CronJob")
 
 
 def test_optional_parts_can_be_turned_off(chart: helm.Chart) -> None:
