@@ -252,6 +252,9 @@ def test_nightly_cronjob(chart: helm.Chart) -> None:
     assert cron["spec"]["schedule"] == "30 1 * * *"
     assert cron["spec"]["timeZone"] == "Europe/Berlin"
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    # A retry would create the runs of a partly created night again.
+    assert cron["spec"]["jobTemplate"]["spec"]["backoffLimit"] == 0
+    assert cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] == "Never"
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["image"] == "registry.k8s.io/kubectl:v1.31.4"
