@@ -12,6 +12,7 @@ from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from tests.kubeapi import KubeAPI
+from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import (
     NAMESPACE,
     Admission,
@@ -22,7 +23,6 @@ from tests.operator.harness import (
     run_manifest,
     wait_phase,
 )
-from tests.operator.pods import SimulatedTraining
 from tests.operator.workers import Workers
 
 
@@ -33,8 +33,8 @@ def workers(store: dict[str, str]) -> Workers:
 
 
 @pytest.fixture
-def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTraining]:
-    sim = SimulatedTraining(api, workers).start()
+def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperator]:
+    sim = SimulatedTrainingOperator(api, run_container=workers).start()
     try:
         yield sim
     finally:
@@ -61,7 +61,7 @@ def _live(api: KubeAPI, plural: str, run: str) -> list[str]:
             if o["metadata"]["labels"].get("resumequal.dev/run") == run]
 
 
-def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: SimulatedTraining,
+def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator,
                           store: dict[str, str], admission: Admission) -> None:
     op = operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("nightly", store))
@@ -138,7 +138,7 @@ def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: Simulate
 
 
 def test_a_failing_verdict_and_graceful_kill(
-    api: KubeAPI, operators: Operators, training: SimulatedTraining, workers: Workers,
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
     store: dict[str, str]
 ) -> None:
     from resumequal.verdict import Result
@@ -186,7 +186,7 @@ def _failed_with_timeout(api: KubeAPI, name: str) -> str:
 
 
 def test_a_cut_never_reached_times_out_at_the_leg_deadline(
-    api: KubeAPI, operators: Operators, training: SimulatedTraining, workers: Workers,
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
     store: dict[str, str]
 ) -> None:
     workers.arm = False
@@ -199,7 +199,7 @@ def test_a_cut_never_reached_times_out_at_the_leg_deadline(
 
 
 def test_a_leg_that_does_not_resume_times_out(
-    api: KubeAPI, operators: Operators, training: SimulatedTraining, workers: Workers,
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
     store: dict[str, str]
 ) -> None:
     workers.resume = False
@@ -211,7 +211,7 @@ def test_a_leg_that_does_not_resume_times_out(
 
 
 def test_a_restarted_operator_continues_from_the_status(
-    api: KubeAPI, operators: Operators, training: SimulatedTraining, store: dict[str, str]
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, store: dict[str, str]
 ) -> None:
     first = operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("survivor", store))
@@ -233,7 +233,7 @@ def test_a_restarted_operator_continues_from_the_status(
 
 
 def test_deleting_a_running_run_stops_its_legs(
-    api: KubeAPI, operators: Operators, training: SimulatedTraining, workers: Workers,
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
     store: dict[str, str]
 ) -> None:
     workers.arm = False  # keeps the preempted leg running

@@ -14,7 +14,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
@@ -27,6 +26,7 @@ from resumequal.verdict import (
     ValidityCheck,
     Verdict,
 )
+from tests.kubeapi.training import Container
 
 
 def verdict(result: Result = Result.PASS) -> Verdict:
@@ -108,11 +108,14 @@ class Workers:
         return {Result.PASS: 0, Result.FAIL: 1}.get(v.result, 2)
 
 
-def arg_after(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
-
-
-def container_args(pod_or_template: dict[str, Any]) -> list[str]:
-    spec = pod_or_template.get("spec") or {}
-    container = spec["containers"][0]
-    return [*container.get("command", []), *container.get("args", [])]
+    def __call__(self, container: Container) -> int | None:
+        """``run_container`` of the simulated training operator: a leg's rank or the
+        comparator, decided by the container's command line as the image would."""
+        args = container.args
+        if "compare" in args:
+            return self.compare(args[args.index("compare") + 1])
+        uri, leg = args[args.index("--run") + 1], args[args.index("--leg") + 1]
+        nproc = int(container.env.get("PET_NPROC_PER_NODE") or 1)
+        ok = self.run_rank(uri, leg, container.index * nproc, container.attempt,
+                           container.pod_name, container.killed)
+        return 0 if ok else None  # a killed container's exit is the pod's deletion
