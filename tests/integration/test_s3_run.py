@@ -1,0 +1,203 @@
+"""A whole qualification with its run location on S3 (moto's server over HTTP).
+
+Workers, the runner and the comparator reach the endpoint only through the standard AWS
+environment (``AWS_ENDPOINT_URL_S3`` and the dummy keys), as pods on a cluster do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from resumequal.runstore import RunLocation
+from resumequal.verdict import Result
+from tests.integration import legs
+from tests.integration.conftest import spec_for
+
+if TYPE_CHECKING:
+    from tests.s3server import MotoServer
+
+pytest_plugins = ("tests.s3server",)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("aws_env")]
+
+
+def _resumequal(*args: str, env: dict[str, str],
+                timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; on a timeout interrupt it (so it stops its legs) before giving up."""
+    cmd = [sys.executable, "-m", "resumequal", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, COLUMNS="200", **env))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        raise AssertionError(f"resumequal {' '.join(args)} ran over {timeout}s:\n{out[-3000:]}"
+                             f"\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.mark.timeout(900)
+def test_default_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
+    moto_server: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = moto_server.new_bucket()
+    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint}
+    run_dir = tmp_path / "q1"
+    # The default spec: tiny-gpt, 2 ranks, a hard kill mid-accumulation, five controls.
+    proc = _resumequal("run", "--run-dir", str(run_dir), "--store", f"s3://{bucket}/rq",
+                       env=env, timeout=840)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    keys = {o["Key"] for page in moto_server.client().get_paginator("list_objects_v2")
+            .paginate(Bucket=bucket) for o in page.get("Contents", [])}
+    (uid,) = {k.split("/")[3] for k in keys}
+    base = f"rq/local/q1/{uid}"
+    uri = f"s3://{bucket}/{base}"
+    rel = {k.removeprefix(base + "/") for k in keys}
+    legs_run = ["control", "preempted", "nc-rng", "nc-data-cursor", "nc-scheduler",
+                "nc-model-optimizer-only", "nc-pending-grads"]
+    expected = {"run.json", "spec.json", "verdict.json", "report.json", "report.html",
+                "metrics.prom", "preempted/beacons/attempt-0-rank-1.json"}
+    for leg in legs_run:
+        expected |= {f"legs/{leg}.spec.json",
+                     f"{leg}/trace/rank-0/attempt-0/00000000.jsonl",
+                     f"{leg}/trace/rank-1/attempt-0/00000000.jsonl",
+                     f"{leg}/checkpoints/step-00000012/COMMITTED"}
+        if leg != "control":
+            expected |= {f"{leg}/trace/rank-1/attempt-1/00000000.jsonl"}
+    assert expected <= rel, sorted(expected - rel)
+    # Every trace record is its own segment: startup, inventory, 12 steps on the control leg.
+    control0 = [k for k in rel if k.startswith("control/trace/rank-0/attempt-0/")]
+    assert len(control0) == 2 + 12
+    # Nothing of the run but logs and staging stays on local disk.
+    assert not (run_dir / "control" / "checkpoints").exists()
+    assert (run_dir / "control.log").is_file()
+    assert f"{uri}/report.html" in proc.stdout
+    assert "PASS" in proc.stdout
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
+    location = RunLocation.open(uri)  # the operator's view: endpoint from the environment
+    verdict = location.read_verdict()
+    progress = location.leg_progress("preempted", 2)
+    assert verdict is not None and verdict.result == Result.PASS, verdict
+    assert (progress.steps_done, progress.attempts) == (12, 2)
+    assert progress.resumed_at is not None
+    assert len([c for c in verdict.controls if c.status == "detected"]) >= 4
+    report = json.loads(moto_server.client().get_object(
+        Bucket=bucket, Key=f"{base}/report.json")["Body"].read())
+    assert report["verdict"]["result"] == "PASS"
+
+    # The comparator Job: a fresh process that sees only the bucket.
+    s3 = moto_server.client()
+    for name in ("verdict.json", "report.json", "report.html", "metrics.prom"):
+        s3.delete_object(Bucket=bucket, Key=f"{base}/{name}")
+    again = _resumequal("compare", uri, "--write", "--pin", "torch==test", "--json", env=env,
+                        timeout=400)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    judged = json.loads(again.stdout)
+    assert judged["result"] == "PASS"
+    for field in ("exact_through_step", "first_divergence", "resumed_from", "cut"):
+        assert judged[field] == verdict.model_dump(mode="json")[field], field
+    assert [c["status"] for c in judged["controls"]] == [c.status for c in verdict.controls]
+    metrics = s3.get_object(Bucket=bucket, Key=f"{base}/metrics.prom")["Body"].read().decode()
+    assert 'namespace="local"' in metrics and 'run="q1"' in metrics
+    assert 'pin="torch==test"' in metrics
+    html = s3.get_object(Bucket=bucket, Key=f"{base}/report.html")["Body"].read().decode()
+    assert "<svg" in html and "PASS" in html
+    assert json.loads(s3.get_object(Bucket=bucket, Key=f"{base}/verdict.json")["Body"]
+                      .read())["result"] == "PASS"
+
+
+def _leg_on_s3(server: MotoServer, bucket: str, tmp_path: Path, leg: str,
+               **overrides: dict[str, object]) -> tuple[Path, str]:
+    """A leg spec written to an S3 run location; the location's URI."""
+    uri = f"s3://{bucket}/rq/test/{leg}/uid"
+    spec = legs.write_spec(tmp_path / "spec.yaml", spec_for("dropout-mlp", **overrides))
+    location = RunLocation.open(uri)
+    from resumequal.spec import load_spec
+
+    loaded = load_spec(spec)
+    location.write_spec(loaded)
+    location.write_leg_spec(leg, loaded, [])
+    return spec, uri
+
+
+def _launch(uri: str, leg: str, log_dir: Path, env: dict[str, str]) -> legs.LegProcess:
+    """``resumequal leg --run-dir s3://...`` under torchrun, without --spec, as a pod runs it."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{leg}.log"
+    cmd = [*legs.TORCHRUN, "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{legs.free_port()}", "--nproc-per-node=2",
+           "--max-restarts=1", "--monitor-interval=0.1", "-m", "resumequal", "leg",
+           "--leg", leg, "--run-dir", uri, "--scratch", str(log_dir / "scratch")]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1", POD_NAME="pod-a",
+                                         **env), start_new_session=True)
+    lp = legs.LegProcess(proc, log, log_dir, leg)
+    legs.RUNNING.append(lp)
+    return lp
+
+
+@pytest.mark.timeout(400)
+def test_an_async_saving_leg_on_s3_is_killed_and_resumes_from_the_store(
+    moto_server: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = moto_server.new_bucket()
+    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint}
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
+    _, uri = _leg_on_s3(moto_server, bucket, tmp_path, "preempted",
+                        checkpoint={"async": True})
+    lp = _launch(uri, "preempted", tmp_path / "local", env)
+    location = RunLocation.open(uri)
+    beacon = None
+    deadline = legs.time.monotonic() + 180
+    while beacon is None and legs.time.monotonic() < deadline:
+        assert lp.proc.poll() is None, lp.tail()
+        beacon = location.read_beacon("preempted", 1)
+        legs.time.sleep(0.1)
+    assert beacon is not None, lp.tail()
+    assert beacon["pod"] == "pod-a"
+    # The arm record was uploaded before the beacon: a SIGKILL now loses no step.
+    before = location.leg_progress("preempted", 2)
+    assert before.steps_done == 5
+    os.kill(beacon["pid"], signal.SIGKILL)
+    assert lp.wait(300) == 0, lp.tail()
+
+    after = location.leg_progress("preempted", 2)
+    assert (after.steps_done, after.attempts) == (12, 2)
+    local = location.materialize(tmp_path / "copy")
+    for rank in range(2):
+        (restore,) = legs.restores(local, "preempted", rank)
+        assert (restore.attempt, restore.checkpoint) == (1, "step-00000004")
+        assert sorted(legs.steps(local, "preempted", rank)) == list(range(1, 13))
+
+
+@pytest.mark.timeout(200)
+def test_denied_credentials_at_leg_start_fail_the_leg_naming_the_object(
+    moto_server: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = moto_server.new_bucket()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
+    _, uri = _leg_on_s3(moto_server, bucket, tmp_path, "control")
+    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint,
+           "AWS_SECRET_ACCESS_KEY": "rq-wrong-secret"}
+    with moto_server.enforce_auth():
+        lp = _launch(uri, "control", tmp_path / "local", env)
+        code = lp.wait(150)
+    assert code != 0
+    log = lp.log.read_text()
+    assert (f"error: wrong credentials or no permission for {uri}/legs/control.spec.json"
+            in log), lp.tail()
+    assert "rq-wrong-secret" not in log
+    # Stopped before training: no trace, no checkpoint, no claim.
+    assert [o.key for o in RunLocation.open(uri).store.list()] == [
+        "legs/control.spec.json", "spec.json"]
