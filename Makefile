@@ -36,8 +36,9 @@ test-fast: env tools
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 lint: env
-	$(VENV)/bin/ruff check service operator tests bench
+	$(VENV)/bin/ruff check service operator tests bench tools
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict tools/dashboard.py
 	$(VENV)/bin/lint-imports
 
 bench: env
