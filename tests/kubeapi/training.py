@@ -1,46 +1,44 @@
-"""A simulated Kubeflow training operator (v1.9, PyTorchJob) and Job controller, plus kubelet.
+"""A simulated Kubeflow training operator (v1.9, PyTorchJob), Job controller and kubelet.
 
 It runs in-process against a :class:`KubeAPI` on its own thread, level-triggered: after
 every change in the emulator it looks at every PyTorchJob, batch/v1 Job and their pods and
-moves them along the way the real controllers do. What the containers *do* is up to the
-test: callbacks announce that workers are running, and :meth:`succeed` / :meth:`fail`
-end them::
+moves them along the way the real controllers do. What the containers *do* is the test's:
 
-    def workers_up(job, attempt):
-        if attempt == 1:                       # restarted after the preemption
-            operator.succeed(job["metadata"]["namespace"], job["metadata"]["name"])
+- ``run_container(container) -> exit code | None`` runs in a thread of its own for every
+  pod once its group is running (every pod of a PyTorchJob; the pod of a Job), with the
+  job, the pod, the replica index, the attempt and a ``killed`` event that is set when the
+  pod is deleted or the elastic agents restart the group. Returning an exit code ends the
+  container (0: Succeeded, else Failed); returning None leaves it running; what it returns
+  after ``killed`` is ignored.
+- or ``on_pods_running(job, attempt)`` / ``on_job_running(job)`` announce that workers run,
+  and the test ends them with :meth:`~SimulatedTrainingOperator.succeed` /
+  :meth:`~SimulatedTrainingOperator.fail`::
 
-    operator = SimulatedTrainingOperator(api, on_pods_running=workers_up)
+      def workers_up(job, attempt):
+          if attempt == 1:                       # restarted after the preemption
+              operator.succeed(job["metadata"]["namespace"], job["metadata"]["name"])
 
-PyTorchJob (kubeflow.org/v1):
+PyTorchJob (see :mod:`kubeflow` for pods, labels, env and services):
 
-- pods ``<job>-<replica type>-<index>`` (``worker``, ``master``) with the labels
-  ``training.kubeflow.org/{job-name,replica-type,replica-index,operator-name}``, an
-  ownerReference to the job (controller), the template's env followed by the env the
-  operator injects (``PYTHONUNBUFFERED``; ``MASTER_ADDR``/``MASTER_PORT``/``WORLD_SIZE``/
-  ``RANK`` when there is a Master; ``PET_*`` from ``elasticPolicy`` and ``nprocPerNode``),
-  restartPolicy ``ExitCode`` mapped to the pod's ``Never``; one headless Service per pod.
-- status: ``startTime``; conditions ``Created`` → ``Running`` (when every pod runs); a
-  pod that fails or disappears while running → ``Restarting``, the pod is recreated and the
-  attempt number grows (the elastic agents restart the whole group; surviving pods keep
-  running) → ``Running``; ``replicaStatuses.<Type>`` counts active/succeeded/failed.
-  Running and Restarting replace each other; the newest condition is last.
-- restarts count against ``runPolicy.backoffLimit`` (then ``Failed``, reason
-  ``BackoffLimitExceeded``); a failure that ``restartPolicy`` does not retry (``Never``,
-  ``ExitCode`` with an exit code below 128) fails the job; ``activeDeadlineSeconds`` →
-  ``Failed``/``DeadlineExceeded``; ``cleanPodPolicy`` (default ``None``) on completion;
-  ``ttlSecondsAfterFinished`` deletes the job.
-- admission as the operator's webhook does it: every replica template needs a container
-  named ``pytorch``; an elastic job needs a rendezvous port (``rdzvPort`` or a container
-  port named ``pytorchjob-port``, which is defaulted to 23456 on the pod).
+- status ``startTime``; conditions ``Created`` → ``Running`` once every pod runs. A pod
+  that fails or disappears while the job runs → ``Restarting``; the pod is recreated (the
+  surviving pods keep running; their agents restart the workers) and the attempt grows
+  (``TORCHELASTIC_RESTART_COUNT``) → ``Running``. ``replicaStatuses.<Type>`` counts
+  active/succeeded/failed. Success: the Master succeeded, or (no Master) every Worker did.
+- restarts count against ``runPolicy.backoffLimit`` (→ ``Failed``/``BackoffLimitExceeded``);
+  a failure ``restartPolicy`` does not retry (``Never``; ``ExitCode`` below 128) →
+  ``Failed``/``PyTorchJobFailed``; ``activeDeadlineSeconds`` → ``Failed``/``DeadlineExceeded``;
+  ``cleanPodPolicy`` (default ``None``) on completion; ``ttlSecondsAfterFinished``.
+- admission as the operator's webhook (:func:`kubeflow.validate_pytorchjob`).
 
-batch/v1 Job: one pod ``<job>-<random>`` at a time; a failed or vanished pod counts as a
-failure and is replaced until ``backoffLimit`` (→ ``FailureTarget`` + ``Failed``,
-``BackoffLimitExceeded``); success → ``SuccessCriteriaMet`` + ``Complete``;
-``activeDeadlineSeconds`` → ``DeadlineExceeded``.
+batch/v1 Job: one pod ``<job>-<random>`` at a time; a pod that fails or vanishes counts as
+failed and is replaced until ``backoffLimit`` (→ ``FailureTarget`` + ``Failed``,
+``BackoffLimitExceeded``); a pod that succeeds → ``SuccessCriteriaMet`` + ``Complete``;
+``activeDeadlineSeconds`` → ``DeadlineExceeded``; ``ttlSecondsAfterFinished``.
 
-Kubelet: pods go from Pending to Running ``start_delay`` seconds after creation. Not
-simulated: suspend, Master-less elastic scale up/down, podFailurePolicy, completions > 1.
+Kubelet: pods go from Pending to Running ``start_delay`` seconds after creation; a failed
+container is replaced by a new pod rather than restarted in place. Not simulated: suspend,
+elastic scaling between min and max replicas, podFailurePolicy, completions > 1.
 """
 
 from __future__ import annotations
@@ -55,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import kubeflow
 from .api import KubeAPI
 from .errors import ApiError
 from .patch import MERGE
@@ -64,61 +63,62 @@ log = logging.getLogger(__name__)
 
 PTJ_KIND = "pytorchjobs.kubeflow.org"
 JOB_KIND = "jobs.batch"
-JOB_NAME = "training.kubeflow.org/job-name"
-REPLICA_TYPE = "training.kubeflow.org/replica-type"
-REPLICA_INDEX = "training.kubeflow.org/replica-index"
-OPERATOR_NAME = "training.kubeflow.org/operator-name"
-JOB_ROLE = "training.kubeflow.org/job-role"
-DEFAULT_PORT = 23456
-PORT_NAME = "pytorchjob-port"
-CONTAINER_NAME = "pytorch"
-CAUSE = "training-operator"
+CAUSE = "training-operator"  # Deletion.cause of pods this simulation deletes
 
+
+@dataclass
+class Container:
+    """One run of a pod's container, handed to ``run_container``."""
+
+    job: Obj
+    pod: Obj
+    replica_type: str  # Master, Worker, or Job for a batch Job's pod
+    index: int  # replica index (a Job's pod: 0)
+    attempt: int  # 0, then one more per restart of the group (a Job: per failed pod)
+    killed: threading.Event
+
+    @property
+    def pod_name(self) -> str:
+        """The pod's name."""
+        return str(self.pod["metadata"]["name"])
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The first container's env as the pod has it (template env, then injected)."""
+        containers = self.pod["spec"].get("containers") or [{}]
+        return {e["name"]: str(e.get("value", "")) for e in containers[0].get("env") or []}
+
+    @property
+    def args(self) -> list[str]:
+        """The first container's command followed by its args."""
+        containers = self.pod["spec"].get("containers") or [{}]
+        return [*(containers[0].get("command") or []), *(containers[0].get("args") or [])]
+
+
+RunContainer = Callable[[Container], "int | None"]
 PodsRunning = Callable[[Obj, int], None]
 JobRunning = Callable[[Obj], None]
 
 
 @dataclass
 class _Tracked:
-    """What the controllers remember about one job (the real ones keep it in expectations)."""
+    """What the controllers remember about one job between passes."""
 
     attempt: int = 0
     restarts: int = 0
     launched: bool = False
     notified: int = -1
+    started: int = -1  # the attempt whose containers run
+    running: dict[str, Container] = field(default_factory=dict)  # pod uid -> container
     launched_pods: set[str] = field(default_factory=set)
+    services: set[str] = field(default_factory=set)
     failed_pods: set[str] = field(default_factory=set)
-    announced: set[str] = field(default_factory=set)
     finished_at: float | None = None
 
-
-def _condition(conditions: list[Obj], ctype: str, reason: str, message: str,
-               status: str = "True") -> list[Obj]:
-    """The training operator's setCondition: Running and Restarting replace each other,
-    Succeeded/Failed turn Running false; the new condition goes last."""
-    now = now_rfc3339()
-    out = []
-    for c in conditions:
-        if c.get("type") == ctype and c.get("status") == status and c.get("reason") == reason:
-            return conditions
-        if c.get("type") == ctype or {c.get("type"), ctype} == {"Running", "Restarting"}:
-            continue
-        if ctype in ("Succeeded", "Failed") and c.get("type") == "Running":
-            c = {**c, "status": "False", "lastUpdateTime": now, "lastTransitionTime": now}
-        out.append(c)
-    out.append({"type": ctype, "status": status, "reason": reason, "message": message,
-                "lastUpdateTime": now, "lastTransitionTime": now})
-    return out
-
-
-def _is_true(status: Obj, ctype: str) -> bool:
-    return any(c.get("type") == ctype and c.get("status") == "True"
-               for c in status.get("conditions") or [])
-
-
-def _finished(status: Obj, kind: str) -> bool:
-    done = ("Succeeded", "Failed") if kind == PTJ_KIND else ("Complete", "Failed")
-    return any(_is_true(status, c) for c in done)
+    def kill(self) -> None:
+        for container in self.running.values():
+            container.killed.set()
+        self.running.clear()
 
 
 def _exit_code(pod: Obj) -> int:
@@ -133,40 +133,30 @@ def _owned_by(pod: Obj, uid: str) -> bool:
     return any(r.get("uid") == uid for r in pod["metadata"].get("ownerReferences") or [])
 
 
-def validate_pytorchjob(obj: Obj) -> str | None:
-    """The training operator's admission checks (its validating webhook)."""
-    if obj.get("kind") != "PyTorchJob":
-        return None
-    spec = obj.get("spec") or {}
-    replicas = spec.get("pytorchReplicaSpecs") or {}
-    if not replicas:
-        return "spec.pytorchReplicaSpecs: Required value"
-    for rtype, rspec in replicas.items():
-        if rtype not in ("Master", "Worker"):
-            return f"spec.pytorchReplicaSpecs: unknown replica type {rtype!r}"
-        containers = (((rspec or {}).get("template") or {}).get("spec") or {}).get(
-            "containers") or []
-        if not any(c.get("name") == CONTAINER_NAME for c in containers):
-            return (f"spec.pytorchReplicaSpecs[{rtype}].template.spec.containers: there is "
-                    f"no container named {CONTAINER_NAME}")
-        if rtype == "Master" and rspec.get("replicas", 1) != 1:
-            return "spec.pytorchReplicaSpecs[Master].replicas: must be 1"
-    return None
+def _phase(pod: Obj) -> str:
+    return str((pod.get("status") or {}).get("phase", "Pending"))
+
+
+def _past_deadline(status: Obj, deadline: Any) -> bool:
+    if deadline is None or not status.get("startTime"):
+        return False
+    started = calendar.timegm(time.strptime(status["startTime"], "%Y-%m-%dT%H:%M:%SZ"))
+    return time.time() >= started + float(deadline)
 
 
 class SimulatedTrainingOperator:
     """PyTorchJob + Job controllers and kubelet for a :class:`KubeAPI` (module docstring).
 
-    ``on_pods_running(job, attempt)`` runs once per attempt when every pod of a PyTorchJob
-    runs (attempt 0 first, +1 after each restart); ``on_job_running(job)`` once per pod of
-    a batch Job. Callbacks run in order on one thread of their own, so they may call
-    :meth:`succeed`, :meth:`fail` or the API; an exception in one is re-raised by :meth:`stop`.
+    Callbacks and containers run on threads of their own, so they may call :meth:`succeed`,
+    :meth:`fail` or the API; an exception in one is re-raised by :meth:`stop`.
     """
 
-    def __init__(self, api: KubeAPI, *, on_pods_running: PodsRunning | None = None,
+    def __init__(self, api: KubeAPI, *, run_container: RunContainer | None = None,
+                 on_pods_running: PodsRunning | None = None,
                  on_job_running: JobRunning | None = None, start_delay: float = 0.0,
                  webhook: bool = True, tick: float = 0.05) -> None:
         self.api = api
+        self.run_container = run_container
         self.on_pods_running = on_pods_running
         self.on_job_running = on_job_running
         self.start_delay = start_delay
@@ -179,8 +169,9 @@ class SimulatedTrainingOperator:
             queue.Queue())
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._containers: list[threading.Thread] = []
         if webhook:
-            api.add_validator(validate_pytorchjob)
+            api.add_validator(kubeflow.validate_pytorchjob)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -189,21 +180,23 @@ class SimulatedTrainingOperator:
         self._stopping.clear()
         self._threads = [threading.Thread(target=self._loop, name="training-operator",
                                           daemon=True),
-                         threading.Thread(target=self._callback_loop, name="training-workers",
+                         threading.Thread(target=self._callback_loop, name="training-callbacks",
                                           daemon=True)]
         for thread in self._threads:
             thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop both threads; re-raise the first error a callback or reconcile raised."""
+        """Stop; kill every container; re-raise the first error of a callback or container."""
         self._stopping.set()
         self._callbacks.put(None)
-        with self.api.store.changed:
-            self.api.store.changed.notify_all()
-        for thread in self._threads:
+        with self._lock:
+            for state in self._tracked.values():
+                state.kill()
+        self._wake()
+        for thread in self._threads + self._containers:
             thread.join(timeout=5)
-        self._threads = []
+        self._threads, self._containers = [], []
         if self.errors:
             raise RuntimeError("the simulated training operator failed") from self.errors[0]
 
@@ -215,13 +208,14 @@ class SimulatedTrainingOperator:
 
     def _loop(self) -> None:
         store = self.api.store
-        seen = -1
         while not self._stopping.is_set():
             seen = store.resource_version
             try:
                 self.reconcile()
             except Exception as e:
-                log.exception("simulated training operator failed")
+                if self._stopping.is_set():
+                    return
+                log.exception("the simulated training operator failed")
                 self.errors.append(e)
                 return
             store.wait_for(lambda last=seen: (self._stopping.is_set()  # type: ignore[misc]
@@ -243,6 +237,10 @@ class SimulatedTrainingOperator:
         if fn is not None:
             self._callbacks.put((fn, copy.deepcopy(args)))
 
+    def _wake(self) -> None:
+        with self.api.store.changed:
+            self.api.store.changed.notify_all()
+
     # ----------------------------------------------------------------- scripting
 
     def attempt(self, namespace: str, name: str, kind: str = PTJ_KIND) -> int:
@@ -253,123 +251,98 @@ class SimulatedTrainingOperator:
 
     def pods(self, namespace: str, name: str, kind: str | None = None) -> list[Obj]:
         """The job's pods as they are now."""
-        job = self._job(namespace, name, kind)
-        uid = job["metadata"]["uid"]
+        uid = self._job(namespace, name, kind)["metadata"]["uid"]
         return [p for p in self.api.list("pods", namespace) if _owned_by(p, uid)]
 
     def succeed(self, namespace: str, name: str, kind: str | None = None) -> None:
-        """Every container of the job exits 0; the job completes."""
+        """Every running container of the job exits 0, and the job completes."""
         with self._lock:
             job = self._job(namespace, name, kind)
-            if _finished(job.get("status") or {}, self._kind_of(job)):
-                return
-            pods = [p for p in self.pods(namespace, name, self._kind_of(job))
-                    if p["status"].get("phase") in ("Pending", "Running")]
-            for pod in pods:
-                self._terminate(pod, "Succeeded", 0, "Completed", "")
-            if self._kind_of(job) == PTJ_KIND:
-                self._finish_ptj(job, "Succeeded", "PyTorchJobSucceeded",
-                                 f"PyTorchJob {name} is successfully completed.")
-            else:
-                status = copy.deepcopy(job.get("status") or {})
-                conds = _condition(status.get("conditions") or [], "SuccessCriteriaMet",
-                                   "CompletionsReached", "Reached expected number of "
-                                   "succeeded pods")
-                conds = _condition(conds, "Complete", "CompletionsReached",
-                                   "Reached expected number of succeeded pods")
-                status.update(conditions=conds, active=0, ready=0,
-                              succeeded=int(status.get("succeeded", 0)) + 1,
-                              completionTime=now_rfc3339())
-                self._write_status(JOB_KIND, job, status)
-                self._state(job).finished_at = time.monotonic()
+            for pod in self.pods(namespace, name, self._kind(job)):
+                if _phase(pod) in ("Pending", "Running"):
+                    self._terminate(pod, 0, "")
+            self._reconcile(job)
 
     def fail(self, namespace: str, name: str, message: str = "worker failed", *,
              exit_code: int = 1, replica: str = "Worker", index: int = 0,
              kind: str | None = None) -> None:
-        """One pod's container exits with ``exit_code``; the controllers then restart or fail
-        the job exactly as they would for a real failure (see the module docstring)."""
+        """One pod's container exits ``exit_code``; the controllers then restart or fail the
+        job as they would for a real failure (see the module docstring)."""
         with self._lock:
             job = self._job(namespace, name, kind)
-            pods = self.pods(namespace, name, self._kind_of(job))
-            if self._kind_of(job) == PTJ_KIND:
-                wanted = f"{name}-{replica.lower()}-{index}"
+            pods = [p for p in self.pods(namespace, name, self._kind(job))
+                    if _phase(p) in ("Pending", "Running")]
+            if job["kind"] == "PyTorchJob":
+                wanted = kubeflow.pod_name(name, replica, index)
                 pods = [p for p in pods if p["metadata"]["name"] == wanted]
-            else:
-                pods = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
             if not pods:
                 raise LookupError(f"no live pod to fail for {namespace}/{name}")
-            self._terminate(pods[0], "Failed", exit_code, "Error", message)
-        self._wake()
+            self._terminate(pods[0], exit_code, message)
+            self._reconcile(job)
 
     # ----------------------------------------------------------------- helpers
 
-    def _wake(self) -> None:
-        with self.api.store.changed:
-            self.api.store.changed.notify_all()
-
     def _job(self, namespace: str, name: str, kind: str | None) -> Obj:
-        for k in ([kind] if kind else [PTJ_KIND, JOB_KIND]):
+        for k in [kind] if kind else [PTJ_KIND, JOB_KIND]:
             job = self.api.get(k, namespace, name)
             if job is not None:
                 return job
         raise LookupError(f"no job {namespace}/{name}")
 
     @staticmethod
-    def _kind_of(job: Obj) -> str:
+    def _kind(job: Obj) -> str:
         return PTJ_KIND if job.get("kind") == "PyTorchJob" else JOB_KIND
 
     def _state(self, job: Obj) -> _Tracked:
         return self._tracked.setdefault(job["metadata"]["uid"], _Tracked())
 
-    def _write_status(self, kind: str, job: Obj, status: Obj) -> None:
-        if status == job.get("status"):
-            return
-        meta = job["metadata"]
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """An API write that tolerates the object having gone (404) or existing (409)."""
         try:
-            self.api.store.patch(self.api.kind(kind), meta["namespace"], meta["name"],
-                                 {"status": status}, MERGE, subresource="status")
+            return fn(*args, **kwargs)
         except ApiError as e:
-            if e.code != 404:
-                raise
-
-    def _delete(self, kind: str, namespace: str, name: str) -> None:
-        try:
-            self.api.store.delete(self.api.kind(kind), namespace, name, grace_period_seconds=0,
-                                  propagation_policy="Background", cause=CAUSE)
-        except ApiError as e:
-            if e.code != 404:
-                raise
-
-    def _create(self, kind: str, obj: Obj) -> Obj | None:
-        try:
-            return self.api.store.create(self.api.kind(kind), None, obj)
-        except ApiError as e:
-            if e.code == 409:
+            if e.code in (404, 409):
                 return None
             raise
 
-    def _terminate(self, pod: Obj, phase: str, exit_code: int, reason: str,
-                   message: str) -> None:
+    def _write_status(self, job: Obj, status: Obj) -> None:
+        if status != job.get("status"):
+            meta = job["metadata"]
+            self._call(self.api.store.patch, self.api.kind(self._kind(job)), meta["namespace"],
+                       meta["name"], {"status": status}, MERGE, subresource="status")
+
+    def _patch_pod_status(self, pod: Obj, status: Obj) -> None:
+        meta = pod["metadata"]
+        self._call(self.api.store.patch, self.api.kind("pods"), meta["namespace"], meta["name"],
+                   {"status": status}, MERGE,
+                   subresource="status")
+
+    def _delete(self, kind: str, namespace: str, name: str) -> None:
+        self._call(self.api.store.delete, self.api.kind(kind), namespace, name,
+                   grace_period_seconds=0, propagation_policy="Background", cause=CAUSE)
+
+    def _create_pod(self, pod: Obj) -> Obj | None:
+        created: Obj | None = self._call(self.api.store.create, self.api.kind("pods"), None, pod)
+        if created is not None:
+            self._start_at[created["metadata"]["uid"]] = time.monotonic() + self.start_delay
+        return created
+
+    def _terminate(self, pod: Obj, exit_code: int, message: str) -> None:
+        """The pod's containers exit with ``exit_code``: Succeeded on 0, Failed otherwise."""
         now = now_rfc3339()
+        phase, reason = ("Succeeded", "Completed") if exit_code == 0 else ("Failed", "Error")
         statuses = [{"name": c["name"], "ready": False, "restartCount": 0,
                      "image": c.get("image", ""), "imageID": "",
                      "state": {"terminated": {"exitCode": exit_code, "reason": reason,
                                               "message": message, "finishedAt": now,
                                               "startedAt": pod["status"].get("startTime", now)}}}
                     for c in pod["spec"].get("containers") or []]
-        status = {"phase": phase, "containerStatuses": statuses,
-                  "conditions": [{"type": "Ready", "status": "False",
-                                  "reason": "PodCompleted" if phase == "Succeeded" else reason,
-                                  "lastTransitionTime": now}]}
+        status: Obj = {"phase": phase, "containerStatuses": statuses, "conditions": [
+            {"type": "Ready", "status": "False", "lastTransitionTime": now,
+             "reason": "PodCompleted" if exit_code == 0 else "PodFailed"}]}
         if message:
             status["message"] = message
-        meta = pod["metadata"]
-        try:
-            self.api.store.patch(self.api.kind("pods"), meta["namespace"], meta["name"],
-                                 {"status": status}, MERGE, subresource="status")
-        except ApiError as e:
-            if e.code != 404:
-                raise
+        self._patch_pod_status(pod, status)
 
     # ----------------------------------------------------------------- reconcile
 
@@ -377,31 +350,35 @@ class SimulatedTrainingOperator:
         """One level-triggered pass over every job and pod (the thread calls this)."""
         with self._lock:
             live: set[str] = set()
-            for job in self.api.list(PTJ_KIND):
-                live.add(job["metadata"]["uid"])
-                self._guarded(self._reconcile_ptj, job)
-            for job in self.api.list(JOB_KIND):
-                live.add(job["metadata"]["uid"])
-                self._guarded(self._reconcile_job, job)
+            for kind in (PTJ_KIND, JOB_KIND):
+                for job in self.api.list(kind):
+                    live.add(job["metadata"]["uid"])
+                    self._reconcile(job)
             self._kubelet()
             for uid in set(self._tracked) - live:
-                del self._tracked[uid]
+                self._tracked.pop(uid).kill()
 
-    def _guarded(self, fn: Callable[[Obj], None], job: Obj) -> None:
+    def _reconcile(self, job: Obj) -> None:
+        current = self.api.get(self._kind(job), job["metadata"]["namespace"],
+                               job["metadata"]["name"])
+        if current is None or current["metadata"]["uid"] != job["metadata"]["uid"]:
+            return
         try:
-            fn(job)
+            if self._kind(current) == PTJ_KIND:
+                self._reconcile_pytorchjob(current)
+            else:
+                self._reconcile_job(current)
         except ApiError as e:
             # A write raced with the test or the controller under test; the next pass retries.
             log.debug("reconcile of %s retried: %s", job["metadata"]["name"], e)
 
     def _kubelet(self) -> None:
-        """Pending pods of the jobs we run start ``start_delay`` s after creation."""
+        """Pending pods we created start ``start_delay`` s after creation."""
         now = time.monotonic()
         for pod in self.api.list("pods"):
             uid = pod["metadata"]["uid"]
-            if uid not in self._start_at or pod["status"].get("phase") != "Pending":
-                continue
-            if pod["metadata"].get("deletionTimestamp") or now < self._start_at[uid]:
+            if (uid not in self._start_at or _phase(pod) != "Pending"
+                    or pod["metadata"].get("deletionTimestamp") or now < self._start_at[uid]):
                 continue
             stamp = now_rfc3339()
             statuses = [{"name": c["name"], "ready": True, "started": True, "restartCount": 0,
@@ -409,323 +386,233 @@ class SimulatedTrainingOperator:
                          "containerID": f"containerd://{uid}",
                          "state": {"running": {"startedAt": stamp}}}
                         for c in pod["spec"].get("containers") or []]
-            octet = len(self._start_at) % 250 + 1
-            status = {"phase": "Running", "startTime": stamp, "podIP": f"10.0.0.{octet}",
-                      "hostIP": "192.168.0.1", "containerStatuses": statuses,
-                      "conditions": [{"type": t, "status": "True", "lastTransitionTime": stamp}
-                                     for t in ("PodScheduled", "Initialized",
-                                               "ContainersReady", "Ready")]}
-            meta = pod["metadata"]
-            try:
-                self.api.store.patch(self.api.kind("pods"), meta["namespace"], meta["name"],
-                                     {"status": status}, MERGE, subresource="status")
-            except ApiError as e:
-                if e.code != 404:
-                    raise
+            self._patch_pod_status(pod, {
+                "phase": "Running", "startTime": stamp, "hostIP": "192.168.0.1",
+                "podIP": f"10.0.{len(self._start_at) // 250}.{len(self._start_at) % 250 + 1}",
+                "containerStatuses": statuses,
+                "conditions": [{"type": t, "status": "True", "lastTransitionTime": stamp}
+                               for t in ("PodScheduled", "Initialized", "ContainersReady",
+                                         "Ready")]})
 
-    def _track_pod(self, pod: Obj | None) -> None:
-        if pod is not None:
-            self._start_at[pod["metadata"]["uid"]] = time.monotonic() + self.start_delay
-
-    def _after_finish(self, kind: str, job: Obj, state: _Tracked) -> None:
-        ttl = (job["spec"].get("runPolicy") or {}).get("ttlSecondsAfterFinished") \
-            if kind == PTJ_KIND else job["spec"].get("ttlSecondsAfterFinished")
+    def _after_finish(self, job: Obj, state: _Tracked) -> None:
+        state.kill()
+        spec = job["spec"]
+        ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") \
+            if job["kind"] == "PyTorchJob" else spec.get("ttlSecondsAfterFinished")
         if state.finished_at is None:
             state.finished_at = time.monotonic()
         if ttl is not None and time.monotonic() >= state.finished_at + float(ttl):
-            self._delete(kind, job["metadata"]["namespace"], job["metadata"]["name"])
+            self._delete(self._kind(job), job["metadata"]["namespace"], job["metadata"]["name"])
+
+    def _launch(self, job: Obj, state: _Tracked, pods: list[Obj], rtype_of: Callable[[Obj], str],
+                index_of: Callable[[Obj], int]) -> None:
+        """Start ``run_container`` for every pod of the attempt."""
+        if self.run_container is None:
+            return
+        for pod in pods:
+            container = Container(copy.deepcopy(job), copy.deepcopy(pod), rtype_of(pod),
+                                  index_of(pod), state.attempt, threading.Event())
+            state.running[pod["metadata"]["uid"]] = container
+            thread = threading.Thread(target=self._run_container, args=(container,),
+                                      name=f"container-{container.pod_name}-{state.attempt}",
+                                      daemon=True)
+            self._containers.append(thread)
+            thread.start()
+
+    def _run_container(self, container: Container) -> None:
+        assert self.run_container is not None
+        try:
+            code = self.run_container(container)
+        except Exception as e:
+            log.exception("container %s failed", container.pod_name)
+            self.errors.append(e)
+            code = 1
+        with self._lock:
+            if code is None or container.killed.is_set() or self._stopping.is_set():
+                return
+            pod = self.api.get("pods", container.pod["metadata"]["namespace"],
+                               container.pod_name)
+            if pod is None or pod["metadata"]["uid"] != container.pod["metadata"]["uid"]:
+                return
+            self._terminate(pod, int(code), "" if code == 0 else f"exit code {code}")
+        self._wake()
 
     # PyTorchJob ---------------------------------------------------------------
 
-    def _expected(self, job: Obj) -> list[tuple[str, int, Obj]]:
-        specs = job["spec"].get("pytorchReplicaSpecs") or {}
-        return [(rtype, i, (rspec.get("template") or {}))
-                for rtype in ("Master", "Worker") if (rspec := specs.get(rtype))
-                for i in range(int(rspec.get("replicas", 1)))]
-
-    def _reconcile_ptj(self, job: Obj) -> None:
-        meta, spec = job["metadata"], job.get("spec") or {}
+    def _reconcile_pytorchjob(self, job: Obj) -> None:
+        meta, spec = job["metadata"], job["spec"]
         if meta.get("deletionTimestamp"):
             return
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         state = self._state(job)
         status = copy.deepcopy(job.get("status") or {})
-        if _finished(status, PTJ_KIND):
-            self._after_finish(PTJ_KIND, job, state)
+        if kubeflow.is_true(status, "Succeeded") or kubeflow.is_true(status, "Failed"):
+            self._after_finish(job, state)
             return
         run_policy = spec.get("runPolicy") or {}
-        conds = status.get("conditions") or []
-        if not any(c.get("type") == "Created" for c in conds):
-            conds = _condition(conds, "Created", "PyTorchJobCreated",
-                               f"PyTorchJob {name} is created.")
-        status["conditions"] = conds
+        if not any(c.get("type") == "Created" for c in status.get("conditions") or []):
+            status["conditions"] = kubeflow.set_condition(
+                status.get("conditions") or [], "Created", "PyTorchJobCreated",
+                f"PyTorchJob {name} is created.")
         status.setdefault("startTime", now_rfc3339())
-        if not status.get("replicaStatuses"):
-            status["replicaStatuses"] = {}
-        if self._past_deadline(status, run_policy.get("activeDeadlineSeconds")):
-            self._write_status(PTJ_KIND, job, status)
-            self._finish_ptj(self.api.get(PTJ_KIND, ns, name) or job, "Failed",
-                             "DeadlineExceeded", f"PyTorchJob {name} has failed because it "
-                             "was active longer than specified deadline")
+        status.setdefault("replicaStatuses", {})
+        if _past_deadline(status, run_policy.get("activeDeadlineSeconds")):
+            self._finish_pytorchjob(job, status, "Failed", "DeadlineExceeded",
+                                    f"PyTorchJob {name} has failed because it was active "
+                                    "longer than specified deadline")
             return
-        expected = self._expected(job)
-        pods = {p["metadata"]["name"]: p for p in self.api.list("pods", ns)
-                if _owned_by(p, uid)}
-        failed = [p for p in pods.values() if p["status"].get("phase") == "Failed"]
-        missing = [e for e in expected if self._pod_name(name, e) not in pods]
+        expected = kubeflow.replicas(job)
+        pods = {p["metadata"]["name"]: p for p in self.api.list("pods", ns) if _owned_by(p, uid)}
+        wanted = [kubeflow.pod_name(name, rtype, i) for rtype, i in expected]
+        failed = [p for p in pods.values() if _phase(p) == "Failed"]
+        missing = [n for n in wanted if n not in pods]
         if state.launched and (failed or missing):
-            specs = spec.get("pytorchReplicaSpecs") or {}
-            permanent = [p for p in failed if not self._retryable(
-                specs, p["metadata"]["labels"].get(REPLICA_TYPE, "worker"), _exit_code(p))]
-            rtype = failed[0]["metadata"]["labels"].get(REPLICA_TYPE, "worker").capitalize() \
-                if failed else missing[0][0]
+            lost = failed[0]["metadata"]["labels"].get(kubeflow.REPLICA_TYPE, "worker") \
+                if failed else missing[0].rsplit("-", 2)[-2]
             count = len(failed) + len(missing)
+            permanent = [p for p in failed if not kubeflow.retryable(
+                job, p["metadata"]["labels"].get(kubeflow.REPLICA_TYPE, "worker"),
+                _exit_code(p))]
             if permanent:
-                self._write_status(PTJ_KIND, job, status)
-                self._finish_ptj(self.api.get(PTJ_KIND, ns, name) or job, "Failed",
-                                 "PyTorchJobFailed", f"PyTorchJob {name} is failed because "
-                                 f"{len(permanent)} {rtype} replica(s) failed.")
+                self._finish_pytorchjob(job, status, "Failed", "PyTorchJobFailed",
+                                        f"PyTorchJob {name} is failed because {len(permanent)} "
+                                        f"{lost.capitalize()} replica(s) failed.")
                 return
             state.restarts += 1
             limit = run_policy.get("backoffLimit")
             if limit is not None and state.restarts > int(limit):
-                self._write_status(PTJ_KIND, job, status)
-                self._finish_ptj(self.api.get(PTJ_KIND, ns, name) or job, "Failed",
-                                 "BackoffLimitExceeded", f"PyTorchJob {name} has failed "
-                                 "because it has reached the specified backoff limit")
+                self._finish_pytorchjob(job, status, "Failed", "BackoffLimitExceeded",
+                                        f"PyTorchJob {name} has failed because it has reached "
+                                        "the specified backoff limit")
                 return
+            state.kill()  # the elastic agents stop every worker of the group
             state.attempt += 1
-            status["conditions"] = _condition(
+            status["conditions"] = kubeflow.set_condition(
                 status["conditions"], "Restarting", "PyTorchJobRestarting",
-                f"PyTorchJob {name} is restarting because {count} {rtype} replica(s) failed.")
+                f"PyTorchJob {name} is restarting because {count} {lost.capitalize()} "
+                "replica(s) failed.")
             for pod in failed:
                 self._delete("pods", ns, pod["metadata"]["name"])
-                pods.pop(pod["metadata"]["name"], None)
-        for entry in expected:
-            pod_name = self._pod_name(name, entry)
-            if pod_name not in pods:
-                created = self._create("pods", self._pod(job, *entry))
-                self._track_pod(created)
-                if created is not None:
-                    pods[pod_name] = created
-            self._create("services", self._service(job, entry[0], entry[1]))
+                pods.pop(pod["metadata"]["name"])
+        for rtype, i in expected:
+            pod_name = kubeflow.pod_name(name, rtype, i)
+            if pod_name not in pods and (created := self._create_pod(
+                    kubeflow.replica_pod(job, rtype, i))) is not None:
+                pods[pod_name] = created
+            if pod_name not in state.services:
+                self._call(self.api.store.create, self.api.kind("services"), None,
+                           kubeflow.replica_service(job, rtype, i))
+                state.services.add(pod_name)
         state.launched = True
-        phases = [pods[self._pod_name(name, e)]["status"].get("phase") for e in expected
-                  if self._pod_name(name, e) in pods]
-        for rtype in {e[0] for e in expected}:
-            mine = [p for p in pods.values()
-                    if p["metadata"]["labels"].get(REPLICA_TYPE) == rtype.lower()]
-            status["replicaStatuses"][rtype] = {
-                "active": sum(p["status"].get("phase") == "Running" for p in mine),
-                "succeeded": sum(p["status"].get("phase") == "Succeeded" for p in mine),
-                "failed": sum(p["status"].get("phase") == "Failed" for p in mine),
-                "selector": f"{JOB_NAME}={name},{OPERATOR_NAME}=pytorchjob-controller,"
-                            f"{REPLICA_TYPE}={rtype.lower()}",
-            }
-        all_running = len(phases) == len(expected) and all(p == "Running" for p in phases)
+        status["replicaStatuses"] = kubeflow.replica_statuses(job, list(pods.values()))
+        group = [pods[n] for n in wanted if n in pods]
+        if self._pytorchjob_succeeded(job, group):
+            self._finish_pytorchjob(job, status, "Succeeded", "PyTorchJobSucceeded",
+                                    f"PyTorchJob {name} is successfully completed.")
+            return
+        all_running = len(group) == len(wanted) and all(_phase(p) == "Running" for p in group)
         if all_running:
-            status["conditions"] = _condition(status["conditions"], "Running",
-                                              "PyTorchJobRunning", f"PyTorchJob {name} is running.")
-        self._write_status(PTJ_KIND, job, status)
+            status["conditions"] = kubeflow.set_condition(
+                status["conditions"], "Running", "PyTorchJobRunning",
+                f"PyTorchJob {name} is running.")
+        self._write_status(job, status)
+        if all_running and state.started < state.attempt:
+            state.started = state.attempt
+            self._launch(job, state, group,
+                         lambda p: p["metadata"]["labels"][kubeflow.REPLICA_TYPE].capitalize(),
+                         lambda p: int(p["metadata"]["labels"][kubeflow.REPLICA_INDEX]))
         if all_running and state.notified < state.attempt:
             state.notified = state.attempt
             self._announce(self.on_pods_running, self.api.get(PTJ_KIND, ns, name) or job,
                            state.attempt)
 
     @staticmethod
-    def _past_deadline(status: Obj, deadline: Any) -> bool:
-        if deadline is None or not status.get("startTime"):
-            return False
-        started = calendar.timegm(time.strptime(status["startTime"], "%Y-%m-%dT%H:%M:%SZ"))
-        return time.time() >= started + float(deadline)
+    def _pytorchjob_succeeded(job: Obj, group: list[Obj]) -> bool:
+        masters = [p for p in group
+                   if p["metadata"]["labels"].get(kubeflow.REPLICA_TYPE) == "master"]
+        if masters:
+            return all(_phase(p) == "Succeeded" for p in masters)
+        return bool(group) and len(group) == len(kubeflow.replicas(job)) and all(
+            _phase(p) == "Succeeded" for p in group)
 
-    @staticmethod
-    def _retryable(specs: Obj, rtype: str, exit_code: int) -> bool:
-        rspec = specs.get(rtype.capitalize()) or {}
-        policy = rspec.get("restartPolicy", "Never")
-        if policy == "ExitCode":
-            return exit_code >= 128
-        return policy in ("OnFailure", "Always")
-
-    @staticmethod
-    def _pod_name(job_name: str, entry: tuple[str, int, Obj]) -> str:
-        return f"{job_name}-{entry[0].lower()}-{entry[1]}"
-
-    def _finish_ptj(self, job: Obj, ctype: str, reason: str, message: str) -> None:
+    def _finish_pytorchjob(self, job: Obj, status: Obj, ctype: str, reason: str,
+                           message: str) -> None:
         meta = job["metadata"]
-        status = copy.deepcopy(job.get("status") or {})
-        status["conditions"] = _condition(status.get("conditions") or [], ctype, reason,
-                                          message)
+        state = self._state(job)
+        state.kill()
+        status["conditions"] = kubeflow.set_condition(status.get("conditions") or [], ctype,
+                                                      reason, message)
         status["completionTime"] = now_rfc3339()
-        pods = [p for p in self.api.list("pods", meta["namespace"])
-                if _owned_by(p, meta["uid"])]
-        for rtype, rstatus in (status.get("replicaStatuses") or {}).items():
-            mine = [p for p in pods if p["metadata"]["labels"].get(REPLICA_TYPE) == rtype.lower()]
-            rstatus.update(active=sum(p["status"].get("phase") == "Running" for p in mine),
-                           succeeded=sum(p["status"].get("phase") == "Succeeded" for p in mine),
-                           failed=sum(p["status"].get("phase") == "Failed" for p in mine))
-        self._write_status(PTJ_KIND, job, status)
-        self._state(job).finished_at = time.monotonic()
+        pods = [p for p in self.api.list("pods", meta["namespace"]) if _owned_by(p, meta["uid"])]
+        status["replicaStatuses"] = kubeflow.replica_statuses(job, pods)
+        self._write_status(job, status)
+        state.finished_at = time.monotonic()
         policy = (job["spec"].get("runPolicy") or {}).get("cleanPodPolicy", "None")
         for pod in pods:
-            running = pod["status"].get("phase") in ("Pending", "Running")
+            running = _phase(pod) in ("Pending", "Running")
             if policy == "All" or (policy == "Running" and running):
                 self._delete("pods", meta["namespace"], pod["metadata"]["name"])
                 self._delete("services", meta["namespace"], pod["metadata"]["name"])
 
-    def _env(self, job: Obj, rtype: str, index: int) -> list[Obj]:
-        spec, name = job["spec"], job["metadata"]["name"]
-        specs = spec.get("pytorchReplicaSpecs") or {}
-        env: list[Obj] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-        nproc = spec.get("nprocPerNode")
-        if "Master" in specs:
-            port = self._port(specs["Master"])
-            total = sum(int(s.get("replicas", 1)) for s in specs.values())
-            rank = index + 1 if rtype == "Worker" else index
-            env += [{"name": "MASTER_PORT", "value": str(port)},
-                    {"name": "PET_MASTER_PORT", "value": str(port)},
-                    {"name": "MASTER_ADDR", "value": f"{name}-master-0"},
-                    {"name": "PET_MASTER_ADDR", "value": f"{name}-master-0"},
-                    {"name": "WORLD_SIZE", "value": str(total)},
-                    {"name": "RANK", "value": str(rank)},
-                    {"name": "PET_NNODES", "value": str(total)},
-                    {"name": "PET_NODE_RANK", "value": str(rank)}]
-        elastic = spec.get("elasticPolicy")
-        if elastic is not None:
-            host = elastic.get("rdzvHost") or f"{name}-worker-0"
-            port = elastic.get("rdzvPort") or self._port(specs.get("Worker") or {})
-            if elastic.get("minReplicas") is None and elastic.get("maxReplicas") is None:
-                nnodes = str((specs.get("Worker") or {}).get("replicas", 1))
-            else:
-                nnodes = f"{elastic.get('minReplicas')}:{elastic.get('maxReplicas')}"
-            env += [{"name": "PET_RDZV_ENDPOINT", "value": f"{host}:{port}"},
-                    {"name": "PET_RDZV_BACKEND", "value": elastic.get("rdzvBackend", "c10d")},
-                    {"name": "PET_NNODES", "value": nnodes}]
-            if elastic.get("maxRestarts") is not None:
-                env.append({"name": "PET_MAX_RESTARTS", "value": str(elastic["maxRestarts"])})
-            nproc = elastic.get("nProcPerNode", nproc)
-            if elastic.get("rdzvId") is not None:
-                env.append({"name": "PET_RDZV_ID", "value": str(elastic["rdzvId"])})
-            conf = elastic.get("rdzvConf") or []
-            if conf:
-                env.append({"name": "PET_RDZV_CONF",
-                            "value": ",".join(f"{c['key']}={c['value']}" for c in conf)})
-            if elastic.get("standalone"):
-                env.append({"name": "PET_STANDALONE", "value": ""})
-        if nproc is not None:
-            env.append({"name": "PET_NPROC_PER_NODE", "value": str(nproc)})
-        return env
-
-    @staticmethod
-    def _port(rspec: Obj) -> int:
-        for c in ((rspec.get("template") or {}).get("spec") or {}).get("containers") or []:
-            if c.get("name") == CONTAINER_NAME:
-                for port in c.get("ports") or []:
-                    if port.get("name") == PORT_NAME:
-                        return int(port["containerPort"])
-        return DEFAULT_PORT
-
-    def _labels(self, job: Obj, rtype: str, index: int) -> dict[str, str]:
-        labels = {JOB_NAME: job["metadata"]["name"], OPERATOR_NAME: "pytorchjob-controller",
-                  REPLICA_TYPE: rtype.lower(), REPLICA_INDEX: str(index)}
-        if rtype == "Master":
-            labels[JOB_ROLE] = "master"
-        return labels
-
-    def _owner(self, job: Obj) -> Obj:
-        return {"apiVersion": job["apiVersion"], "kind": job["kind"],
-                "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
-                "controller": True, "blockOwnerDeletion": True}
-
-    def _pod(self, job: Obj, rtype: str, index: int, template: Obj) -> Obj:
-        tmeta = template.get("metadata") or {}
-        pod_spec = copy.deepcopy(template.get("spec") or {})
-        rspec = job["spec"]["pytorchReplicaSpecs"][rtype]
-        policy = rspec.get("restartPolicy", "Never")
-        pod_spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy
-        injected = self._env(job, rtype, index)
-        for container in pod_spec.get("containers") or []:
-            container["env"] = list(container.get("env") or []) + copy.deepcopy(injected)
-            if container.get("name") == CONTAINER_NAME and not any(
-                    p.get("name") == PORT_NAME for p in container.get("ports") or []):
-                container.setdefault("ports", []).append(
-                    {"name": PORT_NAME, "containerPort": DEFAULT_PORT, "protocol": "TCP"})
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"{job['metadata']['name']}-{rtype.lower()}-{index}",
-            "namespace": job["metadata"]["namespace"],
-            "labels": {**(tmeta.get("labels") or {}), **self._labels(job, rtype, index)},
-            "annotations": dict(tmeta.get("annotations") or {}),
-            "ownerReferences": [self._owner(job)]}, "spec": pod_spec}
-
-    def _service(self, job: Obj, rtype: str, index: int) -> Obj:
-        labels = self._labels(job, rtype, index)
-        port = self._port(job["spec"]["pytorchReplicaSpecs"][rtype])
-        return {"apiVersion": "v1", "kind": "Service", "metadata": {
-            "name": f"{job['metadata']['name']}-{rtype.lower()}-{index}",
-            "namespace": job["metadata"]["namespace"], "labels": labels,
-            "ownerReferences": [self._owner(job)]},
-            "spec": {"clusterIP": "None", "selector": labels,
-                     "ports": [{"name": PORT_NAME, "port": port}]}}
-
     # batch/v1 Job -------------------------------------------------------------
 
     def _reconcile_job(self, job: Obj) -> None:
-        meta, spec = job["metadata"], job.get("spec") or {}
-        if meta.get("deletionTimestamp"):
+        meta, spec = job["metadata"], job["spec"]
+        if meta.get("deletionTimestamp") or spec.get("suspend"):
             return
-        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        ns, uid = meta["namespace"], meta["uid"]
         state = self._state(job)
         status = copy.deepcopy(job.get("status") or {})
-        if _finished(status, JOB_KIND):
-            self._after_finish(JOB_KIND, job, state)
-            return
-        if spec.get("suspend"):
+        if kubeflow.is_true(status, "Complete") or kubeflow.is_true(status, "Failed"):
+            self._after_finish(job, state)
             return
         status.setdefault("startTime", now_rfc3339())
         pods = [p for p in self.api.list("pods", ns) if _owned_by(p, uid)]
-        live = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
+        live = [p for p in pods if _phase(p) in ("Pending", "Running")]
         present = {p["metadata"]["uid"] for p in pods}
-        state.failed_pods |= {p["metadata"]["uid"] for p in pods
-                              if p["status"].get("phase") == "Failed"}
+        state.failed_pods |= {p["metadata"]["uid"] for p in pods if _phase(p) == "Failed"}
         # A pod that vanished before it finished counts as failed (job tracking finalizers).
         state.failed_pods |= state.launched_pods - present
-        failures = len(state.failed_pods)
-        if failures:
-            status["failed"] = failures
+        if state.failed_pods:
+            status["failed"] = len(state.failed_pods)
+        probe = {"probe_key": "lastProbeTime"}
+        if any(_phase(p) == "Succeeded" for p in pods):
+            done = "Reached expected number of succeeded pods"
+            conds = kubeflow.set_condition(status.get("conditions") or [], "SuccessCriteriaMet",
+                                           "CompletionsReached", done, **probe)
+            status.update(conditions=kubeflow.set_condition(conds, "Complete",
+                                                            "CompletionsReached", done, **probe),
+                          active=0, ready=0, succeeded=1, completionTime=now_rfc3339())
+            self._write_status(job, status)
+            self._after_finish(job, state)
+            return
         reason = None
-        if self._past_deadline(status, spec.get("activeDeadlineSeconds")):
+        if _past_deadline(status, spec.get("activeDeadlineSeconds")):
             reason = ("DeadlineExceeded", "Job was active longer than specified deadline")
-        elif failures > int(spec.get("backoffLimit", 6)):
+        elif len(state.failed_pods) > int(spec.get("backoffLimit", 6)):
             reason = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
         if reason is not None:
             for pod in live:
                 self._delete("pods", ns, pod["metadata"]["name"])
-            conds = _condition(status.get("conditions") or [], "FailureTarget", *reason)
-            status.update(conditions=_condition(conds, "Failed", *reason), active=0, ready=0)
-            self._write_status(JOB_KIND, job, status)
-            state.finished_at = time.monotonic()
+            conds = kubeflow.set_condition(status.get("conditions") or [], "FailureTarget",
+                                           *reason, **probe)
+            status.update(conditions=kubeflow.set_condition(conds, "Failed", *reason, **probe),
+                          active=0, ready=0)
+            self._write_status(job, status)
+            self._after_finish(job, state)
             return
-        if not live:
-            created = self._create("pods", self._job_pod(job))
-            self._track_pod(created)
-            if created is not None:
-                live = [created]
-                state.launched_pods.add(created["metadata"]["uid"])
-        running = [p for p in live if p["status"].get("phase") == "Running"]
+        if not live and (created := self._create_pod(kubeflow.job_pod(job))) is not None:
+            live = [created]
+            state.launched_pods.add(created["metadata"]["uid"])
+            state.attempt = len(state.failed_pods)
+        running = [p for p in live if _phase(p) == "Running"]
         status.update(active=len(live), ready=len(running))
-        self._write_status(JOB_KIND, job, status)
+        self._write_status(job, status)
         for pod in running:
-            if pod["metadata"]["uid"] not in state.announced:
-                state.announced.add(pod["metadata"]["uid"])
-                self._announce(self.on_job_running, self.api.get(JOB_KIND, ns, name) or job)
-
-    def _job_pod(self, job: Obj) -> Obj:
-        template = job["spec"].get("template") or {}
-        tmeta = template.get("metadata") or {}
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "generateName": f"{job['metadata']['name']}-",
-            "namespace": job["metadata"]["namespace"],
-            "labels": dict(tmeta.get("labels") or {}),
-            "annotations": dict(tmeta.get("annotations") or {}),
-            "ownerReferences": [self._owner(job)]},
-            "spec": copy.deepcopy(template.get("spec") or {})}
+            if pod["metadata"]["uid"] not in state.running and state.started < state.attempt:
+                state.started = state.attempt
+                self._launch(job, state, [pod], lambda p: "Job", lambda p: 0)
+            if state.notified < state.attempt:
+                state.notified = state.attempt
+                self._announce(self.on_job_running, self.api.get(JOB_KIND, ns, meta["name"])
+                               or job)

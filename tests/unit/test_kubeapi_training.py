@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.kubeapi import KubeAPI
-from tests.kubeapi.training import SimulatedTrainingOperator
+from tests.kubeapi.training import Container, SimulatedTrainingOperator
 
 pytest_plugins = ("tests.kubeapi.fixtures",)
 pytestmark = pytest.mark.timeout(30)
@@ -217,15 +217,61 @@ def test_the_webhook_rejects_jobs_without_a_pytorch_container(
     assert denied.value.status == 422 and "container named pytorch" in denied.value.body
 
 
+def test_containers_hold_until_killed_then_the_restarted_group_finishes(
+        kubeapi: KubeAPI, kube_client: k8s.ApiClient) -> None:
+    runs: list[Container] = []
+    lock = threading.Lock()
+
+    def container(c: Container) -> int | None:
+        with lock:
+            runs.append(c)
+        if c.attempt == 0:
+            c.killed.wait(10)  # held at the cut until the pod (or a peer) dies
+            return 1
+        return 0
+
+    with SimulatedTrainingOperator(kubeapi, run_container=container):
+        kubeapi.create("pytorchjobs", pytorchjob("leg", workers=3))
+        kubeapi.wait_for(lambda: len(runs) == 3, timeout=5)
+        assert sorted((c.replica_type, c.index, c.attempt) for c in runs) == [
+            ("Worker", 0, 0), ("Worker", 1, 0), ("Worker", 2, 0)]
+        assert runs[0].env["PET_NNODES"] == "3:3" and runs[0].env["LEG"] == "preempted"
+        k8s.CoreV1Api(kube_client).delete_namespaced_pod("leg-worker-2", NS,
+                                                         grace_period_seconds=0)
+        kubeapi.wait_for(lambda: last_condition(kubeapi, "leg") == "Succeeded", timeout=5)
+        assert all(c.killed.is_set() for c in runs[:3])  # the whole group was stopped
+        assert sorted((c.index, c.attempt) for c in runs[3:]) == [(0, 1), (1, 1), (2, 1)]
+        assert {p["status"]["phase"] for p in kubeapi.list("pods", NS)} == {"Succeeded"}
+        job = kubeapi.get("pytorchjobs", NS, "leg") or {}
+        assert job["status"]["replicaStatuses"]["Worker"]["succeeded"] == 3
+
+
+def test_a_container_exit_code_decides_a_batch_job(kubeapi: KubeAPI) -> None:
+    def container(c: Container) -> int:
+        return 0 if c.job["metadata"]["name"] == "good" else 3
+
+    with SimulatedTrainingOperator(kubeapi, run_container=container):
+        kubeapi.create("jobs", comparator("good", 0), namespace=NS)
+        kubeapi.create("jobs", comparator("bad", 0), namespace=NS)
+        kubeapi.wait_for(lambda: last_condition(kubeapi, "good", "jobs") == "Complete"
+                         and last_condition(kubeapi, "bad", "jobs") == "Failed", timeout=5)
+    bad = kubeapi.get("jobs", NS, "bad") or {}
+    assert bad["status"]["failed"] == 1
+    assert "lastProbeTime" in bad["status"]["conditions"][0]
+    pods = {p["metadata"]["labels"]["job-name"]: p for p in kubeapi.list("pods", NS)}
+    exit_code = pods["bad"]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"]
+    assert exit_code == 3 and pods["good"]["status"]["phase"] == "Succeeded"
+
+
 def test_pods_stay_pending_for_the_start_delay(kubeapi: KubeAPI) -> None:
     seen: list[int] = []
-    operator = SimulatedTrainingOperator(kubeapi, start_delay=0.3,
+    operator = SimulatedTrainingOperator(kubeapi, start_delay=0.5,
                                          on_pods_running=lambda job, n: seen.append(n))
     with operator:
         kubeapi.create("pytorchjobs", pytorchjob("leg"))
-        pods = kubeapi.wait_for(lambda: kubeapi.list("pods", NS), timeout=5)
-        assert {p["status"]["phase"] for p in pods} == {"Pending"}
-        assert last_condition(kubeapi, "leg") == "Created"
+        kubeapi.wait_for(lambda: last_condition(kubeapi, "leg") == "Created", timeout=5)
+        pods = kubeapi.list("pods", NS)
+        assert len(pods) == 2 and {p["status"]["phase"] for p in pods} == {"Pending"}
         kubeapi.wait_for(lambda: len(running_pods(kubeapi, "leg")) == 2, timeout=5)
         kubeapi.wait_for(lambda: seen == [0], timeout=5)
 
