@@ -104,6 +104,9 @@ class Handler(BaseHTTPRequestHandler):
     """One client connection; requests on it are served one after another."""
 
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: with Nagle's algorithm on, the body waits
+    # for the client's delayed ACK (~40 ms per response on Linux).
+    disable_nagle_algorithm = True
     server: Server
 
     def setup(self) -> None:
@@ -344,10 +347,17 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         matches = _matcher(t, selector)
         try:
-            if start_rv is None:
+            initial = (_first(query, "sendInitialEvents") or "").lower() in ("true", "1")
+            if start_rv is None or initial:
                 items, rv = store.snapshot(t.kind, t.namespace, selector)
                 for obj in items:
                     self._write_event("ADDED", obj)
+                if initial:
+                    # The streaming-list contract: a bookmark marks the end of the initial state.
+                    self._write_event("BOOKMARK", {
+                        "kind": t.kind.kind, "apiVersion": t.kind.api_version,
+                        "metadata": {"resourceVersion": str(rv), "annotations": {
+                            "k8s.io/initial-events-end": "true"}}})
             else:
                 rv = start_rv
             deadline = None if timeout is None else time.monotonic() + timeout

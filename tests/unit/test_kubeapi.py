@@ -265,9 +265,16 @@ def test_json_patch_and_merge_patch(core: k8s.CoreV1Api, custom: k8s.CustomObjec
 # ---------------------------------------------------------------------- watch
 
 
-def _stream(func: Any, *args: Any, **kwargs: Any) -> list[tuple[str, str]]:
-    return [(e["type"], e["raw_object"]["metadata"].get("name", ""))
-            for e in watch.Watch().stream(func, *args, **kwargs)]
+def _stream(func: Any, *args: Any, count: int | None = None,
+            **kwargs: Any) -> list[tuple[str, str]]:
+    """The events of one watch: until ``count`` arrived, or until the server's timeout."""
+    w = watch.Watch()
+    seen = []
+    for e in w.stream(func, *args, **kwargs):
+        seen.append((e["type"], e["raw_object"]["metadata"].get("name", "")))
+        if len(seen) == count:
+            w.stop()
+    return seen
 
 
 def test_watch_streams_changes_after_a_resource_version(core: k8s.CoreV1Api) -> None:
@@ -277,13 +284,36 @@ def test_watch_streams_changes_after_a_resource_version(core: k8s.CoreV1Api) -> 
     core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"extra": "1"}}})
     core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"role": "x"}}})  # leaves
     core.delete_namespaced_pod("before", NS)
+    core.create_namespaced_pod("elsewhere", pod("other", {"role": "w"}))
     seen = _stream(core.list_namespaced_pod, NS, resource_version=start, timeout_seconds=1)
     assert seen == [("ADDED", "p"), ("MODIFIED", "p"), ("MODIFIED", "p"), ("DELETED", "before")]
-    selective = _stream(core.list_namespaced_pod, NS, resource_version=start,
-                        label_selector="role=w", timeout_seconds=1)
-    assert selective == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p")]
-    initial = _stream(core.list_namespaced_pod, NS, timeout_seconds=1)
+    selective = _stream(core.list_pod_for_all_namespaces, resource_version=start,
+                        label_selector="role=w", count=4, timeout_seconds=5)
+    assert selective == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p"), ("ADDED", "other")]
+    initial = _stream(core.list_namespaced_pod, NS, count=1, timeout_seconds=5)
     assert initial == [("ADDED", "p")]
+    streaming_list = _stream(core.list_namespaced_pod, NS, send_initial_events=True,
+                             resource_version_match="NotOlderThan", allow_watch_bookmarks=True,
+                             count=2, timeout_seconds=5)
+    assert streaming_list == [("ADDED", "p"), ("BOOKMARK", "")]
+
+
+def test_watch_custom_objects_in_a_namespace_and_across_namespaces(
+        custom: k8s.CustomObjectsApi, kubeapi: KubeAPI) -> None:
+    start = str(kubeapi.resource_version)
+    custom.create_namespaced_custom_object(*PTJ, pytorchjob("a"))
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", "other", "pytorchjobs",
+                                           pytorchjob("b"))
+    custom.patch_namespaced_custom_object_status(*PTJ, "a", {"status": {"conditions": [
+        {"type": "Created", "status": "True"}]}})
+    custom.delete_namespaced_custom_object(*PTJ, "a")
+    here = _stream(custom.list_namespaced_custom_object, *PTJ, resource_version=start,
+                   count=3, timeout_seconds=5)
+    assert here == [("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")]
+    everywhere = _stream(custom.list_cluster_custom_object, "kubeflow.org", "v1", "pytorchjobs",
+                         resource_version=start, field_selector="metadata.name=b", count=1,
+                         timeout_seconds=5)
+    assert everywhere == [("ADDED", "b")]
 
 
 def test_watch_delivers_live_events_and_honours_timeout(core: k8s.CoreV1Api,
@@ -300,7 +330,7 @@ def test_watch_delivers_live_events_and_honours_timeout(core: k8s.CoreV1Api,
     seen = _stream(core.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=1,
                    allow_watch_bookmarks=True)
     thread.join()
-    assert seen[0] == ("ADDED", "live") and seen[-1][0] == "BOOKMARK"
+    assert seen == [("ADDED", "live"), ("BOOKMARK", "")]
     assert 0.9 <= time.monotonic() - t0 < 5
 
 
@@ -470,6 +500,33 @@ def test_in_process_accessors_emit_events_and_wait_for(kubeapi: KubeAPI,
         kubeapi.wait_for(lambda: False, timeout=0.1, message="never")
     kubeapi.delete("configmaps", NS, "c")
     assert kubeapi.get("configmaps", NS, "c") is None
+
+
+def test_concurrent_optimistic_writers_lose_no_update(kubeapi: KubeAPI) -> None:
+    kubeapi.create("configmaps", {"metadata": {"name": "counter"}, "data": {"n": "0"}}, NS)
+    conflicts = []
+
+    def increment(times: int) -> None:
+        with kubeapi.api_client() as client:
+            core = k8s.CoreV1Api(client)
+            for _ in range(times):
+                while True:
+                    cm = core.read_namespaced_config_map("counter", NS)
+                    cm.data["n"] = str(int(cm.data["n"]) + 1)
+                    try:
+                        core.replace_namespaced_config_map("counter", NS, cm)
+                        break
+                    except ApiException as e:
+                        assert e.status == 409
+                        conflicts.append(1)
+
+    threads = [threading.Thread(target=increment, args=(10,)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (kubeapi.get("configmaps", NS, "counter") or {})["data"]["n"] == "60"
+    assert conflicts  # six writers on one object do collide
 
 
 def test_leases_support_optimistic_leader_election(kube_client: k8s.ApiClient) -> None:
