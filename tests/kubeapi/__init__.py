@@ -13,9 +13,10 @@ import the operator under test, or talk to anything but loopback.
 Fixtures for test modules: ``pytest_plugins = ("tests.kubeapi.fixtures",)``.
 """
 
-from .api import PYTORCHJOB_CRD, KubeAPI
+from .api import PYTORCHJOB_CRD, QUALIFICATIONRUN_CRD, KubeAPI
 from .errors import ApiError
 from .resources import Kind
 from .store import Deletion, WatchEvent
 
-__all__ = ["PYTORCHJOB_CRD", "ApiError", "Deletion", "Kind", "KubeAPI", "WatchEvent"]
+__all__ = ["PYTORCHJOB_CRD", "QUALIFICATIONRUN_CRD", "ApiError", "Deletion", "Kind", "KubeAPI",
+           "WatchEvent"]

@@ -10,20 +10,15 @@ CRD exists), stopped after the test. ``kube_client``: an ``ApiClient`` for it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import kubernetes.client
 import pytest
 
-from .api import KubeAPI
+from .api import QUALIFICATIONRUN_CRD, KubeAPI
 
 if TYPE_CHECKING:
     from .training import SimulatedTrainingOperator
-
-REPO = Path(__file__).resolve().parents[2]
-QUALIFICATIONRUN_CRD = (REPO / "charts" / "resumequal" / "crds"
-                        / "qualificationruns.resumequal.dev.yaml")
 
 
 @pytest.fixture

@@ -342,6 +342,8 @@ class Store:
     def _default(self, kind: Kind, obj: Obj) -> None:
         """The few server-side defaults the operator's code can observe."""
         meta = obj["metadata"]
+        if kind.status_subresource and not kind.custom:
+            obj["status"] = {}  # Go structs: a built-in object always has a status
         if kind.key == "pods":
             obj["status"] = {"phase": "Pending"}
         elif kind.key == "namespaces":

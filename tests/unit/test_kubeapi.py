@@ -12,7 +12,7 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
-from tests.kubeapi import KubeAPI
+from tests.kubeapi import QUALIFICATIONRUN_CRD, KubeAPI
 
 pytest_plugins = ("tests.kubeapi.fixtures",)
 pytestmark = pytest.mark.timeout(30)
@@ -159,6 +159,24 @@ def test_custom_resources_are_pruned_to_their_schema(custom: k8s.CustomObjectsAp
     job = custom.create_namespaced_custom_object(*PTJ, body)
     assert "unknownKnob" not in job["spec"]
     assert ("pytorchjobs.kubeflow.org", NS, "j", ".spec.unknownKnob") in kubeapi.pruned
+
+
+def test_the_charts_qualificationrun_crd_is_served_with_its_status_subresource(
+        custom: k8s.CustomObjectsApi, kubeapi: KubeAPI) -> None:
+    if not QUALIFICATIONRUN_CRD.exists():
+        pytest.skip("the chart's CRD is not generated in this checkout")
+    assert kubeapi.kind("qr").status_subresource
+    qr = ("resumequal.dev", "v1alpha1", NS, "qualificationruns")
+    created = custom.create_namespaced_custom_object(*qr, {
+        "apiVersion": "resumequal.dev/v1alpha1", "kind": "QualificationRun",
+        "metadata": {"name": "nightly"}, "spec": {}, "status": {"phase": "Succeeded"}})
+    assert "status" not in created
+    machine = {"state": "armed", "legs": {"control": {"attempts": [0, 1]}}}
+    status = custom.patch_namespaced_custom_object_status(*qr, "nightly", {"status": {
+        "phase": "Armed", "machine": machine, "undeclared": 1}})["status"]
+    assert status == {"phase": "Armed", "machine": machine}  # preserved, and pruned
+    assert ("qualificationruns.resumequal.dev", NS, "nightly", ".status.undeclared") in (
+        kubeapi.pruned)
 
 
 # ---------------------------------------------------------------------- selectors

@@ -9,6 +9,7 @@ import kubernetes.client as k8s
 import pytest
 from kubernetes.client.rest import ApiException
 
+from tests.k8s_schemas import validate_core, validate_pytorchjob
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import Container, SimulatedTrainingOperator
 
@@ -335,3 +336,30 @@ def test_batch_job_retries_failed_pods_up_to_its_backoff_limit(
 def running_count(api: KubeAPI, job: str) -> int:
     return sum(p["status"]["phase"] == "Running" for p in api.list(
         "pods", NS, label_selector=f"batch.kubernetes.io/job-name={job}"))
+
+
+def test_everything_the_simulation_writes_passes_the_real_schemas(kubeapi: KubeAPI) -> None:
+    validated: list[str] = []
+
+    def schemas(obj: dict[str, Any]) -> None:
+        if obj["kind"] == "PyTorchJob":
+            validate_pytorchjob(obj)
+        elif obj["kind"] in ("Pod", "Service", "Job"):
+            validate_core(obj)
+        validated.append(obj["kind"])
+
+    def container(c: Container) -> int | None:
+        if c.replica_type == "Job" or c.attempt == 1:
+            return 0
+        c.killed.wait(10)
+        return None
+
+    kubeapi.add_validator(schemas)
+    with SimulatedTrainingOperator(kubeapi, run_container=container):
+        kubeapi.create("pytorchjobs", pytorchjob("leg"))
+        kubeapi.wait_for(lambda: len(running_pods(kubeapi, "leg")) == 2, timeout=5)
+        kubeapi.delete("pods", NS, "leg-worker-1", grace_period_seconds=0)
+        kubeapi.create("jobs", comparator("cmp", 0), namespace=NS)
+        kubeapi.wait_for(lambda: last_condition(kubeapi, "leg") == "Succeeded"
+                         and last_condition(kubeapi, "cmp", "jobs") == "Complete", timeout=10)
+    assert {"PyTorchJob", "Pod", "Service", "Job"} <= set(validated)
