@@ -14,11 +14,12 @@ import kubernetes.client
 import yaml
 
 from .errors import ApiError
+from .objects import CRD_KEY
 from .patch import JSON_PATCH, MERGE, STRATEGIC
 from .resources import Kind, Registry, kinds_from_crd
 from .selectors import Selector
 from .server import Fault, Server
-from .store import CRD_KEY, Deletion, Obj, Store, Validator, WatchEvent
+from .store import Deletion, Obj, Store, Validator, WatchEvent
 
 log = logging.getLogger(__name__)
 

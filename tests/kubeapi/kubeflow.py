@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .store import now_rfc3339
+from .objects import now_rfc3339
 
 Obj = dict[str, Any]
 

@@ -31,18 +31,17 @@ from __future__ import annotations
 
 import copy
 import logging
-import random
-import re
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ApiError
+from .objects import CRD_KEY, apply_defaults, generate_name, validate_metadata
+from .objects import now_rfc3339 as now_rfc3339  # kept importable from here
 from .patch import apply_patch
 from .resources import Kind, Registry, kinds_from_crd
 from .schema import prune
@@ -52,17 +51,6 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 Validator = Callable[[Obj], object]
-
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
-CRD_KEY = "customresourcedefinitions.apiextensions.k8s.io"
-
-
-def now_rfc3339() -> str:
-    """The current time as the API server writes timestamps (seconds, UTC, ``Z``)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -95,32 +83,6 @@ def _meta(obj: Obj) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ApiError.bad_request("metadata must be an object")
     return meta
-
-
-def _validate_metadata(kind: Kind, meta: dict[str, Any]) -> None:
-    name = meta["name"]
-    limit = 63 if kind.plural == "namespaces" else 253
-    if len(name) > limit or not _NAME_RE.match(name):
-        raise ApiError.invalid(
-            f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: "{name}": a '
-            f"lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
-            f"'-' or '.' (at most {limit} characters)", kind.plural, kind.group, name)
-    for field in ("labels", "annotations"):
-        values = meta.get(field) or {}
-        if not isinstance(values, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
-            raise ApiError.bad_request(f"metadata.{field} must map strings to strings")
-    for key, value in (meta.get("labels") or {}).items():
-        prefix, _, label = key.rpartition("/")
-        if len(label) > 63 or not _LABEL_NAME_RE.match(label) or len(prefix) > 253:
-            raise ApiError.invalid(f'{kind.kind} "{name}" is invalid: metadata.labels: '
-                                   f'Invalid value: "{key}": name part must be at most 63 '
-                                   "characters of [-A-Za-z0-9_.]", kind.plural, kind.group, name)
-        if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
-            raise ApiError.invalid(f'{kind.kind} "{name}" is invalid: metadata.labels: '
-                                   f'Invalid value: "{value}": a valid label must be an empty '
-                                   "string or at most 63 characters of [-A-Za-z0-9_.]",
-                                   kind.plural, kind.group, name)
 
 
 def _without(obj: Obj, keys: Iterable[str]) -> Obj:
@@ -213,7 +175,7 @@ class Store:
         return pruned
 
     def _admit(self, kind: Kind, obj: Obj) -> None:
-        _validate_metadata(kind, obj["metadata"])
+        validate_metadata(kind, obj["metadata"])
         for fn in self._validators:
             try:
                 verdict = fn(copy.deepcopy(obj))
@@ -287,10 +249,8 @@ class Store:
                 if not prefix:
                     raise ApiError.invalid(f"{kind.kind} is invalid: metadata.name: Required "
                                            "value: name or generateName is required")
-                while True:
-                    name = prefix + "".join(random.choices(_GENERATE_ALPHABET, k=5))
-                    if (ns, name) not in self._objects.get(kind.key, {}):
-                        break
+                name = generate_name(prefix, {n for (o, n) in self._objects.get(kind.key, {})
+                                              if o == ns})
             if (ns, name) in self._objects.get(kind.key, {}):
                 raise ApiError.already_exists(kind.plural, kind.group, name)
             if kind.namespaced:
@@ -307,7 +267,7 @@ class Store:
             obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
             if kind.status_subresource:
                 obj.pop("status", None)
-            self._default(kind, obj)
+            apply_defaults(kind, obj)
             obj = self._prune(kind, obj)
             self._admit(kind, obj)
             if dry_run:
@@ -338,33 +298,6 @@ class Store:
         if not self.auto_namespaces:
             raise ApiError.not_found("namespaces", "", ns)
         self.create(namespaces, None, {"metadata": {"name": ns}})
-
-    def _default(self, kind: Kind, obj: Obj) -> None:
-        """The few server-side defaults the operator's code can observe."""
-        meta = obj["metadata"]
-        if kind.status_subresource and not kind.custom:
-            obj["status"] = {}  # Go structs: a built-in object always has a status
-        if kind.key == "pods":
-            obj["status"] = {"phase": "Pending"}
-        elif kind.key == "namespaces":
-            obj["status"] = {"phase": "Active"}
-            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
-        elif kind.key == "jobs.batch":
-            spec = obj.setdefault("spec", {})
-            spec.setdefault("parallelism", 1)
-            spec.setdefault("completions", 1)
-            spec.setdefault("backoffLimit", 6)
-            labels = {"batch.kubernetes.io/controller-uid": meta["uid"],
-                      "batch.kubernetes.io/job-name": meta["name"],
-                      "controller-uid": meta["uid"], "job-name": meta["name"]}
-            template = spec.setdefault("template", {})
-            template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
-            spec.setdefault("selector", {"matchLabels": {
-                "batch.kubernetes.io/controller-uid": meta["uid"]}})
-        elif kind.key == CRD_KEY:
-            obj["status"] = {"conditions": [
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}],
-                "acceptedNames": obj.get("spec", {}).get("names", {})}
 
     # ----------------------------------------------------------------- update / patch
 

@@ -56,8 +56,8 @@ from typing import Any
 from . import kubeflow
 from .api import KubeAPI
 from .errors import ApiError
+from .objects import Obj, now_rfc3339
 from .patch import MERGE
-from .store import Obj, now_rfc3339
 
 log = logging.getLogger(__name__)
 
