@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from resumequal.errors import ClusterError, ResumequalError
-from resumequal.plan import qualification_plan
+from resumequal.plan import Plan, qualification_plan
 from resumequal.qualify import MAIN_LEG, Phase, Qualification, QualificationStatus, Reason
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import Cut, Report, Result, ValidityCheck, Verdict
+from resumequal_operator import pytorchjob
 from resumequal_operator.backend import (
     ComparatorFailed,
     KillRefused,
@@ -64,7 +65,7 @@ class _Run:
     ref: RunRef
     spec: QualificationRunSpec
     qspec: QualificationSpec
-    location: RunLocation
+    uri: str  # the run location
 
 
 class Reconciler:
@@ -114,44 +115,44 @@ class Reconciler:
     def _run(self, obj: Obj, spec: QualificationRunSpec) -> _Run:
         ref = RunRef.of(obj)
         uri = run_uri(spec.store.uri, ref.namespace, ref.name, ref.uid)
+        return _Run(obj, ref, spec, qualification_spec(spec, uri), uri)
+
+    def _location(self, run: _Run) -> RunLocation:
+        """The run's location, opened once per run while it is running (an S3 client, and
+        the trace segments already read)."""
         with self._lock:
-            location = self._locations.get(ref.uid)
+            location = self._locations.get(run.ref.uid)
             if location is None:
-                location = RunLocation.open(uri, spec.store.s3_spec())
-                self._locations[ref.uid] = location
-        return _Run(obj, ref, spec, qualification_spec(spec, uri), location)
+                location = RunLocation.open(run.uri, run.spec.store.s3_spec())
+                self._locations[run.ref.uid] = location
+            return location
 
     def _drive(self, key: str, run: _Run, previous: QualificationRunStatus | None,
                generation: int | None) -> float | None:
         plan = qualification_plan(run.qspec)
-        backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
-                                    run.location)
         machine = machine_of(previous)
+        if machine is not None and machine.done:
+            # Finished: only the status (a new generation) and the metrics may need writing.
+            self._write_status(run.obj, self._status(run, plan, machine, previous, generation))
+            self._record(key, run, machine)
+            with self._lock:
+                self._locations.pop(run.ref.uid, None)
+            return None
+        backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
+                                    self._location(run))
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
                           clock=self.clock)
         seen = len(q.status.history)
         killed = {n for n, leg in q.status.legs.items() if leg.killed_at is not None}
         error: Exception | None = None
-        if not q.status.done:
-            try:
-                q.tick()
-            except (ComparatorFailed, KillRefused) as e:
-                q.fail(Reason.ERROR, str(e))
-            except ResumequalError as e:  # API or store trouble: write progress, then retry
-                error = e
-        status = run_status(
-            q.status, previous=previous, generation=generation, pin=run.spec.stack.effective_pin,
-            run_uri=run.location.uri,
-            report_url=run.location.url("report.html") if q.status.verdict else
-            (previous.report_url if previous else None),
-            leg_jobs={p.name: backend.job_name(p.name) for p in plan.legs},
-            comparator_job=backend.comparator_name if q.status.phase in (
-                Phase.COMPARING, Phase.SUCCEEDED) or (previous and previous.comparator_job)
-            else None,
-            preemption_mode=run.spec.preemption.mode,
-        )
+        try:
+            q.tick()
+        except (ComparatorFailed, KillRefused) as e:
+            q.fail(Reason.ERROR, str(e))
+        except ResumequalError as e:  # API or store trouble: write progress, then retry
+            error = e
         self._announce(run, q.status, seen, killed)
-        self._write_status(run.obj, status)
+        self._write_status(run.obj, self._status(run, plan, q.status, previous, generation))
         if error is not None:
             raise error
         if q.status.done:
@@ -160,6 +161,24 @@ class Reconciler:
                 self._locations.pop(run.ref.uid, None)  # its trace cache is not needed again
             return None
         return self.poll_seconds
+
+    def _status(self, run: _Run, plan: Plan, machine: QualificationStatus,
+                previous: QualificationRunStatus | None,
+                generation: int | None) -> QualificationRunStatus:
+        ref = run.ref
+        compared = machine.phase in (Phase.COMPARING, Phase.SUCCEEDED) or (
+            previous is not None and previous.comparator_job is not None)
+        return run_status(
+            machine, previous=previous, generation=generation,
+            pin=run.spec.stack.effective_pin, run_uri=run.uri,
+            report_url=f"{run.uri}/report.html" if machine.verdict is not None else
+            (previous.report_url if previous else None),
+            leg_jobs={p.name: pytorchjob.leg_job_name(ref.name, ref.uid, p.name)
+                      for p in plan.legs},
+            comparator_job=pytorchjob.comparator_job_name(ref.name, ref.uid) if compared
+            else None,
+            preemption_mode=run.spec.preemption.mode,
+        )
 
     def _announce(self, run: _Run, machine: QualificationStatus, seen: int,
                   killed: set[str]) -> None:
@@ -213,7 +232,7 @@ class Reconciler:
         pin = run.spec.stack.effective_pin
         if self._recorded.get(key) == (run.ref.uid, pin):
             return
-        verdict = machine.verdict or run.location.read_verdict() or _failed_verdict(
+        verdict = machine.verdict or self._location(run).read_verdict() or _failed_verdict(
             run.qspec, machine)
         main = machine.main()
         restart = None
@@ -255,9 +274,9 @@ class Reconciler:
             spec = None  # never started: nothing in the store
         if spec is not None and spec.retention.policy == "Delete":
             run = self._run(obj, spec)
-            removed = run.location.delete_all()
+            removed = self._location(run).delete_all()
             log.info("%s: retention Delete: removed %d object(s) under %s", key, removed,
-                     run.location.uri)
+                     run.uri)
         with self._lock:
             self._locations.pop(ref.uid, None)
         self._forget(key)

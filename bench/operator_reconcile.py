@@ -1,0 +1,173 @@
+"""The operator under load: N QualificationRuns reconciled from apply to verdict.
+
+The operator runs as its own process (``resumequal-operator run``, as in a pod) against
+the API emulator of the tests (real HTTP, the official client), with the simulated
+Kubeflow training operator and Job controller moving PyTorchJobs, Jobs and pods, and the
+tests' simulated workers writing traces, beacons and verdicts into a ``file://`` store
+(no S3 endpoint in the way: what is measured is the operator). Every run has 2 legs of
+2 nodes x 1 rank, a hard kill on rank 1, and a comparator Job.
+
+Printed: reconcile latency percentiles (from the operator's own
+``resumequal_operator_reconcile_duration_seconds`` histogram, interpolated within buckets as
+``histogram_quantile`` does), apply-to-verdict latency percentiles, reconciles per second,
+and the operator process's peak resident memory (VmHWM).
+
+    python bench/operator_reconcile.py [--runs 200] [--workers 4] [--poll-seconds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.kubeapi import KubeAPI  # noqa: E402 - the repository root is on the path now
+from tests.kubeapi.fixtures import QUALIFICATIONRUN_CRD  # noqa: E402
+from tests.kubeapi.training import SimulatedTrainingOperator  # noqa: E402
+from tests.operator.harness import run_manifest, write_kubeconfig  # noqa: E402
+from tests.operator.workers import Workers  # noqa: E402
+from tests.s3server import free_port  # noqa: E402
+
+NAMESPACE = "quals"
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def histogram_quantile(q: float, metrics: dict[str, float], family: str) -> float:
+    """Prometheus' histogram_quantile over one unlabelled histogram family."""
+    buckets = sorted((float(k.split('le="')[1].rstrip('"}')), v) for k, v in metrics.items()
+                     if k.startswith(f"{family}_bucket{{"))
+    total = buckets[-1][1]
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / max(
+                count - lower_count, 1e-12)
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def percentiles(values: list[float]) -> str:
+    qs = statistics.quantiles(values, n=100, method="inclusive")
+    return f"p50 {qs[49]:.3f}s  p90 {qs[89]:.3f}s  p99 {qs[98]:.3f}s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--poll-seconds", type=float, default=1.0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="rq-bench-") as tmp, KubeAPI() as api:
+        api.register_pytorchjob_crd()
+        api.register_crd(QUALIFICATIONRUN_CRD)
+        store = {"uri": f"file://{tmp}/store"}
+        sim = SimulatedTrainingOperator(api, run_container=Workers(hold_timeout=args.timeout))
+        sim.start()
+        port = free_port()
+        env = dict(os.environ, KUBECONFIG=str(write_kubeconfig(api, Path(tmp) / "kubeconfig")),
+                   POD_NAME="bench", POD_NAMESPACE=NAMESPACE)
+        log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from resumequal_operator.main import main; main()", "run",
+             "--port", str(port), "--workers", str(args.workers),
+             "--poll-seconds", str(args.poll_seconds), "--log-level", "WARNING"],
+            env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise SystemExit("the operator did not become ready") from None
+                    time.sleep(0.1)
+            created: dict[str, float] = {}
+            start = time.monotonic()
+            for i in range(args.runs):
+                name = f"run-{i:04d}"
+                # Timeouts sized for 200 runs' pods simulated on 2 cores, not for the operator.
+                api.create("qualificationruns", run_manifest(
+                    name, store, timeouts={"arm_seconds": 900, "restart_seconds": 900,
+                                           "process_group_seconds": 1000,
+                                           "leg_seconds": 1800}))
+                created[name] = time.time()
+            finished: dict[str, tuple[float, str]] = {}
+            while len(finished) < args.runs:
+                if time.monotonic() - start > args.timeout:
+                    raise SystemExit(f"only {len(finished)} of {args.runs} runs finished in "
+                                     f"{args.timeout:g}s")
+                for obj in api.list("qualificationruns", NAMESPACE):
+                    name, status = obj["metadata"]["name"], obj.get("status") or {}
+                    if name not in finished and status.get("phase") in ("Succeeded", "Failed"):
+                        ready = next((c for c in status.get("conditions") or []
+                                      if c["type"] == "Ready"), {})
+                        finished[name] = (time.time(), status["phase"] if status["phase"] ==
+                                          "Succeeded" else f"{ready.get('reason')}: "
+                                          f"{ready.get('message')}")
+                time.sleep(0.2)
+            wall = time.monotonic() - start
+            metrics = scrape(port)
+            rss = peak_rss_mib(proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+            sim.stop()
+
+    family = "resumequal_operator_reconcile_duration_seconds"
+    reconciles = metrics[f"{family}_count"]
+    failed = sorted(n for n, (_, phase) in finished.items() if phase != "Succeeded")
+    verdicts = [finished[n][0] - created[n] for n in created]
+    print(json.dumps({"runs": args.runs, "succeeded": args.runs - len(failed),
+                      "workers": args.workers, "poll_seconds": args.poll_seconds}))
+    print(f"reconciles: {reconciles:.0f} in {wall:.1f}s ({reconciles / wall:.0f}/s), "
+          f"errors {metrics.get('resumequal_operator_reconcile_errors_total', 0):.0f}")
+    print("reconcile latency:  " + "  ".join(
+        f"p{round(q * 100)} {histogram_quantile(q, metrics, family) * 1000:.1f}ms"
+        for q in (0.5, 0.9, 0.99)) + f"  (mean {metrics[f'{family}_sum'] / reconciles * 1000:.1f}ms)")
+    print(f"apply to verdict:   {percentiles(verdicts)}")
+    print(f"operator peak RSS:  {rss:.0f} MiB")
+    for name in failed[:5]:
+        print(f"not Succeeded: {name}: {finished[name][1]}")
+
+
+if __name__ == "__main__":
+    main()
