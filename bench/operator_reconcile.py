@@ -160,9 +160,10 @@ def main() -> None:
                       "workers": args.workers, "poll_seconds": args.poll_seconds}))
     print(f"reconciles: {reconciles:.0f} in {wall:.1f}s ({reconciles / wall:.0f}/s), "
           f"errors {metrics.get('resumequal_operator_reconcile_errors_total', 0):.0f}")
+    mean_ms = metrics[f"{family}_sum"] / reconciles * 1000
     print("reconcile latency:  " + "  ".join(
         f"p{round(q * 100)} {histogram_quantile(q, metrics, family) * 1000:.1f}ms"
-        for q in (0.5, 0.9, 0.99)) + f"  (mean {metrics[f'{family}_sum'] / reconciles * 1000:.1f}ms)")
+        for q in (0.5, 0.9, 0.99)) + f"  (mean {mean_ms:.1f}ms)")
     print(f"apply to verdict:   {percentiles(verdicts)}")
     print(f"operator peak RSS:  {rss:.0f} MiB")
     for name in failed[:5]:
