@@ -118,3 +118,33 @@ def test_a_leader_that_stops_releases_the_lease_at_once(
     eventually(lambda: second.is_leader, timeout=3, what="the standby to take over")
     lease = api.get(LEASES.plural, NAMESPACE, "resumequal-operator")
     assert lease is not None and lease["spec"]["holderIdentity"] == second.settings.identity
+
+
+def _metric(op: object, name: str, labels: dict[str, str] | None = None) -> float:
+    value = op.registry.get_sample_value(name, labels or {})  # type: ignore[attr-defined]
+    return float(value or 0.0)
+
+
+def test_a_status_conflict_is_retried_after_reading_again(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    api.inject_fault(method="PUT", kind=QUALIFICATION_RUNS.plural + ".resumequal.dev",
+                     subresource="status", code=409, times=2, message="the object changed")
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("contested", store))
+    wait_phase(api, "contested", "LegsRunning")
+    assert not api._server.faults  # type: ignore[union-attr]  # both conflicts were served
+    assert _metric(op, "resumequal_operator_reconcile_errors_total") == 0.0
+    puts = [p for m, p in api.requests if m == "PUT" and p.endswith("/contested/status")]
+    assert len(puts) >= 3  # two conflicts, then the write
+
+
+def test_an_api_error_backs_off_and_the_run_still_proceeds(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    api.inject_fault(method="POST", kind="pytorchjobs.kubeflow.org", code=500, times=3)
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("flaky", store))
+    eventually(lambda: len(_jobs(api, "flaky")) == 2, what="both legs despite the errors")
+    assert _metric(op, "resumequal_operator_reconcile_errors_total") >= 1.0
+    assert _metric(op, "resumequal_operator_reconcile_total", {"result": "error"}) >= 1.0

@@ -247,3 +247,19 @@ def test_deleting_a_running_run_stops_its_legs(
     assert len(deleted) == 2
     assert all(d.propagation_policy == "Background"
                for d in api.deletions_of(PYTORCHJOBS.plural) if d.cause == "api")
+
+
+def test_a_comparator_that_writes_no_verdict_fails_the_run(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    workers.write_verdict = False
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("no-verdict", store))
+    done = wait_phase(api, "no-verdict", ("Succeeded", "Failed"), timeout=30)
+    ready = condition(done, "Ready")
+    assert done["status"]["phase"] == "Failed" and ready["reason"] == "Error"
+    assert "comparator Job no-verdict-compare-" in ready["message"]
+    assert "without a verdict" in ready["message"]
+    assert "verdict" not in done["status"]
+    api.wait_for(lambda: not _live(api, JOBS.plural, "no-verdict"), 10, "the Job deleted")

@@ -1,0 +1,106 @@
+"""KubernetesBackend against the emulator: what it refuses to kill, and the comparator Job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resumequal.plan import qualification_plan
+from resumequal.qualify import Beacon, LegState
+from resumequal.runstore import RunLocation
+from resumequal.verdict import Result
+from resumequal_operator.backend import ComparatorFailed, KillRefused, KubernetesBackend, RunRef
+from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
+from resumequal_operator.resource import parse_run_spec, qualification_spec
+from tests.kubeapi import KubeAPI
+from tests.operator.harness import NAMESPACE, run_manifest
+from tests.operator.workers import verdict
+
+
+@pytest.fixture
+def backend(api: KubeAPI, tmp_path: Path) -> KubernetesBackend:
+    manifest = run_manifest("unit", {"uri": f"file://{tmp_path}/store"})
+    obj = api.create(QUALIFICATION_RUNS.plural, manifest)
+    ref = RunRef.of(obj)
+    spec = parse_run_spec(obj["spec"])
+    uri = f"{tmp_path}/store/{NAMESPACE}/unit/{ref.uid}"
+    qspec = qualification_spec(spec, uri)
+    return KubernetesBackend(Kube(api.api_client()), ref, spec, qspec,
+                             qualification_plan(qspec), RunLocation.open(uri))
+
+
+def _pod(api: KubeAPI, name: str, job: dict[str, Any], index: int) -> None:
+    m = job["metadata"]
+    api.create("pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "labels": {"training.kubeflow.org/replica-index": str(index)},
+                     "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                          "name": m["name"], "uid": m["uid"],
+                                          "controller": True}]},
+        "spec": {"containers": [{"name": "pytorch", "image": "x"}]}})
+
+
+def _beacon(pod: str) -> Beacon:
+    return Beacon(pid=7, host=pod, pod=pod, rank=1, attempt=0, step=4, microstep=1,
+                  armed_at=0.0)
+
+
+def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
+    api: KubeAPI, backend: KubernetesBackend
+) -> None:
+    backend.launch_leg(backend.plan.leg("preempted"))
+    backend.launch_leg(backend.plan.leg("preempted"))  # idempotent: 409 is "launched"
+    assert len(api.created(PYTORCHJOBS.plural)) == 1
+    job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
+    assert job is not None
+    name = job["metadata"]["name"]
+    _pod(api, f"{name}-worker-0", job, 0)
+    _pod(api, f"{name}-worker-1", job, 1)
+    stranger = api.create(PYTORCHJOBS.plural, {**job, "metadata": {
+        "name": "someone-else", "namespace": NAMESPACE}})
+    _pod(api, "someone-else-worker-1", stranger, 1)
+
+    with pytest.raises(KillRefused, match="worker-0, which hosts the c10d rendezvous"):
+        backend.deliver_kill(_beacon(f"{name}-worker-0"), "hard", 20)
+    with pytest.raises(KillRefused, match="does not belong to a leg"):
+        backend.deliver_kill(_beacon("someone-else-worker-1"), "hard", 20)
+    assert [d for d in api.deletions_of("pods") if d.cause == "api"] == []
+
+    backend.deliver_kill(_beacon(f"{name}-worker-1"), "graceful", 2.5)
+    (kill,) = [d for d in api.deletions_of("pods") if d.cause == "api"]
+    assert (kill.name, kill.grace_period_seconds) == (f"{name}-worker-1", 3)
+    backend.deliver_kill(_beacon(f"{name}-worker-1"), "hard", 20)  # gone already: no error
+
+
+def test_a_leg_whose_job_vanished_is_failed(backend: KubernetesBackend) -> None:
+    obs = backend.observe_leg("control")
+    assert obs.state == LegState.FAILED and "no longer exists" in (obs.message or "")
+
+
+def test_the_comparator_job_is_created_once_and_read_when_it_ends(
+    api: KubeAPI, backend: KubernetesBackend
+) -> None:
+    assert backend.compare() is None
+    assert backend.compare() is None
+    assert len(api.created(JOBS.plural)) == 1
+    job = api.get(JOBS.plural, NAMESPACE, backend.comparator_name)
+    assert job is not None
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][:2] == [
+        "compare", backend.location.uri]
+    failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                              "message": "Job has reached the specified backoff limit"}]}
+    api.patch_status(JOBS.plural, NAMESPACE, backend.comparator_name, failed)
+    with pytest.raises(ComparatorFailed, match="failed without a verdict: Job has reached"):
+        backend.compare()
+    # Exit 1 (FAIL) fails the Job too, after the verdict was written: that is a verdict.
+    backend.location.store.put_bytes("verdict.json",
+                                     verdict(Result.FAIL).model_dump_json().encode())
+    v = backend.compare()
+    assert v is not None and v.result == Result.FAIL
+    backend.cleanup()
+    deleted = [d for d in api.deletions_of(JOBS.plural) if d.cause == "api"]
+    assert [(d.name, d.propagation_policy) for d in deleted] == [
+        (backend.comparator_name, "Background")]
