@@ -51,7 +51,8 @@ class Admission:
         self.validated[kind] += 1
 
 
-def run_manifest(name: str, store: dict[str, str], **spec: Any) -> Obj:
+def run_manifest(name: str, store: dict[str, str], namespace: str = NAMESPACE,
+                 **spec: Any) -> Obj:
     """A small valid QualificationRun: 2 nodes x 1 rank, cut on rank 1 (pod worker-1)."""
     body: Obj = {
         "stack": {"image": "ghcr.io/acme/train:2026-11-29"},
@@ -68,7 +69,7 @@ def run_manifest(name: str, store: dict[str, str], **spec: Any) -> Obj:
         else:
             body[section] = value
     return {"apiVersion": "resumequal.dev/v1alpha1", "kind": "QualificationRun",
-            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": body}
+            "metadata": {"name": name, "namespace": namespace}, "spec": body}
 
 
 class Operators:

@@ -148,3 +148,29 @@ def test_an_api_error_backs_off_and_the_run_still_proceeds(
     eventually(lambda: len(_jobs(api, "flaky")) == 2, what="both legs despite the errors")
     assert _metric(op, "resumequal_operator_reconcile_errors_total") >= 1.0
     assert _metric(op, "resumequal_operator_reconcile_total", {"result": "error"}) >= 1.0
+
+
+def _phase(api: KubeAPI, namespace: str, name: str) -> str | None:
+    obj = api.get(QUALIFICATION_RUNS.plural, namespace, name) or {}
+    return (obj.get("status") or {}).get("phase")
+
+
+def test_watches_the_namespaces_it_is_given(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    operators.start(namespaces=(NAMESPACE, "team-b"))
+    for ns in (NAMESPACE, "team-b", "team-c"):
+        api.create(QUALIFICATION_RUNS.plural, run_manifest("q", store, namespace=ns))
+    eventually(lambda: _phase(api, NAMESPACE, "q") and _phase(api, "team-b", "q"),
+               what="both watched namespaces reconciled")
+    assert _phase(api, "team-c", "q") is None
+
+
+def test_watches_every_namespace(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    operators.start(namespaces=())
+    for ns in ("team-x", "team-y"):
+        api.create(QUALIFICATION_RUNS.plural, run_manifest("q", store, namespace=ns))
+    eventually(lambda: _phase(api, "team-x", "q") and _phase(api, "team-y", "q"),
+               what="runs in any namespace reconciled")
