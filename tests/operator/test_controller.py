@@ -174,3 +174,19 @@ def test_watches_every_namespace(
         api.create(QUALIFICATION_RUNS.plural, run_manifest("q", store, namespace=ns))
     eventually(lambda: _phase(api, "team-x", "q") and _phase(api, "team-y", "q"),
                what="runs in any namespace reconciled")
+
+
+def test_an_unchanged_run_is_polled_without_writing_its_status(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("idle", store))
+    wait_phase(api, "idle", "LegsRunning")
+    eventually(lambda: len(_jobs(api, "idle")) == 2, what="both legs")
+
+    def writes() -> int:
+        return sum(1 for m, p in api.requests if m == "PUT" and p.endswith("/idle/status"))
+
+    before, reconciles = writes(), op.reconciles
+    eventually(lambda: op.reconciles >= reconciles + 10, what="ten more reconciles")
+    assert writes() == before
