@@ -26,6 +26,16 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339(epoch: float) -> str:
+    """A Unix time in the API server's timestamp format."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(stamp: str) -> float:
+    """The Unix time of an API server timestamp."""
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
 def generate_name(prefix: str, taken: Collection[str]) -> str:
     """``prefix`` plus five random characters, as for ``metadata.generateName``."""
     while True:

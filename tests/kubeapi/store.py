@@ -20,9 +20,12 @@ Semantics worth knowing when a test depends on them:
   owner (finalizer ``foregroundDeletion``) until its dependents are gone; ``Orphan``
   (the default for batch/v1 Jobs, as on a real server) strips the owner reference from
   the dependents. Objects with finalizers get ``deletionTimestamp`` and stay until the
-  last finalizer is removed; no finalizer may be added meanwhile. Pods are removed at
-  once whatever the grace period (there is no kubelet); every delete request is recorded
-  in ``deletions`` with its grace period.
+  last finalizer is removed; no finalizer may be added meanwhile. Every delete request
+  is recorded in ``deletions`` with its grace period and cause.
+- Pods: without a kubelet they are removed at once whatever the grace period. With one
+  (``graceful_pods``, set by the simulated kubelet) a running pod deleted with a grace
+  period > 0 gets ``deletionTimestamp`` (now + grace) and stays until the kubelet calls
+  ``finish_termination``; grace 0 removes it at once.
 - Namespaces are created on first use unless ``auto_namespaces`` is off (then 404, as
   on a real server); deleting a namespace deletes what is in it.
 """
@@ -40,7 +43,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ApiError
-from .objects import CRD_KEY, apply_defaults, generate_name, validate_metadata
+from .objects import (
+    CRD_KEY,
+    apply_defaults,
+    generate_name,
+    parse_rfc3339,
+    rfc3339,
+    validate_metadata,
+)
 from .objects import now_rfc3339 as now_rfc3339  # kept importable from here
 from .patch import apply_patch
 from .resources import Kind, Registry, kinds_from_crd
@@ -109,6 +119,9 @@ class Store:
         self._created: dict[str, list[Obj]] = {}
         self._validators: list[Validator] = []
         self.deletions: list[Deletion] = []
+        # With a kubelet (the simulated one sets this), deleting a running pod with a grace
+        # period only marks it; the kubelet removes it once its containers have stopped.
+        self.graceful_pods = False
         # (kind key, namespace, name, JSON path) of every field pruned from a custom resource.
         self.pruned: list[tuple[str, str, str, str]] = []
         self.closed = False
@@ -385,7 +398,8 @@ class Store:
             return copy.deepcopy(old)
         if dry_run:
             return copy.deepcopy(new)
-        if old["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+        if (old["metadata"].get("deletionTimestamp") and old["metadata"].get("finalizers")
+                and not new["metadata"].get("finalizers")):
             return copy.deepcopy(self._remove(kind, new))
         return copy.deepcopy(self._commit(kind, new, old, "MODIFIED"))
 
@@ -418,6 +432,13 @@ class Store:
                 finalizers.append("foregroundDeletion")
             if kind.key == "namespaces":
                 self._empty_namespace(name)
+            if kind.key == "pods" and self.graceful_pods:
+                grace = grace_period_seconds
+                if grace is None:
+                    grace = int((obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+                if grace > 0 and (obj.get("status") or {}).get("phase") == "Running":
+                    return copy.deepcopy(self._start_termination(kind, obj, grace,
+                                                                 finalizers)), False
             if finalizers:
                 if meta.get("deletionTimestamp") and finalizers == meta.get("finalizers"):
                     return copy.deepcopy(obj), False
@@ -436,6 +457,35 @@ class Store:
                 return copy.deepcopy(self._objects.get(kind.key, {}).get(
                     (held_meta.get("namespace", ""), name), held)), False
             return copy.deepcopy(self._remove(kind, obj)), True
+
+    def _start_termination(self, kind: Kind, obj: Obj, grace: int,
+                           finalizers: list[str]) -> Obj:
+        """A running pod's graceful deletion: it stays, marked, until its kubelet is done."""
+        meta = obj["metadata"]
+        deadline = time.time() + grace
+        if meta.get("deletionTimestamp") and parse_rfc3339(meta["deletionTimestamp"]) <= deadline:
+            return obj
+        held = copy.deepcopy(obj)
+        held_meta = held["metadata"]
+        if not held_meta.get("deletionTimestamp"):
+            held_meta["generation"] = int(held_meta.get("generation", 1)) + 1
+        held_meta.update(deletionTimestamp=rfc3339(deadline), deletionGracePeriodSeconds=grace)
+        if finalizers:
+            held_meta["finalizers"] = finalizers
+        return self._commit(kind, held, obj, "MODIFIED")
+
+    def finish_termination(self, kind: Kind, namespace: str, name: str) -> None:
+        """The kubelet is done with a terminating pod: remove it (finalizers still hold it)."""
+        with self.lock:
+            obj = self._objects.get(kind.key, {}).get((namespace, name))
+            if obj is None or not obj["metadata"].get("deletionTimestamp"):
+                return
+            if not obj["metadata"].get("finalizers"):
+                self._remove(kind, obj)
+            elif obj["metadata"].get("deletionGracePeriodSeconds"):
+                done = copy.deepcopy(obj)
+                done["metadata"]["deletionGracePeriodSeconds"] = 0
+                self._commit(kind, done, obj, "MODIFIED")
 
     def _remove(self, kind: Kind, obj: Obj) -> Obj:
         old = self._objects[kind.key][(obj["metadata"].get("namespace", ""),

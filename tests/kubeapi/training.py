@@ -56,7 +56,7 @@ from typing import Any
 from . import kubeflow
 from .api import KubeAPI
 from .errors import ApiError
-from .objects import Obj, now_rfc3339
+from .objects import Obj, now_rfc3339, parse_rfc3339
 from .patch import MERGE
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ class Container:
     replica_type: str  # Master, Worker, or Job for a batch Job's pod
     index: int  # replica index (a Job's pod: 0)
     attempt: int  # 0, then one more per restart of the group (a Job: per failed pod)
-    killed: threading.Event
+    killed: threading.Event  # SIGTERM/SIGKILL: the pod is being deleted or the group restarts
+    exited: threading.Event = field(default_factory=threading.Event)
 
     @property
     def pod_name(self) -> str:
@@ -154,17 +155,19 @@ class SimulatedTrainingOperator:
     def __init__(self, api: KubeAPI, *, run_container: RunContainer | None = None,
                  on_pods_running: PodsRunning | None = None,
                  on_job_running: JobRunning | None = None, start_delay: float = 0.0,
-                 webhook: bool = True, tick: float = 0.05) -> None:
+                 webhook: bool = True, graceful: bool = True, tick: float = 0.05) -> None:
         self.api = api
         self.run_container = run_container
         self.on_pods_running = on_pods_running
         self.on_job_running = on_job_running
         self.start_delay = start_delay
+        self.graceful = graceful
         self.tick = tick
         self.errors: list[BaseException] = []
         self._lock = threading.RLock()
         self._tracked: dict[str, _Tracked] = {}
         self._start_at: dict[str, float] = {}
+        self._pod_containers: dict[str, Container] = {}  # pod uid -> its latest container
         self._callbacks: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
             queue.Queue())
         self._stopping = threading.Event()
@@ -178,6 +181,7 @@ class SimulatedTrainingOperator:
     def start(self) -> SimulatedTrainingOperator:
         """Start reconciling and running callbacks."""
         self._stopping.clear()
+        self.api.store.graceful_pods = self.graceful
         self._threads = [threading.Thread(target=self._loop, name="training-operator",
                                           daemon=True),
                          threading.Thread(target=self._callback_loop, name="training-callbacks",
@@ -189,6 +193,7 @@ class SimulatedTrainingOperator:
     def stop(self) -> None:
         """Stop; kill every container; re-raise the first error of a callback or container."""
         self._stopping.set()
+        self.api.store.graceful_pods = False
         self._callbacks.put(None)
         with self._lock:
             for state in self._tracked.values():
@@ -373,12 +378,16 @@ class SimulatedTrainingOperator:
             log.debug("reconcile of %s retried: %s", job["metadata"]["name"], e)
 
     def _kubelet(self) -> None:
-        """Pending pods we created start ``start_delay`` s after creation."""
+        """Pending pods start ``start_delay`` s after creation; terminating pods stop."""
         now = time.monotonic()
         for pod in self.api.list("pods"):
-            uid = pod["metadata"]["uid"]
-            if (uid not in self._start_at or _phase(pod) != "Pending"
-                    or pod["metadata"].get("deletionTimestamp") or now < self._start_at[uid]):
+            meta = pod["metadata"]
+            uid = meta["uid"]
+            start_at = self._start_at.setdefault(uid, now + self.start_delay)
+            if meta.get("deletionTimestamp"):
+                self._stop_pod(pod)
+                continue
+            if _phase(pod) != "Pending" or now < start_at:
                 continue
             stamp = now_rfc3339()
             statuses = [{"name": c["name"], "ready": True, "started": True, "restartCount": 0,
@@ -393,6 +402,17 @@ class SimulatedTrainingOperator:
                 "conditions": [{"type": t, "status": "True", "lastTransitionTime": stamp}
                                for t in ("PodScheduled", "Initialized", "ContainersReady",
                                          "Ready")]})
+
+    def _stop_pod(self, pod: Obj) -> None:
+        """SIGTERM to the pod's container; the pod goes once it exited or its grace ran out."""
+        meta = pod["metadata"]
+        container = self._pod_containers.get(meta["uid"])
+        if container is not None:
+            container.killed.set()
+        if (container is None or container.exited.is_set()
+                or time.time() >= parse_rfc3339(meta["deletionTimestamp"])):
+            self.api.store.finish_termination(self.api.kind("pods"), meta["namespace"],
+                                              meta["name"])
 
     def _after_finish(self, job: Obj, state: _Tracked) -> None:
         state.kill()
@@ -413,6 +433,7 @@ class SimulatedTrainingOperator:
             container = Container(copy.deepcopy(job), copy.deepcopy(pod), rtype_of(pod),
                                   index_of(pod), state.attempt, threading.Event())
             state.running[pod["metadata"]["uid"]] = container
+            self._pod_containers[pod["metadata"]["uid"]] = container
             thread = threading.Thread(target=self._run_container, args=(container,),
                                       name=f"container-{container.pod_name}-{state.attempt}",
                                       daemon=True)
@@ -427,6 +448,9 @@ class SimulatedTrainingOperator:
             log.exception("container %s failed", container.pod_name)
             self.errors.append(e)
             code = 1
+        finally:
+            container.exited.set()
+        self._wake()
         with self._lock:
             if code is None or container.killed.is_set() or self._stopping.is_set():
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import kubernetes.client as k8s
@@ -207,8 +208,12 @@ def test_deleting_the_job_collects_its_pods_and_services(
     custom.create_namespaced_custom_object(*PTJ, pytorchjob("leg"))
     attempts.wait(1)
     custom.delete_namespaced_custom_object(*PTJ, "leg", propagation_policy="Foreground")
+    # Foreground: the job stays (deletionTimestamp) while its pods terminate, then goes.
+    kubeapi.wait_for(lambda: kubeapi.get("pytorchjobs", NS, "leg") is None, timeout=5)
     assert kubeapi.list("pods", NS) == [] and kubeapi.list("services", NS) == []
-    assert kubeapi.get("pytorchjobs", NS, "leg") is None
+    held = [e.object for e in kubeapi.history("pytorchjobs") if e.type == "MODIFIED"
+            and e.object["metadata"].get("deletionTimestamp")]
+    assert held and "foregroundDeletion" in held[0]["metadata"]["finalizers"]
 
 
 def test_the_webhook_rejects_jobs_without_a_pytorch_container(
@@ -245,6 +250,61 @@ def test_containers_hold_until_killed_then_the_restarted_group_finishes(
         assert {p["status"]["phase"] for p in kubeapi.list("pods", NS)} == {"Succeeded"}
         job = kubeapi.get("pytorchjobs", NS, "leg") or {}
         assert job["status"]["replicaStatuses"]["Worker"]["succeeded"] == 3
+
+
+def test_graceful_deletion_lets_the_container_stop_before_the_pod_goes(
+        kubeapi: KubeAPI, kube_client: k8s.ApiClient) -> None:
+    stopped: list[tuple[int, float]] = []
+
+    def container(c: Container) -> int | None:
+        if c.attempt == 1:
+            return 0
+        c.killed.wait(10)
+        if c.index == 1:  # the SIGTERM handler takes a while, the other rank ignores it
+            time.sleep(0.3)
+        stopped.append((c.index, time.monotonic()))
+        return 143
+
+    core = k8s.CoreV1Api(kube_client)
+    with SimulatedTrainingOperator(kubeapi, run_container=container):
+        kubeapi.create("pytorchjobs", pytorchjob("leg"))
+        kubeapi.wait_for(lambda: len(running_pods(kubeapi, "leg")) == 2, timeout=5)
+        t0 = time.monotonic()
+        terminating = core.delete_namespaced_pod("leg-worker-1", NS, grace_period_seconds=5)
+        assert terminating.metadata.deletion_timestamp is not None
+        assert terminating.metadata.deletion_grace_period_seconds == 5
+        kubeapi.wait_for(lambda: last_condition(kubeapi, "leg") == "Succeeded", timeout=5)
+    assert sorted(i for i, _ in stopped) == [0, 1]
+    assert min(t for _, t in stopped) - t0 >= 0.3  # nobody was stopped before worker-1 exited
+    pod_events = [(e.type, bool(e.object["metadata"].get("deletionTimestamp")))
+                  for e in kubeapi.history("pods")
+                  if e.object["metadata"]["name"] == "leg-worker-1"]
+    assert ("MODIFIED", True) in pod_events
+    assert pod_events.index(("MODIFIED", True)) < pod_events.index(("DELETED", True))
+
+
+def test_a_pod_that_ignores_sigterm_goes_when_its_grace_period_ends(kubeapi: KubeAPI) -> None:
+    release = threading.Event()
+
+    def stubborn(c: Container) -> int | None:
+        c.killed.wait(10)
+        release.wait(10)  # ignores SIGTERM
+        return None
+
+    with SimulatedTrainingOperator(kubeapi, run_container=stubborn):
+        kubeapi.create("pytorchjobs", pytorchjob("leg", workers=1))
+        kubeapi.wait_for(lambda: len(running_pods(kubeapi, "leg")) == 1, timeout=5)
+        t0 = time.monotonic()
+        kubeapi.delete("pods", NS, "leg-worker-0", grace_period_seconds=2)
+        assert (kubeapi.get("pods", NS, "leg-worker-0") or {})["metadata"]["deletionTimestamp"]
+        kubeapi.wait_for(lambda: [e for e in kubeapi.history("pods") if e.type == "DELETED"],
+                         timeout=5)
+        assert 0.9 <= time.monotonic() - t0 < 4
+        release.set()
+    kubeapi.create("pods", {"metadata": {"name": "q", "namespace": NS}, "spec": {
+        "containers": [{"name": "c", "image": "x"}]}})
+    kubeapi.delete("pods", NS, "q", grace_period_seconds=30)
+    assert kubeapi.get("pods", NS, "q") is None  # without a kubelet deletion is immediate
 
 
 def test_a_container_exit_code_decides_a_batch_job(kubeapi: KubeAPI) -> None:
