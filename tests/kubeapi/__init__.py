@@ -1,16 +1,41 @@
 """A stateful Kubernetes API server over real HTTP on loopback, for the operator's tests.
 
-Owns: the emulated cluster state and its semantics (resourceVersion conflicts, status
-subresource, generation, patches, selectors, watches with 410 Gone, finalizers, owner
-garbage collection, admission validators), served to the official ``kubernetes`` client,
-plus a simulated Kubeflow training operator and Job controller (``training``). Must not:
-import the operator under test, or talk to anything but loopback.
+Owns: the emulated cluster state and its semantics, served to the official ``kubernetes``
+client, plus a simulated Kubeflow training operator, Job controller and kubelet
+(:mod:`.training`). Must not: import the operator under test, or talk to anything but
+loopback.
 
-    with KubeAPI() as api:
-        api.register_pytorchjob_crd()
+    pytest_plugins = ("tests.kubeapi.fixtures",)   # fixtures kubeapi, kube_client,
+                                                   # training_operator
+
+    with KubeAPI() as api:                          # or the ``kubeapi`` fixture
+        api.register_pytorchjob_crd()               # register_crd(dict | path) for others
         core = kubernetes.client.CoreV1Api(api.api_client())
 
-Fixtures for test modules: ``pytest_plugins = ("tests.kubeapi.fixtures",)``.
+``KubeAPI``: ``start``/``stop`` (the same port again on restart, state kept), ``url``,
+``configuration()``, ``api_client()``; setup: ``register_crd``, ``add_validator(fn)``
+(admission: raise or return a message → 422), ``inject_fault(method=, kind=, code=,
+times=)``, ``compact()`` (watches from older resourceVersions get 410); in-process
+accessors that keep every semantic (resourceVersion, watch events, validators): ``get``
+(None when absent), ``list``, ``create``, ``replace``, ``patch`` (merge/json/strategic),
+``patch_status``, ``delete``, ``wait_for(predicate, timeout)``; records: ``deletions`` /
+``deletions_of(kind)`` (grace period, policy, cause: api, garbage-collector,
+training-operator, namespace), ``created(kind)`` (every object ever created),
+``history(kind)`` (watch events), ``pruned`` (fields pruned from custom resources),
+``requests`` (HTTP requests). Kinds are named by plural (``pods``), ``plural.group``
+(``jobs.batch``, ``events.events.k8s.io``), Kind or short name (``qr``).
+
+Served: core/v1 namespaces, pods, events, secrets, configmaps, services, serviceaccounts;
+batch/v1 jobs, cronjobs; coordination.k8s.io/v1 leases; events.k8s.io/v1 events;
+apiextensions.k8s.io/v1 customresourcedefinitions (creating one serves it); discovery
+(``/version``, ``/api``, ``/apis``, ``/apis/<g>``, ``/apis/<g>/<v>``, enough for the
+dynamic client). Semantics: see :mod:`.store` (conflicts, status subresource,
+generation, finalizers, garbage collection, graceful pod deletion), :mod:`.patch`,
+:mod:`.selectors`, :mod:`.schema` (pruning), :mod:`.server` (watch: ADDED / MODIFIED /
+DELETED as the selection sees it, BOOKMARK, ERROR 410, timeoutSeconds,
+sendInitialEvents). Not emulated: authentication and RBAC, server-side apply, list
+pagination, CRD schema validation beyond pruning (register validators for that),
+conversion between CRD versions, field managers, pod logs/exec, scale subresources.
 """
 
 from .api import PYTORCHJOB_CRD, QUALIFICATIONRUN_CRD, KubeAPI

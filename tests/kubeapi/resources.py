@@ -153,11 +153,20 @@ class Registry:
 
     def discovery_group_list(self) -> dict[str, Any]:
         """The ``/apis`` document."""
-        groups = []
-        for group, versions in self.groups().items():
-            entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-            groups.append({"name": group, "versions": entries, "preferredVersion": entries[0]})
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+        return {"kind": "APIGroupList", "apiVersion": "v1",
+                "groups": [self._group(g, v) for g, v in self.groups().items()]}
+
+    def discovery_group(self, group: str) -> dict[str, Any]:
+        """The ``/apis/<group>`` document; 404 for a group nothing serves."""
+        versions = self.groups().get(group)
+        if not versions:
+            raise ApiError.not_found_path("the server could not find the requested resource")
+        return {"kind": "APIGroup", "apiVersion": "v1", **self._group(group, versions)}
+
+    @staticmethod
+    def _group(group: str, versions: list[str]) -> dict[str, Any]:
+        entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+        return {"name": group, "versions": entries, "preferredVersion": entries[0]}
 
     def discovery_resource_list(self, group: str, version: str) -> dict[str, Any]:
         """The ``/api/v1`` or ``/apis/<group>/<version>`` document; 404 for an unknown version."""

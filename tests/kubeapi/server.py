@@ -199,6 +199,8 @@ class Handler(BaseHTTPRequestHandler):
             return registry.discovery_resource_list("", "v1")
         if len(parts) == 3 and parts[0] == "apis":
             return registry.discovery_resource_list(parts[1], parts[2])
+        if len(parts) == 2 and parts[0] == "apis":
+            return registry.discovery_group(parts[1])
         return None
 
     def _target(self, path: str) -> _Target:

@@ -9,7 +9,7 @@ from typing import Any
 
 import kubernetes.client as k8s
 import pytest
-from kubernetes import watch
+from kubernetes import dynamic, watch
 from kubernetes.client.rest import ApiException
 
 from tests.kubeapi import QUALIFICATIONRUN_CRD, KubeAPI
@@ -64,6 +64,36 @@ def test_discovery_serves_version_groups_and_registered_crds(
     crd = k8s.ApiextensionsV1Api(kube_client).read_custom_resource_definition(
         "pytorchjobs.kubeflow.org")
     assert crd.spec.names.kind == "PyTorchJob"
+    group = k8s.BatchApi(kube_client).get_api_group()
+    assert group.preferred_version.group_version == "batch/v1"
+    dyn = dynamic.DynamicClient(kube_client)  # walks the whole discovery tree
+    pytorchjobs = dyn.resources.get(api_version="kubeflow.org/v1", kind="PyTorchJob")
+    assert pytorchjobs.namespaced and pytorchjobs.subresources["status"]
+    pods = dyn.resources.get(api_version="v1", kind="Pod")
+    pods.create(body=pod("via-dynamic"), namespace=NS)
+    assert [p.metadata.name for p in pods.get(namespace=NS).items] == ["via-dynamic"]
+
+
+def test_creating_a_crd_over_http_serves_its_kind(kube_client: k8s.ApiClient) -> None:
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": "widgets.example.com"},
+           "spec": {"group": "example.com", "scope": "Cluster",
+                    "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                    "versions": [{"name": "v1", "served": True, "storage": True,
+                                  "schema": {"openAPIV3Schema": {
+                                      "type": "object", "x-kubernetes-preserve-unknown-fields":
+                                      True}}}]}}
+    k8s.ApiextensionsV1Api(kube_client).create_custom_resource_definition(crd)
+    custom = k8s.CustomObjectsApi(kube_client)
+    custom.create_cluster_custom_object("example.com", "v1", "widgets", {
+        "apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
+        "spec": {"size": 3}})
+    widget = custom.get_cluster_custom_object("example.com", "v1", "widgets", "w")
+    assert widget["spec"] == {"size": 3} and "namespace" not in widget["metadata"]
+    with pytest.raises(ApiException) as no_status:
+        custom.patch_cluster_custom_object_status("example.com", "v1", "widgets", "w",
+                                                  {"status": {"x": 1}})
+    assert no_status.value.status == 404  # the CRD declares no status subresource
 
 
 def test_create_get_list_and_errors_are_status_objects(core: k8s.CoreV1Api) -> None:
