@@ -154,6 +154,13 @@ class KubeAPI:
         with self._server.connections_lock:
             self._server.faults.append(Fault(method, key, name, subresource, code, times, message))
 
+    def end_watches(self) -> None:
+        """End every open watch stream cleanly; clients resume from their last resourceVersion."""
+        if self._server is not None:
+            self._server.watch_generation += 1
+            with self.store.changed:
+                self.store.changed.notify_all()
+
     def compact(self) -> int:
         """Drop the watch history; watches from an older resourceVersion get 410 Gone."""
         return self.store.compact()

@@ -74,6 +74,9 @@ class Server(ThreadingHTTPServer):
         self.store = store
         self.registry = registry
         self.faults: list[Fault] = []
+        # Bumped to end every open watch stream (as an API server does when it restarts or
+        # rotates connections); clients must resume from their last resourceVersion.
+        self.watch_generation = 0
         self.requests: list[tuple[str, str]] = []
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
@@ -363,7 +366,8 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 rv = start_rv
             deadline = None if timeout is None else time.monotonic() + timeout
-            while not store.closed:
+            generation = self.server.watch_generation
+            while not store.closed and generation == self.server.watch_generation:
                 wait = WATCH_POLL_S
                 if deadline is not None:
                     wait = min(wait, deadline - time.monotonic())
@@ -374,6 +378,8 @@ class Handler(BaseHTTPRequestHandler):
                 except ApiError as e:
                     self._write_event("ERROR", e.status())
                     break
+                if generation != self.server.watch_generation:
+                    break  # ended: the resumed watch delivers these from the same version
                 for event in events:
                     rv = event.rv
                     translated = _translate(event, matches)

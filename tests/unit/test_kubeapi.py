@@ -396,6 +396,29 @@ def test_watch_from_a_compacted_resource_version_raises_410(core: k8s.CoreV1Api,
     assert _stream(core.list_namespaced_pod, NS, resource_version=fresh, timeout_seconds=0.3) == []
 
 
+def test_ended_watches_resume_from_the_last_resource_version(core: k8s.CoreV1Api,
+                                                             kubeapi: KubeAPI) -> None:
+    rv = core.list_namespaced_pod(NS).metadata.resource_version
+    seen: list[tuple[str, str]] = []
+    w = watch.Watch()
+
+    def follow() -> None:  # no timeout: the client reconnects by itself after a clean end
+        for e in w.stream(core.list_namespaced_pod, NS, resource_version=rv):
+            seen.append((e["type"], e["raw_object"]["metadata"]["name"]))
+            if len(seen) == 2:
+                w.stop()
+
+    thread = threading.Thread(target=follow)
+    thread.start()
+    kubeapi.create("pods", pod("one"), namespace=NS)
+    kubeapi.wait_for(lambda: seen, timeout=5)
+    kubeapi.end_watches()
+    kubeapi.create("pods", pod("two"), namespace=NS)
+    thread.join(timeout=5)
+    assert seen == [("ADDED", "one"), ("ADDED", "two")]
+    assert sum("watch=True" in path for _, path in kubeapi.requests) == 2
+
+
 def test_bounded_history_expires_old_watches() -> None:
     with KubeAPI(history=3) as api, api.api_client() as client:
         core = k8s.CoreV1Api(client)
