@@ -251,8 +251,9 @@ class SimulatedTrainingOperator:
     def attempt(self, namespace: str, name: str, kind: str = PTJ_KIND) -> int:
         """The current attempt of a job (0 until its first restart)."""
         job = self._job(namespace, name, kind)
-        with self._lock:
-            return self._state(job).attempt
+        # No lock: this is meant for KubeAPI.wait_for predicates, which hold the store's lock.
+        state = self._tracked.get(job["metadata"]["uid"])
+        return state.attempt if state is not None else 0
 
     def pods(self, namespace: str, name: str, kind: str | None = None) -> list[Obj]:
         """The job's pods as they are now."""

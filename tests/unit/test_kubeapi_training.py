@@ -138,8 +138,8 @@ def test_deleted_pod_restarts_the_group_then_the_job_succeeds(
     core = k8s.CoreV1Api(kube_client)
     victim = core.read_namespaced_pod("leg-worker-1", NS)
     core.delete_namespaced_pod("leg-worker-1", NS, grace_period_seconds=0)
+    kubeapi.wait_for(lambda: training_operator.attempt(NS, "leg") == 1, timeout=5)
     assert attempts.wait(2) == [("leg", 0), ("leg", 1)]
-    assert training_operator.attempt(NS, "leg") == 1
     reborn = core.read_namespaced_pod("leg-worker-1", NS)
     assert reborn.metadata.uid != victim.metadata.uid and reborn.status.phase == "Running"
     types = [c[0] for c in conditions(kubeapi, "leg")]
