@@ -12,7 +12,11 @@ Printed: reconcile latency percentiles (from the operator's own
 ``histogram_quantile`` does), apply-to-verdict latency percentiles, reconciles per second,
 and the operator process's peak resident memory (VmHWM).
 
-    python bench/operator_reconcile.py [--runs 200] [--workers 4] [--poll-seconds 1]
+    python bench/operator_reconcile.py [--runs 200] [--concurrency 50] [--workers 4]
+                                       [--poll-seconds 1]
+
+At most ``--concurrency`` runs are in flight; finished ones stay (the operator keeps
+resyncing them), so it ends holding all of them.
 """
 
 from __future__ import annotations
@@ -87,7 +91,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--poll-seconds", type=float, default=1.0)
-    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--timeout", type=float, default=1200.0)
+    parser.add_argument("--concurrency", type=int, default=50,
+                        help="runs in flight at once (the simulated pods share 2 cores)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="rq-bench-") as tmp, KubeAPI() as api:
@@ -117,16 +123,16 @@ def main() -> None:
                     time.sleep(0.1)
             created: dict[str, float] = {}
             start = time.monotonic()
-            for i in range(args.runs):
-                name = f"run-{i:04d}"
-                # Timeouts sized for 200 runs' pods simulated on 2 cores, not for the operator.
-                api.create("qualificationruns", run_manifest(
-                    name, store, timeouts={"arm_seconds": 900, "restart_seconds": 900,
-                                           "process_group_seconds": 1000,
-                                           "leg_seconds": 1800}))
-                created[name] = time.time()
             finished: dict[str, tuple[float, str]] = {}
             while len(finished) < args.runs:
+                while len(created) < min(args.runs, len(finished) + args.concurrency):
+                    name = f"run-{len(created):04d}"
+                    # Timeouts sized for many runs' pods simulated on 2 cores.
+                    api.create("qualificationruns", run_manifest(
+                        name, store, timeouts={"arm_seconds": 900, "restart_seconds": 900,
+                                               "process_group_seconds": 1000,
+                                               "leg_seconds": 1800}))
+                    created[name] = time.time()
                 if time.monotonic() - start > args.timeout:
                     raise SystemExit(f"only {len(finished)} of {args.runs} runs finished in "
                                      f"{args.timeout:g}s")
@@ -157,7 +163,8 @@ def main() -> None:
     failed = sorted(n for n, (_, phase) in finished.items() if phase != "Succeeded")
     verdicts = [finished[n][0] - created[n] for n in created]
     print(json.dumps({"runs": args.runs, "succeeded": args.runs - len(failed),
-                      "workers": args.workers, "poll_seconds": args.poll_seconds}))
+                      "concurrency": args.concurrency, "workers": args.workers,
+                      "poll_seconds": args.poll_seconds}))
     print(f"reconciles: {reconciles:.0f} in {wall:.1f}s ({reconciles / wall:.0f}/s), "
           f"errors {metrics.get('resumequal_operator_reconcile_errors_total', 0):.0f}")
     mean_ms = metrics[f"{family}_sum"] / reconciles * 1000
