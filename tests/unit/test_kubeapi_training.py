@@ -191,11 +191,12 @@ def test_worker_failures_follow_the_restart_policy(
         assert last_condition(kubeapi, "leg") == "Running"
 
 
-def test_active_deadline_fails_the_job_and_cleans_pods(kubeapi: KubeAPI,
-                                                      attempts: Attempts) -> None:
+def test_active_deadline_fails_the_job_and_cleans_pods(
+        kubeapi: KubeAPI, training_operator: SimulatedTrainingOperator) -> None:
+    # startTime has whole seconds, so the deadline falls between 0 and 1 s after creation.
     kubeapi.create("pytorchjobs", pytorchjob(
         "slow", run_policy={"activeDeadlineSeconds": 1, "cleanPodPolicy": "All"}))
-    attempts.wait(1)
+    kubeapi.wait_for(lambda: kubeapi.list("pods", NS), timeout=5)
     kubeapi.wait_for(lambda: last_condition(kubeapi, "slow") == "Failed", timeout=5)
     job = kubeapi.get("pytorchjobs", NS, "slow") or {}
     assert job["status"]["conditions"][-1]["reason"] == "DeadlineExceeded"
