@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import LegPlan, Plan
@@ -138,6 +139,10 @@ class KubernetesBackend:
                         beacon.pod)
             return
         self._check_target(pod)
+        if self._replaced(pod, beacon):
+            log.warning("%s: pod %s was created after its worker armed: it replaces the one "
+                        "already killed; not killing again", self.run.name, beacon.pod)
+            return
         grace = 0 if mode == "hard" else max(1, math.ceil(grace_seconds))
         try:
             self.kube.delete(PODS, self.run.namespace, beacon.pod, grace_seconds=grace,
@@ -146,6 +151,18 @@ class KubernetesBackend:
             return
         log.info("%s: deleted pod %s (rank %d, %s, grace %ds)", self.run.name, beacon.pod,
                  beacon.rank, mode, grace)
+
+    @staticmethod
+    def _replaced(pod: Obj, beacon: Beacon) -> bool:
+        """Whether ``pod`` is the training operator's replacement of the armed pod (same
+        name): a kill whose status write was lost must not hit the resumed attempt.
+        creationTimestamp has whole seconds, and node clocks drift a little: 2 s margin."""
+        created = (pod["metadata"].get("creationTimestamp") or "")
+        try:
+            at = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            return False
+        return at.timestamp() > beacon.armed_at + 2
 
     def _check_target(self, pod: Obj) -> None:
         meta = pod["metadata"]

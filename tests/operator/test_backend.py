@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,9 @@ def _pod(api: KubeAPI, name: str, job: dict[str, Any], index: int) -> None:
         "spec": {"containers": [{"name": "pytorch", "image": "x"}]}})
 
 
-def _beacon(pod: str) -> Beacon:
+def _beacon(pod: str, armed_ago: float = 0.0) -> Beacon:
     return Beacon(pid=7, host=pod, pod=pod, rank=1, attempt=0, step=4, microstep=1,
-                  armed_at=0.0)
+                  armed_at=time.time() - armed_ago)
 
 
 def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
@@ -73,6 +74,12 @@ def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
     (kill,) = [d for d in api.deletions_of("pods") if d.cause == "api"]
     assert (kill.name, kill.grace_period_seconds) == (f"{name}-worker-1", 3)
     backend.deliver_kill(_beacon(f"{name}-worker-1"), "hard", 20)  # gone already: no error
+
+    # The training operator's replacement pod, created after the worker armed: a retried
+    # kill (its status write lost) must not take the resumed attempt down too.
+    _pod(api, f"{name}-worker-1", job, 1)
+    backend.deliver_kill(_beacon(f"{name}-worker-1", armed_ago=60), "hard", 20)
+    assert len([d for d in api.deletions_of("pods") if d.cause == "api"]) == 1
 
 
 def test_a_leg_whose_job_vanished_is_failed(backend: KubernetesBackend) -> None:
