@@ -266,7 +266,7 @@ class Store:
                                               if o == ns})
             if (ns, name) in self._objects.get(kind.key, {}):
                 raise ApiError.already_exists(kind.plural, kind.group, name)
-            if kind.namespaced:
+            if kind.namespaced and not self.auto_namespaces:
                 self._ensure_namespace(ns)
             for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields",
                           "selfLink"):
@@ -285,6 +285,8 @@ class Store:
             self._admit(kind, obj)
             if dry_run:
                 return copy.deepcopy(obj)
+            if kind.namespaced:
+                self._ensure_namespace(ns)
             if kind.key == CRD_KEY:
                 for served in kinds_from_crd(obj):
                     self.registry.add(served)
