@@ -25,7 +25,8 @@ PyTorchJob (see :mod:`kubeflow` for pods, labels, env and services):
   surviving pods keep running; their agents restart the workers) and the attempt grows
   (``TORCHELASTIC_RESTART_COUNT``) → ``Running``. ``replicaStatuses.<Type>`` counts
   active/succeeded/failed. Success: the Master succeeded, or (no Master) every Worker did.
-- restarts count against ``runPolicy.backoffLimit`` (→ ``Failed``/``BackoffLimitExceeded``);
+- restarts count against ``runPolicy.backoffLimit`` (→ ``Failed``/``BackoffLimitExceeded``)
+  and ``elasticPolicy.maxRestarts`` (→ ``Failed``/``PyTorchJobFailed``);
   a failure ``restartPolicy`` does not retry (``Never``; ``ExitCode`` below 128) →
   ``Failed``/``PyTorchJobFailed``; ``activeDeadlineSeconds`` → ``Failed``/``DeadlineExceeded``;
   ``cleanPodPolicy`` (default ``None``) on completion; ``ttlSecondsAfterFinished``.
@@ -509,6 +510,13 @@ class SimulatedTrainingOperator:
                 self._finish_pytorchjob(job, status, "Failed", "BackoffLimitExceeded",
                                         f"PyTorchJob {name} has failed because it has reached "
                                         "the specified backoff limit")
+                return
+            max_restarts = (spec.get("elasticPolicy") or {}).get("maxRestarts")
+            if max_restarts is not None and state.restarts > int(max_restarts):
+                # The torch elastic agents give up and exit non-zero on every pod.
+                self._finish_pytorchjob(job, status, "Failed", "PyTorchJobFailed",
+                                        f"PyTorchJob {name} is failed because the elastic "
+                                        f"agents exhausted maxRestarts ({max_restarts}).")
                 return
             state.kill()  # the elastic agents stop every worker of the group
             state.attempt += 1

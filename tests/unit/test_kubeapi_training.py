@@ -158,16 +158,21 @@ def test_deleted_pod_restarts_the_group_then_the_job_succeeds(
     assert status["replicaStatuses"]["Worker"]["succeeded"] == 2 and status["completionTime"]
 
 
-def test_restarts_beyond_backoff_limit_fail_the_job(
-        kubeapi: KubeAPI, attempts: Attempts) -> None:
-    kubeapi.create("pytorchjobs", pytorchjob("leg", run_policy={"backoffLimit": 1}))
-    attempts.wait(1)
-    kubeapi.delete("pods", NS, "leg-worker-0", grace_period_seconds=0)
-    attempts.wait(2)
-    kubeapi.delete("pods", NS, "leg-worker-0", grace_period_seconds=0)
+@pytest.mark.parametrize(("run_policy", "restarts", "reason"), [
+    ({"backoffLimit": 1}, 1, "BackoffLimitExceeded"),
+    ({}, 3, "PyTorchJobFailed"),  # elasticPolicy.maxRestarts is 3
+])
+def test_restarts_beyond_the_limits_fail_the_job(
+        kubeapi: KubeAPI, attempts: Attempts, run_policy: dict[str, Any], restarts: int,
+        reason: str) -> None:
+    kubeapi.create("pytorchjobs", pytorchjob("leg", run_policy=run_policy))
+    for attempt in range(restarts + 1):
+        attempts.wait(attempt + 1)
+        kubeapi.delete("pods", NS, "leg-worker-0", grace_period_seconds=0)
     kubeapi.wait_for(lambda: last_condition(kubeapi, "leg") == "Failed", timeout=5)
     job = kubeapi.get("pytorchjobs", NS, "leg") or {}
-    assert job["status"]["conditions"][-1]["reason"] == "BackoffLimitExceeded"
+    assert job["status"]["conditions"][-1]["reason"] == reason
+    assert [n for _, n in attempts.seen] == list(range(restarts + 1))
 
 
 @pytest.mark.parametrize(("restart", "exit_code", "outcome"), [
