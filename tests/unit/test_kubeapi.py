@@ -512,6 +512,18 @@ def test_deletions_record_grace_period_and_policy(core: k8s.CoreV1Api, kubeapi: 
     assert missing.value.status == 404
 
 
+def test_delete_collection_and_dry_run(core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
+    for name, role in (("a", "w"), ("b", "w"), ("c", "m")):
+        core.create_namespaced_pod(NS, pod(name, {"role": role}))
+    dry = core.create_namespaced_pod(NS, pod("d"), dry_run="All")
+    assert dry.metadata.uid and kubeapi.get("pods", NS, "d") is None
+    core.delete_collection_namespaced_pod(NS, label_selector="role=w", grace_period_seconds=0)
+    assert [p["metadata"]["name"] for p in kubeapi.list("pods", NS)] == ["c"]
+    assert {(d.name, d.grace_period_seconds) for d in kubeapi.deletions} == {("a", 0), ("b", 0)}
+    core.delete_namespaced_pod("c", NS, dry_run="All")
+    assert kubeapi.get("pods", NS, "c") is not None and len(kubeapi.deletions) == 2
+
+
 def test_namespace_deletion_removes_its_objects(core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
     core.create_namespaced_pod("doomed", pod("p"))
     core.create_namespaced_pod("kept", pod("p"))
