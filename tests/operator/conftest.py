@@ -15,10 +15,9 @@ import pytest
 from tests.kubeapi import KubeAPI
 from tests.operator.harness import Admission, Operators
 
-if TYPE_CHECKING:  # loaded as a plugin below; importing it here first defeats assert rewriting
+if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here defeats
+    # assert rewriting
     from tests.s3server import MotoServer
-
-pytest_plugins = ("tests.s3server", "tests.kubeapi.fixtures")
 
 
 @pytest.fixture
