@@ -5,8 +5,8 @@ client, plus a simulated Kubeflow training operator, Job controller and kubelet
 (:mod:`.training`). Must not: import the operator under test, or talk to anything but
 loopback.
 
-    pytest_plugins = ("tests.kubeapi.fixtures",)   # fixtures kubeapi, kube_client,
-                                                   # training_operator
+    # fixtures (tests.kubeapi.fixtures, loaded by tests/conftest.py): kubeapi,
+    # kube_client, training_operator
 
     with KubeAPI() as api:                          # or the ``kubeapi`` fixture
         api.register_pytorchjob_crd()               # register_crd(dict | path) for others

@@ -1,6 +1,4 @@
-"""Pytest fixtures for the emulator; a test module loads them as a plugin::
-
-    pytest_plugins = ("tests.kubeapi.fixtures",)
+"""Pytest fixtures for the emulator, loaded as a plugin by ``tests/conftest.py``.
 
 ``kubeapi``: a started emulator serving PyTorchJob (and QualificationRun when the chart's
 CRD exists), stopped after the test. ``kube_client``: an ``ApiClient`` for it.

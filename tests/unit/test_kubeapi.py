@@ -14,7 +14,6 @@ from kubernetes.client.rest import ApiException
 
 from tests.kubeapi import QUALIFICATIONRUN_CRD, KubeAPI
 
-pytest_plugins = ("tests.kubeapi.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 NS = "team-a"

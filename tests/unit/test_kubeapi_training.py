@@ -14,7 +14,6 @@ from tests.k8s_schemas import validate_core, validate_pytorchjob
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import Container, SimulatedTrainingOperator
 
-pytest_plugins = ("tests.kubeapi.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 NS = "quals"
