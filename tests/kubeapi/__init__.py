@@ -2,8 +2,8 @@
 
 Owns: the emulated cluster state and its semantics, served to the official ``kubernetes``
 client, plus a simulated Kubeflow training operator, Job controller and kubelet
-(:mod:`.training`). Must not: import the operator under test, or talk to anything but
-loopback.
+(:mod:`.training`: ``SimulatedTrainingOperator(api, run_container=...)``). Must not:
+import the operator under test, or talk to anything but loopback.
 
     # fixtures (tests.kubeapi.fixtures, loaded by tests/conftest.py): kubeapi,
     # kube_client, training_operator
@@ -15,7 +15,8 @@ loopback.
 ``KubeAPI``: ``start``/``stop`` (the same port again on restart, state kept), ``url``,
 ``configuration()``, ``api_client()``; setup: ``register_crd``, ``add_validator(fn)``
 (admission: raise or return a message → 422), ``inject_fault(method=, kind=, code=,
-times=)``, ``compact()`` (watches from older resourceVersions get 410); in-process
+times=)``, ``compact()`` (watches from older resourceVersions get 410), ``end_watches()``
+(every stream ends; clients must resume); in-process
 accessors that keep every semantic (resourceVersion, watch events, validators): ``get``
 (None when absent), ``list``, ``create``, ``replace``, ``patch`` (merge/json/strategic),
 ``patch_status``, ``delete``, ``wait_for(predicate, timeout)``; records: ``deletions`` /
