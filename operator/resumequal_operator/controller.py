@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import Plan, qualification_plan
@@ -47,6 +48,7 @@ from resumequal_operator.status import (
     INVALID_SPEC,
     invalid_status,
     machine_of,
+    pinned_spec,
     read_status,
     run_status,
 )
@@ -66,6 +68,7 @@ class _Run:
     spec: QualificationRunSpec
     qspec: QualificationSpec
     uri: str  # the run location
+    pinned: dict[str, Any] | None  # the spec it started with, once started
 
 
 class Reconciler:
@@ -98,8 +101,9 @@ class Reconciler:
             obj = self._add_finalizer(obj)
         previous = read_status(obj)
         generation = meta.get("generation")
+        pinned = pinned_spec(previous)
         try:
-            spec = parse_run_spec(obj.get("spec"))
+            spec = parse_run_spec(pinned if pinned is not None else obj.get("spec"))
         except RunSpecError as e:
             self._invalid(obj, previous, generation, str(e))
             return None
@@ -107,15 +111,22 @@ class Reconciler:
                 and not previous.machine:
             # Failed before it started (an invalid spec, since corrected): start afresh.
             previous = None
-        run = self._run(obj, spec)
+        if pinned is not None and pinned != obj.get("spec") and previous is not None \
+                and previous.observed_generation != generation:
+            self.events.record(obj, "SpecChangeIgnored", (
+                f"generation {generation}: the spec of a started qualification does not "
+                "change; create a new QualificationRun to qualify another spec"),
+                warning=True)
+        run = self._run(obj, spec, pinned)
         return self._drive(key, run, previous, generation)
 
     # -- one tick ------------------------------------------------------------------------
 
-    def _run(self, obj: Obj, spec: QualificationRunSpec) -> _Run:
+    def _run(self, obj: Obj, spec: QualificationRunSpec,
+             pinned: dict[str, Any] | None = None) -> _Run:
         ref = RunRef.of(obj)
         uri = run_uri(spec.store.uri, ref.namespace, ref.name, ref.uid)
-        return _Run(obj, ref, spec, qualification_spec(spec, uri), uri)
+        return _Run(obj, ref, spec, qualification_spec(spec, uri), uri, pinned)
 
     def _location(self, run: _Run) -> RunLocation:
         """The run's location, opened once per run while it is running (an S3 client, and
@@ -178,6 +189,7 @@ class Reconciler:
             comparator_job=pytorchjob.comparator_job_name(ref.name, ref.uid) if compared
             else None,
             preemption_mode=run.spec.preemption.mode,
+            run_spec=run.obj["spec"] if run.pinned is None else run.pinned,
         )
 
     def _announce(self, run: _Run, machine: QualificationStatus, seen: int,
@@ -268,8 +280,10 @@ class Reconciler:
             return
         ref = RunRef.of(obj)
         delete_run_jobs(self.kube, ref)
+        pinned = pinned_spec(read_status(obj))
         try:
-            spec: QualificationRunSpec | None = parse_run_spec(obj.get("spec"))
+            spec: QualificationRunSpec | None = parse_run_spec(
+                pinned if pinned is not None else obj.get("spec"))
         except RunSpecError:
             spec = None  # never started: nothing in the store
         if spec is not None and spec.retention.policy == "Delete":

@@ -40,10 +40,23 @@ def machine_of(status: QualificationRunStatus | None) -> QualificationStatus | N
         return None
 
 
-def stored_machine(machine: QualificationStatus) -> dict[str, Any]:
+# Key in ``status.machine`` of the spec a run started with: a started run keeps it, so an
+# edit of the resource's spec cannot change a qualification halfway.
+RUN_SPEC = "runSpec"
+
+
+def stored_machine(machine: QualificationStatus, run_spec: dict[str, Any]) -> dict[str, Any]:
     """What goes into ``status.machine``: everything but the verdict, which can be large
-    (boundary tables, per-step losses) and lives in the store's verdict.json."""
-    return machine.model_dump(mode="json", exclude={"verdict"})
+    (boundary tables, per-step losses) and lives in the store's verdict.json; plus the
+    spec the run started with."""
+    return {**machine.model_dump(mode="json", exclude={"verdict"}), RUN_SPEC: run_spec}
+
+
+def pinned_spec(status: QualificationRunStatus | None) -> dict[str, Any] | None:
+    """The spec a started run keeps (see :data:`RUN_SPEC`), or None."""
+    if status is None or not isinstance(status.machine.get(RUN_SPEC), dict):
+        return None
+    return dict(status.machine[RUN_SPEC])
 
 
 def read_status(obj: dict[str, Any]) -> QualificationRunStatus | None:
@@ -125,6 +138,7 @@ def run_status(
     leg_jobs: dict[str, str],
     comparator_job: str | None,
     preemption_mode: Literal["hard", "graceful"],
+    run_spec: dict[str, Any],
 ) -> QualificationRunStatus:
     """The whole status of a run from its machine (see the module docstring)."""
     legs = {}
@@ -163,7 +177,7 @@ def run_status(
         "verdict": verdict,
         "startedAt": history[0].at if history else None,
         "completedAt": history[-1].at if done and history else None,
-        "machine": stored_machine(machine),
+        "machine": stored_machine(machine, run_spec),
     })
 
 

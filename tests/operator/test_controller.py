@@ -190,3 +190,23 @@ def test_an_unchanged_run_is_polled_without_writing_its_status(
     before, reconciles = writes(), op.reconciles
     eventually(lambda: op.reconciles >= reconciles + 10, what="ten more reconciles")
     assert writes() == before
+
+
+def test_a_started_run_keeps_the_spec_it_started_with(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("pinned", store))
+    wait_phase(api, "pinned", "LegsRunning")
+    # Applied, this would time the legs out at once.
+    api.patch(QUALIFICATION_RUNS.plural, NAMESPACE, "pinned",
+              {"spec": {"timeouts": {"leg_seconds": 0.01}}})
+    reconciles = op.reconciles
+    eventually(lambda: op.reconciles >= reconciles + 10, what="ten more reconciles")
+    obj = qr(api, "pinned")
+    assert obj["status"]["phase"] == "LegsRunning"
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"] == 2
+    assert "timeouts" not in obj["status"]["machine"]["runSpec"]  # the spec it started with
+    reasons = [e["reason"] for e in api.list("events", NAMESPACE)
+               if e["involvedObject"]["name"] == "pinned"]
+    assert reasons.count("SpecChangeIgnored") == 1

@@ -13,7 +13,7 @@ def _status(machine: QualificationStatus,
     return run_status(machine, previous=previous, generation=3, pin="train:1",
                       run_uri="s3://b/p/ns/r/u", report_url=None,
                       leg_jobs={"control": "r-control-1", "preempted": "r-preempted-2"},
-                      comparator_job=None, preemption_mode="hard")
+                      comparator_job=None, preemption_mode="hard", run_spec={"x": 1})
 
 
 def _conditions(s: QualificationRunStatus) -> dict[str, tuple[str, str | None]]:
@@ -56,7 +56,7 @@ def test_a_verdict_is_summarised_and_the_machine_kept_without_it() -> None:
     assert _conditions(s)["Ready"] == ("True", "Completed")
     assert s.legs["preempted"].restart_seconds == 2.5
     assert s.preemption is not None and s.preemption.pod == "r-preempted-2-worker-1"
-    assert "verdict" not in s.machine
+    assert "verdict" not in s.machine and s.machine["runSpec"] == {"x": 1}
     k8s = s.to_k8s()
     assert k8s["verdict"]["firstDivergence"] == {"step": 6, "boundary": "lr", "rank": 1}
     restored = machine_of(QualificationRunStatus.model_validate(k8s))
