@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import threading
@@ -14,7 +13,7 @@ import kubernetes.client
 import yaml
 
 from .errors import ApiError
-from .objects import CRD_KEY
+from .objects import CRD_KEY, clone
 from .patch import JSON_PATCH, MERGE, STRATEGIC
 from .resources import Kind, Registry, kinds_from_crd
 from .selectors import Selector
@@ -40,8 +39,8 @@ def _parse_yaml(path: str, mtime: float) -> tuple[Obj, ...]:
 
 
 def _load_yaml(path: str) -> list[Obj]:
-    """The YAML documents of a file, parsed once per process (CRDs are large)."""
-    return copy.deepcopy(list(_parse_yaml(path, Path(path).stat().st_mtime)))
+    """The YAML documents of a file, parsed once per process (CRDs are large); read-only."""
+    return list(_parse_yaml(path, Path(path).stat().st_mtime))
 
 
 class KubeAPI:
@@ -70,7 +69,7 @@ class KubeAPI:
         self._server = Server(("127.0.0.1", self._port), self.store, self.registry)
         self._port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.05},
+                                        kwargs={"poll_interval": 0.01},
                                         name=f"kubeapi-{self._port}", daemon=True)
         self._thread.start()
         return self
@@ -125,10 +124,10 @@ class KubeAPI:
         crd_kind = self.registry.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
         name = crd["metadata"]["name"]
         existing = self.get(crd_kind, "", name)
-        body = copy.deepcopy(crd)
         if existing is None:
-            self.store.create(crd_kind, None, body)
+            self.store.create(crd_kind, None, crd)  # the store keeps a copy of its own
         else:
+            body = clone(crd)
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
             self.store.update(crd_kind, "", name, body)
             for kind in kinds:

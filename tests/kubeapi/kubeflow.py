@@ -5,10 +5,9 @@ Pure functions over dicts; :mod:`training` decides when to use them.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from .objects import now_rfc3339
+from .objects import clone, now_rfc3339
 
 Obj = dict[str, Any]
 
@@ -165,12 +164,12 @@ def replica_pod(job: Obj, rtype: str, index: int) -> Obj:
     rspec = job["spec"]["pytorchReplicaSpecs"][rtype]
     template = rspec.get("template") or {}
     tmeta = template.get("metadata") or {}
-    pod_spec = copy.deepcopy(template.get("spec") or {})
+    pod_spec = clone(template.get("spec") or {})
     policy = rspec.get("restartPolicy", "Never")
     pod_spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy
     injected = env(job, rtype, index)
     for container in pod_spec.get("containers") or []:
-        container["env"] = list(container.get("env") or []) + copy.deepcopy(injected)
+        container["env"] = list(container.get("env") or []) + clone(injected)
         if container.get("name") == CONTAINER_NAME and not any(
                 p.get("name") == PORT_NAME for p in container.get("ports") or []):
             container.setdefault("ports", []).append(
@@ -205,7 +204,7 @@ def job_pod(job: Obj) -> Obj:
         "labels": dict(tmeta.get("labels") or {}),
         "annotations": dict(tmeta.get("annotations") or {}),
         "ownerReferences": [owner_reference(job)]},
-        "spec": copy.deepcopy(template.get("spec") or {})}
+        "spec": clone(template.get("spec") or {})}
 
 
 def replica_statuses(job: Obj, pods: list[Obj]) -> Obj:

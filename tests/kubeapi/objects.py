@@ -7,12 +7,13 @@ import random
 import re
 from collections.abc import Collection
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .errors import ApiError
 from .resources import Kind
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 CRD_KEY = "customresourcedefinitions.apiextensions.k8s.io"
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -34,6 +35,22 @@ def rfc3339(epoch: float) -> str:
 def parse_rfc3339(stamp: str) -> float:
     """The Unix time of an API server timestamp."""
     return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def clone(value: T) -> T:
+    """A deep copy of JSON-shaped data (dicts, lists, tuples, scalars), several times faster
+    than ``copy.deepcopy``, which matters for CRDs whose schemas run to thousands of nodes."""
+    return cast(T, _clone(value))
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clone(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_clone(v) for v in value)
+    return value
 
 
 def generate_name(prefix: str, taken: Collection[str]) -> str:

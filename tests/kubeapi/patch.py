@@ -11,10 +11,10 @@ with 415, as the real server does.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from .errors import ApiError
+from .objects import clone
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -34,7 +34,7 @@ SET_LISTS = frozenset({"finalizers"})
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge recursively, ``null`` deletes, everything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -47,9 +47,9 @@ def merge_patch(target: Any, patch: Any) -> Any:
 def strategic_merge_patch(target: Any, patch: Any) -> Any:
     """Strategic merge for the built-in kinds (see the module docstring for what is covered)."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     if patch.get("$patch") == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: clone(v) for k, v in patch.items() if k != "$patch"}
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if key.startswith("$deleteFromPrimitiveList/"):
@@ -71,8 +71,8 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
 
 def _merge_keyed(current: list[Any], patch: list[Any], key: str) -> list[Any]:
     if not all(isinstance(x, dict) and key in x for x in patch):
-        return copy.deepcopy(patch)
-    out = [copy.deepcopy(x) for x in current]
+        return clone(patch)
+    out = [clone(x) for x in current]
     for item in patch:
         index = next((i for i, x in enumerate(out)
                       if isinstance(x, dict) and x.get(key) == item[key]), None)
@@ -80,7 +80,7 @@ def _merge_keyed(current: list[Any], patch: list[Any], key: str) -> list[Any]:
             if index is not None:
                 out.pop(index)
         elif index is None:
-            out.append({k: copy.deepcopy(v) for k, v in item.items() if k != "$patch"})
+            out.append({k: clone(v) for k, v in item.items() if k != "$patch"})
         else:
             out[index] = strategic_merge_patch(out[index], item)
     return out
@@ -114,30 +114,30 @@ def json_patch(target: Any, operations: Any) -> Any:
     """RFC 6902 operations add, remove, replace, move, copy, test on a deep copy of ``target``."""
     if not isinstance(operations, list):
         raise ApiError.bad_request("a JSON patch must be a list of operations")
-    doc = copy.deepcopy(target)
+    doc = clone(target)
     for op in operations:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise ApiError.bad_request(f"malformed JSON patch operation: {op!r}")
         name, path = op["op"], op["path"]
         if name in ("move", "copy"):
             from_parts = _pointer(op.get("from", ""))
-            value = copy.deepcopy(_resolve(doc, from_parts, op.get("from", "")))
+            value = clone(_resolve(doc, from_parts, op.get("from", "")))
             if name == "move":
                 doc = _remove(doc, from_parts, op["from"])
             doc = _add(doc, _pointer(path), value, path)
         elif name == "add":
-            doc = _add(doc, _pointer(path), copy.deepcopy(op.get("value")), path)
+            doc = _add(doc, _pointer(path), clone(op.get("value")), path)
         elif name == "remove":
             doc = _remove(doc, _pointer(path), path)
         elif name == "replace":
             parts = _pointer(path)
             _resolve(doc, parts, path)
             if not parts:
-                doc = copy.deepcopy(op.get("value"))
+                doc = clone(op.get("value"))
             else:
                 parent = _parent(doc, parts, path)
                 key: Any = int(parts[-1]) if isinstance(parent, list) else parts[-1]
-                parent[key] = copy.deepcopy(op.get("value"))
+                parent[key] = clone(op.get("value"))
         elif name == "test":
             if _resolve(doc, _pointer(path), path) != op.get("value"):
                 raise ApiError.invalid(f"jsonpatch: test operation failed at {path!r}")

@@ -32,7 +32,6 @@ Semantics worth knowing when a test depends on them:
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -46,6 +45,7 @@ from .errors import ApiError
 from .objects import (
     CRD_KEY,
     apply_defaults,
+    clone,
     generate_name,
     parse_rfc3339,
     rfc3339,
@@ -143,7 +143,7 @@ class Store:
     def created(self, kind: Kind) -> list[Obj]:
         """Every object of ``kind`` ever created, as it was stored at creation."""
         with self.lock:
-            return copy.deepcopy(self._created.get(kind.key, []))
+            return clone(self._created.get(kind.key, []))
 
     def compact(self) -> int:
         """Forget the watch history: watches from any older resourceVersion get 410 Gone."""
@@ -191,7 +191,7 @@ class Store:
         validate_metadata(kind, obj["metadata"])
         for fn in self._validators:
             try:
-                verdict = fn(copy.deepcopy(obj))
+                verdict = fn(clone(obj))
             except ApiError:
                 raise
             except Exception as e:
@@ -224,7 +224,7 @@ class Store:
     def get(self, kind: Kind, namespace: str, name: str) -> Obj:
         """A copy of one object; 404 ApiError when absent."""
         with self.lock:
-            return copy.deepcopy(self._as_version(kind, self._get(kind, namespace, name)))
+            return clone(self._as_version(kind, self._get(kind, namespace, name)))
 
     def select(self, kind: Kind, namespace: str | None,
                selector: Selector | None = None) -> tuple[list[Obj], int]:
@@ -234,7 +234,7 @@ class Store:
             items = [self._as_version(kind, obj) for (ns, _), obj in sorted(table.items())
                      if (namespace is None or not kind.namespaced or ns == namespace)
                      and (selector is None or selector.matches(obj))]
-            return copy.deepcopy(items), self._rv
+            return clone(items), self._rv
 
     def by_uid(self, uid: str) -> Obj | None:
         """The live object with this uid, if any (a copy)."""
@@ -242,7 +242,7 @@ class Store:
             where = self._by_uid.get(uid)
             if where is None:
                 return None
-            return copy.deepcopy(self._objects[where[0]][(where[1], where[2])])
+            return clone(self._objects[where[0]][(where[1], where[2])])
 
     # ----------------------------------------------------------------- create
 
@@ -251,7 +251,7 @@ class Store:
         """Create; 409 AlreadyExists, 422 for invalid names or admission denials."""
         if not isinstance(body, dict):
             raise ApiError.bad_request("the request body must be a JSON object")
-        obj = copy.deepcopy(body)
+        obj = clone(body)
         meta = obj.setdefault("metadata", {})
         _meta(obj)
         with self.lock:
@@ -284,15 +284,15 @@ class Store:
             obj = self._prune(kind, obj)
             self._admit(kind, obj)
             if dry_run:
-                return copy.deepcopy(obj)
+                return clone(obj)
             if kind.namespaced:
                 self._ensure_namespace(ns)
             if kind.key == CRD_KEY:
                 for served in kinds_from_crd(obj):
                     self.registry.add(served)
             self._commit(kind, obj, None, "ADDED")
-            self._created.setdefault(kind.key, []).append(copy.deepcopy(obj))
-            return copy.deepcopy(obj)
+            self._created.setdefault(kind.key, []).append(obj)  # stored objects never change
+            return clone(obj)
 
     def _target_namespace(self, kind: Kind, namespace: str | None, meta: dict[str, Any]) -> str:
         if not kind.namespaced:
@@ -321,7 +321,7 @@ class Store:
         """PUT; 409 Conflict on a stale resourceVersion."""
         if not isinstance(body, dict):
             raise ApiError.bad_request("the request body must be a JSON object")
-        new = copy.deepcopy(body)
+        new = clone(body)
         meta = _meta(new) if "metadata" in new else new.setdefault("metadata", {})
         with self.lock:
             old = self._get(kind, namespace, name)
@@ -344,7 +344,7 @@ class Store:
         """PATCH (merge, JSON or strategic); a resourceVersion in the patch is a precondition."""
         with self.lock:
             old = self._get(kind, namespace, name)
-            patched = apply_patch(copy.deepcopy(old), patch, content_type, kind.custom)
+            patched = apply_patch(clone(old), patch, content_type, kind.custom)
             meta = _meta(patched)
             rv = meta.get("resourceVersion")
             if rv and str(rv) != old["metadata"]["resourceVersion"]:
@@ -358,7 +358,7 @@ class Store:
         if subresource == "status":
             if not kind.status_subresource:
                 raise ApiError.not_found_path("the server could not find the requested resource")
-            result = copy.deepcopy(old)
+            result = clone(old)
             if "status" in new:
                 result["status"] = new["status"]
             else:
@@ -397,13 +397,13 @@ class Store:
         new = self._prune(kind, new)
         self._admit(kind, new)
         if new == old:
-            return copy.deepcopy(old)
+            return clone(old)
         if dry_run:
-            return copy.deepcopy(new)
+            return clone(new)
         if (old["metadata"].get("deletionTimestamp") and old["metadata"].get("finalizers")
                 and not new["metadata"].get("finalizers")):
-            return copy.deepcopy(self._remove(kind, new))
-        return copy.deepcopy(self._commit(kind, new, old, "MODIFIED"))
+            return clone(self._remove(kind, new))
+        return clone(self._commit(kind, new, old, "MODIFIED"))
 
     # ----------------------------------------------------------------- delete
 
@@ -422,7 +422,7 @@ class Store:
             if policy not in ("Background", "Foreground", "Orphan"):
                 raise ApiError.bad_request(f"unknown propagationPolicy {policy!r}")
             if dry_run:
-                return copy.deepcopy(obj), not meta.get("finalizers")
+                return clone(obj), not meta.get("finalizers")
             self.deletions.append(Deletion(kind.key, meta.get("namespace", ""), name,
                                            meta["uid"], grace_period_seconds, policy, cause,
                                            time.time()))
@@ -439,12 +439,12 @@ class Store:
                 if grace is None:
                     grace = int((obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
                 if grace > 0 and (obj.get("status") or {}).get("phase") == "Running":
-                    return copy.deepcopy(self._start_termination(kind, obj, grace,
+                    return clone(self._start_termination(kind, obj, grace,
                                                                  finalizers)), False
             if finalizers:
                 if meta.get("deletionTimestamp") and finalizers == meta.get("finalizers"):
-                    return copy.deepcopy(obj), False
-                held = copy.deepcopy(obj)
+                    return clone(obj), False
+                held = clone(obj)
                 held_meta = held["metadata"]
                 held_meta["finalizers"] = finalizers
                 if not held_meta.get("deletionTimestamp"):
@@ -456,9 +456,9 @@ class Store:
                     for dep_key, dep_ns, dep_name in dependents:
                         self._delete_quietly(dep_key, dep_ns, dep_name, "Foreground")
                     self._finish_foreground()
-                return copy.deepcopy(self._objects.get(kind.key, {}).get(
+                return clone(self._objects.get(kind.key, {}).get(
                     (held_meta.get("namespace", ""), name), held)), False
-            return copy.deepcopy(self._remove(kind, obj)), True
+            return clone(self._remove(kind, obj)), True
 
     def _start_termination(self, kind: Kind, obj: Obj, grace: int,
                            finalizers: list[str]) -> Obj:
@@ -467,7 +467,7 @@ class Store:
         deadline = time.time() + grace
         if meta.get("deletionTimestamp") and parse_rfc3339(meta["deletionTimestamp"]) <= deadline:
             return obj
-        held = copy.deepcopy(obj)
+        held = clone(obj)
         held_meta = held["metadata"]
         if not held_meta.get("deletionTimestamp"):
             held_meta["generation"] = int(held_meta.get("generation", 1)) + 1
@@ -485,14 +485,14 @@ class Store:
             if not obj["metadata"].get("finalizers"):
                 self._remove(kind, obj)
             elif obj["metadata"].get("deletionGracePeriodSeconds"):
-                done = copy.deepcopy(obj)
+                done = clone(obj)
                 done["metadata"]["deletionGracePeriodSeconds"] = 0
                 self._commit(kind, done, obj, "MODIFIED")
 
     def _remove(self, kind: Kind, obj: Obj) -> Obj:
         old = self._objects[kind.key][(obj["metadata"].get("namespace", ""),
                                        obj["metadata"]["name"])]
-        gone = self._commit(kind, copy.deepcopy(obj), old, "DELETED")
+        gone = self._commit(kind, clone(obj), old, "DELETED")
         self._collect(gone["metadata"]["uid"])
         self._finish_foreground()
         return gone
@@ -508,7 +508,7 @@ class Store:
 
     def _set_owner_refs(self, key: str, ns: str, name: str, refs: list[Any]) -> None:
         old = self._objects[key][(ns, name)]
-        new = copy.deepcopy(old)
+        new = clone(old)
         if refs:
             new["metadata"]["ownerReferences"] = refs
         else:
@@ -545,7 +545,7 @@ class Store:
                 finalizers = meta.get("finalizers") or []
                 if ("foregroundDeletion" in finalizers and meta.get("deletionTimestamp")
                         and not self._dependents(meta["uid"])):
-                    new = copy.deepcopy(obj)
+                    new = clone(obj)
                     new["metadata"]["finalizers"] = [
                         f for f in finalizers if f != "foregroundDeletion"]
                     if (ns, name) not in table:

@@ -45,7 +45,6 @@ elastic scaling between min and max replicas, podFailurePolicy, completions > 1.
 from __future__ import annotations
 
 import calendar
-import copy
 import logging
 import queue
 import threading
@@ -57,7 +56,7 @@ from typing import Any
 from . import kubeflow
 from .api import KubeAPI
 from .errors import ApiError
-from .objects import Obj, now_rfc3339, parse_rfc3339
+from .objects import Obj, clone, now_rfc3339, parse_rfc3339
 from .patch import MERGE
 
 log = logging.getLogger(__name__)
@@ -241,7 +240,7 @@ class SimulatedTrainingOperator:
 
     def _announce(self, fn: Callable[..., None] | None, *args: Any) -> None:
         if fn is not None:
-            self._callbacks.put((fn, copy.deepcopy(args)))
+            self._callbacks.put((fn, clone(args)))
 
     def _wake(self) -> None:
         with self.api.store.changed:
@@ -432,7 +431,7 @@ class SimulatedTrainingOperator:
         if self.run_container is None:
             return
         for pod in pods:
-            container = Container(copy.deepcopy(job), copy.deepcopy(pod), rtype_of(pod),
+            container = Container(clone(job), clone(pod), rtype_of(pod),
                                   index_of(pod), state.attempt, threading.Event())
             state.running[pod["metadata"]["uid"]] = container
             self._pod_containers[pod["metadata"]["uid"]] = container
@@ -471,7 +470,7 @@ class SimulatedTrainingOperator:
             return
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         state = self._state(job)
-        status = copy.deepcopy(job.get("status") or {})
+        status = clone(job.get("status") or {})
         if kubeflow.is_true(status, "Succeeded") or kubeflow.is_true(status, "Failed"):
             self._after_finish(job, state)
             return
@@ -595,7 +594,7 @@ class SimulatedTrainingOperator:
             return
         ns, uid = meta["namespace"], meta["uid"]
         state = self._state(job)
-        status = copy.deepcopy(job.get("status") or {})
+        status = clone(job.get("status") or {})
         if kubeflow.is_true(status, "Complete") or kubeflow.is_true(status, "Failed"):
             self._after_finish(job, state)
             return
