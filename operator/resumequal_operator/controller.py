@@ -21,7 +21,7 @@ from typing import Any
 
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import Plan, qualification_plan
-from resumequal.qualify import MAIN_LEG, Phase, Qualification, QualificationStatus, Reason
+from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import Cut, Report, Result, ValidityCheck, Verdict
@@ -162,7 +162,7 @@ class Reconciler:
             q.fail(Reason.ERROR, str(e))
         except ResumequalError as e:  # API or store trouble: write progress, then retry
             error = e
-        self._announce(run, q.status, seen, killed)
+        self._announce(run, plan, q.status, seen, killed)
         self._write_status(run.obj, self._status(run, plan, q.status, previous, generation))
         if error is not None:
             raise error
@@ -192,7 +192,7 @@ class Reconciler:
             run_spec=run.obj["spec"] if run.pinned is None else run.pinned,
         )
 
-    def _announce(self, run: _Run, machine: QualificationStatus, seen: int,
+    def _announce(self, run: _Run, plan: Plan, machine: QualificationStatus, seen: int,
                   killed: set[str]) -> None:
         for event in machine.history[seen:]:
             warning = event.phase == Phase.FAILED.value
@@ -201,10 +201,11 @@ class Reconciler:
         for name, leg in machine.legs.items():
             if leg.killed_at is not None and name not in killed and leg.beacon is not None:
                 b = leg.beacon
-                mode = run.spec.preemption.mode if name == MAIN_LEG else "per its plan"
+                p = plan.leg(name).spec.preemption
+                grace = f", grace {p.grace_seconds:g}s" if p.mode == "graceful" else ""
                 self.events.record(run.obj, "PreemptionInjected", (
                     f"{name} leg: deleted pod {b.pod} (rank {b.rank}, attempt {b.attempt}) at "
-                    f"step {b.step} microstep {b.microstep}; kill mode {mode}"))
+                    f"step {b.step} microstep {b.microstep}; {p.mode} kill{grace}"))
 
     # -- status --------------------------------------------------------------------------
 
