@@ -339,6 +339,11 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
         out.append(Problem(path="spec.world.nproc_per_node", message=(
             f"world.nproc_per_node={w.nproc_per_node} ranks per pod but only {gpus} GPUs "
             "per pod in resources.limits; nccl needs one GPU per rank")))
+    if spec.matrix.seeds:
+        # Said up front: running only the main pair would pass off one seed as the matrix.
+        out.append(Problem(path="spec.matrix.seeds", message=(
+            "the seed matrix runs with `resumequal run` on one machine; the operator runs one "
+            "seed per QualificationRun (create one run per seed with training.seed)")))
     if spec.store.credentials_secret and not spec.store.is_s3:
         out.append(Problem(path="spec.store.credentials_secret",
                            message="only used with an s3:// store.uri"))

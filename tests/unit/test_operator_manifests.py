@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -11,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from resumequal.plan import LegPlan, qualification_plan, scenario_plan
-from resumequal.spec import QualificationSpec, apply_overrides
+from resumequal.plan import LegPlan, qualification_plan
+from resumequal.spec import QualificationSpec
 from resumequal_operator import pytorchjob
 from resumequal_operator.resource import (
     QualificationRunSpec,
@@ -46,13 +45,8 @@ def problems(data: dict[str, Any]) -> dict[str, str]:
 
 
 def all_legs(spec: QualificationSpec) -> list[LegPlan]:
-    """Every leg a run may start: the plan's, and each seed's scenarios (named per seed)."""
-    legs = list(qualification_plan(spec).legs)
-    for seed in spec.matrix.seeds:
-        seeded = apply_overrides(spec, [f"training.seed={seed}"])
-        legs += [dataclasses.replace(leg, name=f"seed-{seed}-{leg.name}")
-                 for leg in scenario_plan(seeded).legs]
-    return legs
+    """Every leg a run starts: the plan's (a seed matrix is refused on the cluster)."""
+    return list(qualification_plan(spec).legs)
 
 
 # -- the resource ------------------------------------------------------------------------
@@ -121,6 +115,7 @@ def test_store_uri_is_checked() -> None:
      "not a Kubernetes quantity"),
     ({"tolerations": [{"key": "a", "operator": "Maybe"}]}, "spec.tolerations.0.operator",
      "Exists"),
+    ({"matrix__seeds": [1, 2]}, "spec.matrix.seeds", "one seed per QualificationRun"),
     ({"colour": "blue"}, "spec.colour", "unknown field; allowed: allow_rendezvous_host_kill"),
 ])
 def test_impossible_specs_name_the_field(changes: dict[str, Any], path: str, words: str) -> None:
@@ -187,7 +182,6 @@ SPECS = {
     "example": {},
     "graceful-mid": {"preemption__mode": "graceful"},
     "boundary-hard": {"preemption__microstep": 0},
-    "matrix": {"matrix__seeds": [7, 8]},
     "commit-cut": {"preemption__at": "checkpoint_commit", "preemption__microstep": 0,
                    "preemption__step": 8},
     "iam-aws": {"store": {"uri": "s3://acme-runs/q", "region": "eu-west-1"},
@@ -220,11 +214,10 @@ def test_every_leg_and_the_comparator_validate(changes: dict[str, Any]) -> None:
     assert all(len(n) <= 63 for n in names)
 
 
-def test_the_plan_covers_controls_and_matrix_scenarios() -> None:
-    _, legs, jobs, _ = _manifests(SPECS["matrix"])
+def test_the_plan_covers_the_negative_controls() -> None:
+    _, legs, jobs, _ = _manifests({})
     names = {leg.name for leg in legs}
-    assert {"control", "preempted", "nc-rng", "nc-pending-grads",
-            "seed-7-boundary-hard", "seed-8-mid-graceful"} <= names
+    assert {"control", "preempted", "nc-rng", "nc-pending-grads"} <= names
     assert len(jobs) == len(legs)
 
 
