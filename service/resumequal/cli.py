@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import cast
+from typing import NoReturn, cast
 
 import click
 
@@ -87,8 +87,23 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
                            trace_every=trace_every)
     except (SpecError, ResumequalError) as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(EXIT_ERROR)
+        _exit_now(EXIT_ERROR)
     sys.exit(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit a failed worker without interpreter teardown.
+
+    The error's traceback keeps the training state (the DDP reducer and its gloo group)
+    alive until the interpreter finalizes, where destroying the group can deadlock joining
+    its threads; the launcher would then wait for a process that never ends.
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID") is None:
+        sys.exit(code)  # not under torchrun (e.g. a test of this command): exit normally
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _leg_spec(

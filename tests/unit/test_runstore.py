@@ -305,3 +305,39 @@ def test_open_refuses_other_schemes_and_a_bare_bucket() -> None:
         RunLocation.open("gs://b/x")
     with pytest.raises(StoreError, match="name a prefix under the bucket"):
         RunLocation.open("s3://bucket")
+
+
+# --- resumequal compare ----------------------------------------------------------------------
+
+
+def test_compare_writes_the_result_files_into_a_folder(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from resumequal import cli
+    from tests.unit.test_compare import SyntheticRun, make_spec
+
+    root = SyntheticRun(tmp_path / "q7", spec=make_spec(controls={"enabled": False})).write()
+    result = CliRunner().invoke(cli.main, ["compare", str(root), "--write", "--json",
+                                           "--pin", "torch==x"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["result"] == "PASS"
+    for name in ("verdict.json", "report.json", "report.html", "metrics.prom"):
+        assert (root / name).is_file(), name
+    assert 'run="q7"' in (root / "metrics.prom").read_text()
+    verdict = RunLocation.open(str(root)).read_verdict()
+    assert verdict is not None and verdict.result == Result.PASS
+
+
+def test_compare_of_an_empty_s3_prefix_exits_2_naming_it(
+    moto_server: MotoServer, aws_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from click.testing import CliRunner
+
+    from resumequal import cli
+
+    bucket = moto_server.new_bucket()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
+    uri = f"s3://{bucket}/rq/ns/run/uid"
+    result = CliRunner().invoke(cli.main, ["compare", uri, "--write"])
+    assert result.exit_code == 2
+    assert f"error: {uri}/run.json does not exist" in result.stderr

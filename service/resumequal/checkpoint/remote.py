@@ -24,6 +24,7 @@ import re
 import shutil
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from resumequal.store import ObjectInfo, S3Config, Store, StoreIntegrityError, o
 log = logging.getLogger(__name__)
 
 COMMITTED = "COMMITTED"
+# Files of one rank uploaded at once; each large file also uses S3Config.max_concurrency.
+_UPLOAD_FILES = 4
 CACHE_DIR = ".cache"
 # The objects of a checkpoint that are not listed in its manifest.
 _UNLISTED = frozenset({MANIFEST, COMMITTED})
@@ -105,14 +108,22 @@ def own_files(staging: Path, rank: int) -> list[str]:
 
 
 def upload(root: RemoteRoot, name: str, staging: Path, rank: int) -> dict[str, FileEntry]:
-    """Upload this rank's files of ``staging`` under checkpoint ``name``; their entries."""
-    entries = {}
-    for rel in own_files(staging, rank):
+    """Upload this rank's files of ``staging`` under checkpoint ``name``; their entries.
+
+    Files go up side by side (each large one in parallel parts as well), so the small
+    ones — rank state, DCP's ``.metadata`` — cost no round trips after the shard's.
+    """
+
+    def one(rel: str) -> tuple[str, FileEntry]:
         path = staging / rel
         size = path.stat().st_size
-        digest = root.store.put_file(root.key(name, rel), path)
-        entries[rel] = FileEntry(size=size, sha256=digest)
-    return entries
+        return rel, FileEntry(size=size, sha256=root.store.put_file(root.key(name, rel), path))
+
+    files = own_files(staging, rank)
+    if len(files) <= 1:
+        return dict(one(rel) for rel in files)
+    with ThreadPoolExecutor(max_workers=min(_UPLOAD_FILES, len(files))) as pool:
+        return dict(pool.map(one, files))
 
 
 def clear(root: RemoteRoot, name: str) -> None:
