@@ -1,0 +1,111 @@
+"""The chart's alert rules in a real Prometheus scraping the operator's own ``/metrics``.
+
+A QualificationRun whose comparator says FAIL is driven through the operator (emulated
+API server, simulated training operator, moto S3); Prometheus, configured like the
+chart's ServiceMonitor (job ``resumequal-operator``, honorLabels), must fire
+``QualificationFailed`` naming the run, and let it resolve once the run is deleted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resumequal.spec import S3Spec
+from resumequal.verdict import Result
+from resumequal_operator.kube import QUALIFICATION_RUNS
+from tests.chart.prometheus import JOB, Prometheus, running_prometheus
+from tests.kubeapi import KubeAPI
+from tests.kubeapi.training import SimulatedTrainingOperator
+from tests.operator.harness import NAMESPACE, Operators, eventually, run_manifest, wait_phase
+from tests.operator.workers import Workers
+
+ALERTS = Path(__file__).resolve().parents[2] / "charts/resumequal/files/alerts.yaml"
+RUN = "nightly-fail"
+PIN = "train:2026-11-29"  # pin_of() of run_manifest's image
+
+
+@pytest.fixture
+def workers(store: dict[str, str]) -> Workers:
+    return Workers(s3=S3Spec(endpoint_url=store["endpoint_url"], region=store["region"],
+                             addressing_style="path"), result=Result.FAIL)
+
+
+@pytest.fixture
+def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperator]:
+    sim = SimulatedTrainingOperator(api, run_container=workers).start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+def _exposed(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text: str = r.read().decode()
+        return text
+
+
+def _active(prometheus: Prometheus, name: str) -> list[dict[str, Any]]:
+    """The pending or firing alerts named ``name``."""
+    return [a for a in prometheus.alerts() if a["labels"]["alertname"] == name]
+
+
+# About 7 s (Prometheus' start overlaps the run): under the suite's bar for slow.
+@pytest.mark.timeout(120)
+def test_a_failed_run_fires_qualification_failed_until_it_is_deleted(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator,
+    store: dict[str, str], tmp_path: Path,
+) -> None:
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed (make tools installs Debian's prometheus)")
+    op = operators.start()
+    port = op.health.port
+    # Prometheus starts while the qualification runs.
+    with running_prometheus(tmp_path, port, [ALERTS]) as prometheus:
+        api.create(QUALIFICATION_RUNS.plural, run_manifest(RUN, store))
+        done = wait_phase(api, RUN, ("Succeeded", "Failed"), timeout=30)
+        assert done["status"]["verdict"]["result"] == "FAIL", done["status"]
+        assert done["status"]["pin"] == PIN
+
+        def failed() -> list[dict[str, Any]]:
+            return [a for a in _active(prometheus, "QualificationFailed")
+                    if a["state"] == "firing"]
+
+        (alert,) = prometheus.wait_for("firing QualificationFailed", failed, timeout=30)
+        labels = alert["labels"]
+        assert (labels["namespace"], labels["run"], labels["pin"]) == (NAMESPACE, RUN, PIN)
+        assert labels["scenario"] == "resume" and labels["severity"] == "critical"
+        assert labels["job"] == JOB
+        assert f"run {NAMESPACE}/{RUN} failed" in alert["annotations"]["summary"]
+
+        # Valid (not INVALID), no negative controls to miss (0 of 0), the target up. The
+        # simulated comparator's drift (relative L2 0.01) is above the default threshold.
+        by_state = {(a["labels"]["alertname"], a["state"]) for a in prometheus.alerts()}
+        assert {n for n, s in by_state if s == "firing"} == {
+            "QualificationFailed", "ResumeDriftAboveThreshold"}, by_state
+        for silent in ("QualificationInvalid", "NegativeControlBlind", "OperatorDown"):
+            assert not _active(prometheus, silent), prometheus.alerts()
+        assert [s["value"][1] for s in prometheus.query(f'up{{job="{JOB}"}}')] == ["1"]
+
+        # The operator's own families came through the same scrape.
+        reconciles = {s["metric"]["result"]: float(s["value"][1]) for s in
+                      prometheus.query(f'resumequal_operator_reconcile_total{{job="{JOB}"}}')}
+        assert set(reconciles) == {"success", "requeue", "error"} and reconciles["requeue"] > 0
+        (depth,) = prometheus.query(f'resumequal_operator_queue_depth{{job="{JOB}"}}')
+        assert float(depth["value"][1]) >= 0
+
+        # Deleting the run removes its series from /metrics; the alert resolves.
+        api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, RUN)
+        api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, RUN) is None,
+                     10, "the finalizer to let the run go")
+        eventually(lambda: f'run="{RUN}"' not in _exposed(port), what="the run's series gone")
+        assert "resumequal_operator_reconcile_total" in _exposed(port)
+        prometheus.wait_for("QualificationFailed to resolve",
+                            lambda: not _active(prometheus, "QualificationFailed"), timeout=15)
+        assert prometheus.query(f'resumequal_qualification_passed{{run="{RUN}"}}') == []
