@@ -12,8 +12,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from resumequal.spec import S3Spec
+from resumequal.verdict import Result
 from tests.kubeapi import KubeAPI
+from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import Admission, Operators
+from tests.operator.workers import Workers
 
 if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here defeats
     # assert rewriting
@@ -49,3 +53,26 @@ def operators(api: KubeAPI, aws_env: dict[str, str]) -> Iterator[Operators]:
         yield ops
     finally:
         ops.stop_all()
+
+
+@pytest.fixture
+def verdict_result() -> Result:
+    """The verdict the scripted comparator writes; a module overrides it to test a FAIL."""
+    return Result.PASS
+
+
+@pytest.fixture
+def workers(store: dict[str, str], verdict_result: Result) -> Workers:
+    """Scripted workers and comparator writing into the run's store."""
+    return Workers(s3=S3Spec(endpoint_url=store["endpoint_url"], region=store["region"],
+                             addressing_style="path"), result=verdict_result)
+
+
+@pytest.fixture
+def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperator]:
+    """The simulated Kubeflow training operator, its containers played by ``workers``."""
+    sim = SimulatedTrainingOperator(api, run_container=workers).start()
+    try:
+        yield sim
+    finally:
+        sim.stop()

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import shutil
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from resumequal.spec import S3Spec
 from resumequal.verdict import Result
 from resumequal_operator.kube import QUALIFICATION_RUNS
 from tests.chart.prometheus import JOB, Prometheus, running_prometheus
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, Operators, eventually, run_manifest, wait_phase
-from tests.operator.workers import Workers
 
 ALERTS = Path(__file__).resolve().parents[2] / "charts/resumequal/files/alerts.yaml"
 RUN = "nightly-fail"
@@ -31,18 +28,8 @@ PIN = "train:2026-11-29"  # pin_of() of run_manifest's image
 
 
 @pytest.fixture
-def workers(store: dict[str, str]) -> Workers:
-    return Workers(s3=S3Spec(endpoint_url=store["endpoint_url"], region=store["region"],
-                             addressing_style="path"), result=Result.FAIL)
-
-
-@pytest.fixture
-def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperator]:
-    sim = SimulatedTrainingOperator(api, run_container=workers).start()
-    try:
-        yield sim
-    finally:
-        sim.stop()
+def verdict_result() -> Result:
+    return Result.FAIL
 
 
 def _exposed(port: int) -> str:

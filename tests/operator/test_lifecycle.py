@@ -4,9 +4,6 @@ events, metrics; the timeouts; an operator restart mid-run; deletion and retenti
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
-
-import pytest
 
 from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
@@ -24,21 +21,6 @@ from tests.operator.harness import (
     wait_phase,
 )
 from tests.operator.workers import Workers
-
-
-@pytest.fixture
-def workers(store: dict[str, str]) -> Workers:
-    return Workers(s3=S3Spec(endpoint_url=store["endpoint_url"], region=store["region"],
-                             addressing_style="path"))
-
-
-@pytest.fixture
-def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperator]:
-    sim = SimulatedTrainingOperator(api, run_container=workers).start()
-    try:
-        yield sim
-    finally:
-        sim.stop()
 
 
 def _events(api: KubeAPI, name: str) -> list[tuple[str, str, str]]:
