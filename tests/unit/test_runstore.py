@@ -341,3 +341,19 @@ def test_compare_of_an_empty_s3_prefix_exits_2_naming_it(
     result = CliRunner().invoke(cli.main, ["compare", uri, "--write"])
     assert result.exit_code == 2
     assert f"error: {uri}/run.json does not exist" in result.stderr
+
+
+def test_trace_writer_groups_steps_but_flushes_what_the_backend_acts_on(
+    s3_location: RunLocation,
+) -> None:
+    from resumequal.trace import ArmRecord, TraceWriter
+
+    sink = s3_location.trace_sink("preempted", 1, 0, every=10)
+    writer = TraceWriter(sink)
+    arm = ArmRecord(rank=1, attempt=0, step=6, microstep=1, pid=7, armed_at=1.0)
+    writer.write(arm)  # not a step: in the store before the beacon is written
+    segments = s3_location.store.list("preempted/trace")
+    assert [o.key.rsplit("/", 1)[1] for o in segments] == ["00000000.jsonl"]
+    records = s3_location.trace_records("preempted", 1)
+    assert [r["kind"] for r in records] == ["arm"]
+    writer.close()
