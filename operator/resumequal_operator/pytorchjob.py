@@ -173,8 +173,11 @@ def _container(spec: QualificationRunSpec, command: list[str], args: list[str], 
 
 
 def leg_args(leg: LegPlan, run_uri: str) -> list[str]:
-    """``resumequal leg --leg <leg> --run <uri> [--omit X]...``, run as torchrun's module."""
-    args = ["-m", "resumequal", "leg", "--leg", leg.name, "--run", run_uri]
+    """``resumequal leg --leg <leg> --run-dir <uri> [--omit X]...``, as torchrun's module.
+
+    Not ``--run``: torchrun's argument parser scans the module's arguments too and takes
+    ``--run`` for an abbreviation of its own ``--run-path``."""
+    args = ["-m", "resumequal", "leg", "--leg", leg.name, "--run-dir", run_uri]
     for omission in leg.omit:
         args += ["--omit", omission]
     return args

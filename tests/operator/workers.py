@@ -117,7 +117,7 @@ class Workers:
         args = container.args
         if "compare" in args:
             return self.compare(args[args.index("compare") + 1])
-        uri, leg = args[args.index("--run") + 1], args[args.index("--leg") + 1]
+        uri, leg = args[args.index("--run-dir") + 1], args[args.index("--leg") + 1]
         nproc = int(container.env.get("PET_NPROC_PER_NODE") or 1)
         ok = self.run_rank(uri, leg, container.index * nproc, container.attempt,
                            container.pod_name, container.killed)

@@ -239,7 +239,7 @@ def test_leg_job_shape() -> None:
     assert c["name"] == "pytorch" and c["image"] == cr.stack.image
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert [*c["command"], *c["args"]] == [
-        "torchrun", "-m", "resumequal", "leg", "--leg", "nc-data-cursor", "--run",
+        "torchrun", "-m", "resumequal", "leg", "--leg", "nc-data-cursor", "--run-dir",
         f"s3://resumequal-runs/qualifications/{NS}/{RUN}/{UID}", "--omit", "data_cursor"]
     assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400,
                            "protocol": "TCP"}]
@@ -389,3 +389,16 @@ def test_core_validator_knows_leases_and_events() -> None:
     with pytest.raises(AssertionError, match="no schema"):
         validate_core({"apiVersion": "example.com/v1", "kind": "Widget",
                        "metadata": {"name": "w"}})
+
+
+def test_torchrun_hands_the_leg_arguments_to_resumequal() -> None:
+    # torchrun's parser sees the module's arguments too: an option that abbreviates one of
+    # its own (``--run`` for ``--run-path``) would make every pod exit with a usage error.
+    from torch.distributed.run import get_args_parser
+
+    _, _, jobs, _ = _manifests({})
+    for job in jobs:
+        [c] = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+        parsed = get_args_parser().parse_args(c["args"])
+        assert parsed.module and parsed.training_script == "resumequal"
+        assert parsed.training_script_args == c["args"][2:]
