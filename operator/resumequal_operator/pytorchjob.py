@@ -31,6 +31,7 @@ import re
 from typing import Any
 
 from resumequal.plan import LegPlan
+from resumequal.store import ADDRESSING_STYLE_ENV
 from resumequal_operator.resource import (
     API_VERSION,
     GPU_RESOURCES,
@@ -130,6 +131,9 @@ def _env(spec: QualificationRunSpec) -> list[Obj]:
     if store.region:
         env += [{"name": "AWS_REGION", "value": store.region},
                 {"name": "AWS_DEFAULT_REGION", "value": store.region}]
+    if store.addressing_style != "auto":
+        # botocore has no variable of its own for it; a worker reads this before it has a spec.
+        env.append({"name": ADDRESSING_STYLE_ENV, "value": store.addressing_style})
     return env
 
 

@@ -55,11 +55,11 @@ from resumequal.spec import (
 )
 from resumequal.store import (
     FileStore,
-    S3Config,
     S3Store,
     Store,
     StoreIntegrityError,
     StoreNotFound,
+    s3_config,
 )
 from resumequal.verdict import SCHEMA_VERSION, Verdict
 
@@ -90,11 +90,6 @@ __all__ = [
     "SegmentSink",
     "s3_config",
 ]
-
-
-def s3_config(spec: S3Spec | None) -> S3Config:
-    """The store client's settings from a spec's ``checkpoint.s3`` (AWS defaults if None)."""
-    return S3Config() if spec is None else S3Config(**spec.model_dump())
 
 
 @dataclass(frozen=True)

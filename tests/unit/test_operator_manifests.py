@@ -253,6 +253,8 @@ def test_leg_job_shape() -> None:
     assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio.storage.svc:9000"
     assert env["AWS_REGION"]["value"] == "us-east-1"
     assert "AWS_ENDPOINT_URL" not in env  # STS (web identity) must keep its own endpoint
+    # A worker reads the run location before it has a spec: path-style MinIO needs this.
+    assert env["RESUMEQUAL_S3_ADDRESSING_STYLE"]["value"] == "path"
     assert pod["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Equal",
                                    "value": "training", "effect": "NoSchedule"}]
@@ -319,7 +321,7 @@ def test_without_a_secret_the_pods_use_their_own_aws_chain() -> None:
         for c in _containers(obj):
             names = {e["name"] for e in c["env"]}
             assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                "AWS_ENDPOINT_URL_S3"}
+                                "AWS_ENDPOINT_URL_S3", "RESUMEQUAL_S3_ADDRESSING_STYLE"}
             assert "AWS_REGION" in names
 
 

@@ -199,3 +199,20 @@ def test_s3_config_rejects_bad_fields_without_echoing_them(
     with pytest.raises(ValidationError, match=match) as info:
         S3Config.model_validate(fields)
     assert "rq-SECRET" not in str(info.value)
+
+
+def test_s3_config_from_a_spec_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumequal.spec import S3Spec
+    from resumequal.store import ADDRESSING_STYLE_ENV, StoreError, s3_config
+
+    spec = S3Spec(endpoint_url="http://minio:9000", addressing_style="path")
+    assert s3_config(spec).addressing_style == "path"
+    monkeypatch.delenv(ADDRESSING_STYLE_ENV, raising=False)
+    assert s3_config(None) == S3Config()
+    monkeypatch.setenv(ADDRESSING_STYLE_ENV, "path")
+    assert s3_config(None).addressing_style == "path"
+    # A spec says it all: the environment does not override it.
+    assert s3_config(S3Spec()).addressing_style == "auto"
+    monkeypatch.setenv(ADDRESSING_STYLE_ENV, "sideways")
+    with pytest.raises(StoreError, match=f"{ADDRESSING_STYLE_ENV}='sideways'"):
+        s3_config(None)

@@ -36,7 +36,7 @@ from resumequal.checkpoint.layout import MANIFEST, Position
 from resumequal.checkpoint.manifest import FileEntry, Manifest, write_manifest_file
 from resumequal.errors import CheckpointError, StoreError
 from resumequal.spec import S3Spec
-from resumequal.store import ObjectInfo, S3Config, Store, StoreIntegrityError, open_store
+from resumequal.store import ObjectInfo, Store, StoreIntegrityError, open_store, s3_config
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,6 @@ class RemoteRoot:
 
     def uri(self, name: str = "", rel: str = "") -> str:
         return self.store.uri(self.key(name, rel))
-
-
-def s3_config(spec: S3Spec | None) -> S3Config:
-    """The store's client settings from the spec's ``checkpoint.s3``."""
-    if spec is None:
-        return S3Config()
-    return S3Config(**spec.model_dump())
 
 
 def checkpoint_location(

@@ -23,9 +23,10 @@ from resumequal.store.errors import (
     StoreUnavailable,
 )
 from resumequal.store.file import FileStore
-from resumequal.store.s3 import S3Config, S3Store
+from resumequal.store.s3 import ADDRESSING_STYLE_ENV, S3Config, S3Store, s3_config
 
 __all__ = [
+    "ADDRESSING_STYLE_ENV",
     "FileStore",
     "ObjectInfo",
     "S3Config",
@@ -37,6 +38,7 @@ __all__ = [
     "StoreNotFound",
     "StoreUnavailable",
     "open_store",
+    "s3_config",
     "sha256_file",
 ]
 

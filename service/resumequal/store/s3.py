@@ -45,6 +45,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from resumequal.errors import StoreError
+from resumequal.spec import S3Spec
 from resumequal.store.base import (
     LocalPath,
     ObjectInfo,
@@ -143,6 +144,26 @@ def _unwrap(e: Exception) -> Exception:
     if isinstance(e, RetriesExceededError) and isinstance(e.last_exception, Exception):
         return e.last_exception
     return e
+
+
+
+# botocore reads endpoint, region and credentials from the environment, but has no
+# variable for the addressing style; workers that start from a bare run location (no spec
+# yet) take it from here, and the operator sets it on every pod.
+ADDRESSING_STYLE_ENV = "RESUMEQUAL_S3_ADDRESSING_STYLE"
+
+
+def s3_config(spec: S3Spec | None) -> S3Config:
+    """Client settings from a spec's ``checkpoint.s3``; without one, AWS defaults plus
+    ``RESUMEQUAL_S3_ADDRESSING_STYLE`` from the environment."""
+    if spec is not None:
+        return S3Config(**spec.model_dump())
+    style = os.environ.get(ADDRESSING_STYLE_ENV, "").strip()
+    if not style:
+        return S3Config()
+    if style not in ("path", "virtual", "auto"):
+        raise StoreError(f"{ADDRESSING_STYLE_ENV}={style!r}: expected path, virtual or auto")
+    return S3Config(addressing_style=style)  # type: ignore[arg-type]
 
 
 class S3Store:
