@@ -160,6 +160,12 @@ def run_status(
             "mode": preemption_mode, "injectedAt": main.killed_at})
     verdict = (verdict_summary(machine.verdict) if machine.verdict is not None
                else previous.verdict if previous is not None else None)
+    shown = verdict
+    if shown is None and machine.phase == Phase.FAILED:
+        # A run that failed before its comparison tested nothing: INVALID, as the metrics
+        # and the local runner say, so `kubectl get qr` shows a verdict for every finished run.
+        why = machine.reason.value if machine.reason else "Failed"
+        shown = VerdictStatus(result=Result.INVALID, reason=f"{why}: {machine.message or ''}")
     done = machine.done
     history = machine.history
     return QualificationRunStatus.model_validate({
@@ -174,7 +180,7 @@ def run_status(
         "legs": legs,
         "preemption": preemption,
         "comparatorJob": comparator_job,
-        "verdict": verdict,
+        "verdict": shown,
         "startedAt": history[0].at if history else None,
         "completedAt": history[-1].at if done and history else None,
         "machine": stored_machine(machine, run_spec),
@@ -192,6 +198,7 @@ def invalid_status(previous: QualificationRunStatus | None, generation: int | No
             _condition(previous, "Ready", "False", INVALID_SPEC, message, generation),
             _condition(previous, "Qualified", "False", INVALID_SPEC, message, generation),
         ],
+        "verdict": VerdictStatus(result=Result.INVALID, reason=f"{INVALID_SPEC}: {message}"),
         "startedAt": previous.started_at if previous and previous.started_at else now,
         "completedAt": now if previous is None or previous.completed_at is None
         else previous.completed_at,

@@ -35,6 +35,8 @@ def test_an_invalid_spec_fails_naming_the_field_while_a_valid_run_proceeds(
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
     assert "spec.preemption.step" in ready["message"]
     assert condition(bad, "Qualified")["status"] == "False"
+    assert bad["status"]["verdict"]["result"] == "INVALID"
+    assert "spec.preemption.step" in bad["status"]["verdict"]["reason"]
     assert _jobs(api, "bad") == []  # nothing started for it
     reasons = [e["reason"] for e in api.list("events", NAMESPACE)
                if e["involvedObject"]["name"] == "bad"]

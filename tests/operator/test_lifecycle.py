@@ -161,6 +161,8 @@ def _failed_with_timeout(api: KubeAPI, name: str) -> str:
     ready = condition(done, "Ready")
     assert done["status"]["phase"] == "Failed" and ready["reason"] == "Timeout", ready
     assert condition(done, "Qualified")["status"] == "False"
+    assert done["status"]["verdict"]["result"] == "INVALID"
+    assert done["status"]["verdict"]["reason"].startswith("Timeout: ")
     api.wait_for(lambda: not _live(api, PYTORCHJOBS.plural, name), 10, "the legs deleted")
     assert not _live(api, JOBS.plural, name)
     failed = [m for r, t, m in _events(api, name) if r == "Failed"]
@@ -245,5 +247,8 @@ def test_a_comparator_that_writes_no_verdict_fails_the_run(
     assert done["status"]["phase"] == "Failed" and ready["reason"] == "Error"
     assert "comparator Job no-verdict-compare-" in ready["message"]
     assert "without a verdict" in ready["message"]
-    assert "verdict" not in done["status"]
+    # Nothing was compared: INVALID, with the reason the run failed.
+    assert done["status"]["verdict"]["result"] == "INVALID"
+    assert done["status"]["verdict"]["reason"].startswith("Error: ")
+    assert "firstDivergenceSummary" not in done["status"]["verdict"]
     api.wait_for(lambda: not _live(api, JOBS.plural, "no-verdict"), 10, "the Job deleted")
