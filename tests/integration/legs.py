@@ -28,6 +28,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def resumequal(*args: str, env: dict[str, str] | None = None, columns: int = 120,
+               timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; on a timeout interrupt it (so it stops its legs) before giving up."""
+    cmd = [sys.executable, "-m", "resumequal", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, COLUMNS=str(columns), **(env or {})))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        raise AssertionError(f"resumequal {' '.join(args)} ran over {timeout}s:\n{out[-3000:]}"
+                             f"\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def write_spec(path: Path, spec: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(spec))

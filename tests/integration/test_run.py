@@ -12,24 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import legs
+
 pytestmark = pytest.mark.slow
 
 FAST = ["--set", "workload.name=dropout-mlp", "--set", "controls.enabled=false"]
 
 
 def _resumequal(*args: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
-    """Run the CLI; on a timeout interrupt it (so it stops its legs) before giving up."""
-    cmd = [sys.executable, "-m", "resumequal", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, COLUMNS="120"))
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        raise AssertionError(f"resumequal {' '.join(args)} ran over {timeout}s:\n{out[-3000:]}"
-                             f"\n{err[-3000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return legs.resumequal(*args, timeout=timeout)
 
 
 def _processes_mentioning(text: str) -> list[int]:

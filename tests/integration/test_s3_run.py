@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,18 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("aws_env")]
 
 def _resumequal(*args: str, env: dict[str, str],
                 timeout: float = 280) -> subprocess.CompletedProcess[str]:
-    """Run the CLI; on a timeout interrupt it (so it stops its legs) before giving up."""
-    cmd = [sys.executable, "-m", "resumequal", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, COLUMNS="200", **env))
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        raise AssertionError(f"resumequal {' '.join(args)} ran over {timeout}s:\n{out[-3000:]}"
-                             f"\n{err[-3000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return legs.resumequal(*args, env=env, columns=200, timeout=timeout)
 
 
 @pytest.mark.timeout(900)
