@@ -154,6 +154,7 @@ class Reconciler:
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
                           clock=self.clock)
         seen = len(q.status.history)
+        prior_error = q.status.errors.message if q.status.errors is not None else None
         killed = {n for n, leg in q.status.legs.items() if leg.killed_at is not None}
         error: Exception | None = None
         try:
@@ -163,6 +164,12 @@ class Reconciler:
         except ResumequalError as e:  # API or store trouble: write progress, then retry
             error = e
         self._announce(run, plan, q.status, seen, killed)
+        streak = q.status.errors
+        if streak is not None and streak.message != prior_error:
+            # Once per streak and per new message, not once per retry.
+            self.events.record(run.obj, "BackendError", (
+                f"{streak.message}; retrying until timeouts.backend_error_seconds="
+                f"{run.qspec.timeouts.backend_error_seconds:g} have passed"), warning=True)
         self._write_status(run.obj, self._status(run, plan, q.status, previous, generation))
         if error is not None:
             raise error

@@ -1,25 +1,33 @@
 """The objects a QualificationRun starts: one Kubeflow PyTorchJob per leg, one comparator Job.
 
 Pure functions from the resource to manifests (plain dicts, as the API takes them); no I/O.
-
-Choices the manifests make, and why:
+What the training operator v1.9 does with them is in the README's cluster section; the
+choices below follow from it:
 
 - Elastic PyTorchJob, Worker replicas only (one pod per node), c10d rendezvous on pod
   ``worker-0`` at the container port named ``pytorchjob-port`` — 29400, torchrun's own c10d
   port. min = max replicas: the world size is part of what is qualified, it must not shrink.
-- ``restartPolicy: ExitCode``: a pod whose container died of a signal (exit 128+: SIGKILL,
-  SIGTERM from an eviction or a node going away) is recreated; an exit 1-127 is the leg's
-  own failure (bad spec, a checkpoint that does not verify) and fails the job at once, with
-  its reason in the store. OnFailure would rerun such a leg in place from attempt 0.
-- ``cleanPodPolicy: Running``: when a job ends, pods still running (ranks blocked on a dead
-  peer) are deleted so they free their nodes; finished pods stay for ``kubectl logs``.
-  Beacons, traces and checkpoints are in the store, and every job goes with its
-  QualificationRun through the owner reference.
-- ``activeDeadlineSeconds``: timeouts.leg_seconds plus a margin, a backstop for when the
-  operator is down; the operator's own timeout fires first and says why. ``backoffLimit``
-  is world.max_restarts, though with ExitCode pods are recreated rather than restarted in
-  place, which the training operator does not count against it.
-- S3 credentials only as ``secretKeyRef`` to ``store.credentials_secret``; never inlined.
+  ``rdzvConf`` carries the spec's timeouts: torchrun's default 60 s store read timeout
+  fails a worker whose pod starts a minute before worker-0's (uneven image pulls).
+- The container runs ``resumequal launch --mode M -- <torchrun args>``, not torchrun
+  itself: torchrun exits 1 on SIGTERM, which the ``ExitCode`` policy treats as the leg's own
+  failure and fails the whole job; the launcher exits 128+signal instead. In hard mode it
+  SIGKILLs every process of the pod on SIGTERM, because the kubelet always sends SIGTERM
+  first, even for a deletion with grace 0, and a hard kill must never save.
+- ``restartPolicy: ExitCode`` (replica level; the training operator overwrites a
+  template's restartPolicy, so the template has none): a pod whose container died of a
+  signal (exit 128+) is recreated under the same name; an exit 1-127 is the leg's own
+  failure (bad spec, a checkpoint that does not verify) and fails the job at once, with its
+  reason in the store. No ``backoffLimit``: with ExitCode it is never applied.
+- ``cleanPodPolicy: None``: an elastic PyTorchJob is Succeeded when its first worker
+  succeeds, and ``Running`` would then delete ranks still writing their last trace
+  segments and checkpoint. The operator judges a leg done from every rank's completion
+  marker in the store and deletes the jobs itself.
+- Deadlines: the training operator checks ``activeDeadlineSeconds`` only when an event
+  arrives, so each pod carries its own (enforced by the kubelet); a pod killed by it is an
+  event, on which the job's deadline fails the job. The operator's timeouts fire first.
+- Pods meet the Pod Security "restricted" profile by default (``spec.security``).
+- S3 credentials only as ``secretKeyRef`` to ``store.credentialsSecret``; never inlined.
   No Kubernetes API token is mounted: nothing in the pods talks to the API server.
 """
 
@@ -30,7 +38,7 @@ import math
 import re
 from typing import Any
 
-from resumequal.plan import LegPlan
+from resumequal.plan import LegPlan, rdzv_conf
 from resumequal.store import ADDRESSING_STYLE_ENV
 from resumequal_operator.resource import (
     API_VERSION,
@@ -117,6 +125,8 @@ def _env(spec: QualificationRunSpec) -> list[Obj]:
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE",
          "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # A recreated pod has the same name but a new uid: kills target the uid.
+        {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
     ]
     store = spec.store
     if store.credentials_secret:
@@ -147,11 +157,34 @@ def _resources(spec: QualificationRunSpec, gpus: bool) -> Obj:
     return out
 
 
-def _pod_spec(spec: QualificationRunSpec, container: Obj, restart_policy: str) -> Obj:
+# The Pod Security "restricted" profile (k8s.io/pod-security-admission policy checks);
+# 65532 is the user of our images, and a training image that runs as root runs as it too.
+POD_SECURITY_CONTEXT: Obj = {
+    "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: Obj = {
+    "allowPrivilegeEscalation": False, "privileged": False,
+    "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _merged(default: Obj, override: Obj) -> Obj:
+    return {**default, **override}
+
+
+def _pod_spec(spec: QualificationRunSpec, container: Obj,
+              restart_policy: str | None) -> Obj:
     # Workers and the comparator never call the Kubernetes API (IRSA and workload identity
     # bring their own token), so the pods carry no API credentials.
-    pod: Obj = {"containers": [container], "restartPolicy": restart_policy,
-                "automountServiceAccountToken": False}
+    container["securityContext"] = _merged(CONTAINER_SECURITY_CONTEXT,
+                                           spec.security.security_context)
+    pod: Obj = {"containers": [container], "automountServiceAccountToken": False,
+                "securityContext": _merged(POD_SECURITY_CONTEXT,
+                                           spec.security.pod_security_context)}
+    if restart_policy is not None:
+        pod["restartPolicy"] = restart_policy
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -187,23 +220,34 @@ def leg_args(leg: LegPlan, run_uri: str) -> list[str]:
     return args
 
 
+def launch_command(leg: LegPlan) -> list[str]:
+    """The leg container's command: our launcher around torchrun (module docstring)."""
+    return ["resumequal", "launch", "--mode", leg.spec.preemption.mode, "--"]
+
+
+def leg_deadline_seconds(leg: LegPlan) -> int:
+    """The backstop deadline of a leg's job and of each of its pods."""
+    return math.ceil(leg.spec.timeouts.leg_seconds) + DEADLINE_MARGIN_S
+
+
 def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
             leg: LegPlan, run_uri: str) -> Obj:
     """The kubeflow.org/v1 PyTorchJob of one leg (its own spec is in the run location)."""
-    w, t = leg.spec.world, leg.spec.timeouts
+    w = leg.spec.world
     name = leg_job_name(run_name, uid, leg.name)
     meta_labels = labels(run_name, uid, leg.name)
     env = [*_env(spec), {"name": "OMP_NUM_THREADS", "value": str(w.threads_per_rank)}]
-    container = _container(spec, ["torchrun"], leg_args(leg, run_uri), env, gpus=True)
+    container = _container(spec, launch_command(leg), leg_args(leg, run_uri), env, gpus=True)
     container["ports"] = [{"name": RDZV_PORT_NAME, "containerPort": RDZV_PORT,
                            "protocol": "TCP"}]
     # NCCL and DataLoader workers use /dev/shm; a container's default is 64 MiB.
     container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    # ExitCode: the pod's own restartPolicy is Never; the training operator recreates pods.
-    pod = _pod_spec(spec, container, "Never")
-    pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    pod = _pod_spec(spec, container, None)
+    pod["volumes"] = [{"name": "dshm", "emptyDir": {
+        "medium": "Memory", "sizeLimit": spec.security.shm_size_limit}}]
     # A graceful kill deletes the pod with the spec's grace; cleanup uses the same.
     pod["terminationGracePeriodSeconds"] = math.ceil(leg.spec.preemption.grace_seconds)
+    pod["activeDeadlineSeconds"] = leg_deadline_seconds(leg)
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -214,18 +258,19 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
             "ownerReferences": [owner_reference(run_name, uid)],
         },
         "spec": {
+            "nprocPerNode": str(w.nproc_per_node),
             "elasticPolicy": {
                 "rdzvBackend": "c10d",
                 "rdzvId": name,
+                "rdzvConf": [{"key": k, "value": v}
+                             for k, v in rdzv_conf(leg.spec).items()],
                 "minReplicas": w.nnodes,
                 "maxReplicas": w.nnodes,
                 "maxRestarts": w.max_restarts,
-                "nProcPerNode": w.nproc_per_node,
             },
             "runPolicy": {
-                "cleanPodPolicy": "Running",
-                "backoffLimit": w.max_restarts,
-                "activeDeadlineSeconds": math.ceil(t.leg_seconds) + DEADLINE_MARGIN_S,
+                "cleanPodPolicy": "None",
+                "activeDeadlineSeconds": leg_deadline_seconds(leg),
             },
             "pytorchReplicaSpecs": {
                 "Worker": {

@@ -203,6 +203,35 @@ class Toleration(_Section):
     toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
 
 
+# A Kubernetes object the API server validates itself (a PodSecurityContext, a
+# SecurityContext): kept whole so any field of it can be set, shown by kubectl describe.
+KubeObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class SecuritySpec(_Section):
+    """How locked down the run's pods are. The defaults meet the Pod Security "restricted"
+    profile; each object given here is merged over its default, key by key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+
+    pod_security_context: KubeObject = Field(
+        default_factory=dict, alias="podSecurityContext",
+        description="Merged over the default pod securityContext: runAsNonRoot, "
+        "runAsUser/runAsGroup/fsGroup 65532 (the images' user), seccomp RuntimeDefault.")
+    security_context: KubeObject = Field(
+        default_factory=dict, alias="securityContext",
+        description="Merged over the default container securityContext: no privilege "
+        "escalation, every capability dropped, read-write root filesystem.")
+    shm_size_limit: Quantity = Field(
+        default="2Gi", alias="shmSizeLimit",
+        description="sizeLimit of the memory-backed /dev/shm of training pods (NCCL and "
+        "DataLoader workers use it); it counts against the pod's memory.")
+
+
 class RetentionSpec(_Section):
     policy: Literal["Delete", "Retain"] = Field(
         default="Retain",
@@ -239,6 +268,7 @@ class QualificationRunSpec(_Section):
         description="ServiceAccount of the pods (e.g. one bound to an IAM role for S3).",
     )
     retention: RetentionSpec = Field(default_factory=RetentionSpec)
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
     allow_rendezvous_host_kill: bool = Field(
         default=False,
         description="Allow a cut whose rank runs on pod worker-0. With the c10d rendezvous "

@@ -22,10 +22,11 @@ class ShutDown(Exception):
 class WorkQueue:
     """Keys to reconcile; thread-safe."""
 
-    def __init__(self, base_delay: float = 0.05, max_delay: float = 300.0,
+    def __init__(self, base_delay: float = 0.05, max_delay: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        # Backoff from 50 ms doubling to 5 min: a transient API error retries at once, a
-        # broken store stops hammering within a dozen attempts.
+        # Backoff from 50 ms doubling to 1 min: a transient API error retries at once, a
+        # broken store stops hammering within a dozen attempts, and a run whose errors
+        # persist is failed at most a minute after timeouts.backend_error_seconds.
         self.base_delay, self.max_delay = base_delay, max_delay
         self.clock = clock
         self._cond = threading.Condition()

@@ -9,6 +9,7 @@ mid-accumulation cut writes, so that control runs with a graceful kill.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -105,3 +106,15 @@ def scenario_plan(spec: QualificationSpec) -> Plan:
     for scenario in spec.matrix.scenarios:
         legs.append(LegPlan(scenario, "scenario", scenario_spec(spec, scenario)))
     return Plan(legs)
+
+
+def rdzv_conf(spec: QualificationSpec) -> dict[str, str]:
+    """torchrun's c10d rendezvous settings for a leg (``--rdzv-conf`` / ``rdzvConf``).
+
+    torchrun reaches the rendezvous store with a 60 s read timeout and waits 600 s for a
+    rendezvous by default: a node whose pod starts a minute before the store's host (an
+    uneven image pull) fails the whole job. The leg timeout is what ends a leg that never
+    gets going, so neither gives up before it.
+    """
+    seconds = str(max(60, math.ceil(spec.timeouts.leg_seconds)))
+    return {"join_timeout": seconds, "read_timeout": seconds}

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Verdict
@@ -126,6 +127,14 @@ class LegRun(BaseModel):
     attempts: int = 0
 
 
+class ErrorStreak(BaseModel):
+    """Consecutive ticks that failed on the API or the store, since the last clean one."""
+
+    since: float
+    attempts: int = 1
+    message: str
+
+
 class QualificationStatus(BaseModel):
     """The machine's whole memory; what a controller would keep in a resource's status."""
 
@@ -135,6 +144,7 @@ class QualificationStatus(BaseModel):
     history: list[PhaseEvent] = Field(default_factory=list)
     legs: dict[str, LegRun] = Field(default_factory=dict)
     verdict: Verdict | None = None
+    errors: ErrorStreak | None = None
 
     @property
     def done(self) -> bool:
@@ -195,7 +205,12 @@ class Qualification:
         """End the qualification as Failed and stop everything the backend started."""
         if not self.status.done:
             self._enter(Phase.FAILED, reason, message)
-        self.backend.cleanup()
+        try:
+            self.backend.cleanup()
+        except (ClusterError, StoreError) as e:
+            # The run has ended either way; what is left is owned by the run and goes with
+            # it (owner references, the operator's sweep of finished runs).
+            log.warning("cleanup after %s failed: %s", reason.value, e)
 
     def _main_enters(self, leg: LegPlan, phase: Phase, message: str | None = None) -> None:
         """Phases follow the lead leg: the main preempted leg, else the first cut leg."""
@@ -207,23 +222,52 @@ class Qualification:
     # -- one level-triggered step --------------------------------------------------------
 
     def tick(self) -> Phase:
-        """Observe, act, and advance as far as the observations allow."""
+        """Observe, act, and advance as far as the observations allow.
+
+        Deadlines are judged from the machine's memory before the backend is asked
+        anything, so an API or a store that does not answer cannot keep a run alive. An
+        API or store error is raised for the caller to retry, until errors have lasted
+        ``timeouts.backend_error_seconds``: then the run fails with the last message.
+        """
         s = self.status
         if s.done:
             return s.phase
         if s.phase == Phase.PENDING:
             self._enter(Phase.LEGS_RUNNING)
         try:
+            self._check_deadlines()
             self._tick_legs()
+            if all(s.legs[p.name].finished_at is not None for p in self.plan.legs):
+                if s.phase != Phase.COMPARING:
+                    self._enter(Phase.COMPARING)
+                self._compare()
         except _Stop:
             return s.phase
-        if all(s.legs[p.name].finished_at is not None for p in self.plan.legs):
-            if s.phase != Phase.COMPARING:
-                self._enter(Phase.COMPARING)
-            self._compare()
+        except (ClusterError, StoreError) as e:
+            if self._persisting(e):
+                return s.phase
+            raise
+        s.errors = None
         return s.phase
 
-    def _tick_legs(self) -> None:
+    def _persisting(self, error: Exception) -> bool:
+        """Count one more failed tick; fail the run when errors have lasted too long."""
+        s, now = self.status, self.clock()
+        message = str(error) or type(error).__name__
+        if s.errors is None:
+            s.errors = ErrorStreak(since=now, message=message)
+        else:
+            s.errors.attempts += 1
+            s.errors.message = message
+        limit = self.spec.timeouts.backend_error_seconds
+        if now - s.errors.since < limit:
+            return False
+        self.fail(Reason.ERROR, f"{message} (failing for {now - s.errors.since:.0f}s, "
+                  f"{s.errors.attempts} attempts; timeouts.backend_error_seconds={limit:g})")
+        return True
+
+    def _check_deadlines(self) -> None:
+        """Every timeout the machine can judge without asking the backend."""
         s, t = self.status, self.spec.timeouts
         now = self.clock()
         # The armed worker gives up on its own after the same timeout; judge the timeout
@@ -236,7 +280,26 @@ class Qualification:
                 self._stop(Reason.TIMEOUT, f"the armed worker of the {plan.name} leg (rank "
                            f"{run.beacon.rank}, pid {run.beacon.pid}) was not killed within "
                            f"timeouts.arm_seconds={t.arm_seconds:g}")
+        for plan in self.plan.legs:
+            run = s.legs[plan.name]
+            if run.launched_at is None or run.finished_at is not None:
+                continue
+            if (run.killed_at is not None and run.resumed_at is None
+                    and now - run.killed_at > t.restart_seconds):
+                self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not resume within "
+                           f"timeouts.restart_seconds={t.restart_seconds:g}")
+            if now - run.launched_at > t.leg_seconds:
+                self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not finish within "
+                           f"timeouts.leg_seconds={t.leg_seconds:g}")
+        since = self._entered(Phase.COMPARING) if s.phase == Phase.COMPARING else None
+        if since is not None and now - since > t.leg_seconds:
+            # A comparison is as long as a leg at most: it reads what the legs wrote.
+            self._stop(Reason.TIMEOUT, "the comparison did not finish within "
+                       f"timeouts.leg_seconds={t.leg_seconds:g}")
 
+    def _tick_legs(self) -> None:
+        s = self.status
+        now = self.clock()
         for plan in self.plan.legs:
             run = s.legs[plan.name]
             if run.launched_at is None or run.finished_at is not None:
@@ -246,9 +309,6 @@ class Qualification:
             if obs.state == LegState.FAILED:
                 self._stop(Reason.LEG_FAILED,
                            f"the {plan.name} leg failed: {obs.message or 'no detail'}")
-            if obs.state == LegState.RUNNING and now - run.launched_at > t.leg_seconds:
-                self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not finish within "
-                           f"timeouts.leg_seconds={t.leg_seconds:g}")
             if plan.cut:
                 self._drive_cut(plan, run, obs, now)
             if obs.state == LegState.SUCCEEDED:
@@ -256,7 +316,6 @@ class Qualification:
         self._launch_next()
 
     def _drive_cut(self, plan: LegPlan, run: LegRun, obs: LegObservation, now: float) -> None:
-        t = self.spec.timeouts
         p = plan.spec.preemption
         if run.armed_at is None:
             beacon = self.backend.read_beacon(plan.name, p.rank)
@@ -272,13 +331,10 @@ class Qualification:
             run.killed_at = self.clock()
             self._main_enters(plan, Phase.PREEMPTED,
                               f"{plan.name}: killed pid {run.beacon.pid} ({p.mode})")
-        if run.killed_at is not None and run.resumed_at is None:
-            if obs.resumed_at is not None:
-                run.resumed_at = obs.resumed_at
-                self._main_enters(plan, Phase.RESUMED)
-            elif now - run.killed_at > t.restart_seconds:
-                self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not resume within "
-                           f"timeouts.restart_seconds={t.restart_seconds:g}")
+        if run.killed_at is not None and run.resumed_at is None \
+                and obs.resumed_at is not None:
+            run.resumed_at = obs.resumed_at
+            self._main_enters(plan, Phase.RESUMED)
 
     def _launch_next(self) -> None:
         s = self.status
@@ -305,13 +361,7 @@ class Qualification:
     def _compare(self) -> None:
         verdict = self.backend.compare()
         if verdict is None:
-            # A comparison is as long as a leg at most: it reads what the legs wrote.
-            limit = self.spec.timeouts.leg_seconds
-            since = self._entered(Phase.COMPARING)
-            if since is not None and self.clock() - since > limit:
-                self.fail(Reason.TIMEOUT, "the comparison did not finish within "
-                          f"timeouts.leg_seconds={limit:g}")
-            return
+            return  # still running; _check_deadlines bounds it
         self.status.verdict = verdict
         if verdict.result == Result.INVALID:
             self.fail(Reason.INVALID, verdict.reason)

@@ -273,6 +273,9 @@ class TimeoutSpec(_Section):
     arm_seconds: float = Field(default=60.0, gt=0, description="cut reached -> killed")
     restart_seconds: float = Field(default=120.0, gt=0, description="killed -> resumed")
     leg_seconds: float = Field(default=900.0, gt=0, description="whole leg")
+    backend_error_seconds: float = Field(
+        default=300.0, gt=0,
+        description="an API or store error that persists this long ends the run (Error)")
 
 
 class DDPSpec(_Section):

@@ -22,6 +22,7 @@ from resumequal_operator.resource import (
     run_uri,
 )
 from tests.k8s_schemas import validate_core, validate_pytorchjob
+from tests.pod_security import restricted_violations
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qualificationrun.yaml"
 NS, RUN, UID = "training", "nightly", "5b1f0c3e-7d2a-4e8b-9c61-0a2f3e4d5c6b"
@@ -226,10 +227,17 @@ def test_leg_job_shape() -> None:
     by_leg = {j["metadata"]["labels"][pytorchjob.LEG_LABEL]: j for j in jobs}
     job = by_leg["nc-data-cursor"]
     spec = job["spec"]
+    # nProcPerNode under elasticPolicy is deprecated (the webhook warns): spec.nprocPerNode.
+    assert spec["nprocPerNode"] == "2"
     assert spec["elasticPolicy"] == {
         "rdzvBackend": "c10d", "rdzvId": job["metadata"]["name"], "minReplicas": 2,
-        "maxReplicas": 2, "maxRestarts": 1, "nProcPerNode": 2}
-    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 1,
+        "maxReplicas": 2, "maxRestarts": 1,
+        # torchrun's 60 s store read timeout would fail a pod that starts a minute early.
+        "rdzvConf": [{"key": "join_timeout", "value": "1800"},
+                     {"key": "read_timeout", "value": "1800"}]}
+    # No backoffLimit (inert with ExitCode); None: ranks still writing are never deleted
+    # when the first worker's success makes the elastic job Succeeded.
+    assert spec["runPolicy"] == {"cleanPodPolicy": "None",
                                  "activeDeadlineSeconds": 1800 + 60}
     worker = spec["pytorchReplicaSpecs"]["Worker"]
     assert set(spec["pytorchReplicaSpecs"]) == {"Worker"}
@@ -239,7 +247,8 @@ def test_leg_job_shape() -> None:
     assert c["name"] == "pytorch" and c["image"] == cr.stack.image
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert [*c["command"], *c["args"]] == [
-        "torchrun", "-m", "resumequal", "leg", "--leg", "nc-data-cursor", "--run-dir",
+        "resumequal", "launch", "--mode", "hard", "--",
+        "-m", "resumequal", "leg", "--leg", "nc-data-cursor", "--run-dir",
         f"s3://resumequal-runs/qualifications/{NS}/{RUN}/{UID}", "--omit", "data_cursor"]
     assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400,
                            "protocol": "TCP"}]
@@ -260,7 +269,13 @@ def test_leg_job_shape() -> None:
                                    "value": "training", "effect": "NoSchedule"}]
     assert pod["imagePullSecrets"] == [{"name": "ghcr-pull"}]
     assert pod["serviceAccountName"] == "resumequal-worker"
-    assert pod["restartPolicy"] == "Never"
+    # The training operator overwrites a template restartPolicy (with a Warning event).
+    assert "restartPolicy" not in pod
+    # The kubelet enforces a pod's deadline; the job's is checked only on events.
+    assert pod["activeDeadlineSeconds"] == 1800 + 60
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                            "sizeLimit": "2Gi"}}]
     assert "--omit" not in by_leg["preempted"]["spec"]["pytorchReplicaSpecs"]["Worker"][
         "template"]["spec"]["containers"][0]["args"]
 
@@ -404,3 +419,46 @@ def test_torchrun_hands_the_leg_arguments_to_resumequal() -> None:
         parsed = get_args_parser().parse_args(c["args"])
         assert parsed.module and parsed.training_script == "resumequal"
         assert parsed.training_script_args == c["args"][2:]
+
+
+def _pods(changes: dict[str, Any]) -> list[dict[str, Any]]:
+    _, _, jobs, comparator = _manifests(changes)
+    pods = [j["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"] for j in jobs]
+    return [*pods, comparator["spec"]["template"]["spec"]]
+
+
+@pytest.mark.parametrize("changes", SPECS.values(), ids=SPECS.keys())
+def test_every_pod_meets_the_restricted_pod_security_profile(changes: dict[str, Any]) -> None:
+    for pod in _pods(changes):
+        assert restricted_violations(pod) == []
+
+
+def test_the_restricted_check_can_fail() -> None:
+    [pod, *_] = _pods({})
+    loose = {**pod, "securityContext": {}, "hostNetwork": True,
+             "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+             "containers": [{**pod["containers"][0], "securityContext": {
+                 "capabilities": {"add": ["SYS_ADMIN"]}}}]}
+    found = restricted_violations(loose)
+    for words in ("host namespaces", "restricted volume types", "allowPrivilegeEscalation",
+                  "must drop ALL", "adds", "runAsNonRoot", "seccompProfile"):
+        assert any(words in v for v in found), words
+
+
+def test_security_contexts_are_merged_over_the_restricted_defaults() -> None:
+    pods = _pods({"security": {"podSecurityContext": {"runAsUser": 1000, "fsGroup": 2000},
+                               "securityContext": {"readOnlyRootFilesystem": True},
+                               "shmSizeLimit": "8Gi"}})
+    for pod in pods:
+        assert pod["securityContext"]["runAsUser"] == 1000
+        assert pod["securityContext"]["fsGroup"] == 2000
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        c = pod["containers"][0]["securityContext"]
+        assert c["readOnlyRootFilesystem"] is True
+        assert c["capabilities"] == {"drop": ["ALL"]}
+        assert restricted_violations(pod) == []
+    assert pods[0]["volumes"][0]["emptyDir"]["sizeLimit"] == "8Gi"
+    # An override that leaves the profile is the user's choice, and is visible as such.
+    [root, *_] = _pods({"security": {"podSecurityContext": {"runAsNonRoot": False,
+                                                            "runAsUser": 0}}})
+    assert "runAsUser=0 (pod)" in restricted_violations(root)

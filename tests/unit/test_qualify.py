@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan
 from resumequal.qualify import (
     Beacon,
@@ -319,3 +320,97 @@ def test_a_seed_matrix_with_a_failing_cell_fails_the_qualification() -> None:
     clean = Matrix(seeds=[1, 2], scenarios=["mid-hard"], cells=cells[:2],
                    summary=[MatrixRow(scenario="mid-hard", exact=2, total=2)])
     assert fold_matrix(_verdict(Result.PASS), clean).result == Result.PASS
+
+
+class _Unreachable(ScriptedBackend):
+    """A backend whose API or store fails every request once ``down`` is set."""
+
+    down: bool = False
+    error: Exception = StoreError("s3://b/run/control/trace: endpoint unreachable")
+
+    def observe_leg(self, leg: str) -> LegObservation:
+        if self.down:
+            raise self.error
+        return super().observe_leg(leg)
+
+    def launch_leg(self, plan: LegPlan) -> None:
+        if self.down:
+            raise self.error
+        super().launch_leg(plan)
+
+
+def _down_machine(**timeouts: float) -> tuple[Qualification, _Unreachable, Clock]:
+    clock = Clock()
+    backend = _Unreachable(clock)
+    q = Qualification(_spec(timeouts=dict(timeouts)), backend, clock=clock)
+    return q, backend, clock
+
+
+def test_a_leg_times_out_even_while_the_store_does_not_answer() -> None:
+    q, b, clock = _down_machine(leg_seconds=100, backend_error_seconds=10_000)
+    q.tick()
+    b.down = True
+    clock.now += 50
+    with pytest.raises(StoreError):
+        q.tick()
+    clock.now += 51
+    assert q.tick() == Phase.FAILED  # judged before the store is asked
+    assert q.status.reason == Reason.TIMEOUT
+    assert "timeouts.leg_seconds=100" in (q.status.message or "")
+
+
+def test_persistent_store_errors_end_the_run_with_the_message() -> None:
+    q, b, clock = _down_machine(backend_error_seconds=30)
+    q.tick()
+    b.down = True
+    for _ in range(3):
+        clock.now += 10
+        with pytest.raises(StoreError):
+            q.tick()
+    assert q.status.errors is not None and q.status.errors.attempts == 3
+    clock.now += 10
+    assert q.tick() == Phase.FAILED
+    assert q.status.reason == Reason.ERROR
+    assert "endpoint unreachable" in (q.status.message or "")
+    assert "4 attempts" in (q.status.message or "")
+    assert b.cleanups == 1
+
+
+def test_a_launch_that_keeps_failing_ends_the_run() -> None:
+    q, b, clock = _down_machine(backend_error_seconds=60)
+    b.down = True
+    b.error = ClusterError("PyTorchJob quals/r-control: HTTP 404 NotFound: the server could "
+                           "not find the requested resource", status=404, reason="NotFound")
+    with pytest.raises(ClusterError):
+        q.tick()
+    clock.now += 61
+    assert q.tick() == Phase.FAILED
+    assert "HTTP 404" in (q.status.message or "")
+    assert b.launched == []
+
+
+def test_a_clean_tick_ends_an_error_streak() -> None:
+    q, b, clock = _down_machine(backend_error_seconds=30)
+    q.tick()
+    b.down = True
+    clock.now += 20
+    with pytest.raises(StoreError):
+        q.tick()
+    b.down = False
+    clock.now += 5
+    q.tick()
+    assert q.status.errors is None
+    b.down = True
+    clock.now += 20  # 45 s after the first error, but only 20 s into this streak
+    with pytest.raises(StoreError):
+        q.tick()
+    assert q.status.phase != Phase.FAILED
+
+
+def test_errors_that_are_not_the_api_or_the_store_are_not_retried_as_such() -> None:
+    q, b, _ = _down_machine()
+    b.down = True
+    b.error = RuntimeError("a bug")
+    with pytest.raises(RuntimeError):
+        q.tick()
+    assert q.status.errors is None
