@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -175,35 +177,52 @@ def open_api_schema() -> Schema:
     }
 
 
+# The digest of the CRD's spec, on the CRD itself: how the operator tells at start-up that
+# the installed CRD is the one it was built with (Helm never upgrades crds/).
+DIGEST_ANNOTATION = "resumequal.dev/schema-digest"
+
+
+def crd_digest(spec: dict[str, Any]) -> str:
+    """A digest of a CRD spec that does not depend on key order."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:20]
+
+
 def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition of QualificationRun (resumequal.dev/v1alpha1)."""
+    spec = _crd_spec()
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": CRD_NAME,
             "labels": {"app.kubernetes.io/name": "resumequal"},
+            "annotations": {DIGEST_ANNOTATION: crd_digest(spec)},
         },
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": ["qr"],
-                "categories": ["resumequal"],
-            },
-            "versions": [{
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": open_api_schema()},
-            }],
+        "spec": spec,
+    }
+
+
+def _crd_spec() -> dict[str, Any]:
+    return {
+        "group": GROUP,
+        "scope": "Namespaced",
+        "names": {
+            "kind": KIND,
+            "listKind": f"{KIND}List",
+            "plural": PLURAL,
+            "singular": SINGULAR,
+            "shortNames": ["qr"],
+            "categories": ["resumequal"],
         },
+        "versions": [{
+            "name": VERSION,
+            "served": True,
+            "storage": True,
+            "subresources": {"status": {}},
+            "additionalPrinterColumns": PRINTER_COLUMNS,
+            "schema": {"openAPIV3Schema": open_api_schema()},
+        }],
     }
 
 

@@ -14,6 +14,7 @@ from kubernetes import client as k8s  # type: ignore[import-untyped]
 from kubernetes import config as k8s_config
 
 from resumequal.errors import ClusterError
+from resumequal_operator.crdsync import Policy, ensure_crd
 from resumequal_operator.kube import Kube
 from resumequal_operator.leader import LeaseSettings
 from resumequal_operator.manager import Operator, Settings, default_identity
@@ -34,6 +35,7 @@ class ServiceOptions:
     resync_seconds: float = 60.0
     workers: int = 2
     poll_seconds: float = 2.0
+    crd_policy: Policy = "apply"
 
 
 def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Settings:
@@ -79,6 +81,7 @@ def serve(opts: ServiceOptions) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
+        log.info("CRD: %s", ensure_crd(kube, opts.crd_policy))
         Operator(kube, settings).run_until(stop)
     finally:
         kube.close()

@@ -403,6 +403,11 @@ class Store:
         if (old["metadata"].get("deletionTimestamp") and old["metadata"].get("finalizers")
                 and not new["metadata"].get("finalizers")):
             return clone(self._remove(kind, new))
+        if kind.key == CRD_KEY:
+            # An updated CRD serves its new schema at once (apiextensions-apiserver's
+            # crdHandler rebuilds the storage on every CRD change).
+            for served in kinds_from_crd(new):
+                self.registry.add(served)
         return clone(self._commit(kind, new, old, "MODIFIED"))
 
     # ----------------------------------------------------------------- delete

@@ -80,3 +80,20 @@ def test_the_operator_process_reconciles_and_stops_on_sigterm(
     assert b"stopped" in out
     lease = api.get(LEASES.plural, NAMESPACE, "resumequal-operator")
     assert lease is not None and lease["spec"]["holderIdentity"] == ""  # released
+
+
+def test_the_operator_refuses_to_start_on_a_crd_it_may_not_update(
+    api: KubeAPI, tmp_path: Path
+) -> None:
+    from tests.operator.test_crdsync import _old_crd
+
+    api.register_crd(_old_crd())
+    env = dict(os.environ, KUBECONFIG=str(write_kubeconfig(api, tmp_path / "kubeconfig")),
+               POD_NAME="op-verify", POD_NAMESPACE=NAMESPACE)
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    cmd = [sys.executable, "-c", "from resumequal_operator.main import main; main()", "run",
+           "--port", str(free_port()), "--crd", "verify"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "qualificationruns.resumequal.dev" in proc.stderr
+    assert "--crd=apply" in proc.stderr

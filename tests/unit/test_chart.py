@@ -96,8 +96,9 @@ def test_default_render(chart: helm.Chart) -> None:
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted(
         [
-            "ConfigMap", "Deployment", "PrometheusRule", "Role", "Role", "RoleBinding",
-            "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor",
+            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
+            "PrometheusRule", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
+            "ServiceAccount", "ServiceMonitor",
         ]
     )  # fmt: skip
     dep = one(objs, "Deployment")
@@ -112,6 +113,7 @@ def test_default_render(chart: helm.Chart) -> None:
         "--resync-seconds=60",
         "--workers=2",
         "--log-level=INFO",
+        "--crd=apply",
     ]
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "ghcr.io/resumequal/resumequal-operator:0.1.0"
@@ -221,15 +223,39 @@ def test_rbac_is_least_privilege_per_watched_namespace(chart: helm.Chart) -> Non
         for group, resource, verb in _rules(obj):
             assert "*" not in (group, resource, verb), obj["metadata"]["name"]
             assert resource != "secrets", f"{obj['metadata']['name']} reads secrets"
-    assert not by_kind(objs, "ClusterRole") and not by_kind(objs, "ClusterRoleBinding")
+    # Cluster-wide: only its own CRD (Helm never upgrades crds/; the operator applies it).
+    [crd_role] = by_kind(objs, "ClusterRole")
+    assert crd_role["metadata"]["name"] == "rq-resumequal-crd"
+    assert _rules(crd_role) == {("apiextensions.k8s.io", "customresourcedefinitions", v)
+                                for v in ("get", "update", "create")}
+    assert [r.get("resourceNames") for r in crd_role["rules"]] == [
+        ["qualificationruns.resumequal.dev"], None]
+    [crd_binding] = by_kind(objs, "ClusterRoleBinding")
+    assert crd_binding["roleRef"]["name"] == "rq-resumequal-crd"
+
+
+@pytest.mark.parametrize(("policy", "verbs"), [("verify", {"get"}), ("skip", None)])
+def test_crd_policy_narrows_the_crd_role(chart: helm.Chart, policy: str,
+                                         verbs: set[str] | None) -> None:
+    objs = render(chart, {"operator": {"crdPolicy": policy}})
+    assert f"--crd={policy}" in args_of(one(objs, "Deployment"))
+    roles = [o for o in by_kind(objs, "ClusterRole") if o["metadata"]["name"].endswith("-crd")]
+    if verbs is None:
+        assert roles == []
+    else:
+        assert {v for _, _, v in _rules(roles[0])} == verbs
+    with pytest.raises(helm.HelmValuesError, match="crdPolicy"):
+        render(chart, {"operator": {"crdPolicy": "sometimes"}})
 
 
 def test_all_namespaces_uses_one_cluster_role(chart: helm.Chart) -> None:
     objs = render(chart, {"watch": {"allNamespaces": True}})
     assert "--all-namespaces" in args_of(one(objs, "Deployment"))
     assert not [a for a in args_of(one(objs, "Deployment")) if a.startswith("--namespace=")]
-    assert _rules(one(objs, "ClusterRole")) == OPERATOR_RULES
-    binding = one(objs, "ClusterRoleBinding")
+    [role] = [o for o in by_kind(objs, "ClusterRole") if o["metadata"]["name"] == "rq-resumequal"]
+    assert _rules(role) == OPERATOR_RULES
+    [binding] = [o for o in by_kind(objs, "ClusterRoleBinding")
+                 if o["metadata"]["name"] == "rq-resumequal"]
     assert binding["subjects"][0]["namespace"] == NAMESPACE
     # Only the lease Role stays namespaced.
     assert [r["metadata"]["name"] for r in by_kind(objs, "Role")] == [

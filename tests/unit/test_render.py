@@ -1,0 +1,84 @@
+"""``resumequal-operator render``: the objects a QualificationRun would create, offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from resumequal_operator.main import main
+from resumequal_operator.render import PLACEHOLDER_UID
+from tests.k8s_schemas import validate_core, validate_pytorchjob
+from tests.pod_security import restricted_violations
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _render(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["render", *args], input=stdin)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_the_example_renders_every_leg_and_the_comparator() -> None:
+    code, out, err = _render(str(EXAMPLES / "qualificationrun.yaml"))
+    assert code == 0, err
+    objects = list(yaml.safe_load_all(out))
+    kinds = [o["kind"] for o in objects]
+    # control, preempted, five negative controls, then the comparator
+    assert kinds == ["PyTorchJob"] * 7 + ["Job"]
+    legs = [o["metadata"]["labels"]["resumequal.dev/leg"] for o in objects[:-1]]
+    assert legs[:2] == ["control", "preempted"]
+    for obj in objects:
+        assert obj["metadata"]["namespace"] == "training"
+        assert obj["metadata"]["labels"]["resumequal.dev/run-uid"] == PLACEHOLDER_UID
+        if obj["kind"] == "PyTorchJob":
+            validate_pytorchjob(obj)
+            pod = obj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        else:
+            validate_core(obj)
+            pod = obj["spec"]["template"]["spec"]
+        assert restricted_violations(pod) == []
+    assert "&id" not in out  # every object reads whole, without YAML aliases
+
+
+def test_a_stored_run_renders_with_its_own_uid_and_namespace_override(tmp_path: Path) -> None:
+    run = yaml.safe_load((EXAMPLES / "qualificationrun.yaml").read_text())
+    run["metadata"]["uid"] = "3f1c9a0e-5b7d-4c1e-9a55-1e2f3a4b5c6d"
+    code, out, err = _render("-", "--namespace", "qa", stdin=yaml.safe_dump(run))
+    assert code == 0, err
+    objects = list(yaml.safe_load_all(out))
+    assert {o["metadata"]["namespace"] for o in objects} == {"qa"}
+    args = objects[0]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert args[-1].endswith("/qa/nightly-2026-11-29/3f1c9a0e-5b7d-4c1e-9a55-1e2f3a4b5c6d")
+
+
+def test_several_runs_in_one_stream(tmp_path: Path) -> None:
+    text = (EXAMPLES / "qualificationrun.yaml").read_text()
+    second = yaml.safe_load(text)
+    second["metadata"]["name"] = "other"
+    second["spec"]["controls"] = {"enabled": False}
+    code, out, err = _render("-", stdin=text + "\n---\n" + yaml.safe_dump(second))
+    assert code == 0, err
+    runs = [o["metadata"]["labels"]["resumequal.dev/run"] for o in yaml.safe_load_all(out)]
+    assert runs.count("nightly-2026-11-29") == 8 and runs.count("other") == 3
+
+
+def test_a_bad_spec_exits_2_naming_the_field() -> None:
+    run = yaml.safe_load((EXAMPLES / "qualificationrun.yaml").read_text())
+    run["spec"]["preemption"]["step"] = 99
+    code, out, err = _render("-", stdin=yaml.safe_dump(run))
+    assert code == 2 and out == ""
+    assert "spec.preemption" in err and "99" in err
+
+
+def test_not_a_qualification_run() -> None:
+    code, _, err = _render("-", stdin="apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n")
+    assert code == 2
+    assert "apiVersion: must be resumequal.dev/v1alpha1" in err
+    assert "kind: must be QualificationRun" in err
+    code, _, err = _render("-", stdin="a: [b\n")
+    assert code == 2 and "not YAML" in err
+    code, _, err = _render("-", stdin="")
+    assert code == 2 and "holds no QualificationRun" in err
