@@ -1,0 +1,54 @@
+"""A run whose launch or store keeps failing ends Failed, with the reason, within bounds."""
+
+from __future__ import annotations
+
+import time
+
+from resumequal_operator.kube import QUALIFICATION_RUNS
+from tests.kubeapi import KubeAPI
+from tests.operator.harness import NAMESPACE, Operators, condition, run_manifest, wait_phase
+from tests.s3server import free_port
+
+BOUND_S = 2.0  # timeouts.backend_error_seconds of these runs
+
+
+def _events(api: KubeAPI, run: str) -> list[tuple[str, str]]:
+    return [(e["reason"], e["message"]) for e in api.list("events", NAMESPACE)
+            if e["involvedObject"]["name"] == run]
+
+
+def test_a_launch_that_keeps_failing_ends_the_run(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    # A validating webhook that refuses every PyTorchJob (or RBAC that forbids them).
+    api.inject_fault(method="POST", kind="pytorchjobs.kubeflow.org", code=403, times=10_000,
+                     message="admission webhook \"pytorchjob.kubeflow.org\" denied the request")
+    operators.start()
+    started = time.monotonic()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest(
+        "refused", store, timeouts={"backend_error_seconds": BOUND_S}))
+    failed = wait_phase(api, "refused", "Failed", timeout=30)
+    # The bound, plus at most one backoff of the work queue past it.
+    assert time.monotonic() - started < 20
+    ready = condition(failed, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "Error"
+    assert "HTTP 403" in ready["message"] and "denied the request" in ready["message"]
+    assert "timeouts.backend_error_seconds=2" in ready["message"]
+    assert failed["status"]["verdict"]["result"] == "INVALID"
+    reasons = [r for r, _ in _events(api, "refused")]
+    assert "BackendError" in reasons and reasons[-1] == "Failed"
+    [backend_error] = [m for r, m in _events(api, "refused") if r == "BackendError"][:1]
+    assert "HTTP 403" in backend_error
+
+
+def test_a_store_that_does_not_answer_ends_the_run(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    dead = {**store, "endpoint_url": f"http://127.0.0.1:{free_port()}"}
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest(
+        "nostore", dead, timeouts={"backend_error_seconds": BOUND_S}))
+    failed = wait_phase(api, "nostore", "Failed", timeout=60)
+    message = condition(failed, "Ready")["message"]
+    assert "127.0.0.1" in message and "timeouts.backend_error_seconds" in message
+    assert "BackendError" in [r for r, _ in _events(api, "nostore")]
