@@ -20,6 +20,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from resumequal.plan import LegPlan, Plan, qualification_plan
+from resumequal.runstore import KillOrder as KillOrder  # kept with the store code that reads it
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Verdict
 
@@ -57,6 +58,7 @@ class Beacon(BaseModel):
     pid: int
     host: str
     pod: str | None = None
+    pod_uid: str | None = None
     rank: int
     attempt: int
     step: int
