@@ -9,6 +9,7 @@ mid-accumulation cut writes, so that control runs with a graceful kill.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -105,3 +106,20 @@ def scenario_plan(spec: QualificationSpec) -> Plan:
     for scenario in spec.matrix.scenarios:
         legs.append(LegPlan(scenario, "scenario", scenario_spec(spec, scenario)))
     return Plan(legs)
+
+
+def rdzv_conf(spec: QualificationSpec) -> dict[str, str]:
+    """torchrun's c10d rendezvous settings from ``spec.timeouts`` (``--rdzv-conf``, or a
+    PyTorchJob's ``elasticPolicy.rdzvConf``); torch reads them as whole seconds.
+
+    ``read_timeout`` bounds every request to the rendezvous store on the first node,
+    connecting included, so it is how long a node may come up before that one (torch's
+    default, 60 s, fails a node whose image pulled a minute faster): the time ranks may
+    wait for one another, ``process_group_seconds``. ``join_timeout`` bounds a rendezvous,
+    which happens at the start (the same wait) and after every kill, when the restarted
+    nodes must meet again within ``restart_seconds``: the larger of the two.
+    """
+    t = spec.timeouts
+    read = math.ceil(t.process_group_seconds)
+    join = math.ceil(max(t.process_group_seconds, t.restart_seconds))
+    return {"join_timeout": str(join), "read_timeout": str(read)}
