@@ -17,8 +17,8 @@ import pytest
 
 from resumequal.checkpoint import RemoteRoot
 from resumequal.errors import CheckpointError, TrainingError
-from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.runstore import KillOrder, LegFiles
+from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.train.preemption import (
     FAILED_MARKER,
     Arming,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
+from resumequal.qualify import Beacon
 from resumequal.runstore import (
     KillOrder,
     LegFiles,
@@ -18,7 +19,6 @@ from resumequal.runstore import (
     parse_segment,
     segment_bytes,
 )
-from resumequal.qualify import Beacon
 from resumequal.spec import QualificationSpec, S3Spec, SpecError, parse_spec
 from resumequal.store import StoreAccessDenied, StoreUnavailable
 from resumequal.verdict import Cut, Result, Verdict
