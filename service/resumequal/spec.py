@@ -258,12 +258,12 @@ class PreemptionSpec(_Section):
     its shards are written (with ``checkpoint.async``: handed to the background writer,
     finished or not), the commit has not happened.
 
-    ``mode`` says how the armed worker dies: ``hard`` by SIGKILL, or what a pod deletion
-    does to it (SIGTERM, then SIGKILL), with no emergency checkpoint either way;
-    ``graceful`` by SIGTERM, which makes every rank commit an emergency checkpoint, then
-    SIGKILL after ``grace_seconds``. ``target`` says what is killed: ``process``, the armed
-    worker process dies inside its pod and torchrun restarts the group in place; ``pod``,
-    the pod is deleted like a lost node and recreated (a cluster only).
+    ``mode`` says how the armed worker dies: ``hard``, at once and saving nothing (SIGKILL;
+    a SIGTERM, which a pod deletion sends first, is not handled either); ``graceful``, by
+    SIGTERM, on which every rank commits an emergency checkpoint, with SIGKILL after
+    ``grace_seconds``. ``target`` says what is killed: ``process``, the armed worker
+    process dies inside its pod and torchrun restarts the group in place; ``pod``, the pod
+    is deleted like a lost node and recreated (on a cluster only).
     """
 
     at: Literal["microbatch", "checkpoint_commit"] = "microbatch"
