@@ -91,6 +91,25 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
     sys.exit(code)
 
 
+@main.command()
+@click.option("--mode", type=click.Choice(["hard", "graceful"]), default="hard",
+              show_default=True,
+              help="On SIGTERM/SIGINT: hard kills torchrun and its workers at once (nothing "
+              "is saved); graceful forwards the signal (the workers write an emergency "
+              "checkpoint).")
+@click.argument("torchrun_args", nargs=-1, type=click.UNPROCESSED, metavar="-- TORCHRUN_ARGS")
+def launch(mode: str, torchrun_args: tuple[str, ...]) -> None:
+    """Run torchrun as a child: a leg pod's main process.
+
+    Exits with torchrun's code, or with 128+signal when this process was signalled
+    (never 1, which the training operator takes for a permanent failure).
+    """
+    from resumequal.launch import Mode
+    from resumequal.launch import launch as launch_torchrun
+
+    sys.exit(launch_torchrun(cast(Mode, mode), list(torchrun_args)))
+
+
 def _exit_now(code: int) -> NoReturn:
     """Exit a failed worker without interpreter teardown.
 

@@ -109,12 +109,16 @@ def scenario_plan(spec: QualificationSpec) -> Plan:
 
 
 def rdzv_conf(spec: QualificationSpec) -> dict[str, str]:
-    """torchrun's c10d rendezvous settings for a leg (``--rdzv-conf`` / ``rdzvConf``).
+    """torchrun's c10d rendezvous settings from ``spec.timeouts`` (``--rdzv-conf``, or a
+    PyTorchJob's ``elasticPolicy.rdzvConf``); torch reads them as whole seconds.
 
-    torchrun reaches the rendezvous store with a 60 s read timeout and waits 600 s for a
-    rendezvous by default: a node whose pod starts a minute before the store's host (an
-    uneven image pull) fails the whole job. The leg timeout is what ends a leg that never
-    gets going, so neither gives up before it.
+    ``read_timeout`` bounds every request to the rendezvous store on the first node,
+    connecting included, so it is how long a node may come up before that one (torch's
+    default, 60 s, fails a node whose image pulled a minute faster). ``join_timeout``
+    bounds a rendezvous, at the start and after every kill, when a recreated pod must be
+    scheduled and pull its image. Both are the longest the spec lets nodes wait for each
+    other: ``process_group_seconds`` at the start, ``restart_seconds`` after a kill.
     """
-    seconds = str(max(60, math.ceil(spec.timeouts.leg_seconds)))
+    t = spec.timeouts
+    seconds = str(math.ceil(max(t.process_group_seconds, t.restart_seconds)))
     return {"join_timeout": seconds, "read_timeout": seconds}

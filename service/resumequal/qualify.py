@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
+from resumequal.runstore import KillOrder as KillOrder  # kept with the store code that reads it
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Verdict
 
@@ -58,6 +59,7 @@ class Beacon(BaseModel):
     pid: int
     host: str
     pod: str | None = None
+    pod_uid: str | None = None
     rank: int
     attempt: int
     step: int

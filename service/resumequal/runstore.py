@@ -9,6 +9,8 @@ both::
     legs/<leg>.spec.json             a leg's own spec and omissions (what its workers read)
     <leg>/trace/...                  per-rank trace records (see below)
     <leg>/beacons/attempt-<a>-rank-<r>.json    an armed worker: who to kill
+    <leg>/beacons/kill-attempt-<a>-rank-<r>.json    a kill order for that worker
+    <leg>/done/rank-<r>.json         the rank finished: trace closed, final checkpoint committed
     <leg>/FAILED.json                the leg failed for good, and why
     <leg>/checkpoints/...            committed checkpoints
     verdict.json, report.json, report.html, metrics.prom
@@ -39,7 +41,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -78,11 +80,13 @@ _SEGMENT = re.compile(r"^rank-(\d+)/attempt-(\d+)/(\d{8,})\.jsonl$")
 # Any trace segment under the location, seed-matrix sub-runs (seed-N/<leg>/...) included.
 _ANY_SEGMENT = re.compile(r"^(.+)/trace/rank-(\d+)/attempt-(\d+)/(\d{8,})\.jsonl$")
 _TRAILER_KEY = "segment"
+_DONE = re.compile(r"^rank-(\d+)\.json$")
 
 __all__ = [
     "FAILED_MARKER",
     "RESULT_FILES",
     "RUN_FILE",
+    "KillOrder",
     "LegFiles",
     "LegProgress",
     "LegSpecFile",
@@ -100,6 +104,23 @@ class LegProgress:
     steps_done: int = 0
     attempts: int = 0
     resumed_at: float | None = None
+
+
+class KillOrder(BaseModel):
+    """An order to an armed worker to kill itself, written to the store by whoever kills.
+
+    The worker obeys only an order naming its own pid and, when ``pod_uid`` is set, its
+    pod's uid: a replayed order never hits a replacement pod (same name, same pids).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+    rank: int
+    attempt: int
+    pid: int
+    pod_uid: str | None = None
+    mode: Literal["hard", "graceful"]
+    grace_seconds: float
+    issued_at: float
 
 
 class LegSpecFile(BaseModel):
@@ -240,7 +261,8 @@ def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> L
 
 @dataclass
 class LegFiles:
-    """One leg's beacons and failure marker under a store prefix (``""``: the store root)."""
+    """One leg's beacons, kill orders, completion and failure markers under a store prefix
+    (``""``: the store root)."""
 
     store: Store
     prefix: str = ""
@@ -257,6 +279,12 @@ class LegFiles:
     def beacon_key(self, rank: int, attempt: int) -> str:
         return self.key(f"beacons/attempt-{attempt}-rank-{rank}.json")
 
+    def kill_order_key(self, rank: int, attempt: int) -> str:
+        return self.key(f"beacons/kill-attempt-{attempt}-rank-{rank}.json")
+
+    def done_key(self, rank: int) -> str:
+        return self.key(f"done/rank-{rank}.json")
+
     def write_beacon(self, rank: int, attempt: int, step: int, microstep: int,
                      where: str) -> str:
         """Publish (atomically) that this process is armed, with the pid to kill; its URI."""
@@ -264,6 +292,9 @@ class LegFiles:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
+            # Set from the downward API (metadata.uid): a kill order names it, so that an
+            # order replayed after the pod was replaced is ignored by the new pod.
+            "pod_uid": os.environ.get("POD_UID"),
             "rank": rank,
             "attempt": attempt,
             "step": step,
@@ -290,6 +321,33 @@ class LegFiles:
         if not isinstance(body, dict):
             raise StoreError(f"{self.store.uri(self.beacon_key(rank, attempt))}: not a beacon")
         return body
+
+    def write_kill_order(self, order: KillOrder) -> str:
+        """Publish a kill order for the worker it names; its URI."""
+        key = self.kill_order_key(order.rank, order.attempt)
+        self.store.put_bytes(key, order.model_dump_json().encode())
+        return self.store.uri(key)
+
+    def read_kill_order(self, rank: int, attempt: int) -> KillOrder | None:
+        """The kill order for this rank and attempt, or None while there is none."""
+        key = self.kill_order_key(rank, attempt)
+        try:
+            data = self.store.get_bytes(key)
+        except StoreNotFound:
+            return None
+        try:
+            return KillOrder.model_validate_json(data)
+        except ValidationError as e:
+            raise StoreError(f"{self.store.uri(key)}: not a kill order: "
+                             f"{e.errors()[0]['msg']}") from e
+
+    def mark_rank_done(self, rank: int, attempt: int, steps: int) -> str:
+        """Say this rank finished the leg (its trace closed, its final checkpoint
+        committed); its URI. A leg is done when every rank said so."""
+        body = {"rank": rank, "attempt": attempt, "steps": steps, "at": time.time()}
+        key = self.done_key(rank)
+        self.store.put_bytes(key, json.dumps(body).encode())
+        return self.store.uri(key)
 
     def mark_failed(self, reason: str) -> None:
         """Fail the leg for every later attempt too (the launcher would otherwise restart it)."""
@@ -461,6 +519,20 @@ class RunLocation:
         """The beacon of an armed worker (pid, host, pod, rank, attempt, step, microstep,
         at, armed_at), or None while it has not armed."""
         return self.leg(leg).read_beacon(rank, attempt)
+
+    def write_kill_order(self, leg: str, order: KillOrder) -> str:
+        """Order the armed worker of ``leg`` named in ``order`` to kill itself; its URI."""
+        return self.leg(leg).write_kill_order(order)
+
+    def ranks_done(self, leg: str) -> set[int]:
+        """The ranks that have finished ``leg`` (one LIST of ``<leg>/done``)."""
+        base = f"{check_leg_name(leg)}/done"
+        done = set()
+        for obj in self.store.list(base):
+            m = _DONE.match(obj.key[len(base) + 1:])
+            if m is not None:
+                done.add(int(m.group(1)))
+        return done
 
     def leg_failure(self, leg: str) -> str | None:
         """The reason in ``<leg>/FAILED.json``, or None."""

@@ -257,6 +257,13 @@ class PreemptionSpec(_Section):
     rank instead holds inside the commit protocol of the checkpoint saved after ``step``:
     its shards are written (with ``checkpoint.async``: handed to the background writer,
     finished or not), the commit has not happened.
+
+    ``mode`` says how the armed worker dies: ``hard``, at once and saving nothing (SIGKILL;
+    a SIGTERM, which a pod deletion sends first, is not handled either); ``graceful``, by
+    SIGTERM, on which every rank commits an emergency checkpoint, with SIGKILL after
+    ``grace_seconds``. ``target`` says what is killed: ``process``, the armed worker
+    process dies inside its pod and torchrun restarts the group in place; ``pod``, the pod
+    is deleted like a lost node and recreated (on a cluster only).
     """
 
     at: Literal["microbatch", "checkpoint_commit"] = "microbatch"
@@ -265,6 +272,7 @@ class PreemptionSpec(_Section):
     microstep: int = Field(default=1, ge=0)
     rank: int = Field(default=1, ge=0)
     mode: Literal["hard", "graceful"] = "hard"
+    target: Literal["process", "pod"] = "process"
     grace_seconds: float = Field(default=20.0, gt=0)
 
 

@@ -88,8 +88,10 @@ def launch(
     nproc: int = 2,
     max_restarts: int = 1,
     omit: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> LegProcess:
-    """Start ``resumequal leg`` under torchrun with a c10d rendezvous on a free port."""
+    """Start ``resumequal leg`` under torchrun with a c10d rendezvous on a free port;
+    ``env`` adds to the environment (e.g. ``POD_UID``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / f"{leg}.log"
     cmd = [
@@ -104,9 +106,9 @@ def launch(
     ]
     for o in omit:
         cmd += ["--omit", o]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,
                                 start_new_session=True)
     lp = LegProcess(proc, log, run_dir, leg)
     RUNNING.append(lp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -35,6 +36,27 @@ def test_hard_kill_mid_accumulation_resumes_exactly(
         assert (restore.attempt, restore.checkpoint) == (1, "step-00000004")
         attempts = {s: r.attempt for s, r in legs.steps(tmp_path, "preempted", rank).items()}
         assert attempts == {s: 0 if s <= 4 else 1 for s in range(1, 13)}
+    _assert_exact(control, tmp_path)
+
+
+def test_hard_mode_sigterm_resumes_from_the_periodic_checkpoint(
+    control_run: ControlRuns, tmp_path: Path
+) -> None:
+    """A pod deletion sends SIGTERM first: in hard mode it must end the worker like SIGKILL,
+    with no emergency checkpoint, or a hard qualification would test the graceful path."""
+    control = control_run("tiny-gpt")
+    spec = legs.write_spec(tmp_path / "spec.yaml", spec_for("tiny-gpt"))
+    legs.preempt(spec, tmp_path, signal.SIGTERM)
+    log = (tmp_path / "preempted.log").read_text()
+    assert "failed (exitcode: -15) local_rank: 1" in log  # torchrun saw a death by SIGTERM
+    assert "emergency checkpoint" not in log
+    root = tmp_path / "preempted" / "checkpoints"
+    assert not [p.name for p in root.iterdir() if "+" in p.name]
+    for rank in range(2):
+        (restore,) = legs.restores(tmp_path, "preempted", rank)
+        assert (restore.attempt, restore.checkpoint) == (1, "step-00000004")
+        done = json.loads((tmp_path / "preempted" / "done" / f"rank-{rank}.json").read_text())
+        assert (done["rank"], done["attempt"], done["steps"]) == (rank, 1, 12)
     _assert_exact(control, tmp_path)
 
 

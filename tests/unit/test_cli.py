@@ -169,3 +169,54 @@ def test_leg_rejects_unknown_leg(runner: CliRunner, tmp_path: Path, run_leg_call
     assert "--leg" in result.stderr and "'Canary Leg'" in result.stderr
     assert "lowercase letters, digits" in result.stderr
     assert run_leg_calls == []
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+def test_run_refuses_a_pod_kill_naming_the_field(runner: CliRunner, tmp_path: Path) -> None:
+    run_dir = tmp_path / "q1"
+    result = runner.invoke(cli.main, ["run", "--run-dir", str(run_dir),
+                                      "--set", "preemption.target=pod"])
+    assert result.exit_code == 2
+    assert "error: preemption.target=pod: a local run has no pods" in result.stderr
+    assert not run_dir.exists()  # refused before anything started
+
+
+# --- launch ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
+    """Replace the launcher so no torchrun starts; record its calls."""
+    from resumequal import launch
+
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_launch(mode: str, args: list[str]) -> int:
+        calls.append((mode, args))
+        return 143
+
+    monkeypatch.setattr(launch, "launch", fake_launch)
+    return calls
+
+
+def test_launch_passes_everything_after_the_dashes_to_torchrun(
+    runner: CliRunner, launches: list[tuple[str, list[str]]]
+) -> None:
+    args = ["-m", "resumequal", "leg", "--leg", "preempted", "--run-dir", "s3://b/p",
+            "--mode", "x"]
+    result = runner.invoke(cli.main, ["launch", "--mode", "graceful", "--", *args])
+    assert result.exit_code == 143  # the launcher's status is the command's
+    assert launches == [("graceful", args)]
+
+
+def test_launch_is_hard_by_default_and_refuses_another_mode(
+    runner: CliRunner, launches: list[tuple[str, list[str]]]
+) -> None:
+    assert runner.invoke(cli.main, ["launch", "--", "--no-python", "true"]).exit_code == 143
+    assert launches == [("hard", ["--no-python", "true"])]
+    result = runner.invoke(cli.main, ["launch", "--mode", "soft", "--", "x"])
+    assert result.exit_code == 2
+    assert "'soft'" in result.stderr and "'graceful'" in result.stderr
+    assert len(launches) == 1

@@ -233,8 +233,8 @@ def test_leg_job_shape() -> None:
         "rdzvBackend": "c10d", "rdzvId": job["metadata"]["name"], "minReplicas": 2,
         "maxReplicas": 2, "maxRestarts": 1,
         # torchrun's 60 s store read timeout would fail a pod that starts a minute early.
-        "rdzvConf": [{"key": "join_timeout", "value": "1800"},
-                     {"key": "read_timeout", "value": "1800"}]}
+        "rdzvConf": [{"key": "join_timeout", "value": "300"},
+                     {"key": "read_timeout", "value": "300"}]}
     # No backoffLimit (inert with ExitCode); None: ranks still writing are never deleted
     # when the first worker's success makes the elastic job Succeeded.
     assert spec["runPolicy"] == {"cleanPodPolicy": "None",

@@ -11,11 +11,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 from resumequal.checkpoint import RemoteRoot
 from resumequal.errors import CheckpointError, TrainingError
+from resumequal.runstore import KillOrder, LegFiles
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.train.preemption import (
     FAILED_MARKER,
@@ -23,6 +25,7 @@ from resumequal.train.preemption import (
     CutPoint,
     StopFlag,
     check_not_failed,
+    order_applies,
     write_beacon,
 )
 from resumequal.train.worker import RUN_FILE, check_run_dir, checkpoint_root, claim_run_dir
@@ -146,6 +149,95 @@ def test_sigterm_flag_releases_an_armed_hold(tmp_path: Path) -> None:
     assert 0.2 <= elapsed < 5
     assert (tmp_path / "beacons" / "attempt-0-rank-0.json").exists()
     assert not (tmp_path / FAILED_MARKER).exists()
+
+
+# --- kill orders -----------------------------------------------------------------------------
+
+
+def _order(pid: int, pod_uid: str | None = None,
+           mode: Literal["hard", "graceful"] = "graceful") -> KillOrder:
+    # An hour's grace: the watchdog of a graceful order never fires within a test.
+    return KillOrder(rank=1, attempt=0, pid=pid, pod_uid=pod_uid, mode=mode,
+                     grace_seconds=3600.0, issued_at=time.time())
+
+
+@pytest.mark.parametrize(
+    ("pid", "order_uid", "my_uid", "applies"),
+    [
+        pytest.param(7, None, None, True, id="pid-only"),
+        pytest.param(7, None, "uid-a", True, id="pid-only-in-a-pod"),
+        pytest.param(7, "uid-a", "uid-a", True, id="pid-and-pod"),
+        pytest.param(8, "uid-a", "uid-a", False, id="other-pid"),
+        pytest.param(7, "uid-b", "uid-a", False, id="replacement-pod"),
+        pytest.param(7, "uid-a", None, False, id="pod-uid-unknown-here"),
+    ],
+)
+def test_an_order_applies_to_its_pid_and_pod_only(
+    pid: int, order_uid: str | None, my_uid: str | None, applies: bool
+) -> None:
+    assert order_applies(_order(pid, order_uid), 7, my_uid) is applies
+
+
+def _hold_with_order(tmp_path: Path, order: KillOrder, arm_timeout: float) -> Arming:
+    """Arm rank 1 with the order already in the store; hold until released or failed."""
+    LegFiles.folder(tmp_path).write_kill_order(order)
+    cut = CutPoint(step=6, microstep=1, rank=1, at="microbatch", arm_timeout=arm_timeout)
+    return _arming(tmp_path, cut)
+
+
+def test_a_graceful_order_for_this_process_stops_it_and_arms_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POD_UID", "uid-a")
+    arming = _hold_with_order(tmp_path, _order(os.getpid(), "uid-a"), arm_timeout=30)
+    start = time.monotonic()
+    try:
+        arming.maybe_hold(6, 1, "microbatch")
+        assert time.monotonic() - start < 5
+        assert arming.stop.requested
+        assert arming.watchdog is not None and arming.watchdog.daemon
+        assert arming.watchdog.is_alive()  # SIGKILL after the grace, unless we exit first
+    finally:
+        if arming.watchdog is not None:
+            arming.watchdog.cancel()
+    assert not (tmp_path / FAILED_MARKER).exists()
+
+
+@pytest.mark.parametrize(
+    ("pid_offset", "order_uid"),
+    [pytest.param(0, "uid-b", id="replacement-pod"), pytest.param(1, None, id="other-pid")],
+)
+def test_an_order_for_another_pod_or_pid_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    pid_offset: int, order_uid: str | None,
+) -> None:
+    monkeypatch.setenv("POD_UID", "uid-a")
+    # A hard order: obeyed, it would SIGKILL this test process.
+    order = _order(os.getpid() + pid_offset, order_uid, mode="hard")
+    arming = _hold_with_order(tmp_path, order, arm_timeout=0.7)
+    with pytest.raises(TrainingError, match="without being killed"):
+        arming.maybe_hold(6, 1, "microbatch")
+    assert not arming.stop.requested and arming.watchdog is None
+    ignored = [r for r in caplog.records if "ignoring a kill order" in r.getMessage()]
+    assert len(ignored) == 1  # read about every 0.2 s, reported once
+    assert (tmp_path / FAILED_MARKER).exists()
+
+
+def test_an_order_written_while_holding_is_read_within_the_poll(tmp_path: Path) -> None:
+    arming = _arming(tmp_path, CutPoint(step=6, microstep=1, rank=1, at="microbatch",
+                                        arm_timeout=30))
+    timer = threading.Timer(0.3, LegFiles.folder(tmp_path).write_kill_order,
+                            args=(_order(os.getpid()),))
+    start = time.monotonic()
+    timer.start()
+    try:
+        arming.maybe_hold(6, 1, "microbatch")
+    finally:
+        timer.cancel()
+        if arming.watchdog is not None:
+            arming.watchdog.cancel()
+    assert 0.3 <= time.monotonic() - start < 3
+    assert arming.stop.requested
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from resumequal.local.processes import ProcessTree, _alive
+from resumequal.local.processes import ProcessTree, alive
 
 # A launcher that, like torchrun, starts its worker in a session of its own.
 LAUNCHER = (
@@ -39,7 +39,7 @@ def test_stop_all_reaches_workers_in_their_own_session(tmp_path: Path) -> None:
     assert set(tree.pids()) == {launcher, worker}
     stopped = tree.stop_all(grace_seconds=2)
     assert set(stopped) == {launcher, worker}
-    assert not _alive(launcher) and not _alive(worker)
+    assert not alive(launcher) and not alive(worker)
     assert tree.pids() == []
 
 
@@ -48,10 +48,10 @@ def test_orphans_of_a_killed_launcher_are_still_found(tmp_path: Path) -> None:
     launcher, worker = _spawn(tree, tmp_path)
     os.kill(launcher, signal.SIGKILL)
     tree.children[0].wait(timeout=10)
-    assert _alive(worker)
+    assert alive(worker)
     assert tree.pids() == [worker]
     tree.stop_all(grace_seconds=2)
-    assert not _alive(worker)
+    assert not alive(worker)
 
 
 def test_another_tree_is_left_alone(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
+from resumequal.qualify import Beacon
 from resumequal.runstore import (
+    KillOrder,
     LegFiles,
     LegProgress,
     RunLocation,
@@ -119,6 +121,60 @@ def test_beacons_and_failure_markers(location: RunLocation) -> None:
     files.mark_failed("held too long")
     assert location.leg_failure("preempted") == "held too long"
     assert location.leg_failure("control") is None
+
+
+def test_a_beacon_names_the_pod_uid_from_the_downward_api(
+    location: RunLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = location.leg("preempted")
+    monkeypatch.delenv("POD_UID", raising=False)
+    files.write_beacon(rank=1, attempt=0, step=6, microstep=1, where="microbatch")
+    assert Beacon.model_validate(location.read_beacon("preempted", 1)).pod_uid is None
+    monkeypatch.setenv("POD_UID", "9b2c-uid")
+    monkeypatch.setenv("POD_NAME", "q1-preempted-worker-1")
+    files.write_beacon(rank=1, attempt=0, step=6, microstep=1, where="microbatch")
+    beacon = Beacon.model_validate(location.read_beacon("preempted", 1))
+    assert (beacon.pod, beacon.pod_uid) == ("q1-preempted-worker-1", "9b2c-uid")
+
+
+def test_kill_orders_round_trip_next_to_the_beacon(location: RunLocation) -> None:
+    files = location.leg("preempted")
+    assert files.read_kill_order(rank=1, attempt=0) is None
+    order = KillOrder(rank=1, attempt=0, pid=4242, pod_uid="9b2c-uid", mode="graceful",
+                      grace_seconds=20.0, issued_at=1700000000.5)
+    uri = location.write_kill_order("preempted", order)
+    assert uri.endswith("preempted/beacons/kill-attempt-0-rank-1.json")
+    assert files.read_kill_order(rank=1, attempt=0) == order
+    # Another rank or attempt has no order; the beacon's own key is untouched.
+    assert files.read_kill_order(rank=0, attempt=0) is None
+    assert files.read_kill_order(rank=1, attempt=1) is None
+    assert location.read_beacon("preempted", 1) is None
+    # A second order replaces the first (the same key).
+    hard = order.model_copy(update={"mode": "hard", "pod_uid": None})
+    location.write_kill_order("preempted", hard)
+    assert files.read_kill_order(rank=1, attempt=0) == hard
+
+
+def test_an_unreadable_kill_order_is_a_store_error_naming_it(location: RunLocation) -> None:
+    files = location.leg("preempted")
+    files.store.put_bytes(files.kill_order_key(1, 0), b'{"rank": 1, "pid": "x"}')
+    with pytest.raises(StoreError, match=r"preempted/beacons/kill-attempt-0-rank-1\.json: "
+                                         r"not a kill order"):
+        files.read_kill_order(1, 0)
+
+
+def test_ranks_done_lists_the_completion_markers(location: RunLocation) -> None:
+    assert location.ranks_done("preempted") == set()
+    files = location.leg("preempted")
+    uri = files.mark_rank_done(rank=1, attempt=1, steps=12)
+    assert uri.endswith("preempted/done/rank-1.json")
+    assert location.ranks_done("preempted") == {1}
+    files.mark_rank_done(rank=0, attempt=1, steps=12)
+    files.store.put_bytes(files.key("done/notes.txt"), b"not a marker")
+    assert location.ranks_done("preempted") == {0, 1}
+    assert location.ranks_done("control") == set()
+    body = json.loads(files.store.get_bytes(files.done_key(1)))
+    assert (body["rank"], body["attempt"], body["steps"]) == (1, 1, 12)
 
 
 def test_progress_counts_steps_of_every_rank_attempts_and_the_resume(

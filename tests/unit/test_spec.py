@@ -47,6 +47,11 @@ def test_defaults_validate_and_describe_a_runnable_qualification() -> None:
     assert parse_spec(spec.model_dump(mode="json")) == spec
 
 
+def test_preemption_kills_the_worker_process_unless_told_to_delete_its_pod() -> None:
+    assert QualificationSpec().preemption.target == "process"
+    assert parse_spec({"preemption": {"target": "pod"}}).preemption.target == "pod"
+
+
 def test_digest_is_stable_and_ignores_key_order() -> None:
     a = parse_spec({"training": {"steps": 10, "seed": 3}, "world": {"nproc_per_node": 2}})
     b = parse_spec({"world": {"nproc_per_node": 2}, "training": {"seed": 3, "steps": 10}})
@@ -73,6 +78,7 @@ def test_digest_changes_when_a_field_changes(change: dict[str, Any]) -> None:
     "change",
     [
         {"preemption": {"mode": "graceful"}},
+        {"preemption": {"target": "pod"}},
         {"timeouts": {"arm_seconds": 5}},
         {"comparison": {"boundaries": ["loss"]}},
         {"controls": {"enabled": False}},
@@ -234,6 +240,7 @@ def test_every_bad_field_is_reported_on_its_own_line() -> None:
         ({"world": {"backend": "mpi"}}, "world.backend", ("auto", "gloo", "nccl")),
         ({"preemption": {"mode": "soft"}}, "preemption.mode", ("hard", "graceful")),
         ({"preemption": {"at": "step"}}, "preemption.at", ("microbatch", "checkpoint_commit")),
+        ({"preemption": {"target": "node"}}, "preemption.target", ("process", "pod")),
         ({"comparison": {"mode": "approx"}}, "comparison.mode", ("exact", "tolerance")),
         ({"training": {"optimizer": {"name": "lion"}}}, "training.optimizer.name",
          ("adamw", "adam", "sgd")),

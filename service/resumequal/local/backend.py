@@ -1,10 +1,13 @@
 """LocalBackend: each leg is a torchrun elastic launch on this machine.
 
-Legs use a c10d rendezvous on a free loopback port and the spec's max restarts. The
-backend reads what workers write (traces, beacons, failure markers) through the run
-location — a folder, or an ``s3://`` prefix, the way the operator reads them — to observe
-them, kills the armed worker by pid, and on cleanup stops every process it started. Logs
-and checkpoint staging stay in the local ``run_dir``.
+Legs use a c10d rendezvous on a free loopback port, the spec's max restarts and rendezvous
+timeouts from the spec (:func:`resumequal.plan.rdzv_conf`). The backend reads what workers
+write (traces, beacons, completion and failure markers) through the run location — a
+folder, or an ``s3://`` prefix, the way the operator reads them — to observe them, kills
+the armed worker by pid (a process kill: SIGKILL, or SIGTERM then SIGKILL after the
+grace), and on cleanup stops every process it started. A leg succeeded when torchrun
+exited 0 and every rank left its completion marker. Logs and checkpoint staging stay in
+the local ``run_dir``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import LegPlan
+from resumequal.plan import LegPlan, rdzv_conf
 from resumequal.qualify import Beacon, LegObservation, LegState
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
@@ -78,6 +81,7 @@ class LocalBackend:
             f"--nproc-per-node={w.nproc_per_node}",
             f"--max-restarts={w.max_restarts}",
             "--monitor-interval=0.1",
+            "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf(plan.spec).items()),
             "-m", "resumequal", "leg",
             # Not "--run": torchrun's parser takes it for an abbreviation of its --run-path.
             "--leg", plan.name, "--run-dir", self.location.uri,
@@ -98,16 +102,21 @@ class LocalBackend:
         if proc is None:
             return LegObservation(state=LegState.NOT_STARTED)
         code = proc.poll()
-        progress = self.location.leg_progress(leg, self.spec.world.world_size)
+        world_size = self.spec.world.world_size
+        progress = self.location.leg_progress(leg, world_size)
+        message = None
         if code is None:
             state = LegState.RUNNING
-        elif code == 0:
-            state = LegState.SUCCEEDED
+        elif code != 0:
+            state, message = LegState.FAILED, self._failure(leg, code)
         else:
-            state = LegState.FAILED
-        message = None
-        if state == LegState.FAILED:
-            message = self._failure(leg, code)
+            # One listing, once torchrun has exited: its exit 0 alone does not say that
+            # every rank committed its final checkpoint and closed its trace.
+            missing = sorted(set(range(world_size)) - self.location.ranks_done(leg))
+            state = LegState.SUCCEEDED if not missing else LegState.FAILED
+            if missing:
+                message = (f"torchrun exited 0 but rank(s) {', '.join(map(str, missing))} "
+                           f"never marked the leg done ({self.run_dir / f'{leg}.log'})")
         return LegObservation(state=state, steps_done=progress.steps_done,
                               attempts=progress.attempts, resumed_at=progress.resumed_at,
                               message=message)

@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 TAG_VAR = "RESUMEQUAL_LAUNCH_TAG"
 
 
-def _tagged(tag: str) -> list[int]:
-    """Pids of live processes whose environment carries ``tag``."""
-    needle = f"{TAG_VAR}={tag}".encode()
+def tagged(tag: str, var: str = TAG_VAR) -> list[int]:
+    """Pids of processes whose environment carries ``var=tag`` (zombies included)."""
+    needle = f"{var}={tag}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -38,7 +38,8 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has exited for every purpose of ours)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -73,7 +74,7 @@ class ProcessTree:
 
     def pids(self) -> list[int]:
         """Every live process we started, directly or through a launcher."""
-        return [p for p in _tagged(self.tag) if _alive(p)]
+        return [p for p in tagged(self.tag) if alive(p)]
 
     def stop_all(self, grace_seconds: float = 5.0) -> list[int]:
         """SIGTERM every tagged process, SIGKILL what is left after the grace; returns pids."""
@@ -81,7 +82,7 @@ class ProcessTree:
         for pid in victims:
             _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and any(_alive(p) for p in self.pids()):
+        while time.monotonic() < deadline and any(alive(p) for p in self.pids()):
             self._reap()
             time.sleep(0.05)
         leftovers = self.pids()

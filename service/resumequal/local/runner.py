@@ -81,6 +81,15 @@ def run_location(spec: QualificationSpec, opts: RunOptions) -> RunLocation:
     return RunLocation.open(uri, spec.checkpoint.s3)
 
 
+def check_runs_here(spec: QualificationSpec) -> None:
+    """ResumequalError naming the field when the spec asks for what a local run cannot do."""
+    if spec.preemption.target != "process":
+        raise ResumequalError(
+            f"preemption.target={spec.preemption.target}: a local run has no pods to "
+            "delete; it kills the armed worker process (preemption.target=process)"
+        )
+
+
 def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Console) -> Report:
     """Run every leg, deliver the kills, compare, and write reports and metrics."""
     return qualify_here(spec, opts, console).report
@@ -88,6 +97,7 @@ def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Consol
 
 def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) -> Outcome:
     """:func:`run_qualification`, also saying where the result files were published."""
+    check_runs_here(spec)
     if opts.store is not None:
         spec = apply_overrides(spec, [f"checkpoint.store={opts.store}"])
     location = run_location(spec, opts)

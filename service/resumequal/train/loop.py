@@ -240,8 +240,13 @@ class Leg:
     # -- training -----------------------------------------------------------------------
 
     def run(self) -> None:
-        """Train to the last step; raises Preempted after a graceful emergency checkpoint."""
-        self.stop.install()
+        """Train to the last step; raises Preempted after a graceful emergency checkpoint.
+
+        Only graceful mode handles SIGTERM: in hard mode a SIGTERM (what a pod deletion
+        sends first) ends the process like SIGKILL, and no emergency checkpoint is written.
+        """
+        if self.spec.preemption.mode == "graceful":
+            self.stop.install()
         live = self._build()
         self.trace.write(
             StartupRecord(
@@ -265,6 +270,10 @@ class Leg:
                 self._save(live, hold_step=step)
         self.ckpt.poll(wait=True)  # the last background save, if any
         self.trace.close()
+        # Only now is this rank done: a leg is finished when every rank has said so.
+        files = self.leg_dir if isinstance(self.leg_dir, LegFiles) else LegFiles.folder(
+            self.leg_dir)
+        files.mark_rank_done(self.p.rank, self.p.attempt, live.counters.step)
 
     def _step(self, live: LiveState, step: int) -> None:
         w = live.workload

@@ -1,18 +1,24 @@
-"""Cut points and graceful stops: where a rank waits to be killed, and what SIGTERM does.
+"""Cut points, kill orders and stops: where a rank waits to be killed, and how it dies.
 
-On its first attempt, the target rank reaches the cut, writes a beacon (pid, attempt,
-step, microstep, host) and holds until it is killed. Holding past the arm timeout fails
-the leg for good: a marker in the leg's folder stops every later attempt at once.
+On its first attempt, the target rank reaches the cut, writes a beacon (pid, pod and pod
+uid, attempt, step, microstep, host) and holds until it is killed: by a signal from
+outside, or by a kill order for its pid (and pod uid) that it reads from the store while
+it holds — how a process kill reaches a worker inside a pod. Holding past the arm timeout
+fails the leg for good: a marker in the leg's folder stops every later attempt at once.
 
-A SIGTERM only raises a flag. At the next microbatch boundary every rank all-reduces its
-flag, so all ranks see the stop together and can write one emergency checkpoint with the
-same commit protocol before exiting; a rank holding at a cut leaves its hold to join.
+In graceful mode a SIGTERM only raises a flag. At the next microbatch boundary every rank
+all-reduces its flag, so all ranks see the stop together and can write one emergency
+checkpoint with the same commit protocol before exiting; a rank holding at a cut leaves
+its hold to join. In hard mode nothing handles SIGTERM: it ends the process as SIGKILL
+does, so a pod deletion (SIGTERM first, SIGKILL after the grace) saves nothing either.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,14 +29,17 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from resumequal.errors import TrainingError
+from resumequal.errors import StoreError, TrainingError
 from resumequal.runstore import FAILED_MARKER as FAILED_MARKER
-from resumequal.runstore import LegFiles
+from resumequal.runstore import KillOrder, LegFiles
 
 log = logging.getLogger(__name__)
 
 # 128 + SIGTERM: what a process ended by SIGTERM reports; launchers treat it as retryable.
 EXIT_PREEMPTED = 143
+# How often a holding rank reads its kill order: a few store requests a second, for at
+# most timeouts.arm_seconds.
+ORDER_POLL_SECONDS = 0.2
 
 
 class Preempted(Exception):
@@ -38,14 +47,19 @@ class Preempted(Exception):
 
 
 class StopFlag:
-    """Set by SIGTERM; read collectively at microbatch boundaries."""
+    """Set by SIGTERM (graceful mode) or a graceful kill order; read collectively at
+    microbatch boundaries."""
 
     def __init__(self) -> None:
         self.requested = False
         self._previous: object = None
 
     def install(self) -> None:
+        """Turn SIGTERM into a stop request (graceful mode only: in hard mode SIGTERM kills)."""
         self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def request(self) -> None:
+        self.requested = True
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
@@ -68,6 +82,16 @@ class CutPoint:
     arm_timeout: float
 
 
+def order_applies(order: KillOrder, pid: int, pod_uid: str | None) -> bool:
+    """Whether a kill order names this process: its pid and, if the order names a pod uid,
+    its pod's (a replacement pod has the same name and often the same pids)."""
+    return order.pid == pid and (order.pod_uid is None or order.pod_uid == pod_uid)
+
+
+def _sigkill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class Arming:
     """Decides whether this process holds at a position, and does the holding."""
 
@@ -80,6 +104,7 @@ class Arming:
         leg_dir: Path | LegFiles,
         stop: StopFlag,
         on_arm: Callable[[int, int, str], None] | None = None,
+        poll_seconds: float = ORDER_POLL_SECONDS,
     ) -> None:
         self.cut = cut
         self.rank = rank
@@ -87,6 +112,10 @@ class Arming:
         self.leg_dir = leg_dir
         self.stop = stop
         self.on_arm = on_arm
+        self.poll_seconds = poll_seconds
+        self.pod_uid = os.environ.get("POD_UID")
+        self.watchdog: threading.Timer | None = None
+        self._ignored: float | None = None
 
     def armed_at(self, step: int, microstep: int, where: str) -> bool:
         c = self.cut
@@ -99,7 +128,8 @@ class Arming:
         )
 
     def maybe_hold(self, step: int, microstep: int, where: str) -> None:
-        """Hold here if this is the cut; returns only when a SIGTERM arrived."""
+        """Hold here if this is the cut; returns only when asked to stop gracefully (a
+        SIGTERM in graceful mode, or a graceful kill order)."""
         if not self.armed_at(step, microstep, where):
             return
         assert self.cut is not None
@@ -108,9 +138,12 @@ class Arming:
         beacon = write_beacon(self.leg_dir, self.rank, self.attempt, step, microstep, where)
         log.warning("rank %d armed at step %d microstep %d (%s): %s", self.rank, step,
                     microstep, where, beacon)
+        files = _files(self.leg_dir)
         deadline = time.monotonic() + self.cut.arm_timeout
+        next_poll = time.monotonic()
         while not self.stop.requested:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 reason = (
                     f"rank {self.rank} held at the cut (step {step}, microstep {microstep}, "
                     f"{where}) for {self.cut.arm_timeout:g}s without being killed "
@@ -118,8 +151,44 @@ class Arming:
                 )
                 mark_failed(self.leg_dir, reason)
                 raise TrainingError(reason)
-            time.sleep(0.02)
-        log.warning("rank %d: SIGTERM while armed; stopping gracefully", self.rank)
+            if now >= next_poll:
+                next_poll = now + self.poll_seconds
+                self._poll_order(files)
+                continue
+            time.sleep(min(0.02, self.poll_seconds))
+        log.warning("rank %d: asked to stop while armed; stopping gracefully", self.rank)
+
+    def _poll_order(self, files: LegFiles) -> None:
+        try:
+            order = files.read_kill_order(self.rank, self.attempt)
+        except StoreError as e:
+            # The arm timeout bounds how long a store that keeps failing can be retried.
+            log.warning("rank %d: cannot read its kill order: %s", self.rank, e)
+            return
+        if order is None:
+            return
+        if not order_applies(order, os.getpid(), self.pod_uid):
+            if self._ignored != order.issued_at:
+                self._ignored = order.issued_at
+                log.warning("rank %d: ignoring a kill order for pid %d, pod uid %s (this is "
+                            "pid %d, pod uid %s)", self.rank, order.pid, order.pod_uid,
+                            os.getpid(), self.pod_uid)
+            return
+        self.obey(order)
+
+    def obey(self, order: KillOrder) -> None:
+        """Die as the order says: SIGKILL now (hard: no handler runs, the launcher sees a
+        signal death); or stop gracefully, with SIGKILL after the order's grace."""
+        if order.mode == "hard":
+            log.warning("rank %d: hard kill order; SIGKILL", self.rank)
+            _sigkill_self()
+            return  # not reached: a signal to oneself is delivered before kill() returns
+        log.warning("rank %d: graceful kill order; stopping, SIGKILL in %gs", self.rank,
+                    order.grace_seconds)
+        self.stop.request()
+        self.watchdog = threading.Timer(order.grace_seconds, _sigkill_self)
+        self.watchdog.daemon = True
+        self.watchdog.start()
 
 
 def _files(leg_dir: Path | LegFiles) -> LegFiles:
