@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import LegPlan, Plan
-from resumequal.qualify import Beacon, LegObservation, LegState
+from resumequal.qualify import Beacon, KillOrder, LegObservation, LegState
 from resumequal.runstore import RunLocation
-from resumequal.spec import QualificationSpec
+from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PODS, PYTORCHJOBS, Conflict, Kube, NotFound, Obj
@@ -101,15 +102,21 @@ class KubernetesBackend:
                  self.run.name, plan.name, self.job_name(plan.name))
 
     def observe_leg(self, leg: str) -> LegObservation:
+        """A leg is done when every rank has marked it done in the store: an elastic
+        PyTorchJob is Succeeded as soon as its first worker succeeds, while other ranks
+        may still be writing their last trace segments and checkpoint."""
         name = self.job_name(leg)
         try:
             job = self.kube.get(PYTORCHJOBS, self.run.namespace, name)
         except NotFound:
             return LegObservation(state=LegState.FAILED,
                                   message=f"its PyTorchJob {name} no longer exists")
-        progress = self.location.leg_progress(leg, self.spec.world.world_size)
+        world = self.spec.world.world_size
+        # Markers first: progress read after them includes every rank's last step.
+        done = self.location.ranks_done(leg) >= set(range(world))
+        progress = self.location.leg_progress(leg, world)
         failed = _condition(job, "Failed")
-        if _condition(job, "Succeeded") is not None:
+        if failed is None and done:
             state = LegState.SUCCEEDED
         elif failed is not None:
             state = LegState.FAILED
@@ -128,7 +135,18 @@ class KubernetesBackend:
         body = self.location.read_beacon(leg, rank, 0)
         return None if body is None else Beacon.model_validate(body)
 
-    def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
+    def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
+        """A process kill is an order in the store that the armed worker obeys; a pod kill
+        deletes the pod, preconditioned on the armed pod's uid, so a kill replayed after
+        a lost status write never hits the replacement pod, which has the same name."""
+        if preemption.target == "process":
+            order = KillOrder(rank=beacon.rank, attempt=beacon.attempt, pid=beacon.pid,
+                              pod_uid=beacon.pod_uid, mode=preemption.mode,
+                              grace_seconds=preemption.grace_seconds, issued_at=time.time())
+            uri = self.location.write_kill_order(leg, order)
+            log.info("%s: ordered a %s kill of rank %d (pid %d in pod %s): %s", self.run.name,
+                     preemption.mode, beacon.rank, beacon.pid, beacon.pod, uri)
+            return
         if not beacon.pod:
             raise KillRefused(f"the beacon of rank {beacon.rank} names no pod (POD_NAME unset "
                               "in the worker)")
@@ -139,24 +157,34 @@ class KubernetesBackend:
                         beacon.pod)
             return
         self._check_target(pod)
+        uid = pod["metadata"]["uid"]
         if self._replaced(pod, beacon):
-            log.warning("%s: pod %s was created after its worker armed: it replaces the one "
-                        "already killed; not killing again", self.run.name, beacon.pod)
+            log.warning("%s: pod %s (uid %s) replaces the armed one (uid %s), which is gone: "
+                        "not killing again", self.run.name, beacon.pod, uid, beacon.pod_uid)
             return
-        grace = 0 if mode == "hard" else max(1, math.ceil(grace_seconds))
+        grace = 0 if preemption.mode == "hard" else max(1, math.ceil(preemption.grace_seconds))
         try:
             self.kube.delete(PODS, self.run.namespace, beacon.pod, grace_seconds=grace,
-                             uid=pod["metadata"]["uid"])
+                             uid=beacon.pod_uid or uid)
         except NotFound:
             return
+        except Conflict:
+            # The uid precondition failed: the pod was replaced between the read and the
+            # delete. The armed pod is gone, which is what the kill was for.
+            log.warning("%s: pod %s was replaced before the delete; not killing the "
+                        "replacement", self.run.name, beacon.pod)
+            return
         log.info("%s: deleted pod %s (rank %d, %s, grace %ds)", self.run.name, beacon.pod,
-                 beacon.rank, mode, grace)
+                 beacon.rank, preemption.mode, grace)
 
     @staticmethod
     def _replaced(pod: Obj, beacon: Beacon) -> bool:
         """Whether ``pod`` is the training operator's replacement of the armed pod (same
-        name): a kill whose status write was lost must not hit the resumed attempt.
-        creationTimestamp has whole seconds, and node clocks drift a little: 2 s margin."""
+        name, another uid). A beacon without a uid (a worker that has no POD_UID) falls
+        back to the creation time: creationTimestamp has whole seconds, and node clocks
+        drift a little, so a 2 s margin."""
+        if beacon.pod_uid:
+            return bool(pod["metadata"].get("uid") != beacon.pod_uid)
         created = (pod["metadata"].get("creationTimestamp") or "")
         try:
             at = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)

@@ -210,9 +210,11 @@ class Reconciler:
                 b = leg.beacon
                 p = plan.leg(name).spec.preemption
                 grace = f", grace {p.grace_seconds:g}s" if p.mode == "graceful" else ""
+                what = (f"ordered the kill of pid {b.pid} in pod {b.pod}"
+                        if p.target == "process" else f"deleted pod {b.pod}")
                 self.events.record(run.obj, "PreemptionInjected", (
-                    f"{name} leg: deleted pod {b.pod} (rank {b.rank}, attempt {b.attempt}) at "
-                    f"step {b.step} microstep {b.microstep}; {p.mode} kill{grace}"))
+                    f"{name} leg: {what} (rank {b.rank}, attempt {b.attempt}) at step "
+                    f"{b.step} microstep {b.microstep}; {p.mode} {p.target} kill{grace}"))
 
     # -- status --------------------------------------------------------------------------
 

@@ -352,14 +352,16 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
             "set by the operator from store.endpoint_url, store.region and "
             "store.addressing_style; leave it unset")))
     # The c10d rendezvous numbers nodes by host name, and <job>-worker-0 sorts first, so
-    # ranks 0..nproc_per_node-1 always run on worker-0, the pod the rendezvous lives on.
-    if p.rank < w.nproc_per_node and not spec.allow_rendezvous_host_kill:
+    # ranks 0..nproc_per_node-1 always run on worker-0, the pod the rendezvous lives on. A
+    # process kill leaves the pod's torchrun agent, and so the rendezvous, alive.
+    if p.target == "pod" and p.rank < w.nproc_per_node \
+            and not spec.allow_rendezvous_host_kill:
         out.append(Problem(path="spec.preemption.rank", message=(
             f"rank {p.rank} runs on pod worker-0 (ranks 0..{w.nproc_per_node - 1} of "
             f"world.nproc_per_node={w.nproc_per_node}), which hosts the c10d rendezvous: "
             "deleting it ends every node's group instead of preempting one. Use "
-            "world.nnodes >= 2 and preemption.rank >= world.nproc_per_node, or set "
-            "allow_rendezvous_host_kill: true")))
+            "world.nnodes >= 2 and preemption.rank >= world.nproc_per_node, "
+            "preemption.target: process, or allow_rendezvous_host_kill: true")))
     gpus = _gpu_limit(spec.resources)
     if w.backend == "nccl" and gpus is None:
         out.append(Problem(path="spec.resources.limits", message=(

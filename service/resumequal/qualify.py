@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
 from resumequal.runstore import KillOrder as KillOrder  # kept with the store code that reads it
-from resumequal.spec import QualificationSpec
+from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Verdict
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,9 @@ class Backend(Protocol):
         """The armed worker's beacon of attempt 0, once it exists."""
         ...
 
-    def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
-        """Kill the armed worker: hard, or SIGTERM then SIGKILL after the grace period."""
+    def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
+        """Kill the armed worker of ``leg`` as ``preemption`` says: its process or its pod,
+        hard, or SIGTERM then SIGKILL after the grace period."""
 
     def compare(self) -> Verdict | None:
         """Compare the finished legs and conclude; ``None`` while the comparison still runs.
@@ -329,7 +330,7 @@ class Qualification:
                            f"the {plan.name} leg finished without reaching its cut")
         if run.armed_at is not None and run.killed_at is None and self.kill_enabled:
             assert run.beacon is not None
-            self.backend.deliver_kill(run.beacon, p.mode, p.grace_seconds)
+            self.backend.deliver_kill(plan.name, run.beacon, p)
             run.killed_at = self.clock()
             self._main_enters(plan, Phase.PREEMPTED,
                               f"{plan.name}: killed pid {run.beacon.pid} ({p.mode})")

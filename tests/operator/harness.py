@@ -60,7 +60,9 @@ def run_manifest(name: str, store: dict[str, str], namespace: str = NAMESPACE,
         "world": {"nnodes": 2, "nproc_per_node": 1},
         "training": {"steps": 6, "accumulation_steps": 2},
         "checkpoint": {"every_steps": 2},
-        "preemption": {"step": 4, "microstep": 1, "rank": 1},
+        # The scripted workers play pod kills (their pod is deleted); process kills, which
+        # torchrun restarts in place, are played by real pods (tests/operator/test_pods.py).
+        "preemption": {"step": 4, "microstep": 1, "rank": 1, "target": "pod"},
         "controls": {"enabled": False},
     }
     for section, value in spec.items():

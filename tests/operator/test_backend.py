@@ -11,6 +11,7 @@ import pytest
 from resumequal.plan import qualification_plan
 from resumequal.qualify import Beacon, LegState
 from resumequal.runstore import RunLocation
+from resumequal.spec import PreemptionSpec
 from resumequal.verdict import Result
 from resumequal_operator.backend import ComparatorFailed, KillRefused, KubernetesBackend, RunRef
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
@@ -32,9 +33,9 @@ def backend(api: KubeAPI, tmp_path: Path) -> KubernetesBackend:
                              qualification_plan(qspec), RunLocation.open(uri))
 
 
-def _pod(api: KubeAPI, name: str, job: dict[str, Any], index: int) -> None:
+def _pod(api: KubeAPI, name: str, job: dict[str, Any], index: int) -> str:
     m = job["metadata"]
-    api.create("pods", {
+    pod = api.create("pods", {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE,
                      "labels": {"training.kubeflow.org/replica-index": str(index)},
@@ -42,11 +43,21 @@ def _pod(api: KubeAPI, name: str, job: dict[str, Any], index: int) -> None:
                                           "name": m["name"], "uid": m["uid"],
                                           "controller": True}]},
         "spec": {"containers": [{"name": "pytorch", "image": "x"}]}})
+    return str(pod["metadata"]["uid"])
 
 
-def _beacon(pod: str, armed_ago: float = 0.0) -> Beacon:
-    return Beacon(pid=7, host=pod, pod=pod, rank=1, attempt=0, step=4, microstep=1,
-                  armed_at=time.time() - armed_ago)
+def _beacon(pod: str, uid: str | None = None, armed_ago: float = 0.0) -> Beacon:
+    return Beacon(pid=7, host=pod, pod=pod, pod_uid=uid, rank=1, attempt=0, step=4,
+                  microstep=1, armed_at=time.time() - armed_ago)
+
+
+def _kill(mode: str = "hard", target: str = "pod", grace: float = 20) -> PreemptionSpec:
+    return PreemptionSpec(step=4, microstep=1, rank=1, mode=mode,  # type: ignore[arg-type]
+                          target=target, grace_seconds=grace)  # type: ignore[arg-type]
+
+
+def _api_deletions(api: KubeAPI) -> list[Any]:
+    return [d for d in api.deletions_of("pods") if d.cause == "api"]
 
 
 def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
@@ -58,28 +69,61 @@ def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
     job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
     assert job is not None
     name = job["metadata"]["name"]
-    _pod(api, f"{name}-worker-0", job, 0)
-    _pod(api, f"{name}-worker-1", job, 1)
+    uid0 = _pod(api, f"{name}-worker-0", job, 0)
+    uid1 = _pod(api, f"{name}-worker-1", job, 1)
     stranger = api.create(PYTORCHJOBS.plural, {**job, "metadata": {
         "name": "someone-else", "namespace": NAMESPACE}})
-    _pod(api, "someone-else-worker-1", stranger, 1)
+    uid_s = _pod(api, "someone-else-worker-1", stranger, 1)
 
     with pytest.raises(KillRefused, match="worker-0, which hosts the c10d rendezvous"):
-        backend.deliver_kill(_beacon(f"{name}-worker-0"), "hard", 20)
+        backend.deliver_kill("preempted", _beacon(f"{name}-worker-0", uid0), _kill())
     with pytest.raises(KillRefused, match="does not belong to a leg"):
-        backend.deliver_kill(_beacon("someone-else-worker-1"), "hard", 20)
-    assert [d for d in api.deletions_of("pods") if d.cause == "api"] == []
+        backend.deliver_kill("preempted", _beacon("someone-else-worker-1", uid_s), _kill())
+    assert _api_deletions(api) == []
 
-    backend.deliver_kill(_beacon(f"{name}-worker-1"), "graceful", 2.5)
-    (kill,) = [d for d in api.deletions_of("pods") if d.cause == "api"]
+    backend.deliver_kill("preempted", _beacon(f"{name}-worker-1", uid1),
+                         _kill("graceful", grace=2.5))
+    (kill,) = _api_deletions(api)
     assert (kill.name, kill.grace_period_seconds) == (f"{name}-worker-1", 3)
-    backend.deliver_kill(_beacon(f"{name}-worker-1"), "hard", 20)  # gone already: no error
+    # gone already: no error
+    backend.deliver_kill("preempted", _beacon(f"{name}-worker-1", uid1), _kill())
 
-    # The training operator's replacement pod, created after the worker armed: a retried
-    # kill (its status write lost) must not take the resumed attempt down too.
+    # The training operator's replacement pod has the same name and a new uid: a retried
+    # kill (its status write lost) must not take the resumed attempt down too, however
+    # soon after the arming it was created.
     _pod(api, f"{name}-worker-1", job, 1)
-    backend.deliver_kill(_beacon(f"{name}-worker-1", armed_ago=60), "hard", 20)
-    assert len([d for d in api.deletions_of("pods") if d.cause == "api"]) == 1
+    backend.deliver_kill("preempted", _beacon(f"{name}-worker-1", uid1), _kill())
+    assert len(_api_deletions(api)) == 1
+
+
+def test_a_beacon_without_a_pod_uid_falls_back_to_the_creation_time(
+    api: KubeAPI, backend: KubernetesBackend
+) -> None:
+    backend.launch_leg(backend.plan.leg("preempted"))
+    job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
+    assert job is not None
+    name = job["metadata"]["name"]
+    _pod(api, f"{name}-worker-1", job, 1)
+    backend.deliver_kill("preempted", _beacon(f"{name}-worker-1", armed_ago=60), _kill())
+    assert _api_deletions(api) == []  # created well after the arming: a replacement
+    backend.deliver_kill("preempted", _beacon(f"{name}-worker-1"), _kill())
+    assert len(_api_deletions(api)) == 1
+
+
+def test_a_process_kill_is_an_order_in_the_store_and_deletes_nothing(
+    api: KubeAPI, backend: KubernetesBackend
+) -> None:
+    backend.launch_leg(backend.plan.leg("preempted"))
+    beacon = _beacon("unit-preempted-worker-0", "uid-0")
+    beacon = beacon.model_copy(update={"rank": 0})
+    # rank 0 runs on worker-0: a process kill leaves its torchrun agent, and the
+    # rendezvous, alive, so it is allowed there.
+    backend.deliver_kill("preempted", beacon, _kill("graceful", target="process", grace=7))
+    order = backend.location.leg("preempted").read_kill_order(0, 0)
+    assert order is not None
+    assert (order.pid, order.pod_uid, order.mode, order.grace_seconds) == (
+        7, "uid-0", "graceful", 7)
+    assert _api_deletions(api) == []
 
 
 def test_a_leg_whose_job_vanished_is_failed(backend: KubernetesBackend) -> None:

@@ -135,7 +135,7 @@ def test_a_failing_verdict_and_graceful_kill(
     assert [(k.name.rsplit("-", 2)[-2:], k.grace_period_seconds) for k in kills] == [
         (["worker", "1"], 8)]
     injected = [m for r, _, m in _events(api, "spot") if r == "PreemptionInjected"]
-    assert len(injected) == 1 and "graceful kill, grace 7.5s" in injected[0]
+    assert len(injected) == 1 and "graceful pod kill, grace 7.5s" in injected[0]
     v = done["status"]["verdict"]
     assert done["status"]["phase"] == "Succeeded"
     assert v["result"] == "FAIL" and v["firstDivergenceSummary"] == "step 5 lr rank 1"

@@ -100,6 +100,8 @@ class Workers:
             # Every rank is stuck at the cut: the armed one holds, the others wait for it.
             killed.wait(self.hold_timeout)
             return False
+        # As `resumequal leg` does once its trace is closed and its last checkpoint committed.
+        loc.leg(leg).mark_rank_done(rank, attempt, steps)
         return True
 
     def compare(self, uri: str) -> int:

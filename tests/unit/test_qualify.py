@@ -17,7 +17,7 @@ from resumequal.qualify import (
     QualificationStatus,
     Reason,
 )
-from resumequal.spec import QualificationSpec, parse_spec
+from resumequal.spec import PreemptionSpec, QualificationSpec, parse_spec
 from resumequal.verdict import Cut, Result, Verdict
 
 
@@ -67,8 +67,8 @@ class ScriptedBackend:
     def beacon(self, value: Beacon) -> None:
         self.beacons["preempted"] = value
 
-    def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
-        self.kills.append((beacon.pid, mode, grace_seconds))
+    def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
+        self.kills.append((beacon.pid, preemption.mode, preemption.grace_seconds))
 
     def compare(self) -> Verdict | None:
         self.compares += 1

@@ -27,7 +27,7 @@ from resumequal.local.processes import ProcessTree
 from resumequal.plan import LegPlan, rdzv_conf
 from resumequal.qualify import Beacon, LegObservation, LegState
 from resumequal.runstore import RunLocation
-from resumequal.spec import QualificationSpec
+from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -125,16 +125,18 @@ class LocalBackend:
         body = self.location.read_beacon(leg, rank)
         return None if body is None else Beacon.model_validate(body)
 
-    def deliver_kill(self, beacon: Beacon, mode: str, grace_seconds: float) -> None:
+    def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
+        # A local run has no pods: the spec refuses target pod before anything starts.
         if beacon.pid not in self.tree.pids():
             raise ResumequalError(
                 f"the beacon names pid {beacon.pid}, which is not a process of this run"
             )
+        mode = preemption.mode
         if mode == "hard":
             os.kill(beacon.pid, signal.SIGKILL)
         else:
             os.kill(beacon.pid, signal.SIGTERM)
-            self._escalate = (beacon.pid, time.monotonic() + grace_seconds)
+            self._escalate = (beacon.pid, time.monotonic() + preemption.grace_seconds)
         log.info("delivered %s kill to rank %d (pid %d)", mode, beacon.rank, beacon.pid)
 
     def compare(self) -> Verdict:
