@@ -92,7 +92,7 @@ class Phases:
         finally:
             took = time.monotonic() - start
             self.done.append((name, took, " ".join(note)))
-            log.info("--- %s: %.1f s %s", name, took, " ".join(note))
+            log.info("--- %s: %.1f s%s", name, took, "".join(f" {n}" for n in note))
 
     def summary(self) -> str:
         """One line per phase and the total."""
@@ -104,17 +104,13 @@ class Phases:
 # ---------------------------------------------------------------- host and engine
 
 
-def _run(cmd: Sequence[str], env: dict[str, str] | None = None,
-         timeout: float | None = None) -> None:
+def _run(cmd: Sequence[str], env: dict[str, str] | None = None) -> None:
     """Run a command with its output going to ours (CI logs show every build step)."""
     log.info("$ %s", " ".join(cmd))
     try:
-        subprocess.run(cmd, env=env, check=True, timeout=timeout)
-    except subprocess.CalledProcessError as e:
-        raise ImageBuildError(f"{cmd[0]} {cmd[1] if len(cmd) > 1 else ''} exited "
-                              f"{e.returncode}") from e
-    except subprocess.TimeoutExpired as e:
-        raise ImageBuildError(f"{' '.join(cmd[:3])} ran past {timeout:.0f} s") from e
+        subprocess.run(cmd, env=env, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise ImageBuildError(f"{' '.join(cmd[:2])} failed: {e}") from e
 
 
 def ensure_host_tools() -> list[str]:
