@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: env tools run test test-fast lint bench clean
+.PHONY: env tools run test test-fast lint images images-build images-smoke bench clean
 
 env: $(VENV)/.installed
 
@@ -38,8 +38,20 @@ test-fast: env tools
 lint: env
 	$(VENV)/bin/ruff check service operator tests bench tools
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict tools/dashboard.py
+	$(VENV)/bin/mypy --strict tools/dashboard.py tools/images.py
 	$(VENV)/bin/lint-imports
+
+# Both images built with podman from bases made here (no registry needed), then run:
+# the operator answers --help, the worker passes a real qualification. Installs podman,
+# runc and mmdebstrap from Debian when missing. See the README's "Images".
+images:
+	python3 tools/images.py all --torch '$(TORCH_SPEC)'
+
+images-build:
+	python3 tools/images.py build --torch '$(TORCH_SPEC)'
+
+images-smoke:
+	python3 tools/images.py smoke
 
 bench: env
 	$(PY) bench/trace_overhead.py
@@ -48,4 +60,4 @@ bench: env
 	$(PY) bench/compare_drift.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs build/images .pytest_cache .mypy_cache .ruff_cache

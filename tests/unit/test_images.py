@@ -73,6 +73,18 @@ def test_every_base_is_pinned(image: str) -> None:
             stage_names.add(c.value[2])
 
 
+@pytest.mark.parametrize("image", IMAGES)
+def test_the_python_base_is_a_build_argument(image: str) -> None:
+    # Where no registry is reachable, tools/images.py passes a base of its own making.
+    cmds = _commands(image)
+    assert _global_args(cmds)["PYTHON_IMAGE"] == "python:3.11.11-slim-bookworm"
+    froms = [c.value[0] for c in cmds if c.cmd == "FROM"]
+    assert froms[0] == "${PYTHON_IMAGE}"
+    # The operator runs on it too; the worker's final stage is the stack under qualification.
+    assert froms[-1] == ("${PYTHON_IMAGE}" if image == "operator" else "${BASE_IMAGE}")
+    assert not any("python:" in ref for ref in froms), "a Python base hard-coded in FROM"
+
+
 @pytest.mark.parametrize(
     ("ref", "pinned"),
     [

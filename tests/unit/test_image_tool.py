@@ -1,0 +1,144 @@
+"""tools/images.py, the parts that need no podman: where the torch wheel is found, which apt
+sources and CAs the Python base takes, the engine config, the cache keys. `make images`
+runs the rest (the builds and the smoke tests) for real."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+@pytest.fixture(scope="module")
+def tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("images_tool", ROOT / "tools/images.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_find_links_folders_come_from_every_pip_config_source(tool: ModuleType) -> None:
+    # `pip config list` as pip 24 prints it: files first, then the environment.
+    listing = "\n".join([
+        ":env:.find-links='/opt/wheels'",
+        "global.cert='/etc/ssl/certs/ca-certificates.crt'",
+        "global.extra-index-url='file:///opt/pypi/simple'",
+        "global.find-links='/opt/wheels file:///srv/more\\n/srv/third'",
+        "user.find-links='https://download.pytorch.org/whl/torch_stable.html'",
+    ])
+    assert tool.find_links_dirs(listing) == [Path("/opt/wheels"), Path("/srv/more"),
+                                             Path("/srv/third")]
+    assert tool.find_links_dirs("global.cert='/x'\n") == []
+
+
+def test_the_torch_wheel_is_the_cpu_build_for_the_bases_python(
+    tool: ModuleType, tmp_path: Path
+) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    # Not these: the CUDA build, another Python, another machine, another version.
+    for name in ("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "torch-2.13.0+cpu-cp312-cp312-manylinux_2_28_x86_64.whl",
+                 "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_aarch64.whl",
+                 "torch-2.9.1+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"):
+        (first / name).touch()
+    (second / WHEEL).touch()
+    dirs = [tmp_path / "missing", first, second]
+    assert tool.torch_wheel(dirs, "2.13.0", "x86_64") == second / WHEEL
+    assert tool.torch_wheel(dirs, "2.9.1", "x86_64").parent == first
+
+
+def test_a_missing_wheel_says_what_was_looked_for_and_where(
+    tool: ModuleType, tmp_path: Path
+) -> None:
+    with pytest.raises(tool.ImageBuildError, match=rf"torch-2\.13\.0\+cpu-cp311.*{tmp_path}"):
+        tool.torch_wheel([tmp_path], "2.13.0", "x86_64")
+    with pytest.raises(tool.ImageBuildError, match=r"\(none\).*find-links"):
+        tool.torch_wheel([], "2.13.0", "x86_64")
+
+
+def test_the_base_uses_the_hosts_sources_for_its_suite(tool: ModuleType, tmp_path: Path) -> None:
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text("Types: deb\n# http://snapshot.debian.org/archive/debian/2025\n"
+                      "URIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n")
+    one_line = tmp_path / "security.list"
+    one_line.write_text("deb http://deb.debian.org/debian-security bookworm-security main\n"
+                        "deb http://deb.debian.org/debian bookworm main\n")
+    third_party = tmp_path / "nodesource.sources"
+    third_party.write_text("URIs: https://deb.nodesource.com/node_20.x\nSuites: nodistro\n")
+    commented = tmp_path / "old.list"
+    commented.write_text("# deb http://deb.debian.org/debian bookworm main\n")
+    files = [deb822, one_line, third_party, commented, tmp_path / "absent.list"]
+    assert tool.apt_sources("bookworm", files) == [deb822, one_line]
+
+
+def test_host_cas_are_installed_in_the_base_only_when_there_are_some(
+    tool: ModuleType,
+) -> None:
+    with_ca = tool.mmdebstrap_args([Path("/usr/local/share/ca-certificates/proxy.crt")])
+    assert any("proxy.crt" in a for a in with_ca)
+    assert '--customize-hook=chroot "$1" update-ca-certificates' in with_ca
+    without = tool.mmdebstrap_args([])
+    assert not any("update-ca-certificates" in a for a in without)
+    # Both give `python` with pip, and pip trusting the system bundle.
+    for args in (with_ca, without):
+        assert f'--customize-hook=chroot "$1" python3 -m venv {tool.VENV}' in args
+        assert any(tool.SYSTEM_BUNDLE in a and "/etc/pip.conf" in a for a in args)
+        assert "--include=python3,python3-venv,ca-certificates" in args
+
+
+def test_the_base_key_follows_its_inputs(tool: ModuleType) -> None:
+    inputs = {"sources": ["deb http://a bookworm main"], "ca": {"x.crt": "A"}}
+    key = tool.inputs_key(inputs)
+    assert key == tool.inputs_key(dict(reversed(inputs.items())))
+    assert key != tool.inputs_key({**inputs, "ca": {"x.crt": "B"}})
+    assert key != tool.inputs_key({**inputs, "sources": ["deb http://b bookworm main"]})
+    changes = tool.import_changes(key)
+    assert f"LABEL={tool.PYTHON_INPUTS_LABEL}={key}" in changes
+    assert f"LABEL={tool.OWNER_LABEL}={tool.SUITE}" in changes
+    assert any(c.startswith(f"ENV=PATH={tool.VENV}/bin:") for c in changes)
+
+
+def test_the_engine_config_stays_under_the_limits_and_uses_runc(tool: ModuleType) -> None:
+    conf = tomllib.loads(tool.containers_conf(20000, 32768))
+    assert conf["containers"]["default_ulimits"] == ["nofile=20000:20000", "nproc=32768:32768"]
+    assert conf["engine"]["runtime"] == "runc"
+
+
+def test_builds_never_pull(tool: ModuleType) -> None:
+    assert "--pull=never" in tool.BUILD_FLAGS
+
+
+@pytest.mark.parametrize(("spec", "version"), [("torch==2.13.0", "2.13.0"), ("2.9.1", "2.9.1")])
+def test_the_torch_option_takes_the_makefiles_spec(
+    tool: ModuleType, spec: str, version: str
+) -> None:
+    assert tool._torch_version(spec) == version
+
+
+@pytest.mark.parametrize("argv", [["push"], ["build", "--torch", "torch>=2.4"]])
+def test_bad_arguments_exit_2(tool: ModuleType, argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        tool.main(argv)
+    assert exc.value.code == 2
+
+
+def test_phase_timings_add_up(tool: ModuleType) -> None:
+    phases = tool.Phases()
+    with phases.phase("python base") as note:
+        note.append("(cached)")
+    with pytest.raises(RuntimeError), phases.phase("worker image"):
+        raise RuntimeError("a failed phase is timed too")
+    lines = phases.summary().splitlines()
+    assert [line.split()[0] for line in lines] == ["python", "worker", "total"]
+    assert lines[0].endswith("(cached)")

@@ -1,0 +1,465 @@
+"""Build the operator and worker images with podman, without a registry, and smoke-test them.
+
+    python3 tools/images.py build    # host tools, bases, both images
+    python3 tools/images.py smoke    # run the built images: operator --help, a worker qualification
+    python3 tools/images.py all      # both (what `make images` runs)
+
+No base image can be pulled on a machine without a registry, so the bases are made here:
+a Python base bootstrapped from Debian packages (mmdebstrap) and a CPU torch base from the
+torch wheel in pip's find-links folder. Each base carries a label with the hash of its
+inputs and is rebuilt only when they change. Standard library only: it runs before any
+virtual environment exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "build" / "images"
+SUITE = "bookworm"
+# bookworm's python3 is 3.11: the torch wheel must be built for it.
+PYTHON_TAG = "cp311"
+PYTHON_BASE = f"localhost/resumequal-python:{SUITE}"
+OPERATOR_IMAGE = "localhost/resumequal-operator:dev"
+WORKER_IMAGE = "localhost/resumequal-worker:dev"
+DEFAULT_TORCH = "2.13.0"
+# Every image this tool makes inherits this label from the Python base; pruning is limited
+# to dangling images that carry it, so nobody else's images are touched.
+OWNER_LABEL = "org.resumequal.local-base"
+PYTHON_INPUTS_LABEL = "org.resumequal.python-base.inputs"
+TORCH_INPUTS_LABEL = "org.resumequal.torch-base.inputs"
+HOST_PACKAGES = {"podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap"}
+HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
+SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+VENV = "/opt/python"
+SMOKE_TIMEOUT_S = 900.0
+PODMAN_ULIMIT = 1048576  # podman's default nofile and nproc
+PODMAN_NPROC = 32768
+# Nothing is ever pulled; builds share the host's network (pip reaches its index as the
+# host does, with no bridge or NAT to set up); a failed step leaves no container behind.
+BUILD_FLAGS = ("--pull=never", "--network=host", "--force-rm", "--layers")
+
+# The torch base: the wheel comes from the host's folder, bind-mounted read-only, so the
+# multi-GB CUDA build on PyPI is never fetched; its small dependencies come from the index.
+TORCH_CONTAINERFILE = """\
+ARG PYTHON_IMAGE
+FROM ${PYTHON_IMAGE}
+ARG TORCH_WHEEL
+RUN python -m pip install --no-cache-dir "/wheels/${TORCH_WHEEL}" \\
+ && python -c "import torch; print('torch', torch.__version__)" \\
+ && command -v torchrun
+"""
+
+
+class ImageBuildError(Exception):
+    """A step of building or smoke-testing the images failed; the message says which."""
+
+
+@dataclass
+class Phases:
+    """Wall time of each phase, printed as it ends and summed up at the end."""
+
+    done: list[tuple[str, float, str]] = field(default_factory=list)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[list[str]]:
+        """Time the block; it may append a note (e.g. "cached") to the yielded list."""
+        note: list[str] = []
+        log.info("--- %s", name)
+        start = time.monotonic()
+        try:
+            yield note
+        finally:
+            took = time.monotonic() - start
+            self.done.append((name, took, " ".join(note)))
+            log.info("--- %s: %.1f s%s", name, took, "".join(f" {n}" for n in note))
+
+    def summary(self) -> str:
+        """One line per phase and the total."""
+        lines = [f"  {name:<16} {took:7.1f} s  {note}".rstrip() for name, took, note in self.done]
+        lines.append(f"  {'total':<16} {sum(t for _, t, _ in self.done):7.1f} s")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- host and engine
+
+
+def _run(cmd: Sequence[str], env: dict[str, str] | None = None) -> None:
+    """Run a command with its output going to ours (CI logs show every build step)."""
+    log.info("$ %s", " ".join(cmd))
+    try:
+        subprocess.run(cmd, env=env, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise ImageBuildError(f"{' '.join(cmd[:2])} failed: {e}") from e
+
+
+def ensure_host_tools() -> list[str]:
+    """Install podman, runc and mmdebstrap from Debian when missing; returns what was."""
+    missing = [pkg for cmd, pkg in HOST_PACKAGES.items() if shutil.which(cmd) is None]
+    if not missing:
+        return []
+    if os.geteuid() != 0:
+        raise ImageBuildError(f"missing {', '.join(missing)}; install them as root "
+                              f"(apt-get install {' '.join(missing)})")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # runc is named on its own so apt satisfies podman's "crun | runc" with it: crun refuses
+    # hosts with hybrid cgroups. No recommends: buildah, fuse-overlayfs and slirp4netns are
+    # for rootless use, which this is not.
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
+    try:
+        _run(install, env=env)
+    except ImageBuildError:
+        _run(["apt-get", "update", "-q"], env=env)  # stale package lists on a fresh machine
+        _run(install, env=env)
+    return missing
+
+
+def containers_conf(nofile: int, nproc: int) -> str:
+    """The engine settings podman needs on these machines (see the comments inside)."""
+    return (
+        "# Written by tools/images.py. Root here lacks CAP_SYS_RESOURCE, so podman's default\n"
+        "# container ulimits (1048576, above the hard limits) fail with EPERM.\n"
+        "[containers]\n"
+        f'default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+        "\n"
+        "# crun refuses hosts with hybrid cgroups (v1 controllers beside a v2 mount).\n"
+        "[engine]\n"
+        'runtime = "runc"\n'
+    )
+
+
+def engine_env() -> dict[str, str]:
+    """Our environment plus CONTAINERS_CONF naming a config written under build/images."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nofile = PODMAN_ULIMIT if nofile == resource.RLIM_INFINITY else min(nofile, PODMAN_ULIMIT)
+    # podman 4.3 runs itself with nproc 32768 (its /proc/PID/limits), whatever the host
+    # allows, and a container cannot be given more than its engine holds.
+    nproc = PODMAN_NPROC if nproc == resource.RLIM_INFINITY else min(nproc, PODMAN_NPROC)
+    WORK.mkdir(parents=True, exist_ok=True)
+    conf = WORK / "containers.conf"
+    conf.write_text(containers_conf(nofile, nproc))
+    return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+
+def image_label(env: dict[str, str], image: str, label: str) -> str | None:
+    """The label's value on a local image; None when the image or the label is absent."""
+    out = subprocess.run(
+        ["podman", "image", "inspect", "--format", f'{{{{index .Labels "{label}"}}}}', image],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    value = out.stdout.strip()
+    return value if out.returncode == 0 and value not in {"", "<no value>"} else None
+
+
+def inputs_key(inputs: object) -> str:
+    """A short, stable hash of a base's inputs (JSON-serialisable)."""
+    blob = json.dumps(inputs, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+# ---------------------------------------------------------------- the Python base
+
+
+def apt_sources(suite: str, files: Sequence[Path]) -> list[Path]:
+    """The host's apt sources files that name the suite in an active line."""
+    chosen = []
+    for f in files:
+        if not f.is_file():
+            continue
+        lines = [ln.split("#", 1)[0] for ln in f.read_text().splitlines()]
+        if any(re.search(rf"(^|\s){re.escape(suite)}(\s|$)", ln) for ln in lines):
+            chosen.append(f)
+    return chosen
+
+
+def host_apt_sources(suite: str) -> list[Path]:
+    """Where the host's apt reaches Debian: its mirror, keyring and snapshot, reused as is."""
+    etc = Path("/etc/apt")
+    candidates = [etc / "sources.list", *sorted((etc / "sources.list.d").glob("*.list")),
+                  *sorted((etc / "sources.list.d").glob("*.sources"))]
+    found = apt_sources(suite, candidates)
+    if not found:
+        raise ImageBuildError(f"no apt sources for {suite} in /etc/apt: the Python base is "
+                              "bootstrapped from the host's Debian mirror")
+    return found
+
+
+def host_ca_files() -> list[Path]:
+    """Extra CAs the host trusts (e.g. an egress proxy's); pip in a build needs them too."""
+    return sorted(p for p in HOST_CA_DIR.rglob("*.crt") if p.is_file())
+
+
+def mmdebstrap_args(ca_files: Sequence[Path]) -> list[str]:
+    """The bootstrap's options (output and sources excluded); they feed the base's key."""
+    hooks = []
+    if ca_files:
+        quoted = " ".join(f"'{p}'" for p in ca_files)
+        hooks += [f'cp {quoted} "$1{HOST_CA_DIR}/"', 'chroot "$1" update-ca-certificates']
+    hooks += [
+        # A venv gives `python` and `pip` on PATH, as the official python images do, and
+        # lets pip install as root without touching Debian's externally managed python.
+        f'chroot "$1" python3 -m venv {VENV}',
+        # pip vendors its own CA bundle; the system one holds the host's extra CAs.
+        f"printf '[global]\\ncert = {SYSTEM_BUNDLE}\\n' > \"$1/etc/pip.conf\"",
+    ]
+    return [
+        "--variant=minbase",
+        "--include=python3,python3-venv,ca-certificates",
+        # The host's mirror may serve a snapshot whose Release file has expired; mmdebstrap
+        # does not read the host's apt.conf.d, where that is allowed.
+        '--aptopt=Acquire::Check-Valid-Until "false"',
+        *[f"--customize-hook={h}" for h in hooks],
+    ]
+
+
+def import_changes(key: str) -> list[str]:
+    """Image config for the imported rootfs: what a `FROM python` stage expects."""
+    return [
+        f"ENV=PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV=LANG=C.UTF-8",
+        "CMD=python3",
+        f"LABEL={OWNER_LABEL}={SUITE}",
+        f"LABEL={PYTHON_INPUTS_LABEL}={key}",
+    ]
+
+
+def python_base(env: dict[str, str], fresh: bool, note: list[str]) -> str:
+    """Bootstrap the Debian Python base unless an image with the same inputs exists."""
+    sources = host_apt_sources(SUITE)
+    ca_files = host_ca_files()
+    args = mmdebstrap_args(ca_files)
+    key = inputs_key({
+        "suite": SUITE, "args": args, "changes": import_changes(""),
+        "sources": [s.read_text() for s in sources],
+        "ca": {p.name: p.read_text() for p in ca_files},
+    })
+    if not fresh and image_label(env, PYTHON_BASE, PYTHON_INPUTS_LABEL) == key:
+        note.append("(cached)")
+        return key
+    with tempfile.TemporaryDirectory(dir=WORK, prefix="rootfs-") as tmp:
+        tar = Path(tmp) / "rootfs.tar"
+        _run(["mmdebstrap", *args, SUITE, str(tar), *map(str, sources)], env=env)
+        changes = [f"--change={c}" for c in import_changes(key)]
+        _run(["podman", "import", *changes, str(tar), PYTHON_BASE], env=env)
+    return key
+
+
+# ---------------------------------------------------------------- the torch base
+
+
+def find_links_dirs(pip_config_list: str) -> list[Path]:
+    """The local folders among the find-links values of `pip config list` output."""
+    dirs: list[Path] = []
+    for line in pip_config_list.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip().endswith("find-links"):
+            continue
+        for item in value.strip().strip("'\"").replace("\\n", " ").split():
+            item = item.removeprefix("file://")
+            if "://" in item:
+                continue  # an HTML page of links, not a folder to mount
+            if Path(item) not in dirs:
+                dirs.append(Path(item))
+    return dirs
+
+
+def torch_wheel(dirs: Sequence[Path], version: str, arch: str) -> Path:
+    """The CPU torch wheel for the base's Python in the first folder holding one."""
+    pattern = f"torch-{version}+cpu-{PYTHON_TAG}-{PYTHON_TAG}-*_{arch}.whl"
+    for d in dirs:
+        found = sorted(d.glob(pattern)) if d.is_dir() else []
+        if found:
+            return found[0]
+    where = ", ".join(map(str, dirs)) or "none"
+    raise ImageBuildError(
+        f"no {pattern} in the find-links folders of pip's configuration ({where}). The torch "
+        "base installs the CPU wheel from a local folder: put it in a folder and name that "
+        "folder in pip's find-links (pip config set global.find-links DIR)"
+    )
+
+
+def pip_wheel_dirs() -> list[Path]:
+    """Ask pip where its local wheels are, as `pip config list` shows (files and env)."""
+    # This interpreter's pip, else the one on PATH (Debian's python3 may come without pip).
+    for pip in ([sys.executable, "-m", "pip"], [shutil.which("pip3") or "pip3"]):
+        try:
+            out = subprocess.run([*pip, "config", "list"], capture_output=True, text=True,
+                                 check=True)
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return find_links_dirs(out.stdout)
+    raise ImageBuildError("no pip to ask where the local torch wheel is (`pip config list`)")
+
+
+def torch_base_name(version: str) -> str:
+    """The local tag of the CPU torch base."""
+    return f"localhost/resumequal-torch:{version}-cpu"
+
+
+def torch_base(env: dict[str, str], version: str, python_key: str, fresh: bool,
+               note: list[str]) -> str:
+    """Build the CPU torch base on the Python base unless one with the same inputs exists."""
+    wheel = torch_wheel(pip_wheel_dirs(), version, platform.machine())
+    image = torch_base_name(version)
+    key = inputs_key({"python": python_key, "wheel": wheel.name,
+                      "size": wheel.stat().st_size, "containerfile": TORCH_CONTAINERFILE})
+    if not fresh and image_label(env, image, TORCH_INPUTS_LABEL) == key:
+        note.append("(cached)")
+        return image
+    note.append(f"({wheel.name})")
+    with tempfile.TemporaryDirectory(dir=WORK, prefix="torch-") as context:
+        containerfile = Path(context) / "Containerfile"
+        containerfile.write_text(TORCH_CONTAINERFILE)
+        _run(["podman", "build", *BUILD_FLAGS, "-v", f"{wheel.parent}:/wheels:ro",
+              "--build-arg", f"PYTHON_IMAGE={PYTHON_BASE}",
+              "--build-arg", f"TORCH_WHEEL={wheel.name}",
+              "--label", f"{TORCH_INPUTS_LABEL}={key}",
+              "-f", str(containerfile), "-t", image, context], env=env)
+    return image
+
+
+# ---------------------------------------------------------------- the images
+
+def build_image(env: dict[str, str], image: str, dockerfile: str,
+                build_args: dict[str, str]) -> None:
+    """Build one of images/*/Dockerfile from the repository root, as the README does."""
+    flags = [f for name, value in build_args.items() for f in ("--build-arg", f"{name}={value}")]
+    _run(["podman", "build", *BUILD_FLAGS, *flags, "-f", dockerfile, "-t", image, str(ROOT)],
+         env=env)
+
+
+def prune(env: dict[str, str]) -> None:
+    """Drop our dangling images (older builds, build stages); keeps disk use bounded."""
+    _run(["podman", "image", "prune", "-f", "--filter", f"label={OWNER_LABEL}"], env=env)
+
+
+def build(torch_version: str, fresh: bool, phases: Phases) -> None:
+    """Host tools, the two bases, then the operator and worker images."""
+    with phases.phase("host tools") as note:
+        installed = ensure_host_tools()
+        note.append(f"(installed {' '.join(installed)})" if installed else "(present)")
+    env = engine_env()
+    with phases.phase("python base") as note:
+        python_key = python_base(env, fresh, note)
+    with phases.phase("torch base") as note:
+        torch_image = torch_base(env, torch_version, python_key, fresh, note)
+    with phases.phase("operator image"):
+        build_image(env, OPERATOR_IMAGE, "images/operator/Dockerfile",
+                    {"PYTHON_IMAGE": PYTHON_BASE})
+    with phases.phase("worker image"):
+        build_image(env, WORKER_IMAGE, "images/worker/Dockerfile",
+                    {"PYTHON_IMAGE": PYTHON_BASE, "BASE_IMAGE": torch_image})
+    with phases.phase("prune"):
+        prune(env)
+
+
+# ---------------------------------------------------------------- smoke tests
+
+
+def run_container(env: dict[str, str], name: str, image: str, args: Sequence[str],
+                  timeout: float) -> tuple[int, str]:
+    """Run the image with loopback only; returns its exit code and output (also echoed)."""
+    cmd = ["podman", "run", "--rm", "--network", "none", "--name", name, image, *args]
+    log.info("$ %s", " ".join(cmd))
+    out: list[str] = []
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+
+        def echo() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                out.append(line)
+
+        reader = threading.Thread(target=echo, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            # Only our own, uniquely named container; podman run then returns.
+            subprocess.run(["podman", "rm", "-f", "-t", "0", name], env=env, check=False)
+            proc.wait()
+            raise ImageBuildError(f"{image} {' '.join(args)} ran past {timeout:.0f} s") from e
+        finally:
+            reader.join(timeout=10)
+    return code, "".join(out)
+
+
+def smoke(phases: Phases) -> None:
+    """The operator image answers --help; the worker image qualifies and says PASS."""
+    env = engine_env()
+    suffix = os.getpid()
+    with phases.phase("smoke operator"):
+        code, out = run_container(env, f"resumequal-smoke-operator-{suffix}", OPERATOR_IMAGE,
+                                  ["--help"], timeout=120)
+        if code != 0 or "Usage: resumequal-operator" not in out:
+            raise ImageBuildError(f"{OPERATOR_IMAGE} --help exited {code} without its usage")
+    with phases.phase("smoke worker"):
+        # A real qualification: two torchrun ranks on gloo over loopback, a hard kill, a
+        # resume from the checkpoint and the comparison. The controls (negative runs) are
+        # the unit suite's business and would triple the time.
+        args = ["run", "--set", "controls.enabled=false", "--run-dir", "/work/runs/smoke"]
+        code, out = run_container(env, f"resumequal-smoke-worker-{suffix}", WORKER_IMAGE,
+                                  args, timeout=SMOKE_TIMEOUT_S)
+        if code != 0 or "PASS" not in out:
+            raise ImageBuildError(f"{WORKER_IMAGE} resumequal run exited {code}, not a PASS")
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _torch_version(spec: str) -> str:
+    """`2.13.0` from `2.13.0` or `torch==2.13.0` (the Makefile's TORCH_SPEC)."""
+    version = spec.removeprefix("torch==")
+    if not re.fullmatch(r"\d+(\.\d+)+", version):
+        raise argparse.ArgumentTypeError(f"--torch: want torch==X.Y.Z or X.Y.Z, got {spec!r}")
+    return version
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, run the phases, print their timings."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["build", "smoke", "all"])
+    parser.add_argument("--torch", type=_torch_version, default=DEFAULT_TORCH,
+                        help="the torch of the CPU base (default %(default)s)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="rebuild the bases even when their inputs did not change")
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="images: %(message)s", stream=sys.stdout)
+    phases = Phases()
+    try:
+        if opts.what in {"build", "all"}:
+            build(opts.torch, opts.fresh, phases)
+        if opts.what in {"smoke", "all"}:
+            smoke(phases)
+    except ImageBuildError as e:
+        log.error("FAILED: %s", e)
+        log.info("phase timings:\n%s", phases.summary())
+        return 1
+    log.info("phase timings:\n%s", phases.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
