@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from resumequal.plan import LegPlan, Plan, qualification_plan
 from resumequal.spec import QualificationSpec
@@ -50,10 +51,17 @@ class Reason(StrEnum):
     COMPLETED = "Completed"
 
 
+# The machine's memory reads both spellings and dumps camelCase when asked (by_alias):
+# a cluster keeps it in a resource's status, where every field is camelCase.
+_STATE_CONFIG = ConfigDict(alias_generator=to_camel, validate_by_name=True,
+                           validate_by_alias=True)
+
+
 class Beacon(BaseModel):
     """What an armed worker publishes: who to kill and where it stands."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
+                              validate_by_alias=True)
     pid: int
     host: str
     pod: str | None = None
@@ -116,6 +124,8 @@ class Backend(Protocol):
 class LegRun(BaseModel):
     """What the machine remembers of one leg."""
 
+    model_config = _STATE_CONFIG
+
     launched_at: float | None = None
     armed_at: float | None = None
     beacon: Beacon | None = None
@@ -128,6 +138,8 @@ class LegRun(BaseModel):
 
 class QualificationStatus(BaseModel):
     """The machine's whole memory; what a controller would keep in a resource's status."""
+
+    model_config = _STATE_CONFIG
 
     phase: Phase = Phase.PENDING
     reason: Reason | None = None
@@ -235,7 +247,7 @@ class Qualification:
                 assert run.beacon is not None
                 self._stop(Reason.TIMEOUT, f"the armed worker of the {plan.name} leg (rank "
                            f"{run.beacon.rank}, pid {run.beacon.pid}) was not killed within "
-                           f"timeouts.arm_seconds={t.arm_seconds:g}")
+                           f"timeouts.armSeconds={t.arm_seconds:g}")
 
         for plan in self.plan.legs:
             run = s.legs[plan.name]
@@ -248,7 +260,7 @@ class Qualification:
                            f"the {plan.name} leg failed: {obs.message or 'no detail'}")
             if obs.state == LegState.RUNNING and now - run.launched_at > t.leg_seconds:
                 self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not finish within "
-                           f"timeouts.leg_seconds={t.leg_seconds:g}")
+                           f"timeouts.legSeconds={t.leg_seconds:g}")
             if plan.cut:
                 self._drive_cut(plan, run, obs, now)
             if obs.state == LegState.SUCCEEDED:
@@ -278,7 +290,7 @@ class Qualification:
                 self._main_enters(plan, Phase.RESUMED)
             elif now - run.killed_at > t.restart_seconds:
                 self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not resume within "
-                           f"timeouts.restart_seconds={t.restart_seconds:g}")
+                           f"timeouts.restartSeconds={t.restart_seconds:g}")
 
     def _launch_next(self) -> None:
         s = self.status
@@ -310,7 +322,7 @@ class Qualification:
             since = self._entered(Phase.COMPARING)
             if since is not None and self.clock() - since > limit:
                 self.fail(Reason.TIMEOUT, "the comparison did not finish within "
-                          f"timeouts.leg_seconds={limit:g}")
+                          f"timeouts.legSeconds={limit:g}")
             return
         self.status.verdict = verdict
         if verdict.result == Result.INVALID:

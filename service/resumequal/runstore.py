@@ -413,7 +413,7 @@ class RunLocation:
         try:
             return LegSpecFile.model_validate_json(data)
         except ValidationError as e:
-            raise SpecError(format_validation_error(e, self.url(key))) from e
+            raise SpecError(format_validation_error(e, self.url(key), LegSpecFile)) from e
 
     # -- run.json ---------------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ def test_armed_rank_never_killed_times_out_and_leaves_no_process(tmp_path: Path)
     report = _report(run_dir)
     failed = report["phases"][-1]
     assert failed["phase"] == "Failed" and failed["reason"] == "Timeout"
-    assert "timeouts.arm_seconds=4" in failed["message"]
+    assert "timeouts.armSeconds=4" in failed["message"]
     armed = next(p for p in report["phases"] if p["phase"] == "Armed")
     assert failed["at"] - armed["at"] < 4 + 3
     assert report["verdict"]["result"] == "INVALID"

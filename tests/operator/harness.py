@@ -57,9 +57,9 @@ def run_manifest(name: str, store: dict[str, str], namespace: str = NAMESPACE,
     body: Obj = {
         "stack": {"image": "ghcr.io/acme/train:2026-11-29"},
         "store": dict(store),
-        "world": {"nnodes": 2, "nproc_per_node": 1},
-        "training": {"steps": 6, "accumulation_steps": 2},
-        "checkpoint": {"every_steps": 2},
+        "world": {"nnodes": 2, "nprocPerNode": 1},
+        "training": {"steps": 6, "accumulationSteps": 2},
+        "checkpoint": {"everySteps": 2},
         "preemption": {"step": 4, "microstep": 1, "rank": 1},
         "controls": {"enabled": False},
     }

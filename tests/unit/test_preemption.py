@@ -108,7 +108,7 @@ def test_hold_past_the_arm_timeout_fails_the_leg_for_good(tmp_path: Path) -> Non
     elapsed = time.monotonic() - start
     reason = str(info.value)
     assert reason.startswith("rank 1 held at the cut (step 6, microstep 1, microbatch) for 0.05s")
-    assert "timeouts.arm_seconds" in reason
+    assert "timeouts.armSeconds" in reason
     assert CUT.arm_timeout <= elapsed < 5
     assert arms == [(6, 1, "microbatch")]
     assert json.loads((tmp_path / "beacons" / "attempt-0-rank-1.json").read_text())["step"] == 6

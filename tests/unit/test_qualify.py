@@ -155,7 +155,7 @@ def test_arm_timeout_when_the_kill_is_never_delivered() -> None:
     clock.now += 2
     assert q.tick() == Phase.FAILED
     assert q.status.reason == Reason.TIMEOUT
-    assert "timeouts.arm_seconds=10" in (q.status.message or "")
+    assert "timeouts.armSeconds=10" in (q.status.message or "")
     assert b.kills == [] and b.cleanups == 1
 
 
@@ -168,7 +168,7 @@ def test_restart_timeout() -> None:
     clock.now += 31
     assert q.tick() == Phase.FAILED
     assert q.status.reason == Reason.TIMEOUT
-    assert "restart_seconds=30" in (q.status.message or "")
+    assert "restartSeconds=30" in (q.status.message or "")
 
 
 def test_leg_timeout() -> None:
@@ -250,7 +250,7 @@ def test_a_comparison_that_never_finishes_times_out() -> None:
     clock.now += 2
     assert q.tick() == Phase.FAILED
     assert q.status.reason == Reason.TIMEOUT
-    assert "comparison did not finish within timeouts.leg_seconds=100" in (q.status.message or "")
+    assert "comparison did not finish within timeouts.legSeconds=100" in (q.status.message or "")
     assert b.cleanups == 1
 
 
