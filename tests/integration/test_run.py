@@ -101,7 +101,7 @@ def test_armed_rank_never_killed_times_out_and_leaves_no_process(tmp_path: Path)
     [
         ("preemption.step=13", "after the last step"),
         ("preemption.step=2", "lands before the first committed checkpoint"),
-        ("preemption.microstep=3", "must be < training.accumulation_steps"),
+        ("preemption.microstep=3", "must be < training.accumulationSteps"),
     ],
 )
 def test_experiments_that_cannot_be_valid_are_rejected_up_front(
