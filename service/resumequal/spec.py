@@ -463,6 +463,7 @@ def error_lines(err: ValidationError, model: type[BaseModel]) -> list[tuple[str,
     out = []
     for e in err.errors():
         tp: Any = model
+        parent: Any = model
         parts: list[str] = []
         for i, part in enumerate(e["loc"]):
             parent = tp
