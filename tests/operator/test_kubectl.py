@@ -182,8 +182,9 @@ def test_get_and_watch_follow_a_run_then_describe_and_delete(
         watch.wait_for(lambda lines: len(lines) >= 2, timeout=20)  # header and first row
         operators.start()
         wait_phase(api, "nightly", ("Succeeded", "Failed"), timeout=40)
-        printed = watch.wait_for(lambda lines: any("Succeeded" in line for line in lines),
-                                 timeout=20)
+        printed = watch.wait_for(
+            lambda lines: any("Succeeded" in line and "FAIL" in line for line in lines),
+            timeout=20)
     rows = [r for r in words("\n".join(printed)) if r[0] == "nightly"]
     assert words(printed[0])[0] == HEADER
     phases = [r[1] for r in rows if len(r) > 2 and r[1] in PHASES]
