@@ -43,6 +43,15 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_LABEL_KINDS = frozenset({"PyTorchJob", "Job", "Service", "Namespace"})
 
 
+class SchemaViolation(AssertionError):
+    """A failed check; ``field`` is where (``spec.world.nnodes``), ``detail`` what is wrong.
+    The API emulator names the field in its 422 when such a check rejects a write."""
+
+    def __init__(self, message: str, field: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.field, self.detail = field, detail or message
+
+
 def _path(parts: Any) -> str:
     out = ""
     for p in parts:
@@ -117,7 +126,9 @@ def _validate_crd_object(obj: Obj, path: Path, what: str) -> None:
     errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
-        raise AssertionError(f"{what} invalid at {_path(e.absolute_path)}: {e.message}")
+        where = _path(e.absolute_path)
+        raise SchemaViolation(f"{what} invalid at {where}: {e.message}", where.lstrip("."),
+                              e.message)
     unknown = _unknown_fields(obj, schema, "")
     if unknown:
         raise AssertionError(f"{what}: fields the schema does not declare (the API server "
@@ -163,8 +174,9 @@ def validate_core(obj: Obj, version: str = K8S_VERSION) -> None:
     try:
         kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as e:
-        raise AssertionError(f"{what} invalid at {_path(e.absolute_path)}: "
-                             f"{e.message}") from None
+        where = _path(e.absolute_path)
+        raise SchemaViolation(f"{what} invalid at {where}: {e.message}", where.lstrip("."),
+                              e.message) from None
     except kubernetes_validate.SchemaNotFoundError as e:
         raise AssertionError(f"{what}: no schema for {obj.get('apiVersion')} "
                              f"{obj.get('kind')} in Kubernetes {version}") from e

@@ -168,7 +168,7 @@ class Reconciler:
         if streak is not None and streak.message != prior_error:
             # Once per streak and per new message, not once per retry.
             self.events.record(run.obj, "BackendError", (
-                f"{streak.message}; retrying until timeouts.backend_error_seconds="
+                f"{streak.message}; retrying until timeouts.backendErrorSeconds="
                 f"{run.qspec.timeouts.backend_error_seconds:g} have passed"), warning=True)
         self._write_status(run.obj, self._status(run, plan, q.status, previous, generation))
         if error is not None:

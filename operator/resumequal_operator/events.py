@@ -7,7 +7,7 @@ and never fails a reconcile.
 from __future__ import annotations
 
 import logging
-import uuid
+import time
 from datetime import UTC, datetime
 
 from resumequal.errors import ClusterError
@@ -35,7 +35,9 @@ class EventRecorder:
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+            # Named like client-go's recorder (record/event.go: "<name>.<UnixNano in hex>"),
+            # so a list by name, as `kubectl describe` shows it, is in the order they happened.
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}",
                          "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
                                "name": meta["name"], "namespace": meta["namespace"],

@@ -1,9 +1,12 @@
 """The QualificationRun custom resource: its spec and status as pydantic models.
 
 The spec reuses every section of :class:`resumequal.spec.QualificationSpec` as the same
-models (same snake_case field names, same defaults and per-field validation) and adds what
-only a cluster needs: the image (``stack``), the object store (``store``), pod placement and
-``retention``. The status is camelCase, like every Kubernetes status, and serialises by alias.
+models (same fields, defaults and per-field validation) and adds what only a cluster needs:
+the image (``stack``), the object store (``store``), pod placement and ``retention``. Spec
+and status follow the Kubernetes API conventions: every field is camelCase on the wire,
+generated from its Python name (``node_selector`` is ``nodeSelector``) by the same alias
+generator as the spec's sections, so a new field gets its spelling without a table. The
+snake_case names are read too, and problems name fields in camelCase.
 
 Validation comes in two layers: the models check each field (this is also what the CRD
 schema is generated from), and :func:`parse_run_spec` adds the checks across fields — the
@@ -28,9 +31,11 @@ from pydantic import (
     WithJsonSchema,
     field_validator,
 )
+from pydantic.alias_generators import to_camel
 
 from resumequal.qualify import Phase
 from resumequal.spec import (
+    SECTION_CONFIG,
     CheckpointSpec,
     ComparisonSpec,
     ControlsSpec,
@@ -44,6 +49,7 @@ from resumequal.spec import (
     TrainingSpec,
     WorkloadSpec,
     WorldSpec,
+    error_lines,
 )
 from resumequal.verdict import Result
 
@@ -85,7 +91,7 @@ Quantity = Annotated[
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SECTION_CONFIG
 
 
 class StackSpec(_Section):
@@ -191,16 +197,13 @@ class ResourceRequirements(_Section):
 
 
 class Toleration(_Section):
-    """A pod toleration, in Kubernetes' own (camelCase) shape so it can be pasted as is."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True,
-                              validate_by_alias=True, serialize_by_alias=True)
+    """A pod toleration, in Kubernetes' own shape so it can be pasted as is."""
 
     key: str | None = None
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
+    toleration_seconds: int | None = None
 
 
 # A Kubernetes object the API server validates itself (a PodSecurityContext, a
@@ -300,31 +303,14 @@ class RunSpecError(SpecError):
         self.problems = problems
 
 
-def _allowed(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str] | None:
-    for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        ann = field.annotation if field is not None else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return sorted(f.alias or name for name, f in model.model_fields.items())
-
-
-def _problems(err: ValidationError, prefix: str) -> list[Problem]:
-    out = []
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        path = ".".join([prefix, *(str(p) for p in loc)])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed(QualificationRunSpec, loc[:-1])
-            msg = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-        out.append(Problem(path=path, message=msg))
-    return out
+def _problems(err: ValidationError, prefix: str,
+              model: type[BaseModel] = QualificationRunSpec) -> list[Problem]:
+    return [Problem(path=".".join(p for p in (prefix, path) if p), message=msg)
+            for path, msg in error_lines(err, model)]
 
 
 # The spec's checks across sections lead with the field they judge ("preemption.step=7 ...").
-_LEADING_FIELD = re.compile(r"^([a-z_]+\.[a-z_]+)")
+_LEADING_FIELD = re.compile(r"^([a-z][A-Za-z0-9]*\.[a-z][A-Za-z0-9]*)")
 
 
 def _spec_problems(spec: QualificationRunSpec) -> list[Problem]:
@@ -332,7 +318,7 @@ def _spec_problems(spec: QualificationRunSpec) -> list[Problem]:
         _as_qualification_spec(spec, None)
     except ValidationError as e:
         out = []
-        for p in _problems(e, "spec"):
+        for p in _problems(e, "spec", QualificationSpec):
             lead = _LEADING_FIELD.match(p.message)
             out.append(Problem(path=f"spec.{lead.group(1)}", message=p.message)
                        if p.path == "spec" and lead else p)
@@ -349,27 +335,27 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
             "leave it unset")))
     if ck.s3 is not None:
         out.append(Problem(path="spec.checkpoint.s3", message=(
-            "set by the operator from store.endpoint_url, store.region and "
-            "store.addressing_style; leave it unset")))
+            "set by the operator from store.endpointUrl, store.region and "
+            "store.addressingStyle; leave it unset")))
     # The c10d rendezvous numbers nodes by host name, and <job>-worker-0 sorts first, so
-    # ranks 0..nproc_per_node-1 always run on worker-0, the pod the rendezvous lives on. A
+    # ranks 0..nprocPerNode-1 always run on worker-0, the pod the rendezvous lives on. A
     # process kill leaves the pod's torchrun agent, and so the rendezvous, alive.
     if p.target == "pod" and p.rank < w.nproc_per_node \
             and not spec.allow_rendezvous_host_kill:
         out.append(Problem(path="spec.preemption.rank", message=(
             f"rank {p.rank} runs on pod worker-0 (ranks 0..{w.nproc_per_node - 1} of "
-            f"world.nproc_per_node={w.nproc_per_node}), which hosts the c10d rendezvous: "
+            f"world.nprocPerNode={w.nproc_per_node}), which hosts the c10d rendezvous: "
             "deleting it ends every node's group instead of preempting one. Use "
-            "world.nnodes >= 2 and preemption.rank >= world.nproc_per_node, "
-            "preemption.target: process, or allow_rendezvous_host_kill: true")))
+            "world.nnodes >= 2 and preemption.rank >= world.nprocPerNode, "
+            "preemption.target: process, or allowRendezvousHostKill: true")))
     gpus = _gpu_limit(spec.resources)
     if w.backend == "nccl" and gpus is None:
         out.append(Problem(path="spec.resources.limits", message=(
             f"world.backend=nccl needs one GPU per rank: set {GPU_RESOURCES[0]}: "
-            f"{w.nproc_per_node} (world.nproc_per_node)")))
+            f"{w.nproc_per_node} (world.nprocPerNode)")))
     elif gpus is not None and w.backend != "gloo" and gpus < w.nproc_per_node:
-        out.append(Problem(path="spec.world.nproc_per_node", message=(
-            f"world.nproc_per_node={w.nproc_per_node} ranks per pod but only {gpus} GPUs "
+        out.append(Problem(path="spec.world.nprocPerNode", message=(
+            f"world.nprocPerNode={w.nproc_per_node} ranks per pod but only {gpus} GPUs "
             "per pod in resources.limits; nccl needs one GPU per rank")))
     if spec.matrix.seeds:
         # Said up front: running only the main pair would pass off one seed as the matrix.
@@ -377,7 +363,7 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
             "the seed matrix runs with `resumequal run` on one machine; the operator runs one "
             "seed per QualificationRun (create one run per seed with training.seed)")))
     if spec.store.credentials_secret and not spec.store.is_s3:
-        out.append(Problem(path="spec.store.credentials_secret",
+        out.append(Problem(path="spec.store.credentialsSecret",
                            message="only used with an s3:// store.uri"))
     return out
 
@@ -430,7 +416,7 @@ def qualification_spec(
     try:
         return _as_qualification_spec(spec, location or spec.store.uri)
     except ValidationError as e:
-        raise RunSpecError(_problems(e, "spec")) from e
+        raise RunSpecError(_problems(e, "spec", QualificationSpec)) from e
 
 
 def run_uri(store_uri: str, namespace: str, name: str, uid: str) -> str:
@@ -445,8 +431,9 @@ def run_uri(store_uri: str, namespace: str, name: str, uid: str) -> str:
 
 
 class _Status(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
-                              serialize_by_alias=True)
+    # camelCase from the same generator as the spec: ``run_uri`` is ``runUri``.
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
 
 
 def _time(value: Any) -> Any:
@@ -472,21 +459,19 @@ class Condition(_Status):
     status: Literal["True", "False", "Unknown"]
     reason: str | None = None
     message: str | None = None
-    last_transition_time: Time | None = Field(default=None, alias="lastTransitionTime")
-    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    last_transition_time: Time | None = None
+    observed_generation: int | None = None
 
 
 class LegStatus(_Status):
     job: str | None = Field(default=None, description="the leg's PyTorchJob")
     attempts: int = 0
     steps: int = 0
-    launched_at: Time | None = Field(default=None, alias="launchedAt")
-    killed_at: Time | None = Field(default=None, alias="killedAt")
-    resumed_at: Time | None = Field(default=None, alias="resumedAt")
-    finished_at: Time | None = Field(default=None, alias="finishedAt")
-    restart_seconds: Drift = Field(
-        default=None, alias="restartSeconds", description="kill -> first resumed step"
-    )
+    launched_at: Time | None = None
+    killed_at: Time | None = None
+    resumed_at: Time | None = None
+    finished_at: Time | None = None
+    restart_seconds: Drift = Field(default=None, description="kill -> first resumed step")
 
 
 class PreemptionStatus(_Status):
@@ -494,7 +479,7 @@ class PreemptionStatus(_Status):
     pod: str | None = None
     rank: int
     mode: Literal["hard", "graceful"]
-    injected_at: Time | None = Field(default=None, alias="injectedAt")
+    injected_at: Time | None = None
 
 
 class FirstDivergence(_Status):
@@ -506,35 +491,33 @@ class FirstDivergence(_Status):
 class VerdictStatus(_Status):
     result: Result
     reason: str | None = None
-    first_divergence: FirstDivergence | None = Field(default=None, alias="firstDivergence")
+    first_divergence: FirstDivergence | None = None
     first_divergence_summary: str | None = Field(
-        default=None, alias="firstDivergenceSummary",
-        description="'step 6 lr rank 1', or 'none'",
-    )
-    exact_through_step: int | None = Field(default=None, alias="exactThroughStep")
-    param_max_abs_diff: Drift = Field(default=None, alias="paramMaxAbsDiff")
-    param_rel_l2_diff: Drift = Field(default=None, alias="paramRelL2Diff")
-    param_mismatch_fraction: Drift = Field(default=None, alias="paramMismatchFraction")
-    loss_max_abs_diff: Drift = Field(default=None, alias="lossMaxAbsDiff")
-    controls_detected: int | None = Field(default=None, alias="controlsDetected")
-    controls_total: int | None = Field(default=None, alias="controlsTotal")
+        default=None, description="'step 6 lr rank 1', or 'none'")
+    exact_through_step: int | None = None
+    param_max_abs_diff: Drift = None
+    param_rel_l2_diff: Drift = None
+    param_mismatch_fraction: Drift = None
+    loss_max_abs_diff: Drift = None
+    controls_detected: int | None = None
+    controls_total: int | None = None
 
 
 class QualificationRunStatus(_Status):
     """What the operator reports; ``machine`` lets a restarted operator continue."""
 
     phase: Phase | None = None
-    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     pin: str | None = None
-    run_uri: str | None = Field(default=None, alias="runUri")
-    report_url: str | None = Field(default=None, alias="reportUrl")
+    run_uri: str | None = None
+    report_url: str | None = None
     legs: dict[str, LegStatus] = Field(default_factory=dict)
     preemption: PreemptionStatus | None = None
-    comparator_job: str | None = Field(default=None, alias="comparatorJob")
+    comparator_job: str | None = None
     verdict: VerdictStatus | None = None
-    started_at: Time | None = Field(default=None, alias="startedAt")
-    completed_at: Time | None = Field(default=None, alias="completedAt")
+    started_at: Time | None = None
+    completed_at: Time | None = None
     machine: dict[str, Any] = Field(
         default_factory=dict,
         description="The serialised qualification state machine (resumequal.qualify."

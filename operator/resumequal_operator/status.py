@@ -48,8 +48,9 @@ RUN_SPEC = "runSpec"
 def stored_machine(machine: QualificationStatus, run_spec: dict[str, Any]) -> dict[str, Any]:
     """What goes into ``status.machine``: everything but the verdict, which can be large
     (boundary tables, per-step losses) and lives in the store's verdict.json; plus the
-    spec the run started with."""
-    return {**machine.model_dump(mode="json", exclude={"verdict"}), RUN_SPEC: run_spec}
+    spec the run started with. camelCase, like the rest of the status."""
+    return {**machine.model_dump(mode="json", by_alias=True, exclude={"verdict"}),
+            RUN_SPEC: run_spec}
 
 
 def pinned_spec(status: QualificationRunStatus | None) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ class WorkQueue:
                  clock: Callable[[], float] = time.monotonic) -> None:
         # Backoff from 50 ms doubling to 1 min: a transient API error retries at once, a
         # broken store stops hammering within a dozen attempts, and a run whose errors
-        # persist is failed at most a minute after timeouts.backend_error_seconds.
+        # persist is failed at most a minute after timeouts.backendErrorSeconds.
         self.base_delay, self.max_delay = base_delay, max_delay
         self.clock = clock
         self._cond = threading.Condition()

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
@@ -52,10 +53,17 @@ class Reason(StrEnum):
     COMPLETED = "Completed"
 
 
+# The machine's memory reads both spellings and dumps camelCase when asked (by_alias):
+# a cluster keeps it in a resource's status, where every field is camelCase.
+_STATE_CONFIG = ConfigDict(alias_generator=to_camel, validate_by_name=True,
+                           validate_by_alias=True)
+
+
 class Beacon(BaseModel):
     """What an armed worker publishes: who to kill and where it stands."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
+                              validate_by_alias=True)
     pid: int
     host: str
     pod: str | None = None
@@ -120,6 +128,8 @@ class Backend(Protocol):
 class LegRun(BaseModel):
     """What the machine remembers of one leg."""
 
+    model_config = _STATE_CONFIG
+
     launched_at: float | None = None
     armed_at: float | None = None
     beacon: Beacon | None = None
@@ -140,6 +150,8 @@ class ErrorStreak(BaseModel):
 
 class QualificationStatus(BaseModel):
     """The machine's whole memory; what a controller would keep in a resource's status."""
+
+    model_config = _STATE_CONFIG
 
     phase: Phase = Phase.PENDING
     reason: Reason | None = None
@@ -230,7 +242,7 @@ class Qualification:
         Deadlines are judged from the machine's memory before the backend is asked
         anything, so an API or a store that does not answer cannot keep a run alive. An
         API or store error is raised for the caller to retry, until errors have lasted
-        ``timeouts.backend_error_seconds``: then the run fails with the last message.
+        ``timeouts.backendErrorSeconds``: then the run fails with the last message.
         """
         s = self.status
         if s.done:
@@ -266,7 +278,7 @@ class Qualification:
         if now - s.errors.since < limit:
             return False
         self.fail(Reason.ERROR, f"{message} (failing for {now - s.errors.since:.0f}s, "
-                  f"{s.errors.attempts} attempts; timeouts.backend_error_seconds={limit:g})")
+                  f"{s.errors.attempts} attempts; timeouts.backendErrorSeconds={limit:g})")
         return True
 
     def _check_deadlines(self) -> None:
@@ -282,7 +294,7 @@ class Qualification:
                 assert run.beacon is not None
                 self._stop(Reason.TIMEOUT, f"the armed worker of the {plan.name} leg (rank "
                            f"{run.beacon.rank}, pid {run.beacon.pid}) was not killed within "
-                           f"timeouts.arm_seconds={t.arm_seconds:g}")
+                           f"timeouts.armSeconds={t.arm_seconds:g}")
         for plan in self.plan.legs:
             run = s.legs[plan.name]
             if run.launched_at is None or run.finished_at is not None:
@@ -290,15 +302,15 @@ class Qualification:
             if (run.killed_at is not None and run.resumed_at is None
                     and now - run.killed_at > t.restart_seconds):
                 self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not resume within "
-                           f"timeouts.restart_seconds={t.restart_seconds:g}")
+                           f"timeouts.restartSeconds={t.restart_seconds:g}")
             if now - run.launched_at > t.leg_seconds:
                 self._stop(Reason.TIMEOUT, f"the {plan.name} leg did not finish within "
-                           f"timeouts.leg_seconds={t.leg_seconds:g}")
+                           f"timeouts.legSeconds={t.leg_seconds:g}")
         since = self._entered(Phase.COMPARING) if s.phase == Phase.COMPARING else None
         if since is not None and now - since > t.leg_seconds:
             # A comparison is as long as a leg at most: it reads what the legs wrote.
             self._stop(Reason.TIMEOUT, "the comparison did not finish within "
-                       f"timeouts.leg_seconds={t.leg_seconds:g}")
+                       f"timeouts.legSeconds={t.leg_seconds:g}")
 
     def _tick_legs(self) -> None:
         s = self.status

@@ -45,6 +45,7 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
 from resumequal.spec import (
@@ -109,11 +110,12 @@ class LegProgress:
 class KillOrder(BaseModel):
     """An order to an armed worker to kill itself, written to the store by whoever kills.
 
-    The worker obeys only an order naming its own pid and, when ``pod_uid`` is set, its
+    The worker obeys only an order naming its own pid and, when ``podUid`` is set, its
     pod's uid: a replayed order never hits a replacement pod (same name, same pids).
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
     rank: int
     attempt: int
     pid: int
@@ -294,13 +296,13 @@ class LegFiles:
             "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
             # Set from the downward API (metadata.uid): a kill order names it, so that an
             # order replayed after the pod was replaced is ignored by the new pod.
-            "pod_uid": os.environ.get("POD_UID"),
+            "podUid": os.environ.get("POD_UID"),
             "rank": rank,
             "attempt": attempt,
             "step": step,
             "microstep": microstep,
             "at": where,
-            "armed_at": time.time(),
+            "armedAt": time.time(),
         }
         key = self.beacon_key(rank, attempt)
         self.store.put_bytes(key, json.dumps(body).encode())
@@ -471,7 +473,7 @@ class RunLocation:
         try:
             return LegSpecFile.model_validate_json(data)
         except ValidationError as e:
-            raise SpecError(format_validation_error(e, self.url(key))) from e
+            raise SpecError(format_validation_error(e, self.url(key), LegSpecFile)) from e
 
     # -- run.json ---------------------------------------------------------------------------
 

@@ -2,6 +2,12 @@
 
 Every field has a default that runs on a 2-core CPU machine. Unknown fields are rejected;
 errors name the field path and, where there is a closed set, the allowed values.
+
+Field names are camelCase, as in every Kubernetes resource (``world.nprocPerNode``), and
+spelt so wherever a spec is written: spec files, run directories (``spec.json``,
+``run.json``), reports and the QualificationRun CRD. A spec read from YAML, JSON or
+``--set`` may also use the snake_case Python names (``world.nproc_per_node``); error
+messages name fields in camelCase whichever spelling was read.
 """
 
 from __future__ import annotations
@@ -10,10 +16,12 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
 
@@ -72,8 +80,14 @@ def check_leg_name(name: str) -> str:
     return name
 
 
+# Every section: camelCase on the wire (read and written), snake_case names also read.
+SECTION_CONFIG = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel,
+                            validate_by_name=True, validate_by_alias=True,
+                            serialize_by_alias=True)
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SECTION_CONFIG
 
 
 class WorkloadSpec(_Section):
@@ -188,9 +202,7 @@ class S3Spec(_Section):
 
 class CheckpointSpec(_Section):
     # ``async`` is a Python keyword, so the field is ``async_save`` with the YAML key as its
-    # alias; specs are written back (dumps, --set, the CRD schema) under the alias.
-    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True,
-                              serialize_by_alias=True)
+    # explicit alias (which wins over the generated ``asyncSave``).
 
     every_steps: int | None = Field(default=4, ge=1)
     at_steps: list[int] = Field(default_factory=list)
@@ -377,7 +389,7 @@ class QualificationSpec(_Section):
             )
         if p.microstep >= t.accumulation_steps:
             raise ValueError(
-                f"preemption.microstep={p.microstep} must be < training.accumulation_steps="
+                f"preemption.microstep={p.microstep} must be < training.accumulationSteps="
                 f"{t.accumulation_steps}"
             )
         if p.at == "checkpoint_commit":
@@ -386,7 +398,7 @@ class QualificationSpec(_Section):
             if not self.checkpoint.saves_after(p.step, t.steps):
                 raise ValueError(
                     f"preemption.at=checkpoint_commit: no checkpoint is saved after step "
-                    f"{p.step}; add it to checkpoint.at_steps"
+                    f"{p.step}; add it to checkpoint.atSteps"
                 )
         if (
             self.checkpoint.async_save
@@ -410,12 +422,12 @@ class QualificationSpec(_Section):
         ):
             raise ValueError(
                 f"preemption.step={p.step}: a hard kill there lands before the first committed "
-                "checkpoint, so the restart would not be a resume; set checkpoint.every_steps "
-                "or checkpoint.at_steps to a step before it"
+                "checkpoint, so the restart would not be a resume; set checkpoint.everySteps "
+                "or checkpoint.atSteps to a step before it"
             )
         if self.timeouts.arm_seconds >= self.timeouts.process_group_seconds:
             raise ValueError(
-                "timeouts.arm_seconds must be < timeouts.process_group_seconds: the other ranks "
+                "timeouts.armSeconds must be < timeouts.processGroupSeconds: the other ranks "
                 "wait in a collective while the armed rank holds"
             )
         return self
@@ -431,35 +443,69 @@ class QualificationSpec(_Section):
     def with_preemption(self, **changes: Any) -> QualificationSpec:
         """This spec with another cut (validated like any spec)."""
         data = self.model_dump(mode="json")
-        data["preemption"].update(changes)
+        data["preemption"].update(
+            {PreemptionSpec.model_fields[k].alias or k: v for k, v in changes.items()})
         return parse_spec(data, source="scenario")
 
 
-def _allowed_fields(loc: tuple[int | str, ...]) -> list[str] | None:
-    """Fields of the model at ``loc`` (the parent of an unknown key), if it is one of ours."""
-    model: Any = QualificationSpec
-    for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
-            return None
-        model = field.annotation
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-    return sorted(f.alias or name for name, f in model.model_fields.items())
+def _step(tp: Any, part: int | str) -> tuple[int | str, Any]:
+    """One step down a model's type along an error or ``--set`` path: ``part`` as it is
+    written (a field's camelCase alias, whichever spelling was read) and the type below it."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    if get_origin(tp) in (Union, UnionType):
+        options = [a for a in get_args(tp) if a is not type(None)]
+        tp = options[0] if len(options) == 1 else None
+    if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+        for name, field in tp.model_fields.items():
+            if part in (name, field.alias):
+                return field.alias or name, field.annotation
+        return part, None
+    if get_origin(tp) in (list, tuple) and isinstance(part, int):
+        return part, get_args(tp)[0]
+    if get_origin(tp) is dict:
+        return part, get_args(tp)[1]
+    return part, None
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """Render pydantic errors as 'source: field.path: message' lines."""
-    lines = []
+def error_lines(err: ValidationError, model: type[BaseModel]) -> list[tuple[str, str]]:
+    """(field path, message) for each error of validating ``model``. Paths name fields in
+    camelCase whichever spelling was read; an unknown field's message lists the allowed ones."""
+    out = []
     for e in err.errors():
-        loc = tuple(e["loc"])
-        path = ".".join(str(p) for p in loc) or "<top level>"
+        tp: Any = model
+        parent: Any = model
+        parts: list[str] = []
+        for i, part in enumerate(e["loc"]):
+            parent = tp
+            key, tp = _step(tp, part)
+            if e["type"] == "extra_forbidden" and i == len(e["loc"]) - 1:
+                key = part  # the unknown key, as written
+            parts.append(str(key))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            allowed = _allowed_fields(loc[:-1])
-            msg = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-        lines.append(f"{source}: {path}: {msg}")
-    return "\n".join(lines)
+            msg = _unknown_field(parent, str(e["loc"][-1]) if e["loc"] else "")
+        out.append((".".join(parts), msg))
+    return out
+
+
+def _unknown_field(parent: Any, key: str) -> str:
+    if not (isinstance(parent, type) and issubclass(parent, BaseModel)):
+        return "unknown field"
+    field = parent.model_fields.get(key)
+    if field is not None and field.alias and field.alias != key:
+        # A Python name is read unless its alias is there too: the field came twice.
+        return f"given twice, as {field.alias} and {key}"
+    allowed = sorted(f.alias or name for name, f in parent.model_fields.items())
+    return f"unknown field; allowed: {', '.join(allowed)}"
+
+
+def format_validation_error(err: ValidationError, source: str,
+                            model: type[BaseModel] | None = None) -> str:
+    """Render pydantic errors of validating ``model`` (a QualificationSpec by default) as
+    'source: field.path: message' lines."""
+    return "\n".join(f"{source}: {path or '<top level>'}: {msg}"
+                     for path, msg in error_lines(err, model or QualificationSpec))
 
 
 def parse_spec(data: Any, source: str = "spec") -> QualificationSpec:
@@ -506,12 +552,17 @@ def apply_overrides(
         except yaml.YAMLError as e:
             raise SpecError(f"--set {item!r}: value is not valid YAML: {e}") from e
         node: Any = data
-        parts = path.split(".")
-        for part in parts[:-1]:
+        tp: Any = QualificationSpec
+        # Either spelling of a field sets the key the dump wrote (its camelCase alias).
+        keys = []
+        for part in path.split("."):
+            key, tp = _step(tp, part)
+            keys.append(str(key))
+        for key in keys[:-1]:
             if not isinstance(node, dict):
-                raise SpecError(f"--set {item!r}: {part!r} is not a section")
-            node = node.setdefault(part, {})
+                raise SpecError(f"--set {item!r}: {key!r} is not a section")
+            node = node.setdefault(key, {})
         if not isinstance(node, dict):
-            raise SpecError(f"--set {item!r}: {parts[-2]!r} is not a section")
-        node[parts[-1]] = value
+            raise SpecError(f"--set {item!r}: {keys[-2]!r} is not a section")
+        node[keys[-1]] = value
     return parse_spec(data, source="--set")

@@ -66,24 +66,24 @@ def api() -> Iterator[client.ApiClient]:
 
 
 def _manifest(name: str) -> dict[str, Any]:
-    store: dict[str, Any] = {"uri": STORE, "addressing_style": "path"}
+    store: dict[str, Any] = {"uri": STORE, "addressingStyle": "path"}
     if ENDPOINT:
-        store["endpoint_url"] = ENDPOINT
+        store["endpointUrl"] = ENDPOINT
     if SECRET:
-        store["credentials_secret"] = SECRET
+        store["credentialsSecret"] = SECRET
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "QualificationRun",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "stack": {"image": IMAGE, "pin": f"e2e-{name}", "image_pull_policy": "IfNotPresent"},
+            "stack": {"image": IMAGE, "pin": f"e2e-{name}", "imagePullPolicy": "IfNotPresent"},
             "store": store,
             "workload": {"name": "tiny-gpt"},
-            "world": {"nnodes": 2, "nproc_per_node": 1, "backend": "gloo"},
-            "training": {"steps": 8, "accumulation_steps": 2},
-            "checkpoint": {"every_steps": 2},
+            "world": {"nnodes": 2, "nprocPerNode": 1, "backend": "gloo"},
+            "training": {"steps": 8, "accumulationSteps": 2},
+            "checkpoint": {"everySteps": 2},
             "preemption": {"step": 5, "microstep": 1, "rank": 1, "mode": "hard"},
-            "timeouts": {"arm_seconds": 300, "restart_seconds": 600, "leg_seconds": 1500},
+            "timeouts": {"armSeconds": 300, "restartSeconds": 600, "legSeconds": 1500},
             "controls": {"enabled": False},
             "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
             "retention": {"policy": "Delete"},

@@ -26,7 +26,7 @@ def test_arm_timeout_fails_the_leg_for_every_attempt(tmp_path: Path) -> None:
     assert code != 0
     failed = json.loads((tmp_path / "preempted" / "FAILED.json").read_text())
     assert "held at the cut (step 6, microstep 1" in failed["reason"]
-    assert "timeouts.arm_seconds" in failed["reason"]
+    assert "timeouts.armSeconds" in failed["reason"]
     log = lp.log.read_text()
     # The restarted attempts refuse to start instead of training past the cut.
     assert "this leg has already failed" in log

@@ -24,7 +24,7 @@ def test_a_hard_order_for_this_pod_kills_the_process_and_one_for_another_pod_doe
     spec = legs.write_spec(tmp_path / "spec.yaml", spec_for("tiny-gpt"))
     lp = legs.launch(spec, "preempted", tmp_path, env={"POD_UID": "uid-a"})
     beacon = legs.wait_beacon(lp, rank=1)
-    assert beacon["pod_uid"] == "uid-a"
+    assert beacon["podUid"] == "uid-a"
     location = RunLocation.open(str(tmp_path))
 
     # An order replayed after the pod was replaced names the old pod's uid: ignored.
@@ -57,7 +57,7 @@ def test_a_graceful_order_saves_an_emergency_checkpoint_and_resumes_from_it(
         "mode": "graceful"}))
     lp = legs.launch(spec, "preempted", tmp_path)
     beacon = legs.wait_beacon(lp, rank=1)
-    assert beacon["pod_uid"] is None
+    assert beacon["podUid"] is None
     # No pod uid on either side: the pid alone names the process.
     RunLocation.open(str(tmp_path)).write_kill_order("preempted", KillOrder(
         rank=1, attempt=0, pid=beacon["pid"], mode="graceful", grace_seconds=60,

@@ -88,7 +88,7 @@ def test_armed_rank_never_killed_times_out_and_leaves_no_process(tmp_path: Path)
     report = _report(run_dir)
     failed = report["phases"][-1]
     assert failed["phase"] == "Failed" and failed["reason"] == "Timeout"
-    assert "timeouts.arm_seconds=4" in failed["message"]
+    assert "timeouts.armSeconds=4" in failed["message"]
     armed = next(p for p in report["phases"] if p["phase"] == "Armed")
     assert failed["at"] - armed["at"] < 4 + 3
     assert report["verdict"]["result"] == "INVALID"
@@ -101,7 +101,7 @@ def test_armed_rank_never_killed_times_out_and_leaves_no_process(tmp_path: Path)
     [
         ("preemption.step=13", "after the last step"),
         ("preemption.step=2", "lands before the first committed checkpoint"),
-        ("preemption.microstep=3", "must be < training.accumulation_steps"),
+        ("preemption.microstep=3", "must be < training.accumulationSteps"),
     ],
 )
 def test_experiments_that_cannot_be_valid_are_rejected_up_front(

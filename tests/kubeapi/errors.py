@@ -59,11 +59,15 @@ class ApiError(Exception):
                    cls._details(resource, group, name))
 
     @classmethod
-    def invalid(cls, message: str, resource: str = "", group: str = "",
-                name: str = "") -> ApiError:
-        """422 from validation or admission."""
-        details = cls._details(resource, group, name) if resource else None
-        return cls(422, "Invalid", message, details)
+    def invalid(cls, message: str, kind: str = "", group: str = "", name: str = "",
+                causes: list[dict[str, str]] | None = None) -> ApiError:
+        """422 from validation or admission; ``causes`` name the fields, as
+        apimachinery's ``errors.NewInvalid`` does (details carry the Kind, not the resource),
+        and are what kubectl prints after "The <Kind> "<name>" is invalid"."""
+        details = cls._details(kind, group, name) if kind else {}
+        if causes:
+            details["causes"] = causes
+        return cls(422, "Invalid", message, details or None)
 
     @classmethod
     def bad_request(cls, message: str) -> ApiError:

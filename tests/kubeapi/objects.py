@@ -69,7 +69,7 @@ def validate_metadata(kind: Kind, meta: dict[str, Any]) -> None:
         raise ApiError.invalid(
             f'{kind.kind} "{name}" is invalid: metadata.name: Invalid value: "{name}": a '
             f"lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
-            f"'-' or '.' (at most {limit} characters)", kind.plural, kind.group, name)
+            f"'-' or '.' (at most {limit} characters)", kind.kind, kind.group, name)
     for field in ("labels", "annotations"):
         values = meta.get(field) or {}
         if not isinstance(values, dict) or not all(
@@ -80,12 +80,12 @@ def validate_metadata(kind: Kind, meta: dict[str, Any]) -> None:
         if len(label) > 63 or not _LABEL_NAME_RE.match(label) or len(prefix) > 253:
             raise ApiError.invalid(f'{kind.kind} "{name}" is invalid: metadata.labels: '
                                    f'Invalid value: "{key}": name part must be at most 63 '
-                                   "characters of [-A-Za-z0-9_.]", kind.plural, kind.group, name)
+                                   "characters of [-A-Za-z0-9_.]", kind.kind, kind.group, name)
         if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
             raise ApiError.invalid(f'{kind.kind} "{name}" is invalid: metadata.labels: '
                                    f'Invalid value: "{value}": a valid label must be an empty '
                                    "string or at most 63 characters of [-A-Za-z0-9_.]",
-                                   kind.plural, kind.group, name)
+                                   kind.kind, kind.group, name)
 
 
 def apply_defaults(kind: Kind, obj: Obj) -> None:

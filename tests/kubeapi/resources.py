@@ -31,6 +31,10 @@ class Kind:
     # openAPIV3Schema of a CRD version: custom resources are pruned against it.
     schema: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
     custom: bool = False
+    # additionalPrinterColumns of a CRD version (empty: the default Age column); None for
+    # built-in kinds, whose server-side printers the emulator does not reproduce.
+    printer_columns: tuple[Mapping[str, Any], ...] | None = field(default=None, compare=False,
+                                                                  hash=False)
 
     @property
     def api_version(self) -> str:
@@ -90,6 +94,7 @@ def kinds_from_crd(crd: Mapping[str, Any]) -> list[Kind]:
                 "status" in subresources, names.get("singular", names["kind"].lower()),
                 tuple(names.get("shortNames") or ()), delete_returns_object=True,
                 schema=schema, custom=True,
+                printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
             ))
     except (KeyError, TypeError) as e:
         raise ApiError.invalid(f"CustomResourceDefinition is malformed: missing {e}") from e

@@ -1,10 +1,16 @@
 """The HTTP front: URL routing, JSON bodies, Status errors, chunked watch streams.
 
 A ``ThreadingHTTPServer`` speaking HTTP/1.1 with keep-alive, as the client's urllib3 pool
-expects. Routes: ``/version``, ``/api``, ``/apis``, ``/api/v1``, ``/apis/<g>/<v>``
-(discovery), then ``/api/v1/...`` and ``/apis/<g>/<v>/...`` with
+and kubectl expect. Routes: ``/version``, ``/api``, ``/apis``, ``/api/v1``,
+``/apis/<g>/<v>`` (legacy discovery: kubectl asks for aggregated discovery first and takes
+these when the answer is not an ``APIGroupDiscoveryList``), ``/openapi/v3[/<gv>]``
+(:mod:`.openapi`), then ``/api/v1/...`` and ``/apis/<g>/<v>/...`` with
 ``namespaces/<ns>/<plural>[/<name>[/status]]`` or ``<plural>[/<name>[/status]]`` (cluster
-scoped kinds, and lists/watches of namespaced kinds across all namespaces). List
+scoped kinds, and lists/watches of namespaced kinds across all namespaces). Reads of custom
+resources answer ``Accept: ...;as=Table;g=meta.k8s.io`` with a Table (:mod:`.tables`),
+watches included; writes honour ``fieldValidation`` (Strict fails on fields the schema does
+not declare, Warn answers them in ``Warning`` headers). ``/openapi/v2`` is not served:
+kubectl 1.32 falls back to it only when v3 is missing, and then wants protobuf. List
 pagination (``limit``/``continue``) is not implemented: every list is one page.
 """
 
@@ -23,14 +29,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from . import openapi, tables
 from .errors import ApiError
 from .resources import Kind, Registry
 from .selectors import Selector
-from .store import Store, WatchEvent
+from .store import FieldValidation, Store, WatchEvent
 
 log = logging.getLogger(__name__)
 
-VERSION_INFO = {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "gitCommit": "emulator",
+VERSION_INFO = {"major": "1", "minor": "32", "gitVersion": "v1.32.0", "gitCommit": "emulator",
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
                 "goVersion": "go1.22", "compiler": "gc", "platform": "linux/amd64"}
 # How often an idle watch checks whether its client went away.
@@ -61,6 +68,15 @@ class _Target:
 def _first(query: dict[str, list[str]], key: str) -> str | None:
     values = query.get(key)
     return values[0] if values else None
+
+
+def _field_validation(query: dict[str, list[str]]) -> FieldValidation:
+    """The ``fieldValidation`` query parameter; Warn when absent, as on a real server."""
+    directive = _first(query, "fieldValidation") or "Warn"
+    if directive not in ("Ignore", "Warn", "Strict"):
+        raise ApiError.invalid(f'fieldValidation: Unsupported value: "{directive}": supported '
+                               'values: "Ignore", "Strict", "Warn"')
+    return FieldValidation(directive)
 
 
 class Server(ThreadingHTTPServer):
@@ -143,11 +159,19 @@ class Handler(BaseHTTPRequestHandler):
 
     # ----------------------------------------------------------------- plumbing
 
-    def _send_json(self, code: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
+    def _send_json(self, code: int, payload: Any, warnings: list[str] | None = None) -> None:
+        self._send(code, json.dumps(payload).encode(), warnings=warnings)
+
+    def _send(self, code: int, data: bytes, *, warnings: list[str] | None = None,
+              headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for warning in warnings or []:
+            # RFC 7234 warn-code 299 with agent "-", as k8s.io/apiserver/pkg/warning writes.
+            self.send_header("Warning", f"299 - {json.dumps(warning)}")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -170,6 +194,9 @@ class Handler(BaseHTTPRequestHandler):
             handled = self._discovery(method, url.path)
             if handled is not None:
                 self._send_json(200, handled)
+                return
+            if method == "GET" and url.path.rstrip("/").startswith("/openapi/v3"):
+                self._openapi(url.path, query)
                 return
             target = self._target(url.path)
             fault = self.server.take_fault(method, target)
@@ -205,6 +232,26 @@ class Handler(BaseHTTPRequestHandler):
         if len(parts) == 2 and parts[0] == "apis":
             return registry.discovery_group(parts[1])
         return None
+
+    def _openapi(self, path: str, query: dict[str, list[str]]) -> None:
+        """``/openapi/v3`` and one group-version's document (kube-openapi handler3)."""
+        registry = self.server.registry
+        gv = path.rstrip("/").removeprefix("/openapi/v3").strip("/")
+        if not gv:
+            self._send_json(200, openapi.index(registry))
+            return
+        data, etag = openapi.encode(openapi.document(registry, gv))
+        wanted = _first(query, "hash")
+        if wanted and wanted != etag:
+            self._send(301, b"", headers={"Location": f"/openapi/v3/{gv}?hash={etag}"})
+            return
+        self._send(200, data, headers={"Etag": json.dumps(etag)})
+
+    def _table(self, kind: Kind) -> str | None:
+        """The Table version the request asks for, when the kind is printed server-side."""
+        if kind.printer_columns is None:
+            return None
+        return tables.negotiate(self.headers.get("Accept"))
 
     def _target(self, path: str) -> _Target:
         parts = [p for p in path.split("/") if p]
@@ -244,24 +291,44 @@ class Handler(BaseHTTPRequestHandler):
                 selector = Selector.parse(_first(query, "labelSelector"),
                                           _first(query, "fieldSelector"), t.kind.key)
                 items, rv = store.select(t.kind, t.namespace, selector)
+                as_table = self._table(t.kind)
+                if as_table is not None:
+                    self._send_json(200, tables.table(
+                        items, tables.columns(t.kind.printer_columns or ()),
+                        resource_version=str(rv), api_version=as_table,
+                        include=tables.include_object(_first(query, "includeObject"))))
+                    return
                 self._send_json(200, {"kind": t.kind.list_kind, "apiVersion": t.kind.api_version,
                                       "metadata": {"resourceVersion": str(rv)}, "items": items})
             elif method == "POST":
-                self._send_json(201, store.create(t.kind, t.namespace, body, dry_run=dry_run))
+                validation = _field_validation(query)
+                self._send_json(201, store.create(t.kind, t.namespace, body, dry_run=dry_run,
+                                                  validation=validation), validation.warnings)
             elif method == "DELETE":
                 self._delete_collection(t, query, body)
             else:
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
             return
         if method == "GET":
-            self._send_json(200, store.get(t.kind, ns, t.name))
+            obj = store.get(t.kind, ns, t.name)
+            as_table = self._table(t.kind)
+            if as_table is not None:
+                obj = tables.table([obj], tables.columns(t.kind.printer_columns or ()),
+                                   resource_version=obj["metadata"]["resourceVersion"],
+                                   api_version=as_table,
+                                   include=tables.include_object(_first(query, "includeObject")))
+            self._send_json(200, obj)
         elif method == "PUT":
+            validation = _field_validation(query)
             self._send_json(200, store.update(t.kind, ns, t.name, body, subresource=t.subresource,
-                                              dry_run=dry_run))
+                                              dry_run=dry_run, validation=validation),
+                            validation.warnings)
         elif method == "PATCH":
             content_type = self.headers.get("Content-Type") or ""
+            validation = _field_validation(query)
             self._send_json(200, store.patch(t.kind, ns, t.name, body, content_type,
-                                             subresource=t.subresource, dry_run=dry_run))
+                                             subresource=t.subresource, dry_run=dry_run,
+                                             validation=validation), validation.warnings)
         elif method == "DELETE":
             self._delete(t, ns, t.name, query, body, dry_run)
         else:
@@ -333,6 +400,27 @@ class Handler(BaseHTTPRequestHandler):
         data = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
 
+    def _event_writer(self, kind: Kind,
+                      query: dict[str, list[str]]) -> Callable[[str, Any], None]:
+        """Writes watch events; asked for as a Table, each object becomes a one-row Table,
+        with column definitions in the first only (handlers/response.go
+        ``watchEmbeddedEncoder``)."""
+        as_table = self._table(kind)
+        if as_table is None:
+            return self._write_event
+        cols = tables.columns(kind.printer_columns or ())
+        include = tables.include_object(_first(query, "includeObject"))
+        first = [True]
+
+        def write(event_type: str, obj: Any) -> None:
+            if event_type in ("ADDED", "MODIFIED", "DELETED"):
+                obj = tables.table([obj], cols, resource_version=obj["metadata"].get(
+                    "resourceVersion", ""), api_version=as_table, include=include,
+                    headers=first[0])
+                first[0] = False
+            self._write_event(event_type, obj)
+        return write
+
     def _watch(self, t: _Target, query: dict[str, list[str]]) -> None:
         store = self.server.store
         selector = Selector.parse(_first(query, "labelSelector"), _first(query, "fieldSelector"),
@@ -345,6 +433,7 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             raise ApiError.bad_request(f"bad resourceVersion or timeoutSeconds: {e}") from e
         bookmarks = (_first(query, "allowWatchBookmarks") or "").lower() in ("true", "1")
+        write = self._event_writer(t.kind, query)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
@@ -356,7 +445,7 @@ class Handler(BaseHTTPRequestHandler):
             if start_rv is None or initial:
                 items, rv = store.snapshot(t.kind, t.namespace, selector)
                 for obj in items:
-                    self._write_event("ADDED", obj)
+                    write("ADDED", obj)
                 if initial:
                     # The streaming-list contract: a bookmark marks the end of the initial state.
                     self._write_event("BOOKMARK", {
@@ -384,7 +473,7 @@ class Handler(BaseHTTPRequestHandler):
                     rv = event.rv
                     translated = _translate(event, matches)
                     if translated is not None:
-                        self._write_event(translated, _versioned(t.kind, event.object))
+                        write(translated, _versioned(t.kind, event.object))
                 if not events and self._client_gone():
                     return
             if bookmarks and not store.closed:

@@ -32,6 +32,8 @@ Semantics worth knowing when a test depends on them:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import threading
 import time
@@ -74,6 +76,16 @@ class WatchEvent:
     old: Obj | None
 
 
+@dataclass
+class FieldValidation:
+    """A write's ``fieldValidation`` for fields a custom resource's schema does not declare:
+    ``Strict`` fails the write, ``Warn`` (the server's default) collects warnings, ``Ignore``
+    prunes silently (k8s.io/apiserver/pkg/endpoints/handlers/create.go, update.go, patch.go)."""
+
+    directive: str = "Warn"
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class Deletion:
     """One delete request: ``cause`` is ``api``, ``garbage-collector`` or ``namespace``."""
@@ -93,6 +105,18 @@ def _meta(obj: Obj) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ApiError.bad_request("metadata must be an object")
     return meta
+
+
+def _strict_error(kind: Kind, obj: Obj, unknown: str, patched: bool) -> ApiError:
+    """Strict field validation failing, worded as the API server words it: a body that
+    cannot be decoded (400, handlers/rest.go ``transformDecodeError``), or for a patch an
+    invalid patched object (422, handlers/patch.go ``applyPatchToCurrentObject``)."""
+    detail = f"strict decoding error: {unknown}"
+    if patched:
+        body = json.dumps(json.dumps(obj, separators=(",", ":")))
+        return ApiError.invalid(f' "" is invalid: patch: Invalid value: {body}: {detail}')
+    return ApiError.bad_request(f'{kind.kind} in version "{kind.version}" cannot be handled as '
+                                f"a {kind.kind}: {detail}")
 
 
 def _without(obj: Obj, keys: Iterable[str]) -> Obj:
@@ -178,13 +202,20 @@ class Store:
         self.changed.notify_all()
         return obj
 
-    def _prune(self, kind: Kind, obj: Obj) -> Obj:
+    def _prune(self, kind: Kind, obj: Obj, validation: FieldValidation | None = None,
+               patched: bool = False) -> Obj:
         if kind.schema is None:
             return obj
         pruned, dropped = prune(obj, kind.schema)
         meta = obj["metadata"]
         for path in dropped:
             self.pruned.append((kind.key, meta.get("namespace", ""), meta["name"], path))
+        if dropped and validation is not None:
+            unknown = [f'unknown field "{path.lstrip(".")}"' for path in dropped]
+            if validation.directive == "Strict":
+                raise _strict_error(kind, obj, ", ".join(unknown), patched)
+            if validation.directive == "Warn":
+                validation.warnings.extend(unknown)
         return pruned
 
     def _admit(self, kind: Kind, obj: Obj) -> None:
@@ -195,16 +226,21 @@ class Store:
             except ApiError:
                 raise
             except Exception as e:
-                raise self._denied(kind, obj, str(e) or type(e).__name__) from e
+                raise self._denied(kind, obj, str(e) or type(e).__name__,
+                                   getattr(e, "field", ""), getattr(e, "detail", None)) from e
             if verdict:
                 raise self._denied(kind, obj, str(verdict))
 
     @staticmethod
-    def _denied(kind: Kind, obj: Obj, message: str) -> ApiError:
+    def _denied(kind: Kind, obj: Obj, message: str, field: str = "",
+                detail: str | None = None) -> ApiError:
+        """422 for a validator's verdict; an exception with ``field`` (and ``detail``)
+        attributes names the field in the cause, which is what kubectl prints."""
         name = obj["metadata"].get("name", "")
         what = f"{kind.kind}.{kind.group}" if kind.group else kind.kind
+        cause = {"reason": "FieldValueInvalid", "message": detail or message, "field": field}
         return ApiError.invalid(f'{what} "{name}" is invalid: {message}',
-                                kind.plural, kind.group, name)
+                                kind.kind, kind.group, name, [cause])
 
     # ----------------------------------------------------------------- reads
 
@@ -247,7 +283,7 @@ class Store:
     # ----------------------------------------------------------------- create
 
     def create(self, kind: Kind, namespace: str | None, body: Any, *,
-               dry_run: bool = False) -> Obj:
+               dry_run: bool = False, validation: FieldValidation | None = None) -> Obj:
         """Create; 409 AlreadyExists, 422 for invalid names or admission denials."""
         if not isinstance(body, dict):
             raise ApiError.bad_request("the request body must be a JSON object")
@@ -281,7 +317,7 @@ class Store:
             if kind.status_subresource:
                 obj.pop("status", None)
             apply_defaults(kind, obj)
-            obj = self._prune(kind, obj)
+            obj = self._prune(kind, obj, validation)
             self._admit(kind, obj)
             if dry_run:
                 return clone(obj)
@@ -317,7 +353,8 @@ class Store:
     # ----------------------------------------------------------------- update / patch
 
     def update(self, kind: Kind, namespace: str, name: str, body: Any, *,
-               subresource: str | None = None, dry_run: bool = False) -> Obj:
+               subresource: str | None = None, dry_run: bool = False,
+               validation: FieldValidation | None = None) -> Obj:
         """PUT; 409 Conflict on a stale resourceVersion."""
         if not isinstance(body, dict):
             raise ApiError.bad_request("the request body must be a JSON object")
@@ -334,13 +371,15 @@ class Store:
                     raise ApiError.invalid(f'{kind.kind}.{kind.group} "{name}" is invalid: '
                                            "metadata.resourceVersion: Invalid value: 0x0: must "
                                            "be specified for an update",
-                                           kind.plural, kind.group, name)
+                                           kind.kind, kind.group, name)
             elif str(rv) != old["metadata"]["resourceVersion"]:
                 raise ApiError.conflict(kind.plural, kind.group, name)
-            return self._write(kind, old, self._merged(kind, old, new, subresource), dry_run)
+            return self._write(kind, old, self._merged(kind, old, new, subresource), dry_run,
+                               validation)
 
     def patch(self, kind: Kind, namespace: str, name: str, patch: Any, content_type: str, *,
-              subresource: str | None = None, dry_run: bool = False) -> Obj:
+              subresource: str | None = None, dry_run: bool = False,
+              validation: FieldValidation | None = None) -> Obj:
         """PATCH (merge, JSON or strategic); a resourceVersion in the patch is a precondition."""
         with self.lock:
             old = self._get(kind, namespace, name)
@@ -352,7 +391,7 @@ class Store:
             if meta.get("name") != name:
                 raise ApiError.bad_request("metadata.name cannot be changed by a patch")
             return self._write(kind, old, self._merged(kind, old, patched, subresource),
-                               dry_run)
+                               dry_run, validation, patched=True)
 
     def _merged(self, kind: Kind, old: Obj, new: Obj, subresource: str | None) -> Obj:
         if subresource == "status":
@@ -390,11 +429,12 @@ class Store:
                 raise ApiError.invalid(
                     f'{kind.kind} "{meta["name"]}" is invalid: metadata.finalizers: Forbidden: '
                     "no new finalizers can be added if the object is being deleted",
-                    kind.plural, kind.group, meta["name"])
+                    kind.kind, kind.group, meta["name"])
         return result
 
-    def _write(self, kind: Kind, old: Obj, new: Obj, dry_run: bool) -> Obj:
-        new = self._prune(kind, new)
+    def _write(self, kind: Kind, old: Obj, new: Obj, dry_run: bool,
+               validation: FieldValidation | None = None, patched: bool = False) -> Obj:
+        new = self._prune(kind, new, validation, patched)
         self._admit(kind, new)
         if new == old:
             return clone(old)

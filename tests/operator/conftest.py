@@ -41,8 +41,8 @@ def api(kubeapi: KubeAPI, admission: Admission) -> KubeAPI:
 def store(moto_server: MotoServer, aws_env: dict[str, str]) -> dict[str, str]:
     """A fresh bucket on the shared moto server: the ``store`` section of a run."""
     return {"uri": f"s3://{moto_server.new_bucket()}/runs",
-            "endpoint_url": moto_server.endpoint, "region": "us-east-1",
-            "addressing_style": "path"}
+            "endpointUrl": moto_server.endpoint, "region": "us-east-1",
+            "addressingStyle": "path"}
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def verdict_result() -> Result:
 @pytest.fixture
 def workers(store: dict[str, str], verdict_result: Result) -> Workers:
     """Scripted workers and comparator writing into the run's store."""
-    return Workers(s3=S3Spec(endpoint_url=store["endpoint_url"], region=store["region"],
+    return Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region=store["region"],
                              addressing_style="path"), result=verdict_result)
 
 

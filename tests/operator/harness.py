@@ -57,9 +57,9 @@ def run_manifest(name: str, store: dict[str, str], namespace: str = NAMESPACE,
     body: Obj = {
         "stack": {"image": "ghcr.io/acme/train:2026-11-29"},
         "store": dict(store),
-        "world": {"nnodes": 2, "nproc_per_node": 1},
-        "training": {"steps": 6, "accumulation_steps": 2},
-        "checkpoint": {"every_steps": 2},
+        "world": {"nnodes": 2, "nprocPerNode": 1},
+        "training": {"steps": 6, "accumulationSteps": 2},
+        "checkpoint": {"everySteps": 2},
         # The scripted workers play pod kills (their pod is deleted); process kills, which
         # torchrun restarts in place, are played by real pods (tests/operator/test_pods.py).
         "preemption": {"step": 4, "microstep": 1, "rank": 1, "target": "pod"},

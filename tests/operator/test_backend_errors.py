@@ -9,7 +9,7 @@ from tests.kubeapi import KubeAPI
 from tests.operator.harness import NAMESPACE, Operators, condition, run_manifest, wait_phase
 from tests.s3server import free_port
 
-BOUND_S = 2.0  # timeouts.backend_error_seconds of these runs
+BOUND_S = 2.0  # timeouts.backendErrorSeconds of these runs
 
 
 def _events(api: KubeAPI, run: str) -> list[tuple[str, str]]:
@@ -26,14 +26,14 @@ def test_a_launch_that_keeps_failing_ends_the_run(
     operators.start()
     started = time.monotonic()
     api.create(QUALIFICATION_RUNS.plural, run_manifest(
-        "refused", store, timeouts={"backend_error_seconds": BOUND_S}))
+        "refused", store, timeouts={"backendErrorSeconds": BOUND_S}))
     failed = wait_phase(api, "refused", "Failed", timeout=30)
     # The bound, plus at most one backoff of the work queue past it.
     assert time.monotonic() - started < 20
     ready = condition(failed, "Ready")
     assert ready["status"] == "False" and ready["reason"] == "Error"
     assert "HTTP 403" in ready["message"] and "denied the request" in ready["message"]
-    assert "timeouts.backend_error_seconds=2" in ready["message"]
+    assert "timeouts.backendErrorSeconds=2" in ready["message"]
     assert failed["status"]["verdict"]["result"] == "INVALID"
     reasons = [r for r, _ in _events(api, "refused")]
     assert "BackendError" in reasons and "Failed" in reasons
@@ -44,11 +44,11 @@ def test_a_launch_that_keeps_failing_ends_the_run(
 def test_a_store_that_does_not_answer_ends_the_run(
     api: KubeAPI, operators: Operators, store: dict[str, str]
 ) -> None:
-    dead = {**store, "endpoint_url": f"http://127.0.0.1:{free_port()}"}
+    dead = {**store, "endpointUrl": f"http://127.0.0.1:{free_port()}"}
     operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest(
-        "nostore", dead, timeouts={"backend_error_seconds": BOUND_S}))
+        "nostore", dead, timeouts={"backendErrorSeconds": BOUND_S}))
     failed = wait_phase(api, "nostore", "Failed", timeout=60)
     message = condition(failed, "Ready")["message"]
-    assert "127.0.0.1" in message and "timeouts.backend_error_seconds" in message
+    assert "127.0.0.1" in message and "timeouts.backendErrorSeconds" in message
     assert "BackendError" in [r for r, _ in _events(api, "nostore")]

@@ -202,7 +202,7 @@ def test_a_started_run_keeps_the_spec_it_started_with(
     wait_phase(api, "pinned", "LegsRunning")
     # Applied, this would time the legs out at once.
     api.patch(QUALIFICATION_RUNS.plural, NAMESPACE, "pinned",
-              {"spec": {"timeouts": {"leg_seconds": 0.01}}})
+              {"spec": {"timeouts": {"legSeconds": 0.01}}})
     reconciles = op.reconciles
     eventually(lambda: op.reconciles >= reconciles + 10, what="ten more reconciles")
     obj = qr(api, "pinned")

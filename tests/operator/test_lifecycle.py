@@ -114,7 +114,7 @@ def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: Simulate
                  10, "the finalizer to let the run go")
     assert eventually(lambda: _metric(port, f"resumequal_qualification_passed{{{labels}}}")
                       is None, what="the series to be removed")
-    loc = RunLocation.open(status["runUri"], S3Spec(endpoint_url=store["endpoint_url"],
+    loc = RunLocation.open(status["runUri"], S3Spec(endpoint_url=store["endpointUrl"],
                                                     addressing_style="path"))
     assert loc.read_verdict() is not None
 
@@ -128,7 +128,7 @@ def test_a_failing_verdict_and_graceful_kill(
     workers.result = Result.FAIL
     op = operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest(
-        "spot", store, preemption={"mode": "graceful", "grace_seconds": 7.5},
+        "spot", store, preemption={"mode": "graceful", "graceSeconds": 7.5},
         retention={"policy": "Delete"}))
     done = wait_phase(api, "spot", ("Succeeded", "Failed"), timeout=30)
     kills = [d for d in api.deletions_of("pods") if d.cause == "api"]
@@ -148,7 +148,7 @@ def test_a_failing_verdict_and_graceful_kill(
                       what="the divergent step series")
     # Retention Delete: the store artifacts go with the run.
     loc = RunLocation.open(done["status"]["runUri"],
-                           S3Spec(endpoint_url=store["endpoint_url"], addressing_style="path"))
+                           S3Spec(endpoint_url=store["endpointUrl"], addressing_style="path"))
     assert loc.store.list()
     api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "spot")
     api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "spot") is None,
@@ -178,9 +178,9 @@ def test_a_cut_never_reached_times_out_at_the_leg_deadline(
     workers.arm = False
     operators.start()
     api.create(QUALIFICATION_RUNS.plural,
-               run_manifest("never-armed", store, timeouts={"leg_seconds": 4}))
+               run_manifest("never-armed", store, timeouts={"legSeconds": 4}))
     message = _failed_with_timeout(api, "never-armed")
-    assert "preempted leg did not finish within timeouts.leg_seconds=4" in message
+    assert "preempted leg did not finish within timeouts.legSeconds=4" in message
     assert [d for d in api.deletions_of("pods") if d.cause == "api"] == []  # nothing killed
 
 
@@ -191,9 +191,9 @@ def test_a_leg_that_does_not_resume_times_out(
     workers.resume = False
     operators.start()
     api.create(QUALIFICATION_RUNS.plural,
-               run_manifest("stuck", store, timeouts={"restart_seconds": 1}))
+               run_manifest("stuck", store, timeouts={"restartSeconds": 1}))
     message = _failed_with_timeout(api, "stuck")
-    assert "preempted leg did not resume within timeouts.restart_seconds=1" in message
+    assert "preempted leg did not resume within timeouts.restartSeconds=1" in message
 
 
 def test_a_restarted_operator_continues_from_the_status(
@@ -204,7 +204,7 @@ def test_a_restarted_operator_continues_from_the_status(
     wait_phase(api, "survivor", ("Armed", "Preempted", "Resumed"))
     operators.stop(first)
     mid = qr(api, "survivor")["status"]
-    assert mid["machine"]["legs"]["preempted"]["launched_at"] is not None
+    assert mid["machine"]["legs"]["preempted"]["launchedAt"] is not None
 
     operators.start()
     done = wait_phase(api, "survivor", ("Succeeded", "Failed"), timeout=30)

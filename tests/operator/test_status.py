@@ -62,5 +62,11 @@ def test_a_verdict_is_summarised_and_the_machine_kept_without_it() -> None:
     restored = machine_of(QualificationRunStatus.model_validate(k8s))
     assert restored is not None and restored.phase == Phase.SUCCEEDED
     assert restored.legs["preempted"].killed_at == 10.0
+    # Stored camelCase like the rest of the status; a machine stored by name still reads.
+    leg = k8s["machine"]["legs"]["preempted"]
+    assert (leg["killedAt"], leg["beacon"]["armedAt"]) == (10.0, 1.0) and "killed_at" not in leg
+    by_name = {**m.model_dump(mode="json", exclude={"verdict"}), "runSpec": {"x": 1}}
+    older = machine_of(QualificationRunStatus.model_validate({**k8s, "machine": by_name}))
+    assert older is not None and older.legs["preempted"].beacon == beacon
     # The summary outlives the machine's verdict on the next write.
     assert _status(restored, s).verdict == s.verdict

@@ -94,7 +94,7 @@ class Workers:
             if rank == p.rank and self.arm:
                 beacon = {"pid": 1000 + rank, "host": pod, "pod": pod, "rank": rank,
                           "attempt": 0, "step": p.step, "microstep": p.microstep,
-                          "at": p.at, "armed_at": time.time()}
+                          "at": p.at, "armedAt": time.time()}
                 leg_files = loc.leg(leg)
                 loc.store.put_bytes(leg_files.beacon_key(rank, 0), json.dumps(beacon).encode())
             # Every rank is stuck at the cut: the armed one holds, the others wait for it.

@@ -294,8 +294,8 @@ def test_async_is_the_yaml_key_and_async_save_the_attribute() -> None:
 
 
 def test_async_and_async_save_together_are_refused_naming_the_key() -> None:
-    with pytest.raises(SpecError, match=r"checkpoint\.async_save: unknown field; allowed: "
-                                        r"async, at_steps"):
+    with pytest.raises(SpecError, match=r"checkpoint\.async_save: given twice, as async and "
+                                        r"async_save"):
         parse_spec({"checkpoint": {"async": True, "async_save": False}})
 
 

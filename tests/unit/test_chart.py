@@ -304,8 +304,8 @@ def test_nightly_cronjob(chart: helm.Chart) -> None:
     assert first["stack"]["pin"] == "torch-nightly"
     assert second["stack"] == {
         "image": "ghcr.io/acme/train:2.7.1-cu126",
-        "image_pull_secrets": ["ghcr-pull"],
-        "image_pull_policy": "IfNotPresent",
+        "imagePullSecrets": ["ghcr-pull"],
+        "imagePullPolicy": "IfNotPresent",
     }
     assert first["store"]["uri"] == "s3://resumequal-runs/nightly"
     assert all(r["metadata"]["namespace"] == "training" for r in runs)

@@ -138,6 +138,19 @@ def test_structural_inlines_refs_and_nullables() -> None:
         structural({"anyOf": [{"type": "string"}, {"type": "boolean"}]}, {})
 
 
+def test_every_field_is_camel_case(crd: dict[str, Any]) -> None:
+    """Kubernetes API conventions: spec and status fields (the alias generator spells new
+    ones too); only the preserved machine state is free-form."""
+    schema = crd_schema(crd)
+    for part in ("spec", "status"):
+        fields = [path for path, _ in _nodes(schema["properties"][part], part)]
+        assert [f for f in fields if "_" in f.rsplit(".", 1)[-1]] == []
+    world = schema["properties"]["spec"]["properties"]["world"]["properties"]
+    assert {"nprocPerNode", "threadsPerRank", "maxRestarts"} <= set(world)
+    placement = schema["properties"]["spec"]["properties"]
+    assert {"nodeSelector", "serviceAccountName", "allowRendezvousHostKill"} <= set(placement)
+
+
 def test_spec_sections_keep_the_spec_field_names(crd: dict[str, Any]) -> None:
     spec = crd_schema(crd)["properties"]["spec"]
     assert spec["required"] == ["stack", "store"]
@@ -145,7 +158,7 @@ def test_spec_sections_keep_the_spec_field_names(crd: dict[str, Any]) -> None:
     for section in ("workload", "world", "training", "checkpoint", "preemption", "timeouts",
                     "ddp", "comparison", "controls", "matrix"):
         assert props[section]["type"] == "object", section
-    assert "nproc_per_node" in props["world"]["properties"]
+    assert "nprocPerNode" in props["world"]["properties"]
     assert "async" in props["checkpoint"]["properties"]  # the YAML key, not async_save
     assert props["preemption"]["properties"]["mode"]["enum"] == ["hard", "graceful"]
     assert props["world"]["properties"]["nnodes"] == {"default": 1, "minimum": 1,
@@ -269,7 +282,7 @@ def test_server_defaults_are_the_model_defaults(crd: dict[str, Any]) -> None:
                "world": {"nnodes": 2}, "preemption": {"rank": 2}, "training": {"steps": 9}}
     spec_schema = crd_schema(crd)["properties"]["spec"]
     stored = _apply_defaults(copy.deepcopy(minimal), spec_schema)
-    assert stored["world"]["nproc_per_node"] == 2
+    assert stored["world"]["nprocPerNode"] == 2
     assert stored["training"]["optimizer"]["name"] == "adamw"  # nested sections default too
     assert stored["controls"]["omissions"][0] == "rng"
     validate_qualificationrun({"apiVersion": "resumequal.dev/v1alpha1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -649,3 +650,89 @@ def test_injected_faults_and_restart_on_the_same_port(kubeapi: KubeAPI,
     kubeapi.start()
     assert kubeapi.url == url
     assert core.read_namespaced_pod("p", NS).metadata.name == "p"
+
+
+# ---------------------------------------------------------------------- what kubectl asks for
+
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+
+
+def _http(kubeapi: KubeAPI, path: str, accept: str = "application/json",
+          method: str = "GET", body: Any = None,
+          content_type: str = "application/json") -> tuple[int, dict[str, str], bytes]:
+    """One raw request, redirects not followed (the client's view of the wire)."""
+    conn = http.client.HTTPConnection(kubeapi.url.removeprefix("http://"), timeout=10)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=data, headers={"Accept": accept,
+                                                        "Content-Type": content_type})
+        response = conn.getresponse()
+        warnings = ", ".join(response.headers.get_all("Warning") or [])
+        headers = {**dict(response.headers), "Warning": warnings}
+        return response.status, headers, response.read()
+    finally:
+        conn.close()
+
+
+def test_custom_resources_are_printed_as_tables(custom: k8s.CustomObjectsApi,
+                                                kubeapi: KubeAPI) -> None:
+    custom.create_namespaced_custom_object(*PTJ, pytorchjob("j"))
+    kubeapi.patch_status("pytorchjobs", NS, "j", {"conditions": [
+        {"type": "Created", "status": "True"}, {"type": "Running", "status": "True"}]})
+    base = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+    code, _, body = _http(kubeapi, base, TABLE)
+    table = json.loads(body)
+    assert code == 200 and (table["kind"], table["apiVersion"]) == ("Table", "meta.k8s.io/v1")
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "State", "Age"]
+    [row] = table["rows"]
+    assert row["cells"][:2] == ["j", "Running"] and row["cells"][2].endswith("s")
+    assert row["object"]["kind"] == "PartialObjectMetadata"
+    one = json.loads(_http(kubeapi, f"{base}/j?includeObject=Object", TABLE)[2])
+    assert one["rows"][0]["object"]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+    # Plain JSON for clients that do not ask, and for built-in kinds (printed client-side).
+    assert json.loads(_http(kubeapi, base)[2])["kind"] == "PyTorchJobList"
+    assert json.loads(_http(kubeapi, f"/api/v1/namespaces/{NS}/pods", TABLE)[2])["kind"] == (
+        "PodList")
+
+
+def test_a_table_watch_sends_column_definitions_once(custom: k8s.CustomObjectsApi,
+                                                     kubeapi: KubeAPI) -> None:
+    custom.create_namespaced_custom_object(*PTJ, pytorchjob("a"))
+    custom.create_namespaced_custom_object(*PTJ, pytorchjob("b"))
+    path = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs?watch=true&timeoutSeconds=1"
+    code, _, body = _http(kubeapi, path, TABLE)
+    events = [json.loads(line) for line in body.decode().splitlines()]
+    assert code == 200 and [e["type"] for e in events] == ["ADDED", "ADDED"]
+    assert [e["object"]["rows"][0]["cells"][0] for e in events] == ["a", "b"]
+    assert events[0]["object"]["columnDefinitions"][1]["name"] == "State"
+    assert events[1]["object"]["columnDefinitions"] is None
+
+
+def test_openapi_v3_index_documents_and_stale_hashes(kubeapi: KubeAPI) -> None:
+    code, _, body = _http(kubeapi, "/openapi/v3")
+    url = json.loads(body)["paths"]["apis/kubeflow.org/v1"]["serverRelativeURL"]
+    code, headers, body = _http(kubeapi, url)
+    assert code == 200 and headers["Etag"] == f'"{url.rsplit("=", 1)[1]}"'
+    assert "/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}" in json.loads(
+        body)["paths"]
+    code, headers, _ = _http(kubeapi, "/openapi/v3/apis/kubeflow.org/v1?hash=OLD")
+    assert code == 301 and headers["Location"] == url
+    assert _http(kubeapi, "/openapi/v3/apis/nothing.io/v1")[0] == 404
+    assert _http(kubeapi, "/openapi/v2")[0] == 404
+
+
+def test_field_validation_strict_fails_and_warn_warns(kubeapi: KubeAPI) -> None:
+    base = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+    body = pytorchjob("j")
+    body["spec"]["unknownKnob"] = True
+    code, _, out = _http(kubeapi, f"{base}?fieldValidation=Strict", method="POST", body=body)
+    assert code == 400 and json.loads(out)["message"].endswith(
+        'strict decoding error: unknown field "spec.unknownKnob"')
+    code, headers, out = _http(kubeapi, base, method="POST", body=body)
+    assert code == 201 and "unknownKnob" not in json.loads(out)["spec"]
+    assert headers["Warning"] == '299 - "unknown field \\"spec.unknownKnob\\""'
+    code, _, out = _http(kubeapi, f"{base}/j?fieldValidation=Strict", method="PATCH",
+                         body={"spec": {"unknownKnob": 1}},
+                         content_type="application/merge-patch+json")
+    assert code == 422 and "strict decoding error" in json.loads(out)["message"]
+    assert _http(kubeapi, f"{base}?fieldValidation=Loose", method="POST", body=body)[0] == 422

@@ -92,22 +92,22 @@ def test_store_uri_is_checked() -> None:
     assert "spec.store.uri" in problems(example_spec(store__uri="http://bucket/x"))
     assert "spec.store.uri" in problems(example_spec(store__uri="s3://Bad_Bucket/x"))
     assert "spec.store" in problems({k: v for k, v in example_spec().items() if k != "store"})
-    found = problems(example_spec(store__endpoint_url="http://user:pw@minio:9000"))
-    assert "pw" not in found["spec.store.endpoint_url"]
+    found = problems(example_spec(store__endpointUrl="http://user:pw@minio:9000"))
+    assert "pw" not in found["spec.store.endpointUrl"]
 
 
 @pytest.mark.parametrize(("changes", "path", "words"), [
     ({"preemption__step": 13}, "spec.preemption.step", "after the last step"),
     ({"preemption__rank": 4}, "spec.preemption.rank", "does not exist"),
-    ({"preemption__microstep": 3}, "spec.preemption.microstep", "accumulation_steps"),
-    ({"timeouts__arm_seconds": 500}, "spec.timeouts.arm_seconds", "process_group_seconds"),
+    ({"preemption__microstep": 3}, "spec.preemption.microstep", "accumulationSteps"),
+    ({"timeouts__armSeconds": 500}, "spec.timeouts.armSeconds", "processGroupSeconds"),
     ({"preemption__rank": 0}, "spec.preemption.rank", "worker-0"),
     ({"preemption__rank": 1}, "spec.preemption.rank", "rendezvous"),
     ({"world__nnodes": 1, "preemption__rank": 1}, "spec.preemption.rank", "worker-0"),
     ({"checkpoint__store": "s3://other/x"}, "spec.checkpoint.store", "set by the operator"),
     ({"world__backend": "nccl"}, "spec.resources.limits", "GPU"),
-    ({"world__nproc_per_node": 4, "preemption__rank": 5, "world__backend": "auto",
-      "resources__limits": {"nvidia.com/gpu": 2}}, "spec.world.nproc_per_node", "2 GPUs"),
+    ({"world__nprocPerNode": 4, "preemption__rank": 5, "world__backend": "auto",
+      "resources__limits": {"nvidia.com/gpu": 2}}, "spec.world.nprocPerNode", "2 GPUs"),
     ({"world__nnodes": 0}, "spec.world.nnodes", "greater than or equal to 1"),
     ({"world__nodes": 2}, "spec.world.nodes", "unknown field; allowed: backend"),
     ({"stack__image": ""}, "spec.stack.image", "at least 1"),
@@ -117,12 +117,25 @@ def test_store_uri_is_checked() -> None:
     ({"tolerations": [{"key": "a", "operator": "Maybe"}]}, "spec.tolerations.0.operator",
      "Exists"),
     ({"matrix__seeds": [1, 2]}, "spec.matrix.seeds", "one seed per QualificationRun"),
-    ({"colour": "blue"}, "spec.colour", "unknown field; allowed: allow_rendezvous_host_kill"),
+    ({"colour": "blue"}, "spec.colour", "unknown field; allowed: allowRendezvousHostKill"),
 ])
 def test_impossible_specs_name_the_field(changes: dict[str, Any], path: str, words: str) -> None:
     found = problems(example_spec(**changes))
     assert path in found, found
     assert words in found[path]
+
+
+def test_the_snake_case_spelling_is_read_too() -> None:
+    snake = example_spec()
+    snake["node_selector"] = snake.pop("nodeSelector")
+    snake["world"]["nproc_per_node"] = snake["world"].pop("nprocPerNode")
+    snake["store"]["endpoint_url"] = snake["store"].pop("endpointUrl")
+    assert parse_run_spec(snake) == parse_run_spec(example_spec())
+    # Problems name fields in camelCase whichever spelling was read; both at once is refused.
+    snake["world"]["nproc_per_node"] = 0
+    assert "spec.world.nprocPerNode" in problems(snake)
+    found = problems(example_spec(world__nproc_per_node=2))
+    assert found["spec.world.nproc_per_node"] == "given twice, as nprocPerNode and nproc_per_node"
 
 
 def test_every_problem_is_reported_at_once() -> None:
@@ -133,7 +146,7 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_rendezvous_host_kill_is_an_explicit_opt_in() -> None:
-    data = example_spec(world__nnodes=1, preemption__rank=1, allow_rendezvous_host_kill=True)
+    data = example_spec(world__nnodes=1, preemption__rank=1, allowRendezvousHostKill=True)
     assert parse_run_spec(data).preemption.rank == 1
 
 
@@ -186,8 +199,8 @@ SPECS = {
     "commit-cut": {"preemption__at": "checkpoint_commit", "preemption__microstep": 0,
                    "preemption__step": 8},
     "iam-aws": {"store": {"uri": "s3://acme-runs/q", "region": "eu-west-1"},
-                "service_account_name": "rq", "tolerations": [], "node_selector": {}},
-    "gpu": {"world__backend": "nccl", "world__nproc_per_node": 4, "preemption__rank": 5,
+                "serviceAccountName": "rq", "tolerations": [], "nodeSelector": {}},
+    "gpu": {"world__backend": "nccl", "world__nprocPerNode": 4, "preemption__rank": 5,
             "resources": {"limits": {"nvidia.com/gpu": 4, "memory": "64Gi"},
                           "requests": {"cpu": 8}}},
 }
@@ -342,7 +355,7 @@ def test_without_a_secret_the_pods_use_their_own_aws_chain() -> None:
 
 def test_graceful_pods_get_the_grace_period() -> None:
     _, _, jobs, _ = _manifests({"preemption__mode": "graceful",
-                                "preemption__grace_seconds": 42.5})
+                                "preemption__graceSeconds": 42.5})
     for job in jobs:
         pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
         assert pod["terminationGracePeriodSeconds"] == 43

@@ -57,7 +57,7 @@ def test_write_beacon_publishes_the_pid_to_kill(tmp_path: Path) -> None:
     assert body["host"] == socket.gethostname()
     assert (body["rank"], body["attempt"], body["step"], body["microstep"], body["at"]) == (
         1, 0, 6, 1, "microbatch")
-    assert before <= body["armed_at"] <= time.time()
+    assert before <= body["armedAt"] <= time.time()
     # Atomic: the temporary file was renamed away, nothing else is in the folder.
     assert [p.name for p in (tmp_path / "beacons").iterdir()] == ["attempt-0-rank-1.json"]
 
@@ -111,7 +111,7 @@ def test_hold_past_the_arm_timeout_fails_the_leg_for_good(tmp_path: Path) -> Non
     elapsed = time.monotonic() - start
     reason = str(info.value)
     assert reason.startswith("rank 1 held at the cut (step 6, microstep 1, microbatch) for 0.05s")
-    assert "timeouts.arm_seconds" in reason
+    assert "timeouts.armSeconds" in reason
     assert CUT.arm_timeout <= elapsed < 5
     assert arms == [(6, 1, "microbatch")]
     assert json.loads((tmp_path / "beacons" / "attempt-0-rank-1.json").read_text())["step"] == 6

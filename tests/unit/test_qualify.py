@@ -156,7 +156,7 @@ def test_arm_timeout_when_the_kill_is_never_delivered() -> None:
     clock.now += 2
     assert q.tick() == Phase.FAILED
     assert q.status.reason == Reason.TIMEOUT
-    assert "timeouts.arm_seconds=10" in (q.status.message or "")
+    assert "timeouts.armSeconds=10" in (q.status.message or "")
     assert b.kills == [] and b.cleanups == 1
 
 
@@ -169,7 +169,7 @@ def test_restart_timeout() -> None:
     clock.now += 31
     assert q.tick() == Phase.FAILED
     assert q.status.reason == Reason.TIMEOUT
-    assert "restart_seconds=30" in (q.status.message or "")
+    assert "restartSeconds=30" in (q.status.message or "")
 
 
 def test_leg_timeout() -> None:
@@ -251,7 +251,7 @@ def test_a_comparison_that_never_finishes_times_out() -> None:
     clock.now += 2
     assert q.tick() == Phase.FAILED
     assert q.status.reason == Reason.TIMEOUT
-    assert "comparison did not finish within timeouts.leg_seconds=100" in (q.status.message or "")
+    assert "comparison did not finish within timeouts.legSeconds=100" in (q.status.message or "")
     assert b.cleanups == 1
 
 
@@ -356,7 +356,7 @@ def test_a_leg_times_out_even_while_the_store_does_not_answer() -> None:
     clock.now += 51
     assert q.tick() == Phase.FAILED  # judged before the store is asked
     assert q.status.reason == Reason.TIMEOUT
-    assert "timeouts.leg_seconds=100" in (q.status.message or "")
+    assert "timeouts.legSeconds=100" in (q.status.message or "")
 
 
 def test_persistent_store_errors_end_the_run_with_the_message() -> None:

@@ -17,6 +17,7 @@ from resumequal.spec import (
     QualificationSpec,
     SpecError,
     WorkloadSpec,
+    apply_overrides,
     load_spec,
     parse_spec,
 )
@@ -53,8 +54,8 @@ def test_preemption_kills_the_worker_process_unless_told_to_delete_its_pod() -> 
 
 
 def test_digest_is_stable_and_ignores_key_order() -> None:
-    a = parse_spec({"training": {"steps": 10, "seed": 3}, "world": {"nproc_per_node": 2}})
-    b = parse_spec({"world": {"nproc_per_node": 2}, "training": {"seed": 3, "steps": 10}})
+    a = parse_spec({"training": {"steps": 10, "seed": 3}, "world": {"nprocPerNode": 2}})
+    b = parse_spec({"world": {"nprocPerNode": 2}, "training": {"seed": 3, "steps": 10}})
     assert a.digest() == a.digest() == b.digest()
     assert len(a.digest()) == 64 and int(a.digest(), 16) >= 0
 
@@ -64,10 +65,10 @@ def test_digest_is_stable_and_ignores_key_order() -> None:
     [
         {"training": {"seed": 1235}},
         {"training": {"optimizer": {"lr": 1e-3}}},
-        {"world": {"nproc_per_node": 3}},
+        {"world": {"nprocPerNode": 3}},
         {"workload": {"params": {"hidden": 16}}},
-        {"checkpoint": {"at_steps": [2]}},
-        {"ddp": {"reducer_prime": False}},
+        {"checkpoint": {"atSteps": [2]}},
+        {"ddp": {"reducerPrime": False}},
     ],
 )
 def test_digest_changes_when_a_field_changes(change: dict[str, Any]) -> None:
@@ -79,7 +80,7 @@ def test_digest_changes_when_a_field_changes(change: dict[str, Any]) -> None:
     [
         {"preemption": {"mode": "graceful"}},
         {"preemption": {"target": "pod"}},
-        {"timeouts": {"arm_seconds": 5}},
+        {"timeouts": {"armSeconds": 5}},
         {"comparison": {"boundaries": ["loss"]}},
         {"controls": {"enabled": False}},
         {"matrix": {"seeds": [1, 2]}},
@@ -118,22 +119,22 @@ def test_with_preemption_validates_the_new_cut() -> None:
             id="step-after-last",
         ),
         pytest.param(
-            {"training": {"accumulation_steps": 2}, "preemption": {"microstep": 2}},
-            "preemption.microstep=2 must be < training.accumulation_steps=2",
+            {"training": {"accumulationSteps": 2}, "preemption": {"microstep": 2}},
+            "preemption.microstep=2 must be < training.accumulationSteps=2",
             id="microstep-not-in-window",
         ),
         pytest.param(
-            {"world": {"nnodes": 2, "nproc_per_node": 2}, "preemption": {"rank": 4}},
+            {"world": {"nnodes": 2, "nprocPerNode": 2}, "preemption": {"rank": 4}},
             "preemption.rank=4 does not exist in a world of 4",
             id="rank-outside-world",
         ),
         pytest.param(
-            {"checkpoint": {"every_steps": 4}, "preemption": {"step": 4, "microstep": 0}},
+            {"checkpoint": {"everySteps": 4}, "preemption": {"step": 4, "microstep": 0}},
             "preemption.step=4: a hard kill there lands before the first committed checkpoint",
             id="hard-kill-before-first-checkpoint",
         ),
         pytest.param(
-            {"checkpoint": {"every_steps": None}, "preemption": {"step": 6}},
+            {"checkpoint": {"everySteps": None}, "preemption": {"step": 6}},
             "preemption.step=6: a hard kill there lands before the first committed checkpoint",
             id="hard-kill-without-periodic-checkpoints",
         ),
@@ -148,8 +149,8 @@ def test_with_preemption_validates_the_new_cut() -> None:
             id="commit-cut-without-checkpoint",
         ),
         pytest.param(
-            {"timeouts": {"arm_seconds": 90, "process_group_seconds": 90}},
-            "timeouts.arm_seconds must be < timeouts.process_group_seconds",
+            {"timeouts": {"armSeconds": 90, "processGroupSeconds": 90}},
+            "timeouts.armSeconds must be < timeouts.processGroupSeconds",
             id="arm-not-shorter-than-process-group",
         ),
         pytest.param(
@@ -173,16 +174,16 @@ def test_cross_field_rule_names_the_field(data: dict[str, Any], words: str) -> N
     [
         # The neighbours of each rejected case above are accepted.
         {"training": {"steps": 6}, "preemption": {"step": 6}},
-        {"training": {"accumulation_steps": 3}, "preemption": {"microstep": 2}},
-        {"world": {"nnodes": 2, "nproc_per_node": 2}, "preemption": {"rank": 3}},
-        {"checkpoint": {"every_steps": 4}, "preemption": {"step": 5, "microstep": 0}},
-        {"checkpoint": {"every_steps": None, "at_steps": [2]}, "preemption": {"step": 3}},
+        {"training": {"accumulationSteps": 3}, "preemption": {"microstep": 2}},
+        {"world": {"nnodes": 2, "nprocPerNode": 2}, "preemption": {"rank": 3}},
+        {"checkpoint": {"everySteps": 4}, "preemption": {"step": 5, "microstep": 0}},
+        {"checkpoint": {"everySteps": None, "atSteps": [2]}, "preemption": {"step": 3}},
         # A graceful kill writes an emergency checkpoint, so no earlier one is needed.
-        {"checkpoint": {"every_steps": None}, "preemption": {"mode": "graceful", "step": 2}},
+        {"checkpoint": {"everySteps": None}, "preemption": {"mode": "graceful", "step": 2}},
         {"preemption": {"at": "checkpoint_commit", "step": 8, "microstep": 0}},
-        {"checkpoint": {"at_steps": [6]},
+        {"checkpoint": {"atSteps": [6]},
          "preemption": {"at": "checkpoint_commit", "step": 6, "microstep": 0}},
-        {"timeouts": {"arm_seconds": 89.5, "process_group_seconds": 90}},
+        {"timeouts": {"armSeconds": 89.5, "processGroupSeconds": 90}},
         {"comparison": {"mode": "tolerance", "tolerances": {"loss": 0.0, "params": 1e-6}}},
     ],
 )
@@ -196,7 +197,7 @@ def test_neighbouring_valid_specs_pass(data: dict[str, Any]) -> None:
 def test_commit_cut_on_the_last_step_is_allowed_without_periodic_checkpoints() -> None:
     spec = parse_spec({
         "training": {"steps": 6},
-        "checkpoint": {"every_steps": None, "at_steps": [2]},
+        "checkpoint": {"everySteps": None, "atSteps": [2]},
         "preemption": {"at": "checkpoint_commit", "step": 6, "microstep": 0},
     })
     assert spec.checkpoint.saves_after(6, 6)
@@ -224,7 +225,7 @@ def test_unknown_nested_field_lists_that_sections_fields() -> None:
     msg = _error({"training": {"optimizer": {"beta1": 0.9}}})
     assert msg == (
         "spec: training.optimizer.beta1: unknown field; allowed: betas, eps, lr, momentum, "
-        "name, weight_decay"
+        "name, weightDecay"
     )
 
 
@@ -257,8 +258,8 @@ def test_literal_error_lists_allowed_values(
 
 def test_range_error_names_the_field() -> None:
     assert _error({"training": {"steps": 0}}).startswith("spec: training.steps: ")
-    assert _error({"checkpoint": {"at_steps": [3, 0]}}) == (
-        "spec: checkpoint.at_steps: steps are numbered from 1; got [0]"
+    assert _error({"checkpoint": {"atSteps": [3, 0]}}) == (
+        "spec: checkpoint.atSteps: steps are numbered from 1; got [0]"
     )
 
 
@@ -293,6 +294,65 @@ def test_non_mapping_spec_is_rejected(data: Any) -> None:
     assert _error(data) == f"spec: the spec must be a mapping, got {type(data).__name__}"
 
 
+# --- spellings: camelCase written, both read -------------------------------------------------
+
+
+def _keys(value: Any, path: str = "") -> list[str]:
+    if isinstance(value, dict):
+        return [k for key, v in value.items() for k in [f"{path}{key}", *_keys(v, f"{path}{key}.")]]
+    return []
+
+
+def test_every_field_is_written_in_camel_case() -> None:
+    # Every section and field, nested ones included: a field added later gets its camelCase
+    # spelling from the alias generator, or this fails.
+    spec = parse_spec({"checkpoint": {"store": "s3://b/p", "s3": {"endpointUrl": "http://h:9"}}})
+    keys = _keys(spec.model_dump(mode="json"))
+    assert "world.nprocPerNode" in keys and "checkpoint.s3.endpointUrl" in keys
+    assert [k for k in keys if "_" in k] == []
+
+
+def test_snake_case_and_camel_case_read_the_same() -> None:
+    snake = parse_spec({"world": {"nproc_per_node": 3, "threads_per_rank": 2},
+                        "checkpoint": {"every_steps": 2, "keep_last": 1, "async_save": True},
+                        "timeouts": {"arm_seconds": 30}})
+    camel = parse_spec({"world": {"nprocPerNode": 3, "threadsPerRank": 2},
+                        "checkpoint": {"everySteps": 2, "keepLast": 1, "async": True},
+                        "timeouts": {"armSeconds": 30}})
+    assert snake == camel
+    assert snake.world.nproc_per_node == 3 and snake.checkpoint.async_save
+
+
+def test_a_field_given_in_both_spellings_is_refused() -> None:
+    assert _error({"world": {"nprocPerNode": 2, "nproc_per_node": 3}}) == (
+        "spec: world.nproc_per_node: given twice, as nprocPerNode and nproc_per_node")
+
+
+def test_errors_name_fields_in_camel_case_whichever_spelling_was_read() -> None:
+    for key in ("nproc_per_node", "nprocPerNode"):
+        assert _error({"world": {key: 0}}).startswith("spec: world.nprocPerNode: ")
+    assert _error({"checkpoint": {"store": "s3://b/p", "s3": {"max_attempts": 99}}}).startswith(
+        "spec: checkpoint.s3.maxAttempts: ")
+
+
+def test_set_takes_either_spelling_and_writes_one_key() -> None:
+    spec = parse_spec({})
+    for path in ("world.nproc_per_node", "world.nprocPerNode"):
+        assert apply_overrides(spec, [f"{path}=3"]).world.nproc_per_node == 3
+    # Both spellings name one field: the later override wins, nothing is given twice.
+    both = apply_overrides(spec, ["world.nproc_per_node=3", "world.nprocPerNode=4"])
+    assert both.world.nproc_per_node == 4
+    with pytest.raises(SpecError, match=r"--set: world.nprocs: unknown field; allowed: "
+                                        r"backend, maxRestarts, nnodes, nprocPerNode"):
+        apply_overrides(spec, ["world.nprocs=3"])
+
+
+def test_with_preemption_takes_python_names() -> None:
+    spec = parse_spec({})
+    cut = spec.with_preemption(mode="graceful", grace_seconds=5)
+    assert (cut.preemption.mode, cut.preemption.grace_seconds) == ("graceful", 5)
+
+
 # --- CheckpointSpec.saves_after --------------------------------------------------------------
 
 
@@ -324,7 +384,7 @@ def test_last_step_is_always_saved() -> None:
 
 _DATA: dict[str, Any] = {
     "workload": {"name": "dropout-mlp", "params": {"hidden": 16}},
-    "training": {"steps": 8, "accumulation_steps": 2},
+    "training": {"steps": 8, "accumulationSteps": 2},
     "preemption": {"step": 5, "microstep": 1, "rank": 0},
 }
 

@@ -70,7 +70,7 @@ class LocalBackend:
         w = plan.spec.world
         if w.nnodes != 1:
             raise ResumequalError(
-                f"world.nnodes={w.nnodes}: a local run has one node; set nproc_per_node to "
+                f"world.nnodes={w.nnodes}: a local run has one node; set world.nprocPerNode to "
                 "the world size instead"
             )
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)

@@ -157,7 +157,7 @@ def s3_config(spec: S3Spec | None) -> S3Config:
     """Client settings from a spec's ``checkpoint.s3``; without one, AWS defaults plus
     ``RESUMEQUAL_S3_ADDRESSING_STYLE`` from the environment."""
     if spec is not None:
-        return S3Config(**spec.model_dump())
+        return S3Config(**spec.model_dump(by_alias=False))
     style = os.environ.get(ADDRESSING_STYLE_ENV, "").strip()
     if not style:
         return S3Config()

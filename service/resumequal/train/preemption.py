@@ -147,7 +147,7 @@ class Arming:
                 reason = (
                     f"rank {self.rank} held at the cut (step {step}, microstep {microstep}, "
                     f"{where}) for {self.cut.arm_timeout:g}s without being killed "
-                    "(timeouts.arm_seconds)"
+                    "(timeouts.armSeconds)"
                 )
                 mark_failed(self.leg_dir, reason)
                 raise TrainingError(reason)

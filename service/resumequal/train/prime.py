@@ -32,8 +32,8 @@ def check_supported(model: nn.Module) -> None:
     reducer = getattr(model, "reducer", None)
     if not isinstance(model, DDP) or reducer is None or not hasattr(reducer, "_rebuild_buckets"):
         raise TrainingError(
-            f"ddp.reducer_prime needs DistributedDataParallel.reducer._rebuild_buckets, which "
-            f"torch {torch.__version__} does not provide; set ddp.reducer_prime: false"
+            f"ddp.reducerPrime needs DistributedDataParallel.reducer._rebuild_buckets, which "
+            f"torch {torch.__version__} does not provide; set ddp.reducerPrime: false"
         )
 
 
