@@ -59,6 +59,8 @@ class Rendezvous:
     def join(self, member: str, stop: threading.Event, timeout: float) -> tuple[int, int] | None:
         """Wait for a round with this member: (round, rank), or None (closed, stop, timeout)."""
         with self.cond:
+            if member in self.members:  # it leaves the running round to start the next
+                self.members.remove(member)
             self.waiting.append(member)
             if self.members:
                 self.changed.set()  # num_nodes_waiting > 0: the running round restarts
