@@ -13,7 +13,9 @@ rendezvous/dynamic_rendezvous.py): a round forms once ``PET_NNODES`` (its max) a
 it breaks when a member's container ends (its peers' workers fail: a restart that counts
 against ``PET_MAX_RESTARTS``) or when a new agent waits to join (a membership change: not
 counted). A fresh agent starts at restart count 0 while survivors count on. When the host
-(worker-0) ends, the store is gone and every other agent gives up.
+(worker-0) ends, the store is gone and every other agent gives up. A fresh agent joining a
+surviving rank 0 deadlocks with it as on torch 2.13 unless the pod's env has
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see :meth:`Rendezvous._form`).
 """
 
 from __future__ import annotations
@@ -41,23 +43,30 @@ class Round:
     nodes: int
     restart_count: int  # TORCHELASTIC_RESTART_COUNT of this agent's workers
     changed: threading.Event  # the agent restarts its workers: leave the round
+    deadlocked: bool = False  # the agents wait for each other until read_timeout
 
 
 class Rendezvous:
-    """The c10d rendezvous of one job (its store lives in worker-0's agent)."""
+    """The c10d rendezvous of one job (its store lives in worker-0's agent). Members are
+    ``<pod name>/<uid>``: ranks follow the sorted node descriptors, which start with the
+    pod's host name (dynamic_rendezvous.py ``_mark_rendezvous_complete``)."""
 
-    def __init__(self, nodes: int) -> None:
-        self.nodes = nodes
+    def __init__(self, nodes: int, shared_store: bool) -> None:
+        self.nodes, self.shared_store = nodes, shared_store
         self.cond = threading.Condition()
         self.number = -1
-        self.members: list[str] = []
+        self.members: list[str] = []  # of the running round (until they leave it)
+        self.ranks: dict[str, int] = {}
         self.waiting: list[str] = []
         self.changed = threading.Event()
-        self.failed = False  # the current round lost a member (not just a newcomer)
+        self.failed = False  # the running round lost a member (not just a newcomer)
         self.closed = False
+        self.deadlocked = False
+        self.seen: set[str] = set()  # agents that hold bootstrap store info from a round
+        self.hosts: set[str] = set()  # agents that were rank 0 (they host a shared store)
 
-    def join(self, member: str, stop: threading.Event, timeout: float) -> tuple[int, int] | None:
-        """Wait for a round with this member: (round, rank), or None (closed, stop, timeout)."""
+    def join(self, member: str, stop: threading.Event, timeout: float) -> Round | None:
+        """Wait for a round with this member, or None (closed, stopped, timed out)."""
         with self.cond:
             if member in self.members:  # it leaves the running round to start the next
                 self.members.remove(member)
@@ -65,17 +74,31 @@ class Rendezvous:
             if self.members:
                 self.changed.set()  # num_nodes_waiting > 0: the running round restarts
             if len(self.waiting) >= self.nodes:
-                self.number += 1
-                self.members, self.waiting = self.waiting[: self.nodes], self.waiting[self.nodes:]
-                self.changed, self.failed = threading.Event(), False
-                self.cond.notify_all()
+                self._form()
             ok = self.cond.wait_for(lambda: member in self.members or self.closed
                                     or stop.is_set(), timeout)
             if not ok or member not in self.members:
                 if member in self.waiting:
                     self.waiting.remove(member)
                 return None
-            return self.number, self.members.index(member)
+            return Round(self.number, self.ranks[member], self.nodes, 0, self.changed,
+                         self.deadlocked)
+
+    def _form(self) -> None:
+        self.number += 1
+        self.members = sorted(self.waiting[: self.nodes])
+        self.waiting = self.waiting[self.nodes:]
+        self.ranks = {m: r for r, m in enumerate(self.members)}
+        self.changed, self.failed = threading.Event(), False
+        # torch 2.13 (dynamic_rendezvous.py next_rendezvous): with the TCP store shared (the
+        # default; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 turns it off) an agent builds its
+        # bootstrap store info once; a rank 0 that already has it writes no MASTER_ADDR for
+        # the new round, so an agent new to the rendezvous waits for it until read_timeout.
+        self.deadlocked = self.shared_store and self.members[0] in self.hosts and any(
+            m not in self.seen for m in self.members)
+        self.seen |= set(self.members)
+        self.hosts.add(self.members[0])
+        self.cond.notify_all()
 
     def leave(self, member: str, host: bool) -> None:
         """The member's container ended: its round breaks; the host takes the store along."""
@@ -116,19 +139,29 @@ class Container:
 
     def rendezvous(self, timeout: float = 30.0) -> Round | None:
         """Join the next round as torchrun's agent would; None when the agent gives up
-        (killed, the store gone, max restarts exhausted, timeout): the process then exits."""
+        (killed, the store gone, max restarts exhausted, a timeout): the process then exits."""
         if self._store is None:
             raise RuntimeError(f"{self.pod_name}: no elastic rendezvous (PET_RDZV_ENDPOINT)")
         if self._round is not None and self._store.failed:
             if self._restarts >= int(self.env.get("PET_MAX_RESTARTS", "0")):
                 return None
             self._restarts += 1
-        joined = self._store.join(self.pod["metadata"]["uid"], self.killed, timeout)
+        joined = self._store.join(self.member, self.killed, timeout)
         if joined is None:
             return None
-        self._round = Round(joined[0], joined[1], self._store.nodes, self._restarts,
-                            self._store.changed)
-        return self._round
+        if joined.deadlocked:  # both sides give up after the store's read_timeout
+            conf = dict(c.split("=", 1) for c in self.env.get("PET_RDZV_CONF", "").split(",")
+                        if "=" in c)
+            self.killed.wait(float(conf.get("read_timeout", 60)))
+            return None
+        joined.restart_count = self._restarts
+        self._round = joined
+        return joined
+
+    @property
+    def member(self) -> str:
+        """How the rendezvous knows this agent: its host name first, as torch sorts them."""
+        return f"{self.pod_name}/{self.pod['metadata']['uid']}"
 
 
 RunContainer = Callable[[Container], "int | None"]
@@ -168,7 +201,7 @@ class _Thread:
 
     def _leave(self, host: bool) -> None:
         if self.container._store is not None:
-            self.container._store.leave(self.container.pod["metadata"]["uid"], host)
+            self.container._store.leave(self.container.member, host)
 
 
 class ScriptedRuntime:
@@ -188,9 +221,10 @@ class ScriptedRuntime:
             key = f"{spec.pod['metadata']['namespace']}/{endpoint}"
             with self._lock:
                 store = self._stores.get(key)
-                if store is None or (store.closed and container.index == 0):
+                if store is None or container.index == 0:  # worker-0's agent hosts a new one
                     nodes = int(spec.env.get("PET_NNODES", "1").rpartition(":")[2])
-                    store = self._stores[key] = Rendezvous(nodes)
+                    shared = spec.env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"
+                    store = self._stores[key] = Rendezvous(nodes, shared)
             container._store = store
         handle = _Thread(container, endpoint is not None and container.index == 0, wake)
         thread = threading.Thread(target=self._run, args=(handle,), daemon=True,
