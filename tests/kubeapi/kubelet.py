@@ -58,11 +58,6 @@ class ContainerSpec:
     command: list[str]  # the container's command followed by its args
     env: dict[str, str]
 
-    @property
-    def name(self) -> str:
-        """``<namespace>/<pod>``."""
-        return f"{self.pod['metadata']['namespace']}/{self.pod['metadata']['name']}"
-
 
 class Handle(Protocol):
     """A started container."""

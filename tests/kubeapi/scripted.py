@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,6 +249,7 @@ class ScriptedRuntime:
     def close(self) -> None:
         for _, handle in self._threads:
             handle.kill()
+        deadline = time.monotonic() + 5  # a script that ignores its signals is left behind
         for thread, _ in self._threads:
-            thread.join(timeout=5)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._threads = []

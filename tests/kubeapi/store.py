@@ -236,14 +236,6 @@ class Store:
                      and (selector is None or selector.matches(obj))]
             return clone(items), self._rv
 
-    def by_uid(self, uid: str) -> Obj | None:
-        """The live object with this uid, if any (a copy)."""
-        with self.lock:
-            where = self._by_uid.get(uid)
-            if where is None:
-                return None
-            return clone(self._objects[where[0]][(where[1], where[2])])
-
     # ----------------------------------------------------------------- create
 
     def create(self, kind: Kind, namespace: str | None, body: Any, *,
