@@ -236,7 +236,13 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
     w = leg.spec.world
     name = leg_job_name(run_name, uid, leg.name)
     meta_labels = labels(run_name, uid, leg.name)
-    env = [*_env(spec), {"name": "OMP_NUM_THREADS", "value": str(w.threads_per_rank)}]
+    env = [*_env(spec), {"name": "OMP_NUM_THREADS", "value": str(w.threads_per_rank)},
+           # A recreated pod never rejoins otherwise: with the rendezvous store shared
+           # with the workers, the surviving rank-0 agent keeps its first round's store
+           # address and never publishes it in the new round, where the new agent waits
+           # for it (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py,
+           # next_rendezvous). Each round then gets a store of its own.
+           {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"}]
     container = _container(spec, launch_command(leg), leg_args(leg, run_uri), env, gpus=True)
     container["ports"] = [{"name": RDZV_PORT_NAME, "containerPort": RDZV_PORT,
                            "protocol": "TCP"}]

@@ -570,6 +570,17 @@ class RunLocation:
             out.setdefault(rank, []).extend(records)
         return out
 
+    def attempts_started(self, leg: str) -> int:
+        """How many attempts of ``leg`` have written to its trace (the next one's number):
+        one LIST on S3, the trace files in a folder."""
+        check_leg_name(leg)
+        if self.local is not None:
+            seen = [r.get("attempt", 0) for path in (self.local / leg / "trace").glob(
+                "rank-*.jsonl") for r in _complete_lines(path)]
+        else:
+            seen = [attempt for _, attempt, _, _ in self._segment_keys(leg)]
+        return max(seen, default=-1) + 1
+
     def _segment_keys(self, leg: str) -> list[tuple[int, int, int, str]]:
         """(rank, attempt, seq, key) of every trace segment of ``leg``, in write order."""
         base = f"{leg}/trace"

@@ -2,12 +2,18 @@
 
 ``kubeapi``: a started emulator serving PyTorchJob (and QualificationRun when the chart's
 CRD exists), stopped after the test. ``kube_client``: an ``ApiClient`` for it.
-``training_operator``: a started :class:`SimulatedTrainingOperator` on ``kubeapi``.
+``training_operator``: the simulated training operator, Job controller and kubelet on
+``kubeapi``, every container scripted as a process that runs until signalled (set
+``run_container`` through the constructor for more). ``pod_runtime``: a
+:class:`ProcessRuntime` under the test's tmp_path; ``real_pods``: the same simulation
+running each container as a real process there, whose logs are printed at teardown
+(pytest shows them for a failing test).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import kubernetes.client
@@ -16,6 +22,7 @@ import pytest
 from .api import QUALIFICATIONRUN_CRD, KubeAPI
 
 if TYPE_CHECKING:
+    from .processes import ProcessRuntime
     from .training import SimulatedTrainingOperator
 
 
@@ -41,12 +48,32 @@ def kube_client(kubeapi: KubeAPI) -> Iterator[kubernetes.client.ApiClient]:
 
 @pytest.fixture
 def training_operator(kubeapi: KubeAPI) -> Iterator[SimulatedTrainingOperator]:
-    """The simulated training operator and Job controller, running against ``kubeapi``."""
+    """The simulated cluster on ``kubeapi``, with scripted containers that hold."""
     from .training import SimulatedTrainingOperator
 
-    operator = SimulatedTrainingOperator(kubeapi)
-    operator.start()
+    with SimulatedTrainingOperator(kubeapi) as operator:
+        yield operator
+
+
+@pytest.fixture
+def pod_runtime(tmp_path: Path) -> ProcessRuntime:
+    """Real containers: logs and working directories under ``tmp_path/pods``."""
+    from .processes import ProcessRuntime
+
+    return ProcessRuntime(tmp_path / "pods")
+
+
+@pytest.fixture
+def real_pods(kubeapi: KubeAPI, pod_runtime: ProcessRuntime
+              ) -> Iterator[SimulatedTrainingOperator]:
+    """The simulated cluster on ``kubeapi`` running every container as a real process."""
+    from .training import SimulatedTrainingOperator
+
+    operator = SimulatedTrainingOperator(kubeapi, runtime=pod_runtime).start()
     try:
         yield operator
     finally:
-        operator.stop()
+        try:
+            operator.stop()
+        finally:
+            print(pod_runtime.logs())

@@ -3,6 +3,7 @@ validation, and the few defaults of built-in kinds the operator can observe."""
 
 from __future__ import annotations
 
+import base64
 import random
 import re
 from collections.abc import Collection
@@ -95,6 +96,10 @@ def apply_defaults(kind: Kind, obj: Obj) -> None:
         obj["status"] = {}  # Go structs: a built-in object always has a status
     if kind.key == "pods":
         obj["status"] = {"phase": "Pending"}
+    elif kind.key == "secrets" and "stringData" in obj:  # merged into data on write
+        data = obj.setdefault("data", {})
+        for key, value in obj.pop("stringData").items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
     elif kind.key == "namespaces":
         obj["status"] = {"phase": "Active"}
         meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]

@@ -26,7 +26,7 @@ class Kind:
     short_names: tuple[str, ...] = ()
     # Pods and custom resources answer a DELETE with the object, most others with a Status.
     delete_returns_object: bool = False
-    # batch/v1 Jobs orphan their pods unless the client asks for Background or Foreground.
+    # batch/v1 Jobs orphan their pods unless the client asks for Background.
     default_propagation: str = "Background"
     # openAPIV3Schema of a CRD version: custom resources are pruned against it.
     schema: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
@@ -64,13 +64,8 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     _core("Pod", "pods", status=True, short=("po",), returns_object=True),
     _core("Event", "events", short=("ev",)),
     _core("Secret", "secrets"),
-    _core("ConfigMap", "configmaps", short=("cm",)),
-    _core("Service", "services", status=True, short=("svc",), returns_object=True),
-    _core("ServiceAccount", "serviceaccounts", short=("sa",)),
     Kind("batch", "v1", "Job", "jobs", True, True, "job", default_propagation="Orphan"),
-    Kind("batch", "v1", "CronJob", "cronjobs", True, True, "cronjob", ("cj",)),
     Kind("coordination.k8s.io", "v1", "Lease", "leases", True, False, "lease"),
-    Kind("events.k8s.io", "v1", "Event", "events", True, False, "event", ("ev",)),
     Kind("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions",
          False, True, "customresourcedefinition", ("crd", "crds"), delete_returns_object=True),
 )
@@ -132,10 +127,7 @@ class Registry:
         return kind
 
     def resolve(self, name: str) -> Kind:
-        """A kind by ``plural``, ``plural.group``, singular, Kind or short name (core wins ties).
-
-        ``events`` is core/v1 Event; ask for ``events.events.k8s.io`` for the other one.
-        """
+        """A kind by ``plural``, ``plural.group``, singular, Kind or short name."""
         wanted = name.lower()
         with self._lock:
             kinds = list(self._kinds.values())

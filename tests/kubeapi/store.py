@@ -16,12 +16,12 @@ Semantics worth knowing when a test depends on them:
   stored status, writes to ``/status`` change only status. ``metadata.generation`` grows
   when anything but metadata and status changes, and when deletion starts.
 - Delete: ``Background`` (default) removes the object and then, recursively, every
-  object whose ownerReferences name only owners that are gone; ``Foreground`` keeps the
-  owner (finalizer ``foregroundDeletion``) until its dependents are gone; ``Orphan``
-  (the default for batch/v1 Jobs, as on a real server) strips the owner reference from
-  the dependents. Objects with finalizers get ``deletionTimestamp`` and stay until the
-  last finalizer is removed; no finalizer may be added meanwhile. Every delete request
-  is recorded in ``deletions`` with its grace period and cause.
+  object whose ownerReferences name only owners that are gone; ``Orphan`` (the default
+  for batch/v1 Jobs, as on a real server) strips the owner reference from the
+  dependents; ``Foreground`` is not emulated (400). Objects with finalizers get
+  ``deletionTimestamp`` and stay until the last finalizer is removed; no finalizer may be
+  added meanwhile. Every delete request is recorded in ``deletions`` with its grace
+  period and cause.
 - Pods: without a kubelet they are removed at once whatever the grace period. With one
   (``graceful_pods``, set by the simulated kubelet) a running pod deleted with a grace
   period > 0 gets ``deletionTimestamp`` (now + grace) and stays until the kubelet calls
@@ -272,14 +272,6 @@ class Store:
                      and (selector is None or selector.matches(obj))]
             return clone(items), self._rv
 
-    def by_uid(self, uid: str) -> Obj | None:
-        """The live object with this uid, if any (a copy)."""
-        with self.lock:
-            where = self._by_uid.get(uid)
-            if where is None:
-                return None
-            return clone(self._objects[where[0]][(where[1], where[2])])
-
     # ----------------------------------------------------------------- create
 
     def create(self, kind: Kind, namespace: str | None, body: Any, *,
@@ -380,10 +372,10 @@ class Store:
     def patch(self, kind: Kind, namespace: str, name: str, patch: Any, content_type: str, *,
               subresource: str | None = None, dry_run: bool = False,
               validation: FieldValidation | None = None) -> Obj:
-        """PATCH (merge, JSON or strategic); a resourceVersion in the patch is a precondition."""
+        """PATCH (merge or JSON); a resourceVersion in the patch is a precondition."""
         with self.lock:
             old = self._get(kind, namespace, name)
-            patched = apply_patch(clone(old), patch, content_type, kind.custom)
+            patched = apply_patch(clone(old), patch, content_type)
             meta = _meta(patched)
             rv = meta.get("resourceVersion")
             if rv and str(rv) != old["metadata"]["resourceVersion"]:
@@ -464,8 +456,8 @@ class Store:
                 if wanted and str(meta.get(field)) != str(wanted):
                     raise ApiError.conflict(kind.plural, kind.group, name)
             policy = propagation_policy or kind.default_propagation
-            if policy not in ("Background", "Foreground", "Orphan"):
-                raise ApiError.bad_request(f"unknown propagationPolicy {policy!r}")
+            if policy not in ("Background", "Orphan"):
+                raise ApiError.bad_request(f"propagationPolicy {policy!r} is not emulated")
             if dry_run:
                 return clone(obj), not meta.get("finalizers")
             self.deletions.append(Deletion(kind.key, meta.get("namespace", ""), name,
@@ -474,9 +466,6 @@ class Store:
             if policy == "Orphan":
                 self._orphan(meta["uid"])
             finalizers = list(meta.get("finalizers") or [])
-            dependents = self._dependents(meta["uid"])
-            if policy == "Foreground" and dependents and "foregroundDeletion" not in finalizers:
-                finalizers.append("foregroundDeletion")
             if kind.key == "namespaces":
                 self._empty_namespace(name)
             if kind.key == "pods" and self.graceful_pods:
@@ -497,10 +486,6 @@ class Store:
                     held_meta["deletionGracePeriodSeconds"] = grace_period_seconds or 0
                     held_meta["generation"] = int(held_meta.get("generation", 1)) + 1
                 self._commit(kind, held, obj, "MODIFIED")
-                if policy == "Foreground":
-                    for dep_key, dep_ns, dep_name in dependents:
-                        self._delete_quietly(dep_key, dep_ns, dep_name, "Foreground")
-                    self._finish_foreground()
                 return clone(self._objects.get(kind.key, {}).get(
                     (held_meta.get("namespace", ""), name), held)), False
             return clone(self._remove(kind, obj)), True
@@ -539,7 +524,6 @@ class Store:
                                        obj["metadata"]["name"])]
         gone = self._commit(kind, clone(obj), old, "DELETED")
         self._collect(gone["metadata"]["uid"])
-        self._finish_foreground()
         return gone
 
     def _dependents(self, uid: str) -> list[tuple[str, str, str]]:
@@ -582,23 +566,6 @@ class Store:
                         cause: str = "garbage-collector") -> None:
         if (ns, name) in self._objects.get(key, {}):
             self.delete(self._kinds[key], ns, name, propagation_policy=policy, cause=cause)
-
-    def _finish_foreground(self) -> None:
-        for key, table in list(self._objects.items()):
-            for (ns, name), obj in list(table.items()):
-                meta = obj["metadata"]
-                finalizers = meta.get("finalizers") or []
-                if ("foregroundDeletion" in finalizers and meta.get("deletionTimestamp")
-                        and not self._dependents(meta["uid"])):
-                    new = clone(obj)
-                    new["metadata"]["finalizers"] = [
-                        f for f in finalizers if f != "foregroundDeletion"]
-                    if (ns, name) not in table:
-                        continue
-                    if new["metadata"]["finalizers"]:
-                        self._commit(self._kinds[key], new, obj, "MODIFIED")
-                    else:
-                        self._remove(self._kinds[key], new)
 
     def _empty_namespace(self, ns: str) -> None:
         for key, table in list(self._objects.items()):

@@ -69,7 +69,7 @@ def test_watch_expiry_is_recovered_by_listing_again(
     eventually(lambda: all(w.synced.is_set() for w in op.watchers), what="synced caches")
     # Move the resourceVersion past what the watch has seen, then drop the history: the
     # next watch request (every 2 s here) gets 410 Gone.
-    api.create("configmaps", {"metadata": {"name": "bump"}, "data": {}}, NAMESPACE)
+    api.create("secrets", {"metadata": {"name": "bump"}, "data": {}}, NAMESPACE)
     api.compact()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("after-gone", store))
     wait_phase(api, "after-gone", "LegsRunning", timeout=15)

@@ -1,11 +1,13 @@
 """What the workers of a leg and the comparator write into the run location, without torch.
 
-The simulated training operator runs pods; these functions play their containers the way
-``resumequal leg`` and ``resumequal compare`` do, through the same :class:`RunLocation`:
-each rank reads its leg's spec file, appends step records as trace segments, the cut rank
-of a cut leg writes its beacon on attempt 0 and holds until its pod is deleted, and a
-restarted attempt resumes after the newest checkpoint step and finishes. The comparator
-writes a prepared ``verdict.json``.
+The simulated kubelet runs pods; these functions play their containers the way our
+launcher around torchrun (``resumequal leg`` under it) and ``resumequal compare`` do,
+through the same :class:`RunLocation`: each rank reads its leg's spec file, appends step
+records as trace segments, the cut rank of a cut leg writes its beacon on attempt 0 and
+every rank holds there until its pod is signalled or the group restarts (a peer's pod
+replaced), and a restarted attempt (the rendezvous round, as the workers count joins)
+resumes after the newest checkpoint step and finishes. A signalled launcher exits 143.
+The comparator writes a prepared ``verdict.json``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from resumequal.runstore import RunLocation
@@ -26,7 +29,7 @@ from resumequal.verdict import (
     ValidityCheck,
     Verdict,
 )
-from tests.kubeapi.training import Container
+from tests.kubeapi.scripted import SIGTERM_EXIT, Container
 
 
 def verdict(result: Result = Result.PASS) -> Verdict:
@@ -69,8 +72,9 @@ class Workers:
             return self._locations[uri]
 
     def run_rank(self, uri: str, leg: str, rank: int, attempt: int, pod: str,
-                 killed: threading.Event) -> bool:
-        """One rank's container; True when it exits 0, False when it stops (killed)."""
+                 stopped: Callable[[], bool]) -> bool:
+        """One rank's workers for one group attempt; True when they finished, False when
+        they stopped (SIGTERM, or the elastic agent restarts the group)."""
         loc = self.location(uri)
         leg_file = loc.read_leg_spec(leg)
         assert leg_file is not None, f"{uri}: no legs/{leg}.spec.json (the operator writes it)"
@@ -81,7 +85,7 @@ class Workers:
         first = 1
         if attempt > 0:
             if not self.resume:
-                killed.wait(self.hold_timeout)
+                _hold(stopped, self.hold_timeout)
                 return False
             every = spec.checkpoint.every_steps or 1
             first = (p.step - 1) // every * every + 1
@@ -98,7 +102,7 @@ class Workers:
                 leg_files = loc.leg(leg)
                 loc.store.put_bytes(leg_files.beacon_key(rank, 0), json.dumps(beacon).encode())
             # Every rank is stuck at the cut: the armed one holds, the others wait for it.
-            killed.wait(self.hold_timeout)
+            _hold(stopped, self.hold_timeout)
             return False
         # As `resumequal leg` does once its trace is closed and its last checkpoint committed.
         loc.leg(leg).mark_rank_done(rank, attempt, steps)
@@ -114,13 +118,29 @@ class Workers:
 
 
     def __call__(self, container: Container) -> int | None:
-        """``run_container`` of the simulated training operator: a leg's rank or the
-        comparator, decided by the container's command line as the image would."""
-        args = container.args
+        """``run_container`` of the simulated kubelet: a leg's pod or the comparator, decided
+        by the container's command line as the image would. A leg's pod plays our launcher
+        around torchrun: its agent restarts the workers whenever the group changes, and a
+        SIGTERM ends it with 128+15, as a signalled launcher exits."""
+        args = container.command
         if "compare" in args:
             return self.compare(args[args.index("compare") + 1])
         uri, leg = args[args.index("--run-dir") + 1], args[args.index("--leg") + 1]
         nproc = int(container.env.get("PET_NPROC_PER_NODE") or 1)
-        ok = self.run_rank(uri, leg, container.index * nproc, container.attempt,
-                           container.pod_name, container.killed)
-        return 0 if ok else None  # a killed container's exit is the pod's deletion
+        while True:
+            group = container.rendezvous(self.hold_timeout)
+            if group is None:  # killed, or torchrun gave up (store gone, restarts spent)
+                return SIGTERM_EXIT if container.killed.is_set() else 1
+            done = self.run_rank(uri, leg, container.index * nproc, group.number,
+                                 container.pod_name,
+                                 lambda g=group: g.changed.is_set() or container.killed.is_set())
+            if done:
+                return 0
+            if container.killed.is_set():
+                return SIGTERM_EXIT
+
+
+def _hold(stopped: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not stopped() and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(30)
 
 NS = "team-a"
 PTJ = ("kubeflow.org", "v1", NS, "pytorchjobs")
+MERGE = "application/merge-patch+json"
 
 
 def pod(name: str, labels: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def test_discovery_serves_version_groups_and_registered_crds(
         kube_client: k8s.ApiClient) -> None:
     assert k8s.VersionApi(kube_client).get_code().major == "1"
     groups = {g.name for g in k8s.ApisApi(kube_client).get_api_versions().groups}
-    assert {"batch", "coordination.k8s.io", "events.k8s.io", "kubeflow.org"} <= groups
+    assert {"batch", "coordination.k8s.io", "kubeflow.org"} <= groups
     resources = k8s.CustomObjectsApi(kube_client).get_api_resources("kubeflow.org", "v1")
     assert {r.name for r in resources.resources} == {"pytorchjobs", "pytorchjobs/status"}
     crd = k8s.ApiextensionsV1Api(kube_client).read_custom_resource_definition(
@@ -124,21 +125,21 @@ def test_strict_namespaces_are_not_created_on_demand() -> None:
     with KubeAPI(auto_namespaces=False) as api, api.api_client() as client:
         core = k8s.CoreV1Api(client)
         with pytest.raises(ApiException) as missing:
-            core.create_namespaced_config_map("ghost", {"metadata": {"name": "c"}})
+            core.create_namespaced_secret("ghost", {"metadata": {"name": "c"}})
         assert missing.value.status == 404
         core.create_namespace({"metadata": {"name": "ghost"}})
-        core.create_namespaced_config_map("ghost", {"metadata": {"name": "c"}})
+        core.create_namespaced_secret("ghost", {"metadata": {"name": "c"}})
 
 
 def test_replace_with_stale_resource_version_conflicts(core: k8s.CoreV1Api,
                                                        custom: k8s.CustomObjectsApi) -> None:
-    cm = core.create_namespaced_config_map(NS, {"metadata": {"name": "c"}, "data": {"k": "1"}})
+    cm = core.create_namespaced_secret(NS, {"metadata": {"name": "c"}, "data": {"k": "1"}})
     cm.data["k"] = "2"
-    updated = core.replace_namespaced_config_map("c", NS, cm)
+    updated = core.replace_namespaced_secret("c", NS, cm)
     assert updated.data == {"k": "2"}
     cm.data["k"] = "3"  # still carries the old resourceVersion
     with pytest.raises(ApiException) as conflict:
-        core.replace_namespaced_config_map("c", NS, cm)
+        core.replace_namespaced_secret("c", NS, cm)
     assert conflict.value.status == 409 and status_of(conflict.value)["reason"] == "Conflict"
     job = custom.create_namespaced_custom_object(*PTJ, pytorchjob("j"))
     del job["metadata"]["resourceVersion"]
@@ -263,35 +264,24 @@ def test_field_selectors_and_lists_across_namespaces(core: k8s.CoreV1Api,
 # ---------------------------------------------------------------------- patches
 
 
-def test_strategic_merge_patch_merges_named_lists(core: k8s.CoreV1Api) -> None:
+def test_strategic_merge_patch_is_refused(core: k8s.CoreV1Api) -> None:
     core.create_namespaced_pod(NS, pod("p"))
-    patched = core.patch_namespaced_pod("p", NS, {"spec": {"containers": [
-        {"name": "main", "env": [{"name": "B", "value": "2"}]},
-        {"name": "sidecar", "image": "envoy"}]}})
-    containers = {c.name: c for c in patched.spec.containers}
-    assert containers["main"].image == "busybox"
-    assert [(e.name, e.value) for e in containers["main"].env] == [("A", "1"), ("B", "2")]
-    assert containers["sidecar"].image == "envoy"
-    removed = core.patch_namespaced_pod("p", NS, {"spec": {"containers": [
-        {"name": "sidecar", "$patch": "delete"}]}})
-    assert [c.name for c in removed.spec.containers] == ["main"]
-    finalized = core.patch_namespaced_pod("p", NS, {"metadata": {"finalizers": ["a", "b"]}})
-    assert finalized.metadata.finalizers == ["a", "b"]
-    dropped = core.patch_namespaced_pod(
-        "p", NS, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}})
-    assert dropped.metadata.finalizers == ["b"]
+    with pytest.raises(ApiException) as refused:  # the client's default for a dict body
+        core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": "b"}}})
+    assert refused.value.status == 415
+    assert "application/merge-patch+json" in status_of(refused.value)["message"]
 
 
 def test_json_patch_and_merge_patch(core: k8s.CoreV1Api, custom: k8s.CustomObjectsApi) -> None:
-    core.create_namespaced_config_map(NS, {"metadata": {"name": "c"}, "data": {"a": "1"}})
-    patched = core.patch_namespaced_config_map("c", NS, [
+    core.create_namespaced_secret(NS, {"metadata": {"name": "c"}, "data": {"a": "1"}})
+    patched = core.patch_namespaced_secret("c", NS, [
         {"op": "test", "path": "/data/a", "value": "1"},
         {"op": "add", "path": "/data/b", "value": "2"},
         {"op": "remove", "path": "/data/a"}])
     assert patched.data == {"b": "2"}
     with pytest.raises(ApiException) as failed:
-        core.patch_namespaced_config_map("c", NS, [{"op": "test", "path": "/data/b",
-                                                    "value": "nope"}])
+        core.patch_namespaced_secret("c", NS, [{"op": "test", "path": "/data/b",
+                                                "value": "nope"}])
     assert failed.value.status == 422
     custom.create_namespaced_custom_object(*PTJ, pytorchjob("j"))
     merged = custom.patch_namespaced_custom_object(*PTJ, "j", {"spec": {"runPolicy": {
@@ -329,8 +319,8 @@ def test_watch_streams_changes_after_a_resource_version(core: k8s.CoreV1Api) -> 
     core.create_namespaced_pod(NS, pod("before"))
     start = core.list_namespaced_pod(NS).metadata.resource_version
     core.create_namespaced_pod(NS, pod("p", {"role": "w"}))
-    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"extra": "1"}}})
-    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"role": "x"}}})  # leaves
+    for labels in ({"extra": "1"}, {"role": "x"}):  # the second leaves the selection
+        core.patch_namespaced_pod("p", NS, {"metadata": {"labels": labels}}, _content_type=MERGE)
     core.delete_namespaced_pod("before", NS)
     core.create_namespaced_pod("elsewhere", pod("other", {"role": "w"}))
     seen = _stream(core.list_namespaced_pod, NS, resource_version=start, timeout_seconds=1)
@@ -385,7 +375,7 @@ def test_watch_delivers_live_events_and_honours_timeout(core: k8s.CoreV1Api,
 def test_watch_from_a_compacted_resource_version_raises_410(core: k8s.CoreV1Api,
                                                             kubeapi: KubeAPI) -> None:
     old = core.create_namespaced_pod(NS, pod("p")).metadata.resource_version
-    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": "b"}}})
+    core.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": "b"}}}, _content_type=MERGE)
     kubeapi.compact()
     for kwargs in ({"timeout_seconds": 1}, {}):  # without a timeout the client retries once
         with pytest.raises(ApiException) as gone:
@@ -422,12 +412,12 @@ def test_ended_watches_resume_from_the_last_resource_version(core: k8s.CoreV1Api
 def test_bounded_history_expires_old_watches() -> None:
     with KubeAPI(history=3) as api, api.api_client() as client:
         core = k8s.CoreV1Api(client)
-        start = core.create_namespaced_config_map(
+        start = core.create_namespaced_secret(
             NS, {"metadata": {"name": "c"}}).metadata.resource_version
         for i in range(4):
-            core.patch_namespaced_config_map("c", NS, {"data": {"i": str(i)}})
+            core.patch_namespaced_secret("c", NS, {"data": {"i": str(i)}}, _content_type=MERGE)
         with pytest.raises(ApiException) as gone:
-            _stream(core.list_namespaced_config_map, NS, resource_version=start,
+            _stream(core.list_namespaced_secret, NS, resource_version=start,
                     timeout_seconds=1)
         assert gone.value.status == 410
 
@@ -436,20 +426,20 @@ def test_bounded_history_expires_old_watches() -> None:
 
 
 def test_finalizers_hold_deletion_until_removed(core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
-    core.create_namespaced_config_map(NS, {"metadata": {"name": "c",
+    core.create_namespaced_secret(NS, {"metadata": {"name": "c",
                                                         "finalizers": ["example.com/keep"]}})
-    core.delete_namespaced_config_map("c", NS)
-    held = core.read_namespaced_config_map("c", NS)
+    core.delete_namespaced_secret("c", NS)
+    held = core.read_namespaced_secret("c", NS)
     assert held.metadata.deletion_timestamp is not None
     with pytest.raises(ApiException) as add:
-        core.patch_namespaced_config_map("c", NS, [
+        core.patch_namespaced_secret("c", NS, [
             {"op": "add", "path": "/metadata/finalizers/-", "value": "more"}])
     assert add.value.status == 422
-    core.patch_namespaced_config_map("c", NS, [{"op": "remove", "path": "/metadata/finalizers"}])
+    core.patch_namespaced_secret("c", NS, [{"op": "remove", "path": "/metadata/finalizers"}])
     with pytest.raises(ApiException) as gone:
-        core.read_namespaced_config_map("c", NS)
+        core.read_namespaced_secret("c", NS)
     assert gone.value.status == 404
-    assert [e.type for e in kubeapi.history("configmaps")] == [
+    assert [e.type for e in kubeapi.history("secrets")] == [
         "ADDED", "MODIFIED", "DELETED"]
 
 
@@ -461,22 +451,22 @@ def test_owner_deletion_collects_dependents_recursively(core: k8s.CoreV1Api,
            "uid": job["metadata"]["uid"], "controller": True}
     p = core.create_namespaced_pod(NS, pod("j-worker-0", ownerReferences=[ref]))
     pod_ref = {"apiVersion": "v1", "kind": "Pod", "name": "j-worker-0", "uid": p.metadata.uid}
-    core.create_namespaced_config_map(NS, {"metadata": {"name": "grandchild",
+    core.create_namespaced_secret(NS, {"metadata": {"name": "grandchild",
                                                         "ownerReferences": [pod_ref]}})
-    keeper = core.create_namespaced_config_map(NS, {"metadata": {"name": "keeper"}})
-    keeper_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keeper",
+    keeper = core.create_namespaced_secret(NS, {"metadata": {"name": "keeper"}})
+    keeper_ref = {"apiVersion": "v1", "kind": "Secret", "name": "keeper",
                   "uid": keeper.metadata.uid}
-    core.create_namespaced_config_map(NS, {"metadata": {"name": "shared",
+    core.create_namespaced_secret(NS, {"metadata": {"name": "shared",
                                                         "ownerReferences": [ref, keeper_ref]}})
     custom.delete_namespaced_custom_object(*PTJ, "j")
     assert kubeapi.get("pods", NS, "j-worker-0") is None
-    assert kubeapi.get("configmaps", NS, "grandchild") is None
-    shared = kubeapi.get("configmaps", NS, "shared")
+    assert kubeapi.get("secrets", NS, "grandchild") is None
+    shared = kubeapi.get("secrets", NS, "shared")
     assert shared is not None and shared["metadata"]["ownerReferences"] == [keeper_ref]
     causes = {(d.kind, d.name): d.cause for d in kubeapi.deletions}
     assert causes == {("pytorchjobs.kubeflow.org", "j"): "api",
                       ("pods", "j-worker-0"): "garbage-collector",
-                      ("configmaps", "grandchild"): "garbage-collector"}
+                      ("secrets", "grandchild"): "garbage-collector"}
 
 
 def test_batch_jobs_orphan_pods_unless_told_otherwise(kube_client: k8s.ApiClient,
@@ -493,7 +483,7 @@ def test_batch_jobs_orphan_pods_unless_told_otherwise(kube_client: k8s.ApiClient
     batch.delete_namespaced_job("orphaning", NS)
     left = core.read_namespaced_pod("orphaning-pod", NS)
     assert not left.metadata.owner_references
-    batch.delete_namespaced_job("collecting", NS, propagation_policy="Foreground")
+    batch.delete_namespaced_job("collecting", NS, propagation_policy="Background")
     assert kubeapi.get("pods", NS, "collecting-pod") is None
     assert kubeapi.get("jobs", NS, "collecting") is None
 
@@ -503,10 +493,14 @@ def test_deletions_record_grace_period_and_policy(core: k8s.CoreV1Api, kubeapi: 
     core.create_namespaced_pod(NS, pod("q"))
     core.delete_namespaced_pod("p", NS, body=k8s.V1DeleteOptions(grace_period_seconds=0))
     core.delete_namespaced_pod("q", NS, grace_period_seconds=5,
-                               propagation_policy="Foreground")
+                               propagation_policy="Orphan")
     record = {d.name: (d.grace_period_seconds, d.propagation_policy, d.cause)
               for d in kubeapi.deletions_of("pods")}
-    assert record == {"p": (0, "Background", "api"), "q": (5, "Foreground", "api")}
+    assert record == {"p": (0, "Background", "api"), "q": (5, "Orphan", "api")}
+    core.create_namespaced_pod(NS, pod("r"))
+    with pytest.raises(ApiException) as foreground:
+        core.delete_namespaced_pod("r", NS, propagation_policy="Foreground")
+    assert foreground.value.status == 400  # not emulated
     with pytest.raises(ApiException) as missing:
         core.delete_namespaced_pod("p", NS)
     assert missing.value.status == 404
@@ -558,8 +552,8 @@ def test_validators_reject_with_422_and_created_log_keeps_everything(
     assert "metadata.labels: required" in status_of(unlabelled.value)["message"]
     core.create_namespaced_pod(NS, pod("p", {"a": "b"}))
     with pytest.raises(ApiException) as patched:
-        core.patch_namespaced_pod("p", NS, {"spec": {"containers": [
-            {"name": "main", "image": "x:latest"}]}})
+        core.patch_namespaced_pod("p", NS, [{"op": "replace", "path": "/spec/containers/0/image",
+                                             "value": "x:latest"}])
     assert patched.value.status == 422
     core.delete_namespaced_pod("p", NS)
     assert [p["metadata"]["name"] for p in kubeapi.created("pods")] == ["p"]
@@ -567,26 +561,26 @@ def test_validators_reject_with_422_and_created_log_keeps_everything(
 
 def test_in_process_accessors_emit_events_and_wait_for(kubeapi: KubeAPI,
                                                        core: k8s.CoreV1Api) -> None:
-    kubeapi.create("configmaps", {"metadata": {"name": "c", "namespace": NS}})
-    kubeapi.patch("cm", NS, "c", {"data": {"x": "1"}})
+    kubeapi.create("secrets", {"metadata": {"name": "c", "namespace": NS}})
+    kubeapi.patch("secret", NS, "c", {"data": {"x": "1"}})
 
     def later() -> None:
         time.sleep(0.1)
-        core.patch_namespaced_config_map("c", NS, {"data": {"x": "2"}})
+        core.patch_namespaced_secret("c", NS, {"data": {"x": "2"}}, _content_type=MERGE)
 
     threading.Thread(target=later).start()
-    got = kubeapi.wait_for(lambda: (kubeapi.get("configmaps", NS, "c") or {}).get(
+    got = kubeapi.wait_for(lambda: (kubeapi.get("secrets", NS, "c") or {}).get(
         "data", {}).get("x") == "2" and "done", timeout=5)
     assert got == "done"
-    assert [e.type for e in kubeapi.history("configmaps")] == ["ADDED", "MODIFIED", "MODIFIED"]
+    assert [e.type for e in kubeapi.history("secrets")] == ["ADDED", "MODIFIED", "MODIFIED"]
     with pytest.raises(TimeoutError, match="never"):
         kubeapi.wait_for(lambda: False, timeout=0.1, message="never")
-    kubeapi.delete("configmaps", NS, "c")
-    assert kubeapi.get("configmaps", NS, "c") is None
+    kubeapi.delete("secrets", NS, "c")
+    assert kubeapi.get("secrets", NS, "c") is None
 
 
 def test_concurrent_optimistic_writers_lose_no_update(kubeapi: KubeAPI) -> None:
-    kubeapi.create("configmaps", {"metadata": {"name": "counter"}, "data": {"n": "0"}}, NS)
+    kubeapi.create("secrets", {"metadata": {"name": "counter"}, "data": {"n": "0"}}, NS)
     conflicts = []
 
     def increment(times: int) -> None:
@@ -594,10 +588,10 @@ def test_concurrent_optimistic_writers_lose_no_update(kubeapi: KubeAPI) -> None:
             core = k8s.CoreV1Api(client)
             for _ in range(times):
                 while True:
-                    cm = core.read_namespaced_config_map("counter", NS)
+                    cm = core.read_namespaced_secret("counter", NS)
                     cm.data["n"] = str(int(cm.data["n"]) + 1)
                     try:
-                        core.replace_namespaced_config_map("counter", NS, cm)
+                        core.replace_namespaced_secret("counter", NS, cm)
                         break
                     except ApiException as e:
                         assert e.status == 409
@@ -608,7 +602,7 @@ def test_concurrent_optimistic_writers_lose_no_update(kubeapi: KubeAPI) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert (kubeapi.get("configmaps", NS, "counter") or {})["data"]["n"] == "60"
+    assert (kubeapi.get("secrets", NS, "counter") or {})["data"]["n"] == "60"
     assert conflicts  # six writers on one object do collide
 
 
@@ -624,18 +618,6 @@ def test_leases_support_optimistic_leader_election(kube_client: k8s.ApiClient) -
         coord.replace_namespaced_lease("op", NS, lease)
     assert lost.value.status == 409
     assert coord.read_namespaced_lease("op", NS).spec.holder_identity == "b"
-
-
-def test_both_event_apis_are_served(kube_client: k8s.ApiClient, kubeapi: KubeAPI) -> None:
-    involved = {"kind": "Pod", "name": "p", "namespace": NS}
-    k8s.CoreV1Api(kube_client).create_namespaced_event(NS, {
-        "metadata": {"name": "e1"}, "involvedObject": involved, "reason": "Started"})
-    k8s.EventsV1Api(kube_client).create_namespaced_event(NS, {
-        "metadata": {"name": "e2"}, "eventTime": "2026-01-01T00:00:00.000000Z",
-        "regarding": involved, "reason": "Killed", "action": "Delete",
-        "reportingController": "x", "reportingInstance": "y", "type": "Normal"})
-    assert [e["metadata"]["name"] for e in kubeapi.list("events", NS)] == ["e1"]
-    assert [e["metadata"]["name"] for e in kubeapi.list("events.events.k8s.io", NS)] == ["e2"]
 
 
 def test_injected_faults_and_restart_on_the_same_port(kubeapi: KubeAPI,

@@ -192,6 +192,16 @@ def test_progress_counts_steps_of_every_rank_attempts_and_the_resume(
     assert location.leg_progress("preempted", 2) == LegProgress(3, 2, 60.0)
 
 
+def test_attempts_started_numbers_the_next_attempt(location: RunLocation) -> None:
+    # What a worker whose store is fresh every attempt numbers its attempt by.
+    assert location.attempts_started("preempted") == 0
+    _append(location, "preempted", 1, 0, [_start(1, 0), _step(1, 0, 1)])
+    assert location.attempts_started("preempted") == 1
+    _append(location, "preempted", 0, 1, [_start(0, 1)])
+    assert location.attempts_started("preempted") == 2
+    assert location.attempts_started("control") == 0  # legs are counted apart
+
+
 def test_verdict_round_trip_and_a_foreign_schema(location: RunLocation, tmp_path: Path) -> None:
     assert location.read_verdict() is None
     path = tmp_path / "verdict.json"

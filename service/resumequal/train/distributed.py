@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -76,20 +77,36 @@ def attempt_from_joins(joins: int, world_size: int, restart_count: int) -> int:
     return by_joins if by_joins >= restart_count else restart_count
 
 
-def init_process_group(requested_backend: str, timeout_seconds: float) -> Placement:
-    """Join this attempt's process group through a per-attempt namespaced store."""
+def init_process_group(requested_backend: str, timeout_seconds: float,
+                       attempts_started: Callable[[], int] | None = None) -> Placement:
+    """Join this attempt's process group through a per-attempt namespaced store.
+
+    The attempt number must agree on every rank, and TORCHELASTIC_RESTART_COUNT does not:
+    a recreated pod's agent starts at 0, and a membership change restarts the surviving
+    agents' workers without counting. With the agent's store (torchrun's default) the
+    joins counted in it number the attempts. Without it (TORCH_DISABLE_SHARE_RDZV_TCP_STORE,
+    set in leg pods) every attempt gets a fresh store, and ``attempts_started`` — the
+    attempts the run location has seen — does: every rank reads it before the group
+    forms and nothing of this attempt is written until it has, so all read the same.
+    """
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK", 0)
     attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    # Under torchrun the agent hosts the store; standalone launches make rank 0 host it.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
+    if not agent_store and attempts_started is not None:
+        started = attempts_started()
+        if started != attempt:
+            log.info("attempt %d from the run location (this agent's restart count is %d)",
+                     started, attempt)
+        attempt = started
     backend = resolve_backend(requested_backend)
     host = os.environ.get("MASTER_ADDR")
     port = _env_int("MASTER_PORT")
     if host is None:
         raise TrainingError("environment variable MASTER_ADDR is not set; run under torchrun")
     timeout = timedelta(seconds=timeout_seconds)
-    # Under torchrun the agent hosts the store; standalone launches make rank 0 host it.
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
     try:
         base = dist.TCPStore(
             host,

@@ -62,7 +62,8 @@ def run_leg(
     # The first request to the store, before any collective: a store that is unreachable
     # or refuses these credentials stops every rank here with an error naming it.
     check_not_failed(files if location.local is None else location.local / leg)
-    placement = init_process_group(spec.world.backend, spec.timeouts.process_group_seconds)
+    placement = init_process_group(spec.world.backend, spec.timeouts.process_group_seconds,
+                                   lambda: location.attempts_started(leg))
     try:
         if placement.rank == 0:
             location.claim(spec)
