@@ -12,7 +12,9 @@ operator injects (``PET_RDZV_ENDPOINT`` ``<job>-worker-0:<port>``) becomes
 ``127.0.0.1:<a free port chosen per job>``. On a cluster only worker-0's agent finds its
 own host name in that endpoint and hosts the c10d store; on loopback every agent would, so
 ``PET_RDZV_CONF`` gets ``is_host=1`` on index 0 and ``is_host=0`` elsewhere (torch's
-c10d_rendezvous_backend.py ``_create_tcp_store`` honours is_host before its host-name match).
+c10d_rendezvous_backend.py ``_create_tcp_store`` honours is_host before its host-name match),
+and ``PET_LOCAL_ADDR`` is ``127.0.0.<index + 1>``, an address of the pod's own that sorts
+like its host name, which is what the rendezvous orders nodes (and so ranks) by.
 
 Like a cgroup, a marker in the environment (``KUBEAPI_CONTAINER=<pod uid>``, inherited by
 every descendant, torchrun's workers in sessions of their own included) finds the
@@ -147,6 +149,13 @@ class ProcessRuntime:
             index = meta["labels"].get("training.kubeflow.org/replica-index")
             conf = [c for c in env.get("PET_RDZV_CONF", "").split(",") if c]
             env["PET_RDZV_CONF"] = ",".join([*conf, f"is_host={int(index == '0')}"])
+            # The rendezvous ranks nodes by their address, sorted (dynamic_rendezvous.py,
+            # _NodeDesc and _mark_rendezvous_complete); on a cluster that is the pod's host
+            # name, <job>-worker-<i>, so worker-0 holds ranks 0..nproc-1. On loopback every
+            # agent has the same name, and the pids would decide: each pod gets a loopback
+            # address of its own that sorts as its name does (torchrun's --local-addr).
+            if index is not None and index.isdigit() and int(index) < 254:
+                env.setdefault("PET_LOCAL_ADDR", f"127.0.0.{int(index) + 1}")
         return env
 
     def close(self) -> None:

@@ -1,0 +1,199 @@
+"""QualificationRuns end to end with real pods: the operator against the API emulator, the
+faithful training operator, Job controller and kubelet (tests/kubeapi), every container a
+real process tree — `resumequal launch` around real torchrun reading only the PET_*
+variables, real gloo, real signals from the kubelet, the real comparator Job
+(`resumequal compare --write`) — and the moto S3 server as the store.
+
+Each preemption users face: a hard pod kill (a lost node: the kubelet's SIGTERM is answered
+by SIGKILL, nothing is saved, the pod is recreated under its name), a graceful pod kill (a
+drained node: the emergency checkpoint), a process kill (a kill order: the worker SIGKILLs
+itself, torchrun restarts the group inside the same pods).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resumequal.runstore import RunLocation
+from resumequal.spec import S3Spec
+from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
+from resumequal_operator.manager import Operator
+from tests.kubeapi import KubeAPI
+from tests.kubeapi.processes import ProcessRuntime
+from tests.kubeapi.training import SimulatedTrainingOperator
+from tests.operator.harness import (
+    NAMESPACE,
+    Admission,
+    Operators,
+    condition,
+    eventually,
+    run_manifest,
+    wait_phase,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+Obj = dict[str, Any]
+# Small legs: 2 pods x 1 rank, 6 steps of 2 microbatches, a checkpoint every 2 steps; the
+# cut before microbatch 1 of step 4 on rank 1 (pod worker-1): the periodic checkpoint
+# before it is step 2, an emergency one would be step 3 with 1 microbatch pending.
+SPEC: Obj = {
+    "workload": {"name": "tiny-gpt", "params": {"n_layers": 1, "d_model": 32}},
+    "training": {"steps": 6, "accumulationSteps": 2, "microbatchSize": 4},
+    "timeouts": {"processGroupSeconds": 120, "armSeconds": 90, "restartSeconds": 150,
+                 "legSeconds": 300},
+}
+
+
+@pytest.fixture
+def pods(kubeapi: KubeAPI, tmp_path: Path, aws_env: dict[str, str]
+         ) -> Iterator[tuple[SimulatedTrainingOperator, ProcessRuntime]]:
+    """The simulated cluster running every container as a real process; the store's
+    credentials come from the node, as an instance role would give them."""
+    runtime = ProcessRuntime(tmp_path / "pods", node_env=aws_env)
+    sim = SimulatedTrainingOperator(kubeapi, runtime=runtime).start()
+    try:
+        yield sim, runtime
+    finally:
+        try:
+            sim.stop()
+        finally:
+            print(runtime.logs())
+
+
+def _events(api: KubeAPI, name: str) -> list[tuple[str, str]]:
+    events = sorted(api.list("events", NAMESPACE),
+                    key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [(e["reason"], e["message"]) for e in events
+            if e["involvedObject"]["name"] == name]
+
+
+def _metric(op: Operator, line_start: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{op.health.port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(line_start):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _qualify(api: KubeAPI, operators: Operators, store: dict[str, str], name: str,
+             runtime: ProcessRuntime, **preemption: Any) -> tuple[Operator, Obj, RunLocation]:
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest(
+        name, store, **SPEC, preemption={"step": 4, "microstep": 1, "rank": 1, **preemption}))
+    done = wait_phase(api, name, ("Succeeded", "Failed"), timeout=400)
+    assert done["status"]["phase"] == "Succeeded", (condition(done, "Ready"), runtime.logs())
+    location = RunLocation.open(done["status"]["runUri"], S3Spec(
+        endpoint_url=store["endpointUrl"], region=store["region"], addressing_style="path"))
+    return op, done, location
+
+
+def _checkpoints(location: RunLocation, leg: str) -> set[str]:
+    base = f"{leg}/checkpoints/"
+    return {o.key[len(base):].split("/", 1)[0] for o in location.store.list(f"{leg}/checkpoints")}
+
+
+def _check_pass(op: Operator, api: KubeAPI, done: Obj, name: str, admission: Admission) -> Obj:
+    """The verdict, conditions, Events and metrics of a passing run; its verdict."""
+    status = done["status"]
+    v = status["verdict"]
+    assert v["result"] == "PASS" and v["firstDivergenceSummary"] == "none", v
+    assert v["exactThroughStep"] == 6 and v["paramMaxAbsDiff"] == 0.0
+    assert condition(done, "Ready")["status"] == "True"
+    assert condition(done, "Qualified")["status"] == "True"
+    legs = status["legs"]
+    assert legs["preempted"]["attempts"] == 2 and legs["preempted"]["steps"] == 6
+    assert legs["control"]["attempts"] == 1 and legs["control"]["steps"] == 6
+    assert legs["preempted"]["restartSeconds"] > 0
+    reasons = [r for r, _ in _events(api, name)]
+    assert reasons[:2] == ["LegsRunning", "Armed"] and reasons[-2:] == ["Comparing", "Succeeded"]
+    assert {"Preempted", "PreemptionInjected", "Resumed"} <= set(reasons)
+    labels = f'namespace="{NAMESPACE}",pin="train:2026-11-29",run="{name}",scenario="resume"'
+    assert eventually(lambda: _metric(op, f"resumequal_qualification_passed{{{labels}}}")
+                      == 1.0, what="the passed series")
+    assert (_metric(op, f"resumequal_restart_seconds{{{labels}}}") or 0) > 0
+    assert len(api.created(PYTORCHJOBS.plural)) == 2 and len(api.created(JOBS.plural)) == 1
+    assert admission.validated["PyTorchJob"] >= 2 and admission.validated["Job"] >= 1
+    # Every job it started is deleted once it concluded.
+    assert [j["metadata"]["name"] for j in api.list(PYTORCHJOBS.plural, NAMESPACE)] == []
+    return dict(v)
+
+
+def _resumed_from(location: RunLocation) -> str | None:
+    """The checkpoint the resumed attempt loaded, as the comparator's verdict.json says."""
+    verdict = location.read_verdict()
+    assert verdict is not None
+    return verdict.resumed_from
+
+
+def test_a_hard_pod_kill_resumes_from_the_periodic_checkpoint(
+    api: KubeAPI, operators: Operators, store: dict[str, str], admission: Admission,
+    pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
+) -> None:
+    _, runtime = pods
+    op, done, location = _qualify(api, operators, store, "hard-pod", runtime,
+                                  mode="hard", target="pod")
+    _check_pass(op, api, done, "hard-pod", admission)
+    # The pod was deleted with grace 0; its kubelet still sent SIGTERM first, and the
+    # launcher answered with SIGKILL: no emergency checkpoint exists, the resume was from
+    # the periodic one.
+    [kill] = [d for d in api.deletions_of("pods") if d.cause == "api"]
+    assert kill.name.endswith("-worker-1") and kill.grace_period_seconds == 0
+    assert _resumed_from(location) == "step-00000002"
+    assert not [c for c in _checkpoints(location, "preempted") if "+" in c], \
+        _checkpoints(location, "preempted")
+    injected = next(m for r, m in _events(api, "hard-pod") if r == "PreemptionInjected")
+    assert "deleted pod" in injected and "hard pod kill" in injected
+
+
+def test_a_graceful_pod_kill_resumes_from_the_emergency_checkpoint(
+    api: KubeAPI, operators: Operators, store: dict[str, str], admission: Admission,
+    pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
+) -> None:
+    _, runtime = pods
+    op, done, location = _qualify(api, operators, store, "graceful-pod", runtime,
+                                  mode="graceful", target="pod", graceSeconds=30)
+    _check_pass(op, api, done, "graceful-pod", admission)
+    [kill] = [d for d in api.deletions_of("pods") if d.cause == "api"]
+    assert kill.name.endswith("-worker-1") and kill.grace_period_seconds == 30
+    # The launcher passed SIGTERM on and exited 143 (retryable): the job was not failed,
+    # the pod came back under its name, every rank stopped together and saved.
+    assert _resumed_from(location) == "step-00000003+1"
+    assert "step-00000003+1" in _checkpoints(location, "preempted")
+
+
+def test_a_process_kill_restarts_the_group_in_its_pods(
+    api: KubeAPI, operators: Operators, store: dict[str, str], admission: Admission,
+    pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
+) -> None:
+    _, runtime = pods
+    op, done, location = _qualify(api, operators, store, "process", runtime,
+                                  mode="hard", target="process")
+    _check_pass(op, api, done, "process", admission)
+    # Nothing was deleted: the armed worker obeyed its kill order (SIGKILL to itself) and
+    # torchrun restarted the group inside the same pods.
+    assert [d for d in api.deletions_of("pods") if d.cause == "api"] == []
+    order = location.leg("preempted").read_kill_order(1, 0)
+    assert order is not None and order.mode == "hard" and order.pod_uid
+    assert _resumed_from(location) == "step-00000002"
+    injected = next(m for r, m in _events(api, "process") if r == "PreemptionInjected")
+    assert "ordered the kill of pid" in injected and "hard process kill" in injected
+
+
+def test_ranks_follow_the_pods_as_on_a_cluster(
+    api: KubeAPI, operators: Operators, store: dict[str, str],
+    pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
+) -> None:
+    # What the operator's worker-0 rule rests on: with nprocPerNode 1, rank r runs on pod
+    # worker-r, as the rendezvous orders nodes by host name: the beacon of rank 0 names
+    # its pod.
+    _, runtime = pods
+    _, _, location = _qualify(api, operators, store, "ranks", runtime,
+                                 mode="hard", target="process", rank=0)
+    beacon = location.read_beacon("preempted", 0, 0)
+    assert beacon is not None and str(beacon["pod"]).endswith("-worker-0"), beacon
