@@ -65,6 +65,8 @@ class Rendezvous:
         self.deadlocked = False
         self.seen: set[str] = set()  # agents that hold bootstrap store info from a round
         self.hosts: set[str] = set()  # agents that were rank 0 (they host a shared store)
+        self.formed: list[str] = []  # the running round's members as it formed
+        self.finished: set[tuple[int, str]] = set()  # (round, member) at the exit barrier
 
     def join(self, member: str, stop: threading.Event, timeout: float) -> Round | None:
         """Wait for a round with this member, or None (closed, stopped, timed out)."""
@@ -88,6 +90,7 @@ class Rendezvous:
     def _form(self) -> None:
         self.number += 1
         self.members = sorted(self.waiting[: self.nodes])
+        self.formed = list(self.members)
         self.waiting = self.waiting[self.nodes:]
         self.ranks = {m: r for r, m in enumerate(self.members)}
         self.changed, self.failed = threading.Event(), False
@@ -101,18 +104,36 @@ class Rendezvous:
         self.hosts.add(self.members[0])
         self.cond.notify_all()
 
-    def leave(self, member: str, host: bool) -> None:
-        """The member's container ended: its round breaks; the host takes the store along."""
+    def exit_barrier(self, member: str, number: int, timeout: float) -> bool:
+        """torchrun's exit barrier (agent/server/api.py ``_exit_barrier``): an agent whose
+        workers succeeded waits until every agent of its round got there, or the store is
+        gone, or ``timeout`` (then it logs the error and exits 0 all the same). Whether all
+        arrived."""
+        with self.cond:
+            self.finished.add((number, member))
+            self.cond.notify_all()
+            return self.cond.wait_for(
+                lambda: self.closed or self.number != number
+                or all((number, m) in self.finished for m in self.formed), timeout)
+
+    def leave(self, member: str, host: bool, succeeded: bool = False) -> None:
+        """The member's container ended: its round breaks; the host takes the store along.
+
+        An agent that exits 0 left after its workers finished, past their last collective:
+        the other agents' workers do not notice (nothing restarts them), only a later
+        rendezvous or exit barrier finds the host's store gone."""
         with self.cond:
             if member in self.members:
-                self.failed = True
-                self.changed.set()
+                if not succeeded:
+                    self.failed = True
+                    self.changed.set()
                 self.members = [m for m in self.members if m != member]
             if member in self.waiting:
                 self.waiting.remove(member)
             if host:
                 self.closed = True
-                self.changed.set()
+                if not succeeded:
+                    self.changed.set()
             self.cond.notify_all()
 
 
@@ -124,6 +145,9 @@ class Container:
     command: list[str]  # the container's command followed by its args
     env: dict[str, str]  # as the pod's env resolves (template env, then the operator's)
     killed: threading.Event = field(default_factory=threading.Event)  # SIGTERM
+    # torchrun's exit_barrier_timeout (LaunchConfig, 300 s); tests shorten it to play a
+    # rank that is slower than the barrier.
+    exit_barrier_timeout: float = 300.0
     _store: Rendezvous | None = None
     _restarts: int = 0
     _round: Round | None = None
@@ -158,6 +182,14 @@ class Container:
         joined.restart_count = self._restarts
         self._round = joined
         return joined
+
+    def exit_barrier(self, timeout: float | None = None) -> bool:
+        """After its workers succeeded, wait for the other agents of the round as torchrun
+        does before it exits 0 (default: its 300 s, or the runtime's). Whether all came."""
+        if self._store is None or self._round is None:
+            return True
+        limit = self.exit_barrier_timeout if timeout is None else timeout
+        return self._store.exit_barrier(self.member, self._round.number, limit)
 
     @property
     def member(self) -> str:
@@ -197,26 +229,29 @@ class _Thread:
             if self.code is not None:
                 return
             self.code = code
-        self._leave(self.host)  # the agent, and a host's store with it, is gone
+        self._leave(self.host, succeeded=code == 0)  # the agent, and a host's store, is gone
         self.wake()
 
-    def _leave(self, host: bool) -> None:
+    def _leave(self, host: bool, succeeded: bool = False) -> None:
         if self.container._store is not None:
-            self.container._store.leave(self.container.member, host)
+            self.container._store.leave(self.container.member, host, succeeded)
 
 
 class ScriptedRuntime:
     """Runs ``run_container`` on a thread per container; errors are kept in ``errors``."""
 
-    def __init__(self, run_container: RunContainer = hold) -> None:
+    def __init__(self, run_container: RunContainer = hold, *,
+                 exit_barrier_timeout: float = 300.0) -> None:
         self.run_container = run_container
+        self.exit_barrier_timeout = exit_barrier_timeout
         self.errors: list[BaseException] = []
         self._stores: dict[str, Rendezvous] = {}
         self._threads: list[tuple[threading.Thread, _Thread]] = []
         self._lock = threading.Lock()
 
     def start(self, spec: ContainerSpec, wake: Callable[[], None]) -> _Thread:
-        container = Container(spec.pod, spec.command, spec.env)
+        container = Container(spec.pod, spec.command, spec.env,
+                              exit_barrier_timeout=self.exit_barrier_timeout)
         endpoint = spec.env.get("PET_RDZV_ENDPOINT")
         if endpoint is not None:
             key = f"{spec.pod['metadata']['namespace']}/{endpoint}"

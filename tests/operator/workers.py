@@ -62,6 +62,9 @@ class Workers:
     arm: bool = True  # False: the cut rank never reaches its cut (an arm timeout)
     resume: bool = True  # False: a restarted attempt hangs before its first step
     write_verdict: bool = True  # False: the comparator crashes before writing its verdict
+    # rank -> seconds it still writes (last trace segments, final checkpoint) after its last
+    # step, before it marks the leg done; a pod deleted meanwhile never marks it.
+    finish_seconds: dict[int, float] = field(default_factory=dict)
     _locations: dict[str, RunLocation] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -104,6 +107,9 @@ class Workers:
             # Every rank is stuck at the cut: the armed one holds, the others wait for it.
             _hold(stopped, self.hold_timeout)
             return False
+        _hold(stopped, self.finish_seconds.get(rank, 0.0))
+        if stopped():
+            return False
         # As `resumequal leg` does once its trace is closed and its last checkpoint committed.
         loc.leg(leg).mark_rank_done(rank, attempt, steps)
         return True
@@ -135,6 +141,7 @@ class Workers:
                                  container.pod_name,
                                  lambda g=group: g.changed.is_set() or container.killed.is_set())
             if done:
+                container.exit_barrier()
                 return 0
             if container.killed.is_set():
                 return SIGTERM_EXIT

@@ -1,0 +1,64 @@
+"""A leg is done when every rank is, not when the elastic PyTorchJob says Succeeded.
+
+The training operator v1.9 marks an elastic job Succeeded as soon as one worker succeeded
+(pytorchjob_controller.go, PR #1752), and with cleanPodPolicy Running it would then delete
+the pods of ranks still writing their last trace segments and final checkpoint. torchrun's
+exit barrier holds a finished agent until the others finish, but only for 300 s: a rank
+slower than that (here the barrier is shortened to 1 s) is what this guards against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from resumequal.runstore import RunLocation
+from resumequal.spec import S3Spec
+from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
+from tests.kubeapi import KubeAPI
+from tests.kubeapi.scripted import ScriptedRuntime
+from tests.kubeapi.training import SimulatedTrainingOperator
+from tests.operator.harness import NAMESPACE, Operators, eventually, qr, run_manifest, wait_phase
+from tests.operator.workers import Workers
+
+SLOW_S = 4.0  # how long rank 1 still writes after its last step
+BARRIER_S = 1.0  # torchrun's exit barrier, shortened from its 300 s
+
+
+def _succeeded(api: KubeAPI, job: str) -> bool:
+    obj = api.get(PYTORCHJOBS.plural, NAMESPACE, job) or {}
+    return any(c["type"] == "Succeeded" and c["status"] == "True"
+               for c in (obj.get("status") or {}).get("conditions", []))
+
+
+@pytest.fixture
+def slow_rank(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperator]:
+    workers.finish_seconds = {1: SLOW_S}
+    runtime = ScriptedRuntime(workers, exit_barrier_timeout=BARRIER_S)
+    with SimulatedTrainingOperator(api, runtime=runtime) as sim:
+        yield sim
+
+
+def test_the_comparison_waits_for_the_last_rank_and_no_pod_is_deleted_under_it(
+    api: KubeAPI, operators: Operators, slow_rank: SimulatedTrainingOperator,
+    store: dict[str, str],
+) -> None:
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("slow-rank", store))
+    job = eventually(lambda: qr(api, "slow-rank").get("status", {}).get("legs", {}).get(
+        "control", {}).get("job"), what="the control leg's job")
+    # Rank 0 finished: the elastic job is Succeeded while rank 1 still writes.
+    eventually(lambda: _succeeded(api, job), timeout=20, what="the first worker's success")
+    status = qr(api, "slow-rank")["status"]
+    assert status["legs"]["control"].get("finishedAt") is None
+    assert status["phase"] != "Comparing"
+    # cleanPodPolicy None: the training operator deletes nothing under the writing rank.
+    assert not [d for d in api.deletions_of("pods") if d.name.startswith(job)]
+
+    done = wait_phase(api, "slow-rank", ("Succeeded", "Failed"), timeout=40)
+    assert done["status"]["phase"] == "Succeeded"
+    location = RunLocation.open(done["status"]["runUri"], S3Spec(
+        endpoint_url=store["endpointUrl"], region=store["region"], addressing_style="path"))
+    assert location.ranks_done("control") == {0, 1}
+    assert done["status"]["legs"]["control"]["steps"] == 6
