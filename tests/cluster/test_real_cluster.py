@@ -13,9 +13,11 @@ Opt-in (``pytest -m cluster``) and skipped unless the cluster is named. What it 
 - ``RESUMEQUAL_CLUSTER_IMAGE``: the worker image loaded into the cluster (default
   ``resumequal-worker:dev``); ``RESUMEQUAL_CLUSTER_TIMEOUT``: seconds to wait (default 1800).
 
-It applies one QualificationRun (2 nodes x 1 rank on CPU, a hard kill of rank 1, so pod
-worker-1 is deleted with grace 0), waits for the verdict in the status, checks what the
-operator reported, then deletes the run and checks that its finalizer removed every job.
+It applies a QualificationRun (2 nodes x 1 rank on CPU, the cut on rank 1, pod worker-1)
+for each preemption users face — a hard pod kill (deleted with grace 0), a graceful pod
+kill (deleted with a grace period), a process kill (a kill order: no pod is deleted) —
+waits for the verdict in the status, checks what the operator reported, then deletes the
+run and checks that its finalizer removed every job.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def api() -> Iterator[client.ApiClient]:
         yield api_client
 
 
-def _manifest(name: str) -> dict[str, Any]:
+def _manifest(name: str, preemption: dict[str, Any]) -> dict[str, Any]:
     store: dict[str, Any] = {"uri": STORE, "addressingStyle": "path"}
     if ENDPOINT:
         store["endpointUrl"] = ENDPOINT
@@ -82,7 +84,7 @@ def _manifest(name: str) -> dict[str, Any]:
             "world": {"nnodes": 2, "nprocPerNode": 1, "backend": "gloo"},
             "training": {"steps": 8, "accumulationSteps": 2},
             "checkpoint": {"everySteps": 2},
-            "preemption": {"step": 5, "microstep": 1, "rank": 1, "mode": "hard"},
+            "preemption": {"step": 5, "microstep": 1, "rank": 1, **preemption},
             "timeouts": {"armSeconds": 300, "restartSeconds": 600, "legSeconds": 1500},
             "controls": {"enabled": False},
             "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
@@ -102,12 +104,21 @@ def _get(objects: client.CustomObjectsApi, name: str) -> dict[str, Any] | None:
         raise
 
 
+PREEMPTIONS = {
+    "hard-pod": {"mode": "hard", "target": "pod"},
+    "graceful-pod": {"mode": "graceful", "target": "pod", "graceSeconds": 60},
+    "hard-process": {"mode": "hard", "target": "process"},
+}
+
+
+@pytest.mark.parametrize("preemption", PREEMPTIONS.values(), ids=PREEMPTIONS.keys())
 def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
-    api: client.ApiClient,
+    api: client.ApiClient, preemption: dict[str, Any],
 ) -> None:
     objects = client.CustomObjectsApi(api)
     name = f"e2e-{uuid.uuid4().hex[:6]}"
-    objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _manifest(name))
+    objects.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
+                                            _manifest(name, preemption))
     phases: list[str] = []
     deadline = time.monotonic() + TIMEOUT
     try:
@@ -131,9 +142,9 @@ def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
         assert conditions["Ready"]["status"] == "True"
         assert status["pin"] == f"e2e-{name}"
         assert status["reportUrl"].endswith("/report.html")
-        preemption = status["preemption"]
-        assert preemption["rank"] == 1 and preemption["mode"] == "hard"
-        assert preemption["pod"].endswith("-worker-1"), preemption
+        reported = status["preemption"]
+        assert reported["rank"] == 1 and reported["mode"] == preemption["mode"]
+        assert reported["pod"].endswith("-worker-1"), reported
         assert status["legs"]["preempted"]["attempts"] >= 2
         assert status["legs"]["preempted"]["restartSeconds"] > 0
         events = client.CoreV1Api(api).list_namespaced_event(
