@@ -1,0 +1,65 @@
+"""The deadline backstop of a leg, for when the operator is down: as the training operator
+and the kubelet really enforce deadlines.
+
+The training operator checks a job's ``activeDeadlineSeconds`` only when an event arrives
+(its delayed requeue goes nowhere: kubeflow/trainer#3358), so a leg whose pods hang is
+never failed by it alone. Each leg pod carries its own deadline, which its kubelet
+enforces (pkg/kubelet/active_deadline.go); the pod that dies of it is the event on which
+the job's deadline fails the job, and a finished job recreates nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+from resumequal.plan import qualification_plan
+from resumequal_operator import pytorchjob
+from resumequal_operator.resource import parse_run_spec, qualification_spec
+from tests.kubeapi import KubeAPI
+from tests.kubeapi.training import SimulatedTrainingOperator
+from tests.operator.harness import NAMESPACE, run_manifest
+
+DEADLINE_S = 2
+
+
+def _leg_job(name: str) -> dict[str, object]:
+    """The control leg's PyTorchJob as the operator builds it, deadlines shortened."""
+    manifest = run_manifest(name, {"uri": "s3://bucket/runs"})
+    spec = parse_run_spec(manifest["spec"])
+    uri = f"s3://bucket/runs/{NAMESPACE}/{name}/uid-1"
+    leg = qualification_plan(qualification_spec(spec, uri)).leg("control")
+    job = pytorchjob.leg_job(name, NAMESPACE, "uid-1", spec, leg, uri)
+    job["metadata"].pop("ownerReferences")
+    job["spec"]["runPolicy"]["activeDeadlineSeconds"] = DEADLINE_S
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["activeDeadlineSeconds"] == pytorchjob.leg_deadline_seconds(leg)
+    worker["activeDeadlineSeconds"] = DEADLINE_S
+    return job
+
+
+def test_a_hung_leg_is_stopped_by_its_pod_deadlines_without_the_operator(
+    kubeapi: KubeAPI, training_operator: SimulatedTrainingOperator
+) -> None:
+    # The containers hang (they run until a signal); no operator is running.
+    job = _leg_job("hung")
+    name = job["metadata"]["name"]  # type: ignore[index]
+    kubeapi.create("pytorchjobs", job)
+    kubeapi.wait_for(lambda: len([p for p in training_operator.pods(NAMESPACE, name)
+                                  if p["status"].get("phase") == "Running"]) == 2,
+                     20, "both pods running")
+    created = {p["metadata"]["uid"] for p in training_operator.pods(NAMESPACE, name)}
+
+    def failed() -> dict[str, object] | None:
+        obj = kubeapi.get("pytorchjobs", NAMESPACE, name) or {}
+        conds = [c for c in (obj.get("status") or {}).get("conditions", [])
+                 if c["type"] == "Failed" and c["status"] == "True"]
+        return conds[0] if conds else None
+
+    condition = kubeapi.wait_for(failed, 30, "the job failed by its deadline")
+    assert "active longer than specified deadline" in str(condition["message"])
+    time.sleep(1)  # nothing may be recreated after the failure
+    pods = training_operator.pods(NAMESPACE, name)
+    assert {p["metadata"]["uid"] for p in pods} <= created
+    for pod in pods:
+        assert pod["status"]["phase"] == "Failed"
+        assert pod["status"].get("reason") == "DeadlineExceeded"
