@@ -225,8 +225,8 @@ def main() -> None:
         spec_path = root / "spec.yaml"
         spec_path.write_text(yaml.safe_dump({
             "workload": {"name": args.workload},
-            "training": {"steps": args.steps, "accumulation_steps": args.accumulation},
-            "world": {"nproc_per_node": NPROC, "backend": "gloo", "threads_per_rank": 1},
+            "training": {"steps": args.steps, "accumulationSteps": args.accumulation},
+            "world": {"nprocPerNode": NPROC, "backend": "gloo", "threadsPerRank": 1},
         }))
         spec = load_spec(spec_path)
         print(f"harness overhead: {args.repeats} alternating pairs of runs", flush=True)

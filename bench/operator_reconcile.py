@@ -129,9 +129,9 @@ def main() -> None:
                     name = f"run-{len(created):04d}"
                     # Timeouts sized for many runs' pods simulated on 2 cores.
                     api.create("qualificationruns", run_manifest(
-                        name, store, timeouts={"arm_seconds": 900, "restart_seconds": 900,
-                                               "process_group_seconds": 1000,
-                                               "leg_seconds": 1800}))
+                        name, store, timeouts={"armSeconds": 900, "restartSeconds": 900,
+                                               "processGroupSeconds": 1000,
+                                               "legSeconds": 1800}))
                     created[name] = time.time()
                 if time.monotonic() - start > args.timeout:
                     raise SystemExit(f"only {len(finished)} of {args.runs} runs finished in "

@@ -249,7 +249,7 @@ def main() -> None:
         spec_path = root / "spec.yaml"
         # The default cut: hard kill at step 6, microstep 1, on rank 1.
         spec_path.write_text(yaml.safe_dump({
-            "world": {"nproc_per_node": NPROC, "backend": "gloo", "threads_per_rank": 1},
+            "world": {"nprocPerNode": NPROC, "backend": "gloo", "threadsPerRank": 1},
             "preemption": {"step": 6, "microstep": 1, "rank": TARGET_RANK, "mode": "hard"},
         }))
         print(f"restart latency: {args.repeats} runs per side, alternating", flush=True)
