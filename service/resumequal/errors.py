@@ -1,6 +1,7 @@
 """Our exceptions, one per boundary; vendor errors are chained with ``from e``.
 
     ResumequalError
+    ├── SpecError         a spec cannot be loaded or does not validate (resumequal.spec)
     ├── TrainingError     a leg cannot go on (bad workload, restore disagreement, arm timeout)
     ├── CheckpointError   a checkpoint cannot be written, found, verified or loaded
     ├── StoreError        the store (file or object storage) refused an operation

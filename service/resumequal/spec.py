@@ -23,6 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from resumequal.errors import ResumequalError
+
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
 
 Boundary = Literal[
@@ -38,19 +40,9 @@ Boundary = Literal[
     "optimizer_state",
 ]
 
-# Execution order inside one update; the comparator walks them in this order.
-BOUNDARIES: tuple[Boundary, ...] = (
-    "inputs",
-    "rng",
-    "loss",
-    "local_grads",
-    "bucket_layout",
-    "reduced_grads",
-    "grad_norm",
-    "lr",
-    "params",
-    "optimizer_state",
-)
+# The Literal's order is the execution order inside one update; the comparator walks them
+# in this order.
+BOUNDARIES: tuple[Boundary, ...] = get_args(Boundary)
 
 # The parts of training state a negative control may leave out of a resume.
 Omission = Literal["rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads"]
@@ -62,8 +54,9 @@ OMISSIONS: tuple[Omission, ...] = (
 _TRAINING_SECTIONS = ("workload", "world", "training", "checkpoint", "ddp")
 
 
-class SpecError(ValueError):
-    """A spec that cannot be loaded or does not validate; the message names the field."""
+class SpecError(ResumequalError, ValueError):
+    """A spec that cannot be loaded or does not validate; the message names the field.
+    (A ValueError too, for code that validates values of any origin.)"""
 
 
 CONTROL_LEG = "control"

@@ -129,8 +129,18 @@ class Verdict(_Model):
 
     @property
     def controls_total(self) -> int:
-        """Controls that had to be detected (not applicable ones excluded)."""
-        return sum(c.status != "not_applicable" for c in self.controls)
+        """Controls that had to be detected (not applicable and not judged ones excluded)."""
+        return sum(c.status not in UNCOUNTED for c in self.controls)
+
+    @property
+    def controls_not_judged(self) -> int:
+        """Controls left unjudged: the legs differed before the kill (NONDETERMINISTIC)."""
+        return sum(c.status == "not_judged" for c in self.controls)
+
+
+# Control outcomes that are not owed a detection: the state could not matter, or nothing
+# could be judged (the main pair is not run-to-run deterministic).
+UNCOUNTED = frozenset({"not_applicable", "not_judged"})
 
 
 class ControlOutcome(_Model):
@@ -140,7 +150,7 @@ class ControlOutcome(_Model):
     leg: str | None = Field(description="the leg that ran it (None when not run)")
     method: str = Field(description="how it ran, e.g. a real preempted-and-restarted leg")
     expected: Literal["diverge"] = "diverge"
-    status: Literal["detected", "blind", "not_applicable", "invalid"]
+    status: Literal["detected", "blind", "not_applicable", "invalid", "not_judged"]
     first_divergence: Divergence | None = None
     max_param_diff: float | None = Field(
         default=None, description="max abs parameter difference at the end (model drift)"

@@ -693,3 +693,31 @@ def test_nan_and_inf_drift_survive_json() -> None:
                      rel_l2=math.inf, mismatch_fraction=1.0, worst=[])
     back = DriftSummary.model_validate_json(d.model_dump_json())
     assert math.isnan(back.max_abs_diff) and back.rel_l2 == math.inf
+
+
+# -------------------------------------------------------------------- verdict precedence
+
+
+@pytest.mark.parametrize("controls", [
+    {"enabled": False},
+    {"enabled": True, "omissions": ["rng", "scheduler", "pending_grads"]},
+], ids=["without-controls", "with-controls"])
+def test_a_nondeterministic_stack_is_nondeterministic_with_or_without_controls(
+    tmp_path: Path, controls: dict[str, Any],
+) -> None:
+    # A stack that is not run-to-run reproducible: the legs differ at step 1, before the
+    # kill. Its controls are moot (their legs would differ anyway), and were they judged,
+    # one that "did not run as planned" would turn the answer into INVALID.
+    from resumequal.compare.controls import compare_qualification
+
+    run = SyntheticRun(tmp_path / "run", spec=make_spec(controls=controls))
+    run.change_step("preempted", 0, 1, attempt=0, grad_norm=2.0)
+    v = compare_qualification(run.write(), run.spec)
+    assert v.result == Result.NONDETERMINISTIC, v.reason
+    assert v.reason.startswith("not run-to-run deterministic")
+    if controls["enabled"]:
+        assert {c.omission: c.status for c in v.controls} == {
+            "rng": "not_judged", "scheduler": "not_judged", "pending_grads": "not_judged"}
+        assert (v.controls_detected, v.controls_total, v.controls_not_judged) == (0, 0, 3)
+    else:
+        assert v.controls == []

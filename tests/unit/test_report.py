@@ -26,6 +26,7 @@ from resumequal.report import (
     render_html,
     write_reports,
 )
+from resumequal.report.html import CONTROL_STATUS_LABELS
 from resumequal.report.svg import SVG_NS, fmt, nice_ticks
 from resumequal.spec import BOUNDARIES, SCENARIOS
 from resumequal.verdict import SCHEMA_VERSION, Report, Result
@@ -384,7 +385,9 @@ def test_html_badge_colours_are_defined_for_every_status() -> None:
         "blind": "#cf222e",  # red
         "not_applicable": "#6e7781",  # grey
         "invalid": "#d97706",  # orange
+        "not_judged": "#6e7781",  # grey
     }
+    assert set(colours) == set(CONTROL_STATUS_LABELS)
     for status, colour in colours.items():
         assert f".cs-{status} {{ background: {colour}; }}" in page
 
@@ -516,6 +519,20 @@ def test_summary_names_invalid_controls() -> None:
     assert "controls: 3/4 detected (1 not applicable)  invalid: scheduler" in text
 
 
+def test_controls_not_judged_are_neither_owed_nor_not_applicable() -> None:
+    report = make_controls_report(blind=False)
+    report.verdict.result = Result.NONDETERMINISTIC
+    for c in report.verdict.controls:
+        if c.status != "not_applicable":
+            c.status = "not_judged"
+    text = _summary(report)
+    assert "controls: 0/0 detected (1 not applicable) (4 not judged)" in text
+    html = render_html(report)
+    assert "0 of 0 applicable controls detected (1 not applicable) (4 not judged: the legs " \
+           "differ before the kill)" in html
+    assert html.count(">not judged<") == 4
+
+
 def test_summary_prints_a_compact_seed_matrix() -> None:
     report = make_matrix_report()
     assert report.matrix is not None
@@ -586,3 +603,30 @@ def test_leg_progress_draws_live_on_a_terminal() -> None:
         progress.update("Running", {"control": 4, "preempted": 3}, 12, 1)
     text = out.getvalue()
     assert "Running" in text and "4/12" in text and "3/12" in text
+
+
+def test_counts_read_in_the_singular_for_one() -> None:
+    from resumequal.words import count
+
+    assert [count(1, "rank"), count(2, "rank"), count(0, "bucket")] == [
+        "1 rank", "2 ranks", "0 buckets"]
+    assert count(1, "child", "children") == "1 child"
+    assert count(3, "child", "children") == "3 children"
+
+
+def test_result_uris_wrap_in_a_narrow_terminal_and_are_never_cut() -> None:
+    uri = ("s3://resumequal-runs/qualifications/training/nightly-2026-11-29/"
+           "3f1c9a0e-5b7d-4c1e-9a55-1e2f3a4b5c6d/report.html")
+    console = Console(record=True, width=70, file=io.StringIO(), color_system=None)
+    print_summary(make_report(Result.PASS), console, files={"report.html": uri})
+    text = console.export_text()
+    assert "…" not in text
+    # The URI, read back across its folded lines, whole.
+    lines = [ln.strip("│ ").strip() for ln in text.splitlines()]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("report.html"))
+    parts = [lines[start].removeprefix("report.html").strip()]
+    for ln in lines[start + 1:]:
+        if not ln or not uri.startswith("".join(parts) + ln):
+            break
+        parts.append(ln)
+    assert "".join(parts) == uri

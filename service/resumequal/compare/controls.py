@@ -40,6 +40,16 @@ def compare_qualification(run_dir: Path, spec: QualificationSpec | None = None) 
     spec = spec if spec is not None else load_run_spec(run_dir)
     plan = qualification_plan(spec)
     verdict = compare_run(run_dir, spec, leg="preempted")
+    if verdict.result == Result.NONDETERMINISTIC:
+        # The legs already differ before the kill: the stack is not run-to-run
+        # reproducible, so no resume can be judged exact or broken, a control's neither.
+        # The answer is NONDETERMINISTIC, whatever the controls did.
+        judged = [ControlOutcome(
+            omission=leg.omit[0], leg=leg.name, method=leg.method, status="not_judged",
+            mechanism="not judged: the main legs already differ before the kill")
+            for leg in plan.controls]
+        return verdict.model_copy(update={
+            "controls": judged + [_not_run(n) for n in plan.not_run]})
     outcomes = [evaluate_control(run_dir, leg) for leg in plan.controls]
     outcomes += [_not_run(n) for n in plan.not_run]
     if not outcomes:

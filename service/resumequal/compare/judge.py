@@ -38,6 +38,7 @@ from resumequal.verdict import (
     ValidityCheck,
     Verdict,
 )
+from resumequal.words import count
 
 
 def _cut(spec: QualificationSpec) -> Cut:
@@ -199,15 +200,18 @@ def compare_run(
 
     compared = spec.comparison.boundaries
     if len(compared) < len(BOUNDARIES):
-        reason = (f"equal on the compared boundaries ({', '.join(compared)}) of {steps} steps "
-                  f"on {world} ranks; the others were not looked at")
+        reason = (f"equal on the compared boundaries ({', '.join(compared)}) of "
+                  f"{count(steps, 'step')} on {count(world, 'rank')}; the others were not "
+                  "looked at")
     elif result.exact_through == steps and all(is_exact(d) for d in drift):
-        reason = (f"exact: every boundary of {steps} steps on {world} ranks equal; "
+        reason = (f"exact: every boundary of {count(steps, 'step')} on "
+                  f"{count(world, 'rank')} equal; "
                   "final model and optimizer bitwise equal")
     else:
         relaxed = sorted({b for row in result.rows for b, s in row.status.items()
                           if s == "within_tolerance"})
-        reason = (f"within tolerance: {steps} steps on {world} ranks, exact through step "
+        reason = (f"within tolerance: {count(steps, 'step')} on {count(world, 'rank')}, "
+                  "exact through step "
                   f"{result.exact_through}; {', '.join(relaxed) or 'no boundary'} within the "
                   f"declared tolerances; {_drift_words(drift)}")
     return verdict(Result.PASS, reason, None, result.exact_through)

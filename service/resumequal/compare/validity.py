@@ -19,6 +19,7 @@ from resumequal.errors import CheckpointError
 from resumequal.spec import QualificationSpec
 from resumequal.trace import ArmRecord, InventoryRecord, RestoreRecord
 from resumequal.verdict import ValidityCheck
+from resumequal.words import count
 
 
 def _ok(name: str, detail: str) -> ValidityCheck:
@@ -51,7 +52,8 @@ def check_traces(control: LegTrace, preempted: LegTrace) -> ValidityCheck:
     problems = control.problems + preempted.problems
     if problems:
         return _failed("traces", "; ".join(problems))
-    return _ok("traces", f"both legs have a trace of each of {control.world_size} ranks")
+    return _ok("traces", f"both legs have a trace of each of "
+                         f"{count(control.world_size, 'rank')}")
 
 
 def check_armed(spec: QualificationSpec, preempted: LegTrace, run_dir: Path) -> ValidityCheck:

@@ -29,6 +29,7 @@ from resumequal.compare.drift import values_equal
 from resumequal.spec import BOUNDARIES, ComparisonSpec
 from resumequal.trace import StepRecord, boundary_value
 from resumequal.verdict import BoundaryRow, DriftSummary, StepDelta
+from resumequal.words import count
 
 Status = Literal["equal", "within_tolerance", "differs", "missing", "not_compared"]
 Steps = Mapping[int, Mapping[int, StepRecord]]  # rank -> step -> record
@@ -213,8 +214,8 @@ def summarise(boundary: str, a: StepRecord, b: StepRecord) -> tuple[str, str]:
 
         return streams(va), streams(vb)
     if boundary == "bucket_layout":
-        return (f"{_digest(a.bucket_layout)} ({len(a.buckets)} buckets)",
-                f"{_digest(b.bucket_layout)} ({len(b.buckets)} buckets)")
+        return (f"{_digest(a.bucket_layout)} ({count(len(a.buckets), 'bucket')})",
+                f"{_digest(b.bucket_layout)} ({count(len(b.buckets), 'bucket')})")
     if isinstance(va, str) and isinstance(vb, str):
         return _digest(va), _digest(vb)
     return _clip(repr(va)), _clip(repr(vb))

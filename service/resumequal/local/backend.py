@@ -142,7 +142,8 @@ class LocalBackend:
     def compare(self) -> Verdict:
         if self.judge is not None:
             return self.judge()
-        from resumequal.compare import compare_qualification  # loads torch only here
+        # The comparator (DCP readers, drift statistics) is imported when a comparison runs.
+        from resumequal.compare import compare_qualification
 
         return compare_qualification(self.location.materialize(self.run_dir), self.spec)
 

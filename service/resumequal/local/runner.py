@@ -163,7 +163,9 @@ def run_matrix(
     location: RunLocation | None = None,
 ) -> Matrix:
     """Each positive scenario, for each seed, against that seed's control leg."""
-    from resumequal.compare import compare_run  # loads torch only here
+    # The comparator (DCP readers, drift statistics) is imported when a comparison runs;
+    # torch itself is already loaded here, by the trace reader.
+    from resumequal.compare import compare_run
 
     parent = location or RunLocation.open(str(opts.run_dir))
     cells: list[MatrixCell] = []

@@ -28,6 +28,7 @@ from resumequal.verdict import (
     Result,
     Verdict,
 )
+from resumequal.words import count
 
 VERDICT_COLORS: dict[Result, str] = {
     Result.PASS: "#1a7f37",
@@ -52,6 +53,7 @@ CONTROL_STATUS_LABELS = {
     "blind": "blind",
     "not_applicable": "not applicable",
     "invalid": "invalid",
+    "not_judged": "not judged",
 }
 _CHECKPOINT_STEP = re.compile(r"step[-_]?0*(\d+)")
 _T = TypeVar("_T")
@@ -104,6 +106,7 @@ ul.checks li { padding: 3px 0; } .ok { color: #1a7f37; } .bad { color: #cf222e; 
   padding: 1px 8px; border-radius: 10px; white-space: nowrap; }
 .cs-detected { background: #1a7f37; } .cs-blind { background: #cf222e; }
 .cs-not_applicable { background: #6e7781; } .cs-invalid { background: #d97706; }
+.cs-not_judged { background: #6e7781; }
 .blind { border: 2px solid #cf222e; background: #ffebe9; color: #cf222e; border-radius: 6px;
   padding: 8px 12px; margin: 8px 0 12px; }
 .blind strong { display: block; font-size: 16px; }
@@ -181,7 +184,8 @@ def _header(report: Report, color: str, resume_step: int | None) -> str:
         ),
         ("restart", escape(_seconds(report.restart_seconds) + " (kill → first resumed step)")),
         ("exact through step", escape(str(v.exact_through_step))),
-        ("compared", escape(f"{v.steps_compared} steps on {v.ranks_compared} ranks")),
+        ("compared", escape(f"{count(v.steps_compared, 'step')} on "
+                            f"{count(v.ranks_compared, 'rank')}")),
     ]
     if v.first_divergence is not None:
         d = v.first_divergence
@@ -374,9 +378,11 @@ def _drift(drift: Sequence[DriftSummary]) -> str:
 
 def _controls_sentence(v: Verdict) -> str:
     text = f"{v.controls_detected} of {v.controls_total} applicable controls detected"
-    not_applicable = len(v.controls) - v.controls_total
+    not_applicable = len(v.controls) - v.controls_total - v.controls_not_judged
     if not_applicable:
         text += f" ({not_applicable} not applicable)"
+    if v.controls_not_judged:
+        text += (f" ({v.controls_not_judged} not judged: the legs differ before the kill)")
     return text
 
 

@@ -94,7 +94,8 @@ def print_summary(
         paths = Table.grid(padding=(0, 2))
         paths.add_column(style="dim")
         for name, path in files.items():
-            paths.add_row(Text(name), Text(str(path)))
+            # Folded, never cut with an ellipsis: people copy these.
+            paths.add_row(Text(name), Text(str(path), overflow="fold"))
         lines.append(paths)
 
     console.print(
@@ -117,9 +118,11 @@ def _controls_line(v: Verdict) -> Text:
             "green" if v.controls_detected == v.controls_total else "bold",
         ),
     )
-    not_applicable = len(v.controls) - v.controls_total
+    not_applicable = len(v.controls) - v.controls_total - v.controls_not_judged
     if not_applicable:
         line.append(f" ({not_applicable} not applicable)", style="dim")
+    if v.controls_not_judged:
+        line.append(f" ({v.controls_not_judged} not judged)", style="dim")
     for status, style in (("blind", "bold red"), ("invalid", "dark_orange")):
         names = [c.omission for c in v.controls if c.status == status]
         if names:
