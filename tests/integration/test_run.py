@@ -114,16 +114,18 @@ def test_experiments_that_cannot_be_valid_are_rejected_up_front(
 
 
 def test_interrupt_stops_every_process(tmp_path: Path) -> None:
+    # Interrupted while the armed rank holds at its cut (no kill is delivered): the leg's
+    # torchrun and both workers are certainly alive then, however loaded the machine.
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "resumequal", "run", "--run-dir",
-                             str(run_dir), *FAST], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        trace = run_dir / "control" / "trace" / "rank-1.jsonl"
-        if trace.exists() and trace.read_text().count('"kind":"step"') >= 2:
-            break
+                             str(run_dir), "--no-kill", *FAST,
+                             "--set", "timeouts.armSeconds=100"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
+    deadline = time.monotonic() + 180
+    while not beacon.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
+    assert beacon.exists(), "the preempted leg never armed"
     workers = _processes_mentioning(str(run_dir))
     assert len(workers) >= 3  # torchrun and two workers
     proc.send_signal(signal.SIGINT)
