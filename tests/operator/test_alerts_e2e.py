@@ -8,7 +8,6 @@ chart's ServiceMonitor (job ``resumequal-operator``, honorLabels), must fire
 
 from __future__ import annotations
 
-import shutil
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from tests.chart.prometheus import JOB, Prometheus, running_prometheus
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, Operators, eventually, run_manifest, wait_phase
+from tests.tools import require
 
 ALERTS = Path(__file__).resolve().parents[2] / "charts/resumequal/files/alerts.yaml"
 RUN = "nightly-fail"
@@ -49,8 +49,7 @@ def test_a_failed_run_fires_qualification_failed_until_it_is_deleted(
     api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator,
     store: dict[str, str], tmp_path: Path,
 ) -> None:
-    if shutil.which("prometheus") is None:
-        pytest.skip("prometheus is not installed (make tools installs Debian's prometheus)")
+    require("prometheus")
     op = operators.start()
     port = op.health.port
     # Prometheus starts while the qualification runs.

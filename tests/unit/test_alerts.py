@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,10 @@ from prometheus_client import CollectorRegistry
 
 from resumequal.metrics import QualificationMetrics
 from resumequal.verdict import Result
+from resumequal_operator import opmetrics
 from tests.chart.monitoring import OPERATOR_FAMILIES, metric_names
 from tests.chart.prometheus import metrics_endpoint, running_prometheus
+from tests.tools import require
 from tests.unit.report_samples import make_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,10 +35,7 @@ EVERY_ALERT = PER_RUN | {"NoPassingQualification", "OperatorDown", "ReconcileErr
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed (make tools installs Debian's prometheus)")
-    return path
+    return require("promtool")
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -119,8 +117,7 @@ def test_alerts_use_only_metrics_that_exist() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_prometheus_fires_qualification_failed(tmp_path: Path) -> None:
-    if shutil.which("prometheus") is None:
-        pytest.skip("prometheus is not installed (make tools installs Debian's prometheus)")
+    require("prometheus")
     report = make_report(Result.FAIL)
     registry = CollectorRegistry()
     QualificationMetrics(registry).record(report, namespace="ml")
@@ -151,7 +148,6 @@ def test_prometheus_fires_qualification_failed(tmp_path: Path) -> None:
 
 
 def test_operator_families_are_the_operators() -> None:
-    opmetrics = pytest.importorskip("resumequal_operator.opmetrics")
     registry = CollectorRegistry()
     opmetrics.OperatorMetrics(registry)
     served = {

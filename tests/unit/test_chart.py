@@ -5,7 +5,6 @@ against strict models, QualificationRuns against the chart's own CRD."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,10 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from resumequal_operator import main as operator_main
+from tests import k8s_schemas
 from tests.chart.monitoring import validate_monitoring
+from tests.tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/resumequal"
@@ -312,9 +314,6 @@ def test_nightly_cronjob(chart: helm.Chart) -> None:
 
 
 def test_nightly_runs_are_valid_qualificationruns(chart: helm.Chart) -> None:
-    k8s_schemas = pytest.importorskip("tests.k8s_schemas")
-    if not (CHART / "crds/qualificationruns.resumequal.dev.yaml").exists():
-        pytest.skip("the chart has no QualificationRun CRD yet")
     objs = render(chart, values_all())
     cm = named(objs, "ConfigMap", "rq-resumequal-nightly")
     for run in yaml.safe_load_all(cm["data"]["qualificationruns.yaml"]):
@@ -383,9 +382,7 @@ def test_prometheus_rule_overrides(chart: helm.Chart, tmp_path: Path) -> None:
     assert rules["OperatorDown"]["labels"] == {"severity": "warning", "team": "ml-platform"}
     assert rules["QualificationFailed"]["labels"] == {"severity": "critical", "team": "ml-platform"}
     # What the chart produced is still a rule file Prometheus accepts.
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (make tools)")
+    promtool = require("promtool")
     path = tmp_path / "rendered.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
@@ -400,8 +397,6 @@ def test_dashboard_configmap_holds_the_committed_json(chart: helm.Chart) -> None
 
 
 def test_crd_ships_with_the_chart(chart: helm.Chart) -> None:
-    if not (CHART / "crds/qualificationruns.resumequal.dev.yaml").exists():
-        pytest.skip("the chart has no QualificationRun CRD yet")
     (crd,) = chart.crds
     doc = yaml.safe_load(crd["data"])
     assert doc["kind"] == "CustomResourceDefinition"
@@ -461,7 +456,6 @@ def test_defaults_satisfy_the_schema(chart: helm.Chart) -> None:
 
 @pytest.mark.parametrize("variant", ["default", "all", "allNamespaces", "noLeader"])
 def test_the_operator_accepts_the_arguments(chart: helm.Chart, variant: str) -> None:
-    operator_main = pytest.importorskip("resumequal_operator.main")
     values = {
         "default": None,
         "all": values_all(),

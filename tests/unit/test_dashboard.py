@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,8 +15,10 @@ from prometheus_client import CollectorRegistry
 
 from resumequal.metrics import RUN_LABELS, QualificationMetrics
 from resumequal.verdict import Result
+from resumequal_operator import opmetrics
 from tests.chart.monitoring import metric_names
 from tests.chart.prometheus import metrics_endpoint, running_prometheus
+from tests.tools import require
 from tests.unit.report_samples import make_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,9 +142,7 @@ def _as_grafana_sends(expr: str) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_every_query_runs_in_prometheus(board: dict[str, Any], tmp_path: Path) -> None:
-    if shutil.which("prometheus") is None:
-        pytest.skip("prometheus is not installed (make tools installs Debian's prometheus)")
-    opmetrics = pytest.importorskip("resumequal_operator.opmetrics")
+    require("prometheus")
     registry = CollectorRegistry()
     operator = opmetrics.OperatorMetrics(registry)
     report = make_report(Result.FAIL)
