@@ -37,6 +37,7 @@ import yaml
 
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
+from resumequal.plan import TORCHRUN, local_torchrun_args
 from resumequal.spec import QualificationSpec, load_spec
 from resumequal.trace import StepRecord, read_trace
 
@@ -69,9 +70,9 @@ class Pair:
 def torchrun(args: Sequence[str]) -> list[str]:
     """A single-node elastic launch with LocalBackend's options."""
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        f"--nproc-per-node={NPROC}", "--max-restarts=0", "--monitor-interval=0.1",
+        sys.executable, *TORCHRUN,
+        *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=NPROC,
+                             max_restarts=0),
         *args,
     ]
 

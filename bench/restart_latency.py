@@ -47,6 +47,7 @@ import yaml
 
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
+from resumequal.plan import TORCHRUN, local_torchrun_args
 from resumequal.trace import RestoreRecord, StartupRecord, StepRecord, read_trace
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")
@@ -70,9 +71,9 @@ class BenchError(Exception):
 def torchrun(args: Sequence[str]) -> list[str]:
     """LocalBackend's launch options."""
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        f"--nproc-per-node={NPROC}", "--max-restarts=1", "--monitor-interval=0.1",
+        sys.executable, *TORCHRUN,
+        *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=NPROC,
+                             max_restarts=1),
         *args,
     ]
 

@@ -38,7 +38,7 @@ import math
 import re
 from typing import Any
 
-from resumequal.plan import LegPlan, rdzv_conf
+from resumequal.plan import LegPlan, leg_module_args, rdzv_conf
 from resumequal.store import ADDRESSING_STYLE_ENV
 from resumequal_operator.resource import (
     API_VERSION,
@@ -210,14 +210,9 @@ def _container(spec: QualificationRunSpec, command: list[str], args: list[str], 
 
 
 def leg_args(leg: LegPlan, run_uri: str) -> list[str]:
-    """``resumequal leg --leg <leg> --run-dir <uri> [--omit X]...``, as torchrun's module.
-
-    Not ``--run``: torchrun's argument parser scans the module's arguments too and takes
-    ``--run`` for an abbreviation of its own ``--run-path``."""
-    args = ["-m", "resumequal", "leg", "--leg", leg.name, "--run-dir", run_uri]
-    for omission in leg.omit:
-        args += ["--omit", omission]
-    return args
+    """``-m resumequal leg --leg <leg> --run-dir <uri> [--omit X]...``: torchrun's arguments
+    after its flags, which the training operator passes as ``PET_*`` variables."""
+    return leg_module_args(leg.name, run_uri, omit=leg.omit)
 
 
 def launch_command(leg: LegPlan) -> list[str]:

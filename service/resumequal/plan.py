@@ -10,6 +10,7 @@ mid-accumulation cut writes, so that control runs with a graceful kill.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -122,3 +123,36 @@ def rdzv_conf(spec: QualificationSpec) -> dict[str, str]:
     t = spec.timeouts
     seconds = str(math.ceil(max(t.process_group_seconds, t.restart_seconds)))
     return {"join_timeout": seconds, "read_timeout": seconds}
+
+
+# torchrun, after the interpreter: ``[sys.executable, *TORCHRUN, ...]``.
+TORCHRUN: tuple[str, ...] = ("-m", "torch.distributed.run")
+
+
+def local_torchrun_args(*, endpoint: str, nproc: int, max_restarts: int,
+                        rdzv: Mapping[str, str] | None = None) -> list[str]:
+    """torchrun's own flags for a leg on one machine: one node, a c10d rendezvous at
+    ``endpoint`` (``host:port``), ``nproc`` ranks, and ``rdzv`` as ``--rdzv-conf``. On a
+    cluster the training operator passes the same through ``PET_*`` variables."""
+    args = ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.1"]
+    if rdzv:
+        args.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv.items()))
+    return args
+
+
+def leg_module_args(leg: str, run_dir: str, *, omit: Iterable[str] = (),
+                    spec_file: str | None = None, scratch: str | None = None) -> list[str]:
+    """What torchrun runs for a leg: ``-m resumequal leg --leg L --run-dir DIR ...``.
+
+    Not ``--run``: torchrun's argument parser scans the module's arguments too and takes
+    ``--run`` for an abbreviation of its own ``--run-path``."""
+    args = ["-m", "resumequal", "leg"]
+    if spec_file is not None:
+        args += ["--spec", spec_file]
+    args += ["--leg", leg, "--run-dir", run_dir]
+    if scratch is not None:
+        args += ["--scratch", scratch]
+    for omission in omit:
+        args += ["--omit", omission]
+    return args

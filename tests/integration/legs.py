@@ -16,10 +16,12 @@ from typing import Any
 import torch
 import yaml
 
+from resumequal import plan
+from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.spec import BOUNDARIES
 from resumequal.trace import RestoreRecord, StepRecord, boundary_value, effective_steps, read_trace
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+TORCHRUN = [sys.executable, *plan.TORCHRUN]
 
 
 def free_port() -> int:
@@ -96,16 +98,10 @@ def launch(
     log = run_dir / f"{leg}.log"
     cmd = [
         *TORCHRUN,
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        f"--nproc-per-node={nproc}",
-        f"--max-restarts={max_restarts}",
-        "--monitor-interval=0.1",
-        "-m", "resumequal", "leg",
-        "--spec", str(spec_path), "--leg", leg, "--run-dir", str(run_dir),
+        *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=nproc,
+                             max_restarts=max_restarts),
+        *leg_module_args(leg, str(run_dir), omit=omit, spec_file=str(spec_path)),
     ]
-    for o in omit:
-        cmd += ["--omit", o]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from resumequal.local.processes import ProcessTree, alive
+from resumequal.plan import local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.spec import parse_spec
 from tests.integration import legs
@@ -114,8 +115,8 @@ def test_sigterm_in_hard_mode_kills_everything_at_once(tree: ProcessTree, tmp_pa
 def test_torchrun_ending_on_its_own_gives_its_code(
     tree: ProcessTree, tmp_path: Path, script: str, code: int
 ) -> None:
-    args = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{legs.free_port()}",
-            "--nproc-per-node=1", "--max-restarts=1", "--monitor-interval=0.1",
+    args = [*local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=1,
+                                 max_restarts=1),
             "--no-python", "sh", "-c", script]
     proc = _launch(tree, tmp_path / "launch.log", "hard", args)
     assert proc.wait(timeout=120) == code
@@ -130,8 +131,9 @@ def test_torchrun_ending_on_its_own_gives_its_code(
 def test_torchrun_killed_by_a_signal_gives_128_plus_the_signal(
     tree: ProcessTree, tmp_path: Path
 ) -> None:
-    args = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{legs.free_port()}",
-            "--nproc-per-node=1", "--no-python", "sleep", "300"]
+    args = [*local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=1,
+                                 max_restarts=0),
+            "--no-python", "sleep", "300"]
     proc = _launch(tree, tmp_path / "launch.log", "graceful", args)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
     deadline = time.monotonic() + 60

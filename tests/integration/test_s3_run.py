@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.verdict import Result
 from tests.integration import legs
@@ -122,10 +123,10 @@ def _launch(uri: str, leg: str, log_dir: Path, env: dict[str, str]) -> legs.LegP
     """``resumequal leg --run-dir s3://...`` under torchrun, without --spec, as a pod runs it."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{leg}.log"
-    cmd = [*legs.TORCHRUN, "--rdzv-backend=c10d",
-           f"--rdzv-endpoint=127.0.0.1:{legs.free_port()}", "--nproc-per-node=2",
-           "--max-restarts=1", "--monitor-interval=0.1", "-m", "resumequal", "leg",
-           "--leg", leg, "--run-dir", uri, "--scratch", str(log_dir / "scratch")]
+    cmd = [*legs.TORCHRUN,
+           *local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=2,
+                                max_restarts=1),
+           *leg_module_args(leg, uri, scratch=str(log_dir / "scratch"))]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, OMP_NUM_THREADS="1", POD_NAME="pod-a",

@@ -54,3 +54,26 @@ def test_rdzv_conf_follows_the_spec_timeouts(
     assert conf == {"join_timeout": join, "read_timeout": read}
     # torch reads them with get_as_int: whole positive numbers.
     assert all(int(v) > 0 for v in conf.values())
+
+
+def test_one_leg_command_line_parses_as_torchrun_means_it() -> None:
+    # The builder the local runner, the operator's manifests, the tests and the benches
+    # share: torchrun's own parser must read our flags as its own and hand every leg
+    # argument to the module (a "--run" would be taken for its --run-path).
+    from torch.distributed.run import get_args_parser
+
+    from resumequal.plan import leg_module_args, local_torchrun_args
+
+    flags = local_torchrun_args(endpoint="127.0.0.1:29500", nproc=3, max_restarts=2,
+                                rdzv={"join_timeout": "120", "read_timeout": "120"})
+    module = leg_module_args("nc-rng", "s3://b/p/run", omit=["rng"], scratch="/tmp/s")
+    parsed = get_args_parser().parse_args([*flags, *module])
+    assert (parsed.rdzv_backend, parsed.rdzv_endpoint) == ("c10d", "127.0.0.1:29500")
+    assert (parsed.nproc_per_node, parsed.max_restarts) == ("3", 2)
+    assert parsed.rdzv_conf == "join_timeout=120,read_timeout=120"
+    assert parsed.module and parsed.training_script == "resumequal"
+    assert parsed.training_script_args == [
+        "leg", "--leg", "nc-rng", "--run-dir", "s3://b/p/run", "--scratch", "/tmp/s",
+        "--omit", "rng"]
+    assert leg_module_args("control", "/runs/r", spec_file="/runs/s.yaml")[3:5] == [
+        "--spec", "/runs/s.yaml"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import LegPlan, rdzv_conf
+from resumequal.plan import TORCHRUN, LegPlan, leg_module_args, local_torchrun_args, rdzv_conf
 from resumequal.qualify import Beacon, LegObservation, LegState
 from resumequal.runstore import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
@@ -74,21 +74,15 @@ class LocalBackend:
                 "the world size instead"
             )
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
+        scratch = None if self.location.is_local else str(self.run_dir)
         cmd = [
-            self.python, "-m", "torch.distributed.run",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            f"--nproc-per-node={w.nproc_per_node}",
-            f"--max-restarts={w.max_restarts}",
-            "--monitor-interval=0.1",
-            "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf(plan.spec).items()),
-            "-m", "resumequal", "leg",
-            # Not "--run": torchrun's parser takes it for an abbreviation of its --run-path.
-            "--leg", plan.name, "--run-dir", self.location.uri,
+            self.python, *TORCHRUN,
+            *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=w.nproc_per_node,
+                                 max_restarts=w.max_restarts, rdzv=rdzv_conf(plan.spec)),
+            *leg_module_args(plan.name, self.location.uri, scratch=scratch),
         ]
         env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
         if not self.location.is_local:
-            cmd += ["--scratch", str(self.run_dir)]
             # Workers find their leg spec with the standard AWS settings, as on a cluster.
             s3 = self.spec.checkpoint.s3
             if s3 is not None and s3.endpoint_url:
