@@ -37,6 +37,8 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from resumequal.local.processes import tagged
+
 from .kubelet import ContainerSpec
 
 MARKER = "KUBEAPI_CONTAINER"
@@ -46,14 +48,7 @@ NOT_FOUND_EXIT = 128  # a container whose command cannot start ends with StartEr
 
 def container_pids(marker: str) -> list[int]:
     """Every process whose environment carries ``KUBEAPI_CONTAINER=<marker>``."""
-    needle = f"{MARKER}={marker}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if needle in Path(entry.path, "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-    return found
+    return tagged(marker, MARKER)
 
 
 def _free_port() -> int:

@@ -162,3 +162,11 @@ def write_kubeconfig(api: KubeAPI, path: Path, namespace: str = NAMESPACE) -> Pa
                                                       "namespace": namespace}}],
     }))
     return path
+
+
+def events(api: KubeAPI, name: str) -> list[tuple[str, str, str]]:
+    """(reason, type, message) of the Events about run ``name``, oldest first."""
+    found = sorted(api.list("events", NAMESPACE),
+                   key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [(e["reason"], e["type"], e["message"]) for e in found
+            if e["involvedObject"]["name"] == name]

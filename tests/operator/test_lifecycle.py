@@ -15,19 +15,13 @@ from tests.operator.harness import (
     Admission,
     Operators,
     condition,
+    events,
     eventually,
     qr,
     run_manifest,
     wait_phase,
 )
 from tests.operator.workers import Workers
-
-
-def _events(api: KubeAPI, name: str) -> list[tuple[str, str, str]]:
-    events = sorted(api.list("events", NAMESPACE),
-                    key=lambda e: int(e["metadata"]["resourceVersion"]))
-    return [(e["reason"], e["type"], e["message"]) for e in events
-            if e["involvedObject"]["name"] == name]
 
 
 def _metric(port: int, line_start: str) -> float | None:
@@ -76,10 +70,10 @@ def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: Simulate
     assert status["comparatorJob"].startswith("nightly-compare-")
 
     # Events for each phase and for the injected preemption.
-    reasons = [r for r, _, _ in _events(api, "nightly")]
+    reasons = [r for r, _, _ in events(api, "nightly")]
     assert reasons[:2] == ["LegsRunning", "Armed"] and reasons[-2:] == ["Comparing", "Succeeded"]
     assert {"Preempted", "PreemptionInjected", "Resumed"} <= set(reasons)
-    preempted = next(m for r, _, m in _events(api, "nightly") if r == "PreemptionInjected")
+    preempted = next(m for r, _, m in events(api, "nightly") if r == "PreemptionInjected")
     assert kills[0].name in preempted
 
     # Every job it started is deleted when it concluded; everything it created is owned.
@@ -134,7 +128,7 @@ def test_a_failing_verdict_and_graceful_kill(
     kills = [d for d in api.deletions_of("pods") if d.cause == "api"]
     assert [(k.name.rsplit("-", 2)[-2:], k.grace_period_seconds) for k in kills] == [
         (["worker", "1"], 8)]
-    injected = [m for r, _, m in _events(api, "spot") if r == "PreemptionInjected"]
+    injected = [m for r, _, m in events(api, "spot") if r == "PreemptionInjected"]
     assert len(injected) == 1 and "graceful pod kill, grace 7.5s" in injected[0]
     v = done["status"]["verdict"]
     assert done["status"]["phase"] == "Succeeded"
@@ -165,8 +159,8 @@ def _failed_with_timeout(api: KubeAPI, name: str) -> str:
     assert done["status"]["verdict"]["reason"].startswith("Timeout: ")
     api.wait_for(lambda: not _live(api, PYTORCHJOBS.plural, name), 10, "the legs deleted")
     assert not _live(api, JOBS.plural, name)
-    failed = [m for r, t, m in _events(api, name) if r == "Failed"]
-    assert len(failed) == 1 and [t for r, t, _ in _events(api, name) if r == "Failed"] == [
+    failed = [m for r, t, m in events(api, name) if r == "Failed"]
+    assert len(failed) == 1 and [t for r, t, _ in events(api, name) if r == "Failed"] == [
         "Warning"]
     return str(ready["message"])
 

@@ -31,6 +31,7 @@ from tests.operator.harness import (
     Admission,
     Operators,
     condition,
+    events,
     eventually,
     run_manifest,
     wait_phase,
@@ -67,10 +68,7 @@ def pods(kubeapi: KubeAPI, tmp_path: Path, aws_env: dict[str, str]
 
 
 def _events(api: KubeAPI, name: str) -> list[tuple[str, str]]:
-    events = sorted(api.list("events", NAMESPACE),
-                    key=lambda e: int(e["metadata"]["resourceVersion"]))
-    return [(e["reason"], e["message"]) for e in events
-            if e["involvedObject"]["name"] == name]
+    return [(reason, message) for reason, _, message in events(api, name)]
 
 
 def _metric(op: Operator, line_start: str) -> float | None:
