@@ -163,11 +163,10 @@ class Kube:
         return self._call("PUT", kind.path(namespace, name, sub), what, body=obj)
 
     def patch(self, kind: Kind, namespace: str | None, name: str, patch: Any, *,
-              sub: str | None = None, json_patch: bool = False) -> Obj:
-        ctype = "application/json-patch+json" if json_patch else "application/merge-patch+json"
+              sub: str | None = None) -> Obj:
         what = f"patch {kind.plural} {name}" + (f"/{sub}" if sub else "")
         return self._call("PATCH", kind.path(namespace, name, sub), what, body=patch,
-                          content_type=ctype)
+                          content_type="application/merge-patch+json")
 
     def delete(self, kind: Kind, namespace: str | None, name: str, *,
                grace_seconds: int | None = None, propagation: str | None = None,

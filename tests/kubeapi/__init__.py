@@ -30,18 +30,18 @@ resources), ``requests`` (HTTP requests). Kinds are named by plural (``pods``),
 Served: core/v1 namespaces, pods, events, secrets; batch/v1 jobs; coordination.k8s.io/v1
 leases; apiextensions.k8s.io/v1 customresourcedefinitions (creating one serves it);
 discovery (``/version``, ``/api``, ``/apis``, ``/apis/<g>``, ``/apis/<g>/<v>``, enough for
-the dynamic client and kubectl); what the real ``kubectl`` needs besides: OpenAPI v3
-(:mod:`.openapi`), Tables of custom resources from their printer columns (:mod:`.tables`,
-:mod:`.jsonpath`) and ``fieldValidation``. Semantics: see :mod:`.store` (conflicts, status
+the dynamic client and kubectl); what the real ``kubectl`` reads besides (:mod:`.kubectl`:
+Tables of custom resources, OpenAPI v3 reduced to the PATCH operations) and
+``fieldValidation``. Semantics: see :mod:`.store` (conflicts, status
 subresource, generation, finalizers, garbage collection, graceful pod deletion, strict
 field validation), :mod:`.patch`, :mod:`.selectors`, :mod:`.schema` (pruning),
 :mod:`.server` (watch: ADDED / MODIFIED / DELETED as the selection sees it, BOOKMARK,
 ERROR 410, timeoutSeconds, sendInitialEvents). Not emulated: authentication and RBAC,
 strategic merge (415, as for custom resources) and server-side apply, Foreground
-deletion, list pagination, CRD schema validation beyond pruning (register validators for
-that; an exception with a ``field`` names it in the 422), CRD defaulting, conversion
-between CRD versions, field managers, pod logs/exec, scale subresources, aggregated
-discovery, OpenAPI v2, printers of built-in kinds.
+deletion, dry runs (400), deletecollection (405), list pagination, CRD schema validation
+beyond pruning (register validators for that; an exception with a ``field`` names it in
+the 422), CRD defaulting, conversion between CRD versions, field managers, pod logs/exec,
+scale subresources, aggregated discovery, OpenAPI v2, printers of built-in kinds.
 """
 
 from .api import PYTORCHJOB_CRD, QUALIFICATIONRUN_CRD, KubeAPI

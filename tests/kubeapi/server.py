@@ -4,10 +4,10 @@ A ``ThreadingHTTPServer`` speaking HTTP/1.1 with keep-alive, as the client's url
 and kubectl expect. Routes: ``/version``, ``/api``, ``/apis``, ``/api/v1``,
 ``/apis/<g>/<v>`` (legacy discovery: kubectl asks for aggregated discovery first and takes
 these when the answer is not an ``APIGroupDiscoveryList``), ``/openapi/v3[/<gv>]``
-(:mod:`.openapi`), then ``/api/v1/...`` and ``/apis/<g>/<v>/...`` with
+(:mod:`.kubectl`), then ``/api/v1/...`` and ``/apis/<g>/<v>/...`` with
 ``namespaces/<ns>/<plural>[/<name>[/status]]`` or ``<plural>[/<name>[/status]]`` (cluster
 scoped kinds, and lists/watches of namespaced kinds across all namespaces). Reads of custom
-resources answer ``Accept: ...;as=Table;g=meta.k8s.io`` with a Table (:mod:`.tables`),
+resources answer ``Accept: ...;as=Table;g=meta.k8s.io`` with a Table (:mod:`.kubectl`),
 watches included; writes honour ``fieldValidation`` (Strict fails on fields the schema does
 not declare, Warn answers them in ``Warning`` headers). ``/openapi/v2`` is not served:
 kubectl 1.32 falls back to it only when v3 is missing, and then wants protobuf. List
@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from . import openapi, tables
+from . import kubectl
 from .errors import ApiError
 from .resources import Kind, Registry
 from .selectors import Selector
@@ -196,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._send_json(200, handled)
                 return
             if method == "GET" and url.path.rstrip("/").startswith("/openapi/v3"):
-                self._openapi(url.path, query)
+                self._openapi(url.path)
                 return
             target = self._target(url.path)
             fault = self.server.take_fault(method, target)
@@ -233,25 +233,17 @@ class Handler(BaseHTTPRequestHandler):
             return registry.discovery_group(parts[1])
         return None
 
-    def _openapi(self, path: str, query: dict[str, list[str]]) -> None:
-        """``/openapi/v3`` and one group-version's document (kube-openapi handler3)."""
-        registry = self.server.registry
+    def _openapi(self, path: str) -> None:
+        """``/openapi/v3`` and one group-version's document (:mod:`.kubectl`)."""
         gv = path.rstrip("/").removeprefix("/openapi/v3").strip("/")
-        if not gv:
-            self._send_json(200, openapi.index(registry))
-            return
-        data, etag = openapi.encode(openapi.document(registry, gv))
-        wanted = _first(query, "hash")
-        if wanted and wanted != etag:
-            self._send(301, b"", headers={"Location": f"/openapi/v3/{gv}?hash={etag}"})
-            return
-        self._send(200, data, headers={"Etag": json.dumps(etag)})
+        registry = self.server.registry
+        self._send_json(200, kubectl.openapi_document(registry, gv) if gv
+                        else kubectl.openapi_index(registry))
 
-    def _table(self, kind: Kind) -> str | None:
-        """The Table version the request asks for, when the kind is printed server-side."""
-        if kind.printer_columns is None:
-            return None
-        return tables.negotiate(self.headers.get("Accept"))
+    def _table(self, kind: Kind) -> bool:
+        """Whether the request asks for a Table of a kind printed server-side."""
+        return kind.printer_columns is not None and kubectl.wants_table(
+            self.headers.get("Accept"))
 
     def _target(self, path: str) -> _Target:
         parts = [p for p in path.split("/") if p]
@@ -281,7 +273,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str, t: _Target, query: dict[str, list[str]], body: Any) -> None:
         store = self.server.store
-        dry_run = bool(query.get("dryRun")) or bool(isinstance(body, dict) and body.get("dryRun"))
+        if query.get("dryRun") or (isinstance(body, dict) and body.get("dryRun")):
+            raise ApiError.bad_request("dryRun is not emulated")
         ns = t.namespace or ""
         if t.name is None:
             if method == "GET":
@@ -291,46 +284,41 @@ class Handler(BaseHTTPRequestHandler):
                 selector = Selector.parse(_first(query, "labelSelector"),
                                           _first(query, "fieldSelector"), t.kind.key)
                 items, rv = store.select(t.kind, t.namespace, selector)
-                as_table = self._table(t.kind)
-                if as_table is not None:
-                    self._send_json(200, tables.table(
-                        items, tables.columns(t.kind.printer_columns or ()),
-                        resource_version=str(rv), api_version=as_table,
-                        include=tables.include_object(_first(query, "includeObject"))))
+                if self._table(t.kind):
+                    self._send_json(200, kubectl.table(
+                        items, t.kind, resource_version=str(rv),
+                        include=_first(query, "includeObject")))
                     return
                 self._send_json(200, {"kind": t.kind.list_kind, "apiVersion": t.kind.api_version,
                                       "metadata": {"resourceVersion": str(rv)}, "items": items})
             elif method == "POST":
                 validation = _field_validation(query)
-                self._send_json(201, store.create(t.kind, t.namespace, body, dry_run=dry_run,
+                self._send_json(201, store.create(t.kind, t.namespace, body,
                                                   validation=validation), validation.warnings)
-            elif method == "DELETE":
-                self._delete_collection(t, query, body)
-            else:
+            else:  # deletecollection is not emulated either
+
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
             return
         if method == "GET":
             obj = store.get(t.kind, ns, t.name)
-            as_table = self._table(t.kind)
-            if as_table is not None:
-                obj = tables.table([obj], tables.columns(t.kind.printer_columns or ()),
-                                   resource_version=obj["metadata"]["resourceVersion"],
-                                   api_version=as_table,
-                                   include=tables.include_object(_first(query, "includeObject")))
+            if self._table(t.kind):
+                obj = kubectl.table([obj], t.kind,
+                                    resource_version=obj["metadata"]["resourceVersion"],
+                                    include=_first(query, "includeObject"))
             self._send_json(200, obj)
         elif method == "PUT":
             validation = _field_validation(query)
             self._send_json(200, store.update(t.kind, ns, t.name, body, subresource=t.subresource,
-                                              dry_run=dry_run, validation=validation),
+                                              validation=validation),
                             validation.warnings)
         elif method == "PATCH":
             content_type = self.headers.get("Content-Type") or ""
             validation = _field_validation(query)
             self._send_json(200, store.patch(t.kind, ns, t.name, body, content_type,
-                                             subresource=t.subresource, dry_run=dry_run,
+                                             subresource=t.subresource,
                                              validation=validation), validation.warnings)
         elif method == "DELETE":
-            self._delete(t, ns, t.name, query, body, dry_run)
+            self._delete(t, ns, t.name, query, body)
         else:
             raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on an object")
 
@@ -347,14 +335,14 @@ class Handler(BaseHTTPRequestHandler):
             options["propagationPolicy"] = "Orphan"
         return options
 
-    def _delete(self, t: _Target, ns: str, name: str, query: dict[str, list[str]], body: Any,
-                dry_run: bool) -> None:
+    def _delete(self, t: _Target, ns: str, name: str, query: dict[str, list[str]],
+                body: Any) -> None:
         options = self._delete_options(query, body)
         grace = options.get("gracePeriodSeconds")
         obj, gone = self.server.store.delete(
             t.kind, ns, name, grace_period_seconds=None if grace is None else int(grace),
             propagation_policy=options.get("propagationPolicy"),
-            preconditions=options.get("preconditions"), dry_run=dry_run)
+            preconditions=options.get("preconditions"))
         if t.kind.delete_returns_object or not gone:
             self._send_json(200 if gone else 202, obj)
             return
@@ -363,29 +351,6 @@ class Handler(BaseHTTPRequestHandler):
                               "status": "Success", "details": {
                                   "name": name, "group": t.kind.group, "kind": t.kind.plural,
                                   "uid": meta["uid"]}})
-
-    def _delete_collection(self, t: _Target, query: dict[str, list[str]], body: Any) -> None:
-        store = self.server.store
-        selector = Selector.parse(_first(query, "labelSelector"), _first(query, "fieldSelector"),
-                                  t.kind.key)
-        options = self._delete_options(query, body)
-        items, _ = store.select(t.kind, t.namespace, selector)
-        deleted = []
-        for item in items:
-            meta = item["metadata"]
-            try:
-                obj, _gone = store.delete(
-                    t.kind, meta.get("namespace", ""), meta["name"],
-                    grace_period_seconds=options.get("gracePeriodSeconds"),
-                    propagation_policy=options.get("propagationPolicy"))
-            except ApiError as e:
-                if e.code != 404:
-                    raise
-                continue
-            deleted.append(obj)
-        self._send_json(200, {"kind": t.kind.list_kind, "apiVersion": t.kind.api_version,
-                              "metadata": {"resourceVersion": str(store.resource_version)},
-                              "items": deleted})
 
     # ----------------------------------------------------------------- watch
 
@@ -405,18 +370,16 @@ class Handler(BaseHTTPRequestHandler):
         """Writes watch events; asked for as a Table, each object becomes a one-row Table,
         with column definitions in the first only (handlers/response.go
         ``watchEmbeddedEncoder``)."""
-        as_table = self._table(kind)
-        if as_table is None:
+        if not self._table(kind):
             return self._write_event
-        cols = tables.columns(kind.printer_columns or ())
-        include = tables.include_object(_first(query, "includeObject"))
+        include = _first(query, "includeObject")
+        kubectl.table([], kind, resource_version="", include=include)  # 400 before the stream
         first = [True]
 
         def write(event_type: str, obj: Any) -> None:
             if event_type in ("ADDED", "MODIFIED", "DELETED"):
-                obj = tables.table([obj], cols, resource_version=obj["metadata"].get(
-                    "resourceVersion", ""), api_version=as_table, include=include,
-                    headers=first[0])
+                obj = kubectl.table([obj], kind, resource_version=obj["metadata"].get(
+                    "resourceVersion", ""), include=include, headers=first[0])
                 first[0] = False
             self._write_event(event_type, obj)
         return write

@@ -275,7 +275,7 @@ class Store:
     # ----------------------------------------------------------------- create
 
     def create(self, kind: Kind, namespace: str | None, body: Any, *,
-               dry_run: bool = False, validation: FieldValidation | None = None) -> Obj:
+               validation: FieldValidation | None = None) -> Obj:
         """Create; 409 AlreadyExists, 422 for invalid names or admission denials."""
         if not isinstance(body, dict):
             raise ApiError.bad_request("the request body must be a JSON object")
@@ -311,8 +311,6 @@ class Store:
             apply_defaults(kind, obj)
             obj = self._prune(kind, obj, validation)
             self._admit(kind, obj)
-            if dry_run:
-                return clone(obj)
             if kind.namespaced:
                 self._ensure_namespace(ns)
             if kind.key == CRD_KEY:
@@ -345,7 +343,7 @@ class Store:
     # ----------------------------------------------------------------- update / patch
 
     def update(self, kind: Kind, namespace: str, name: str, body: Any, *,
-               subresource: str | None = None, dry_run: bool = False,
+               subresource: str | None = None,
                validation: FieldValidation | None = None) -> Obj:
         """PUT; 409 Conflict on a stale resourceVersion."""
         if not isinstance(body, dict):
@@ -366,11 +364,10 @@ class Store:
                                            kind.kind, kind.group, name)
             elif str(rv) != old["metadata"]["resourceVersion"]:
                 raise ApiError.conflict(kind.plural, kind.group, name)
-            return self._write(kind, old, self._merged(kind, old, new, subresource), dry_run,
-                               validation)
+            return self._write(kind, old, self._merged(kind, old, new, subresource), validation)
 
     def patch(self, kind: Kind, namespace: str, name: str, patch: Any, content_type: str, *,
-              subresource: str | None = None, dry_run: bool = False,
+              subresource: str | None = None,
               validation: FieldValidation | None = None) -> Obj:
         """PATCH (merge or JSON); a resourceVersion in the patch is a precondition."""
         with self.lock:
@@ -383,7 +380,7 @@ class Store:
             if meta.get("name") != name:
                 raise ApiError.bad_request("metadata.name cannot be changed by a patch")
             return self._write(kind, old, self._merged(kind, old, patched, subresource),
-                               dry_run, validation, patched=True)
+                               validation, patched=True)
 
     def _merged(self, kind: Kind, old: Obj, new: Obj, subresource: str | None) -> Obj:
         if subresource == "status":
@@ -424,14 +421,12 @@ class Store:
                     kind.kind, kind.group, meta["name"])
         return result
 
-    def _write(self, kind: Kind, old: Obj, new: Obj, dry_run: bool,
+    def _write(self, kind: Kind, old: Obj, new: Obj,
                validation: FieldValidation | None = None, patched: bool = False) -> Obj:
         new = self._prune(kind, new, validation, patched)
         self._admit(kind, new)
         if new == old:
             return clone(old)
-        if dry_run:
-            return clone(new)
         if (old["metadata"].get("deletionTimestamp") and old["metadata"].get("finalizers")
                 and not new["metadata"].get("finalizers")):
             return clone(self._remove(kind, new))
@@ -446,8 +441,8 @@ class Store:
 
     def delete(self, kind: Kind, namespace: str, name: str, *,
                grace_period_seconds: int | None = None, propagation_policy: str | None = None,
-               preconditions: dict[str, Any] | None = None, cause: str = "api",
-               dry_run: bool = False) -> tuple[Obj, bool]:
+               preconditions: dict[str, Any] | None = None,
+               cause: str = "api") -> tuple[Obj, bool]:
         """Delete; the object's last state and whether it is gone (not held by finalizers)."""
         with self.lock:
             obj = self._get(kind, namespace, name)
@@ -458,8 +453,6 @@ class Store:
             policy = propagation_policy or kind.default_propagation
             if policy not in ("Background", "Orphan"):
                 raise ApiError.bad_request(f"propagationPolicy {policy!r} is not emulated")
-            if dry_run:
-                return clone(obj), not meta.get("finalizers")
             self.deletions.append(Deletion(kind.key, meta.get("namespace", ""), name,
                                            meta["uid"], grace_period_seconds, policy, cause,
                                            time.time()))
