@@ -17,7 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # promtool (alert rule checks) and prometheus (the end-to-end alert test) come from
-# Debian's prometheus package; installed when missing and we may install packages.
+# Debian's prometheus package, kubectl (driven against the API emulator) from the kubectl
+# package; each installed when missing and we may install packages.
 tools:
 	@command -v promtool >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -25,6 +26,10 @@ tools:
 	  $$SUDO apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -q >/dev/null && \
 	    $$SUDO apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; }
+	@command -v kubectl >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q kubectl >/dev/null || \
+	  echo "make tools: kubectl could not be installed; tests/operator/test_kubectl.py needs it"; }
 
 run: env
 	$(VENV)/bin/resumequal run

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -26,32 +25,28 @@ from resumequal.verdict import Result
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, Operators, run_manifest, wait_phase, write_kubeconfig
+from tests.tools import require
 
-KUBECTL = shutil.which("kubectl")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qualificationrun.yaml"
 PHASES = ("Pending", "LegsRunning", "Armed", "Preempted", "Resumed", "Comparing", "Succeeded",
           "Failed")
 HEADER = ["NAME", "PHASE", "VERDICT", "FIRST", "DIVERGENCE", "PIN", "AGE"]
 
-pytestmark = [
-    pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH: these tests drive the "
-                                               "real binary against the API emulator"),
-    pytest.mark.timeout(120),
-]
+pytestmark = pytest.mark.timeout(120)
 
 
 class Kubectl:
     """Runs kubectl against ``api`` in ``namespace``, with its own kubeconfig and cache."""
 
     def __init__(self, api: KubeAPI, home: Path, namespace: str) -> None:
+        self.binary = require("kubectl")
         home.mkdir(parents=True, exist_ok=True)
         config = write_kubeconfig(api, home / "kubeconfig", namespace)
         self.env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
                     "KUBECONFIG": str(config)}
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        assert KUBECTL is not None
-        result = subprocess.run([KUBECTL, *args], env=self.env, capture_output=True,
+        result = subprocess.run([self.binary, *args], env=self.env, capture_output=True,
                                 text=True, timeout=60, check=False)
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} exited {result.returncode}: "
@@ -61,8 +56,7 @@ class Kubectl:
     @contextmanager
     def streaming(self, *args: str) -> Iterator[Lines]:
         """A long-running kubectl (``get -w``) whose output lines arrive in ``Lines``."""
-        assert KUBECTL is not None
-        proc = subprocess.Popen([KUBECTL, *args], env=self.env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([self.binary, *args], env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         lines = Lines(proc)
         try:
