@@ -14,7 +14,7 @@ import pytest
 
 HINT = {"promtool": "make tools installs Debian's prometheus",
         "prometheus": "make tools installs Debian's prometheus",
-        "kubectl": "install kubectl"}
+        "kubectl": "make tools installs the kubectl package"}
 
 
 def require(tool: str) -> str:
