@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from resumequal.local.processes import ProcessTree, alive
+from tests.waiting import eventually
 
 # A launcher that, like torchrun, starts its worker in a session of its own.
 LAUNCHER = (
@@ -23,13 +23,9 @@ LAUNCHER = (
 def _spawn(tree: ProcessTree, tmp_path: Path) -> tuple[int, int]:
     log = tmp_path / "launcher.log"
     proc = tree.spawn([sys.executable, "-c", LAUNCHER], log, dict(os.environ))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = log.read_text().strip()
-        if text:
-            return proc.pid, int(text)
-        time.sleep(0.05)
-    raise AssertionError("launcher did not report its worker")
+    text = eventually(lambda: log.read_text().strip(), 30, "the launcher to report its worker",
+                      interval=0.05)
+    return proc.pid, int(text)
 
 
 def test_stop_all_reaches_workers_in_their_own_session(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from resumequal import plan
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.spec import BOUNDARIES
 from resumequal.trace import RestoreRecord, StepRecord, boundary_value, effective_steps, read_trace
+from tests.waiting import eventually
 
 TORCHRUN = [sys.executable, *plan.TORCHRUN]
 
@@ -113,14 +114,10 @@ def launch(
 
 def wait_beacon(lp: LegProcess, rank: int, timeout: float = 120) -> dict[str, Any]:
     path = lp.run_dir / lp.leg / "beacons" / f"attempt-0-rank-{rank}.json"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())  # type: ignore[no-any-return]
-        if lp.proc.poll() is not None:
-            raise AssertionError(f"leg exited {lp.proc.returncode} before arming:\n{lp.tail()}")
-        time.sleep(0.05)
-    raise AssertionError(f"no beacon at {path} within {timeout}s:\n{lp.tail()}")
+    eventually(path.exists, timeout, f"a beacon at {path}", interval=0.05,
+               abort=lambda: None if lp.proc.poll() is None else
+               f"the leg exited {lp.proc.returncode} before arming:\n{lp.tail()}")
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
 def run_leg(spec_path: Path, leg: str, run_dir: Path, timeout: float = 240, **kw: Any) -> None:

@@ -22,6 +22,7 @@ from resumequal.runstore import RunLocation
 from resumequal.spec import parse_spec
 from tests.integration import legs
 from tests.integration.conftest import spec_for
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -60,12 +61,10 @@ def _armed_leg(tree: ProcessTree, run_dir: Path, mode: str) -> tuple[subprocess.
     args = ["-m", "resumequal", "leg", "--leg", "preempted", "--run-dir", str(run_dir)]
     proc = _launch(tree, run_dir / "launch.log", mode, args, _pod_env())
     beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
-    deadline = time.monotonic() + 120
-    while not beacon.exists():
-        log = (run_dir / "launch.log").read_text(errors="replace")
-        assert proc.poll() is None, f"launcher exited {proc.returncode}:\n{log[-3000:]}"
-        assert time.monotonic() < deadline, f"never armed:\n{log[-3000:]}"
-        time.sleep(0.05)
+    log = run_dir / "launch.log"
+    eventually(beacon.exists, 120, f"the leg to arm:\n{log}", interval=0.05,
+               abort=lambda: None if proc.poll() is None else f"the launcher exited "
+               f"{proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
     return proc, json.loads(beacon.read_text())
 
 
@@ -136,10 +135,8 @@ def test_torchrun_killed_by_a_signal_gives_128_plus_the_signal(
             "--no-python", "sleep", "300"]
     proc = _launch(tree, tmp_path / "launch.log", "graceful", args)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-    deadline = time.monotonic() + 60
-    while len(tree.pids()) < 3:  # the launcher, torchrun and its worker
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    eventually(lambda: len(tree.pids()) >= 3, 60, "the launcher, torchrun and its worker",
+               interval=0.05, abort=lambda: None if proc.poll() is None else "it exited")
     (torchrun,) = (int(p) for p in children.read_text().split())
     os.kill(torchrun, signal.SIGKILL)  # e.g. the OOM killer
     assert proc.wait(timeout=60) == 128 + signal.SIGKILL

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration import legs
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -122,10 +123,8 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
                              "--set", "timeouts.armSeconds=100"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
-    deadline = time.monotonic() + 180
-    while not beacon.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    assert beacon.exists(), "the preempted leg never armed"
+    eventually(beacon.exists, 180, "the preempted leg to arm", interval=0.1,
+               abort=lambda: None if proc.poll() is None else f"the run exited {proc.returncode}")
     workers = _processes_mentioning(str(run_dir))
     assert len(workers) >= 3  # torchrun and two workers
     proc.send_signal(signal.SIGINT)

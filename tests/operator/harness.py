@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,18 +127,6 @@ def wait_phase(api: KubeAPI, name: str, phases: str | tuple[str, ...],
         obj = api.get(QUALIFICATION_RUNS.plural, NAMESPACE, name) or {}
         conds = (obj.get("status") or {}).get("conditions")
         raise AssertionError(f"{e}; phases seen: {seen}; conditions: {conds}") from None
-
-
-def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``check`` (for what the emulator cannot signal: metrics, store objects)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def condition(obj: Obj, type_: str) -> Obj:

@@ -19,8 +19,9 @@ from resumequal_operator.kube import QUALIFICATION_RUNS
 from tests.chart.prometheus import JOB, Prometheus, running_prometheus
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import SimulatedTrainingOperator
-from tests.operator.harness import NAMESPACE, Operators, eventually, run_manifest, wait_phase
+from tests.operator.harness import NAMESPACE, Operators, run_manifest, wait_phase
 from tests.tools import require
+from tests.waiting import eventually
 
 ALERTS = Path(__file__).resolve().parents[2] / "charts/resumequal/files/alerts.yaml"
 RUN = "nightly-fail"

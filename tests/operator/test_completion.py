@@ -19,8 +19,9 @@ from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.scripted import ScriptedRuntime
 from tests.kubeapi.training import SimulatedTrainingOperator
-from tests.operator.harness import NAMESPACE, Operators, eventually, qr, run_manifest, wait_phase
+from tests.operator.harness import NAMESPACE, Operators, qr, run_manifest, wait_phase
 from tests.operator.workers import Workers
+from tests.waiting import eventually
 
 SLOW_S = 4.0  # how long rank 1 still writes after its last step
 BARRIER_S = 1.0  # torchrun's exit barrier, shortened from its 300 s
