@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.exposition import value
 from tests.integration.test_run import _processes_mentioning, _resumequal
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,8 @@ def test_default_controls_are_all_detected_with_their_mechanism(tmp_path: Path) 
     assert (pending["first_divergence"]["step"],
             pending["first_divergence"]["boundary"]) == (6, "local_grads")
     metrics = (run_dir / "metrics.prom").read_text()
-    assert "resumequal_negative_controls_detected{" in metrics
+    assert value(metrics, "resumequal_negative_controls_detected", namespace="local") == len(
+        [c for c in controls.values() if c["status"] == "detected"])
     assert not _processes_mentioning(str(run_dir))
 
 

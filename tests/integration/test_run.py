@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.exposition import value
 from tests.integration import legs
 from tests.waiting import eventually
 
@@ -61,7 +62,7 @@ def test_default_qualification_passes_and_leaves_reports(tmp_path: Path) -> None
     html = (run_dir / "report.html").read_text()
     assert "<svg" in html and "PASS" in html
     metrics = (run_dir / "metrics.prom").read_text()
-    assert "resumequal_qualification_passed{" in metrics
+    assert value(metrics, "resumequal_qualification_passed", namespace="local") == 1.0
     assert not _processes_mentioning(str(run_dir))
 
 

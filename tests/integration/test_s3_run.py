@@ -18,6 +18,7 @@ import pytest
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.verdict import Result
+from tests.exposition import value
 from tests.integration import legs
 from tests.integration.conftest import spec_for
 
@@ -97,8 +98,8 @@ def test_default_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
         assert judged[field] == verdict.model_dump(mode="json")[field], field
     assert [c["status"] for c in judged["controls"]] == [c.status for c in verdict.controls]
     metrics = s3.get_object(Bucket=bucket, Key=f"{base}/metrics.prom")["Body"].read().decode()
-    assert 'namespace="local"' in metrics and 'run="q1"' in metrics
-    assert 'pin="torch==test"' in metrics
+    assert value(metrics, "resumequal_qualification_passed", namespace="local", run="q1",
+                 pin="torch==test") == 1.0
     html = s3.get_object(Bucket=bucket, Key=f"{base}/report.html")["Body"].read().decode()
     assert "<svg" in html and "PASS" in html
     assert json.loads(s3.get_object(Bucket=bucket, Key=f"{base}/verdict.json")["Body"]

@@ -8,7 +8,6 @@ chart's ServiceMonitor (job ``resumequal-operator``, honorLabels), must fire
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from resumequal.verdict import Result
 from resumequal_operator.kube import QUALIFICATION_RUNS
 from tests.chart.prometheus import JOB, Prometheus, running_prometheus
+from tests.exposition import samples, scrape, value
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, Operators, run_manifest, wait_phase
@@ -31,12 +31,6 @@ PIN = "train:2026-11-29"  # pin_of() of run_manifest's image
 @pytest.fixture
 def verdict_result() -> Result:
     return Result.FAIL
-
-
-def _exposed(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text: str = r.read().decode()
-        return text
 
 
 def _active(prometheus: Prometheus, name: str) -> list[dict[str, Any]]:
@@ -91,8 +85,10 @@ def test_a_failed_run_fires_qualification_failed_until_it_is_deleted(
         api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, RUN)
         api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, RUN) is None,
                      10, "the finalizer to let the run go")
-        eventually(lambda: f'run="{RUN}"' not in _exposed(port), what="the run's series gone")
-        assert "resumequal_operator_reconcile_total" in _exposed(port)
+        eventually(lambda: not [s for s in samples(scrape(port)) if s.labels.get("run") == RUN],
+                   what="the run's series gone")
+        assert (value(scrape(port), "resumequal_operator_reconcile_total", result="success")
+                or 0) > 0
         prometheus.wait_for("QualificationFailed to resolve",
                             lambda: not _active(prometheus, "QualificationFailed"), timeout=15)
         assert prometheus.query(f'resumequal_qualification_passed{{run="{RUN}"}}') == []

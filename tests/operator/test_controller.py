@@ -10,11 +10,11 @@ from tests.operator.harness import (
     Admission,
     Operators,
     condition,
-    eventually,
     qr,
     run_manifest,
     wait_phase,
 )
+from tests.waiting import eventually
 
 
 def _jobs(api: KubeAPI, run: str) -> list[str]:

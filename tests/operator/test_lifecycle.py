@@ -8,6 +8,7 @@ import urllib.request
 from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
+from tests.exposition import scrape, value
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import (
@@ -16,20 +17,12 @@ from tests.operator.harness import (
     Operators,
     condition,
     events,
-    eventually,
     qr,
     run_manifest,
     wait_phase,
 )
 from tests.operator.workers import Workers
-
-
-def _metric(port: int, line_start: str) -> float | None:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(line_start):
-                return float(line.rsplit(" ", 1)[1])
-    return None
+from tests.waiting import eventually
 
 
 def _live(api: KubeAPI, plural: str, run: str) -> list[str]:
@@ -87,17 +80,19 @@ def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: Simulate
     assert admission.validated["Event"] >= 6
 
     # Metrics from the verdict.
-    labels = f'namespace="{NAMESPACE}",pin="train:2026-11-29",run="nightly",scenario="resume"'
+    labels = {"namespace": NAMESPACE, "pin": "train:2026-11-29", "run": "nightly",
+              "scenario": "resume"}
     port = op.health.port
-    assert eventually(lambda: _metric(port, f"resumequal_qualification_passed{{{labels}}}")
+    assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **labels)
                       == 1.0, what="the passed series")
-    assert _metric(port, f"resumequal_first_divergent_step{{{labels}}}") == -1.0
-    assert (_metric(port, f"resumequal_restart_seconds{{{labels}}}") or 0) > 0
-    assert _metric(port, 'resumequal_runs_total{result="PASS"}') == 1.0
-    assert _metric(port, "resumequal_operator_leader") == 1.0
-    assert (_metric(port, 'resumequal_operator_reconcile_total{result="requeue"}') or 0) > 0
-    assert (_metric(port, "resumequal_operator_reconcile_duration_seconds_count") or 0) > 0
-    assert _metric(port, "resumequal_operator_build_info{") == 1.0
+    text = scrape(port)
+    assert value(text, "resumequal_first_divergent_step", **labels) == -1.0
+    assert (value(text, "resumequal_restart_seconds", **labels) or 0) > 0
+    assert value(text, "resumequal_runs_total", result="PASS") == 1.0
+    assert value(text, "resumequal_operator_leader") == 1.0
+    assert (value(text, "resumequal_operator_reconcile_total", result="requeue") or 0) > 0
+    assert (value(text, "resumequal_operator_reconcile_duration_seconds_count") or 0) > 0
+    assert value(text, "resumequal_operator_build_info") == 1.0
     for path in ("/healthz", "/readyz"):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
             assert r.status == 200
@@ -106,7 +101,7 @@ def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: Simulate
     api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "nightly")
     api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "nightly") is None,
                  10, "the finalizer to let the run go")
-    assert eventually(lambda: _metric(port, f"resumequal_qualification_passed{{{labels}}}")
+    assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **labels)
                       is None, what="the series to be removed")
     loc = RunLocation.open(status["runUri"], S3Spec(endpoint_url=store["endpointUrl"],
                                                     addressing_style="path"))
@@ -136,10 +131,10 @@ def test_a_failing_verdict_and_graceful_kill(
     assert v["firstDivergence"] == {"step": 5, "boundary": "lr", "rank": 1}
     assert condition(done, "Qualified")["status"] == "False"
     assert condition(done, "Ready")["status"] == "True"
-    labels = f'namespace="{NAMESPACE}",pin="train:2026-11-29",run="spot",scenario="resume"'
-    assert eventually(lambda: _metric(op.health.port,
-                                      f"resumequal_first_divergent_step{{{labels}}}") == 5.0,
-                      what="the divergent step series")
+    labels = {"namespace": NAMESPACE, "pin": "train:2026-11-29", "run": "spot",
+              "scenario": "resume"}
+    assert eventually(lambda: value(scrape(op.health.port), "resumequal_first_divergent_step",
+                                    **labels) == 5.0, what="the divergent step series")
     # Retention Delete: the store artifacts go with the run.
     loc = RunLocation.open(done["status"]["runUri"],
                            S3Spec(endpoint_url=store["endpointUrl"], addressing_style="path"))

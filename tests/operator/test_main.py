@@ -19,12 +19,12 @@ from tests.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
     condition,
-    eventually,
     run_manifest,
     wait_phase,
     write_kubeconfig,
 )
 from tests.s3server import free_port
+from tests.waiting import eventually
 
 
 def test_run_options_and_defaults() -> None:

@@ -12,7 +12,6 @@ itself, torchrun restarts the group inside the same pods).
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator
+from tests.exposition import scrape, value
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.processes import ProcessRuntime
 from tests.kubeapi.training import SimulatedTrainingOperator
@@ -32,10 +32,10 @@ from tests.operator.harness import (
     Operators,
     condition,
     events,
-    eventually,
     run_manifest,
     wait_phase,
 )
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -71,14 +71,6 @@ def _events(api: KubeAPI, name: str) -> list[tuple[str, str]]:
     return [(reason, message) for reason, _, message in events(api, name)]
 
 
-def _metric(op: Operator, line_start: str) -> float | None:
-    with urllib.request.urlopen(f"http://127.0.0.1:{op.health.port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(line_start):
-                return float(line.rsplit(" ", 1)[1])
-    return None
-
-
 def _qualify(api: KubeAPI, operators: Operators, store: dict[str, str], name: str,
              runtime: ProcessRuntime, **preemption: Any) -> tuple[Operator, Obj, RunLocation]:
     op = operators.start()
@@ -111,10 +103,12 @@ def _check_pass(op: Operator, api: KubeAPI, done: Obj, name: str, admission: Adm
     reasons = [r for r, _ in _events(api, name)]
     assert reasons[:2] == ["LegsRunning", "Armed"] and reasons[-2:] == ["Comparing", "Succeeded"]
     assert {"Preempted", "PreemptionInjected", "Resumed"} <= set(reasons)
-    labels = f'namespace="{NAMESPACE}",pin="train:2026-11-29",run="{name}",scenario="resume"'
-    assert eventually(lambda: _metric(op, f"resumequal_qualification_passed{{{labels}}}")
+    labels = {"namespace": NAMESPACE, "pin": "train:2026-11-29", "run": name,
+              "scenario": "resume"}
+    port = op.health.port
+    assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **labels)
                       == 1.0, what="the passed series")
-    assert (_metric(op, f"resumequal_restart_seconds{{{labels}}}") or 0) > 0
+    assert (value(scrape(port), "resumequal_restart_seconds", **labels) or 0) > 0
     assert len(api.created(PYTORCHJOBS.plural)) == 2 and len(api.created(JOBS.plural)) == 1
     assert admission.validated["PyTorchJob"] >= 2 and admission.validated["Job"] >= 1
     # Every job it started is deleted once it concluded.
