@@ -167,8 +167,7 @@ def closed_endpoint() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
-@pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def use_dummy_credentials(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Dummy credentials in the environment, and no other source in the AWS chain."""
     for name in (
         "AWS_PROFILE",
@@ -194,3 +193,9 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return env
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Dummy credentials in the environment, and no other source in the AWS chain."""
+    return use_dummy_credentials(monkeypatch)

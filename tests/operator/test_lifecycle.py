@@ -4,12 +4,20 @@ events, metrics; the timeouts; an operator restart mid-run; deletion and retenti
 from __future__ import annotations
 
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pytest
 
 from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
+from resumequal_operator.manager import Operator
 from tests.exposition import scrape, value
 from tests.kubeapi import KubeAPI
+from tests.kubeapi.api import QUALIFICATIONRUN_CRD
+from tests.kubeapi.store import Deletion, Obj
 from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import (
     NAMESPACE,
@@ -22,7 +30,12 @@ from tests.operator.harness import (
     wait_phase,
 )
 from tests.operator.workers import Workers
+from tests.s3server import use_dummy_credentials
+
 from tests.waiting import eventually
+
+if TYPE_CHECKING:
+    from tests.s3server import MotoServer
 
 
 def _live(api: KubeAPI, plural: str, run: str) -> list[str]:
@@ -30,64 +43,113 @@ def _live(api: KubeAPI, plural: str, run: str) -> list[str]:
             if o["metadata"]["labels"].get("resumequal.dev/run") == run]
 
 
-def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator,
-                          store: dict[str, str], admission: Admission) -> None:
-    op = operators.start()
-    api.create(QUALIFICATION_RUNS.plural, run_manifest("nightly", store))
-    done = wait_phase(api, "nightly", ("Succeeded", "Failed"), timeout=30)
-    status = done["status"]
-    assert status["phase"] == "Succeeded", condition(done, "Ready")
+@dataclass
+class Finished:
+    """One run applied and qualified (PASS, hard pod kill), shared by the focused tests."""
 
-    # The kill: the beacon's pod (worker-1, not worker-0) deleted with grace 0.
-    kills = [d for d in api.deletions_of("pods") if d.cause == "api"]
-    assert len(kills) == 1, kills
-    assert kills[0].name.endswith("-worker-1") and kills[0].grace_period_seconds == 0
-    assert status["preemption"]["pod"] == kills[0].name
-    assert status["preemption"]["mode"] == "hard" and status["preemption"]["rank"] == 1
+    api: KubeAPI
+    op: Operator
+    run: Obj
+    store: dict[str, str]
+    admission: Admission
 
-    # The verdict, conditions and printer-column fields.
+    @property
+    def status(self) -> Obj:
+        return dict(self.run["status"])
+
+    def kills(self) -> list[Deletion]:
+        return [d for d in self.api.deletions_of("pods") if d.cause == "api"]
+
+
+LABELS = {"namespace": NAMESPACE, "pin": "train:2026-11-29", "run": "nightly",
+          "scenario": "resume"}
+
+
+@pytest.fixture(scope="module")
+def finished(moto_server: MotoServer) -> Iterator[Finished]:
+    """A QualificationRun from apply to verdict against scripted workers."""
+    with pytest.MonkeyPatch.context() as mp, KubeAPI() as api:
+        use_dummy_credentials(mp)
+        api.register_pytorchjob_crd()
+        api.register_crd(QUALIFICATIONRUN_CRD)
+        admission = Admission()
+        api.add_validator(admission)
+        store = {"uri": f"s3://{moto_server.new_bucket()}/runs",
+                 "endpointUrl": moto_server.endpoint, "region": "us-east-1",
+                 "addressingStyle": "path"}
+        workers = Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region="us-east-1",
+                                    addressing_style="path"))
+        ops = Operators(api)
+        with SimulatedTrainingOperator(api, run_container=workers):
+            try:
+                op = ops.start()
+                api.create(QUALIFICATION_RUNS.plural, run_manifest("nightly", store))
+                run = wait_phase(api, "nightly", ("Succeeded", "Failed"), timeout=30)
+                assert run["status"]["phase"] == "Succeeded", condition(run, "Ready")
+                yield Finished(api, op, run, store, admission)
+            finally:
+                ops.stop_all()
+
+
+def test_the_beacons_pod_is_killed_hard(finished: Finished) -> None:
+    # worker-1 (not worker-0, which hosts the rendezvous), deleted with grace 0.
+    [kill] = finished.kills()
+    assert kill.name.endswith("-worker-1") and kill.grace_period_seconds == 0
+    preemption = finished.status["preemption"]
+    assert preemption["pod"] == kill.name
+    assert preemption["mode"] == "hard" and preemption["rank"] == 1
+
+
+def test_the_verdict_conditions_and_printer_fields(finished: Finished) -> None:
+    status, run = finished.status, finished.run
     v = status["verdict"]
     assert v["result"] == "PASS" and v["firstDivergenceSummary"] == "none"
     assert v["exactThroughStep"] == 6 and v["paramMaxAbsDiff"] == 0.0
-    assert condition(done, "Ready")["status"] == "True"
-    assert condition(done, "Qualified")["status"] == "True"
+    assert condition(run, "Ready")["status"] == "True"
+    assert condition(run, "Qualified")["status"] == "True"
     assert status["pin"] == "train:2026-11-29"
-    assert status["observedGeneration"] == done["metadata"]["generation"]
-    uid = done["metadata"]["uid"]
-    assert status["runUri"] == f"{store['uri']}/{NAMESPACE}/nightly/{uid}"
+    assert status["observedGeneration"] == run["metadata"]["generation"]
+    uid = run["metadata"]["uid"]
+    assert status["runUri"] == f"{finished.store['uri']}/{NAMESPACE}/nightly/{uid}"
     assert status["reportUrl"] == f"{status['runUri']}/report.html"
-    legs = status["legs"]
+    assert status["comparatorJob"].startswith("nightly-compare-")
+
+
+def test_the_legs_progress(finished: Finished) -> None:
+    legs = finished.status["legs"]
     assert legs["preempted"]["attempts"] == 2 and legs["preempted"]["steps"] == 6
     assert legs["control"]["attempts"] == 1 and legs["control"]["steps"] == 6
     assert legs["preempted"]["restartSeconds"] > 0
-    assert status["comparatorJob"].startswith("nightly-compare-")
 
-    # Events for each phase and for the injected preemption.
-    reasons = [r for r, _, _ in events(api, "nightly")]
+
+def test_events_name_each_phase_and_the_kill(finished: Finished) -> None:
+    seen = events(finished.api, "nightly")
+    reasons = [r for r, _, _ in seen]
     assert reasons[:2] == ["LegsRunning", "Armed"] and reasons[-2:] == ["Comparing", "Succeeded"]
     assert {"Preempted", "PreemptionInjected", "Resumed"} <= set(reasons)
-    preempted = next(m for r, _, m in events(api, "nightly") if r == "PreemptionInjected")
-    assert kills[0].name in preempted
+    preempted = next(m for r, _, m in seen if r == "PreemptionInjected")
+    assert finished.kills()[0].name in preempted
 
-    # Every job it started is deleted when it concluded; everything it created is owned.
+
+def test_every_job_is_owned_valid_and_deleted_once_concluded(finished: Finished) -> None:
+    api, uid = finished.api, finished.run["metadata"]["uid"]
     assert _live(api, PYTORCHJOBS.plural, "nightly") == []
     assert _live(api, JOBS.plural, "nightly") == []
     for plural in (PYTORCHJOBS.plural, JOBS.plural):
         for obj in api.created(plural):
             assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
     assert len(api.created(PYTORCHJOBS.plural)) == 2 and len(api.created(JOBS.plural)) == 1
-    assert admission.validated["PyTorchJob"] >= 2 and admission.validated["Job"] >= 1
-    assert admission.validated["Event"] >= 6
+    validated = finished.admission.validated
+    assert validated["PyTorchJob"] >= 2 and validated["Job"] >= 1 and validated["Event"] >= 6
 
-    # Metrics from the verdict.
-    labels = {"namespace": NAMESPACE, "pin": "train:2026-11-29", "run": "nightly",
-              "scenario": "resume"}
-    port = op.health.port
-    assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **labels)
+
+def test_metrics_follow_the_verdict(finished: Finished) -> None:
+    port = finished.op.health.port
+    assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **LABELS)
                       == 1.0, what="the passed series")
     text = scrape(port)
-    assert value(text, "resumequal_first_divergent_step", **labels) == -1.0
-    assert (value(text, "resumequal_restart_seconds", **labels) or 0) > 0
+    assert value(text, "resumequal_first_divergent_step", **LABELS) == -1.0
+    assert (value(text, "resumequal_restart_seconds", **LABELS) or 0) > 0
     assert value(text, "resumequal_runs_total", result="PASS") == 1.0
     assert value(text, "resumequal_operator_leader") == 1.0
     assert (value(text, "resumequal_operator_reconcile_total", result="requeue") or 0) > 0
@@ -97,14 +159,17 @@ def test_apply_to_verdict(api: KubeAPI, operators: Operators, training: Simulate
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
             assert r.status == 200
 
-    # Deletion: finalizer cleanup, series removed, artifacts retained (the default).
+
+def test_deletion_removes_the_series_and_keeps_the_artifacts(finished: Finished) -> None:
+    # Last in the module: it deletes the shared run. Retention Retain is the default.
+    api, port = finished.api, finished.op.health.port
     api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "nightly")
     api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "nightly") is None,
                  10, "the finalizer to let the run go")
-    assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **labels)
+    assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **LABELS)
                       is None, what="the series to be removed")
-    loc = RunLocation.open(status["runUri"], S3Spec(endpoint_url=store["endpointUrl"],
-                                                    addressing_style="path"))
+    loc = RunLocation.open(finished.status["runUri"], S3Spec(
+        endpoint_url=finished.store["endpointUrl"], addressing_style="path"))
     assert loc.read_verdict() is not None
 
 
