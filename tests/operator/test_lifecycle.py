@@ -31,7 +31,6 @@ from tests.operator.harness import (
 )
 from tests.operator.workers import Workers
 from tests.s3server import use_dummy_credentials
-
 from tests.waiting import eventually
 
 if TYPE_CHECKING:
