@@ -37,6 +37,10 @@ def render(file: TextIO, namespace: str | None) -> None:
     except RunSpecError as e:
         click.echo(f"error: {file.name}: invalid QualificationRun:\n{e}", err=True)
         sys.exit(2)
+    except UnicodeDecodeError as e:
+        click.echo(f"error: {file.name}: not UTF-8 text ({e.reason} at byte {e.start})",
+                   err=True)
+        sys.exit(2)
 
 
 @main.command()

@@ -19,6 +19,7 @@ from resumequal.spec import (
     apply_overrides,
     check_leg_name,
     load_spec,
+    store_uri,
 )
 
 log = logging.getLogger("resumequal")
@@ -49,6 +50,16 @@ def _leg_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
         raise click.BadParameter(str(e)) from e
 
 
+def _uri(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A store or run URI in its one spelling; a local path as it is."""
+    if value is None or "://" not in value:
+        return value
+    try:
+        return store_uri(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
+
+
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.version_option(package_name="resumequal")
@@ -63,7 +74,7 @@ def main(verbose: bool) -> None:
               "location, else (a local folder without one) the defaults.")
 @click.option("--leg", required=True, metavar="NAME", callback=_leg_name,
               help="control (never cut), preempted, or another preempted leg's name.")
-@click.option("--run", "--run-dir", "run", required=True, metavar="URI",
+@click.option("--run", "--run-dir", "run", required=True, metavar="URI", callback=_uri,
               help="The run location: a folder, file:///abs/path or s3://bucket/prefix/...")
 @click.option("--omit", type=click.Choice(OMISSIONS), multiple=True,
               help="Leave this part of the state out of every resume (a negative control).")
@@ -172,7 +183,7 @@ def validate(spec_path: str) -> None:
 @click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Prometheus textfile to write (default: RUN_DIR/metrics.prom).")
 @click.option("--pushgateway", default=None, help="Also push the metrics to this Pushgateway.")
-@click.option("--store", default=None, metavar="s3://BUCKET/PREFIX",
+@click.option("--store", default=None, metavar="s3://BUCKET/PREFIX", callback=_uri,
               help="Keep traces, beacons, checkpoints and reports in this store, under "
               "<store>/local/<run>/<uid> (logs and staging stay in --run-dir).")
 def run(
@@ -222,7 +233,7 @@ def run(
 
 
 @main.command()
-@click.argument("uri", metavar="RUN")
+@click.argument("uri", metavar="RUN", callback=_uri)
 @click.option("--write", is_flag=True,
               help="Write verdict.json, report.json, report.html and metrics.prom into RUN.")
 @click.option("--pin", default=None, help="Label of the stack (default: the installed torch).")
