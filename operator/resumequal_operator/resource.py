@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from resumequal.qualify import Phase
+from resumequal.redact import redact, redact_tree
 from resumequal.spec import (
     MAX_SECONDS,
     MAX_URI,
@@ -304,6 +305,12 @@ class Problem(BaseModel):
     path: str
     message: str
 
+    @field_validator("message")
+    @classmethod
+    def _redacted(cls, value: str) -> str:
+        # Problems become status, Events and log lines: no credential in any of them.
+        return redact(value)
+
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
 
@@ -538,8 +545,11 @@ class QualificationRunStatus(_Status):
     )
 
     def to_k8s(self) -> dict[str, Any]:
-        """The status as the API stores it: camelCase, RFC 3339 times, no nulls."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """The status as the API stores it: camelCase, RFC 3339 times, no nulls, and no
+        credential in any message (:func:`~resumequal.redact.redact`)."""
+        status: dict[str, Any] = redact_tree(
+            self.model_dump(mode="json", by_alias=True, exclude_none=True))
+        return status
 
 
 class QualificationRun(BaseModel):

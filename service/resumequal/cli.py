@@ -11,6 +11,7 @@ from typing import NoReturn, cast
 import click
 
 from resumequal.errors import ResumequalError
+from resumequal.logs import configure_logging
 from resumequal.spec import (
     OMISSIONS,
     Omission,
@@ -30,10 +31,8 @@ EXIT_ERROR = 2
 def _configure_logging(verbose: bool) -> None:
     rank = os.environ.get("RANK")
     prefix = f"[rank {rank}] " if rank is not None else ""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format=f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(logging.DEBUG if verbose else logging.INFO,
+                      f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s")
 
 
 def _load(spec_path: str | None, overrides: tuple[str, ...] = ()) -> QualificationSpec:
