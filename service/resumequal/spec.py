@@ -226,6 +226,7 @@ class S3Spec(_Section):
 
 
 _URI_CHARS = re.compile(r"^[^\x00-\x20\x7f?#]*$")
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]{0,15}$")
 
 
 def store_uri(value: str) -> str:
@@ -236,7 +237,8 @@ def store_uri(value: str) -> str:
     shown = repr(redact(value))
     scheme, sep, rest = value.partition("://")
     if not sep or scheme not in ("s3", "file"):
-        raise ValueError(f"{shown}: use s3://bucket/prefix or file:///abs/path")
+        named = f"scheme {scheme!r} is not supported; " if _SCHEME.match(scheme) else ""
+        raise ValueError(f"{shown}: {named}use s3://bucket/prefix or file:///abs/path")
     if not _URI_CHARS.match(value):
         raise ValueError(f"{shown}: no spaces, control characters, '?' or '#' in a store URI")
     authority, _, path = rest.partition("/")
