@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime
 
 from resumequal.errors import ClusterError
+from resumequal.redact import redact
 from resumequal_operator.kube import EVENTS, Kube, Obj
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class EventRecorder:
                                "name": meta["name"], "namespace": meta["namespace"],
                                "uid": meta["uid"]},
             "reason": reason,
-            "message": message[:MESSAGE_LIMIT],
+            "message": redact(message)[:MESSAGE_LIMIT],
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,

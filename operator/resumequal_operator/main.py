@@ -8,6 +8,7 @@ from typing import TextIO
 
 import click
 
+from resumequal.logs import configure_logging
 from resumequal_operator.crd import crd_yaml
 
 
@@ -36,6 +37,10 @@ def render(file: TextIO, namespace: str | None) -> None:
         click.echo(render_yaml(file.read(), namespace=namespace), nl=False)
     except RunSpecError as e:
         click.echo(f"error: {file.name}: invalid QualificationRun:\n{e}", err=True)
+        sys.exit(2)
+    except UnicodeDecodeError as e:
+        click.echo(f"error: {file.name}: not UTF-8 text ({e.reason} at byte {e.start})",
+                   err=True)
         sys.exit(2)
 
 
@@ -69,8 +74,8 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
     from resumequal_operator.crdsync import CRDMismatch
     from resumequal_operator.service import ServiceOptions, serve
 
-    logging.basicConfig(level=log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.getLevelName(log_level),
+                      "%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         serve(ServiceOptions(namespaces=namespaces, all_namespaces=all_namespaces, port=port,
                              leader_elect=leader_elect, lease_name=lease_name,

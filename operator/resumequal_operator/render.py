@@ -9,11 +9,13 @@ manifest carries one (``kubectl get qr NAME -o yaml | resumequal-operator render
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
 from resumequal.plan import qualification_plan
+from resumequal.yamlread import YAMLInputError, load_yaml_all
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import Obj
 from resumequal_operator.resource import (
@@ -29,6 +31,16 @@ from resumequal_operator.resource import (
 # Stands in for metadata.uid, which only the API server assigns: it names the jobs
 # (a hash of it) and the run location.
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+# What the API server would accept as metadata.name (a DNS subdomain), namespace (a DNS
+# label) and uid; each becomes a segment of the run location.
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_UID = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+
+
+def _bad(pattern: re.Pattern[str], value: Any, limit: int) -> bool:
+    return not (isinstance(value, str) and len(value) <= limit and pattern.match(value))
 
 
 def render_objects(run: Any, *, namespace: str | None = None) -> list[Obj]:
@@ -47,10 +59,19 @@ def render_objects(run: Any, *, namespace: str | None = None) -> list[Obj]:
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         problems.append(Problem(path="metadata.name", message="is required"))
+    elif _bad(_NAME, name, 253):
+        problems.append(Problem(path="metadata.name", message="must be a DNS subdomain "
+                                "(lowercase letters, digits, '-' and '.')"))
+    ns = namespace or meta.get("namespace") or "default"
+    if _bad(_NAMESPACE, ns, 63):
+        problems.append(Problem(path="metadata.namespace", message="must be a DNS label "
+                                "(at most 63 lowercase letters, digits and '-')"))
+    uid = meta.get("uid") or PLACEHOLDER_UID
+    if _bad(_UID, uid, 64):
+        problems.append(Problem(path="metadata.uid", message="must be a uid (letters, "
+                                "digits and '-')"))
     if problems or not isinstance(name, str):
         raise RunSpecError(problems)
-    ns = namespace or meta.get("namespace") or "default"
-    uid = meta.get("uid") or PLACEHOLDER_UID
     spec = parse_run_spec(run.get("spec"))
     uri = run_uri(spec.store.uri, ns, name, uid)
     plan = qualification_plan(qualification_spec(spec, uri))
@@ -62,9 +83,9 @@ def render_objects(run: Any, *, namespace: str | None = None) -> list[Obj]:
 def render_yaml(text: str, *, namespace: str | None = None) -> str:
     """Every object of every QualificationRun in a YAML stream, as one YAML stream."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise RunSpecError([Problem(path="(file)", message=f"not YAML: {e}")]) from e
+        docs = [d for d in load_yaml_all(text) if d is not None]
+    except YAMLInputError as e:
+        raise RunSpecError([Problem(path="(file)", message=str(e))]) from e
     if not docs:
         raise RunSpecError([Problem(path="(file)", message="holds no QualificationRun")])
     out: list[Obj] = []

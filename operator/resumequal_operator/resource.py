@@ -34,7 +34,10 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from resumequal.qualify import Phase
+from resumequal.redact import redact, redact_tree
 from resumequal.spec import (
+    MAX_SECONDS,
+    MAX_URI,
     SECTION_CONFIG,
     CheckpointSpec,
     ComparisonSpec,
@@ -50,6 +53,7 @@ from resumequal.spec import (
     WorkloadSpec,
     WorldSpec,
     error_lines,
+    store_uri,
 )
 from resumequal.verdict import Result
 
@@ -69,6 +73,9 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # Extended resources a pod can ask for to get one accelerator per rank.
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+# Bounds of what a run's pods are given (Kubernetes' own limits where it has them).
+MAX_ENTRIES = 64  # map entries (nodeSelector, requests, limits) and list items
+_NAME = 253  # a DNS subdomain
 
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
@@ -99,6 +106,7 @@ class StackSpec(_Section):
 
     image: str = Field(
         min_length=1,
+        max_length=1024,
         pattern=r"^[^\s]+$",
         description="The training image (registry/repository:tag or @sha256:digest); it "
         "must contain resumequal and the torch stack to qualify.",
@@ -110,9 +118,9 @@ class StackSpec(_Section):
         description="The label this qualification is reported under (metrics, status, "
         "report); default: the image's last path segment with its tag or short digest.",
     )
-    image_pull_secrets: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN)]] = Field(
-        default_factory=list, description="Names of Secrets to pull the image with."
-    )
+    image_pull_secrets: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN, max_length=_NAME)]] \
+        = Field(default_factory=list, max_length=MAX_ENTRIES,
+                description="Names of Secrets to pull the image with.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Kubernetes' default when unset (Always for :latest)."
     )
@@ -136,6 +144,7 @@ class StoreSpec(_Section):
     """Where the run's traces, beacons, checkpoints and reports live, and how to reach it."""
 
     uri: str = Field(
+        max_length=MAX_URI,
         description="s3://bucket/prefix; each run lives under <uri>/<namespace>/<name>/<uid>. "
         "file:///abs/path only where the operator and every pod see one filesystem "
         "(tests, development).",
@@ -143,14 +152,17 @@ class StoreSpec(_Section):
     credentials_secret: str | None = Field(
         default=None,
         pattern=_DNS_SUBDOMAIN,
+        max_length=_NAME,
         description="Secret in the run's namespace with AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY (optionally AWS_SESSION_TOKEN); unset: the pods' own AWS "
         "chain (IRSA, instance role).",
     )
     endpoint_url: str | None = Field(
-        default=None, description="http(s)://host:port of MinIO / Ceph RGW; unset for AWS S3."
+        default=None, max_length=MAX_URI,
+        description="http(s)://host:port of MinIO / Ceph RGW; unset for AWS S3.",
     )
-    region: str | None = Field(default=None, description="Signing region (AWS_REGION).")
+    region: str | None = Field(default=None, max_length=64,
+                               description="Signing region (AWS_REGION).")
     addressing_style: Literal["path", "virtual", "auto"] = Field(
         default="auto", description="'path' for MinIO and RGW without wildcard DNS."
     )
@@ -158,15 +170,14 @@ class StoreSpec(_Section):
     @field_validator("uri")
     @classmethod
     def _uri(cls, value: str) -> str:
-        scheme, sep, rest = value.partition("://")
-        if scheme == "s3" and sep:
-            bucket = rest.split("/", 1)[0]
+        # One spelling, no '.', '..' or empty segments, no credentials (never echoed).
+        uri = store_uri(value)
+        if uri.startswith("s3://"):
+            bucket = uri.removeprefix("s3://").split("/", 1)[0]
             if not _S3_BUCKET.match(bucket):
-                raise ValueError(f"{value!r}: not s3://bucket/prefix with a valid bucket name")
-            return value.rstrip("/")
-        if scheme == "file" and sep and rest.startswith("/"):
-            return value.rstrip("/") or value
-        raise ValueError(f"{value!r}: use s3://bucket/prefix (or file:///abs/path in tests)")
+                raise ValueError(f"bucket {bucket!r} is not a valid S3 bucket name "
+                                 "(3-63 of a-z, 0-9, '.', '-')")
+        return uri
 
     @field_validator("endpoint_url")
     @classmethod
@@ -192,24 +203,25 @@ class StoreSpec(_Section):
 class ResourceRequirements(_Section):
     """Requests and limits of every training container (one pod per node)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_ENTRIES)
 
 
 class Toleration(_Section):
     """A pod toleration, in Kubernetes' own shape so it can be pasted as is."""
 
-    key: str | None = None
+    key: str | None = Field(default=None, max_length=316)  # prefix/name of a label key
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: str | None = Field(default=None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0, le=int(MAX_SECONDS))
 
 
 # A Kubernetes object the API server validates itself (a PodSecurityContext, a
 # SecurityContext): kept whole so any field of it can be set, shown by kubectl describe.
 KubeObject = Annotated[
     dict[str, Any],
+    Field(max_length=MAX_ENTRIES),
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 
@@ -261,13 +273,15 @@ class QualificationRunSpec(_Section):
     matrix: MatrixSpec = Field(default_factory=MatrixSpec)
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="nodeSelector of every pod the run starts."
+        default_factory=dict, max_length=MAX_ENTRIES,
+        description="nodeSelector of every pod the run starts.",
     )
     tolerations: list[Toleration] = Field(
-        default_factory=list, description="Tolerations of every pod the run starts."
+        default_factory=list, max_length=MAX_ENTRIES,
+        description="Tolerations of every pod the run starts.",
     )
     service_account_name: str | None = Field(
-        default=None, pattern=_DNS_SUBDOMAIN,
+        default=None, pattern=_DNS_SUBDOMAIN, max_length=_NAME,
         description="ServiceAccount of the pods (e.g. one bound to an IAM role for S3).",
     )
     retention: RetentionSpec = Field(default_factory=RetentionSpec)
@@ -290,6 +304,12 @@ class Problem(BaseModel):
     model_config = ConfigDict(frozen=True)
     path: str
     message: str
+
+    @field_validator("message")
+    @classmethod
+    def _redacted(cls, value: str) -> str:
+        # Problems become status, Events and log lines: no credential in any of them.
+        return redact(value)
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
@@ -525,8 +545,11 @@ class QualificationRunStatus(_Status):
     )
 
     def to_k8s(self) -> dict[str, Any]:
-        """The status as the API stores it: camelCase, RFC 3339 times, no nulls."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """The status as the API stores it: camelCase, RFC 3339 times, no nulls, and no
+        credential in any message (:func:`~resumequal.redact.redact`)."""
+        status: dict[str, Any] = redact_tree(
+            self.model_dump(mode="json", by_alias=True, exclude_none=True))
+        return status
 
 
 class QualificationRun(BaseModel):

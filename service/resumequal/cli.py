@@ -11,6 +11,7 @@ from typing import NoReturn, cast
 import click
 
 from resumequal.errors import ResumequalError
+from resumequal.logs import configure_logging
 from resumequal.spec import (
     OMISSIONS,
     Omission,
@@ -19,6 +20,7 @@ from resumequal.spec import (
     apply_overrides,
     check_leg_name,
     load_spec,
+    store_uri,
 )
 
 log = logging.getLogger("resumequal")
@@ -29,10 +31,8 @@ EXIT_ERROR = 2
 def _configure_logging(verbose: bool) -> None:
     rank = os.environ.get("RANK")
     prefix = f"[rank {rank}] " if rank is not None else ""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format=f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(logging.DEBUG if verbose else logging.INFO,
+                      f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s")
 
 
 def _load(spec_path: str | None, overrides: tuple[str, ...] = ()) -> QualificationSpec:
@@ -46,6 +46,16 @@ def _leg_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
         return check_leg_name(value)
     except SpecError as e:
+        raise click.BadParameter(str(e)) from e
+
+
+def _uri(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A store or run URI in its one spelling; a local path as it is."""
+    if value is None or "://" not in value:
+        return value
+    try:
+        return store_uri(value)
+    except ValueError as e:
         raise click.BadParameter(str(e)) from e
 
 
@@ -63,7 +73,7 @@ def main(verbose: bool) -> None:
               "location, else (a local folder without one) the defaults.")
 @click.option("--leg", required=True, metavar="NAME", callback=_leg_name,
               help="control (never cut), preempted, or another preempted leg's name.")
-@click.option("--run", "--run-dir", "run", required=True, metavar="URI",
+@click.option("--run", "--run-dir", "run", required=True, metavar="URI", callback=_uri,
               help="The run location: a folder, file:///abs/path or s3://bucket/prefix/...")
 @click.option("--omit", type=click.Choice(OMISSIONS), multiple=True,
               help="Leave this part of the state out of every resume (a negative control).")
@@ -172,7 +182,7 @@ def validate(spec_path: str) -> None:
 @click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Prometheus textfile to write (default: RUN_DIR/metrics.prom).")
 @click.option("--pushgateway", default=None, help="Also push the metrics to this Pushgateway.")
-@click.option("--store", default=None, metavar="s3://BUCKET/PREFIX",
+@click.option("--store", default=None, metavar="s3://BUCKET/PREFIX", callback=_uri,
               help="Keep traces, beacons, checkpoints and reports in this store, under "
               "<store>/local/<run>/<uid> (logs and staging stay in --run-dir).")
 def run(
@@ -222,7 +232,7 @@ def run(
 
 
 @main.command()
-@click.argument("uri", metavar="RUN")
+@click.argument("uri", metavar="RUN", callback=_uri)
 @click.option("--write", is_flag=True,
               help="Write verdict.json, report.json, report.html and metrics.prom into RUN.")
 @click.option("--pin", default=None, help="Label of the stack (default: the installed torch).")

@@ -8,6 +8,11 @@ spelt so wherever a spec is written: spec files, run directories (``spec.json``,
 ``run.json``), reports and the QualificationRun CRD. A spec read from YAML, JSON or
 ``--set`` may also use the snake_case Python names (``world.nproc_per_node``); error
 messages name fields in camelCase whichever spelling was read.
+
+Every number has an upper bound and floats are finite (a spec is read by an operator that
+must not hang on ``training.steps: 1e14`` or overflow on a timeout of 1e300), and checks
+across fields do arithmetic, never a walk over steps. The bounds are generous for a
+qualification and appear in the CRD schema too.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ResumequalError
+from resumequal.redact import redact
+from resumequal.yamlread import MAX_CHARS, YAMLInputError, load_yaml
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
 
@@ -53,6 +59,21 @@ OMISSIONS: tuple[Omission, ...] = (
 
 _TRAINING_SECTIONS = ("workload", "world", "training", "checkpoint", "ddp")
 
+# Upper bounds. A qualification is short: these leave room for any real one while keeping
+# every number an int64 and every derived figure (deadlines, world size) far from overflow.
+MAX_STEPS = 1_000_000
+MAX_ACCUMULATION = 4096
+MAX_MICROBATCH = 1 << 20
+MAX_NODES = 1024
+MAX_NPROC_PER_NODE = 256
+MAX_SEED = 2**63 - 1  # what an int64 (and torch.manual_seed) takes
+MAX_SECONDS = 7 * 24 * 3600.0  # any timeout or grace period: a week
+MAX_BUCKET_MB = 65536.0
+MAX_LIST = 1000  # checkpoint.atSteps and other lists
+MAX_SEEDS = 64
+MAX_PARAMS = 64  # workload.params entries
+MAX_URI = 2048
+
 
 class SpecError(ResumequalError, ValueError):
     """A spec that cannot be loaded or does not validate; the message names the field.
@@ -74,9 +95,12 @@ def check_leg_name(name: str) -> str:
 
 
 # Every section: camelCase on the wire (read and written), snake_case names also read.
+# Floats are finite: YAML's .inf and .nan are refused where they are read. Inputs stay out
+# of pydantic's own messages (a misplaced secret must not be echoed).
 SECTION_CONFIG = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel,
                             validate_by_name=True, validate_by_alias=True,
-                            serialize_by_alias=True)
+                            serialize_by_alias=True, allow_inf_nan=False,
+                            hide_input_in_errors=True)
 
 
 class _Section(BaseModel):
@@ -87,11 +111,12 @@ class WorkloadSpec(_Section):
     """What trains: a built-in reference workload or a user factory ``module:function``."""
 
     name: str = Field(
-        default="tiny-gpt",
+        default="tiny-gpt", max_length=256,
         description="Built-in workload (dropout-mlp, tiny-gpt) or a factory 'module:function'.",
     )
     params: dict[str, Any] = Field(
-        default_factory=dict, description="Workload parameters, validated by the workload."
+        default_factory=dict, max_length=MAX_PARAMS,
+        description="Workload parameters, validated by the workload.",
     )
 
     @field_validator("name")
@@ -117,16 +142,18 @@ class WorkloadSpec(_Section):
 class WorldSpec(_Section):
     """How many processes train and how they talk."""
 
-    nnodes: int = Field(default=1, ge=1)
-    nproc_per_node: int = Field(default=2, ge=1)
+    nnodes: int = Field(default=1, ge=1, le=MAX_NODES)
+    nproc_per_node: int = Field(default=2, ge=1, le=MAX_NPROC_PER_NODE)
     backend: Literal["auto", "gloo", "nccl"] = Field(
         default="auto", description="auto: nccl when CUDA is available, else gloo."
     )
     threads_per_rank: int = Field(
-        default=1, ge=1, description="torch intra-op threads per rank (CPU oversubscription)."
+        default=1, ge=1, le=1024,
+        description="torch intra-op threads per rank (CPU oversubscription).",
     )
     max_restarts: int = Field(
-        default=1, ge=1, description="Elastic restarts the launcher may make (the kill needs 1)."
+        default=1, ge=1, le=100,
+        description="Elastic restarts the launcher may make (the kill needs 1).",
     )
 
     @property
@@ -147,17 +174,20 @@ class ScheduleSpec(_Section):
     """Learning-rate schedule, stepped once per optimizer step."""
 
     kind: Literal["constant", "step", "warmup-cosine"] = "warmup-cosine"
-    step_size: int = Field(default=4, ge=1, description="step: decay every this many steps")
+    step_size: int = Field(default=4, ge=1, le=MAX_STEPS,
+                           description="step: decay every this many steps")
     gamma: float = Field(default=0.5, gt=0, description="step: multiplicative decay")
-    warmup_steps: int = Field(default=3, ge=0, description="warmup-cosine: linear warmup")
+    warmup_steps: int = Field(default=3, ge=0, le=MAX_STEPS,
+                              description="warmup-cosine: linear warmup")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="warmup-cosine: floor")
 
 
 class TrainingSpec(_Section):
-    steps: int = Field(default=12, ge=1, description="optimizer steps per leg")
-    accumulation_steps: int = Field(default=3, ge=1, description="microbatches per update")
-    microbatch_size: int = Field(default=8, ge=1)
-    seed: int = Field(default=1234, ge=0)
+    steps: int = Field(default=12, ge=1, le=MAX_STEPS, description="optimizer steps per leg")
+    accumulation_steps: int = Field(default=3, ge=1, le=MAX_ACCUMULATION,
+                                    description="microbatches per update")
+    microbatch_size: int = Field(default=8, ge=1, le=MAX_MICROBATCH)
+    seed: int = Field(default=1234, ge=0, le=MAX_SEED)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     grad_clip_norm: float | None = Field(default=1.0, gt=0)
@@ -170,9 +200,11 @@ class S3Spec(_Section):
     web identity, instance role), since specs are written into run files and reports."""
 
     endpoint_url: str | None = Field(
-        default=None, description="http(s)://host:port of MinIO / RGW; None for AWS S3."
+        default=None, max_length=MAX_URI,
+        description="http(s)://host:port of MinIO / RGW; None for AWS S3.",
     )
-    region: str | None = Field(default=None, description="Signing region; None: AWS_REGION.")
+    region: str | None = Field(default=None, max_length=64,
+                               description="Signing region; None: AWS_REGION.")
     addressing_style: Literal["path", "virtual", "auto"] = Field(
         default="auto", description="'path' for MinIO and RGW without wildcard DNS."
     )
@@ -193,15 +225,49 @@ class S3Spec(_Section):
         return value.rstrip("/")
 
 
+_URI_CHARS = re.compile(r"^[^\x00-\x20\x7f?#]*$")
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]{0,15}$")
+
+
+def store_uri(value: str) -> str:
+    """``s3://bucket/prefix`` or ``file:///abs/path`` in one spelling (no trailing '/'), or
+    ValueError saying why not. Segments are what object keys and folders are made of, so
+    none may be empty, '.' or '..' (``s3://b/x/../y`` names no one place). Credentials
+    (``s3://key:secret@bucket``) are refused, and the value is echoed only redacted."""
+    shown = repr(redact(value))
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in ("s3", "file"):
+        named = f"scheme {scheme!r} is not supported; " if _SCHEME.match(scheme) else ""
+        raise ValueError(f"{shown}: {named}use s3://bucket/prefix or file:///abs/path")
+    if not _URI_CHARS.match(value):
+        raise ValueError(f"{shown}: no spaces, control characters, '?' or '#' in a store URI")
+    authority, _, path = rest.partition("/")
+    if "@" in authority:
+        raise ValueError("holds user:password; credentials come from the AWS chain (env, "
+                         "profile, web identity), never from the store URI")
+    if scheme == "s3" and not authority:
+        raise ValueError(f"{shown}: an s3:// store names a bucket (s3://bucket/prefix)")
+    if scheme == "file" and authority:
+        raise ValueError(f"{shown}: a file:// store is file:///abs/path (no host)")
+    segments = path.removesuffix("/").split("/") if path.removesuffix("/") else []
+    bad = next((seg for seg in segments if seg in ("", ".", "..")), None)
+    if bad is not None:
+        what = "an empty segment ('//')" if bad == "" else f"a {bad!r} segment"
+        raise ValueError(f"{shown}: {what}; write the path without it")
+    return f"{scheme}://{authority}/" + "/".join(segments) if segments or scheme == "file" \
+        else f"{scheme}://{authority}"
+
+
 class CheckpointSpec(_Section):
     # ``async`` is a Python keyword, so the field is ``async_save`` with the YAML key as its
     # explicit alias (which wins over the generated ``asyncSave``).
 
-    every_steps: int | None = Field(default=4, ge=1)
-    at_steps: list[int] = Field(default_factory=list)
-    keep_last: int = Field(default=3, ge=1)
+    every_steps: int | None = Field(default=4, ge=1, le=MAX_STEPS)
+    at_steps: list[Annotated[int, Field(ge=1, le=MAX_STEPS)]] = Field(
+        default_factory=list, max_length=MAX_LIST)
+    keep_last: int = Field(default=3, ge=1, le=MAX_LIST)
     store: str | None = Field(
-        default=None,
+        default=None, max_length=MAX_URI,
         description="Where checkpoints live: a path, file:///abs/path or s3://bucket/prefix "
         "(legs under <store>/<leg>/checkpoints/); default: the leg's run directory.",
     )
@@ -221,16 +287,7 @@ class CheckpointSpec(_Section):
     def _store_scheme(cls, value: str | None) -> str | None:
         if value is None or "://" not in value:
             return value
-        scheme, _, rest = value.partition("://")
-        if scheme == "s3":
-            if not rest.split("/", 1)[0]:
-                raise ValueError(f"{value!r}: an s3:// store names a bucket (s3://bucket/prefix)")
-        elif scheme != "file":
-            raise ValueError(
-                f"{value!r}: scheme {scheme!r} is not supported; use a path, file:///abs/path "
-                "or s3://bucket/prefix"
-            )
-        return value
+        return store_uri(value)
 
     @model_validator(mode="after")
     def _s3_only_for_s3(self) -> CheckpointSpec:
@@ -241,10 +298,7 @@ class CheckpointSpec(_Section):
 
     @field_validator("at_steps")
     @classmethod
-    def _positive(cls, value: list[int]) -> list[int]:
-        bad = [s for s in value if s < 1]
-        if bad:
-            raise ValueError(f"steps are numbered from 1; got {bad}")
+    def _sorted(cls, value: list[int]) -> list[int]:
         return sorted(set(value))
 
     def saves_after(self, step: int, last_step: int) -> bool:
@@ -252,6 +306,14 @@ class CheckpointSpec(_Section):
         if step == last_step or step in self.at_steps:
             return True
         return self.every_steps is not None and step % self.every_steps == 0
+
+    def last_save_before(self, step: int, last_step: int) -> int | None:
+        """The last step before ``step`` after which a checkpoint is committed (None: no
+        save before it). Arithmetic, not a walk: ``step`` may be large."""
+        found = [s for s in (last_step, *self.at_steps) if s < step]
+        if self.every_steps is not None and step > self.every_steps:
+            found.append((step - 1) // self.every_steps * self.every_steps)
+        return max(found, default=None)
 
 
 class PreemptionSpec(_Section):
@@ -273,26 +335,28 @@ class PreemptionSpec(_Section):
 
     at: Literal["microbatch", "checkpoint_commit"] = "microbatch"
 
-    step: int = Field(default=6, ge=1)
-    microstep: int = Field(default=1, ge=0)
-    rank: int = Field(default=1, ge=0)
+    step: int = Field(default=6, ge=1, le=MAX_STEPS)
+    microstep: int = Field(default=1, ge=0, le=MAX_ACCUMULATION)
+    rank: int = Field(default=1, ge=0, le=MAX_NODES * MAX_NPROC_PER_NODE)
     mode: Literal["hard", "graceful"] = "hard"
     target: Literal["process", "pod"] = "process"
-    grace_seconds: float = Field(default=20.0, gt=0)
+    grace_seconds: float = Field(default=20.0, gt=0, le=MAX_SECONDS)
 
 
 class TimeoutSpec(_Section):
-    process_group_seconds: float = Field(default=120.0, gt=0)
-    arm_seconds: float = Field(default=60.0, gt=0, description="cut reached -> killed")
-    restart_seconds: float = Field(default=120.0, gt=0, description="killed -> resumed")
-    leg_seconds: float = Field(default=900.0, gt=0, description="whole leg")
+    process_group_seconds: float = Field(default=120.0, gt=0, le=MAX_SECONDS)
+    arm_seconds: float = Field(default=60.0, gt=0, le=MAX_SECONDS,
+                               description="cut reached -> killed")
+    restart_seconds: float = Field(default=120.0, gt=0, le=MAX_SECONDS,
+                                   description="killed -> resumed")
+    leg_seconds: float = Field(default=900.0, gt=0, le=MAX_SECONDS, description="whole leg")
     backend_error_seconds: float = Field(
-        default=300.0, gt=0,
+        default=300.0, gt=0, le=MAX_SECONDS,
         description="an API or store error that persists this long ends the run (Error)")
 
 
 class DDPSpec(_Section):
-    bucket_cap_mb: float = Field(default=25.0, gt=0)
+    bucket_cap_mb: float = Field(default=25.0, gt=0, le=MAX_BUCKET_MB)
     reducer_prime: bool = Field(
         default=True,
         description="Rebuild DDP buckets with a synthetic backward in every fresh process.",
@@ -301,11 +365,12 @@ class DDPSpec(_Section):
 
 class ComparisonSpec(_Section):
     mode: Literal["exact", "tolerance"] = "exact"
-    tolerances: dict[Boundary, float] = Field(
-        default_factory=dict, description="tolerance mode: max abs difference per boundary"
+    tolerances: dict[Boundary, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="tolerance mode: max abs difference per boundary (finite, >= 0)",
     )
     boundaries: list[Boundary] = Field(
-        default_factory=lambda: list(BOUNDARIES),
+        default_factory=lambda: list(BOUNDARIES), max_length=4 * len(BOUNDARIES),
         description="Boundaries the comparator looks at (all by default). Fewer boundaries "
         "make it blind to some faults; the negative controls show which.",
     )
@@ -321,9 +386,6 @@ class ComparisonSpec(_Section):
     def _tolerances_need_mode(self) -> ComparisonSpec:
         if self.tolerances and self.mode != "tolerance":
             raise ValueError("tolerances are only used with mode: tolerance")
-        bad = {k: v for k, v in self.tolerances.items() if v < 0}
-        if bad:
-            raise ValueError(f"tolerances must be >= 0, got {bad}")
         return self
 
 
@@ -336,7 +398,7 @@ class ControlsSpec(_Section):
 
     enabled: bool = True
     omissions: list[Omission] = Field(
-        default_factory=lambda: list(OMISSIONS),
+        default_factory=lambda: list(OMISSIONS), max_length=4 * len(OMISSIONS),
         description="Which broken resumes to run; each is a real preempted-and-restarted leg.",
     )
 
@@ -344,9 +406,10 @@ class ControlsSpec(_Section):
 class MatrixSpec(_Section):
     """Repeat positive scenarios across seeds (a seed matrix); empty seeds: no matrix."""
 
-    seeds: list[int] = Field(default_factory=list)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
+        default_factory=list, max_length=MAX_SEEDS)
     scenarios: list[Scenario] = Field(
-        default_factory=lambda: list(SCENARIOS),
+        default_factory=lambda: list(SCENARIOS), max_length=4 * len(SCENARIOS),
         description="boundary-*: cut at microstep 0 of preemption.step; mid-*: at "
         "preemption.microstep (1 if that is 0); hard or graceful kill.",
     )
@@ -354,8 +417,8 @@ class MatrixSpec(_Section):
     @field_validator("seeds")
     @classmethod
     def _distinct(cls, value: list[int]) -> list[int]:
-        if len(set(value)) != len(value) or any(v < 0 for v in value):
-            raise ValueError(f"seeds must be distinct and >= 0, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"seeds must be distinct, got {value}")
         return value
 
 
@@ -410,9 +473,7 @@ class QualificationSpec(_Section):
             raise ValueError(
                 f"preemption.rank={p.rank} does not exist in a world of {self.world.world_size}"
             )
-        if p.mode == "hard" and not any(
-            self.checkpoint.saves_after(s, t.steps) for s in range(1, p.step)
-        ):
+        if p.mode == "hard" and self.checkpoint.last_save_before(p.step, t.steps) is None:
             raise ValueError(
                 f"preemption.step={p.step}: a hard kill there lands before the first committed "
                 "checkpoint, so the restart would not be a resume; set checkpoint.everySteps "
@@ -514,21 +575,28 @@ def parse_spec(data: Any, source: str = "spec") -> QualificationSpec:
 
 
 def load_spec(path: str | Path) -> QualificationSpec:
-    """Load a spec from a YAML or JSON file."""
+    """Load a spec from a YAML or JSON file (read through :mod:`resumequal.yamlread`)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            raw = f.read(MAX_CHARS + 1)
     except FileNotFoundError as e:
         raise SpecError(f"spec file not found: {p}") from e
     except OSError as e:
         raise SpecError(f"cannot read spec file {p}: {e.strerror}") from e
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{p}: not valid YAML/JSON: {e}") from e
+    return spec_from_text(raw, source=str(p))
+
+
+def spec_from_text(raw: bytes | str, source: str = "spec") -> QualificationSpec:
+    """Validate the YAML or JSON text of a spec; SpecError names the source and field."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError(f"{p}: not valid YAML/JSON: {e}") from e
-    return parse_spec(data, source=str(p))
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        data = load_yaml(text)
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{source}: not valid YAML/JSON: {e}") from e
+    except YAMLInputError as e:
+        raise SpecError(f"{source}: {e}") from e
+    return parse_spec(data, source=source)
 
 
 def apply_overrides(
@@ -541,9 +609,9 @@ def apply_overrides(
         if not sep or not path:
             raise SpecError(f"--set {item!r}: expected PATH=VALUE, e.g. preemption.step=6")
         try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise SpecError(f"--set {item!r}: value is not valid YAML: {e}") from e
+            value = load_yaml(raw)
+        except YAMLInputError as e:
+            raise SpecError(f"--set {item!r}: {e}") from e
         node: Any = data
         tp: Any = QualificationSpec
         # Either spelling of a field sets the key the dump wrote (its camelCase alias).

@@ -21,7 +21,8 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("quali
 ALLOWED = {
     "type", "description", "properties", "items", "additionalProperties", "required",
     "default", "enum", "nullable", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "pattern",
+    "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties",
+    "maxProperties", "pattern",
     "format", "anyOf", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
     "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
 }
@@ -162,7 +163,7 @@ def test_spec_sections_keep_the_spec_field_names(crd: dict[str, Any]) -> None:
     assert "async" in props["checkpoint"]["properties"]  # the YAML key, not async_save
     assert props["preemption"]["properties"]["mode"]["enum"] == ["hard", "graceful"]
     assert props["world"]["properties"]["nnodes"] == {"default": 1, "minimum": 1,
-                                                      "type": "integer"}
+                                                      "maximum": 1024, "type": "integer"}
     quantity = props["resources"]["properties"]["limits"]["additionalProperties"]
     assert quantity["x-kubernetes-int-or-string"] is True
     assert props["workload"]["properties"]["params"]["x-kubernetes-preserve-unknown-fields"]

@@ -16,7 +16,7 @@ from typing import Literal
 import pytest
 
 from resumequal.checkpoint import RemoteRoot
-from resumequal.errors import CheckpointError, TrainingError
+from resumequal.errors import TrainingError
 from resumequal.runstore import KillOrder, LegFiles
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.train.preemption import (
@@ -325,10 +325,9 @@ def test_checkpoint_root_under_a_file_uri(tmp_path: Path) -> None:
         tmp_path / "ckpts" / "control" / "checkpoints")
 
 
-def test_checkpoint_root_refuses_a_file_uri_with_a_host(tmp_path: Path) -> None:
-    spec = _with_store("file://data/ckpts")
-    with pytest.raises(CheckpointError, match="takes an absolute path"):
-        checkpoint_root(spec, tmp_path, "control")
+def test_a_file_uri_with_a_host_is_refused_by_the_spec() -> None:
+    with pytest.raises(SpecError, match="no host"):
+        _with_store("file://data/ckpts")
 
 
 def test_checkpoint_root_on_s3_is_a_remote_root(tmp_path: Path) -> None:

@@ -79,6 +79,6 @@ def test_not_a_qualification_run() -> None:
     assert "apiVersion: must be resumequal.dev/v1alpha1" in err
     assert "kind: must be QualificationRun" in err
     code, _, err = _render("-", stdin="a: [b\n")
-    assert code == 2 and "not YAML" in err
+    assert code == 2 and "not valid YAML" in err
     code, _, err = _render("-", stdin="")
     assert code == 2 and "holds no QualificationRun" in err

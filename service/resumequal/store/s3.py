@@ -45,6 +45,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from resumequal.errors import StoreError
+from resumequal.redact import redact
 from resumequal.spec import S3Spec
 from resumequal.store.base import (
     LocalPath,
@@ -208,7 +209,8 @@ class S3Store:
 
     @property
     def endpoint(self) -> str:
-        return str(self._client.meta.endpoint_url)
+        """The endpoint, for messages: userinfo (from ``AWS_ENDPOINT_URL_S3``) redacted."""
+        return redact(str(self._client.meta.endpoint_url))
 
     def uri(self, key: str = "") -> str:
         path = "/".join(p for p in (self.prefix, key and check_key(key)) if p)
