@@ -15,7 +15,7 @@ from typing import Literal
 
 import pytest
 
-from resumequal.checkpoint import RemoteRoot
+from resumequal.checkpoint import FolderRoot, RemoteRoot
 from resumequal.errors import CheckpointError, TrainingError
 from resumequal.runstore import KillOrder, LegFiles
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
@@ -309,19 +309,19 @@ def _with_store(store: str | None) -> QualificationSpec:
 
 
 def test_checkpoint_root_defaults_to_the_leg_folder(tmp_path: Path) -> None:
-    assert checkpoint_root(_with_store(None), tmp_path, "preempted") == (
+    assert checkpoint_root(_with_store(None), tmp_path, "preempted") == FolderRoot(
         tmp_path / "preempted" / "checkpoints")
 
 
 def test_checkpoint_root_under_a_plain_path(tmp_path: Path) -> None:
     spec = _with_store(str(tmp_path / "ckpts"))
-    assert checkpoint_root(spec, Path("/elsewhere"), "control") == (
+    assert checkpoint_root(spec, Path("/elsewhere"), "control") == FolderRoot(
         tmp_path / "ckpts" / "control" / "checkpoints")
 
 
 def test_checkpoint_root_under_a_file_uri(tmp_path: Path) -> None:
     spec = _with_store(f"file://{tmp_path}/ckpts")
-    assert checkpoint_root(spec, Path("/elsewhere"), "control") == (
+    assert checkpoint_root(spec, Path("/elsewhere"), "control") == FolderRoot(
         tmp_path / "ckpts" / "control" / "checkpoints")
 
 

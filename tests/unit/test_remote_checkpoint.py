@@ -15,6 +15,7 @@ from torch import nn
 
 from resumequal.checkpoint import (
     CheckpointManager,
+    FolderRoot,
     Position,
     RemoteRoot,
     checkpoint_location,
@@ -225,7 +226,7 @@ def test_an_s3_store_with_its_settings_is_a_valid_spec(tmp_path: Path) -> None:
     assert isinstance(where, RemoteRoot)
     assert where.uri("step-00000004") == "s3://bucket/runs/control/checkpoints/step-00000004"
     assert where.local == tmp_path / "control" / ".ckpt-local"
-    assert checkpoint_location(None, None, tmp_path, "control") == (
+    assert checkpoint_location(None, None, tmp_path, "control") == FolderRoot(
         tmp_path / "control" / "checkpoints")
 
 

@@ -78,6 +78,20 @@ class Store(Protocol):
         """Remove every object under the folder ``prefix``; returns how many there were."""
         ...
 
+    def delete_all(self) -> int:
+        """Remove every object under the root (the root itself too, where it is a folder);
+        returns how many there were."""
+        ...
+
+    def child(self, name: str) -> Store:
+        """The store rooted at the folder ``name`` under this one, reached the same way."""
+        ...
+
+    def local_folder(self) -> str | None:
+        """The folder on this machine holding the objects as files, or None when they are
+        reachable only through the store (an object store: no rename, no append)."""
+        ...
+
 
 def check_key(key: str) -> str:
     """``key`` if it is a well-formed relative key, else ``ValueError`` saying why."""

@@ -181,3 +181,17 @@ class FileStore:
             if os.path.isdir(top):
                 shutil.rmtree(top)
         return count
+
+    def delete_all(self) -> int:
+        count = len(self.list())
+        with self._errors("delete", ""):
+            if os.path.isdir(self.root):
+                shutil.rmtree(self.root)
+        return count
+
+    def child(self, name: str) -> FileStore:
+        # A path stays a path and a file:// URI a file:// URI, so URIs read the same.
+        return FileStore(self.uri(name))
+
+    def local_folder(self) -> str:
+        return self.root

@@ -358,3 +358,14 @@ class S3Store:
                     raise StoreAccessDenied(f"wrong credentials or no permission: {message}")
                 raise StoreError(message)
         return len(keys)
+
+    def delete_all(self) -> int:
+        if not self.prefix:
+            raise ValueError(f"{self.uri()}: delete_all would empty the whole bucket")
+        return S3Store(f"s3://{self.bucket}", self.config).delete_prefix(self.prefix)
+
+    def child(self, name: str) -> S3Store:
+        return S3Store(self.uri(name), self.config)
+
+    def local_folder(self) -> None:
+        return None

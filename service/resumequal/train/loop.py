@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot
+from resumequal.checkpoint import CheckpointManager, CheckpointRoot, FolderRoot, Position
 from resumequal.errors import CheckpointError
 from resumequal.runstore import LegFiles
 from resumequal.spec import CONTROL_LEG, QualificationSpec, check_leg_name
@@ -125,7 +125,7 @@ class Leg:
         placement: Placement,
         *,
         omit: frozenset[str] = frozenset(),
-        checkpoint_root: Path | RemoteRoot | None = None,
+        checkpoint_root: CheckpointRoot | None = None,
         trace: Path | TraceSink | None = None,
     ) -> None:
         """``leg_dir`` is the leg's folder, or its files in an object store; then
@@ -153,7 +153,7 @@ class Leg:
         if checkpoint_root is None:
             if not isinstance(leg_dir, Path):
                 raise ValueError("a leg outside a local folder needs its checkpoint_root")
-            checkpoint_root = leg_dir / "checkpoints"
+            checkpoint_root = FolderRoot(leg_dir / "checkpoints")
         self.ckpt = CheckpointManager(
             checkpoint_root,
             rank=placement.rank,
@@ -368,12 +368,10 @@ class Leg:
 
         tensors = tensor_state(live, with_pending_grads=c.microstep > 0)
         info = {"leg": self.leg, "global_microstep": c.global_microstep}
-        if self.spec.checkpoint.async_save and hold_step is not None:
-            self.ckpt.save_async(position, tensors, rank_state(live), info=info,
-                                 before_commit=before_commit)
-        else:
-            self.ckpt.save(position, tensors, rank_state(live), info=info,
-                           before_commit=before_commit)
+        # The emergency checkpoint is always synchronous: the process exits right after.
+        self.ckpt.save(position, tensors, rank_state(live), info=info,
+                       before_commit=before_commit,
+                       background=self.spec.checkpoint.async_save and hold_step is not None)
 
     def _on_arm(self, step: int, microstep: int, where: str) -> None:
         self.trace.write(ArmRecord(rank=self.p.rank, attempt=self.p.attempt, step=step,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from resumequal.checkpoint import RemoteRoot, checkpoint_location
+from resumequal.checkpoint import CheckpointRoot, checkpoint_location
 from resumequal.runstore import RUN_FILE as RUN_FILE
 from resumequal.runstore import RunLocation, default_scratch
 from resumequal.spec import QualificationSpec
@@ -33,7 +33,7 @@ def check_run_dir(run_dir: Path, spec: QualificationSpec) -> None:
     RunLocation.open(str(run_dir)).check_claim(spec)
 
 
-def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Path | RemoteRoot:
+def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> CheckpointRoot:
     """Where a leg's checkpoints live: the spec's store (a folder or ``s3://``), else the
     leg's folder. ``run_dir`` is the local folder (the run's, or scratch on S3)."""
     return checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, run_dir, leg)
