@@ -46,8 +46,19 @@ class Store(Protocol):
         """Write ``data`` as ``key``, replacing what was there; readers see old or new."""
         ...
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        """Write ``data`` as ``key`` only if there is no such object; True if written.
+
+        Exclusive where the medium allows it; where it does not (MinIO and Ceph RGW have no
+        conditional create), two writers racing may both write.
+        """
+        ...
+
     def put_file(self, key: str, local_path: LocalPath) -> str:
-        """Upload a local file as ``key``; returns the sha256 (hex) of what was uploaded."""
+        """Upload a local file as ``key``; returns the sha256 (hex) of what was uploaded.
+
+        A file that already is ``key`` (a folder store's own file) is left as it is.
+        """
         ...
 
     def get_bytes(self, key: str) -> bytes:

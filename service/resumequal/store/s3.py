@@ -305,6 +305,13 @@ class S3Store:
 
         return download_verified(self.uri(key), local_path, expect_sha256, fetch)
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        # No conditional create on every S3 implementation (MinIO, RGW): look, then write.
+        if self.exists(key):
+            return False
+        self.put_bytes(key, data)
+        return True
+
     def exists(self, key: str) -> bool:
         with self._call("look up", key):
             try:
