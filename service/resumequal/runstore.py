@@ -30,6 +30,7 @@ worker side (``train``, ``checkpoint``, ``trace``), nor ``report``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import json
@@ -300,7 +301,7 @@ class LegFiles:
 # --------------------------------------------------------------------------- traces
 
 
-class _Traces:
+class _Traces(abc.ABC):
     """One trace format: how workers write a rank's trace and how it is read back."""
 
     def __init__(self, store: Store) -> None:
@@ -315,18 +316,21 @@ class _Traces:
         """The joined trace of one rank (what the comparator reads)."""
         return f"{check_leg_name(leg)}/trace/rank-{rank}.jsonl"
 
+    @abc.abstractmethod
     def sink(self, leg: str, rank: int, attempt: int, every: int) -> LineSink:
-        raise NotImplementedError
+        """Where one rank of one attempt writes its trace."""
 
+    @abc.abstractmethod
     def records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
         """Each rank's records so far, leniently (torn or unreadable parts skipped)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def attempts_started(self, leg: str) -> int:
-        raise NotImplementedError
+        """How many attempts of ``leg`` have written to its trace."""
 
+    @abc.abstractmethod
     def materialize(self, dest: Path | None) -> Path:
-        raise NotImplementedError
+        """A local run folder with each rank's whole trace in ``<leg>/trace/rank-<r>.jsonl``."""
 
 
 class _AppendedFiles(_Traces):
@@ -484,10 +488,7 @@ class RunLocation:
         if parsed.netloc and not parsed.path.strip("/"):
             raise StoreError(f"run location {uri!r}: name a prefix under the bucket "
                              "(s3://bucket/prefix/<namespace>/<run>/<uid>)")
-        try:
-            store = open_store(uri, s3_config(s3))
-        except StoreError as e:
-            raise StoreError(f"run location {uri!r}: {e}") from e
+        store = open_store(uri, s3_config(s3))
         return cls(store.uri(), store, s3)
 
     @property
@@ -645,7 +646,7 @@ class RunLocation:
         return self._traces.sink(check_leg_name(leg), rank, attempt, every)
 
     def trace_path(self, leg: str, rank: int) -> Path:
-        """The joined trace file of one rank in a folder run (or a materialized copy)."""
+        """The trace file of one rank of a folder run, where its workers append."""
         return Path(self.scratch(), _Traces.file_key(leg, rank))
 
     # -- results ----------------------------------------------------------------------------

@@ -88,7 +88,7 @@ class FileSink:
     def append(self, line: bytes) -> None:
         if self._file.closed:
             raise ValueError("write to a closed trace")
-        self._file.write(line)
+        self._file.write(line if line.endswith(b"\n") else line + b"\n")
         # flush() puts the line in the kernel's page cache, which outlives a SIGKILL of this
         # process; fsync would only matter for a machine crash, which a preemption test
         # does not simulate, and it would cost milliseconds per step.
