@@ -241,3 +241,13 @@ def test_a_bad_store_is_refused_naming_why(checkpoint: dict[str, Any], message: 
     with pytest.raises(SpecError, match=message) as info:
         parse_spec({"checkpoint": checkpoint})
     assert "secret" not in str(info.value)
+
+
+def test_the_commit_backend_follows_the_store_not_its_scheme(tmp_path: Path) -> None:
+    folder = checkpoint_location(f"file://{tmp_path}/ckpts", None, tmp_path / "run", "control")
+    assert folder == FolderRoot(tmp_path / "ckpts" / "control" / "checkpoints")
+    assert folder.durable_staging and folder.scratch == folder.root
+    marker = checkpoint_location("s3://bucket/runs", S3Spec(endpoint_url="http://127.0.0.1:9"),
+                                 tmp_path / "run", "control")
+    assert isinstance(marker, RemoteRoot) and not marker.durable_staging
+    assert marker.scratch == tmp_path / "run" / "control" / ".ckpt-local"

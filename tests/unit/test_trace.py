@@ -591,3 +591,13 @@ def test_bucket_layout_digest_sees_order_and_membership() -> None:
     assert bucket_layout_digest([b, a]) != base
     assert bucket_layout_digest([a.model_copy(update={"params": ["b", "w"]}), b]) != base
     assert bucket_layout_digest([a.model_copy(update={"params": ["w", "b", "v"]})]) != base
+
+
+def test_file_sink_ends_every_line(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path / "t.jsonl")
+    sink.append(b'{"a": 1}')
+    sink.append(b'{"b": 2}\n')
+    sink.close()
+    assert (tmp_path / "t.jsonl").read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    with pytest.raises(ValueError, match="closed trace"):
+        sink.append(b"{}")
