@@ -322,7 +322,7 @@ def kill_table(args: argparse.Namespace, endpoint: str, client: Any, tmp: Path) 
     manager = CheckpointManager(s3_root(endpoint, run_dir), rank=0, world_size=1, attempt=2,
                                 keep_last=5)
     manager.save(Position(1), old, {"step": 1})
-    root_uri = manager.remote.uri() if manager.remote is not None else ""
+    root_uri = manager.root.uri()
     root_prefix = root_uri.removeprefix(f"s3://{BUCKET}/")
     rq_prefix = f"{root_prefix}/step-00000002/"
     what = run_and_kill([*base, "--child", "rq", "--seed", "2", "--run-dir", str(run_dir)],

@@ -27,6 +27,7 @@ import torch
 import xxhash
 
 from resumequal.spec import TrainingSpec, WorkloadSpec
+from resumequal.store.log import FileSink
 from resumequal.trace import (
     BucketRecord,
     MicrostepRecord,
@@ -85,7 +86,7 @@ def run_steps(steps: int, trace_dir: Path) -> tuple[Stopwatch, int]:
     clip = training.grad_clip_norm or float("inf")
     watch = Stopwatch()
 
-    with TraceWriter(trace_dir / "rank0.jsonl") as writer:
+    with TraceWriter(FileSink(trace_dir / "rank0.jsonl")) as writer:
         for step in range(1, steps + WARMUP_STEPS + 1):
             watch.measuring = step > WARMUP_STEPS
             started_at = time.time()

@@ -15,11 +15,13 @@ both::
     <leg>/checkpoints/...            committed checkpoints
     verdict.json, report.json, report.html, metrics.prom
 
-Traces differ by medium. In a folder each rank appends JSON lines to
-``<leg>/trace/rank-<r>.jsonl``. On S3, which cannot append, each rank writes immutable
-segment objects ``<leg>/trace/rank-<r>/attempt-<a>/<seq>.jsonl`` (by default one per
-record), each ending in a trailer line with its record count and sha256, so a segment is
-whole or absent after a SIGKILL, and a corrupted or missing one is reported by name.
+Everything goes through the location's :class:`~resumequal.store.Store`; the one thing
+that differs by store is the trace format (:mod:`resumequal.store.log`), chosen once in
+:func:`_traces`. In a folder on this machine each rank appends JSON lines to
+``<leg>/trace/rank-<r>.jsonl``. A store that cannot append gets immutable segment objects
+``<leg>/trace/rank-<r>/attempt-<a>/<seq>.jsonl`` (by default one per record), each ending
+in a trailer line with its record count and sha256, so a segment is whole or absent after
+a SIGKILL, and a corrupted or missing one is reported by name.
 :meth:`RunLocation.materialize` rebuilds a local run folder from them for the comparator.
 
 This module is shared with the operator: it must import neither torch nor numpy, nor the
@@ -28,13 +30,13 @@ worker side (``train``, ``checkpoint``, ``trace``), nor ``report``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
-import shutil
 import socket
 import tempfile
 import time
@@ -57,12 +59,18 @@ from resumequal.spec import (
     format_validation_error,
 )
 from resumequal.store import (
-    FileStore,
-    S3Store,
     Store,
     StoreIntegrityError,
     StoreNotFound,
+    open_store,
     s3_config,
+)
+from resumequal.store.log import (
+    FileSink,
+    LineSink,
+    SegmentSink,
+    parse_segment,
+    segment_bytes,
 )
 from resumequal.verdict import SCHEMA_VERSION, Verdict
 
@@ -80,7 +88,6 @@ RESULT_FILES = (VERDICT_JSON, REPORT_JSON, REPORT_HTML, METRICS_PROM)
 _SEGMENT = re.compile(r"^rank-(\d+)/attempt-(\d+)/(\d{8,})\.jsonl$")
 # Any trace segment under the location, seed-matrix sub-runs (seed-N/<leg>/...) included.
 _ANY_SEGMENT = re.compile(r"^(.+)/trace/rank-(\d+)/attempt-(\d+)/(\d{8,})\.jsonl$")
-_TRAILER_KEY = "segment"
 _DONE = re.compile(r"^rank-(\d+)\.json$")
 
 __all__ = [
@@ -93,7 +100,9 @@ __all__ = [
     "LegSpecFile",
     "RunLocation",
     "SegmentSink",
+    "parse_segment",
     "s3_config",
+    "segment_bytes",
 ]
 
 
@@ -135,84 +144,6 @@ class LegSpecFile(BaseModel):
 
 
 # --------------------------------------------------------------------------- segments
-
-
-def segment_bytes(lines: Sequence[bytes], seq: int) -> bytes:
-    """One trace segment: the record lines, then a trailer with their count and sha256."""
-    body = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
-    trailer = {_TRAILER_KEY: {"seq": seq, "records": len(lines),
-                              "sha256": hashlib.sha256(body).hexdigest()}}
-    return body + json.dumps(trailer, separators=(",", ":")).encode() + b"\n"
-
-
-def parse_segment(data: bytes, where: str) -> list[bytes]:
-    """The record lines of a segment, checked against its trailer; TraceError naming ``where``
-    if it is truncated, corrupted or not a segment."""
-    if not data.endswith(b"\n"):
-        raise TraceError(f"{where}: truncated trace segment (no final newline)")
-    lines = data[:-1].split(b"\n")
-    try:
-        trailer = json.loads(lines[-1])[_TRAILER_KEY]
-        count, digest = int(trailer["records"]), str(trailer["sha256"])
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-        raise TraceError(f"{where}: corrupted trace segment (no valid trailer)") from e
-    records = lines[:-1]
-    body = b"".join(line + b"\n" for line in records)
-    if len(records) != count or hashlib.sha256(body).hexdigest() != digest:
-        raise TraceError(
-            f"{where}: corrupted trace segment ({len(records)} line(s), sha256 "
-            f"{hashlib.sha256(body).hexdigest()[:16]}…; its trailer says {count}, "
-            f"{digest[:16]}…)"
-        )
-    return [line + b"\n" for line in records]
-
-
-class SegmentSink:
-    """Writes one rank's trace of one attempt as segment objects, ``every`` records each.
-
-    Each segment is uploaded before :meth:`append` (or :meth:`flush`) returns, so what a
-    SIGKILL can lose is at most the records not yet flushed: none with ``every=1``.
-    """
-
-    def __init__(self, store: Store, prefix: str, *, every: int = 1) -> None:
-        if every < 1:
-            raise ValueError("every must be >= 1")
-        self.store = store
-        self.prefix = prefix
-        self.every = every
-        self._buffer: list[bytes] = []
-        # A re-run of the same attempt (a rescheduled pod) continues after what is there.
-        taken = [_seq_of(o.key) for o in store.list(prefix)]
-        self.seq = max((s for s in taken if s is not None), default=-1) + 1
-
-    def key(self, seq: int) -> str:
-        return f"{self.prefix}/{seq:08d}.jsonl"
-
-    def append(self, line: bytes) -> None:
-        self._buffer.append(line)
-        if len(self._buffer) >= self.every:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._buffer:
-            return
-        data = segment_bytes(self._buffer, self.seq)
-        self.store.put_bytes(self.key(self.seq), data)
-        self._buffer = []
-        self.seq += 1
-
-    def close(self) -> None:
-        self.flush()
-
-
-def _seq_of(key: str) -> int | None:
-    name = key.rsplit("/", 1)[-1]
-    if not name.endswith(".jsonl"):
-        return None
-    try:
-        return int(name.removesuffix(".jsonl"))
-    except ValueError:
-        return None
 
 
 def _json_lines(lines: Iterable[bytes]) -> list[dict[str, Any]]:
@@ -268,7 +199,6 @@ class LegFiles:
 
     store: Store
     prefix: str = ""
-    local: Path | None = None
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -276,7 +206,7 @@ class LegFiles:
     @classmethod
     def folder(cls, leg_dir: Path) -> LegFiles:
         """A leg folder on this machine."""
-        return cls(FileStore(str(leg_dir)), "", leg_dir)
+        return cls(open_store(str(leg_dir)))
 
     def beacon_key(self, rank: int, attempt: int) -> str:
         return self.key(f"beacons/attempt-{attempt}-rank-{rank}.json")
@@ -368,12 +298,171 @@ class LegFiles:
             return "unreadable failure marker"
 
 
+# --------------------------------------------------------------------------- traces
+
+
+class _Traces(abc.ABC):
+    """One trace format: how workers write a rank's trace and how it is read back."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @staticmethod
+    def dir_key(leg: str) -> str:
+        return f"{check_leg_name(leg)}/trace"
+
+    @staticmethod
+    def file_key(leg: str, rank: int) -> str:
+        """The joined trace of one rank (what the comparator reads)."""
+        return f"{check_leg_name(leg)}/trace/rank-{rank}.jsonl"
+
+    @abc.abstractmethod
+    def sink(self, leg: str, rank: int, attempt: int, every: int) -> LineSink:
+        """Where one rank of one attempt writes its trace."""
+
+    @abc.abstractmethod
+    def records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
+        """Each rank's records so far, leniently (torn or unreadable parts skipped)."""
+
+    @abc.abstractmethod
+    def attempts_started(self, leg: str) -> int:
+        """How many attempts of ``leg`` have written to its trace."""
+
+    @abc.abstractmethod
+    def materialize(self, dest: Path | None) -> Path:
+        """A local run folder with each rank's whole trace in ``<leg>/trace/rank-<r>.jsonl``."""
+
+
+class _AppendedFiles(_Traces):
+    """A folder: each rank appends JSON lines to ``<leg>/trace/rank-<r>.jsonl``."""
+
+    def __init__(self, store: Store, folder: str) -> None:
+        super().__init__(store)
+        self.folder = Path(folder)
+
+    def path(self, leg: str, rank: int) -> Path:
+        return self.folder / self.file_key(leg, rank)
+
+    def sink(self, leg: str, rank: int, attempt: int, every: int) -> LineSink:
+        return FileSink(self.path(leg, rank))
+
+    def records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
+        return {r: _complete_lines(self.path(leg, r)) for r in range(world_size)}
+
+    def attempts_started(self, leg: str) -> int:
+        seen = [r.get("attempt", 0) for path in (self.folder / self.dir_key(leg)).glob(
+            "rank-*.jsonl") for r in _complete_lines(path)]
+        return max(seen, default=-1) + 1
+
+    def materialize(self, dest: Path | None) -> Path:
+        """The folder itself: the comparator reads it in place."""
+        return self.folder
+
+
+class _Segments(_Traces):
+    """A store that cannot append: immutable segment objects per rank and attempt."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        # Segments are immutable once written: each one is read once.
+        self._cache: dict[str, list[dict[str, Any]]] = {}
+
+    def sink(self, leg: str, rank: int, attempt: int, every: int) -> LineSink:
+        return SegmentSink(self.store, f"{self.dir_key(leg)}/rank-{rank}/attempt-{attempt}",
+                           every=every)
+
+    def keys(self, leg: str) -> list[tuple[int, int, int, str]]:
+        """(rank, attempt, seq, key) of every trace segment of ``leg``, in write order."""
+        base = self.dir_key(leg)
+        found = []
+        for obj in self.store.list(base):
+            m = _SEGMENT.match(obj.key[len(base) + 1:])
+            if m is not None:
+                found.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), obj.key))
+        return sorted(found)
+
+    def records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = {}
+        for rank, _attempt, _seq, key in self.keys(leg):
+            if rank >= world_size:
+                continue
+            records = self._cache.get(key)
+            if records is None:
+                try:
+                    lines = parse_segment(self.store.get_bytes(key), self.store.uri(key))
+                except (TraceError, StoreNotFound) as e:
+                    log.warning("progress: skipping %s: %s", self.store.uri(key), e)
+                    continue
+                records = self._cache[key] = _json_lines(lines)
+            out.setdefault(rank, []).extend(records)
+        return out
+
+    def attempts_started(self, leg: str) -> int:
+        # One LIST: the attempt is in every segment's name.
+        return max((attempt for _, attempt, _, _ in self.keys(leg)), default=-1) + 1
+
+    def materialize(self, dest: Path | None) -> Path:
+        """Every object but checkpoints downloaded into ``dest``, each rank's segments
+        verified and joined into its trace file."""
+        if dest is None:
+            dest = Path(tempfile.mkdtemp(prefix="resumequal-run-"))
+        dest.mkdir(parents=True, exist_ok=True)
+        objects = self.store.list()
+        if not any(o.key == RUN_FILE for o in objects):
+            raise StoreNotFound(f"{self.store.uri(RUN_FILE)} does not exist: "
+                                f"{self.store.uri()} is not a run location (or no leg has "
+                                "started)")
+        traces: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+        for obj in objects:
+            if "/checkpoints/" in f"/{obj.key}":
+                continue
+            m = _ANY_SEGMENT.match(obj.key)
+            if m is not None:
+                traces.setdefault((m.group(1), int(m.group(2))), []).append(
+                    (int(m.group(3)), int(m.group(4)), obj.key))
+                continue
+            if "/trace/" in f"/{obj.key}":
+                raise TraceError(f"{self.store.uri(obj.key)}: not a trace segment name")
+            data = self.store.get_bytes(obj.key)
+            if len(data) != obj.size:
+                raise StoreIntegrityError(f"{self.store.uri(obj.key)}: read {len(data)} bytes, "
+                                          f"listed with {obj.size}")
+            _write_file(dest / obj.key, data)
+        for (leg, rank), segments in sorted(traces.items()):
+            _write_file(dest / leg / "trace" / f"rank-{rank}.jsonl",
+                        b"".join(self._verified(sorted(segments))))
+        return dest
+
+    def _verified(self, segments: list[tuple[int, int, str]]) -> list[bytes]:
+        lines: list[bytes] = []
+        expected: tuple[int, int] | None = None
+        for attempt, seq, key in segments:
+            if expected is not None and expected[0] == attempt and seq != expected[1]:
+                missing = key.rsplit("/", 1)[0] + f"/{expected[1]:08d}.jsonl"
+                raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
+                                 f"next one present is {seq:08d})")
+            if (expected is None or expected[0] != attempt) and seq != 0:
+                missing = key.rsplit("/", 1)[0] + "/00000000.jsonl"
+                raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
+                                 f"first one present is {seq:08d})")
+            lines += parse_segment(self.store.get_bytes(key), self.store.uri(key))
+            expected = (attempt, seq + 1)
+        return lines
+
+
+def _traces(store: Store) -> _Traces:
+    """The trace format a store can hold: appended files in a folder on this machine,
+    immutable segments anywhere else (no append there)."""
+    folder = store.local_folder()
+    return _AppendedFiles(store, folder) if folder is not None else _Segments(store)
+
+
 # --------------------------------------------------------------------------- the run
 
 
 @dataclass
 class RunLocation:
-    """Everything of one qualification: a local folder or an ``s3://`` prefix.
+    """Everything of one qualification, under one store (a folder or an object store).
 
     Open one with :meth:`open`. The operator uses it (without torch) to write leg specs
     and read beacons, progress, failures and the verdict; workers and the comparator use
@@ -382,9 +471,11 @@ class RunLocation:
 
     uri: str
     store: Store
-    local: Path | None = None
     s3: S3Spec | None = None
-    _segments: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    _traces: _Traces = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._traces = _traces(self.store)
 
     @classmethod
     def open(cls, uri: str, s3: S3Spec | None = None) -> RunLocation:
@@ -394,40 +485,42 @@ class RunLocation:
         applies (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION``, keys).
         """
         parsed = urlparse(uri)
-        if "://" not in uri or parsed.scheme == "file":
-            store = FileStore(uri)
-            return cls(uri.rstrip("/") or "/", store, Path(store.root), None)
-        if parsed.scheme != "s3":
-            raise StoreError(
-                f"run location {uri!r}: scheme {parsed.scheme!r} is not supported; use a "
-                "path, file:///abs/path or s3://bucket/prefix"
-            )
-        if not parsed.path.strip("/"):
+        if parsed.netloc and not parsed.path.strip("/"):
             raise StoreError(f"run location {uri!r}: name a prefix under the bucket "
                              "(s3://bucket/prefix/<namespace>/<run>/<uid>)")
-        remote = S3Store(uri, s3_config(s3))
-        return cls(remote.uri(), remote, None, s3)
+        store = open_store(uri, s3_config(s3))
+        return cls(store.uri(), store, s3)
+
+    @property
+    def local(self) -> Path | None:
+        """The folder on this machine holding the run, or None for an object store."""
+        folder = self.store.local_folder()
+        return Path(folder) if folder is not None else None
 
     @property
     def is_local(self) -> bool:
-        return self.local is not None
+        return self.store.local_folder() is not None
+
+    def scratch(self) -> Path:
+        """A local folder for what is not kept (checkpoint staging, downloaded copies): the
+        run folder itself, or a temporary folder per run location."""
+        folder = self.store.local_folder()
+        return Path(folder) if folder is not None else default_scratch(self.uri)
 
     def url(self, name: str) -> str:
         """The full URI (or path, for a folder given as a path) of an artifact."""
-        if self.local is not None and "://" not in self.uri:
-            return str(Path(self.uri) / name)
         return self.store.uri(name)
 
     def leg(self, leg: str) -> LegFiles:
-        return LegFiles(self.store, check_leg_name(leg),
-                        self.local / leg if self.local is not None else None)
+        return LegFiles(self.store, check_leg_name(leg))
 
     # -- specs ------------------------------------------------------------------------------
 
     def leg_spec(self, spec: QualificationSpec) -> QualificationSpec:
-        """``spec`` as the legs of this location run it: on S3, checkpoints live under the
-        run location (``<run>/<leg>/checkpoints``) whatever store the spec named."""
-        if self.is_local:
+        """``spec`` as the legs of this location run it: outside a folder on this machine,
+        checkpoints live under the run location (``<run>/<leg>/checkpoints``) whatever
+        store the spec named, so that workers anywhere reach them."""
+        if self.store.local_folder() is not None:
             return spec
         ckpt = spec.checkpoint.model_copy(update={"store": self.uri,
                                                   "s3": spec.checkpoint.s3 or self.s3})
@@ -480,25 +573,12 @@ class RunLocation:
     def claim(self, spec: QualificationSpec) -> bool:
         """Tie a new location to ``spec`` by writing ``run.json`` if absent; True if written.
 
-        A folder uses an exclusive create. S3 has no such create everywhere (MinIO, RGW),
-        so it checks first: two legs racing write bodies of the same digest, and
-        :meth:`check_claim` still refuses a different spec.
+        Where the store has no exclusive create (MinIO, RGW), two legs racing write bodies
+        of the same digest, and :meth:`check_claim` still refuses a different spec.
         """
         body = json.dumps({"spec_digest": spec.digest(), "spec": spec.model_dump(mode="json"),
                            "created_at": time.time()}, indent=1).encode()
-        if self.local is not None:
-            self.local.mkdir(parents=True, exist_ok=True)
-            try:
-                fd = os.open(self.local / RUN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-            return True
-        if self.store.exists(RUN_FILE):
-            return False
-        self.store.put_bytes(RUN_FILE, body)
-        return True
+        return self.store.put_new(RUN_FILE, body)
 
     def check_claim(self, spec: QualificationSpec) -> None:
         """TrainingError when this location was made for a different spec (or for none)."""
@@ -550,76 +630,34 @@ class RunLocation:
         return progress_of(self._trace_records(leg, world_size), world_size)
 
     def _trace_records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
-        check_leg_name(leg)
-        if self.local is not None:
-            return {r: _complete_lines(self.local / leg / "trace" / f"rank-{r}.jsonl")
-                    for r in range(world_size)}
-        out: dict[int, list[dict[str, Any]]] = {}
-        for rank, _attempt, _seq, key in self._segment_keys(leg):
-            if rank >= world_size:
-                continue
-            records = self._segments.get(key)
-            if records is None:
-                try:
-                    lines = parse_segment(self.store.get_bytes(key), self.store.uri(key))
-                except (TraceError, StoreNotFound) as e:
-                    log.warning("progress: skipping %s: %s", self.store.uri(key), e)
-                    continue
-                # Segments are immutable once written: read each one once.
-                records = self._segments[key] = _json_lines(lines)
-            out.setdefault(rank, []).extend(records)
-        return out
+        return self._traces.records(check_leg_name(leg), world_size)
 
     def attempts_started(self, leg: str) -> int:
-        """How many attempts of ``leg`` have written to its trace (the next one's number):
-        one LIST on S3, the trace files in a folder."""
-        check_leg_name(leg)
-        if self.local is not None:
-            seen = [r.get("attempt", 0) for path in (self.local / leg / "trace").glob(
-                "rank-*.jsonl") for r in _complete_lines(path)]
-        else:
-            seen = [attempt for _, attempt, _, _ in self._segment_keys(leg)]
-        return max(seen, default=-1) + 1
-
-    def _segment_keys(self, leg: str) -> list[tuple[int, int, int, str]]:
-        """(rank, attempt, seq, key) of every trace segment of ``leg``, in write order."""
-        base = f"{leg}/trace"
-        found = []
-        for obj in self.store.list(base):
-            m = _SEGMENT.match(obj.key[len(base) + 1:])
-            if m is not None:
-                found.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), obj.key))
-        return sorted(found)
+        """How many attempts of ``leg`` have written to its trace (the next one's number)."""
+        return self._traces.attempts_started(check_leg_name(leg))
 
     def child(self, name: str) -> RunLocation:
         """A sub-run under this location (e.g. ``seed-11`` of a seed matrix)."""
-        if self.local is not None:
-            return RunLocation.open(str(Path(self.uri) / name)) if "://" not in self.uri \
-                else RunLocation.open(f"{self.uri}/{name}")
-        return RunLocation.open(f"{self.uri}/{name}", self.s3)
+        return RunLocation(self.store.uri(name), self.store.child(name), self.s3)
 
-    def trace_sink(self, leg: str, rank: int, attempt: int, every: int = 1) -> SegmentSink:
-        """Where an S3 run's worker writes its trace (a folder's workers append a file)."""
-        return SegmentSink(self.store, f"{check_leg_name(leg)}/trace/rank-{rank}/"
-                                       f"attempt-{attempt}", every=every)
+    def trace_sink(self, leg: str, rank: int, attempt: int, every: int = 1) -> LineSink:
+        """Where a worker writes its trace; an object store gets a segment every ``every``
+        records (a folder's file takes each record at once)."""
+        return self._traces.sink(check_leg_name(leg), rank, attempt, every)
 
     def trace_path(self, leg: str, rank: int) -> Path:
-        """A folder run's trace file of one rank."""
-        assert self.local is not None, "S3 run locations keep traces as segments"
-        return self.local / check_leg_name(leg) / "trace" / f"rank-{rank}.jsonl"
+        """The trace file of one rank of a folder run, where its workers append."""
+        return Path(self.scratch(), _Traces.file_key(leg, rank))
 
     # -- results ----------------------------------------------------------------------------
 
     def publish(self, files: dict[str, Path]) -> dict[str, str]:
         """Put local result files (name -> path) into the location; name -> their URI.
 
-        On a folder a file already in place is left as is.
+        A file already in place (a folder run's own) is left as is.
         """
         out = {}
         for name, path in files.items():
-            if self.local is not None and path.resolve() == (self.local / name).resolve():
-                out[name] = self.url(name)
-                continue
             self.store.put_file(name, path)
             out[name] = self.url(name)
         return out
@@ -652,71 +690,20 @@ class RunLocation:
     def materialize(self, dest: Path | None = None) -> Path:
         """A local run folder the comparator reads; for a folder location, the folder itself.
 
-        From S3: every object but checkpoints is downloaded and checked against its listed
-        size; each rank's trace segments are verified (trailer count and sha256, no gap in
-        the sequence) and concatenated in order into ``<leg>/trace/rank-<r>.jsonl``. A
-        corrupted, truncated or missing segment is a TraceError naming it. Checkpoints stay
-        in the store (the comparator downloads the final ones, verified).
+        From an object store: every object but checkpoints is downloaded and checked
+        against its listed size; each rank's trace segments are verified (trailer count and
+        sha256, no gap in the sequence) and concatenated in order into
+        ``<leg>/trace/rank-<r>.jsonl``. A corrupted, truncated or missing segment is a
+        TraceError naming it. Checkpoints stay in the store (the comparator downloads the
+        final ones, verified).
         """
-        if self.local is not None:
-            return self.local
-        if dest is None:
-            dest = Path(tempfile.mkdtemp(prefix="resumequal-run-"))
-        dest.mkdir(parents=True, exist_ok=True)
-        objects = self.store.list()
-        if not any(o.key == RUN_FILE for o in objects):
-            raise StoreNotFound(f"{self.url(RUN_FILE)} does not exist: {self.uri} is not a "
-                                "run location (or no leg has started)")
-        traces: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
-        for obj in objects:
-            if "/checkpoints/" in f"/{obj.key}":
-                continue
-            m = _ANY_SEGMENT.match(obj.key)
-            if m is not None:
-                traces.setdefault((m.group(1), int(m.group(2))), []).append(
-                    (int(m.group(3)), int(m.group(4)), obj.key))
-                continue
-            if "/trace/" in f"/{obj.key}":
-                raise TraceError(f"{self.store.uri(obj.key)}: not a trace segment name")
-            data = self.store.get_bytes(obj.key)
-            if len(data) != obj.size:
-                raise StoreIntegrityError(f"{self.store.uri(obj.key)}: read {len(data)} bytes, "
-                                          f"listed with {obj.size}")
-            _write_file(dest / obj.key, data)
-        for (leg, rank), segments in sorted(traces.items()):
-            _write_file(dest / leg / "trace" / f"rank-{rank}.jsonl",
-                        b"".join(self._verified_trace(sorted(segments))))
-        return dest
-
-    def _verified_trace(self, segments: list[tuple[int, int, str]]) -> list[bytes]:
-        lines: list[bytes] = []
-        expected: tuple[int, int] | None = None
-        for attempt, seq, key in segments:
-            if expected is not None and expected[0] == attempt and seq != expected[1]:
-                missing = key.rsplit("/", 1)[0] + f"/{expected[1]:08d}.jsonl"
-                raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
-                                 f"next one present is {seq:08d})")
-            if (expected is None or expected[0] != attempt) and seq != 0:
-                missing = key.rsplit("/", 1)[0] + "/00000000.jsonl"
-                raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
-                                 f"first one present is {seq:08d})")
-            lines += parse_segment(self.store.get_bytes(key), self.store.uri(key))
-            expected = (attempt, seq + 1)
-        return lines
+        return self._traces.materialize(dest)
 
     # -- retention --------------------------------------------------------------------------
 
     def delete_all(self) -> int:
         """Remove the whole run location; returns how many objects (files) there were."""
-        if self.local is not None:
-            if not self.local.exists():
-                return 0
-            count = sum(1 for p in self.local.rglob("*") if p.is_file())
-            shutil.rmtree(self.local)
-            return count
-        assert isinstance(self.store, S3Store)
-        bucket_root = S3Store(f"s3://{self.store.bucket}", self.store.config)
-        return bucket_root.delete_prefix(self.store.prefix)
+        return self.store.delete_all()
 
 
 def _write_file(path: Path, data: bytes) -> None:

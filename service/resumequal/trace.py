@@ -1,10 +1,10 @@
 """Per-step, per-rank trace records, exact digests, and the runtime inventory.
 
-Every worker appends JSON lines to its own trace file: one ``InventoryRecord`` when it
-starts, a ``RestoreRecord`` when it resumes, an ``ArmRecord`` when it reaches the cut, and
-one ``StepRecord`` per optimizer step holding a digest or exact value for every boundary
-of ``resumequal.spec.BOUNDARIES``. The comparator reads two legs' traces and walks the
-boundaries in order.
+Every worker appends JSON lines to its own trace (a :class:`TraceSink`): one
+``InventoryRecord`` when it starts, a ``RestoreRecord`` when it resumes, an ``ArmRecord``
+when it reaches the cut, and one ``StepRecord`` per optimizer step holding a digest or
+exact value for every boundary of ``resumequal.spec.BOUNDARIES``. The comparator reads
+two legs' traces and walks the boundaries in order.
 
 Digests are bitwise: they cover dtype, shape and the raw bytes of each tensor, so ``-0.0``
 and ``0.0`` (or two NaN payloads) differ, while a non-contiguous view and its contiguous
@@ -28,7 +28,7 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Annotated, Any, BinaryIO, Final, Literal, Protocol
+from typing import Annotated, Any, Final, Literal, Protocol
 
 import numpy as np
 import torch
@@ -442,43 +442,8 @@ def collect_inventory(rank: int, attempt: int) -> InventoryRecord:
 # --------------------------------------------------------------------------- files
 
 
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a partial last line left by a writer killed mid-write, so appends start clean.
-
-    Only one process writes a rank's trace at a time (the elastic launcher restarts a rank
-    after its previous process is gone), so truncating here races with nobody.
-    """
-    try:
-        f = path.open("r+b")
-    except FileNotFoundError:
-        return
-    with f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
-            return
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return
-        end = size
-        keep = 0
-        while end > 0:
-            start = max(0, end - 65536)
-            f.seek(start)
-            cut = f.read(end - start).rfind(b"\n")
-            if cut >= 0:
-                keep = start + cut + 1
-                break
-            end = start
-        logger.warning(
-            "%s: dropping %d bytes of a partial last line (a writer was killed mid-line)",
-            path,
-            size - keep,
-        )
-        f.truncate(keep)
-
-
 class TraceSink(Protocol):
-    """Where a trace goes when it is not a local file (e.g. segment objects on S3)."""
+    """Where a trace's lines go (see :mod:`resumequal.store.log`): a file or segment objects."""
 
     def append(self, line: bytes) -> None: ...
 
@@ -488,45 +453,22 @@ class TraceSink(Protocol):
 
 
 class TraceWriter:
-    """Appends trace records, one JSON object per line, to a file or a :class:`TraceSink`."""
+    """Writes trace records, one JSON object per line, to a :class:`TraceSink`."""
 
-    def __init__(self, path: str | os.PathLike[str] | TraceSink) -> None:
-        self._sink: TraceSink | None = None
-        if isinstance(path, str | os.PathLike):
-            self.path: Path | None = Path(path)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            _drop_torn_tail(self.path)
-            self._file: BinaryIO | None = self.path.open("ab")
-        else:
-            self.path = None
-            self._file = None
-            self._sink = path
+    def __init__(self, sink: TraceSink) -> None:
+        self._sink = sink
 
     def write(self, record: TraceRecord) -> None:
-        """Append one record and hand it to the OS (or the sink) before returning."""
-        line = record.model_dump_json().encode() + b"\n"
-        if self._sink is not None:
-            self._sink.append(line)
-            # What the backend acts on (arming, a restore) must be visible at once, even
-            # when the sink groups step records.
-            if not isinstance(record, StepRecord):
-                self._sink.flush()
-            return
-        assert self._file is not None
-        if self._file.closed:
-            raise ValueError("write to a closed trace")
-        self._file.write(line)
-        # flush() puts the line in the kernel's page cache, which outlives a SIGKILL of this
-        # process; fsync would only matter for a machine crash, which a preemption test
-        # does not simulate, and it would cost milliseconds per step.
-        self._file.flush()
+        """Append one record and hand it to the sink before returning."""
+        self._sink.append(record.model_dump_json().encode() + b"\n")
+        # What the backend acts on (arming, a restore) must be visible at once, even when
+        # the sink groups step records.
+        if not isinstance(record, StepRecord):
+            self._sink.flush()
 
     def close(self) -> None:
-        """Close the file (or flush and close the sink); further writes raise ValueError."""
-        if self._sink is not None:
-            self._sink.close()
-        elif self._file is not None:
-            self._file.close()
+        """Flush and close the sink; further writes raise ValueError."""
+        self._sink.close()
 
     def __enter__(self) -> TraceWriter:
         return self

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.futures import Future as TorchFuture
 
-from resumequal.checkpoint import CheckpointManager, Position, layout, verify
+from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, layout, verify
 from resumequal.checkpoint.manager import WriteState, commit_decision
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.errors import CheckpointError
@@ -118,8 +118,9 @@ def _read(directory: Path, like: dict[str, Any]) -> dict[str, Any]:
 
 
 def _manager(root: Path, *, keep_last: int = 10) -> CheckpointManager:
-    return CheckpointManager(root, rank=0, world_size=1, attempt=0, keep_last=keep_last,
-                             async_save=True, group_timeout=timedelta(seconds=30))
+    return CheckpointManager(FolderRoot(root), rank=0, world_size=1, attempt=0,
+                             keep_last=keep_last, async_save=True,
+                             group_timeout=timedelta(seconds=30))
 
 
 # --- what DCP's async_save does --------------------------------------------------------------
@@ -245,7 +246,7 @@ def test_a_synchronous_save_commits_the_pending_one_first(gate: Gate, tmp_path: 
 
 
 def test_save_async_needs_a_manager_made_for_it(tmp_path: Path) -> None:
-    mgr = CheckpointManager(tmp_path, rank=0, world_size=1, attempt=0, keep_last=1)
+    mgr = CheckpointManager(FolderRoot(tmp_path), rank=0, world_size=1, attempt=0, keep_last=1)
     with pytest.raises(CheckpointError, match="without async_save"):
         mgr.save_async(Position(1), {"x": torch.zeros(1)}, {})
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from resumequal.checkpoint import CheckpointManager, Loaded, Position, layout, verify
+from resumequal.checkpoint import CheckpointManager, FolderRoot, Loaded, Position, layout, verify
 from resumequal.errors import CheckpointError
 from resumequal.spec import OMISSIONS
 from resumequal.state import (
@@ -125,7 +125,7 @@ def _draw() -> tuple[float, float, torch.Tensor]:
 
 def _manager(root: Path, *, attempt: int = 0, keep_last: int = 10,
              world_size: int = 1) -> CheckpointManager:
-    return CheckpointManager(root, rank=0, world_size=world_size, attempt=attempt,
+    return CheckpointManager(FolderRoot(root), rank=0, world_size=world_size, attempt=attempt,
                              keep_last=keep_last)
 
 
@@ -360,7 +360,7 @@ def test_collect_garbage_is_rank_0_only(saved: Path, tmp_path: Path) -> None:
     root = _copy(saved, tmp_path)
     leftover = layout.staging_path(root, Position(3), attempt=0)
     leftover.mkdir(parents=True)
-    mgr = CheckpointManager(root, rank=1, world_size=2, attempt=1, keep_last=3)
+    mgr = CheckpointManager(FolderRoot(root), rank=1, world_size=2, attempt=1, keep_last=3)
     assert mgr.collect_garbage() == []
     assert leftover.is_dir()
 

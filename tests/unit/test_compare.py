@@ -25,6 +25,7 @@ from resumequal.checkpoint.manifest import write_manifest
 from resumequal.compare import checkpoint_drift, compare_run, drift, expected_checkpoint
 from resumequal.compare.drift import tensor_stats, values_equal
 from resumequal.spec import QualificationSpec, SpecError
+from resumequal.store.log import FileSink
 from resumequal.trace import (
     ArmRecord,
     BucketRecord,
@@ -185,7 +186,7 @@ class SyntheticRun:
         ))
         for leg, ranks in (("control", self.control), ("preempted", self.preempted)):
             for rank, records in ranks.items():
-                with TraceWriter(self.root / leg / "trace" / f"rank-{rank}.jsonl") as w:
+                with TraceWriter(FileSink(self.root / leg / "trace" / f"rank-{rank}.jsonl")) as w:
                     for record in records:
                         w.write(record)
         if self.beacon:

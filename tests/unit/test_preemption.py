@@ -15,7 +15,7 @@ from typing import Literal
 
 import pytest
 
-from resumequal.checkpoint import RemoteRoot
+from resumequal.checkpoint import FolderRoot, RemoteRoot
 from resumequal.errors import TrainingError
 from resumequal.runstore import KillOrder, LegFiles
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
@@ -41,7 +41,7 @@ def _arming(
         if arms is not None:
             arms.append((step, microstep, where))
 
-    return Arming(cut, rank=rank, attempt=attempt, leg_dir=tmp_path,
+    return Arming(cut, rank=rank, attempt=attempt, files=LegFiles.folder(tmp_path),
                   stop=stop or StopFlag(), on_arm=on_arm)
 
 
@@ -50,7 +50,8 @@ def _arming(
 
 def test_write_beacon_publishes_the_pid_to_kill(tmp_path: Path) -> None:
     before = time.time()
-    path = write_beacon(tmp_path, rank=1, attempt=0, step=6, microstep=1, where="microbatch")
+    path = Path(write_beacon(LegFiles.folder(tmp_path), rank=1, attempt=0, step=6, microstep=1,
+                             where="microbatch"))
     assert path == tmp_path / "beacons" / "attempt-0-rank-1.json"
     body = json.loads(path.read_text())
     assert body["pid"] == os.getpid()
@@ -63,8 +64,10 @@ def test_write_beacon_publishes_the_pid_to_kill(tmp_path: Path) -> None:
 
 
 def test_write_beacon_replaces_an_older_beacon(tmp_path: Path) -> None:
-    write_beacon(tmp_path, rank=0, attempt=2, step=3, microstep=0, where="microbatch")
-    path = write_beacon(tmp_path, rank=0, attempt=2, step=4, microstep=2, where="checkpoint_commit")
+    files = LegFiles.folder(tmp_path)
+    write_beacon(files, rank=0, attempt=2, step=3, microstep=0, where="microbatch")
+    path = Path(write_beacon(files, rank=0, attempt=2, step=4, microstep=2,
+                             where="checkpoint_commit"))
     body = json.loads(path.read_text())
     assert (body["step"], body["microstep"], body["at"]) == (4, 2, "checkpoint_commit")
     assert len(list((tmp_path / "beacons").iterdir())) == 1
@@ -104,7 +107,7 @@ def test_armed_at_matches_exactly_the_cut(tmp_path: Path) -> None:
 def test_hold_past_the_arm_timeout_fails_the_leg_for_good(tmp_path: Path) -> None:
     arms: list[tuple[int, int, str]] = []
     arming = _arming(tmp_path, CUT, arms=arms)
-    check_not_failed(tmp_path)  # nothing has failed yet
+    check_not_failed(LegFiles.folder(tmp_path))  # nothing has failed yet
     start = time.monotonic()
     with pytest.raises(TrainingError) as info:
         arming.maybe_hold(6, 1, "microbatch")
@@ -120,14 +123,14 @@ def test_hold_past_the_arm_timeout_fails_the_leg_for_good(tmp_path: Path) -> Non
     assert marker["reason"] == reason
     assert sorted(p.name for p in tmp_path.iterdir()) == ["FAILED.json", "beacons"]
     with pytest.raises(TrainingError) as again:
-        check_not_failed(tmp_path)
+        check_not_failed(LegFiles.folder(tmp_path))
     assert str(again.value) == f"this leg has already failed: {reason}"
 
 
 def test_unreadable_failure_marker_still_stops_the_leg(tmp_path: Path) -> None:
     (tmp_path / FAILED_MARKER).write_text("{not json")
     with pytest.raises(TrainingError, match="already failed: unreadable failure marker"):
-        check_not_failed(tmp_path)
+        check_not_failed(LegFiles.folder(tmp_path))
 
 
 def test_sigterm_flag_releases_an_armed_hold(tmp_path: Path) -> None:
@@ -309,19 +312,19 @@ def _with_store(store: str | None) -> QualificationSpec:
 
 
 def test_checkpoint_root_defaults_to_the_leg_folder(tmp_path: Path) -> None:
-    assert checkpoint_root(_with_store(None), tmp_path, "preempted") == (
+    assert checkpoint_root(_with_store(None), tmp_path, "preempted") == FolderRoot(
         tmp_path / "preempted" / "checkpoints")
 
 
 def test_checkpoint_root_under_a_plain_path(tmp_path: Path) -> None:
     spec = _with_store(str(tmp_path / "ckpts"))
-    assert checkpoint_root(spec, Path("/elsewhere"), "control") == (
+    assert checkpoint_root(spec, Path("/elsewhere"), "control") == FolderRoot(
         tmp_path / "ckpts" / "control" / "checkpoints")
 
 
 def test_checkpoint_root_under_a_file_uri(tmp_path: Path) -> None:
     spec = _with_store(f"file://{tmp_path}/ckpts")
-    assert checkpoint_root(spec, Path("/elsewhere"), "control") == (
+    assert checkpoint_root(spec, Path("/elsewhere"), "control") == FolderRoot(
         tmp_path / "ckpts" / "control" / "checkpoints")
 
 

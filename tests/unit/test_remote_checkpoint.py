@@ -15,6 +15,7 @@ from torch import nn
 
 from resumequal.checkpoint import (
     CheckpointManager,
+    FolderRoot,
     Position,
     RemoteRoot,
     checkpoint_location,
@@ -225,7 +226,7 @@ def test_an_s3_store_with_its_settings_is_a_valid_spec(tmp_path: Path) -> None:
     assert isinstance(where, RemoteRoot)
     assert where.uri("step-00000004") == "s3://bucket/runs/control/checkpoints/step-00000004"
     assert where.local == tmp_path / "control" / ".ckpt-local"
-    assert checkpoint_location(None, None, tmp_path, "control") == (
+    assert checkpoint_location(None, None, tmp_path, "control") == FolderRoot(
         tmp_path / "control" / "checkpoints")
 
 
@@ -240,3 +241,13 @@ def test_a_bad_store_is_refused_naming_why(checkpoint: dict[str, Any], message: 
     with pytest.raises(SpecError, match=message) as info:
         parse_spec({"checkpoint": checkpoint})
     assert "secret" not in str(info.value)
+
+
+def test_the_commit_backend_follows_the_store_not_its_scheme(tmp_path: Path) -> None:
+    folder = checkpoint_location(f"file://{tmp_path}/ckpts", None, tmp_path / "run", "control")
+    assert folder == FolderRoot(tmp_path / "ckpts" / "control" / "checkpoints")
+    assert folder.durable_staging and folder.scratch == folder.root
+    marker = checkpoint_location("s3://bucket/runs", S3Spec(endpoint_url="http://127.0.0.1:9"),
+                                 tmp_path / "run", "control")
+    assert isinstance(marker, RemoteRoot) and not marker.durable_staging
+    assert marker.scratch == tmp_path / "run" / "control" / ".ckpt-local"

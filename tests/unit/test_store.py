@@ -216,3 +216,36 @@ def test_s3_config_from_a_spec_or_the_environment(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(ADDRESSING_STYLE_ENV, "sideways")
     with pytest.raises(StoreError, match=f"{ADDRESSING_STYLE_ENV}='sideways'"):
         s3_config(None)
+
+
+def test_put_new_writes_only_once(store: FileStore) -> None:
+    assert store.put_new("run.json", b"first") is True
+    assert store.put_new("run.json", b"second") is False
+    assert store.get_bytes("run.json") == b"first"
+
+
+def test_put_file_onto_itself_keeps_the_file(store: FileStore) -> None:
+    store.put_bytes("report.html", b"<html/>")
+    own = Path(store.local_folder()) / "report.html"
+    assert store.put_file("report.html", own) == hashlib.sha256(b"<html/>").hexdigest()
+    assert store.get_bytes("report.html") == b"<html/>"
+
+
+def test_child_and_delete_all(store: FileStore, tmp_path: Path) -> None:
+    child = store.child("seed-11")
+    child.put_bytes("a/b", b"x")
+    child.put_bytes("c", b"y")
+    assert child.uri("c") == f"{tmp_path}/store/seed-11/c"
+    assert store.list() == [ObjectInfo("seed-11/a/b", 1), ObjectInfo("seed-11/c", 1)]
+    assert child.delete_all() == 2
+    assert not (tmp_path / "store" / "seed-11").exists()
+    assert FileStore(str(tmp_path / "absent")).delete_all() == 0
+
+
+def test_only_a_folder_store_is_a_local_folder(tmp_path: Path) -> None:
+    assert FileStore(f"file://{tmp_path}/s").local_folder() == f"{tmp_path}/s"
+    s3 = S3Store("s3://bucket/runs", S3Config(endpoint_url="http://127.0.0.1:9"))
+    assert s3.local_folder() is None
+    assert s3.child("x").uri("k") == "s3://bucket/runs/x/k"
+    with pytest.raises(ValueError, match="whole bucket"):
+        S3Store("s3://bucket", S3Config(endpoint_url="http://127.0.0.1:9")).delete_all()

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from resumequal.errors import TraceError
 from resumequal.spec import BOUNDARIES
+from resumequal.store.log import FileSink
 from resumequal.trace import (
     BOUNDARY_FIELDS,
     DIGEST_ALGORITHM,
@@ -290,7 +291,7 @@ def test_round_trip_keeps_floats_bit_exact(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "er" / "rank0.jsonl"
     written = [_step(step=i + 1, loss=x) for i, x in enumerate(EXACT_FLOATS)]
     written[0] = written[0].model_copy(update={"grad_norm": 5e-324, "lr": EXACT_FLOATS})
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         for record in written:
             writer.write(record)
     back = read_trace(path)
@@ -311,7 +312,7 @@ def test_random_float_bit_patterns_round_trip(tmp_path: Path) -> None:
         if math.isfinite(x):
             values.append(x)
     path = tmp_path / "t.jsonl"
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         writer.write(_step().model_copy(update={"lr": values}))
     (back,) = read_trace(path)
     assert isinstance(back, StepRecord)
@@ -323,7 +324,7 @@ def test_nan_and_inf_are_written_as_strict_json_and_read_back(tmp_path: Path) ->
     record = _step(loss=float("nan")).model_copy(
         update={"grad_norm": float("inf"), "lr": [float("-inf")]}
     )
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         writer.write(record)
 
     def reject(name: str) -> None:
@@ -357,7 +358,7 @@ def test_every_record_kind_round_trips(tmp_path: Path) -> None:
         ),
         _step(rank=1, attempt=1, step=5),
     ]
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         for record in records:
             writer.write(record)
     assert read_trace(path) == records
@@ -371,9 +372,9 @@ def test_every_record_kind_round_trips(tmp_path: Path) -> None:
 
 def test_writer_appends_across_reopens(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         writer.write(_step(step=1))
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         writer.write(_step(attempt=1, step=2))
     assert [r.step for r in read_trace(path) if isinstance(r, StepRecord)] == [1, 2]
 
@@ -382,7 +383,7 @@ def test_truncated_last_line_is_dropped_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "t.jsonl"
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         writer.write(_step(step=1))
         writer.write(_step(step=2))
     text = path.read_text()
@@ -403,11 +404,12 @@ def test_reopening_after_a_torn_write_drops_the_partial_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "t.jsonl"
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         writer.write(_step(step=1))
     with path.open("a") as f:
         f.write(_step(step=2).model_dump_json()[:100])
-    with caplog.at_level(logging.WARNING, logger="resumequal.trace"), TraceWriter(path) as w:
+    with caplog.at_level(logging.WARNING, logger="resumequal.store.log"), \
+            TraceWriter(FileSink(path)) as w:
         w.write(_step(attempt=1, step=2))
     assert any("partial last line" in m for m in caplog.messages)
     back = read_trace(path)
@@ -417,7 +419,7 @@ def test_reopening_after_a_torn_write_drops_the_partial_line(
 def test_reopening_a_file_that_is_only_a_partial_line(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text('{"kind": "st')
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         writer.write(_step(step=1))
     assert len(read_trace(path)) == 1
 
@@ -473,8 +475,9 @@ def test_restore_record_only_takes_known_omissions() -> None:
 
 _KILL_AFTER_WRITE = """
 import os, signal, sys
+from resumequal.store.log import FileSink
 from resumequal.trace import ArmRecord, TraceWriter
-writer = TraceWriter(sys.argv[1])
+writer = TraceWriter(FileSink(sys.argv[1]))
 writer.write(ArmRecord(rank=1, attempt=0, step=6, microstep=1, pid=os.getpid(), armed_at=1.0))
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -493,7 +496,7 @@ def test_a_record_survives_sigkill_right_after_write(tmp_path: Path) -> None:
 
 def test_effective_steps_takes_the_last_record_per_step(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    with TraceWriter(path) as writer:
+    with TraceWriter(FileSink(path)) as writer:
         for step in range(1, 7):
             writer.write(_step(rank=1, attempt=0, step=step, loss=float(step)))
             writer.write(_step(rank=0, attempt=0, step=step, loss=-float(step)))
@@ -588,3 +591,13 @@ def test_bucket_layout_digest_sees_order_and_membership() -> None:
     assert bucket_layout_digest([b, a]) != base
     assert bucket_layout_digest([a.model_copy(update={"params": ["b", "w"]}), b]) != base
     assert bucket_layout_digest([a.model_copy(update={"params": ["w", "b", "v"]})]) != base
+
+
+def test_file_sink_ends_every_line(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path / "t.jsonl")
+    sink.append(b'{"a": 1}')
+    sink.append(b'{"b": 2}\n')
+    sink.close()
+    assert (tmp_path / "t.jsonl").read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    with pytest.raises(ValueError, match="closed trace"):
+        sink.append(b"{}")

@@ -4,13 +4,17 @@ Owns the files of a checkpoint and the protocol that makes them appear atomicall
 not know what the tensors mean (that is ``resumequal.state``) nor drive training.
 """
 
+from resumequal.checkpoint.folder import FolderRoot
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manager import CheckpointManager, Loaded
 from resumequal.checkpoint.manifest import Manifest, verify
-from resumequal.checkpoint.remote import RemoteRoot, checkpoint_location
+from resumequal.checkpoint.remote import RemoteRoot
+from resumequal.checkpoint.storage import CheckpointRoot, checkpoint_location
 
 __all__ = [
     "CheckpointManager",
+    "CheckpointRoot",
+    "FolderRoot",
     "Loaded",
     "Manifest",
     "Position",

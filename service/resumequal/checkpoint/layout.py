@@ -11,9 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
-
-from resumequal.errors import CheckpointError
 
 STAGING_DIR = ".staging"
 TRASH_DIR = ".trash"
@@ -64,21 +61,3 @@ def committed(root: Path) -> list[Position]:
 
 def staging_path(root: Path, pos: Position, attempt: int) -> Path:
     return root / STAGING_DIR / f"{pos.name}.attempt-{attempt}"
-
-
-def leg_root(store: str | None, run_dir: Path, leg: str) -> Path:
-    """Where a leg's checkpoints live: under the store when one is set, else the leg's folder."""
-    if store is None:
-        return run_dir / leg / "checkpoints"
-    parsed = urlparse(store)
-    if parsed.scheme not in ("", "file"):
-        raise CheckpointError(
-            f"checkpoint.store={store!r}: scheme {parsed.scheme!r} is not supported here; "
-            "use a path or file://"
-        )
-    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
-        raise CheckpointError(
-            f"checkpoint.store={store!r}: a file:// URI takes an absolute path "
-            "(file:///data/ckpt), not a host"
-        )
-    return Path(parsed.path if parsed.scheme else store) / leg / "checkpoints"

@@ -1,31 +1,31 @@
-"""DCP checkpoints with the barrier-guarded atomic commit of DESIGN.md, on a file store.
+"""DCP checkpoints with the barrier-guarded atomic commit of DESIGN.md, on any store.
 
 Save: barrier → every rank writes its DCP shards and its rank state into a staging folder
-→ barrier → rank 0 writes the manifest and renames the folder into place (the commit) →
+and publishes them → the ranks gather what each published (the barrier) → rank 0 commits →
 rank 0 tells everyone the outcome (which is also the closing barrier). A kill anywhere in
-between leaves the staging folder behind, never a committed name; staging leftovers are
+between leaves an uncommitted checkpoint behind, never a committed one; leftovers are
 removed at the next start.
+
+What publishing and committing mean is the checkpoint root's (a small commit backend, see
+:mod:`resumequal.checkpoint.storage`): in a folder every rank sees, publishing is nothing
+and the commit hashes the staged files into the manifest and renames the folder into
+place; on an object store every rank uploads the files it wrote and reports their sizes
+and digests, and the commit uploads the manifest, then a ``COMMITTED`` marker. Loading
+reads a verified local copy (downloaded first from an object store).
 
 Decisions that must agree across ranks (which checkpoint to resume, whether it verified)
 are taken by rank 0 and broadcast, so a failure on one rank becomes an error on all ranks
 instead of a hang in the next collective.
 
-Background saves (``checkpoint.async``) split the save in two. ``save_async`` is the
-first half: barrier → ``dcp.async_save`` copies this rank's tensors into fresh CPU memory
-before it returns (so later optimizer steps cannot change what is written) and hands the
-write to a background thread → the rank state is pickled into the staging folder at once.
-Training goes on. ``poll``, called at microbatch boundaries while a save is pending, is
-the second half: every rank says whether its background write has finished, and only when
-all have does rank 0 write the manifest and rename (the same commit as above), then
-broadcast the outcome. A failed write on any rank is an error on every rank.
-
-On an object store (a :class:`~resumequal.checkpoint.remote.RemoteRoot`) the staging
-folder is local and the commit differs (see :mod:`resumequal.checkpoint.remote`): every
-rank uploads the files it wrote (a synchronous save before ``before_commit``, so a rank
-held there has uploaded its part; a background save at its commit), the ranks gather
-each other's sizes and digests, rank 0 uploads the manifest and then the ``COMMITTED``
-marker, and broadcasts the outcome. Loading first downloads the checkpoint, verified
-against its manifest, into a local folder per rank.
+One save path; ``background`` (``checkpoint.async``) splits it in two. The first half:
+barrier → ``dcp.async_save`` copies this rank's tensors into fresh CPU memory before it
+returns (so later optimizer steps cannot change what is written) and hands the write to a
+background thread → the rank state is pickled into the staging folder at once. Training
+goes on. ``poll``, called at microbatch boundaries while a save is pending, is the second
+half: every rank says whether its background write has finished, and only when all have
+do they publish and commit (as above). A failed write on any rank is an error on every
+rank. A synchronous save publishes before ``before_commit``, so a rank held there has
+sent its part.
 
 - The commit waits for a collective, never for a local "my write is done": a rank's
   future finishing says nothing about the other ranks' files, and a manifest hashed while
@@ -67,10 +67,10 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from resumequal.checkpoint import layout, remote
+from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import FileEntry, fsync_dir, verify, write_manifest
-from resumequal.checkpoint.remote import RemoteRoot
+from resumequal.checkpoint.manifest import FileEntry
+from resumequal.checkpoint.storage import CheckpointRoot
 from resumequal.errors import CheckpointError, StoreError
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        root: Path | RemoteRoot,
+        root: CheckpointRoot,
         *,
         rank: int,
         world_size: int,
@@ -154,9 +154,7 @@ class CheckpointManager:
         async_save: bool = False,
         group_timeout: timedelta | None = None,
     ):
-        self.remote = root if isinstance(root, RemoteRoot) else None
-        # On an object store, the local folder for staging and downloaded copies.
-        self.root = root.local if isinstance(root, RemoteRoot) else root
+        self.root = root
         self._start_error: str | None = None
         self.rank = rank
         self.world_size = world_size
@@ -180,73 +178,47 @@ class CheckpointManager:
         *,
         info: dict[str, Any] | None = None,
         before_commit: Callable[[], None] | None = None,
-    ) -> str:
-        """Write and commit one checkpoint on every rank; returns its committed name.
+        background: bool = False,
+    ) -> str | None:
+        """Write one checkpoint on every rank and commit it; returns its committed name.
 
-        A background save still pending is committed first.
+        With ``background``, returns (None) once this rank's tensors are copied to CPU
+        memory and its rank state is staged; ``poll`` commits it once every rank has
+        written it. A save still pending is committed first, so at most one is in flight.
+        ``before_commit`` runs once this rank's part is staged (and, for a synchronous
+        save, published: a rank held there has sent its files).
         """
+        if background and (self._io_group is None or self._commit_group is None):
+            raise CheckpointError("this checkpoint manager was made without async_save")
         self.poll(wait=True)
-        staging = self._prepare(position, group=None)
+        group = self._commit_group if background else None
+        staging = self._prepare(position, group=group)
+        writer = dcp.FileSystemWriter(str(staging / layout.DCP_DIR),
+                                      sync_files=self.root.durable_staging)
+        future = None
         try:
-            dcp.save(tensors, storage_writer=self._writer(staging))
+            if background:
+                future = self._start_background(tensors, writer)
+            else:
+                dcp.save(tensors, storage_writer=writer)
         except DCP_ERRORS as e:  # DCP raises CheckpointException on every rank
+            what = "async save" if background else "save"
             raise CheckpointError(
-                f"rank {self.rank}: DCP save of {position.name} failed: {e}"
+                f"rank {self.rank}: DCP {what} of {position.name} failed"
+                f"{' to start' if background else ''}: {e}"
             ) from e
         _write_durably(staging / layout.rank_state_file(self.rank), pickle.dumps(rank_state),
-                       sync=self.remote is None)
-        uploaded = self._upload(staging, position) if self.remote is not None else None
+                       sync=self.root.durable_staging)
+        if future is not None:
+            self._pending = _Pending(position, staging, info or {}, future)
+            if before_commit is not None:
+                before_commit()
+            return None
+        published = self._publish(staging, position)
         if before_commit is not None:
             before_commit()
-        if self.remote is None:
-            dist.barrier()
         return self._commit_everywhere(staging, position, info or {}, group=None,
-                                       uploaded=uploaded)
-
-    def _writer(self, staging: Path) -> dcp.FileSystemWriter:
-        # Staging for an object store is scratch: the uploaded objects are the durable copy
-        # (a kill before the marker leaves garbage either way), so no fsync of every shard.
-        return dcp.FileSystemWriter(str(staging / layout.DCP_DIR),
-                                    sync_files=self.remote is None)
-
-    def _prepare(self, position: Position, group: dist.ProcessGroup | None) -> Path:
-        """Rank 0 makes a fresh staging folder (and on an object store removes an earlier
-        checkpoint of the same name); then every rank may write. Returns the folder."""
-        staging = layout.staging_path(self.root, position, self.attempt)
-        error = None
-        if self.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            if self.remote is not None:
-                try:
-                    remote.clear(self.remote, position.name)
-                except StoreError as e:
-                    error = f"cannot save {position.name}: {e}"
-        if self.remote is None:
-            dist.barrier(group=group)
-        else:
-            error = _broadcast(error, group)
-            if error is not None:
-                raise CheckpointError(error)
-            staging.mkdir(parents=True, exist_ok=True)  # another node's local disk
-        return staging
-
-    def _upload(self, staging: Path, position: Position) -> _Upload:
-        """Upload this rank's files of a staged checkpoint; failures are reported, not
-        raised, so that every rank still joins the commit's collectives."""
-        assert self.remote is not None
-        try:
-            return remote.upload(self.remote, position.name, staging, self.rank), None
-        except (StoreError, OSError) as e:
-            log.error("rank %d: upload of %s failed: %s", self.rank, position.name, e)
-            return {}, str(e)
-
-    # -- background save ----------------------------------------------------------------
-
-    @property
-    def pending(self) -> Position | None:
-        """The background save written or being written, not committed yet."""
-        return self._pending.position if self._pending is not None else None
+                                       published=published)
 
     def save_async(
         self,
@@ -257,36 +229,53 @@ class CheckpointManager:
         info: dict[str, Any] | None = None,
         before_commit: Callable[[], None] | None = None,
     ) -> None:
-        """Start one checkpoint on every rank; ``poll`` commits it once all have written it.
+        """:meth:`save` in the background; ``poll`` commits it."""
+        self.save(position, tensors, rank_state, info=info, before_commit=before_commit,
+                  background=True)
 
-        Returns once this rank's tensors are copied to CPU memory and its rank state is in
-        the staging folder; ``before_commit`` runs then. A save still pending is committed
-        first, so at most one is in flight.
-        """
-        if self._io_group is None or self._commit_group is None:
-            raise CheckpointError("this checkpoint manager was made without async_save")
-        self.poll(wait=True)
-        staging = self._prepare(position, group=self._commit_group)
-        writer = self._writer(staging)
+    def _start_background(self, tensors: dict[str, Any],
+                          writer: dcp.FileSystemWriter) -> Future[Any]:
+        # A FileSystemWriter is its own stager: async_save copies every tensor into new
+        # CPU memory (CPU tensors too) before it returns.
+        response = dcp.async_save(tensors, storage_writer=writer, process_group=self._io_group)
+        if isinstance(response, AsyncSaveResponse):
+            response.staging_completion.result()
+            return response.upload_completion
+        return response
+
+    def _prepare(self, position: Position, group: dist.ProcessGroup | None) -> Path:
+        """Rank 0 makes a fresh staging folder and makes room for the checkpoint; then
+        every rank may write (the broadcast is the barrier). Returns the folder."""
+        staging = layout.staging_path(self.root.scratch, position, self.attempt)
+        error = None
+        if self.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                staging.mkdir(parents=True)
+                self.root.prepare(position.name)
+            except (StoreError, OSError) as e:
+                error = f"cannot save {position.name}: {e}"
+        error = _broadcast(error, group)
+        if error is not None:
+            raise CheckpointError(error)
+        staging.mkdir(parents=True, exist_ok=True)  # another node's local disk
+        return staging
+
+    def _publish(self, staging: Path, position: Position) -> _Upload:
+        """Publish this rank's staged files; failures are reported, not raised, so that
+        every rank still joins the commit's collectives."""
         try:
-            # A FileSystemWriter is its own stager: async_save copies every tensor into new
-            # CPU memory (CPU tensors too) before it returns.
-            response = dcp.async_save(tensors, storage_writer=writer,
-                                      process_group=self._io_group)
-            if isinstance(response, AsyncSaveResponse):
-                response.staging_completion.result()
-                future = response.upload_completion
-            else:
-                future = response
-        except DCP_ERRORS as e:
-            raise CheckpointError(
-                f"rank {self.rank}: DCP async save of {position.name} failed to start: {e}"
-            ) from e
-        _write_durably(staging / layout.rank_state_file(self.rank), pickle.dumps(rank_state),
-                       sync=self.remote is None)
-        self._pending = _Pending(position, staging, info or {}, future)
-        if before_commit is not None:
-            before_commit()
+            return self.root.publish(position.name, staging, self.rank), None
+        except (StoreError, OSError) as e:
+            log.error("rank %d: upload of %s failed: %s", self.rank, position.name, e)
+            return {}, str(e)
+
+    # -- background save ----------------------------------------------------------------
+
+    @property
+    def pending(self) -> Position | None:
+        """The background save written or being written, not committed yet."""
+        return self._pending.position if self._pending is not None else None
 
     def poll(self, *, wait: bool = False) -> str | None:
         """Commit the pending background save if every rank has written it.
@@ -318,7 +307,8 @@ class CheckpointManager:
             return None
         self._pending = None
         return self._commit_everywhere(
-            pending.staging, pending.position, pending.info, group=self._commit_group
+            pending.staging, pending.position, pending.info, group=self._commit_group,
+            published=self._publish(pending.staging, pending.position),
         )
 
     # -- commit -------------------------------------------------------------------------
@@ -329,179 +319,90 @@ class CheckpointManager:
         position: Position,
         info: dict[str, Any],
         group: dist.ProcessGroup | None,
-        uploaded: _Upload | None = None,
+        published: _Upload,
     ) -> str:
-        """Rank 0 commits, every rank learns the outcome; then retention."""
-        if self.remote is not None:
-            return self._commit_remote(self.remote, staging, position, info, group, uploaded)
-        error = None
-        if self.rank == 0:
-            try:
-                self._commit(staging, position, info)
-            except (OSError, CheckpointError) as e:
-                error = f"commit of {position.name} failed: {e}"
-        error = _broadcast(error, group)
-        if error is not None:
-            raise CheckpointError(error)
-        if self.rank == 0:
-            self._retire()
-        log.info("rank %d: committed checkpoint %s", self.rank, position.name)
-        return position.name
-
-    def _commit_remote(
-        self,
-        root: RemoteRoot,
-        staging: Path,
-        position: Position,
-        info: dict[str, Any],
-        group: dist.ProcessGroup | None,
-        uploaded: _Upload | None,
-    ) -> str:
-        """Gather every rank's uploaded files; rank 0 uploads the manifest, then COMMITTED."""
-        entries, upload_error = uploaded or self._upload(staging, position)
+        """Gather every rank's published files (which waits for every rank), rank 0
+        commits, every rank learns the outcome; then retention."""
         gathered: list[_Upload | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, (entries, upload_error), group=group)
+        dist.all_gather_object(gathered, published, group=group)
         failed = [f"rank {r}: {g[1]}" for r, g in enumerate(gathered)
                   if g is not None and g[1] is not None]
         error = None
         if failed:
-            error = (f"upload of checkpoint {position.name} to {root.uri(position.name)} "
+            error = (f"upload of checkpoint {position.name} to {self.root.uri(position.name)} "
                      f"failed; it stays uncommitted: {'; '.join(failed)}")
         elif self.rank == 0:
             files: dict[str, FileEntry] = {}
             for g in gathered:
                 assert g is not None
                 files.update(g[0])
-            manifest = remote.make_manifest(position, files, world_size=self.world_size,
-                                            attempt=self.attempt, info=info)
             try:
-                remote.commit(root, manifest)
-            except StoreError as e:
+                self.root.commit(staging, position, files, world_size=self.world_size,
+                                 attempt=self.attempt, info=info)
+            except (StoreError, OSError, CheckpointError) as e:
                 error = f"commit of {position.name} failed; it stays uncommitted: {e}"
         error = _broadcast(error, group)
+        # Committed (a folder renamed away) or garbage either way.
         shutil.rmtree(staging, ignore_errors=True)
         if error is not None:
             raise CheckpointError(error)
         if self.rank == 0:
             try:
-                remote.retire(root, self.keep_last)
-            except StoreError as e:
+                self.root.retire(self.keep_last)
+            except (StoreError, OSError) as e:
                 log.warning("retention after %s failed (retried at the next save): %s",
                             position.name, e)
-        log.info("rank %d: committed checkpoint %s", self.rank, root.uri(position.name))
+        log.info("rank %d: committed checkpoint %s", self.rank, self.root.uri(position.name))
         return position.name
-
-    def _commit(self, staging: Path, position: Position, info: dict[str, Any]) -> None:
-        write_manifest(
-            staging,
-            name=position.name,
-            step=position.step,
-            microstep=position.microstep,
-            world_size=self.world_size,
-            attempt=self.attempt,
-            info=info,
-        )
-        final = self.root / position.name
-        if final.exists():
-            # Re-saving a position (e.g. after a resume with a planted omission): the new
-            # one replaces the old atomically from a reader's point of view.
-            trash = self.root / layout.TRASH_DIR / f"{position.name}.attempt-{self.attempt}"
-            trash.parent.mkdir(exist_ok=True)
-            final.rename(trash)
-        staging.rename(final)
-        fsync_dir(self.root)
-
-    def _retire(self) -> None:
-        """Keep the newest ``keep_last`` committed checkpoints; drop leftovers."""
-        for pos in layout.committed(self.root)[: -self.keep_last]:
-            shutil.rmtree(self.root / pos.name, ignore_errors=True)
-            log.info("retention: removed %s", pos.name)
-        shutil.rmtree(self.root / layout.TRASH_DIR, ignore_errors=True)
 
     # -- resume -------------------------------------------------------------------------
 
     def collect_garbage(self) -> list[str]:
-        """Remove uncommitted staging folders; rank 0 only, before anyone saves."""
-        removed: list[str] = []
+        """Remove what killed saves left; rank 0 only, before anyone saves."""
         if self.rank != 0:
-            return removed
-        if self.remote is not None:
-            # The leg's first request to the store: its failure is reported to every rank
-            # by ``newest``, which all ranks call next.
-            try:
-                return remote.collect_garbage(self.remote)
-            except StoreError as e:
-                self._start_error = f"checkpoint store {self.remote.uri()}: {e}"
-                return removed
-        staging_root = self.root / layout.STAGING_DIR
-        if staging_root.is_dir():
-            for child in sorted(staging_root.iterdir()):
-                shutil.rmtree(child, ignore_errors=True)
-                removed.append(child.name)
-                log.warning("removed uncommitted checkpoint %s", child.name)
-        shutil.rmtree(self.root / layout.TRASH_DIR, ignore_errors=True)
-        return removed
+            return []
+        # The leg's first request to the store: its failure is reported to every rank by
+        # ``newest``, which all ranks call next.
+        try:
+            return self.root.collect_garbage()
+        except StoreError as e:
+            self._start_error = f"checkpoint store {self.root.uri()}: {e}"
+            return []
 
     def newest(self) -> str | None:
-        """The newest committed checkpoint, verified against its manifest (agreed by all)."""
-        decision: tuple[str | None, str | None] = (None, None)
-        if self.rank == 0:
-            decision = self._choose() if self.remote is None else self._choose_remote()
+        """The newest committed checkpoint, verified against its manifest (agreed by all);
+        every rank then holds a verified local copy of it."""
+        decision: tuple[str | None, str | None] = (None, self._start_error)
+        if self.rank == 0 and self._start_error is None:
+            try:
+                decision = (self.root.newest_verified(self.world_size), None)
+            except CheckpointError as e:
+                decision = (None, str(e))
         name, error = _broadcast(decision)
         if error is not None:
             raise CheckpointError(error)
-        if name is not None and self.remote is not None:
-            self._download(self.remote, name)
+        if name is not None:
+            self._fetch(name)
         return name  # type: ignore[no-any-return]
 
-    def _choose_remote(self) -> tuple[str | None, str | None]:
-        assert self.remote is not None
-        if self._start_error is not None:
-            return None, self._start_error
-        try:
-            return remote.newest_verified(self.remote, self.world_size), None
-        except (StoreError, CheckpointError) as e:
-            return None, f"cannot resume from {self.remote.uri()}: {e}"
-
-    def _directory(self, name: str) -> Path:
-        """The local folder checkpoint ``name`` is loaded from."""
-        if self.remote is None:
-            return self.root / name
-        return self.root / remote.CACHE_DIR / f"rank-{self.rank}" / name
-
-    def _download(self, root: RemoteRoot, name: str) -> None:
-        """Every rank downloads ``name``, verified; a failure anywhere fails every rank."""
+    def _fetch(self, name: str) -> None:
+        """Every rank fetches ``name``, verified; a failure anywhere fails every rank."""
         error = None
-        shutil.rmtree(self.root / remote.CACHE_DIR / f"rank-{self.rank}", ignore_errors=True)
         try:
-            remote.download(root, name, self._directory(name))
+            self.root.fetch(name, self.rank)
         except (StoreError, CheckpointError, OSError) as e:
             error = str(e)
         errors = _gather_errors(error, self.world_size)
         if errors:
-            raise CheckpointError(f"cannot resume from {root.uri(name)}: {'; '.join(errors)}")
-
-    def _choose(self) -> tuple[str | None, str | None]:
-        positions = layout.committed(self.root)
-        if not positions:
-            return None, None
-        newest = positions[-1]
-        try:
-            manifest = verify(self.root / newest.name)
-        except CheckpointError as e:
-            return None, str(e)
-        if manifest.world_size != self.world_size:
-            return None, (
-                f"{newest.name} was written by {manifest.world_size} ranks; this leg has "
-                f"{self.world_size}"
+            raise CheckpointError(
+                f"cannot resume from {self.root.uri(name)}: {'; '.join(errors)}"
             )
-        return newest.name, None
 
     def load(
         self, name: str, template: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> Loaded:
         """Load this rank's part of checkpoint ``name`` into tensors built by ``template``."""
-        directory = self._directory(name)
+        directory = self.root.local_copy(name, self.rank)
         position = Position.parse(name)
         if position is None:
             raise CheckpointError(f"{directory}: not a checkpoint name")

@@ -35,8 +35,7 @@ from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import MANIFEST, Position
 from resumequal.checkpoint.manifest import FileEntry, Manifest, write_manifest_file
 from resumequal.errors import CheckpointError, StoreError
-from resumequal.spec import S3Spec
-from resumequal.store import ObjectInfo, Store, StoreIntegrityError, open_store, s3_config
+from resumequal.store import ObjectInfo, Store, StoreIntegrityError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +60,13 @@ class RemoteRoot:
     store: Store
     prefix: str
     local: Path
+    # Staged files are scratch: the uploaded objects are the durable copy (a kill before
+    # the marker leaves garbage either way), so no fsync of every shard.
+    durable_staging = False
+
+    @property
+    def scratch(self) -> Path:
+        return self.local
 
     def key(self, name: str, rel: str = "") -> str:
         return "/".join(p for p in (self.prefix, name, rel) if p)
@@ -68,18 +74,44 @@ class RemoteRoot:
     def uri(self, name: str = "", rel: str = "") -> str:
         return self.store.uri(self.key(name, rel))
 
+    def prepare(self, name: str) -> None:
+        """Remove an earlier checkpoint called ``name``: objects cannot be renamed over."""
+        clear(self, name)
 
-def checkpoint_location(
-    store: str | None, s3: S3Spec | None, run_dir: Path, leg: str
-) -> Path | RemoteRoot:
-    """A leg's checkpoint root: a local folder, or ``<store>/<leg>/checkpoints`` on S3."""
-    if store is None or not store.startswith("s3://"):
-        return layout.leg_root(store, run_dir, leg)
-    try:
-        opened = open_store(store, s3_config(s3))
-    except StoreError as e:
-        raise CheckpointError(f"checkpoint.store={store!r}: {e}") from e
-    return RemoteRoot(opened, f"{leg}/checkpoints", run_dir / leg / ".ckpt-local")
+    def publish(self, name: str, staging: Path, rank: int) -> dict[str, FileEntry]:
+        """Upload this rank's staged files; their entries for the manifest."""
+        return upload(self, name, staging, rank)
+
+    def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
+               world_size: int, attempt: int, info: dict[str, Any]) -> None:
+        """Upload the manifest of every rank's files, then ``COMMITTED``."""
+        commit(self, make_manifest(position, files, world_size=world_size, attempt=attempt,
+                                   info=info))
+
+    def retire(self, keep_last: int) -> None:
+        retire(self, keep_last)
+
+    def collect_garbage(self) -> list[str]:
+        return collect_garbage(self)
+
+    def newest_verified(self, world_size: int) -> str | None:
+        try:
+            return newest_verified(self, world_size)
+        except (StoreError, CheckpointError) as e:
+            raise CheckpointError(f"cannot resume from {self.uri()}: {e}") from e
+
+    def local_copy(self, name: str, rank: int) -> Path:
+        return self.local / CACHE_DIR / f"rank-{rank}" / name
+
+    def fetch(self, name: str, rank: int) -> None:
+        """Download ``name`` into this rank's cache, every object checked on the way."""
+        shutil.rmtree(self.local / CACHE_DIR / f"rank-{rank}", ignore_errors=True)
+        download(self, name, self.local_copy(name, rank))
+
+    def final_root(self, name: str, dest: Path) -> Path:
+        """Download ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""
+        download(self, name, dest / name)
+        return dest
 
 
 def own_files(staging: Path, rank: int) -> list[str]:

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-from resumequal.checkpoint import remote
+from resumequal.checkpoint import checkpoint_location
 from resumequal.checkpoint.layout import Position
 from resumequal.errors import CheckpointError, StoreError, TraceError
 from resumequal.spec import QualificationSpec, SpecError, format_validation_error
@@ -64,24 +64,20 @@ def final_checkpoint_root(
 ) -> Path | None:
     """A local folder holding the leg's final checkpoint (``step-T``) as a checkpoint root.
 
-    On a file store that is the leg's checkpoint root itself. On an ``s3://`` store,
-    ``step-T`` is downloaded into ``scratch/<leg>/`` with every object checked against the
-    manifest's sha256; a failure (not committed, tampered, unreachable) is a
-    CheckpointError naming the object. None for a store this process cannot read.
+    In a folder that is the leg's checkpoint root itself. On an object store, ``step-T``
+    is downloaded into ``scratch/<leg>/`` with every object checked against the manifest's
+    sha256; a failure (not committed, tampered, unreachable) is a CheckpointError naming
+    the object. None for a store this process cannot read.
     """
     try:
-        where = remote.checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3,
-                                           run_dir, leg)
+        where = checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, run_dir, leg)
     except CheckpointError:
         return None
-    if isinstance(where, Path):
-        return where
     name = Position(spec.training.steps).name
     try:
-        remote.download(where, name, scratch / leg / name)
+        return where.final_root(name, scratch / leg)
     except StoreError as e:
         raise CheckpointError(f"cannot download the {leg} leg's {where.uri(name)}: {e}") from e
-    return scratch / leg
 
 
 @dataclass

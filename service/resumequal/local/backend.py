@@ -74,19 +74,17 @@ class LocalBackend:
                 "the world size instead"
             )
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-        scratch = None if self.location.is_local else str(self.run_dir)
         cmd = [
             self.python, *TORCHRUN,
             *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=w.nproc_per_node,
                                  max_restarts=w.max_restarts, rdzv=rdzv_conf(plan.spec)),
-            *leg_module_args(plan.name, self.location.uri, scratch=scratch),
+            *leg_module_args(plan.name, self.location.uri, scratch=str(self.run_dir)),
         ]
         env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
-        if not self.location.is_local:
-            # Workers find their leg spec with the standard AWS settings, as on a cluster.
-            s3 = self.spec.checkpoint.s3
-            if s3 is not None and s3.endpoint_url:
-                env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
+        # Workers find their leg spec with the standard AWS settings, as on a cluster.
+        s3 = self.spec.checkpoint.s3
+        if s3 is not None and s3.endpoint_url:
+            env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
         self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log", env)
         log.info("launched the %s leg (%d ranks)", plan.name, w.nproc_per_node)
 

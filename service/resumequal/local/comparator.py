@@ -38,10 +38,11 @@ class Judged:
 
 
 def default_names(uri: str) -> tuple[str, str]:
-    """(namespace, run) from ``.../<namespace>/<run>/<uid>`` on S3; ("local", folder name)
-    for a folder."""
-    if uri.startswith("s3://"):
-        parts = [p for p in urlparse(uri).path.split("/") if p]
+    """(namespace, run) from ``.../<namespace>/<run>/<uid>`` in an object store (a URI
+    with a bucket); ("local", folder name) for a folder."""
+    parsed = urlparse(uri)
+    if parsed.netloc:
+        parts = [p for p in parsed.path.split("/") if p]
         if len(parts) >= 3:
             return parts[-3], parts[-2]
         return "default", parts[-1] if parts else "run"
@@ -60,7 +61,7 @@ def compare_location(
     location = RunLocation.open(uri)
     ns, run = default_names(uri)
     namespace, name = namespace or ns, name or run
-    work = None if location.is_local else Path(tempfile.mkdtemp(prefix="resumequal-compare-"))
+    work = Path(tempfile.mkdtemp(prefix="resumequal-compare-"))
     try:
         local = location.materialize(work)
         spec = location.read_spec()
@@ -75,7 +76,8 @@ def compare_location(
             legs=[leg_summary(local, leg, spec) for leg in ("control", "preempted")],
             inventory=inventory(local),
         )
-        out = local if work is None else work / "results"
+        # Written aside, then published: into a folder too, each file atomically.
+        out = work / "results"
         files = write_reports(report, out)
         registry = CollectorRegistry()
         QualificationMetrics(registry).record(report, namespace=namespace)
@@ -85,5 +87,4 @@ def compare_location(
         log.info("published %s", ", ".join(published.values()))
         return Judged(verdict, published)
     finally:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)

@@ -25,6 +25,7 @@ from resumequal.report.files import write_reports
 from resumequal.report.terminal import LegProgress
 from resumequal.runstore import METRICS_PROM, RunLocation
 from resumequal.spec import Omission, QualificationSpec, apply_overrides
+from resumequal.store import open_store, s3_config
 from resumequal.trace import InventoryRecord, effective_steps, read_trace
 from resumequal.verdict import (
     Cut,
@@ -73,9 +74,10 @@ def exit_code(result: Result) -> int:
 
 
 def run_location(spec: QualificationSpec, opts: RunOptions) -> RunLocation:
-    """The run folder, or ``<store>/<namespace>/<run>/<uid>`` for an ``s3://`` store."""
+    """The run folder, or ``<store>/<namespace>/<run>/<uid>`` when the checkpoint store is
+    not a folder on this machine (an object store holds the whole run)."""
     store = opts.store or spec.checkpoint.store
-    if store is None or not store.startswith("s3://"):
+    if store is None or open_store(store, s3_config(spec.checkpoint.s3)).local_folder():
         return RunLocation.open(str(opts.run_dir))
     uri = f"{store.rstrip('/')}/{opts.namespace}/{opts.run_dir.name}/{uuid.uuid4().hex[:12]}"
     return RunLocation.open(uri, spec.checkpoint.s3)
@@ -110,8 +112,9 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
         plan = Plan([replace(p, omit=opts.omit) if p.role == "main" else p for p in plan.legs],
                     plan.not_run)
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
-    if status.verdict is None and not location.is_local:
-        # No comparison ran: the report still shows what the legs wrote.
+    if status.verdict is None:
+        # No comparison ran: the report still shows what the legs wrote (a folder run
+        # already has it in place).
         with contextlib.suppress(ResumequalError):
             location.materialize(opts.run_dir)
     report = build_report(spec, status, opts, matrix)

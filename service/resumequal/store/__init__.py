@@ -2,9 +2,15 @@
 
 Everything a run keeps — checkpoints, traces, beacons, verdicts, reports — is an object
 under one root URI, addressed by a relative string key. This package owns how keys map to
-files or S3 objects, atomic writes, transfers, sha256 checks and the translation of OS and
-botocore failures into :mod:`resumequal.store.errors`. It must not know about torch,
-training or the checkpoint format: callers decide what the keys mean.
+files or S3 objects, atomic writes, transfers, sha256 checks, append-only line logs
+(:mod:`resumequal.store.log`) and the translation of OS and botocore failures into
+:mod:`resumequal.store.errors`. It must not know about torch, training or the checkpoint
+format: callers decide what the keys mean.
+
+What differs between media is asked of the store, never of its URI scheme: whether its
+objects are files in a folder on this machine (``local_folder``), which allows a rename
+commit and appended files; any other store gets a marker commit and segment logs. A new
+kind of store is one class here plus its scheme in :func:`open_store`.
 
     store = open_store("s3://bucket/runs", S3Config(endpoint_url="http://minio:9000"))
     digest = store.put_file("ns/run/uid/control/checkpoints/step-00000004/dcp/0.distcp", path)

@@ -46,8 +46,19 @@ class Store(Protocol):
         """Write ``data`` as ``key``, replacing what was there; readers see old or new."""
         ...
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        """Write ``data`` as ``key`` only if there is no such object; True if written.
+
+        Exclusive where the medium allows it; where it does not (MinIO and Ceph RGW have no
+        conditional create), two writers racing may both write.
+        """
+        ...
+
     def put_file(self, key: str, local_path: LocalPath) -> str:
-        """Upload a local file as ``key``; returns the sha256 (hex) of what was uploaded."""
+        """Upload a local file as ``key``; returns the sha256 (hex) of what was uploaded.
+
+        A file that already is ``key`` (a folder store's own file) is left as it is.
+        """
         ...
 
     def get_bytes(self, key: str) -> bytes:
@@ -76,6 +87,20 @@ class Store(Protocol):
 
     def delete_prefix(self, prefix: str) -> int:
         """Remove every object under the folder ``prefix``; returns how many there were."""
+        ...
+
+    def delete_all(self) -> int:
+        """Remove every object under the root (the root itself too, where it is a folder);
+        returns how many there were."""
+        ...
+
+    def child(self, name: str) -> Store:
+        """The store rooted at the folder ``name`` under this one, reached the same way."""
+        ...
+
+    def local_folder(self) -> str | None:
+        """The folder on this machine holding the objects as files, or None when they are
+        reachable only through the store (an object store: no rename, no append)."""
         ...
 
 

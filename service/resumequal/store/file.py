@@ -29,6 +29,7 @@ from resumequal.store.base import (
     check_key,
     download_verified,
     folder,
+    sha256_file,
     tmp_sibling,
 )
 from resumequal.store.errors import StoreAccessDenied, StoreNotFound
@@ -123,7 +124,21 @@ class FileStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         self._write_atomic(key, lambda f: f.write(data))
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        with self._errors("write", key):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        return True
+
     def put_file(self, key: str, local_path: LocalPath) -> str:
+        if os.path.realpath(local_path) == os.path.realpath(self._path(key)):
+            return sha256_file(local_path)
         # The source is opened outside the store's error mapping: a missing local file is
         # the caller's FileNotFoundError, not a missing object.
         with open(local_path, "rb") as src:
@@ -181,3 +196,17 @@ class FileStore:
             if os.path.isdir(top):
                 shutil.rmtree(top)
         return count
+
+    def delete_all(self) -> int:
+        count = len(self.list())
+        with self._errors("delete", ""):
+            if os.path.isdir(self.root):
+                shutil.rmtree(self.root)
+        return count
+
+    def child(self, name: str) -> FileStore:
+        # A path stays a path and a file:// URI a file:// URI, so URIs read the same.
+        return FileStore(self.uri(name))
+
+    def local_folder(self) -> str:
+        return self.root

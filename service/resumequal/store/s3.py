@@ -307,6 +307,13 @@ class S3Store:
 
         return download_verified(self.uri(key), local_path, expect_sha256, fetch)
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        # No conditional create on every S3 implementation (MinIO, RGW): look, then write.
+        if self.exists(key):
+            return False
+        self.put_bytes(key, data)
+        return True
+
     def exists(self, key: str) -> bool:
         with self._call("look up", key):
             try:
@@ -360,3 +367,14 @@ class S3Store:
                     raise StoreAccessDenied(f"wrong credentials or no permission: {message}")
                 raise StoreError(message)
         return len(keys)
+
+    def delete_all(self) -> int:
+        if not self.prefix:
+            raise ValueError(f"{self.uri()}: delete_all would empty the whole bucket")
+        return S3Store(f"s3://{self.bucket}", self.config).delete_prefix(self.prefix)
+
+    def child(self, name: str) -> S3Store:
+        return S3Store(self.uri(name), self.config)
+
+    def local_folder(self) -> None:
+        return None

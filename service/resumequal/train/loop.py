@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot
+from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
 from resumequal.errors import CheckpointError
 from resumequal.runstore import LegFiles
 from resumequal.spec import CONTROL_LEG, QualificationSpec, check_leg_name
@@ -121,19 +120,19 @@ class Leg:
         self,
         spec: QualificationSpec,
         leg: str,
-        leg_dir: Path | LegFiles,
+        files: LegFiles,
         placement: Placement,
         *,
+        checkpoint_root: CheckpointRoot,
+        trace: TraceSink,
         omit: frozenset[str] = frozenset(),
-        checkpoint_root: Path | RemoteRoot | None = None,
-        trace: Path | TraceSink | None = None,
     ) -> None:
-        """``leg_dir`` is the leg's folder, or its files in an object store; then
-        ``checkpoint_root`` and ``trace`` (a sink) say where checkpoints and the trace go."""
+        """``files`` are the leg's beacons and markers; ``checkpoint_root`` and ``trace``
+        say where its checkpoints and this rank's trace go."""
         check_leg_name(leg)
         self.spec = spec
         self.leg = leg
-        self.leg_dir = leg_dir
+        self.files = files
         self.p = placement
         self.omit = omit
         self.stop = StopFlag()
@@ -146,14 +145,10 @@ class Leg:
             cut,
             rank=placement.rank,
             attempt=placement.attempt,
-            leg_dir=leg_dir,
+            files=files,
             stop=self.stop,
             on_arm=self._on_arm,
         )
-        if checkpoint_root is None:
-            if not isinstance(leg_dir, Path):
-                raise ValueError("a leg outside a local folder needs its checkpoint_root")
-            checkpoint_root = leg_dir / "checkpoints"
         self.ckpt = CheckpointManager(
             checkpoint_root,
             rank=placement.rank,
@@ -163,10 +158,6 @@ class Leg:
             async_save=spec.checkpoint.async_save,
             group_timeout=timedelta(seconds=spec.timeouts.process_group_seconds),
         )
-        if trace is None:
-            if not isinstance(leg_dir, Path):
-                raise ValueError("a leg outside a local folder needs its trace sink")
-            trace = leg_dir / "trace" / f"rank-{placement.rank}.jsonl"
         self.trace = TraceWriter(trace)
 
     # -- setup --------------------------------------------------------------------------
@@ -271,9 +262,7 @@ class Leg:
         self.ckpt.poll(wait=True)  # the last background save, if any
         self.trace.close()
         # Only now is this rank done: a leg is finished when every rank has said so.
-        files = self.leg_dir if isinstance(self.leg_dir, LegFiles) else LegFiles.folder(
-            self.leg_dir)
-        files.mark_rank_done(self.p.rank, self.p.attempt, live.counters.step)
+        self.files.mark_rank_done(self.p.rank, self.p.attempt, live.counters.step)
 
     def _step(self, live: LiveState, step: int) -> None:
         w = live.workload
@@ -368,12 +357,10 @@ class Leg:
 
         tensors = tensor_state(live, with_pending_grads=c.microstep > 0)
         info = {"leg": self.leg, "global_microstep": c.global_microstep}
-        if self.spec.checkpoint.async_save and hold_step is not None:
-            self.ckpt.save_async(position, tensors, rank_state(live), info=info,
-                                 before_commit=before_commit)
-        else:
-            self.ckpt.save(position, tensors, rank_state(live), info=info,
-                           before_commit=before_commit)
+        # The emergency checkpoint is always synchronous: the process exits right after.
+        self.ckpt.save(position, tensors, rank_state(live), info=info,
+                       before_commit=before_commit,
+                       background=self.spec.checkpoint.async_save and hold_step is not None)
 
     def _on_arm(self, step: int, microstep: int, where: str) -> None:
         self.trace.write(ArmRecord(rank=self.p.rank, attempt=self.p.attempt, step=step,

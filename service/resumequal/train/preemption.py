@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Literal
 
@@ -101,7 +100,7 @@ class Arming:
         *,
         rank: int,
         attempt: int,
-        leg_dir: Path | LegFiles,
+        files: LegFiles,
         stop: StopFlag,
         on_arm: Callable[[int, int, str], None] | None = None,
         poll_seconds: float = ORDER_POLL_SECONDS,
@@ -109,7 +108,7 @@ class Arming:
         self.cut = cut
         self.rank = rank
         self.attempt = attempt
-        self.leg_dir = leg_dir
+        self.files = files
         self.stop = stop
         self.on_arm = on_arm
         self.poll_seconds = poll_seconds
@@ -135,10 +134,9 @@ class Arming:
         assert self.cut is not None
         if self.on_arm is not None:
             self.on_arm(step, microstep, where)
-        beacon = write_beacon(self.leg_dir, self.rank, self.attempt, step, microstep, where)
+        beacon = self.files.write_beacon(self.rank, self.attempt, step, microstep, where)
         log.warning("rank %d armed at step %d microstep %d (%s): %s", self.rank, step,
                     microstep, where, beacon)
-        files = _files(self.leg_dir)
         deadline = time.monotonic() + self.cut.arm_timeout
         next_poll = time.monotonic()
         while not self.stop.requested:
@@ -149,18 +147,18 @@ class Arming:
                     f"{where}) for {self.cut.arm_timeout:g}s without being killed "
                     "(timeouts.armSeconds)"
                 )
-                mark_failed(self.leg_dir, reason)
+                self.files.mark_failed(reason)
                 raise TrainingError(reason)
             if now >= next_poll:
                 next_poll = now + self.poll_seconds
-                self._poll_order(files)
+                self._poll_order()
                 continue
             time.sleep(min(0.02, self.poll_seconds))
         log.warning("rank %d: asked to stop while armed; stopping gracefully", self.rank)
 
-    def _poll_order(self, files: LegFiles) -> None:
+    def _poll_order(self) -> None:
         try:
-            order = files.read_kill_order(self.rank, self.attempt)
+            order = self.files.read_kill_order(self.rank, self.attempt)
         except StoreError as e:
             # The arm timeout bounds how long a store that keeps failing can be retried.
             log.warning("rank %d: cannot read its kill order: %s", self.rank, e)
@@ -191,29 +189,20 @@ class Arming:
         self.watchdog.start()
 
 
-def _files(leg_dir: Path | LegFiles) -> LegFiles:
-    return LegFiles.folder(leg_dir) if isinstance(leg_dir, Path) else leg_dir
-
-
 def write_beacon(
-    leg_dir: Path | LegFiles, rank: int, attempt: int, step: int, microstep: int, where: str
-) -> Path | str:
-    """Atomically publish that this process is armed, with the pid to kill; the beacon's
-    path (a leg folder) or URI (a leg in an object store)."""
-    files = _files(leg_dir)
-    uri = files.write_beacon(rank, attempt, step, microstep, where)
-    if isinstance(leg_dir, Path):
-        return leg_dir / "beacons" / f"attempt-{attempt}-rank-{rank}.json"
-    return uri
+    files: LegFiles, rank: int, attempt: int, step: int, microstep: int, where: str
+) -> str:
+    """Atomically publish that this process is armed, with the pid to kill; its URI."""
+    return files.write_beacon(rank, attempt, step, microstep, where)
 
 
-def mark_failed(leg_dir: Path | LegFiles, reason: str) -> None:
+def mark_failed(files: LegFiles, reason: str) -> None:
     """Fail the leg for every later attempt too (the launcher would otherwise restart it)."""
-    _files(leg_dir).mark_failed(reason)
+    files.mark_failed(reason)
 
 
-def check_not_failed(leg_dir: Path | LegFiles) -> None:
+def check_not_failed(files: LegFiles) -> None:
     """Refuse to start an attempt of a leg that has already failed for good."""
-    reason = _files(leg_dir).failure()
+    reason = files.failure()
     if reason is not None:
         raise TrainingError(f"this leg has already failed: {reason}")

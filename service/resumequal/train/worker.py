@@ -1,8 +1,8 @@
 """The entry of a worker process: join the group, check the run location, run the leg.
 
-A run location is a local folder (traces, beacons and checkpoints in it, as always) or an
-``s3://`` prefix; then the worker keeps only scratch files (checkpoint staging, downloaded
-copies) on local disk and writes everything else to the store.
+Everything goes to the run location's store (a folder or ``s3://``); the worker keeps
+only scratch files (checkpoint staging, downloaded copies) in ``scratch``, which for a
+folder is the run folder itself.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from resumequal.checkpoint import RemoteRoot, checkpoint_location
+from resumequal.checkpoint import CheckpointRoot, checkpoint_location
 from resumequal.runstore import RUN_FILE as RUN_FILE
-from resumequal.runstore import RunLocation, default_scratch
+from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.train.distributed import destroy_process_group, init_process_group
 from resumequal.train.loop import Leg
@@ -33,7 +33,7 @@ def check_run_dir(run_dir: Path, spec: QualificationSpec) -> None:
     RunLocation.open(str(run_dir)).check_claim(spec)
 
 
-def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Path | RemoteRoot:
+def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> CheckpointRoot:
     """Where a leg's checkpoints live: the spec's store (a folder or ``s3://``), else the
     leg's folder. ``run_dir`` is the local folder (the run's, or scratch on S3)."""
     return checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, run_dir, leg)
@@ -55,13 +55,12 @@ def run_leg(
     location). On S3 each rank uploads a trace segment every ``trace_every`` records.
     """
     location = RunLocation.open(str(run_dir), spec.checkpoint.s3)
-    if location.local is None:
-        spec = location.leg_spec(spec)
-    scratch = scratch or location.local or default_scratch(location.uri)
+    spec = location.leg_spec(spec)
+    scratch = scratch or location.scratch()
     files = location.leg(leg)
     # The first request to the store, before any collective: a store that is unreachable
     # or refuses these credentials stops every rank here with an error naming it.
-    check_not_failed(files if location.local is None else location.local / leg)
+    check_not_failed(files)
     placement = init_process_group(spec.world.backend, spec.timeouts.process_group_seconds,
                                    lambda: location.attempts_started(leg))
     try:
@@ -69,13 +68,11 @@ def run_leg(
             location.claim(spec)
         dist.barrier()
         location.check_claim(spec)
-        if location.local is not None:
-            worker = Leg(spec, leg, location.local / leg, placement, omit=omit,
-                         checkpoint_root=checkpoint_root(spec, location.local, leg))
-        else:
-            sink = location.trace_sink(leg, placement.rank, placement.attempt, trace_every)
-            worker = Leg(spec, leg, files, placement, omit=omit,
-                         checkpoint_root=checkpoint_root(spec, scratch, leg), trace=sink)
+        sink = location.trace_sink(leg, placement.rank, placement.attempt, trace_every)
+        # Checkpoints default to the run location itself; scratch holds only local copies.
+        ckpt = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
+                                   scratch, leg)
+        worker = Leg(spec, leg, files, placement, omit=omit, checkpoint_root=ckpt, trace=sink)
         try:
             worker.run()
         except Preempted as e:

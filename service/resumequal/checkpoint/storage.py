@@ -1,0 +1,90 @@
+"""Where a leg's checkpoints live, and the one choice of how a staged one is committed.
+
+A :class:`CheckpointRoot` is the small commit backend the manager drives: a folder every
+rank sees commits with a rename (:mod:`resumequal.checkpoint.folder`); any other store
+commits with a ``COMMITTED`` marker written last (:mod:`resumequal.checkpoint.remote`).
+The manager keeps the collectives; a root only does rank-local I/O.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from resumequal.checkpoint.folder import FolderRoot
+from resumequal.checkpoint.layout import Position
+from resumequal.checkpoint.manifest import FileEntry
+from resumequal.checkpoint.remote import RemoteRoot
+from resumequal.errors import CheckpointError, StoreError
+from resumequal.spec import S3Spec
+from resumequal.store import open_store, s3_config
+
+
+class CheckpointRoot(Protocol):
+    """One leg's checkpoints: staging, commit, retention, discovery and local copies."""
+
+    # Whether staged files must be fsynced (they become the checkpoint) or are scratch.
+    durable_staging: bool
+
+    @property
+    def scratch(self) -> Path:
+        """The local folder staging folders and downloaded copies go under."""
+        ...
+
+    def uri(self, name: str = "", rel: str = "") -> str:
+        """Where checkpoint ``name`` (or file ``rel`` of it) lives, for messages."""
+        ...
+
+    def prepare(self, name: str) -> None:
+        """Rank 0, before a save: make room for a new checkpoint called ``name``."""
+        ...
+
+    def publish(self, name: str, staging: Path, rank: int) -> dict[str, FileEntry]:
+        """Put this rank's staged files where the commit finds them; their entries."""
+        ...
+
+    def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
+               world_size: int, attempt: int, info: dict[str, Any]) -> None:
+        """Rank 0: write the manifest and make the checkpoint exist, atomically."""
+        ...
+
+    def retire(self, keep_last: int) -> None:
+        """Rank 0: keep the newest ``keep_last`` committed checkpoints."""
+        ...
+
+    def collect_garbage(self) -> list[str]:
+        """Rank 0, at start: remove what a killed save left; the names removed."""
+        ...
+
+    def newest_verified(self, world_size: int) -> str | None:
+        """The newest committed checkpoint, checked against its manifest; CheckpointError
+        saying why it cannot be resumed."""
+        ...
+
+    def local_copy(self, name: str, rank: int) -> Path:
+        """The local folder this rank loads checkpoint ``name`` from."""
+        ...
+
+    def fetch(self, name: str, rank: int) -> None:
+        """Make :meth:`local_copy` hold ``name``, every byte verified against its manifest."""
+        ...
+
+    def final_root(self, name: str, dest: Path) -> Path:
+        """A local checkpoint root holding ``name`` verified (``dest`` if it is copied);
+        CheckpointError if it fails verification, StoreError if it cannot be read."""
+        ...
+
+
+def checkpoint_location(
+    store: str | None, s3: S3Spec | None, run_dir: Path, leg: str
+) -> CheckpointRoot:
+    """A leg's checkpoint root: ``<store>/<leg>/checkpoints`` (the store defaults to the run
+    folder ``run_dir``, which is also where scratch files of an object store go)."""
+    try:
+        opened = open_store(str(run_dir) if store is None else store, s3_config(s3))
+    except StoreError as e:
+        raise CheckpointError(f"checkpoint.store={store!r}: {e}") from e
+    folder = opened.local_folder()
+    if folder is not None:
+        return FolderRoot(Path(folder) / leg / "checkpoints")
+    return RemoteRoot(opened, f"{leg}/checkpoints", run_dir / leg / ".ckpt-local")
