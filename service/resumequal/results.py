@@ -190,14 +190,16 @@ def _records(location: RunLocation, leg: str, world_size: int) -> dict[int, list
     return {r: location.trace_records(leg, r) for r in range(world_size)}
 
 
-def _first(values: Iterable[float | None]) -> float | None:
+def _earliest(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return min(present) if present else None
 
 
 def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        else None
+    """A timestamp from a JSON record; None when absent or not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at: float,
@@ -206,19 +208,19 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
     """The timeline of a run from what its legs left in ``location`` (the comparator's view).
 
     LegsRunning: the first worker process started; Armed: the target rank's arm record (or
-    beacon); Preempted: the kill order (whoever kills leaves one); Resumed: the last rank's
-    first finished step of a later attempt; Comparing at ``compared_at``; then Succeeded or
-    Failed as ``verdict`` concludes, at ``concluded_at``.
+    beacon); Preempted: the kill order a process kill leaves (a pod deletion leaves none, so
+    no kill time); Resumed: the last rank's first finished step of a later attempt;
+    Comparing at ``compared_at``; then Succeeded or Failed as ``verdict`` concludes.
     """
     world, p = spec.world.world_size, spec.preemption
     legs = {leg: _records(location, leg, world) for leg in REPORTED_LEGS}
     every = [rec for per_rank in legs.values() for recs in per_rank.values() for rec in recs]
-    started = _first(_number(r.get("process_started_at")) for r in every
+    started = _earliest(_number(r.get("process_started_at")) for r in every
                      if r.get("kind") == "startup")
-    started = started if started is not None else _first(
+    started = started if started is not None else _earliest(
         _number(r.get("started_at")) for r in every if r.get("kind") == "step")
     main = legs[MAIN_LEG]
-    armed = _first(_number(r.get("armed_at")) for r in main.get(p.rank, [])
+    armed = _earliest(_number(r.get("armed_at")) for r in main.get(p.rank, [])
                    if r.get("kind") == "arm" and r.get("attempt") == 0)
     try:
         beacon = location.read_beacon(MAIN_LEG, p.rank)

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from resumequal.local.comparator import compare_location
-from resumequal.qualify import LegRun, Phase, QualificationStatus, Reason
+from resumequal.qualify import Beacon, LegRun, Phase, QualificationStatus, Reason, kill_order
 from resumequal.report.files import read_report
 from resumequal.results import (
     Timeline,
@@ -28,8 +28,8 @@ from resumequal.results import (
     run_names,
     run_uri,
 )
-from resumequal.runstore import KillOrder, RunLocation
-from resumequal.spec import QualificationSpec
+from resumequal.runstore import RunLocation
+from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.trace import StartupRecord
 from resumequal.verdict import PhaseEvent, Result
 from tests.unit.test_compare import STEPS, WORLD, SyntheticRun, make_spec
@@ -59,8 +59,9 @@ def _cluster_like_run(root: Path) -> SyntheticRun:
 
 
 def _write_kill_order(root: Path, spec: QualificationSpec) -> None:
-    order = KillOrder(rank=1, attempt=0, pid=1001, mode=spec.preemption.mode,
-                      grace_seconds=spec.preemption.grace_seconds, issued_at=KILLED)
+    beacon = Beacon(pid=1001, host="node-0", rank=1, attempt=0, step=4, microstep=1,
+                    armed_at=10.0)
+    order = kill_order(beacon, spec.preemption).model_copy(update={"issued_at": KILLED})
     RunLocation.open(str(root)).write_kill_order("preempted", order)
 
 
@@ -155,3 +156,11 @@ def test_run_uri_and_back() -> None:
     assert run_names("/tmp/runs/q3") == ("local", "q3")
     with pytest.raises(ValueError, match="cannot be a path segment"):
         run_uri("s3://b", "a/b", "n", "u")
+
+
+def test_kill_order_names_the_beacons_worker() -> None:
+    beacon = Beacon(pid=7, host="h", pod_uid="u", rank=1, attempt=0, step=4, microstep=1,
+                    armed_at=1.0)
+    order = kill_order(beacon, PreemptionSpec(mode="graceful", grace_seconds=3))
+    assert (order.pid, order.pod_uid, order.rank, order.mode, order.grace_seconds) == (
+        7, "u", 1, "graceful", 3)
