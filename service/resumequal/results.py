@@ -216,12 +216,12 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
     legs = {leg: _records(location, leg, world) for leg in REPORTED_LEGS}
     every = [rec for per_rank in legs.values() for recs in per_rank.values() for rec in recs]
     started = _earliest(_number(r.get("process_started_at")) for r in every
-                     if r.get("kind") == "startup")
+                        if r.get("kind") == "startup")
     started = started if started is not None else _earliest(
         _number(r.get("started_at")) for r in every if r.get("kind") == "step")
     main = legs[MAIN_LEG]
     armed = _earliest(_number(r.get("armed_at")) for r in main.get(p.rank, [])
-                   if r.get("kind") == "arm" and r.get("attempt") == 0)
+                      if r.get("kind") == "arm" and r.get("attempt") == 0)
     try:
         beacon = location.read_beacon(MAIN_LEG, p.rank)
         order = location.leg(MAIN_LEG).read_kill_order(p.rank, 0)
