@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import LegPlan, Plan
-from resumequal.qualify import Beacon, KillOrder, LegObservation, LegState
+from resumequal.qualify import Beacon, LegObservation, LegState, kill_order
 from resumequal.runstore import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
@@ -140,9 +139,7 @@ class KubernetesBackend:
         deletes the pod, preconditioned on the armed pod's uid, so a kill replayed after
         a lost status write never hits the replacement pod, which has the same name."""
         if preemption.target == "process":
-            order = KillOrder(rank=beacon.rank, attempt=beacon.attempt, pid=beacon.pid,
-                              pod_uid=beacon.pod_uid, mode=preemption.mode,
-                              grace_seconds=preemption.grace_seconds, issued_at=time.time())
+            order = kill_order(beacon, preemption)
             uri = self.location.write_kill_order(leg, order)
             log.info("%s: ordered a %s kill of rank %d (pid %d in pod %s): %s", self.run.name,
                      preemption.mode, beacon.rank, beacon.pid, beacon.pod, uri)

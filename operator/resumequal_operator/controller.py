@@ -22,9 +22,9 @@ from typing import Any
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import Plan, qualification_plan
 from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
+from resumequal.results import Timeline, build_report, failed_verdict, run_uri
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
-from resumequal.verdict import Cut, Report, Result, ValidityCheck, Verdict
 from resumequal_operator import pytorchjob
 from resumequal_operator.backend import (
     ComparatorFailed,
@@ -42,7 +42,6 @@ from resumequal_operator.resource import (
     RunSpecError,
     parse_run_spec,
     qualification_spec,
-    run_uri,
 )
 from resumequal_operator.status import (
     INVALID_SPEC,
@@ -254,15 +253,10 @@ class Reconciler:
         pin = run.spec.stack.effective_pin
         if self._recorded.get(key) == (run.ref.uid, pin):
             return
-        verdict = machine.verdict or self._location(run).read_verdict() or _failed_verdict(
+        verdict = machine.verdict or self._location(run).read_verdict() or failed_verdict(
             run.qspec, machine)
-        main = machine.main()
-        restart = None
-        if main.killed_at is not None and main.resumed_at is not None:
-            restart = main.resumed_at - main.killed_at
-        report = Report(run=run.ref.name, pin=pin, verdict=verdict,
-                        spec=run.qspec.model_dump(mode="json"), phases=machine.history,
-                        kill_at=main.killed_at, restart_seconds=restart)
+        report = build_report(run.qspec, verdict, Timeline.of(machine), run=run.ref.name,
+                              pin=pin)
         with self._lock:
             old = self._recorded.get(key)
             if old is not None and old[1] != pin:
@@ -309,18 +303,3 @@ class Reconciler:
                         {"metadata": {"finalizers": rest,
                                       "resourceVersion": meta["resourceVersion"]}})
         log.info("%s: cleaned up; finalizer removed", key)
-
-
-def _failed_verdict(spec: QualificationSpec, machine: QualificationStatus) -> Verdict:
-    """The INVALID verdict of a run that ended without a comparison (a timeout, a failed
-    leg): what the metrics and the local runner report for it."""
-    p = spec.preemption
-    why = f"{machine.reason.value if machine.reason else 'Failed'}: {machine.message}"
-    return Verdict(result=Result.INVALID, reason=why,
-                   cut=Cut(step=p.step, microstep=p.microstep, rank=p.rank, mode=p.mode,
-                           at=p.at),
-                   resumed_from=None, first_divergence=None, exact_through_step=0,
-                   checks=[ValidityCheck(name="qualification completed", ok=False,
-                                         detail=machine.message or "no detail")])
-
-

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from resumequal.plan import qualification_plan
+from resumequal.results import run_uri
 from resumequal.yamlread import YAMLInputError, load_yaml_all
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import Obj
@@ -25,7 +26,6 @@ from resumequal_operator.resource import (
     RunSpecError,
     parse_run_spec,
     qualification_spec,
-    run_uri,
 )
 
 # Stands in for metadata.uid, which only the API server assigns: it names the jobs

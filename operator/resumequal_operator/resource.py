@@ -35,6 +35,7 @@ from pydantic.alias_generators import to_camel
 
 from resumequal.qualify import Phase
 from resumequal.redact import redact, redact_tree
+from resumequal.results import run_uri as run_uri  # the run location, spelled once
 from resumequal.spec import (
     MAX_SECONDS,
     MAX_URI,
@@ -437,14 +438,6 @@ def qualification_spec(
         return _as_qualification_spec(spec, location or spec.store.uri)
     except ValidationError as e:
         raise RunSpecError(_problems(e, "spec", QualificationSpec)) from e
-
-
-def run_uri(store_uri: str, namespace: str, name: str, uid: str) -> str:
-    """The run location: ``<store>/<namespace>/<name>/<uid>`` (uid: reruns never mix)."""
-    for label, part in (("namespace", namespace), ("name", name), ("uid", uid)):
-        if not part or "/" in part:
-            raise ValueError(f"{label} {part!r} cannot be a path segment")
-    return f"{store_uri.rstrip('/')}/{namespace}/{name}/{uid}"
 
 
 # -- status -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus
+from resumequal.results import failed_reason, restart_seconds
 from resumequal.verdict import Result, Verdict
 from resumequal_operator.resource import (
     Condition,
@@ -144,14 +145,12 @@ def run_status(
     """The whole status of a run from its machine (see the module docstring)."""
     legs = {}
     for name, leg in machine.legs.items():
-        restart = None
-        if leg.killed_at is not None and leg.resumed_at is not None:
-            restart = leg.resumed_at - leg.killed_at
         legs[name] = LegStatus.model_validate({
             "job": leg_jobs.get(name) if leg.launched_at is not None else None,
             "attempts": leg.attempts, "steps": leg.steps, "launchedAt": leg.launched_at,
             "killedAt": leg.killed_at, "resumedAt": leg.resumed_at,
-            "finishedAt": leg.finished_at, "restartSeconds": restart,
+            "finishedAt": leg.finished_at,
+            "restartSeconds": restart_seconds(leg.killed_at, leg.resumed_at),
         })
     main = machine.legs.get(MAIN_LEG)
     preemption = None
@@ -165,8 +164,7 @@ def run_status(
     if shown is None and machine.phase == Phase.FAILED:
         # A run that failed before its comparison tested nothing: INVALID, as the metrics
         # and the local runner say, so `kubectl get qr` shows a verdict for every finished run.
-        why = machine.reason.value if machine.reason else "Failed"
-        shown = VerdictStatus(result=Result.INVALID, reason=f"{why}: {machine.message or ''}")
+        shown = VerdictStatus(result=Result.INVALID, reason=failed_reason(machine))
     done = machine.done
     history = machine.history
     return QualificationRunStatus.model_validate({

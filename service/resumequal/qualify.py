@@ -76,6 +76,14 @@ class Beacon(BaseModel):
     armed_at: float
 
 
+def kill_order(beacon: Beacon, preemption: PreemptionSpec) -> KillOrder:
+    """The order that kills the worker ``beacon`` names, as ``preemption`` says, issued now;
+    in the store it also dates the kill (see ``resumequal.results``)."""
+    return KillOrder(rank=beacon.rank, attempt=beacon.attempt, pid=beacon.pid,
+                     pod_uid=beacon.pod_uid, mode=preemption.mode,
+                     grace_seconds=preemption.grace_seconds, issued_at=time.time())
+
+
 class LegState(StrEnum):
     NOT_STARTED = "NotStarted"
     RUNNING = "Running"

@@ -132,3 +132,22 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert not _processes_mentioning(str(run_dir))
+
+
+def test_the_comparators_report_dates_the_kill_and_the_restart_as_the_run_did(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FAST)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ran = _report(run_dir)
+    # What a cluster's comparator Job does: judge the location and write the results.
+    again = _resumequal("compare", str(run_dir), "--write", "--pin", "torch==test")
+    assert again.returncode == 0, again.stdout + again.stderr
+    compared = _report(run_dir)
+    assert [p["phase"] for p in compared["phases"]] == [
+        "LegsRunning", "Armed", "Preempted", "Resumed", "Comparing", "Succeeded"]
+    # The kill order is written right after the signal the runner timed.
+    assert abs(compared["kill_at"] - ran["kill_at"]) < 1
+    assert compared["restart_seconds"] > 0
+    assert abs(compared["restart_seconds"] - ran["restart_seconds"]) < 1

@@ -25,7 +25,7 @@ from pathlib import Path
 from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, LegPlan, leg_module_args, local_torchrun_args, rdzv_conf
-from resumequal.qualify import Beacon, LegObservation, LegState
+from resumequal.qualify import Beacon, LegObservation, LegState, kill_order
 from resumequal.runstore import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
@@ -129,6 +129,9 @@ class LocalBackend:
         else:
             os.kill(beacon.pid, signal.SIGTERM)
             self._escalate = (beacon.pid, time.monotonic() + preemption.grace_seconds)
+        # The order dates the kill in the store, as a cluster's does, for the comparator's
+        # report; written after the signal, it changes nothing of the kill itself.
+        self.location.write_kill_order(leg, kill_order(beacon, preemption))
         log.info("delivered %s kill to rank %d (pid %d)", mode, beacon.rank, beacon.pid)
 
     def compare(self) -> Verdict:

@@ -5,7 +5,9 @@ location is first materialized into a temporary folder (every object verified, t
 segments checked and joined), its final checkpoints downloaded verified as the
 comparator always does. The comparison includes the negative controls, as
 ``resumequal run`` does. With ``write``, ``verdict.json``, ``report.json``,
-``report.html`` and ``metrics.prom`` are written into the run location.
+``report.html`` and ``metrics.prom`` are written into the run location; the report's
+phases, kill time and restart time come from what the legs left there
+(:func:`resumequal.results.read_timeline`).
 """
 
 from __future__ import annotations
@@ -13,18 +15,14 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
-
-from prometheus_client import CollectorRegistry
 
 from resumequal.compare import compare_qualification
-from resumequal.local.runner import inventory, leg_summary
-from resumequal.metrics import QualificationMetrics, write_textfile
-from resumequal.report.files import write_reports
-from resumequal.runstore import METRICS_PROM, RunLocation
-from resumequal.verdict import Report, Verdict
+from resumequal.results import build_report, publish, read_timeline, run_names
+from resumequal.runstore import RunLocation
+from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +35,6 @@ class Judged:
     files: dict[str, str]
 
 
-def default_names(uri: str) -> tuple[str, str]:
-    """(namespace, run) from ``.../<namespace>/<run>/<uid>`` in an object store (a URI
-    with a bucket); ("local", folder name) for a folder."""
-    parsed = urlparse(uri)
-    if parsed.netloc:
-        parts = [p for p in parsed.path.split("/") if p]
-        if len(parts) >= 3:
-            return parts[-3], parts[-2]
-        return "default", parts[-1] if parts else "run"
-    return "local", Path(urlparse(uri).path if "://" in uri else uri).name
-
-
 def compare_location(
     uri: str,
     *,
@@ -59,31 +45,22 @@ def compare_location(
 ) -> Judged:
     """Compare the legs at ``uri`` (with the negative controls); publish results if ``write``."""
     location = RunLocation.open(uri)
-    ns, run = default_names(uri)
+    ns, run = run_names(uri)
     namespace, name = namespace or ns, name or run
     work = Path(tempfile.mkdtemp(prefix="resumequal-compare-"))
     try:
         local = location.materialize(work)
         spec = location.read_spec()
+        compared_at = time.time()
         verdict = compare_qualification(local, spec)
         if not write:
             return Judged(verdict, {})
-        report = Report(
-            run=name,
-            pin=pin,
-            verdict=verdict,
-            spec=spec.model_dump(mode="json"),
-            legs=[leg_summary(local, leg, spec) for leg in ("control", "preempted")],
-            inventory=inventory(local),
-        )
-        # Written aside, then published: into a folder too, each file atomically.
-        out = work / "results"
-        files = write_reports(report, out)
-        registry = CollectorRegistry()
-        QualificationMetrics(registry).record(report, namespace=namespace)
-        write_textfile(registry, out / METRICS_PROM)
-        files[METRICS_PROM] = out / METRICS_PROM
-        published = location.publish(files)
+        # The legs' records in the store date the phases, the kill and the resume.
+        timeline = read_timeline(RunLocation.open(str(local)), spec, compared_at=compared_at,
+                                 verdict=verdict, concluded_at=time.time())
+        report = build_report(spec, verdict, timeline, run=name, pin=pin, run_dir=local)
+        out = work / "results"  # written aside, then published: into a folder too
+        published = publish(report, location, out, namespace=namespace)
         log.info("published %s", ", ".join(published.values()))
         return Judged(verdict, published)
     finally:
