@@ -39,7 +39,7 @@ from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, local_torchrun_args
 from resumequal.spec import QualificationSpec, load_spec
-from resumequal.trace import StepRecord, read_trace
+from resumequal.trace.records import StepRecord, read_trace
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_ddp.py")
 NPROC = 2

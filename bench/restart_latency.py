@@ -48,7 +48,7 @@ import yaml
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, local_torchrun_args
-from resumequal.trace import RestoreRecord, StartupRecord, StepRecord, read_trace
+from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord, read_trace
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")
 NPROC = 2

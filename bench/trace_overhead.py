@@ -28,16 +28,13 @@ import xxhash
 
 from resumequal.spec import TrainingSpec, WorkloadSpec
 from resumequal.store.log import FileSink
-from resumequal.trace import (
-    BucketRecord,
-    MicrostepRecord,
-    StepRecord,
-    TraceWriter,
+from resumequal.trace.digest import (
     bucket_layout_digest,
     named_tensors_digest,
     optimizer_state_digest,
     rng_digests,
 )
+from resumequal.trace.records import BucketRecord, MicrostepRecord, StepRecord, TraceWriter
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
 

@@ -19,7 +19,13 @@ import yaml
 from resumequal import plan
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.spec import BOUNDARIES
-from resumequal.trace import RestoreRecord, StepRecord, boundary_value, effective_steps, read_trace
+from resumequal.trace.records import (
+    RestoreRecord,
+    StepRecord,
+    boundary_value,
+    effective_steps,
+    read_trace,
+)
 from tests.waiting import eventually
 
 TORCHRUN = [sys.executable, *plan.TORCHRUN]

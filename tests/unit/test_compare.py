@@ -26,7 +26,7 @@ from resumequal.compare import checkpoint_drift, compare_run, drift, expected_ch
 from resumequal.compare.drift import tensor_stats, values_equal
 from resumequal.spec import QualificationSpec, SpecError
 from resumequal.store.log import FileSink
-from resumequal.trace import (
+from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
     InventoryRecord,

@@ -30,7 +30,7 @@ from resumequal.results import (
 )
 from resumequal.runstore import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
-from resumequal.trace import StartupRecord
+from resumequal.trace.records import StartupRecord
 from resumequal.verdict import PhaseEvent, Result
 from tests.unit.test_compare import STEPS, WORLD, SyntheticRun, make_spec
 

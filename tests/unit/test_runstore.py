@@ -412,7 +412,7 @@ def test_compare_of_an_empty_s3_prefix_exits_2_naming_it(
 def test_trace_writer_groups_steps_but_flushes_what_the_backend_acts_on(
     s3_location: RunLocation,
 ) -> None:
-    from resumequal.trace import ArmRecord, TraceWriter
+    from resumequal.trace.records import ArmRecord, TraceWriter
 
     sink = s3_location.trace_sink("preempted", 1, 0, every=10)
     writer = TraceWriter(sink)

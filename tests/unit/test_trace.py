@@ -20,9 +20,17 @@ from pydantic import ValidationError
 from resumequal.errors import TraceError
 from resumequal.spec import BOUNDARIES
 from resumequal.store.log import FileSink
-from resumequal.trace import (
-    BOUNDARY_FIELDS,
+from resumequal.trace.digest import (
     DIGEST_ALGORITHM,
+    bucket_layout_digest,
+    named_tensors_digest,
+    optimizer_state_digest,
+    rng_digests,
+    tensor_digest,
+)
+from resumequal.trace.inventory import collect_inventory
+from resumequal.trace.records import (
+    BOUNDARY_FIELDS,
     ArmRecord,
     BucketRecord,
     InventoryRecord,
@@ -32,14 +40,8 @@ from resumequal.trace import (
     TraceRecord,
     TraceWriter,
     boundary_value,
-    bucket_layout_digest,
-    collect_inventory,
     effective_steps,
-    named_tensors_digest,
-    optimizer_state_digest,
     read_trace,
-    rng_digests,
-    tensor_digest,
 )
 
 # -------------------------------------------------------------------- tensor digests
@@ -388,7 +390,7 @@ def test_truncated_last_line_is_dropped_with_a_warning(
         writer.write(_step(step=2))
     text = path.read_text()
     path.write_text(text + _step(step=3).model_dump_json()[:57])
-    with caplog.at_level(logging.WARNING, logger="resumequal.trace"):
+    with caplog.at_level(logging.WARNING, logger="resumequal.trace.records"):
         back = read_trace(path)
     assert [r.step for r in back if isinstance(r, StepRecord)] == [1, 2]
     assert any("partial last line" in m for m in caplog.messages)
@@ -476,7 +478,7 @@ def test_restore_record_only_takes_known_omissions() -> None:
 _KILL_AFTER_WRITE = """
 import os, signal, sys
 from resumequal.store.log import FileSink
-from resumequal.trace import ArmRecord, TraceWriter
+from resumequal.trace.records import ArmRecord, TraceWriter
 writer = TraceWriter(FileSink(sys.argv[1]))
 writer.write(ArmRecord(rank=1, attempt=0, step=6, microstep=1, pid=os.getpid(), armed_at=1.0))
 os.kill(os.getpid(), signal.SIGKILL)

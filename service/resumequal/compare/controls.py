@@ -16,7 +16,7 @@ from resumequal.compare.files import LegTrace, load_run_spec
 from resumequal.compare.judge import compare_run
 from resumequal.plan import LegPlan, NotRun, qualification_plan
 from resumequal.spec import QualificationSpec
-from resumequal.trace import RestoreRecord, StepRecord
+from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict
 
 Steps = dict[int, dict[int, StepRecord]]

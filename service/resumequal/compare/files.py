@@ -20,7 +20,7 @@ from resumequal.checkpoint import checkpoint_location
 from resumequal.checkpoint.layout import Position
 from resumequal.errors import CheckpointError, StoreError, TraceError
 from resumequal.spec import QualificationSpec, SpecError, format_validation_error
-from resumequal.trace import (
+from resumequal.trace.records import (
     ArmRecord,
     InventoryRecord,
     RestoreRecord,

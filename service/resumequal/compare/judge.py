@@ -29,7 +29,7 @@ from resumequal.compare.validity import (
 from resumequal.compare.walk import Point, Rules, Steps, loss_deltas, summarise, walk
 from resumequal.errors import CheckpointError
 from resumequal.spec import BOUNDARIES, Boundary, QualificationSpec
-from resumequal.trace import RestoreRecord, StepRecord
+from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.verdict import (
     Cut,
     Divergence,

@@ -17,7 +17,7 @@ from resumequal.checkpoint.manifest import verify
 from resumequal.compare.files import LegTrace, beacon_path
 from resumequal.errors import CheckpointError
 from resumequal.spec import QualificationSpec
-from resumequal.trace import ArmRecord, InventoryRecord, RestoreRecord
+from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord
 from resumequal.verdict import ValidityCheck
 from resumequal.words import count
 

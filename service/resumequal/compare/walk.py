@@ -27,7 +27,7 @@ from typing import Final, Literal
 
 from resumequal.compare.drift import values_equal
 from resumequal.spec import BOUNDARIES, ComparisonSpec
-from resumequal.trace import StepRecord, boundary_value
+from resumequal.trace.records import StepRecord, boundary_value
 from resumequal.verdict import BoundaryRow, DriftSummary, StepDelta
 from resumequal.words import count
 

@@ -34,7 +34,14 @@ from resumequal.state import (
     seed_everything,
     tensor_state,
 )
-from resumequal.trace import (
+from resumequal.trace.digest import (
+    bucket_layout_digest,
+    named_tensors_digest,
+    optimizer_state_digest,
+    rng_digests,
+)
+from resumequal.trace.inventory import collect_inventory
+from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
     MicrostepRecord,
@@ -43,11 +50,6 @@ from resumequal.trace import (
     StepRecord,
     TraceSink,
     TraceWriter,
-    bucket_layout_digest,
-    collect_inventory,
-    named_tensors_digest,
-    optimizer_state_digest,
-    rng_digests,
 )
 from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag

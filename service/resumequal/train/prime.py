@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.errors import TrainingError
 from resumequal.state import LiveState, capture_rng, restore_rng
-from resumequal.trace import named_tensors_digest, optimizer_state_digest, rng_digests
+from resumequal.trace.digest import named_tensors_digest, optimizer_state_digest, rng_digests
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Per-step, per-rank trace records, exact digests, and the runtime inventory.
+"""Per-step, per-rank trace records, and reading and writing them as JSON lines.
 
 Every worker appends JSON lines to its own trace (a :class:`TraceSink`): one
 ``InventoryRecord`` when it starts, a ``RestoreRecord`` when it resumes, an ``ArmRecord``
@@ -6,33 +6,21 @@ when it reaches the cut, and one ``StepRecord`` per optimizer step holding a dig
 exact value for every boundary of ``resumequal.spec.BOUNDARIES``. The comparator reads
 two legs' traces and walks the boundaries in order.
 
-Digests are bitwise: they cover dtype, shape and the raw bytes of each tensor, so ``-0.0``
-and ``0.0`` (or two NaN payloads) differ, while a non-contiguous view and its contiguous
-copy agree. The hash is xxh3-128, chosen by measurement (``bench/trace_overhead.py
---hashes``): it runs at memory speed, so per-step digests of a whole model and optimizer
-cost little next to the step itself, and each digest string names its algorithm.
-
-This module runs inside workers but must not import ``train``, ``state`` or
-``checkpoint``: it only observes what they hand it.
+This module is pure data and files: it imports no torch or numpy (the comparator's report
+assembly and the operator read traces), and nothing of ours but the spec and the errors.
+The digests are computed in :mod:`resumequal.trace.digest`, the inventory collected in
+:mod:`resumequal.trace.inventory`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import platform
-import random
-import socket
-import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Annotated, Any, Final, Literal, Protocol
 
-import numpy as np
-import torch
-import xxhash
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from resumequal.errors import TraceError
@@ -40,177 +28,22 @@ from resumequal.spec import BOUNDARIES, Omission
 
 logger = logging.getLogger(__name__)
 
-DIGEST_ALGORITHM: Final = "xxh3_128"
-
 __all__ = [
     "BOUNDARY_FIELDS",
-    "DIGEST_ALGORITHM",
     "ArmRecord",
     "BucketRecord",
     "InventoryRecord",
     "MicrostepRecord",
     "RestoreRecord",
+    "StartupRecord",
     "StepRecord",
     "TraceRecord",
     "TraceSink",
     "TraceWriter",
     "boundary_value",
-    "bucket_layout_digest",
-    "collect_inventory",
     "effective_steps",
-    "named_tensors_digest",
-    "optimizer_state_digest",
     "read_trace",
-    "relevant_env",
-    "rng_digests",
-    "tensor_digest",
 ]
-
-
-# --------------------------------------------------------------------------- digests
-
-# Every item fed to the hasher is tagged and length-prefixed, so no two different
-# sequences of (name, tensor, value) can produce the same byte stream.
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-
-
-def _feed_bytes(h: xxhash.xxh3_128, tag: bytes, data: bytes) -> None:
-    h.update(tag + _U64.pack(len(data)))
-    h.update(data)
-
-
-# dtypes whose tensors .numpy() can view directly; others are viewed as raw uint8 first.
-_NUMPY_DTYPES: Final = frozenset(
-    {
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-    }
-)
-
-
-@functools.lru_cache(maxsize=4096)
-def _tensor_prefix(dtype: torch.dtype, shape: torch.Size, nbytes: int) -> bytes:
-    header = f"{dtype}|{tuple(shape)}".encode()
-    return b"T" + _U64.pack(len(header)) + header + b"B" + _U64.pack(nbytes)
-
-
-def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
-    # Per-tensor Python overhead, not hashing, dominates for models of many small tensors,
-    # so this path keeps the number of torch calls low.
-    t = t.detach()
-    # Lazy conjugate/negative views keep a flag instead of rewriting memory; resolve them
-    # so the digest sees the values the tensor stands for.
-    if t.is_conj() or t.is_neg():
-        t = t.resolve_conj().resolve_neg()
-    t = t.contiguous().cpu()
-    h.update(_tensor_prefix(t.dtype, t.shape, t.nbytes))
-    # Zero-copy: the ndarray shares the tensor's memory and exports it as a buffer.
-    if t.dtype in _NUMPY_DTYPES:
-        h.update(t.numpy().data)
-    else:
-        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-
-
-def _feed_value(h: xxhash.xxh3_128, value: object) -> None:
-    """Feed tensors by bytes, containers structurally, anything else by its repr."""
-    if isinstance(value, torch.Tensor):
-        _feed_tensor(h, value)
-    elif isinstance(value, np.ndarray):
-        _feed_bytes(h, b"A", f"{value.dtype.str}|{value.shape}|{value.nbytes}".encode())
-        h.update(np.ascontiguousarray(value).data)
-    elif isinstance(value, Mapping):
-        h.update(b"D" + _U32.pack(len(value)))
-        for key in sorted(value, key=repr):
-            _feed_bytes(h, b"K", repr(key).encode())
-            _feed_value(h, value[key])
-    elif isinstance(value, list | tuple):
-        h.update(b"L" + _U32.pack(len(value)))
-        for item in value:
-            _feed_value(h, item)
-    else:
-        # repr of a float is its shortest exact round-trip form, so this stays bitwise.
-        _feed_bytes(h, b"R", repr(value).encode())
-
-
-def _finish(h: xxhash.xxh3_128) -> str:
-    return f"{DIGEST_ALGORITHM}:{h.hexdigest()}"
-
-
-def tensor_digest(t: torch.Tensor) -> str:
-    """Digest of one tensor's dtype, shape and raw bytes."""
-    h = xxhash.xxh3_128()
-    _feed_tensor(h, t)
-    return _finish(h)
-
-
-def named_tensors_digest(items: Iterable[tuple[str, torch.Tensor | None]]) -> str:
-    """Digest of named tensors in the given order; ``None`` (e.g. a param without grad) counts."""
-    h = xxhash.xxh3_128()
-    for name, t in items:
-        _feed_bytes(h, b"N", name.encode())
-        if t is None:
-            h.update(b"0")
-        else:
-            _feed_tensor(h, t)
-    return _finish(h)
-
-
-_NOT_OPTIMIZER_STATE = frozenset({"params", "lr", "initial_lr"})
-
-
-def optimizer_state_digest(optimizer: torch.optim.Optimizer) -> str:
-    """Digest of the optimizer's per-parameter state and its param-group hyperparameters.
-
-    The learning rate is left out: the scheduler rewrites it after every step, and it is a
-    boundary of its own (the lr each update used), so a wrong schedule shows up as "lr".
-    """
-    sd = optimizer.state_dict()
-    h = xxhash.xxh3_128()
-    state: dict[int, dict[str, Any]] = sd["state"]
-    h.update(b"S" + _U32.pack(len(state)))
-    for index in sorted(state):
-        _feed_bytes(h, b"P", str(index).encode())
-        _feed_value(h, state[index])
-    groups: list[dict[str, Any]] = sd["param_groups"]
-    h.update(b"G" + _U32.pack(len(groups)))
-    for group in groups:
-        _feed_value(h, {k: v for k, v in group.items() if k not in _NOT_OPTIMIZER_STATE})
-    return _finish(h)
-
-
-def rng_digests() -> dict[str, str]:
-    """Digests of the global RNG states: python, numpy, torch, and cuda:N once CUDA is up."""
-    out: dict[str, str] = {}
-
-    version, words, gauss_next = random.getstate()
-    h = xxhash.xxh3_128()
-    _feed_bytes(h, b"R", repr((version, gauss_next)).encode())
-    _feed_bytes(h, b"W", struct.pack(f"<{len(words)}I", *words))
-    out["python"] = _finish(h)
-
-    h = xxhash.xxh3_128()
-    _feed_value(h, np.random.get_state())
-    out["numpy"] = _finish(h)
-
-    out["torch"] = tensor_digest(torch.get_rng_state())
-
-    # Asking for CUDA states before CUDA is initialised would initialise it; a worker that
-    # never touched CUDA has no CUDA randomness to compare.
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        for device in range(torch.cuda.device_count()):
-            out[f"cuda:{device}"] = tensor_digest(torch.cuda.get_rng_state(device))
-    return out
-
 
 # --------------------------------------------------------------------------- records
 
@@ -237,12 +70,6 @@ class BucketRecord(_Record):
     numel: int
 
 
-def bucket_layout_digest(buckets: Iterable[BucketRecord]) -> str:
-    """Digest of an ordered bucket layout (bucket order, parameter order, sizes)."""
-    h = xxhash.xxh3_128()
-    for bucket in buckets:
-        _feed_value(h, (bucket.index, bucket.numel, bucket.params))
-    return _finish(h)
 
 
 class StepRecord(_Record):
@@ -377,68 +204,6 @@ def boundary_value(record: StepRecord, boundary: str) -> object:
     return value
 
 
-# --------------------------------------------------------------------------- inventory
-
-_ENV_NAMES: Final = frozenset(
-    {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED"}
-)
-_ENV_PREFIXES: Final = ("NCCL_", "TORCH_", "GLOO_", "CUDA_")
-_SECRET_MARKERS: Final = ("KEY", "SECRET", "TOKEN", "PASSWORD", "CREDENTIAL")
-
-
-def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Env vars that can change numerics or communication, never secret-looking ones."""
-    environ = os.environ if environ is None else environ
-    out: dict[str, str] = {}
-    for name in sorted(environ):
-        upper = name.upper()
-        if any(marker in upper for marker in _SECRET_MARKERS):
-            continue
-        if name in _ENV_NAMES or name.startswith(_ENV_PREFIXES):
-            out[name] = environ[name]
-    return out
-
-
-def _nccl_version() -> str | None:
-    if not (torch.cuda.is_available() and torch.distributed.is_nccl_available()):
-        return None
-    version: tuple[Any, ...] = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
-    # (major, minor, patch) plus an optional build suffix such as "+cuda12.4".
-    return ".".join(str(v) for v in version[:3]) + "".join(str(v) for v in version[3:])
-
-
-def _cudnn_version() -> int | None:
-    if not torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
-        return None
-    version: int | None = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
-    return version
-
-
-def collect_inventory(rank: int, attempt: int) -> InventoryRecord:
-    """The runtime inventory of this process."""
-    return InventoryRecord(
-        rank=rank,
-        attempt=attempt,
-        pid=os.getpid(),
-        host=socket.gethostname(),
-        python=platform.python_version(),
-        torch=torch.__version__,
-        cuda=torch.version.cuda,
-        cudnn=_cudnn_version(),
-        nccl=_nccl_version(),
-        gloo=torch.distributed.is_available() and torch.distributed.is_gloo_available(),
-        numpy=np.__version__,
-        platform=platform.platform(),
-        num_threads=torch.get_num_threads(),
-        deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
-        cudnn_deterministic=bool(torch.backends.cudnn.deterministic),
-        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
-        float32_matmul_precision=torch.get_float32_matmul_precision(),
-        cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32),
-        env=relevant_env(),
-    )
-
-
 # --------------------------------------------------------------------------- files
 
 
@@ -525,3 +290,4 @@ def effective_steps(records: Iterable[TraceRecord], rank: int) -> dict[int, Step
         if isinstance(record, StepRecord) and record.rank == rank:
             steps[record.step] = record
     return dict(sorted(steps.items()))
+

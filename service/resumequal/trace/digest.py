@@ -1,0 +1,189 @@
+"""Exact digests of what a worker holds: tensors, named tensors, optimizer state, RNG states
+and a bucket layout.
+
+Digests are bitwise: they cover dtype, shape and the raw bytes of each tensor, so ``-0.0``
+and ``0.0`` (or two NaN payloads) differ, while a non-contiguous view and its contiguous
+copy agree. The hash is xxh3-128, chosen by measurement (``bench/trace_overhead.py
+--hashes``): it runs at memory speed, so per-step digests of a whole model and optimizer
+cost little next to the step itself, and each digest string names its algorithm.
+
+This is the torch side of the trace, run inside workers: it imports torch and numpy, and
+must not import ``train``, ``state`` or ``checkpoint`` (it only observes what they hand
+it). The records these digests go into live in :mod:`resumequal.trace.records`.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import numpy as np
+import torch
+import xxhash
+
+from resumequal.trace.records import BucketRecord
+
+DIGEST_ALGORITHM: Final = "xxh3_128"
+
+__all__ = [
+    "DIGEST_ALGORITHM",
+    "bucket_layout_digest",
+    "named_tensors_digest",
+    "optimizer_state_digest",
+    "rng_digests",
+    "tensor_digest",
+]
+
+# Every item fed to the hasher is tagged and length-prefixed, so no two different
+# sequences of (name, tensor, value) can produce the same byte stream.
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+def _feed_bytes(h: xxhash.xxh3_128, tag: bytes, data: bytes) -> None:
+    h.update(tag + _U64.pack(len(data)))
+    h.update(data)
+
+
+# dtypes whose tensors .numpy() can view directly; others are viewed as raw uint8 first.
+_NUMPY_DTYPES: Final = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_prefix(dtype: torch.dtype, shape: torch.Size, nbytes: int) -> bytes:
+    header = f"{dtype}|{tuple(shape)}".encode()
+    return b"T" + _U64.pack(len(header)) + header + b"B" + _U64.pack(nbytes)
+
+
+def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
+    # Per-tensor Python overhead, not hashing, dominates for models of many small tensors,
+    # so this path keeps the number of torch calls low.
+    t = t.detach()
+    # Lazy conjugate/negative views keep a flag instead of rewriting memory; resolve them
+    # so the digest sees the values the tensor stands for.
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    t = t.contiguous().cpu()
+    h.update(_tensor_prefix(t.dtype, t.shape, t.nbytes))
+    # Zero-copy: the ndarray shares the tensor's memory and exports it as a buffer.
+    if t.dtype in _NUMPY_DTYPES:
+        h.update(t.numpy().data)
+    else:
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
+def _feed_value(h: xxhash.xxh3_128, value: object) -> None:
+    """Feed tensors by bytes, containers structurally, anything else by its repr."""
+    if isinstance(value, torch.Tensor):
+        _feed_tensor(h, value)
+    elif isinstance(value, np.ndarray):
+        _feed_bytes(h, b"A", f"{value.dtype.str}|{value.shape}|{value.nbytes}".encode())
+        h.update(np.ascontiguousarray(value).data)
+    elif isinstance(value, Mapping):
+        h.update(b"D" + _U32.pack(len(value)))
+        for key in sorted(value, key=repr):
+            _feed_bytes(h, b"K", repr(key).encode())
+            _feed_value(h, value[key])
+    elif isinstance(value, list | tuple):
+        h.update(b"L" + _U32.pack(len(value)))
+        for item in value:
+            _feed_value(h, item)
+    else:
+        # repr of a float is its shortest exact round-trip form, so this stays bitwise.
+        _feed_bytes(h, b"R", repr(value).encode())
+
+
+def _finish(h: xxhash.xxh3_128) -> str:
+    return f"{DIGEST_ALGORITHM}:{h.hexdigest()}"
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """Digest of one tensor's dtype, shape and raw bytes."""
+    h = xxhash.xxh3_128()
+    _feed_tensor(h, t)
+    return _finish(h)
+
+
+def named_tensors_digest(items: Iterable[tuple[str, torch.Tensor | None]]) -> str:
+    """Digest of named tensors in the given order; ``None`` (e.g. a param without grad) counts."""
+    h = xxhash.xxh3_128()
+    for name, t in items:
+        _feed_bytes(h, b"N", name.encode())
+        if t is None:
+            h.update(b"0")
+        else:
+            _feed_tensor(h, t)
+    return _finish(h)
+
+
+_NOT_OPTIMIZER_STATE = frozenset({"params", "lr", "initial_lr"})
+
+
+def optimizer_state_digest(optimizer: torch.optim.Optimizer) -> str:
+    """Digest of the optimizer's per-parameter state and its param-group hyperparameters.
+
+    The learning rate is left out: the scheduler rewrites it after every step, and it is a
+    boundary of its own (the lr each update used), so a wrong schedule shows up as "lr".
+    """
+    sd = optimizer.state_dict()
+    h = xxhash.xxh3_128()
+    state: dict[int, dict[str, Any]] = sd["state"]
+    h.update(b"S" + _U32.pack(len(state)))
+    for index in sorted(state):
+        _feed_bytes(h, b"P", str(index).encode())
+        _feed_value(h, state[index])
+    groups: list[dict[str, Any]] = sd["param_groups"]
+    h.update(b"G" + _U32.pack(len(groups)))
+    for group in groups:
+        _feed_value(h, {k: v for k, v in group.items() if k not in _NOT_OPTIMIZER_STATE})
+    return _finish(h)
+
+
+def rng_digests() -> dict[str, str]:
+    """Digests of the global RNG states: python, numpy, torch, and cuda:N once CUDA is up."""
+    out: dict[str, str] = {}
+
+    version, words, gauss_next = random.getstate()
+    h = xxhash.xxh3_128()
+    _feed_bytes(h, b"R", repr((version, gauss_next)).encode())
+    _feed_bytes(h, b"W", struct.pack(f"<{len(words)}I", *words))
+    out["python"] = _finish(h)
+
+    h = xxhash.xxh3_128()
+    _feed_value(h, np.random.get_state())
+    out["numpy"] = _finish(h)
+
+    out["torch"] = tensor_digest(torch.get_rng_state())
+
+    # Asking for CUDA states before CUDA is initialised would initialise it; a worker that
+    # never touched CUDA has no CUDA randomness to compare.
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        for device in range(torch.cuda.device_count()):
+            out[f"cuda:{device}"] = tensor_digest(torch.cuda.get_rng_state(device))
+    return out
+
+
+def bucket_layout_digest(buckets: Iterable[BucketRecord]) -> str:
+    """Digest of an ordered bucket layout (bucket order, parameter order, sizes)."""
+    h = xxhash.xxh3_128()
+    for bucket in buckets:
+        _feed_value(h, (bucket.index, bucket.numel, bucket.params))
+    return _finish(h)
+
