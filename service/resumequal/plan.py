@@ -1,5 +1,10 @@
-"""Which legs a qualification runs: the control, the main preempted leg, negative controls,
-and the positive scenarios of a seed matrix. Pure data derived from the spec; no I/O.
+"""Which legs a qualification runs: the reference leg, the main preempted leg, negative
+controls, and the positive scenarios of a seed matrix. Pure data derived from the spec; no I/O.
+
+Each leg has a role: ``reference`` (runs uninterrupted; its folder is named ``control``, see
+:data:`~resumequal.spec.REFERENCE_LEG`), ``main`` (the preempted leg the verdict is about),
+``negative_control`` (a preempted leg that must be caught) or ``scenario`` (one positive
+scenario of a seed matrix).
 
 Negative controls are real preempted-and-restarted legs: the same cut and kill as the main
 leg, with one part of the state left out of the resume. The pending-gradients control
@@ -14,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from resumequal.spec import CONTROL_LEG, Omission, QualificationSpec, Scenario
+from resumequal.spec import REFERENCE_LEG, Omission, QualificationSpec, Scenario
 
-Role = Literal["reference", "main", "control", "scenario"]
+Role = Literal["reference", "main", "negative_control", "scenario"]
 
 REAL_LEG = "a real preempted-and-restarted leg"
 
@@ -58,21 +63,21 @@ class Plan:
         raise KeyError(name)
 
     @property
-    def controls(self) -> list[LegPlan]:
-        return [p for p in self.legs if p.role == "control"]
+    def negative_controls(self) -> list[LegPlan]:
+        return [p for p in self.legs if p.role == "negative_control"]
 
 
-def control_leg_name(omission: str) -> str:
+def negative_control_leg_name(omission: str) -> str:
     return "nc-" + omission.replace("_", "-")
 
 
-def reference(spec: QualificationSpec) -> LegPlan:
-    return LegPlan(CONTROL_LEG, "reference", spec)
+def reference_leg(spec: QualificationSpec) -> LegPlan:
+    return LegPlan(REFERENCE_LEG, "reference", spec)
 
 
 def qualification_plan(spec: QualificationSpec) -> Plan:
-    """The control, the main preempted leg, and the negative controls the spec asks for."""
-    legs = [reference(spec), LegPlan("preempted", "main", spec)]
+    """The reference leg, the main preempted leg, and the negative controls the spec asks for."""
+    legs = [reference_leg(spec), LegPlan("preempted", "main", spec)]
     not_run: list[NotRun] = []
     if spec.controls.enabled:
         p = spec.preemption
@@ -88,8 +93,8 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
                     leg_spec = spec.with_preemption(mode="graceful")
                     method = (f"{REAL_LEG}, graceful kill: its emergency checkpoint carries the "
                               "pending gradients the control then drops")
-            legs.append(LegPlan(control_leg_name(omission), "control", leg_spec, (omission,),
-                                method))
+            legs.append(LegPlan(negative_control_leg_name(omission), "negative_control",
+                                leg_spec, (omission,), method))
     return Plan(legs, not_run)
 
 
@@ -102,8 +107,8 @@ def scenario_spec(spec: QualificationSpec, scenario: Scenario) -> QualificationS
 
 
 def scenario_plan(spec: QualificationSpec) -> Plan:
-    """The control and one preempted leg per positive scenario of the matrix."""
-    legs = [reference(spec)]
+    """The reference leg and one preempted leg per positive scenario of the matrix."""
+    legs = [reference_leg(spec)]
     for scenario in spec.matrix.scenarios:
         legs.append(LegPlan(scenario, "scenario", scenario_spec(spec, scenario)))
     return Plan(legs)

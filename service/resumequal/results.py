@@ -293,7 +293,7 @@ _NOT_COMPARABLE = frozenset({"pid", "host", "rank", "attempt"})
 
 
 def inventory(run_dir: Path) -> dict[str, object]:
-    """The control leg's runtime inventory (rank 0), as the legs must agree on it."""
+    """The reference leg's runtime inventory (rank 0), as the legs must agree on it."""
     for rec in RunLocation.open(str(run_dir)).trace_records("control", 0):
         if rec.get("kind") == "inventory":
             return {k: v for k, v in rec.items() if k not in _NOT_COMPARABLE}

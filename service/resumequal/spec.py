@@ -80,7 +80,9 @@ class SpecError(ResumequalError, ValueError):
     (A ValueError too, for code that validates values of any origin.)"""
 
 
-CONTROL_LEG = "control"
+# The reference leg runs uninterrupted; the others are compared against it. Its folder (and
+# Kubernetes) name predates the word "reference" and is kept, as runs already stored use it.
+REFERENCE_LEG = "control"
 _LEG_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 

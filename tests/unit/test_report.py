@@ -19,7 +19,7 @@ from resumequal.report import (
     REPORT_HTML,
     REPORT_JSON,
     VERDICT_JSON,
-    LegProgress,
+    ProgressDisplay,
     print_summary,
     read_report,
     read_verdict,
@@ -578,7 +578,7 @@ def test_leg_progress_prints_plain_lines_without_a_terminal() -> None:
     out = io.StringIO()
     console = Console(file=out, width=100, force_terminal=False)
     clock = iter(float(t) for t in range(100))
-    with LegProgress(console, interval=5.0, clock=lambda: next(clock)) as progress:
+    with ProgressDisplay(console, interval=5.0, clock=lambda: next(clock)) as progress:
         progress.update("Launching", {"control": 0, "preempted": 0}, 12, 0)
         progress.update("Running", {"control": 1, "preempted": 1}, 12, 0)  # phase changed
         progress.update("Running", {"control": 2, "preempted": 2}, 12, 0)  # throttled
@@ -599,7 +599,7 @@ def test_leg_progress_prints_plain_lines_without_a_terminal() -> None:
 def test_leg_progress_draws_live_on_a_terminal() -> None:
     out = io.StringIO()
     console = Console(file=out, width=100, force_terminal=True)
-    with LegProgress(console) as progress:
+    with ProgressDisplay(console) as progress:
         progress.update("Running", {"control": 4, "preempted": 3}, 12, 1)
     text = out.getvalue()
     assert "Running" in text and "4/12" in text and "3/12" in text

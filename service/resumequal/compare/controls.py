@@ -1,8 +1,8 @@
 """Negative controls: each deliberately broken resume must be caught, or shown irrelevant.
 
-A control is *detected* when its leg, compared with the control leg like any preempted
-leg, FAILs. It is *not applicable* when the control leg's own trace shows the omitted
-state was never used in the compared window (the RNG states never advanced, the learning
+A negative control is *detected* when its leg, compared with the reference leg like any
+preempted leg, FAILs. It is *not applicable* when the reference leg's own trace shows the
+omitted state was never used in the compared window (the RNG states never advanced, the learning
 rate never changed, no gradient was pending at the resume) — the report gives that
 evidence. Otherwise the comparator is *blind* to that omission and the whole
 qualification is INVALID: its PASS has not been shown to mean anything.
@@ -15,7 +15,7 @@ from pathlib import Path
 from resumequal.compare.files import LegTrace, load_run_spec
 from resumequal.compare.judge import compare_run
 from resumequal.plan import LegPlan, NotRun, qualification_plan
-from resumequal.spec import QualificationSpec
+from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict
 
@@ -47,10 +47,10 @@ def compare_qualification(run_dir: Path, spec: QualificationSpec | None = None) 
         judged = [ControlOutcome(
             omission=leg.omit[0], leg=leg.name, method=leg.method, status="not_judged",
             mechanism="not judged: the main legs already differ before the kill")
-            for leg in plan.controls]
+            for leg in plan.negative_controls]
         return verdict.model_copy(update={
             "controls": judged + [_not_run(n) for n in plan.not_run]})
-    outcomes = [evaluate_control(run_dir, leg) for leg in plan.controls]
+    outcomes = [evaluate_control(run_dir, leg) for leg in plan.negative_controls]
     outcomes += [_not_run(n) for n in plan.not_run]
     if not outcomes:
         return verdict
@@ -83,7 +83,7 @@ def _not_run(n: NotRun) -> ControlOutcome:
 
 
 def evaluate_control(run_dir: Path, plan: LegPlan) -> ControlOutcome:
-    """Compare one control's leg with the control leg and classify the outcome."""
+    """Compare one negative control's leg with the reference leg and classify the outcome."""
     (omission,) = plan.omit
     v = compare_run(run_dir, plan.spec, leg=plan.name)
     def outcome(status: str, mechanism_: str, **extra: object) -> ControlOutcome:
@@ -132,9 +132,9 @@ def mechanism(v: Verdict) -> str:
 
 
 def not_applicable_evidence(run_dir: Path, plan: LegPlan, omission: str) -> str | None:
-    """What in the control leg's trace shows the omitted state never mattered, if anything."""
+    """What in the reference leg's trace shows the omitted state never mattered, if anything."""
     world = plan.spec.world.world_size
-    control = LegTrace.read(run_dir, "control", world)
+    control = LegTrace.read(run_dir, REFERENCE_LEG, world)
     steps = control.effective
     if omission == "rng":
         return _rng_still(steps)

@@ -127,7 +127,7 @@ def _final_drift(
 def compare_run(
     run_dir: Path, spec: QualificationSpec | None = None, *, leg: str = "preempted"
 ) -> Verdict:
-    """Compare the control leg of ``run_dir`` with a preempted leg (default: "preempted").
+    """Compare the reference leg of ``run_dir`` with a preempted leg (default: "preempted").
 
     ``spec`` defaults to the run's ``run.json``; for another leg (a scenario or a negative
     control) pass the spec that leg ran with, so its cut and kill mode are the ones judged.

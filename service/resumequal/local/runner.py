@@ -18,7 +18,7 @@ from resumequal.errors import ResumequalError
 from resumequal.local.backend import LocalBackend
 from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
-from resumequal.report.terminal import LegProgress
+from resumequal.report.terminal import ProgressDisplay
 from resumequal.results import (
     Timeline,
     build_report,
@@ -132,7 +132,7 @@ def _run_plan(
     backend = LocalBackend(spec, run_dir, location=location, judge=judge)
     q = Qualification(spec, backend, plan=plan, side_by_side=opts.side_by_side,
                       deliver_kill=opts.deliver_kill)
-    progress = LegProgress(console, legs=tuple(p.name for p in plan.legs))
+    progress = ProgressDisplay(console, legs=tuple(p.name for p in plan.legs))
 
     def on_tick(s: QualificationStatus) -> None:
         restarts = sum(max(0, leg.attempts - 1) for leg in s.legs.values())
@@ -151,7 +151,7 @@ def run_matrix(
     spec: QualificationSpec, opts: RunOptions, console: Console,
     location: RunLocation | None = None,
 ) -> Matrix:
-    """Each positive scenario, for each seed, against that seed's control leg."""
+    """Each positive scenario, for each seed, against that seed's reference leg."""
     # The comparator (DCP readers, drift statistics, and with them torch) is imported
     # when a comparison runs.
     from resumequal.compare import compare_run

@@ -17,13 +17,13 @@ from resumequal.report.files import (
     write_reports,
 )
 from resumequal.report.html import render_html
-from resumequal.report.terminal import LegProgress, print_summary
+from resumequal.report.terminal import ProgressDisplay, print_summary
 
 __all__ = [
     "REPORT_HTML",
     "REPORT_JSON",
     "VERDICT_JSON",
-    "LegProgress",
+    "ProgressDisplay",
     "print_summary",
     "read_report",
     "read_verdict",

@@ -1,7 +1,7 @@
 """The terminal: a compact verdict summary, and a live progress display while legs run.
 
 Both degrade for CI logs: rich drops colour when the console is not a terminal, and
-:class:`LegProgress` prints plain, throttled lines instead of redrawing a live display.
+:class:`ProgressDisplay` prints plain, throttled lines instead of redrawing a live display.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def _not_compared(v: Verdict) -> list[str]:
     return [b for b in BOUNDARIES if b in seen]
 
 
-class LegProgress:
+class ProgressDisplay:
     """Phase, steps done per leg and restarts, while a qualification runs.
 
     On a terminal it is a live display; otherwise (CI logs, files) it prints one plain
@@ -218,7 +218,7 @@ class LegProgress:
         }
         self._live: Live | None = None
 
-    def __enter__(self) -> LegProgress:
+    def __enter__(self) -> ProgressDisplay:
         self.start()
         return self
 

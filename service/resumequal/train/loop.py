@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
 from resumequal.errors import CheckpointError
 from resumequal.runstore import LegFiles
-from resumequal.spec import CONTROL_LEG, QualificationSpec, check_leg_name
+from resumequal.spec import REFERENCE_LEG, QualificationSpec, check_leg_name
 from resumequal.state import (
     Counters,
     LiveState,
@@ -115,7 +115,7 @@ def _params_digest(model: nn.Module) -> str:
     )
 
 
-class Leg:
+class Trainer:
     """Trains one leg in this process, from scratch or from the newest checkpoint."""
 
     def __init__(
@@ -140,7 +140,7 @@ class Leg:
         self.stop = StopFlag()
         cut = None
         # Every leg but the control is cut: the main preempted leg, scenarios, controls.
-        if leg != CONTROL_LEG:
+        if leg != REFERENCE_LEG:
             pre = spec.preemption
             cut = CutPoint(pre.step, pre.microstep, pre.rank, pre.at, spec.timeouts.arm_seconds)
         self.arming = Arming(

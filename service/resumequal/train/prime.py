@@ -2,7 +2,7 @@
 
 A freshly constructed DDP reducer starts with buckets in parameter order and rebuilds them
 from the gradient-ready order it observes during its first synchronised backward. The
-control leg rebuilds after step 1; a resumed leg would rebuild after its first resumed
+reference leg rebuilds after step 1; a resumed leg would rebuild after its first resumed
 step, so that step reduces with a different layout (on gloo with 3+ ranks, different
 bits). The prime runs one protected, non-optimising synthetic forward/backward through the
 normal loss path in every fresh process, asks the reducer to rebuild, and verifies that no

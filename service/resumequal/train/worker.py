@@ -17,7 +17,7 @@ from resumequal.runstore import RUN_FILE as RUN_FILE
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.train.distributed import destroy_process_group, init_process_group
-from resumequal.train.loop import Leg
+from resumequal.train.loop import Trainer
 from resumequal.train.preemption import EXIT_PREEMPTED, Preempted, check_not_failed
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def run_leg(
         # Checkpoints default to the run location itself; scratch holds only local copies.
         ckpt = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
                                    scratch, leg)
-        worker = Leg(spec, leg, files, placement, omit=omit, checkpoint_root=ckpt, trace=sink)
+        worker = Trainer(spec, leg, files, placement, omit=omit, checkpoint_root=ckpt, trace=sink)
         try:
             worker.run()
         except Preempted as e:
