@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from resumequal.errors import CheckpointError
 from resumequal.spec import OMISSIONS
+from resumequal.trace.records import StepPartial
 from resumequal.workloads.base import Workload
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class LiveState:
     rank: int
     world_size: int
     counters: Counters = field(default_factory=Counters)
-    trace_partial: dict[str, Any] | None = None
+    trace_partial: StepPartial | None = None
 
 
 def omitted_parts(omit: frozenset[str]) -> frozenset[str]:

@@ -34,8 +34,10 @@ from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
     InventoryRecord,
+    MicrostepPartial,
     MicrostepRecord,
     RestoreRecord,
+    StepPartial,
     StepRecord,
     TraceRecord,
     TraceWriter,
@@ -457,6 +459,17 @@ def test_unknown_kind_and_extra_fields_are_errors(tmp_path: Path) -> None:
 def test_missing_trace_raises_trace_error(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="cannot read trace"):
         read_trace(tmp_path / "absent.jsonl")
+
+
+def test_a_step_partial_holds_fields_of_its_step_record() -> None:
+    """A step in progress is saved as plain data and finished into records later: its keys
+    must stay the records' own."""
+    assert set(MicrostepPartial.__annotations__) == set(MicrostepRecord.model_fields)
+    assert set(StepPartial.__annotations__) <= set(StepRecord.model_fields)
+    partial = StepPartial(rng={"python": "x"}, started_at=1.0, microsteps=[
+        MicrostepPartial(index=0, sample_ids=[3, 4], loss=float("nan"))])
+    [micro] = [MicrostepRecord(**m) for m in partial["microsteps"]]
+    assert micro.sample_ids == [3, 4] and math.isnan(micro.loss)
 
 
 def test_restore_record_only_takes_known_omissions() -> None:

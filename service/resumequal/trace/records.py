@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Annotated, Any, Final, Literal, Protocol
+from typing import Annotated, Any, Final, Literal, Protocol, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -33,9 +33,11 @@ __all__ = [
     "ArmRecord",
     "BucketRecord",
     "InventoryRecord",
+    "MicrostepPartial",
     "MicrostepRecord",
     "RestoreRecord",
     "StartupRecord",
+    "StepPartial",
     "StepRecord",
     "TraceRecord",
     "TraceSink",
@@ -70,6 +72,26 @@ class BucketRecord(_Record):
     numel: int
 
 
+
+
+class MicrostepPartial(TypedDict):
+    """A finished microbatch of a step in progress: a :class:`MicrostepRecord` as plain data."""
+
+    index: int
+    sample_ids: list[int]
+    loss: float
+
+
+class StepPartial(TypedDict):
+    """A step in progress: what its :class:`StepRecord` takes from before the optimizer step.
+
+    Plain data, not a model: a checkpoint taken mid-step saves it with the rank state, and
+    the resumed rank finishes the step and its record from it.
+    """
+
+    rng: dict[str, str]
+    started_at: float
+    microsteps: list[MicrostepPartial]
 
 
 class StepRecord(_Record):

@@ -44,9 +44,11 @@ from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
+    MicrostepPartial,
     MicrostepRecord,
     RestoreRecord,
     StartupRecord,
+    StepPartial,
     StepRecord,
     TraceSink,
     TraceWriter,
@@ -271,8 +273,8 @@ class Trainer:
         t = self.spec.training
         accum = t.accumulation_steps
         if live.counters.microstep == 0 or live.trace_partial is None:
-            live.trace_partial = {"rng": rng_digests(), "started_at": time.time(),
-                                  "microsteps": []}
+            live.trace_partial = StepPartial(rng=rng_digests(), started_at=time.time(),
+                                             microsteps=[])
         self.recorder.reset()
         for m in range(live.counters.microstep, accum):
             self._settle_background_save(step)
@@ -289,7 +291,7 @@ class Trainer:
                     scaled = w.scaler.scale(scaled)
                 scaled.backward()
             live.trace_partial["microsteps"].append(
-                {"index": m, "sample_ids": list(mb.sample_ids), "loss": loss.item()}
+                MicrostepPartial(index=m, sample_ids=list(mb.sample_ids), loss=loss.item())
             )
             live.counters.microstep = m + 1
             live.counters.global_microstep += 1
