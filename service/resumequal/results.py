@@ -32,7 +32,7 @@ from resumequal.metrics import QualificationMetrics, push, write_textfile
 from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus, Reason
 from resumequal.report.files import write_reports
 from resumequal.runstore import METRICS_PROM, RunLocation, progress_of
-from resumequal.spec import QualificationSpec
+from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.verdict import (
     Cut,
     LegSummary,
@@ -49,7 +49,7 @@ from resumequal.verdict import (
 log = logging.getLogger(__name__)
 
 # The pair every report summarises: the reference leg and the main preempted leg.
-REPORTED_LEGS = ("control", MAIN_LEG)
+REPORTED_LEGS = (REFERENCE_LEG, MAIN_LEG)
 
 __all__ = [
     "Timeline",
@@ -294,7 +294,7 @@ _NOT_COMPARABLE = frozenset({"pid", "host", "rank", "attempt"})
 
 def inventory(run_dir: Path) -> dict[str, object]:
     """The reference leg's runtime inventory (rank 0), as the legs must agree on it."""
-    for rec in RunLocation.open(str(run_dir)).trace_records("control", 0):
+    for rec in RunLocation.open(str(run_dir)).trace_records(REFERENCE_LEG, 0):
         if rec.get("kind") == "inventory":
             return {k: v for k, v in rec.items() if k not in _NOT_COMPARABLE}
     return {}

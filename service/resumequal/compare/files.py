@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from resumequal.checkpoint import checkpoint_location
 from resumequal.checkpoint.layout import Position
 from resumequal.errors import CheckpointError, StoreError, TraceError
-from resumequal.spec import QualificationSpec, SpecError, format_validation_error
+from resumequal.spec import REFERENCE_LEG, QualificationSpec, SpecError, format_validation_error
 from resumequal.trace.records import (
     ArmRecord,
     InventoryRecord,
@@ -31,7 +31,7 @@ from resumequal.trace.records import (
 )
 
 RUN_FILE = "run.json"
-LEGS: tuple[str, str] = ("control", "preempted")
+LEGS: tuple[str, str] = (REFERENCE_LEG, "preempted")
 
 _R = TypeVar("_R", StepRecord, InventoryRecord, RestoreRecord, ArmRecord)
 

@@ -28,7 +28,7 @@ from resumequal.compare.validity import (
 )
 from resumequal.compare.walk import Point, Rules, Steps, loss_deltas, summarise, walk
 from resumequal.errors import CheckpointError
-from resumequal.spec import BOUNDARIES, Boundary, QualificationSpec
+from resumequal.spec import BOUNDARIES, REFERENCE_LEG, Boundary, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.verdict import (
     Cut,
@@ -109,7 +109,8 @@ def _final_drift(
     name = "final_checkpoints"
     with tempfile.TemporaryDirectory(prefix="resumequal-final-") as scratch:
         try:
-            roots = {"control": final_checkpoint_root(spec, run_dir, "control", Path(scratch)),
+            reference = final_checkpoint_root(spec, run_dir, REFERENCE_LEG, Path(scratch))
+            roots = {"control": reference,
                      "preempted": final_checkpoint_root(spec, run_dir, leg, Path(scratch))}
         except CheckpointError as e:
             return ValidityCheck(name=name, ok=False,
@@ -136,7 +137,7 @@ def compare_run(
     world = spec.world.world_size
     steps = spec.training.steps
     ranks = list(range(world))
-    control = LegTrace.read(run_dir, "control", world)
+    control = LegTrace.read(run_dir, REFERENCE_LEG, world)
     preempted = LegTrace.read(run_dir, leg, world)
     attempt = resumed_attempt(preempted)
     restore = next((r for r in preempted.of(RestoreRecord) if r.attempt == attempt), None)

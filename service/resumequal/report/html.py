@@ -17,7 +17,7 @@ from html import escape
 from typing import Any, TypeVar
 
 from resumequal.report import svg
-from resumequal.spec import BOUNDARIES
+from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import (
     BoundaryRow,
     ControlOutcome,
@@ -36,7 +36,7 @@ VERDICT_COLORS: dict[Result, str] = {
     Result.NONDETERMINISTIC: "#d97706",
     Result.INVALID: "#6e7781",
 }
-LEG_COLORS = {"control": "#0969da", "preempted": "#e36209"}
+LEG_COLORS = {REFERENCE_LEG: "#0969da", "preempted": "#e36209"}
 KILL_COLOR = "#cf222e"
 RESUME_COLOR = "#8250df"
 FIRST_DIVERGENCE_ID = "first-divergence"
@@ -250,7 +250,7 @@ def _loss_chart(
     report: Report, markers: Sequence[svg.Marker], x_domain: tuple[float, float]
 ) -> str:
     series = []
-    for leg in sorted(report.legs, key=lambda leg: leg.name != "control"):
+    for leg in sorted(report.legs, key=lambda leg: leg.name != REFERENCE_LEG):
         preempted = leg.name == "preempted"
         series.append(
             svg.Series(

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from resumequal.spec import BOUNDARIES
+from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 VERDICT_STYLES: dict[Result, str] = {
@@ -192,7 +192,7 @@ class ProgressDisplay:
         self,
         console: Console,
         *,
-        legs: tuple[str, ...] = ("control", "preempted"),
+        legs: tuple[str, ...] = (REFERENCE_LEG, "preempted"),
         interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
