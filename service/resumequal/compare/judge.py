@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import cast
 
 from resumequal.checkpoint.layout import Position
 from resumequal.compare.drift import checkpoint_drift, is_exact
@@ -50,7 +49,7 @@ def _divergence(point: Point, control: Steps, preempted: Steps, before_cut: bool
     a = control[point.rank][point.step]
     b = preempted[point.rank][point.step]
     ca, pb = summarise(point.boundary, a, b)
-    return Divergence(step=point.step, boundary=cast(Boundary, point.boundary), rank=point.rank,
+    return Divergence(step=point.step, boundary=point.boundary, rank=point.rank,
                       control=ca, preempted=pb, before_cut=before_cut)
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from resumequal.compare.drift import values_equal
-from resumequal.spec import BOUNDARIES, ComparisonSpec
+from resumequal.spec import BOUNDARIES, Boundary, ComparisonSpec
 from resumequal.trace.records import StepRecord, boundary_value
 from resumequal.verdict import BoundaryRow, DriftSummary, StepDelta
 from resumequal.words import count
@@ -84,7 +84,7 @@ class Rules:
         """Whether the spec asks to look at this boundary at all."""
         return boundary in self.comparison.boundaries
 
-    def status(self, boundary: str, a: StepRecord, b: StepRecord) -> Status:
+    def status(self, boundary: Boundary, a: StepRecord, b: StepRecord) -> Status:
         if not self.compares(boundary):
             return "not_compared"
         va, vb = boundary_value(a, boundary), boundary_value(b, boundary)
@@ -108,7 +108,7 @@ class Point:
     """One (step, boundary, rank) of the walk."""
 
     step: int
-    boundary: str
+    boundary: Boundary
     rank: int
 
 
@@ -192,7 +192,7 @@ def _first_index(xs: Sequence[object], ys: Sequence[object]) -> int:
     return min(len(xs), len(ys))
 
 
-def summarise(boundary: str, a: StepRecord, b: StepRecord) -> tuple[str, str]:
+def summarise(boundary: Boundary, a: StepRecord, b: StepRecord) -> tuple[str, str]:
     """Short descriptions of two legs' values at a boundary, pointing at what differs."""
     va, vb = boundary_value(a, boundary), boundary_value(b, boundary)
     if boundary in ("inputs", "loss"):

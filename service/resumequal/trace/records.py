@@ -24,7 +24,7 @@ from typing import Annotated, Any, Final, Literal, Protocol, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from resumequal.errors import TraceError
-from resumequal.spec import BOUNDARIES, Omission
+from resumequal.spec import BOUNDARIES, Boundary, Omission
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ _RECORD_ADAPTER: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)
 
 # --------------------------------------------------------------------------- boundaries
 
-BOUNDARY_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
+BOUNDARY_FIELDS: Final[Mapping[Boundary, str]] = MappingProxyType(
     {
         "inputs": "microsteps",
         "rng": "rng",
@@ -214,7 +214,7 @@ BOUNDARY_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
-def boundary_value(record: StepRecord, boundary: str) -> object:
+def boundary_value(record: StepRecord, boundary: Boundary) -> object:
     """What the comparator compares at ``boundary`` for one step record."""
     if boundary == "inputs":
         return [m.sample_ids for m in record.microsteps]
