@@ -1,12 +1,52 @@
-"""Fixtures shared by the unit tests."""
+"""The unit tier: pure logic, so every test here is refused a socket and a process (an
+attempt fails the test, naming it) and runs under a short timeout. What needs either
+belongs in tests/integration (or tests/emulator, tests/operator, tests/chart)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import platform
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
+
+UNIT_TIMEOUT_S = 30  # per test, unless it says otherwise (the fuzz tests do)
+
+# platform.platform() asks `uname -p` once per process and caches it: ask before the guard.
+platform.platform()
+
+
+class TouchedTheOutside(AssertionError):
+    """A unit test opened a socket or started a process."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A conftest's hook sees every collected item: only this folder's are unit tests.
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+
+
+@pytest.fixture(autouse=True)
+def _no_sockets_or_processes(monkeypatch: pytest.MonkeyPatch,
+                             request: pytest.FixtureRequest) -> None:
+    def refuse(what: str) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise TouchedTheOutside(f"{request.node.nodeid} {what}: that is no unit test")
+        return refused
+
+    monkeypatch.setattr(socket.socket, "connect", refuse("connected a socket"))
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse("connected a socket"))
+    monkeypatch.setattr(socket.socket, "bind", refuse("bound a socket"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
+    monkeypatch.setattr(os, "fork", refuse("forked"))
 
 
 @pytest.fixture(scope="module")

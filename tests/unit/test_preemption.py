@@ -333,6 +333,7 @@ def test_a_file_uri_with_a_host_is_refused_by_the_spec() -> None:
         _with_store("file://data/ckpts")
 
 
+@pytest.mark.usefixtures("aws_env")  # no credential lookup over the network
 def test_checkpoint_root_on_s3_is_a_remote_root(tmp_path: Path) -> None:
     root = checkpoint_root(_with_store("s3://bucket/prefix"), tmp_path, "control")
     assert isinstance(root, RemoteRoot)

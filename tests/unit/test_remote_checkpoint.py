@@ -216,6 +216,7 @@ def test_download_writes_a_local_checkpoint_that_verifies(tmp_path: Path) -> Non
 # --- spec -------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("aws_env")  # no credential lookup over the network
 def test_an_s3_store_with_its_settings_is_a_valid_spec(tmp_path: Path) -> None:
     spec = QualificationSpec.model_validate({"checkpoint": {
         "store": "s3://bucket/runs", "s3": {"endpoint_url": "http://127.0.0.1:9000/",
@@ -243,6 +244,7 @@ def test_a_bad_store_is_refused_naming_why(checkpoint: dict[str, Any], message: 
     assert "secret" not in str(info.value)
 
 
+@pytest.mark.usefixtures("aws_env")  # no credential lookup over the network
 def test_the_commit_backend_follows_the_store_not_its_scheme(tmp_path: Path) -> None:
     folder = checkpoint_location(f"file://{tmp_path}/ckpts", None, tmp_path / "run", "control")
     assert folder == FolderRoot(tmp_path / "ckpts" / "control" / "checkpoints")

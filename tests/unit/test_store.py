@@ -168,6 +168,7 @@ def test_temporary_files_are_not_listed(store: FileStore) -> None:
     assert not Path(store.root, "a").exists()
 
 
+@pytest.mark.usefixtures("aws_env")  # no credential lookup over the network
 def test_open_store_dispatches_on_scheme(tmp_path: Path) -> None:
     assert isinstance(open_store(str(tmp_path)), FileStore)
     assert isinstance(open_store(f"file://{tmp_path}"), FileStore)
@@ -242,6 +243,7 @@ def test_child_and_delete_all(store: FileStore, tmp_path: Path) -> None:
     assert FileStore(str(tmp_path / "absent")).delete_all() == 0
 
 
+@pytest.mark.usefixtures("aws_env")  # no credential lookup over the network
 def test_only_a_folder_store_is_a_local_folder(tmp_path: Path) -> None:
     assert FileStore(f"file://{tmp_path}/s").local_folder() == f"{tmp_path}/s"
     s3 = S3Store("s3://bucket/runs", S3Config(endpoint_url="http://127.0.0.1:9"))

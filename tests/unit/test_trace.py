@@ -7,8 +7,6 @@ import logging
 import math
 import random
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -486,27 +484,6 @@ def test_restore_record_only_takes_known_omissions() -> None:
                 "restored_at": 0.0,
             }
         )
-
-
-_KILL_AFTER_WRITE = """
-import os, signal, sys
-from resumequal.store.log import FileSink
-from resumequal.trace.records import ArmRecord, TraceWriter
-writer = TraceWriter(FileSink(sys.argv[1]))
-writer.write(ArmRecord(rank=1, attempt=0, step=6, microstep=1, pid=os.getpid(), armed_at=1.0))
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
-def test_a_record_survives_sigkill_right_after_write(tmp_path: Path) -> None:
-    path = tmp_path / "t.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-c", _KILL_AFTER_WRITE, str(path)], timeout=120, check=False
-    )
-    assert proc.returncode == -9
-    (record,) = read_trace(path)
-    assert isinstance(record, ArmRecord)
-    assert record.step == 6
 
 
 def test_effective_steps_takes_the_last_record_per_step(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from resumequal.compare.validity import (
     check_traces,
     resumed_attempt,
 )
-from resumequal.compare.walk import Point, Rules, Steps, loss_deltas, summarise, walk
+from resumequal.compare.walk import Point, Rules, Steps, Walk, loss_deltas, summarise, walk
 from resumequal.errors import CheckpointError
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, Boundary, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
@@ -134,8 +134,6 @@ def compare_run(
     """
     spec = spec if spec is not None else load_run_spec(run_dir)
     world = spec.world.world_size
-    steps = spec.training.steps
-    ranks = list(range(world))
     control = LegTrace.read(run_dir, REFERENCE_LEG, world)
     preempted = LegTrace.read(run_dir, leg, world)
     attempt = resumed_attempt(preempted)
@@ -151,19 +149,27 @@ def compare_run(
     checks = [check_traces(control, preempted), check_armed(spec, preempted, run_dir),
               check_restarted(preempted), check_restored_checkpoint(spec, preempted, attempt),
               check_restored_state(control, preempted, attempt),
-              check_steps(control, preempted, steps), check_inventory(control, preempted)]
+              check_steps(control, preempted, spec.training.steps),
+              check_inventory(control, preempted)]
     if not all(c.ok for c in checks):
         return invalid(checks)
-
-    final_check, measured = _final_drift(spec, run_dir, leg)
+    final_check, drift = _final_drift(spec, run_dir, leg)
     checks.append(final_check)
-    if measured is None:
+    if drift is None:
         return invalid(checks)
-    drift = measured
+    assert restore is not None  # check_restored_checkpoint passed
+    return _judge(spec, control, preempted, restore, drift, checks)
 
+
+def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
+           restore: RestoreRecord, drift: list[DriftSummary],
+           checks: list[ValidityCheck]) -> Verdict:
+    """The verdict of two valid legs: determinism before the cut, then the first divergence
+    after the resume, then the final checkpoints' drift."""
+    steps, world = spec.training.steps, spec.world.world_size
+    ranks = list(range(world))
     rules = Rules(spec.comparison, {d.group: d for d in drift})
     ctrl, pre = control.effective, preempted.effective
-    assert restore is not None  # check_restored_checkpoint passed
     resume_label = f"after the resume from {restore.checkpoint}"
     precut = _precut_steps(preempted, restore.step)
     early = walk(ctrl, precut, sorted({s for r in precut.values() for s in r}), ranks, rules,
@@ -172,10 +178,11 @@ def compare_run(
     deltas = loss_deltas(ctrl, pre, range(1, steps + 1))
 
     def verdict(outcome: Result, reason: str, first: Divergence | None, exact: int) -> Verdict:
-        return Verdict(result=outcome, reason=reason, cut=_cut(spec), resumed_from=resumed_from,
-                       first_divergence=first, exact_through_step=exact, checks=checks,
-                       drift=drift, loss_deltas=deltas, boundary_table=result.rows,
-                       steps_compared=steps, ranks_compared=world)
+        return Verdict(result=outcome, reason=reason, cut=_cut(spec),
+                       resumed_from=restore.checkpoint, first_divergence=first,
+                       exact_through_step=exact, checks=checks, drift=drift,
+                       loss_deltas=deltas, boundary_table=result.rows, steps_compared=steps,
+                       ranks_compared=world)
 
     if early is not None:
         div = _divergence(early, ctrl, precut, before_cut=True)
@@ -183,35 +190,35 @@ def compare_run(
                   f"({early.boundary}, rank {early.rank}) before the kill")
         return verdict(Result.NONDETERMINISTIC, reason, div,
                        min(result.exact_through, early.step - 1))
-
     if result.first is not None:
         p = result.first
         div = _divergence(p, ctrl, pre, before_cut=pre[p.rank][p.step].attempt == 0)
         reason = (f"first divergence at step {p.step}, boundary {p.boundary}, rank {p.rank}, "
                   f"{resume_label}")
         return verdict(Result.FAIL, reason, div, result.exact_through)
-
     fault = _drift_fault(drift, rules)
     if fault is not None:
         reason = (f"every boundary of {steps} steps matched, but the final checkpoints differ "
                   f"{resume_label}: {_drift_words(drift)}")
         return verdict(Result.FAIL, reason, _drift_divergence(fault, steps),
                        result.exact_through)
+    return verdict(Result.PASS, _pass_reason(spec, result, drift), None, result.exact_through)
 
+
+def _pass_reason(spec: QualificationSpec, result: Walk,
+                 drift: list[DriftSummary]) -> str:
+    """Why a PASS passed: exact, equal on fewer boundaries, or within the tolerances."""
+    steps, world = spec.training.steps, spec.world.world_size
     compared = spec.comparison.boundaries
     if len(compared) < len(BOUNDARIES):
-        reason = (f"equal on the compared boundaries ({', '.join(compared)}) of "
-                  f"{count(steps, 'step')} on {count(world, 'rank')}; the others were not "
-                  "looked at")
-    elif result.exact_through == steps and all(is_exact(d) for d in drift):
-        reason = (f"exact: every boundary of {count(steps, 'step')} on "
-                  f"{count(world, 'rank')} equal; "
-                  "final model and optimizer bitwise equal")
-    else:
-        relaxed = sorted({b for row in result.rows for b, s in row.status.items()
-                          if s == "within_tolerance"})
-        reason = (f"within tolerance: {count(steps, 'step')} on {count(world, 'rank')}, "
-                  "exact through step "
-                  f"{result.exact_through}; {', '.join(relaxed) or 'no boundary'} within the "
-                  f"declared tolerances; {_drift_words(drift)}")
-    return verdict(Result.PASS, reason, None, result.exact_through)
+        return (f"equal on the compared boundaries ({', '.join(compared)}) of "
+                f"{count(steps, 'step')} on {count(world, 'rank')}; the others were not "
+                "looked at")
+    if result.exact_through == steps and all(is_exact(d) for d in drift):
+        return (f"exact: every boundary of {count(steps, 'step')} on {count(world, 'rank')} "
+                "equal; final model and optimizer bitwise equal")
+    relaxed = sorted({b for row in result.rows for b, s in row.status.items()
+                      if s == "within_tolerance"})
+    return (f"within tolerance: {count(steps, 'step')} on {count(world, 'rank')}, exact "
+            f"through step {result.exact_through}; {', '.join(relaxed) or 'no boundary'} "
+            f"within the declared tolerances; {_drift_words(drift)}")

@@ -204,12 +204,8 @@ def delta_chart(
             f'fill="#82071e">NaN / ∞</text>'
         )
 
-    d0 = d1 = 0
+    d0, d1 = _decades(positive)
     if positive:
-        d0 = math.floor(math.log10(min(positive)))
-        d1 = math.ceil(math.log10(max(positive)))
-        if d1 == d0:
-            d1 += 1
         stride = max(1, math.ceil((d1 - d0) / 6))
         for d in range(d0, d1 + 1, stride):
             y = log_bottom - (d - d0) / (d1 - d0) * (log_bottom - log_top)
@@ -228,26 +224,38 @@ def delta_chart(
     parts.append(_y_label(frame, y_label))
     parts += _markers(frame, markers)
 
-    for x, v in points:
-        cx = frame.px(x)
-        if not math.isfinite(v):
-            cy, color = nonfinite_row, "#82071e"
-        elif v == 0:
-            cy, color = zero_row, "#1a7f37"
-        else:
-            cy = log_bottom - (math.log10(v) - d0) / (d1 - d0) * (log_bottom - log_top)
-            color = "#cf222e"
-            parts.append(
-                f'<line x1="{cx:.1f}" y1="{log_bottom + 6:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" '
-                f'stroke="{color}" stroke-width="1.5"/>'
-            )
-        parts.append(
-            f'<circle class="delta" cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="{color}">'
-            f"<title>step {escape(fmt(x))}: {escape(y_label)} = {escape(fmt(v))}</title>"
-            "</circle>"
-        )
+    rows = {"zero": zero_row, "nonfinite": nonfinite_row, "bottom": log_bottom, "top": log_top}
+    parts += [_delta_point(frame, x, v, y_label, rows, d0, d1) for x, v in points]
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _decades(positive: Sequence[float]) -> tuple[int, int]:
+    """The powers of ten the log scale spans (at least one decade; 0, 0 without values)."""
+    if not positive:
+        return 0, 0
+    d0 = math.floor(math.log10(min(positive)))
+    d1 = math.ceil(math.log10(max(positive)))
+    return d0, d1 + 1 if d1 == d0 else d1
+
+
+def _delta_point(frame: _Frame, x: float, v: float, y_label: str, rows: dict[str, float],
+                 d0: int, d1: int) -> str:
+    """One step's difference: on the zero row, the NaN row, or a stem on the log scale."""
+    cx, stem = frame.px(x), ""
+    if not math.isfinite(v):
+        cy, color = rows["nonfinite"], "#82071e"
+    elif v == 0:
+        cy, color = rows["zero"], "#1a7f37"
+    else:
+        bottom, top = rows["bottom"], rows["top"]
+        cy = bottom - (math.log10(v) - d0) / (d1 - d0) * (bottom - top)
+        color = "#cf222e"
+        stem = (f'<line x1="{cx:.1f}" y1="{bottom + 6:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" '
+                f'stroke="{color}" stroke-width="1.5"/>')
+    return (f'{stem}<circle class="delta" cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="{color}">'
+            f"<title>step {escape(fmt(x))}: {escape(y_label)} = {escape(fmt(v))}</title>"
+            "</circle>")
 
 
 def _open(chart_id: str, title: str, frame: _Frame) -> str:

@@ -42,8 +42,33 @@ def print_summary(
     """Print the verdict, the reason, where it diverged, drift, failing checks and files."""
     v = report.verdict
     lines: list[RenderableType] = [
-        Text.assemble((f" {v.result.value} ", VERDICT_STYLES[v.result]), "  ", v.reason)
+        Text.assemble((f" {v.result.value} ", VERDICT_STYLES[v.result]), "  ", v.reason),
+        _facts(report),
     ]
+    if v.controls:
+        lines.append(_controls_line(v))
+    if report.matrix is not None:
+        lines.append(_matrix_table(report.matrix))
+    failing = [c for c in v.checks if not c.ok]
+    if failing:
+        checks = Table.grid(padding=(0, 1))
+        for c in failing:
+            checks.add_row(Text("✗", style="red"), Text(c.name, style="bold"), Text(c.detail))
+        lines += [Text("failing checks", style="bold red"), checks]
+    if files:
+        paths = Table.grid(padding=(0, 2))
+        paths.add_column(style="dim")
+        for name, path in files.items():
+            # Folded, never cut with an ellipsis: people copy these.
+            paths.add_row(Text(name), Text(str(path), overflow="fold"))
+        lines.append(paths)
+    console.print(Panel(Group(*lines), title=Text(f"resumequal · {report.run}"),
+                        subtitle=Text(report.pin), border_style=_BORDER[v.result], expand=True))
+
+
+def _facts(report: Report) -> Table:
+    """The cut, the resume, how far it was exact, the first divergence and the drift."""
+    v = report.verdict
     # Every string from the report is wrapped in Text: rich would read "[...]" as markup.
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="dim")
@@ -64,49 +89,16 @@ def print_summary(
     if v.first_divergence is not None:
         d = v.first_divergence
         where = "before the cut" if d.before_cut else "after the cut"
-        fact(
-            "first divergence",
-            Text(f"step {d.step} · {d.boundary} · rank {d.rank} ({where})", style="bold red"),
-        )
+        fact("first divergence",
+             Text(f"step {d.step} · {d.boundary} · rank {d.rank} ({where})", style="bold red"))
         fact("", f"control {_short(d.control)}  vs  preempted {_short(d.preempted)}")
     if v.loss_deltas:
         worst = max(v.loss_deltas, key=lambda s: _sort_key(s.abs_diff))
         fact("max |Δ loss|", f"{worst.abs_diff:.6g} (step {worst.step})")
     for g in v.drift:
-        fact(
-            f"{g.group} drift",
-            f"max |a-b| {g.max_abs_diff:.3g}  rel L2 {g.rel_l2:.3g}  "
-            f"mismatch {g.mismatch_fraction:.3g}",
-        )
-    lines.append(facts)
-    if v.controls:
-        lines.append(_controls_line(v))
-    if report.matrix is not None:
-        lines.append(_matrix_table(report.matrix))
-
-    failing = [c for c in v.checks if not c.ok]
-    if failing:
-        checks = Table.grid(padding=(0, 1))
-        for c in failing:
-            checks.add_row(Text("✗", style="red"), Text(c.name, style="bold"), Text(c.detail))
-        lines += [Text("failing checks", style="bold red"), checks]
-    if files:
-        paths = Table.grid(padding=(0, 2))
-        paths.add_column(style="dim")
-        for name, path in files.items():
-            # Folded, never cut with an ellipsis: people copy these.
-            paths.add_row(Text(name), Text(str(path), overflow="fold"))
-        lines.append(paths)
-
-    console.print(
-        Panel(
-            Group(*lines),
-            title=Text(f"resumequal · {report.run}"),
-            subtitle=Text(report.pin),
-            border_style=_BORDER[v.result],
-            expand=True,
-        )
-    )
+        fact(f"{g.group} drift", f"max |a-b| {g.max_abs_diff:.3g}  rel L2 {g.rel_l2:.3g}  "
+                                 f"mismatch {g.mismatch_fraction:.3g}")
+    return facts
 
 
 def _controls_line(v: Verdict) -> Text:
