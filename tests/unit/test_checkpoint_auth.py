@@ -10,6 +10,7 @@ here, no sockets; moto in tests/integration/test_checkpoint_auth.py) alike.
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from pathlib import Path
@@ -31,6 +32,7 @@ from resumequal.checkpoint.remote import COMMITTED
 from resumequal.compare.files import final_checkpoint_root
 from resumequal.compare.validity import check_final_checkpoints
 from resumequal.errors import CheckpointError
+from resumequal.local.backend import LocalBackend
 from resumequal.signing import KEY_ENV, key_from_env, new_key
 from resumequal.spec import parse_spec
 from resumequal.store import FileStore
@@ -218,3 +220,19 @@ def test_a_generated_key_is_usable_and_fresh() -> None:
     assert new_key() != new_key()
 
 
+
+
+def test_a_local_run_makes_a_key_for_its_legs_and_keeps_it_out_of_the_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(KEY_ENV)
+    LocalBackend(parse_spec({}), tmp_path / "run")
+    key = os.environ[KEY_ENV]
+    assert key_from_env() == key.encode() and len(key) == 64
+    for path in (tmp_path / "run").rglob("*"):
+        assert not path.is_file() or key.encode() not in path.read_bytes(), path
+
+
+def test_a_local_run_keeps_the_callers_key(tmp_path: Path, checkpoint_key: str) -> None:
+    LocalBackend(parse_spec({}), tmp_path / "run")
+    assert os.environ[KEY_ENV] == checkpoint_key
