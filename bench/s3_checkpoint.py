@@ -44,8 +44,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
 from botocore.config import Config  # type: ignore[import-untyped]
+from pydantic import BaseModel, ConfigDict
 
 from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot, checkpoint_location
+from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import S3Spec
 from resumequal.store import S3Config
 from s3_upload import moto_server  # the same loopback moto launcher
@@ -149,6 +151,14 @@ def report(label: str, mb: float, mine: list[float], base: list[float], base_lab
           f"ratio {ratio:.2f}{extra}")
 
 
+class BenchRankState(BaseModel):
+    """A small rank state, as the training loop's is: a counter and an RNG state."""
+
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+    step: int
+    rng: bytes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=300, help="state size in MB")
@@ -156,6 +166,7 @@ def main() -> None:
     args = parser.parse_args()
     quiet()
     dummy_credentials()
+    os.environ.setdefault(KEY_ENV, new_key())  # checkpoints are signed, as in a run
 
     state = make_state(args.mb)
     nbytes = state_bytes(state)
@@ -171,7 +182,7 @@ def main() -> None:
         local = tmp / "local-dcp"
         down = tmp / "raw-down"
         down.mkdir()
-        rank_state = {"step": 0, "rng": torch.get_rng_state()}
+        rank_state = BenchRankState(step=0, rng=torch.get_rng_state().numpy().tobytes())
 
         def local_write() -> None:
             shutil.rmtree(local, ignore_errors=True)
@@ -206,7 +217,7 @@ def main() -> None:
             def ours_load(position: Position = position) -> None:
                 name = manager.newest()
                 assert name == position.name, (name, position)
-                loaded = manager.load(name, lambda _: zeros_like_state(state))
+                loaded = manager.load(name, lambda _: zeros_like_state(state), BenchRankState)
                 assert torch.equal(loaded.tensors["g0.t00"], state["g0.t00"])
 
             # Who goes first alternates, so load from elsewhere hits both sides alike.

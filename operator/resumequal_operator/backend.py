@@ -19,10 +19,20 @@ from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import LegPlan, Plan
 from resumequal.qualify import Beacon, LegObservation, LegState, kill_order
 from resumequal.runstore import RunLocation
+from resumequal.signing import new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
 from resumequal_operator import pytorchjob
-from resumequal_operator.kube import JOBS, PODS, PYTORCHJOBS, Conflict, Kube, NotFound, Obj
+from resumequal_operator.kube import (
+    JOBS,
+    PODS,
+    PYTORCHJOBS,
+    SECRETS,
+    Conflict,
+    Kube,
+    NotFound,
+    Obj,
+)
 from resumequal_operator.resource import QualificationRunSpec
 
 log = logging.getLogger(__name__)
@@ -86,9 +96,23 @@ class KubernetesBackend:
 
     # -- Backend -------------------------------------------------------------------------
 
+    def ensure_checkpoint_key(self) -> None:
+        """Create the run's Secret with a fresh random checkpoint key, unless an earlier
+        reconcile did (the name is the run's: a conflict is that Secret). The key is never
+        logged, nor read back: only the pods read it."""
+        r = self.run
+        body = pytorchjob.checkpoint_key_secret(r.name, r.namespace, r.uid, new_key())
+        try:
+            self.kube.create(SECRETS, r.namespace, body)
+        except Conflict:
+            return
+        log.info("%s/%s: created the checkpoint key Secret %s", r.namespace, r.name,
+                 body["metadata"]["name"])
+
     def launch_leg(self, plan: LegPlan) -> None:
         self.location.write_spec(self.spec)
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
+        self.ensure_checkpoint_key()
         r = self.run
         body = pytorchjob.leg_job(r.name, r.namespace, r.uid, self.run_spec, plan,
                                   self.location.uri)
@@ -209,6 +233,7 @@ class KubernetesBackend:
             job = self.kube.get(JOBS, self.run.namespace, name)
         except NotFound:
             r = self.run
+            self.ensure_checkpoint_key()  # there since the legs; a conflict then
             body = pytorchjob.comparator_job(r.name, r.namespace, r.uid, self.run_spec,
                                              self.location.uri)
             try:

@@ -82,6 +82,7 @@ QUALIFICATION_RUNS = Kind("resumequal.dev", "v1alpha1", "qualificationruns")
 PYTORCHJOBS = Kind("kubeflow.org", "v1", "pytorchjobs")
 JOBS = Kind("batch", "v1", "jobs")
 PODS = Kind("", "v1", "pods")
+SECRETS = Kind("", "v1", "secrets")
 EVENTS = Kind("", "v1", "events")
 LEASES = Kind("coordination.k8s.io", "v1", "leases")
 

@@ -28,17 +28,22 @@ choices below follow from it:
   event, on which the job's deadline fails the job. The operator's timeouts fire first.
 - Pods meet the Pod Security "restricted" profile by default (``spec.security``).
 - S3 credentials only as ``secretKeyRef`` to ``store.credentialsSecret``; never inlined.
+- The checkpoint key (:mod:`resumequal.signing`) only as ``secretKeyRef`` to the run's own
+  Secret (:func:`checkpoint_key_secret`: a random key, owned by the run so the garbage
+  collector deletes it with the run), in the leg pods and the comparator alike.
   No Kubernetes API token is mounted: nothing in the pods talks to the API server.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import re
 from typing import Any
 
 from resumequal.plan import LegPlan, leg_module_args, rdzv_conf
+from resumequal.signing import KEY_ENV
 from resumequal.store import ADDRESSING_STYLE_ENV
 from resumequal_operator.resource import (
     API_VERSION,
@@ -67,6 +72,8 @@ MAX_JOB_NAME = 50
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 OPTIONAL_SECRET_KEYS = ("AWS_SESSION_TOKEN",)
+# The data key of the checkpoint key in a run's Secret.
+CHECKPOINT_KEY = "checkpoint-key"
 
 
 def _digest(*parts: str, n: int = 8) -> str:
@@ -120,8 +127,34 @@ def owner_reference(run_name: str, uid: str) -> Obj:
             "controller": True, "blockOwnerDeletion": True}
 
 
-def _env(spec: QualificationRunSpec) -> list[Obj]:
+def checkpoint_key_secret_name(run_name: str, uid: str) -> str:
+    """``<run>-checkpoint-key-<hash>``: the run's Secret holding its checkpoint key."""
+    return _dns_name(f"{run_name}-checkpoint-key", (uid, "checkpoint-key"), limit=63)
+
+
+def checkpoint_key_secret(run_name: str, namespace: str, uid: str, key: str) -> Obj:
+    """The v1 Secret holding a run's checkpoint ``key``, owned by the run."""
+    meta_labels = labels(run_name, uid)
+    meta_labels[COMPONENT] = "checkpoint-key"
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": checkpoint_key_secret_name(run_name, uid),
+            "namespace": namespace,
+            "labels": meta_labels,
+            "ownerReferences": [owner_reference(run_name, uid)],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {CHECKPOINT_KEY: base64.b64encode(key.encode()).decode()},
+    }
+
+
+def _env(spec: QualificationRunSpec, run_name: str, uid: str) -> list[Obj]:
     env: list[Obj] = [
+        {"name": KEY_ENV, "valueFrom": {"secretKeyRef": {
+            "name": checkpoint_key_secret_name(run_name, uid), "key": CHECKPOINT_KEY}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE",
          "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -231,7 +264,8 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
     w = leg.spec.world
     name = leg_job_name(run_name, uid, leg.name)
     meta_labels = labels(run_name, uid, leg.name)
-    env = [*_env(spec), {"name": "OMP_NUM_THREADS", "value": str(w.threads_per_rank)},
+    env = [*_env(spec, run_name, uid),
+           {"name": "OMP_NUM_THREADS", "value": str(w.threads_per_rank)},
            # A recreated pod never rejoins otherwise: with the rendezvous store shared
            # with the workers, the surviving rank-0 agent keeps its first round's store
            # address and never publishes it in the new round, where the new agent waits
@@ -300,7 +334,8 @@ def comparator_job(run_name: str, namespace: str, uid: str, spec: QualificationR
     """
     meta_labels = labels(run_name, uid)
     container = _container(spec, ["resumequal"],
-                           comparator_args(run_name, namespace, spec, run_uri), _env(spec),
+                           comparator_args(run_name, namespace, spec, run_uri),
+                           _env(spec, run_name, uid),
                            gpus=False)
     job_spec: Obj = {
         "backoffLimit": 0,

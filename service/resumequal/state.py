@@ -5,7 +5,8 @@ counters, pending gradients at a mid-accumulation cut, AMP scaler) and how a res
 deliberately leave parts out. Knows nothing about files, stores or commit protocols.
 
 The state is split in two: tensors that DCP writes (model, optimizer, rank-keyed pending
-gradients) and a per-rank mapping of plain Python values. DCP treats plain tensors saved
+gradients) and a per-rank :class:`RankState` of plain values, stored as JSON (RNG states
+included: their bytes and integers, never a pickle). DCP treats plain tensors saved
 under the same key on every rank as replicated and restores rank 0's copy everywhere, so
 anything rank-local is keyed by rank or kept in the per-rank mapping.
 """
@@ -15,10 +16,11 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final, Literal, cast
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -33,21 +35,8 @@ from resumequal.workloads.base import Workload
 
 log = logging.getLogger(__name__)
 
-RANK_STATE_FORMAT = 1
-_RANK_STATE_KEYS = frozenset(
-    {
-        "format",
-        "rank",
-        "world_size",
-        "counters",
-        "rng",
-        "data_cursor",
-        "scheduler",
-        "scaler",
-        "trace_partial",
-        "pending_grads",
-    }
-)
+# 2: JSON (1 was a pickle, never loaded again).
+RANK_STATE_FORMAT: Final = 2
 
 # What each omission leaves out of a restore. Counters are always restored: they position
 # the loop, and every resume implementation stores at least the step it stopped at.
@@ -85,6 +74,100 @@ class LiveState:
     world_size: int
     counters: Counters = field(default_factory=Counters)
     trace_partial: StepPartial | None = None
+
+
+class _Strict(BaseModel):
+    # NaN and infinities (a diverging loss) survive the JSON round trip as constants.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants",
+                              ser_json_bytes="base64", val_json_bytes="base64")
+
+
+class PythonRng(_Strict):
+    """``random.getstate()``."""
+
+    version: int
+    state: list[int]
+    gauss_next: float | None
+
+
+class NumpyRng(_Strict):
+    """``np.random.get_state()`` (the legacy global MT19937)."""
+
+    bit_generator: str
+    key: list[int]
+    pos: int
+    has_gauss: int
+    cached_gaussian: float
+
+
+class RngState(_Strict):
+    """Every RNG state of a rank, as plain values: Python, NumPy, torch CPU, each CUDA
+    device (torch's states are their bytes)."""
+
+    python: PythonRng
+    numpy: NumpyRng
+    torch: bytes
+    cuda: list[bytes] | None = None
+
+    @classmethod
+    def of(cls, rng: dict[str, Any]) -> RngState:
+        """From a mapping made by :func:`capture_rng`."""
+        version, state, gauss_next = rng["python"]
+        name, key, pos, has_gauss, cached = rng["numpy"]
+        cuda = rng.get("cuda")
+        return cls(
+            python=PythonRng(version=version, state=list(state), gauss_next=gauss_next),
+            numpy=NumpyRng(bit_generator=name, key=[int(k) for k in key], pos=int(pos),
+                           has_gauss=int(has_gauss), cached_gaussian=float(cached)),
+            torch=rng["torch"].numpy().tobytes(),
+            cuda=None if cuda is None else [t.numpy().tobytes() for t in cuda],
+        )
+
+    def live(self) -> dict[str, Any]:
+        """The mapping :func:`restore_rng` takes."""
+        n = self.numpy
+        rng: dict[str, Any] = {
+            "python": (self.python.version, tuple(self.python.state), self.python.gauss_next),
+            "numpy": (n.bit_generator, np.array(n.key, dtype=np.uint32), n.pos, n.has_gauss,
+                      n.cached_gaussian),
+            "torch": _byte_tensor(self.torch),
+        }
+        if self.cuda is not None:
+            rng["cuda"] = [_byte_tensor(b) for b in self.cuda]
+        return rng
+
+
+def _byte_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+class CounterState(_Strict):
+    step: int
+    microstep: int
+    global_microstep: int
+
+
+class RankState(_Strict):
+    """The per-rank part of a checkpoint: everything but the tensors DCP writes.
+
+    The data cursor, scheduler and scaler states are whatever their objects'
+    ``state_dict`` gives, which must be JSON values (a tuple comes back as a list).
+    """
+
+    format: Literal[2] = RANK_STATE_FORMAT
+    rank: int
+    world_size: int
+    counters: CounterState
+    rng: RngState
+    # Any, not JsonValue: a tuple is accepted (and comes back as a list); what JSON
+    # cannot hold fails when the checkpoint is saved, naming the rank state.
+    data_cursor: dict[str, Any]
+    scheduler: dict[str, Any] | None
+    scaler: dict[str, Any] | None
+    trace_partial: dict[str, Any] | None
+    # Names, not a flag: a parameter that got no gradient yet has none to restore.
+    pending_grads: list[str]
+
 
 
 def omitted_parts(omit: frozenset[str]) -> frozenset[str]:
@@ -159,51 +242,32 @@ def pending_grads_template(live: LiveState, names: list[str]) -> dict[str, Any]:
     }
 
 
-def rank_state(live: LiveState) -> dict[str, Any]:
-    """The per-rank plain-Python part of the state."""
+def rank_state(live: LiveState) -> RankState:
+    """The per-rank plain-value part of the state."""
     w = live.workload
-    return {
-        "format": RANK_STATE_FORMAT,
-        "rank": live.rank,
-        "world_size": live.world_size,
-        "counters": asdict(live.counters),
-        "rng": capture_rng(),
-        "data_cursor": w.dataset.state_dict(),
-        "scheduler": w.scheduler.state_dict() if w.scheduler is not None else None,
-        "scaler": w.scaler.state_dict() if w.scaler is not None else None,
-        "trace_partial": live.trace_partial,
-        # Names, not a flag: a parameter that got no gradient yet has none to restore.
-        "pending_grads": sorted(
+    return RankState(
+        rank=live.rank,
+        world_size=live.world_size,
+        counters=CounterState(**asdict(live.counters)),
+        rng=RngState.of(capture_rng()),
+        data_cursor=w.dataset.state_dict(),
+        scheduler=w.scheduler.state_dict() if w.scheduler is not None else None,
+        scaler=w.scaler.state_dict() if w.scaler is not None else None,
+        trace_partial=live.trace_partial,
+        pending_grads=sorted(
             n for n, p in _unwrapped(live.model).named_parameters() if p.grad is not None
         ) if live.counters.microstep > 0 else [],
-    }
-
-
-def check_rank_state(state: dict[str, Any], source: str) -> None:
-    """Strict shape check of a loaded per-rank mapping; errors name the key."""
-    missing = sorted(_RANK_STATE_KEYS - set(state))
-    unexpected = sorted(set(state) - _RANK_STATE_KEYS)
-    if missing:
-        raise CheckpointError(f"{source}: missing key(s) in rank state: {', '.join(missing)}")
-    if unexpected:
-        raise CheckpointError(
-            f"{source}: unexpected key(s) in rank state: {', '.join(unexpected)}"
-        )
-    if state["format"] != RANK_STATE_FORMAT:
-        raise CheckpointError(
-            f"{source}: rank state format {state['format']!r}, expected {RANK_STATE_FORMAT}"
-        )
+    )
 
 
 def restore(
     live: LiveState,
     tensors: dict[str, Any],
-    ranks: dict[str, Any],
+    ranks: RankState,
     omit: frozenset[str],
     source: str,
 ) -> None:
     """Apply a loaded state to the live objects, leaving out what ``omit`` selects."""
-    check_rank_state(ranks, source)
     parts = omitted_parts(omit)
     w = live.workload
     try:
@@ -218,26 +282,27 @@ def restore(
         raise CheckpointError(f"{source}: model/optimizer state does not fit: {e}") from e
 
     w.optimizer.zero_grad(set_to_none=True)
-    if ranks["pending_grads"] and "pending_grads" not in parts:
+    if ranks.pending_grads and "pending_grads" not in parts:
         grads = tensors[_pending_key(live.rank)]["pending_grads"]
         for name, p in _unwrapped(live.model).named_parameters():
             if name in grads:
                 p.grad = grads[name].detach().clone()
 
     if "scheduler" not in parts:
-        _load_optional(w.scheduler, ranks["scheduler"], "scheduler", source)
+        _load_optional(w.scheduler, ranks.scheduler, "scheduler", source)
     if "scaler" not in parts:
-        _load_optional(w.scaler, ranks["scaler"], "scaler", source)
+        _load_optional(w.scaler, ranks.scaler, "scaler", source)
     if "data_cursor" not in parts:
         try:
-            w.dataset.load_state_dict(ranks["data_cursor"])
+            w.dataset.load_state_dict(ranks.data_cursor)
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source}: data cursor does not fit the dataset: {e}") from e
     if "rng" not in parts:
-        restore_rng(ranks["rng"])
-    c = ranks["counters"]
-    live.counters = Counters(c["step"], c["microstep"], c["global_microstep"])
-    live.trace_partial = ranks["trace_partial"]
+        restore_rng(ranks.rng.live())
+    c = ranks.counters
+    live.counters = Counters(c.step, c.microstep, c.global_microstep)
+    # Saved as the plain data the StepPartial TypedDict describes (it was written from one).
+    live.trace_partial = cast("StepPartial | None", ranks.trace_partial)
     if omit:
         log.warning("rank %d restored %s without: %s", live.rank, source, ", ".join(sorted(parts)))
 

@@ -66,7 +66,7 @@ def test_kill_during_a_background_save_resumes_from_the_previous_one(
     staged = root / ".staging" / "step-00000008.attempt-0"
     # Rank 1 has handed its write to the background and holds before the commit
     # collective, so step 8 cannot have been committed; step 4 was, before step 6.
-    assert (staged / "rank-1.pkl").exists()
+    assert (staged / "rank-1.json").exists()
     assert not (root / "step-00000008").exists()
     assert (root / "step-00000004" / "manifest.json").exists()
     legs.os.kill(beacon["pid"], signal.SIGKILL)

@@ -86,7 +86,7 @@ def test_kill_before_commit_leaves_checkpoint_uncommitted(
     root = tmp_path / "preempted" / "checkpoints"
     staged = root / ".staging" / "step-00000008.attempt-0"
     # Shards of both ranks are written; the commit has not happened.
-    assert (staged / "rank-1.pkl").exists()
+    assert (staged / "rank-1.json").exists()
     assert not (root / "step-00000008").exists()
     legs.os.kill(beacon["pid"], signal.SIGKILL)
     assert lp.wait(240) == 0, lp.tail()

@@ -94,8 +94,8 @@ def test_a_kill_after_the_upload_before_the_marker_leaves_the_checkpoint_uncommi
     root = _root(moto_server, bucket, tmp_path, "preempted")
     # Rank 1 holds after uploading its shards; no manifest, no marker: not a checkpoint.
     held = _objects(root, STEP8)
-    assert {"dcp/__1_0.distcp", "rank-1.pkl"} <= held
-    assert not held & {"manifest.json", "COMMITTED"}
+    assert {"dcp/__1_0.distcp", "rank-1.json"} <= held
+    assert not held & {"manifest.json", "manifest.hmac", "COMMITTED"}
     assert remote.committed(root) == [Position(4)]
     legs.os.kill(beacon["pid"], signal.SIGKILL)
     assert lp.wait(240) == 0, lp.tail()

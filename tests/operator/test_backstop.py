@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from resumequal.plan import qualification_plan
+from resumequal.signing import new_key
 from resumequal_operator import pytorchjob
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from tests.kubeapi import KubeAPI
@@ -43,6 +44,10 @@ def test_a_hung_leg_is_stopped_by_its_pod_deadlines_without_the_operator(
     # The containers hang (they run until a signal); no operator is running.
     job = _leg_job("hung")
     name = job["metadata"]["name"]  # type: ignore[index]
+    # The run's checkpoint key, which the operator would have created with the legs.
+    secret = pytorchjob.checkpoint_key_secret("hung", NAMESPACE, "uid-1", new_key())
+    secret["metadata"].pop("ownerReferences")
+    kubeapi.create("secrets", secret)
     kubeapi.create("pytorchjobs", job)
     kubeapi.wait_for(lambda: len([p for p in training_operator.pods(NAMESPACE, name)
                                   if p["status"].get("phase") == "Running"]) == 2,

@@ -3,6 +3,8 @@ events, metrics; the timeouts; an operator restart mid-run; deletion and retenti
 
 from __future__ import annotations
 
+import base64
+import json
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ import pytest
 
 from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
+from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator
 from tests.exposition import scrape, value
@@ -140,6 +143,25 @@ def test_every_job_is_owned_valid_and_deleted_once_concluded(finished: Finished)
     assert len(api.created(PYTORCHJOBS.plural)) == 2 and len(api.created(JOBS.plural)) == 1
     validated = finished.admission.validated
     assert validated["PyTorchJob"] >= 2 and validated["Job"] >= 1 and validated["Event"] >= 6
+
+
+def test_the_checkpoint_key_is_a_secret_of_the_run_that_the_pods_reference(
+    finished: Finished,
+) -> None:
+    api, uid = finished.api, finished.run["metadata"]["uid"]
+    [secret] = api.created("secrets")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == uid  # deleted with the run
+    key = base64.b64decode(secret["data"][pytorchjob.CHECKPOINT_KEY]).decode()
+    assert len(key) >= 32
+    ref = {"secretKeyRef": {"name": secret["metadata"]["name"],
+                            "key": pytorchjob.CHECKPOINT_KEY}}
+    for obj in api.created(PYTORCHJOBS.plural) + api.created(JOBS.plural):
+        text = json.dumps(obj)
+        assert key not in text
+        assert json.dumps(ref)[1:-1] in text
+    # Never in the status nor the events.
+    assert key not in json.dumps(finished.status)
+    assert all(key not in json.dumps(e) for e in events(api, "nightly"))
 
 
 def test_metrics_follow_the_verdict(finished: Finished) -> None:

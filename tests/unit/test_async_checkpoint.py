@@ -8,7 +8,7 @@ rank, at most one save in flight. Plus the ``checkpoint.async`` spec key.
 
 from __future__ import annotations
 
-import pickle
+import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,6 +27,7 @@ from resumequal.checkpoint.manager import WriteState, commit_decision
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.errors import CheckpointError
 from resumequal.spec import SpecError, apply_overrides, parse_spec
+from tests.unit.rank_states import Plain
 from tests.unit.tensors import clone_tree
 
 FileSystemWriter = dcp.FileSystemWriter  # the real one, whatever a test patches
@@ -147,9 +148,9 @@ def test_a_manifest_written_before_the_write_finished_does_not_verify(
 ) -> None:
     """The hazard the commit collective prevents: commit on 'issued', not on 'written'."""
     model, optimizer = _trained()
-    staging = tmp_path / "staging"
+    staging = tmp_path / "step-00000001"  # verified under the name it is committed as
     staging.mkdir()
-    (staging / layout.rank_state_file(0)).write_bytes(pickle.dumps({"rank": 0}))
+    (staging / layout.rank_state_file(0)).write_bytes(b'{"rank": 0}')
     future = dcp.async_save(_state(model, optimizer),
                             storage_writer=dcp.FileSystemWriter(str(staging / layout.DCP_DIR)))
     assert gate.reached.wait(GATE_TIMEOUT)
@@ -174,13 +175,13 @@ def test_commit_waits_until_the_background_write_is_done(gate: Gate, tmp_path: P
     model, optimizer = _trained()
     expected = clone_tree(_state(model, optimizer))
     held: list[bool] = []
-    mgr.save_async(Position(1), _state(model, optimizer), {"cursor": 1},
+    mgr.save_async(Position(1), _state(model, optimizer), Plain(cursor=1),
                    info={"leg": "t"}, before_commit=lambda: held.append(True))
     assert held == [True]  # the hook for `preemption.at: checkpoint_commit`
     assert mgr.pending == Position(1)
     staging = layout.staging_path(tmp_path, Position(1), 0)
     # Written at save time, before any background work: this rank's plain state.
-    assert pickle.loads((staging / layout.rank_state_file(0)).read_bytes()) == {"cursor": 1}
+    assert json.loads((staging / layout.rank_state_file(0)).read_bytes()) == {"cursor": 1}
 
     assert gate.reached.wait(GATE_TIMEOUT)
     _step(model, optimizer)  # training goes on while the write is held
@@ -204,7 +205,7 @@ def test_a_failed_background_write_is_a_checkpoint_error(gate: Gate, tmp_path: P
     mgr = _manager(tmp_path)
     model, optimizer = _trained()
     gate.fail = OSError("disk full")
-    mgr.save_async(Position(4), _state(model, optimizer), {})
+    mgr.save_async(Position(4), _state(model, optimizer), Plain())
     gate.open.set()
     with pytest.raises(CheckpointError,
                        match=r"(?s)step-00000004 failed on rank\(s\) 0; rank 0: .*disk full"):
@@ -217,12 +218,12 @@ def test_a_failed_background_write_is_a_checkpoint_error(gate: Gate, tmp_path: P
 def test_a_new_save_first_commits_the_pending_one(gate: Gate, tmp_path: Path) -> None:
     mgr = _manager(tmp_path, keep_last=1)
     model, optimizer = _trained()
-    mgr.save_async(Position(4), _state(model, optimizer), {})
+    mgr.save_async(Position(4), _state(model, optimizer), Plain())
     assert gate.reached.wait(GATE_TIMEOUT)
     opener = threading.Timer(0.3, gate.open.set)
     opener.start()
     _step(model, optimizer)
-    mgr.save_async(Position(8), _state(model, optimizer), {})  # blocks until step 4 is in
+    mgr.save_async(Position(8), _state(model, optimizer), Plain())  # blocks until step 4 is in
     opener.join()
     assert [p.name for p in layout.committed(tmp_path)] == ["step-00000004"]
     assert mgr.pending == Position(8)
@@ -236,9 +237,9 @@ def test_a_synchronous_save_commits_the_pending_one_first(gate: Gate, tmp_path: 
     mgr = _manager(tmp_path)
     model, optimizer = _trained()
     gate.open.set()
-    mgr.save_async(Position(4), _state(model, optimizer), {})
+    mgr.save_async(Position(4), _state(model, optimizer), Plain())
     _step(model, optimizer)
-    assert mgr.save(Position(5, 1), _state(model, optimizer), {}) == "step-00000005+1"
+    assert mgr.save(Position(5, 1), _state(model, optimizer), Plain()) == "step-00000005+1"
     assert mgr.pending is None
     assert [p.name for p in layout.committed(tmp_path)] == ["step-00000004", "step-00000005+1"]
     for name in ("step-00000004", "step-00000005+1"):
@@ -248,7 +249,7 @@ def test_a_synchronous_save_commits_the_pending_one_first(gate: Gate, tmp_path: 
 def test_save_async_needs_a_manager_made_for_it(tmp_path: Path) -> None:
     mgr = CheckpointManager(FolderRoot(tmp_path), rank=0, world_size=1, attempt=0, keep_last=1)
     with pytest.raises(CheckpointError, match="without async_save"):
-        mgr.save_async(Position(1), {"x": torch.zeros(1)}, {})
+        mgr.save_async(Position(1), {"x": torch.zeros(1)}, Plain())
 
 
 @pytest.mark.parametrize(

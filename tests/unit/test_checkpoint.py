@@ -24,8 +24,8 @@ from resumequal.errors import CheckpointError
 from resumequal.spec import OMISSIONS
 from resumequal.state import (
     LiveState,
+    RankState,
     capture_rng,
-    check_rank_state,
     omitted_parts,
     pending_grads_template,
     rank_state,
@@ -134,12 +134,12 @@ def _save(mgr: CheckpointManager, live: LiveState, position: Position) -> str:
                     rank_state(live))
 
 
-def _template(live: LiveState) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _template(live: LiveState) -> Callable[[RankState], dict[str, Any]]:
     """What the training loop asks DCP to fill: model, optimizer and maybe pending grads."""
-    def template(ranks: dict[str, Any]) -> dict[str, Any]:
+    def template(ranks: RankState) -> dict[str, Any]:
         tensors = tensor_state(live, with_pending_grads=False)
-        if ranks.get("pending_grads"):
-            tensors.update(pending_grads_template(live, list(ranks["pending_grads"])))
+        if ranks.pending_grads:
+            tensors.update(pending_grads_template(live, ranks.pending_grads))
         return tensors
     return template
 
@@ -234,7 +234,8 @@ def _copy(saved: Path, tmp_path: Path) -> Path:
 
 def test_save_commits_under_the_position_name(saved: Path) -> None:
     final = saved / "step-00000002+1"
-    assert sorted(p.name for p in final.iterdir()) == ["dcp", "manifest.json", "rank-0.pkl"]
+    assert sorted(p.name for p in final.iterdir()) == [
+        "dcp", "manifest.hmac", "manifest.json", "rank-0.json"]
     assert any((final / "dcp").glob("*.distcp"))
     assert [p.name for p in (saved / ".staging").iterdir()] == []
     assert not (saved / ".trash").exists()
@@ -245,9 +246,9 @@ def test_manifest_lists_every_file_with_size_and_sha256(saved: Path) -> None:
     final = saved / "step-00000002+1"
     manifest = json.loads((final / "manifest.json").read_text())
     on_disk = {str(p.relative_to(final)): p for p in final.rglob("*")
-               if p.is_file() and p.name != "manifest.json"}
+               if p.is_file() and p.name not in ("manifest.json", "manifest.hmac")}
     assert set(manifest["files"]) == set(on_disk)
-    assert "rank-0.pkl" in on_disk and "dcp/.metadata" in on_disk
+    assert "rank-0.json" in on_disk and "dcp/.metadata" in on_disk
     for rel, path in on_disk.items():
         data = path.read_bytes()
         assert manifest["files"][rel] == {"size": len(data),
@@ -274,11 +275,11 @@ def test_verify_catches_a_flipped_byte(saved: Path, tmp_path: Path) -> None:
 
 def test_verify_catches_a_truncated_file(saved: Path, tmp_path: Path) -> None:
     final = _copy(saved, tmp_path) / "step-00000002+1"
-    state = final / "rank-0.pkl"
+    state = final / "rank-0.json"
     size = state.stat().st_size
     state.write_bytes(state.read_bytes()[:-3])
     with pytest.raises(CheckpointError, match=re.escape(
-            f"rank-0.pkl has {size - 3} bytes, the manifest says {size}")):
+            f"rank-0.json has {size - 3} bytes, the manifest says {size}")):
         verify(final)
 
 
@@ -347,7 +348,7 @@ def test_collect_garbage_removes_staging_leftovers(saved: Path, tmp_path: Path) 
     root = _copy(saved, tmp_path)
     leftover = layout.staging_path(root, Position(3), attempt=0)
     (leftover / "dcp").mkdir(parents=True)
-    (leftover / "rank-0.pkl").write_bytes(b"half written")
+    (leftover / "rank-0.json").write_bytes(b"half written")
     (root / ".trash" / "step-00000001.attempt-0").mkdir(parents=True)
     assert _manager(root, attempt=1).collect_garbage() == ["step-00000003.attempt-0"]
     assert list((root / ".staging").iterdir()) == []
@@ -388,8 +389,8 @@ def test_saving_a_position_again_replaces_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [".staging", "step-00000001"]
     assert verify(tmp_path / "step-00000001").attempt == 1
     fresh = _live(seed=2)
-    loaded = again.load("step-00000001", _template(fresh))
-    assert loaded.rank_state["counters"]["global_microstep"] == 99
+    loaded = again.load("step-00000001", _template(fresh), RankState)
+    assert loaded.rank_state.counters.global_microstep == 99
     assert torch.equal(loaded.tensors["model"]["weight"], _weight(live))
 
 
@@ -399,32 +400,32 @@ def test_saving_a_position_again_replaces_it(tmp_path: Path) -> None:
 def test_load_with_an_extra_template_key_names_it(saved: Path) -> None:
     fresh = _live(seed=2)
 
-    def template(ranks: dict[str, Any]) -> dict[str, Any]:
+    def template(ranks: RankState) -> dict[str, Any]:
         tensors = _template(fresh)(ranks)
         tensors["model"]["extra.weight"] = torch.zeros(2)
         return tensors
 
     with pytest.raises(CheckpointError,
                        match=re.escape("missing key(s) in checkpoint: model.extra.weight")):
-        _manager(saved).load("step-00000002+1", template)
+        _manager(saved).load("step-00000002+1", template, RankState)
 
 
 def test_load_with_a_template_missing_a_saved_key_names_it(saved: Path) -> None:
     fresh = _live(seed=2)
 
-    def template(ranks: dict[str, Any]) -> dict[str, Any]:
+    def template(ranks: RankState) -> dict[str, Any]:
         tensors = _template(fresh)(ranks)
         del tensors["rank_0"]  # the pending gradients were saved
         return tensors
 
     with pytest.raises(CheckpointError,
                        match=re.escape("unexpected key(s) in checkpoint: rank_0.pending_grads.")):
-        _manager(saved).load("step-00000002+1", template)
+        _manager(saved).load("step-00000002+1", template, RankState)
 
 
 def test_load_of_a_name_that_is_not_a_checkpoint(saved: Path) -> None:
     with pytest.raises(CheckpointError, match="not a checkpoint name"):
-        _manager(saved).load(".staging", _template(_live(seed=2)))
+        _manager(saved).load(".staging", _template(_live(seed=2)), RankState)
 
 
 # --- round trip ------------------------------------------------------------------------------
@@ -442,11 +443,11 @@ def _capture_and_save(root: Path, live: LiveState, position: Position) -> tuple[
     return snapshot, draws
 
 
-def _load_into(root: Path, name: str, omit: frozenset[str]) -> tuple[LiveState, Loaded]:
+def _load_into(root: Path, name: str, omit: frozenset[str]) -> tuple[LiveState, Loaded[RankState]]:
     fresh = _live(seed=2)
     fresh.workload.dataset.next_microbatch()  # a fresh cursor that is not the saved one
     _seed_rngs(777)
-    loaded = _manager(root).load(name, _template(fresh))
+    loaded = _manager(root).load(name, _template(fresh), RankState)
     restore(fresh, loaded.tensors, loaded.rank_state, omit, source=name)
     return fresh, loaded
 
@@ -462,7 +463,7 @@ def test_round_trip_restores_every_part(tmp_path: Path) -> None:
     after = _snapshot(fresh)
 
     assert loaded.position == Position(3)
-    assert loaded.rank_state["pending_grads"] == []
+    assert loaded.rank_state.pending_grads == []
     for part in ("params", "optimizer", "scheduler", "data_cursor", "counters"):
         assert _same(after[part], before[part]), part
     assert after["optimizer"]["state"][0]["step"] == 3
@@ -483,7 +484,7 @@ def test_pending_gradients_round_trip_mid_accumulation(tmp_path: Path) -> None:
     before, _ = _capture_and_save(tmp_path, live, Position(2, 1))
     fresh, loaded = _load_into(tmp_path, "step-00000002+1", frozenset())
 
-    assert loaded.rank_state["pending_grads"]
+    assert loaded.rank_state.pending_grads
     assert set(loaded.tensors["rank_0"]["pending_grads"]) == {"weight", "bias"}
     # Rank-keyed in DCP, so no rank ever receives another rank's gradients as "replicated".
     saved_keys = dcp.FileSystemReader(str(tmp_path / "step-00000002+1" / "dcp")).read_metadata()
@@ -506,7 +507,7 @@ def test_pending_gradients_of_a_parameter_without_grad_still_resume(tmp_path: Pa
     _weight(live).grad = None  # e.g. a parameter the first microbatch did not use
     _capture_and_save(tmp_path, live, Position(1, 1))
     fresh, loaded = _load_into(tmp_path, "step-00000001+1", frozenset())
-    assert loaded.rank_state["pending_grads"] == ["bias"]
+    assert loaded.rank_state.pending_grads == ["bias"]
     assert _weight(fresh).grad is None
     assert dict(fresh.model.named_parameters())["bias"].grad is not None
 
@@ -564,19 +565,20 @@ def test_omission_leaves_exactly_its_parts_unrestored(
 # --- rank state checks -----------------------------------------------------------------------
 
 
-def test_check_rank_state_names_missing_and_unexpected_keys() -> None:
-    state = rank_state(_trained(steps=1))
-    check_rank_state(state, "ok")
-    missing = {k: v for k, v in state.items() if k != "data_cursor"}
-    with pytest.raises(CheckpointError,
-                       match=re.escape("src: missing key(s) in rank state: data_cursor")):
-        check_rank_state(missing, "src")
-    extra = {**state, "sampler": {}}
-    with pytest.raises(CheckpointError,
-                       match=re.escape("src: unexpected key(s) in rank state: sampler")):
-        check_rank_state(extra, "src")
-    with pytest.raises(CheckpointError, match="rank state format 2, expected 1"):
-        check_rank_state({**state, "format": 2}, "src")
+def test_a_rank_state_is_json_and_is_read_back_strictly(tmp_path: Path) -> None:
+    live = _trained(steps=1)
+    mgr = _manager(tmp_path)
+    name = _save(mgr, live, Position(1))
+    path = tmp_path / name / layout.rank_state_file(0)
+    state = json.loads(path.read_bytes())
+    assert state["format"] == 2 and state["counters"]["step"] == 1
+    assert RankState.model_validate_json(path.read_bytes()) == rank_state(live)
+    for bad, why in (({k: v for k, v in state.items() if k != "data_cursor"}, "data_cursor"),
+                     ({**state, "sampler": {}}, "sampler"), ({**state, "format": 1}, "format")):
+        path.write_text(json.dumps(bad))  # past the manifest check: load directly
+        with pytest.raises(CheckpointError, match=rf"rank-0\.json: unreadable rank state: "
+                                                  rf"(?s:.*){why}"):
+            mgr.load(name, _template(_live(seed=2)), RankState)
 
 
 def test_omitted_parts_unions_and_rejects_unknown_names() -> None:
@@ -597,4 +599,4 @@ def test_a_dcp_failure_on_load_is_a_checkpoint_error(tmp_path: Path) -> None:
     shard = sorted((tmp_path / name / "dcp").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[:16])  # past the manifest check: load directly
     with pytest.raises(CheckpointError, match="DCP load of step-00000001 failed"):
-        mgr.load(name, _template(_live(seed=2)))
+        mgr.load(name, _template(_live(seed=2)), RankState)

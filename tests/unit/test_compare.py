@@ -120,7 +120,7 @@ def final_state(delta: float = 0.0, lr: float = 0.01) -> dict[str, Any]:
 def save_checkpoint(directory: Path, state: dict[str, Any], step: int = STEPS) -> Path:
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(directory / "dcp")), no_dist=True)
     for rank in range(WORLD):
-        (directory / f"rank-{rank}.pkl").write_bytes(b"rank state")
+        (directory / f"rank-{rank}.json").write_bytes(b"{}")
     write_manifest(directory, name=directory.name, step=step, microstep=0, world_size=WORLD,
                    attempt=0)
     return directory

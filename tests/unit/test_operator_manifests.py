@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from resumequal.plan import LegPlan, qualification_plan
+from resumequal.signing import KEY_ENV
 from resumequal.spec import QualificationSpec
 from resumequal_operator import pytorchjob
 from resumequal_operator.resource import (
@@ -341,6 +343,25 @@ def test_credentials_only_by_secret_reference() -> None:
         pod = (obj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
                if obj["kind"] == "PyTorchJob" else obj["spec"]["template"]["spec"])
         assert pod["automountServiceAccountToken"] is False
+
+
+def test_the_checkpoint_key_is_a_secret_of_the_run_referenced_by_every_pod() -> None:
+    secret = pytorchjob.checkpoint_key_secret(RUN, NS, UID, "k" * 64)
+    validate_core(secret)
+    name = pytorchjob.checkpoint_key_secret_name(RUN, UID)
+    assert secret["metadata"]["name"] == name and secret["metadata"]["namespace"] == NS
+    assert secret["metadata"]["ownerReferences"] == [pytorchjob.owner_reference(RUN, UID)]
+    assert secret["metadata"]["labels"][pytorchjob.UID_LABEL] == UID
+    assert base64.b64decode(secret["data"][pytorchjob.CHECKPOINT_KEY]) == b"k" * 64
+    assert name != pytorchjob.checkpoint_key_secret_name(RUN, "another-uid")
+    assert len(name) <= 63
+    _, _, jobs, comparator = _manifests({})
+    for obj in [*jobs, comparator]:
+        for c in _containers(obj):
+            env = {e["name"]: e for e in c["env"]}
+            assert env[KEY_ENV] == {"name": KEY_ENV, "valueFrom": {"secretKeyRef": {
+                "name": name, "key": pytorchjob.CHECKPOINT_KEY}}}
+        assert "k" * 64 not in json.dumps(obj)
 
 
 def test_without_a_secret_the_pods_use_their_own_aws_chain() -> None:

@@ -26,6 +26,7 @@ from resumequal.errors import CheckpointError
 from resumequal.spec import QualificationSpec, S3Spec, SpecError, parse_spec
 from resumequal.store import FileStore, StoreUnavailable
 from resumequal.store.base import LocalPath
+from tests.unit.rank_states import Plain
 
 PREFIX = "control/checkpoints"
 
@@ -59,12 +60,12 @@ def _state(seed: int) -> dict[str, Any]:
     return {"model": nn.Linear(4, 3).state_dict()}
 
 
-def _template(_: dict[str, Any]) -> dict[str, Any]:
+def _template(_: Plain) -> dict[str, Any]:
     return {"model": {k: torch.zeros_like(v) for k, v in _state(0)["model"].items()}}
 
 
 def _save(m: CheckpointManager, step: int, **kw: Any) -> str:
-    return m.save(Position(step), _state(step), {"step": step}, info={"leg": "control"}, **kw)
+    return m.save(Position(step), _state(step), Plain(step=step), info={"leg": "control"}, **kw)
 
 
 def _keys(root: RemoteRoot, name: str) -> set[str]:
@@ -77,8 +78,8 @@ def test_a_save_uploads_every_file_then_the_manifest_then_the_marker(tmp_path: P
     name = _save(_manager(root), 4, before_commit=lambda: seen.append(_keys(root, "step-00000004")))
     assert name == "step-00000004"
     # At before_commit this rank's files are uploaded, the commit has not happened.
-    assert seen == [{"dcp/.metadata", "dcp/__0_0.distcp", "rank-0.pkl"}]
-    assert _keys(root, name) == seen[0] | {"manifest.json", "COMMITTED"}
+    assert seen == [{"dcp/.metadata", "dcp/__0_0.distcp", "rank-0.json"}]
+    assert _keys(root, name) == seen[0] | {"manifest.json", "manifest.hmac", "COMMITTED"}
     manifest = remote.read_manifest(root, name)
     assert sorted(manifest.files) == sorted(seen[0])
     for rel, entry in manifest.files.items():
@@ -95,8 +96,8 @@ def test_resume_downloads_verifies_and_loads_the_newest_committed(tmp_path: Path
     fresh = _manager(root)
     assert fresh.collect_garbage() == []
     assert fresh.newest() == "step-00000008"
-    loaded = fresh.load("step-00000008", _template)
-    assert loaded.rank_state == {"step": 8}
+    loaded = fresh.load("step-00000008", _template, Plain)
+    assert loaded.rank_state.model_dump() == {"step": 8}
     for k, v in _state(8)["model"].items():
         assert torch.equal(loaded.tensors["model"][k], v)
 
@@ -169,9 +170,9 @@ def test_saving_a_position_again_replaces_it(tmp_path: Path) -> None:
     root = _root(tmp_path)
     m = _manager(root)
     _save(m, 4)
-    m.save(Position(4), _state(9), {"step": 9})
-    loaded = _manager(root).load(_newest(root), _template)
-    assert loaded.rank_state == {"step": 9}
+    m.save(Position(4), _state(9), Plain(step=9))
+    loaded = _manager(root).load(_newest(root), _template, Plain)
+    assert loaded.rank_state.model_dump() == {"step": 9}
 
 
 def _newest(root: RemoteRoot) -> str:
@@ -184,20 +185,21 @@ def _newest(root: RemoteRoot) -> str:
 def test_a_background_save_uploads_at_its_commit(tmp_path: Path) -> None:
     root = _root(tmp_path)
     m = _manager(root, async_save=True)
-    m.save_async(Position(4), _state(4), {"step": 4})
+    m.save_async(Position(4), _state(4), Plain(step=4))
     assert m.poll(wait=True) == "step-00000004"
     assert remote.committed(root) == [Position(4)]
-    assert _manager(root).load(_newest(root), _template).rank_state == {"step": 4}
+    loaded = _manager(root).load(_newest(root), _template, Plain)
+    assert loaded.rank_state.model_dump() == {"step": 4}
 
 
 def test_every_rank_uploads_only_the_files_it_wrote(tmp_path: Path) -> None:
     for rel in ("dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/__10_0.distcp",
-                "rank-0.pkl", "rank-1.pkl", "rank-10.pkl", ".rank-1.pkl.tmp"):
+                "rank-0.json", "rank-1.json", "rank-10.json", ".rank-1.json.tmp"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"x")
-    assert remote.own_files(tmp_path, 0) == ["dcp/.metadata", "dcp/__0_0.distcp", "rank-0.pkl"]
-    assert remote.own_files(tmp_path, 1) == ["dcp/__1_0.distcp", "rank-1.pkl"]
-    assert remote.own_files(tmp_path, 10) == ["dcp/__10_0.distcp", "rank-10.pkl"]
+    assert remote.own_files(tmp_path, 0) == ["dcp/.metadata", "dcp/__0_0.distcp", "rank-0.json"]
+    assert remote.own_files(tmp_path, 1) == ["dcp/__1_0.distcp", "rank-1.json"]
+    assert remote.own_files(tmp_path, 10) == ["dcp/__10_0.distcp", "rank-10.json"]
 
 
 def test_download_writes_a_local_checkpoint_that_verifies(tmp_path: Path) -> None:

@@ -116,4 +116,9 @@ seccompProfile:
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Each run's checkpoint key: created once, never read back (only the run's pods read it);
+# owned by the run, so the garbage collector deletes it with the run.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 {{- end }}

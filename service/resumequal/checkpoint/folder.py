@@ -3,10 +3,11 @@
 Layout under the leg's checkpoint folder::
 
     .staging/step-00000004.attempt-<a>/   being written by every rank
-    step-00000004/dcp/..., rank-<r>.pkl, manifest.json    committed (renamed into place)
+    step-00000004/dcp/..., rank-<r>.json,
+        manifest.json, manifest.hmac       committed (renamed into place)
     .trash/                                a replaced checkpoint, until retention
 
-Rank 0 hashes every staged file into the manifest and renames the staging folder into
+Rank 0 hashes every staged file into the manifest, signs it, and renames the staging folder into
 place; a kill before the rename leaves only a staging folder, removed at the next start.
 :mod:`resumequal.checkpoint.manager` runs the collectives around it.
 """

@@ -15,6 +15,8 @@ from pathlib import Path
 STAGING_DIR = ".staging"
 TRASH_DIR = ".trash"
 MANIFEST = "manifest.json"
+# The manifest's HMAC-SHA256 under the checkpoint key (resumequal.signing), hex.
+MANIFEST_MAC = "manifest.hmac"
 DCP_DIR = "dcp"
 
 _NAME = re.compile(r"^step-(\d{8,})(?:\+(\d+))?$")
@@ -44,7 +46,7 @@ class Position:
 
 
 def rank_state_file(rank: int) -> str:
-    return f"rank-{rank}.pkl"
+    return f"rank-{rank}.json"
 
 
 def committed(root: Path) -> list[Position]:

@@ -2,7 +2,13 @@
 
 Save: barrier → every rank writes its DCP shards and its rank state into a staging folder
 and publishes them → the ranks gather what each published (the barrier) → rank 0 commits →
-rank 0 tells everyone the outcome (which is also the closing barrier). A kill anywhere in
+rank 0 tells everyone the outcome (which is also the closing barrier).
+
+A rank's own state (counters, RNGs, data cursor...) is a pydantic model written as JSON
+(``rank-<r>.json``) and validated against the model on load: nothing of a checkpoint is
+unpickled by us. Loading starts only from a checkpoint whose manifest was authenticated
+with the checkpoint key and whose every file matched it
+(:mod:`resumequal.checkpoint.manifest`). A kill anywhere in
 between leaves an uncommitted checkpoint behind, never a committed one; leftovers are
 removed at the next start.
 
@@ -20,7 +26,7 @@ instead of a hang in the next collective.
 One save path; ``background`` (``checkpoint.async``) splits it in two. The first half:
 barrier → ``dcp.async_save`` copies this rank's tensors into fresh CPU memory before it
 returns (so later optimizer steps cannot change what is written) and hands the write to a
-background thread → the rank state is pickled into the staging folder at once. Training
+background thread → the rank state is written into the staging folder at once. Training
 goes on. ``poll``, called at microbatch boundaries while a save is pending, is the second
 half: every rank says whether its background write has finished, and only when all have
 do they publish and commit (as above). A failed write on any rank is an error on every
@@ -50,7 +56,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -58,11 +63,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -79,14 +86,18 @@ log = logging.getLogger(__name__)
 DCP_ERRORS = (Exception, CheckpointException)
 
 
+# A rank's own state: a pydantic model, stored as JSON.
+RankState = TypeVar("RankState", bound=BaseModel)
+
+
 @dataclass(frozen=True)
-class Loaded:
+class Loaded(Generic[RankState]):
     """A verified, loaded checkpoint: where it came from and what it held."""
 
     name: str
     position: Position
     tensors: dict[str, Any]
-    rank_state: dict[str, Any]
+    rank_state: RankState
 
 
 class WriteState(IntEnum):
@@ -174,7 +185,7 @@ class CheckpointManager:
         self,
         position: Position,
         tensors: dict[str, Any],
-        rank_state: dict[str, Any],
+        rank_state: BaseModel,
         *,
         info: dict[str, Any] | None = None,
         before_commit: Callable[[], None] | None = None,
@@ -191,6 +202,12 @@ class CheckpointManager:
         if background and (self._io_group is None or self._commit_group is None):
             raise CheckpointError("this checkpoint manager was made without async_save")
         self.poll(wait=True)
+        try:
+            state_json = rank_state.model_dump_json().encode()
+        except PydanticSerializationError as e:
+            raise CheckpointError(
+                f"rank {self.rank}: the rank state of {position.name} is not JSON: {e}"
+            ) from e
         group = self._commit_group if background else None
         staging = self._prepare(position, group=group)
         writer = dcp.FileSystemWriter(str(staging / layout.DCP_DIR),
@@ -207,7 +224,7 @@ class CheckpointManager:
                 f"rank {self.rank}: DCP {what} of {position.name} failed"
                 f"{' to start' if background else ''}: {e}"
             ) from e
-        _write_durably(staging / layout.rank_state_file(self.rank), pickle.dumps(rank_state),
+        _write_durably(staging / layout.rank_state_file(self.rank), state_json,
                        sync=self.root.durable_staging)
         if future is not None:
             self._pending = _Pending(position, staging, info or {}, future)
@@ -224,7 +241,7 @@ class CheckpointManager:
         self,
         position: Position,
         tensors: dict[str, Any],
-        rank_state: dict[str, Any],
+        rank_state: BaseModel,
         *,
         info: dict[str, Any] | None = None,
         before_commit: Callable[[], None] | None = None,
@@ -399,22 +416,25 @@ class CheckpointManager:
             )
 
     def load(
-        self, name: str, template: Callable[[dict[str, Any]], dict[str, Any]]
-    ) -> Loaded:
-        """Load this rank's part of checkpoint ``name`` into tensors built by ``template``."""
+        self,
+        name: str,
+        template: Callable[[RankState], dict[str, Any]],
+        state_type: type[RankState],
+    ) -> Loaded[RankState]:
+        """Load this rank's part of checkpoint ``name`` (verified by :meth:`newest`): its
+        rank state validated as ``state_type``, its tensors into those ``template`` builds
+        from that state."""
         directory = self.root.local_copy(name, self.rank)
         position = Position.parse(name)
         if position is None:
             raise CheckpointError(f"{directory}: not a checkpoint name")
         rank_file = directory / layout.rank_state_file(self.rank)
         try:
-            rank_state = pickle.loads(rank_file.read_bytes())
+            rank_state = state_type.model_validate_json(rank_file.read_bytes())
         except FileNotFoundError as e:
             raise CheckpointError(f"{rank_file}: no state for rank {self.rank}") from e
-        except (pickle.UnpicklingError, EOFError, AttributeError) as e:
+        except ValidationError as e:
             raise CheckpointError(f"{rank_file}: unreadable rank state: {e}") from e
-        if not isinstance(rank_state, dict):
-            raise CheckpointError(f"{rank_file}: rank state is not a mapping")
         tensors = template(rank_state)
         reader = dcp.FileSystemReader(str(directory / layout.DCP_DIR))
         self._check_keys(tensors, reader, directory)

@@ -1,13 +1,18 @@
-"""The manifest: every file of a checkpoint with its size and sha256.
+"""The manifest: every file of a checkpoint with its size and sha256, and its MAC.
 
 Written last before the commit, verified before any byte of a checkpoint is loaded: a
 torn, truncated, tampered or padded checkpoint fails here, naming the file.
+
+The manifest's bytes are authenticated with the checkpoint key (:mod:`resumequal.signing`;
+HMAC-SHA256 in ``manifest.hmac`` beside it) before anything else of the checkpoint is
+read, the manifest's own JSON included: whoever can write to the store can recompute the
+sha256s, not the MAC. Every reader (the folder and object-store roots, the comparator)
+goes through :func:`authenticate` here.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from pathlib import Path
@@ -15,11 +20,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from resumequal.checkpoint.layout import MANIFEST
+from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC
 from resumequal.errors import CheckpointError
+from resumequal.signing import authentic, key_from_env, sign
 
 MANIFEST_FORMAT = 1
 _CHUNK = 1 << 20
+# The files of a checkpoint folder that its manifest does not list.
+_UNLISTED = frozenset({MANIFEST, MANIFEST_MAC})
 
 
 class FileEntry(BaseModel):
@@ -52,7 +60,8 @@ def sha256_file(path: Path) -> str:
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return sorted(p for p in directory.rglob("*")
+                  if p.is_file() and p.relative_to(directory).as_posix() not in _UNLISTED)
 
 
 def fsync_dir(path: Path) -> None:
@@ -93,30 +102,80 @@ def write_manifest(
     return manifest
 
 
-def write_manifest_file(directory: Path, manifest: Manifest) -> None:
-    """Write ``manifest`` durably as the manifest of ``directory``."""
-    tmp = directory / f".{MANIFEST}.tmp"
-    with tmp.open("w") as f:
-        f.write(manifest.model_dump_json(indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.rename(directory / MANIFEST)
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The bytes a manifest is stored (and signed) as."""
+    return manifest.model_dump_json(indent=1).encode()
+
+
+def signed(manifest: Manifest, key: bytes | None = None) -> tuple[bytes, bytes]:
+    """The manifest's bytes and their MAC under ``key`` (default: this process's key)."""
+    data = manifest_bytes(manifest)
+    return data, sign(data, key if key is not None else key_from_env()).encode()
+
+
+def authenticate(data: bytes, mac: bytes | None, where: str,
+                 key: bytes | None = None) -> Manifest:
+    """The manifest of checkpoint ``where`` from its stored bytes, once their MAC verifies.
+
+    Nothing is parsed before the MAC is checked. CheckpointError naming the checkpoint
+    when there is no key, no MAC, or a MAC that does not match (a manifest written
+    without this run's key, or changed since).
+    """
+    try:
+        key = key if key is not None else key_from_env()
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint {where} cannot be authenticated: {e}") from e
+    if mac is None:
+        raise CheckpointError(
+            f"checkpoint {where} is refused: it has no {MANIFEST_MAC}, so its manifest "
+            "cannot be authenticated"
+        )
+    if not authentic(data, mac, key):
+        raise CheckpointError(
+            f"checkpoint {where} is refused: its manifest does not match {MANIFEST_MAC} "
+            "under this run's checkpoint key (written without the key, or changed since)"
+        )
+    try:
+        return Manifest.model_validate_json(data)
+    except ValidationError as e:
+        raise CheckpointError(f"checkpoint {where}: unreadable manifest: {e}") from e
+
+
+def write_manifest_file(directory: Path, manifest: Manifest, key: bytes | None = None) -> None:
+    """Write ``manifest`` and its MAC durably as the manifest of ``directory``."""
+    data, mac = signed(manifest, key)
+    for name, body in ((MANIFEST_MAC, mac), (MANIFEST, data)):
+        tmp = directory / f".{name}.tmp"
+        with tmp.open("wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.rename(directory / name)
     fsync_dir(directory)
 
 
-def read_manifest(directory: Path) -> Manifest:
+def read_manifest(directory: Path, key: bytes | None = None) -> Manifest:
+    """The authenticated manifest of checkpoint folder ``directory``."""
     path = directory / MANIFEST
     try:
-        return Manifest.model_validate(json.loads(path.read_text()))
+        data = path.read_bytes()
     except FileNotFoundError as e:
         raise CheckpointError(f"{directory}: no {MANIFEST}; the checkpoint is not complete") from e
-    except (json.JSONDecodeError, ValidationError) as e:
-        raise CheckpointError(f"{path}: unreadable manifest: {e}") from e
+    try:
+        mac: bytes | None = (directory / MANIFEST_MAC).read_bytes()
+    except FileNotFoundError:
+        mac = None
+    return authenticate(data, mac, str(directory), key)
 
 
-def verify(directory: Path) -> Manifest:
-    """Check every file against the manifest: presence, size, sha256, and nothing extra."""
-    manifest = read_manifest(directory)
+def verify(directory: Path, key: bytes | None = None) -> Manifest:
+    """Authenticate the manifest, then check every file against it: presence, size,
+    sha256, and nothing extra. ``key`` defaults to this process's checkpoint key."""
+    manifest = read_manifest(directory, key)
+    if manifest.name != directory.name:
+        raise CheckpointError(
+            f"checkpoint {directory} is refused: its manifest is the one of {manifest.name}"
+        )
     present = {str(p.relative_to(directory)) for p in _files(directory)}
     extra = sorted(present - set(manifest.files))
     if extra:

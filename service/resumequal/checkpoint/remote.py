@@ -2,8 +2,9 @@
 
 Object layout under the leg's prefix (``<store>/<leg>/checkpoints/``)::
 
-    step-00000004/dcp/.metadata, dcp/__<rank>_<i>.distcp, rank-<rank>.pkl
+    step-00000004/dcp/.metadata, dcp/__<rank>_<i>.distcp, rank-<rank>.json
     step-00000004/manifest.json     every file above with its size and sha256
+    step-00000004/manifest.hmac     the manifest's MAC under the checkpoint key
     step-00000004/COMMITTED         written last: only a prefix holding it is a checkpoint
 
 Every rank writes its DCP files into a local staging folder exactly as on a file store,
@@ -11,7 +12,9 @@ uploads the files it wrote itself and reports their sizes and digests; rank 0 up
 manifest, then ``COMMITTED``. A kill or an endpoint failure anywhere before the marker
 leaves a prefix without one: never listed as committed, deleted at the next start.
 Loading downloads a committed checkpoint into a local folder, checking every object's
-sha256 against the manifest, then reads it like a local one.
+sha256 against the manifest, then reads it like a local one. The manifest itself is
+authenticated (:func:`resumequal.checkpoint.manifest.authenticate`) before anything it
+lists is listed, downloaded or read.
 
 This module does the store side; :mod:`resumequal.checkpoint.manager` runs the
 collectives around it.
@@ -29,13 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from resumequal.checkpoint import layout
-from resumequal.checkpoint.layout import MANIFEST, Position
-from resumequal.checkpoint.manifest import FileEntry, Manifest, write_manifest_file
+from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
+from resumequal.checkpoint.manifest import (
+    FileEntry,
+    Manifest,
+    authenticate,
+    signed,
+    write_manifest_file,
+)
 from resumequal.errors import CheckpointError, StoreError
-from resumequal.store import ObjectInfo, Store, StoreIntegrityError
+from resumequal.store import ObjectInfo, Store, StoreIntegrityError, StoreNotFound
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +51,9 @@ COMMITTED = "COMMITTED"
 _UPLOAD_FILES = 4
 CACHE_DIR = ".cache"
 # The objects of a checkpoint that are not listed in its manifest.
-_UNLISTED = frozenset({MANIFEST, COMMITTED})
+_UNLISTED = frozenset({MANIFEST, MANIFEST_MAC, COMMITTED})
 _SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
-_RANK_STATE = re.compile(r"^rank-(\d+)\.pkl$")
+_RANK_STATE = re.compile(r"^rank-(\d+)\.json$")
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,7 @@ class RemoteRoot:
 def own_files(staging: Path, rank: int) -> list[str]:
     """The files of a staging folder that ``rank`` wrote, relative to it.
 
-    Its DCP shards ``dcp/__<rank>_*.distcp`` and ``rank-<rank>.pkl``; rank 0 also owns
+    Its DCP shards ``dcp/__<rank>_*.distcp`` and ``rank-<rank>.json``; rank 0 also owns
     what no rank's name claims (DCP's ``.metadata``, written by the coordinator).
     """
     mine = []
@@ -159,9 +166,10 @@ def clear(root: RemoteRoot, name: str) -> None:
 
 
 def commit(root: RemoteRoot, manifest: Manifest) -> None:
-    """Upload the manifest, then the marker that makes the checkpoint exist."""
-    root.store.put_bytes(root.key(manifest.name, MANIFEST),
-                         manifest.model_dump_json(indent=1).encode())
+    """Upload the manifest and its MAC, then the marker that makes the checkpoint exist."""
+    data, mac = signed(manifest)
+    root.store.put_bytes(root.key(manifest.name, MANIFEST), data)
+    root.store.put_bytes(root.key(manifest.name, MANIFEST_MAC), mac)
     root.store.put_bytes(root.key(manifest.name, COMMITTED), b"")
 
 
@@ -209,10 +217,19 @@ def retire(root: RemoteRoot, keep_last: int) -> None:
 
 
 def read_manifest(root: RemoteRoot, name: str) -> Manifest:
+    """The authenticated manifest of checkpoint ``name``; CheckpointError naming it."""
+    where = root.uri(name)
+    data = root.store.get_bytes(root.key(name, MANIFEST))
     try:
-        return Manifest.model_validate_json(root.store.get_bytes(root.key(name, MANIFEST)))
-    except ValidationError as e:
-        raise CheckpointError(f"{root.uri(name, MANIFEST)}: unreadable manifest: {e}") from e
+        mac: bytes | None = root.store.get_bytes(root.key(name, MANIFEST_MAC))
+    except StoreNotFound:
+        mac = None
+    manifest = authenticate(data, mac, where)
+    if manifest.name != name:
+        raise CheckpointError(
+            f"checkpoint {where} is refused: its manifest is the one of {manifest.name}"
+        )
+    return manifest
 
 
 def newest_verified(root: RemoteRoot, world_size: int) -> str | None:

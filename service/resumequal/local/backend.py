@@ -8,6 +8,11 @@ the armed worker by pid (a process kill: SIGKILL, or SIGTERM then SIGKILL after 
 grace), and on cleanup stops every process it started. A leg succeeded when torchrun
 exited 0 and every rank left its completion marker. Logs and checkpoint staging stay in
 the local ``run_dir``.
+
+The run's checkpoint key (:mod:`resumequal.signing`) is the caller's
+``RESUMEQUAL_CHECKPOINT_KEY`` if it set one, else a fresh random one made here. It lives
+only in this process's environment: the legs inherit it, the comparison (in this
+process) reads it; it is never written to the run folder or the store, nor logged.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, LegPlan, leg_module_args, local_torchrun_args, rdzv_conf
 from resumequal.qualify import Beacon, LegObservation, LegState, kill_order
 from resumequal.runstore import RunLocation
+from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
 
@@ -58,6 +64,7 @@ class LocalBackend:
         self.python = python
         self.tree = ProcessTree()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        os.environ.setdefault(KEY_ENV, new_key())
         self._escalate: tuple[int, float] | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
         self.location.write_spec(self.spec)

@@ -28,6 +28,7 @@ from resumequal.spec import REFERENCE_LEG, QualificationSpec, check_leg_name
 from resumequal.state import (
     Counters,
     LiveState,
+    RankState,
     pending_grads_template,
     rank_state,
     restore,
@@ -206,13 +207,13 @@ class Trainer:
                             self.p.attempt)
             return
 
-        def template(ranks: dict[str, Any]) -> dict[str, Any]:
+        def template(ranks: RankState) -> dict[str, Any]:
             tensors = tensor_state(live, with_pending_grads=False)
-            if ranks.get("pending_grads"):
-                tensors.update(pending_grads_template(live, list(ranks["pending_grads"])))
+            if ranks.pending_grads:
+                tensors.update(pending_grads_template(live, ranks.pending_grads))
             return tensors
 
-        loaded = self.ckpt.load(name, template)
+        loaded = self.ckpt.load(name, template, RankState)
         restore(live, loaded.tensors, loaded.rank_state, self.omit, source=name)
         check_counters_agree(live.counters, self.p.device)
         c = live.counters

@@ -54,7 +54,8 @@ class StatefulDataset(Protocol):
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """The cursor (and any private generator) as plain Python values."""
+        """The cursor (and any private generator) as JSON values (checkpoints store it as
+        JSON: a tuple comes back as a list, and a tensor or an object cannot be saved)."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
