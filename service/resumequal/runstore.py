@@ -62,6 +62,7 @@ from resumequal.store import (
     Store,
     StoreIntegrityError,
     StoreNotFound,
+    StoreObjectTooLarge,
     open_store,
     s3_config,
 )
@@ -84,6 +85,12 @@ REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 METRICS_PROM = "metrics.prom"
 RESULT_FILES = (VERDICT_JSON, REPORT_JSON, REPORT_HTML, METRICS_PROM)
+# How much a reader takes of an object before it refuses it (a planted 150 MiB marker must
+# not cost the operator its memory): markers, beacons, kill orders and spec files hold a
+# few KiB, a trace segment one batch of records, results and reports a run's steps.
+SMALL_OBJECT_BYTES = 1 << 20
+SEGMENT_BYTES = 16 << 20
+RESULT_BYTES = 64 << 20
 
 _SEGMENT = re.compile(r"^rank-(\d+)/attempt-(\d+)/(\d{8,})\.jsonl$")
 # Any trace segment under the location, seed-matrix sub-runs (seed-N/<leg>/...) included.
@@ -241,7 +248,7 @@ class LegFiles:
     def read_beacon(self, rank: int, attempt: int = 0) -> dict[str, Any] | None:
         """The beacon as a JSON object, or None while there is none."""
         try:
-            data = self.store.get_bytes(self.beacon_key(rank, attempt))
+            data = self.store.get_bytes(self.beacon_key(rank, attempt), SMALL_OBJECT_BYTES)
         except StoreNotFound:
             return None
         try:
@@ -264,7 +271,7 @@ class LegFiles:
         """The kill order for this rank and attempt, or None while there is none."""
         key = self.kill_order_key(rank, attempt)
         try:
-            data = self.store.get_bytes(key)
+            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
         except StoreNotFound:
             return None
         try:
@@ -289,9 +296,11 @@ class LegFiles:
     def failure(self) -> str | None:
         """Why the leg failed for good, or None; an unreadable marker still counts."""
         try:
-            data = self.store.get_bytes(self.key(FAILED_MARKER))
+            data = self.store.get_bytes(self.key(FAILED_MARKER), SMALL_OBJECT_BYTES)
         except StoreNotFound:
             return None
+        except StoreObjectTooLarge:
+            return "unreadable failure marker (too large to read)"
         try:
             return str(json.loads(data)["reason"])
         except (ValueError, KeyError, TypeError):
@@ -389,8 +398,9 @@ class _Segments(_Traces):
             records = self._cache.get(key)
             if records is None:
                 try:
-                    lines = parse_segment(self.store.get_bytes(key), self.store.uri(key))
-                except (TraceError, StoreNotFound) as e:
+                    data = self.store.get_bytes(key, SEGMENT_BYTES)
+                    lines = parse_segment(data, self.store.uri(key))
+                except (TraceError, StoreNotFound, StoreObjectTooLarge) as e:
                     log.warning("progress: skipping %s: %s", self.store.uri(key), e)
                     continue
                 records = self._cache[key] = _json_lines(lines)
@@ -423,7 +433,7 @@ class _Segments(_Traces):
                 continue
             if "/trace/" in f"/{obj.key}":
                 raise TraceError(f"{self.store.uri(obj.key)}: not a trace segment name")
-            data = self.store.get_bytes(obj.key)
+            data = self.store.get_bytes(obj.key, RESULT_BYTES)
             if len(data) != obj.size:
                 raise StoreIntegrityError(f"{self.store.uri(obj.key)}: read {len(data)} bytes, "
                                           f"listed with {obj.size}")
@@ -445,7 +455,7 @@ class _Segments(_Traces):
                 missing = key.rsplit("/", 1)[0] + "/00000000.jsonl"
                 raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
                                  f"first one present is {seq:08d})")
-            lines += parse_segment(self.store.get_bytes(key), self.store.uri(key))
+            lines += parse_segment(self.store.get_bytes(key, SEGMENT_BYTES), self.store.uri(key))
             expected = (attempt, seq + 1)
         return lines
 
@@ -534,7 +544,7 @@ class RunLocation:
         """The qualification's spec: ``spec.json``, else the spec in ``run.json``."""
         for key, pick in ((SPEC_FILE, False), (RUN_FILE, True)):
             try:
-                data = json.loads(self.store.get_bytes(key))
+                data = json.loads(self.store.get_bytes(key, SMALL_OBJECT_BYTES))
             except StoreNotFound:
                 continue
             except ValueError as e:
@@ -560,7 +570,7 @@ class RunLocation:
         """The leg's spec file, or None if there is none; SpecError naming it if invalid."""
         key = f"legs/{check_leg_name(leg)}.spec.json"
         try:
-            data = self.store.get_bytes(key)
+            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
         except StoreNotFound:
             return None
         try:
@@ -584,7 +594,7 @@ class RunLocation:
         """TrainingError when this location was made for a different spec (or for none)."""
         where = self.url(RUN_FILE)
         try:
-            theirs = json.loads(self.store.get_bytes(RUN_FILE))["spec_digest"]
+            theirs = json.loads(self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES))["spec_digest"]
         except StoreNotFound as e:
             raise TrainingError(f"{self.uri} is not a run directory (no {RUN_FILE})") from e
         except (ValueError, KeyError, TypeError) as e:
@@ -669,7 +679,7 @@ class RunLocation:
         """
         where = self.url(VERDICT_JSON)
         try:
-            raw = self.store.get_bytes(VERDICT_JSON)
+            raw = self.store.get_bytes(VERDICT_JSON, RESULT_BYTES)
         except StoreNotFound:
             return None
         try:

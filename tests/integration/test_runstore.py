@@ -12,6 +12,7 @@ import pytest
 from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
 from resumequal.qualify import Beacon
 from resumequal.runstore import (
+    SMALL_OBJECT_BYTES,
     KillOrder,
     LegFiles,
     LegProgress,
@@ -20,7 +21,7 @@ from resumequal.runstore import (
     segment_bytes,
 )
 from resumequal.spec import QualificationSpec, S3Spec, SpecError, parse_spec
-from resumequal.store import StoreAccessDenied, StoreUnavailable
+from resumequal.store import StoreAccessDenied, StoreObjectTooLarge, StoreUnavailable
 from resumequal.verdict import Cut, Result, Verdict
 
 if TYPE_CHECKING:
@@ -121,6 +122,17 @@ def test_beacons_and_failure_markers(location: RunLocation) -> None:
     files.mark_failed("held too long")
     assert location.leg_failure("preempted") == "held too long"
     assert location.leg_failure("control") is None
+
+
+def test_objects_larger_than_their_reader_takes_are_refused_unread(
+        location: RunLocation) -> None:
+    # A planted 1 MiB + 1 byte marker is not read whole, into a worker or the operator.
+    huge = b'{"reason": "' + b"x" * SMALL_OBJECT_BYTES + b'"}'
+    location.store.put_bytes("preempted/beacons/attempt-0-rank-1.json", huge)
+    with pytest.raises(StoreObjectTooLarge, match=r"attempt-0-rank-1\.json: larger than"):
+        location.read_beacon("preempted", 1)
+    location.store.put_bytes("preempted/FAILED.json", huge)
+    assert location.leg_failure("preempted") == "unreadable failure marker (too large to read)"
 
 
 def test_a_beacon_names_the_pod_uid_from_the_downward_api(

@@ -19,6 +19,7 @@ from resumequal.store import (
     S3Store,
     StoreIntegrityError,
     StoreNotFound,
+    StoreObjectTooLarge,
     open_store,
 )
 from resumequal.store import file as file_module
@@ -39,6 +40,13 @@ def test_bytes_round_trip_and_uri(store: FileStore, tmp_path: Path) -> None:
     assert store.get_bytes("a/b.json") == b"replaced"
     assert store.uri("a/b.json") == f"{tmp_path}/store/a/b.json"
     assert store.uri() == f"{tmp_path}/store"
+
+
+def test_a_read_takes_no_more_than_its_cap(store: FileStore) -> None:
+    store.put_bytes("a/marker.json", b"x" * 10)
+    assert store.get_bytes("a/marker.json", 10) == b"x" * 10
+    with pytest.raises(StoreObjectTooLarge, match=r"a/marker\.json: larger than the 9 bytes"):
+        store.get_bytes("a/marker.json", 9)
 
 
 def test_file_uri_root(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from resumequal.store.errors import (
     StoreAccessDenied,
     StoreIntegrityError,
     StoreNotFound,
+    StoreObjectTooLarge,
     StoreUnavailable,
 )
 from resumequal.store.file import FileStore
@@ -42,6 +43,7 @@ __all__ = [
     "StoreError",
     "StoreIntegrityError",
     "StoreNotFound",
+    "StoreObjectTooLarge",
     "StoreUnavailable",
     "open_store",
     "s3_config",

@@ -61,8 +61,10 @@ class Store(Protocol):
         """
         ...
 
-    def get_bytes(self, key: str) -> bytes:
-        """The content of ``key``; :class:`StoreNotFound` naming the key if it is missing."""
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
+        """The content of ``key``; :class:`StoreNotFound` naming the key if it is missing,
+        :class:`StoreObjectTooLarge` (having read at most ``max_bytes + 1`` bytes) if it
+        holds more than ``max_bytes``."""
         ...
 
     def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:

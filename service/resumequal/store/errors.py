@@ -4,7 +4,8 @@
     ├── StoreNotFound        the bucket, the key or the file does not exist
     ├── StoreAccessDenied    no credentials, wrong credentials, or no permission
     ├── StoreUnavailable     the endpoint cannot be reached or keeps failing, after retries
-    └── StoreIntegrityError  what was read does not hash to what was expected
+    ├── StoreIntegrityError  what was read does not hash to what was expected
+    └── StoreObjectTooLarge  an object is larger than what its reader accepts
 
 Messages name the URI, bucket or key; never credentials, and never a raw response body.
 The vendor error is chained with ``from e``.
@@ -31,10 +32,22 @@ class StoreIntegrityError(StoreError):
     """The bytes read do not match the sha256 they were expected to have."""
 
 
+class StoreObjectTooLarge(StoreError):
+    """An object holds more bytes than its reader accepts (read no further than that)."""
+
+
+def too_large(uri: str, max_bytes: int) -> StoreObjectTooLarge:
+    """The error for an object at ``uri`` over ``max_bytes``."""
+    return StoreObjectTooLarge(f"{uri}: larger than the {max_bytes} bytes such an object may "
+                               "hold; not read")
+
+
 __all__ = [
     "StoreAccessDenied",
     "StoreError",
     "StoreIntegrityError",
     "StoreNotFound",
+    "StoreObjectTooLarge",
     "StoreUnavailable",
+    "too_large",
 ]

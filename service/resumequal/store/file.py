@@ -32,7 +32,7 @@ from resumequal.store.base import (
     sha256_file,
     tmp_sibling,
 )
-from resumequal.store.errors import StoreAccessDenied, StoreNotFound
+from resumequal.store.errors import StoreAccessDenied, StoreNotFound, too_large
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +146,13 @@ class FileStore:
         log.debug("put %s sha256 %s", self.uri(key), digest)
         return digest
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         path = self._path(key)
         with self._errors("read", key), open(path, "rb") as f:
-            return f.read()
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise too_large(self.uri(key), max_bytes)
+        return data
 
     def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
         path = self._path(key)

@@ -55,7 +55,12 @@ from resumequal.store.base import (
     folder,
     sha256_file,
 )
-from resumequal.store.errors import StoreAccessDenied, StoreNotFound, StoreUnavailable
+from resumequal.store.errors import (
+    StoreAccessDenied,
+    StoreNotFound,
+    StoreUnavailable,
+    too_large,
+)
 
 log = logging.getLogger(__name__)
 
@@ -293,10 +298,19 @@ class S3Store:
         log.debug("uploaded %s in %.2fs, sha256 %s", self.uri(key), elapsed, digest)
         return digest
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         with self._call("read", key):
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return bytes(response["Body"].read())
+            body = response["Body"]
+            if max_bytes is None:
+                return bytes(body.read())
+            # The declared length first, and the read bounded all the same.
+            declared = int(response.get("ContentLength") or 0)
+            data = b"" if declared > max_bytes else bytes(body.read(max_bytes + 1))
+            body.close()
+        if declared > max_bytes or len(data) > max_bytes:
+            raise too_large(self.uri(key), max_bytes)
+        return data
 
     def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
         full = self._key(key)
