@@ -10,13 +10,11 @@ checkpoint without a MAC, and one read without the run's key.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from resumequal.checkpoint import (
     CheckpointManager,
@@ -31,6 +29,7 @@ from resumequal.errors import CheckpointError
 from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import QualificationSpec, parse_spec
 from tests.checkpoint_attacks import tamper
+from tests.process_group import single_rank_group
 from tests.unit.rank_states import Plain
 
 if TYPE_CHECKING:
@@ -46,13 +45,8 @@ NAME = Position(STEPS).name
 @pytest.fixture
 def process_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Rank 0 of 1, as a worker's checkpoint manager has (gloo over a FileStore)."""
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    try:
+    with single_rank_group(tmp_path_factory.mktemp("pg")):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _spec(server: MotoServer, bucket: str) -> QualificationSpec:

@@ -9,12 +9,12 @@ import platform
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
+
+from tests.process_group import single_rank_group
 
 UNIT_TIMEOUT_S = 30  # per test, unless it says otherwise (the fuzz tests do)
 
@@ -52,11 +52,5 @@ def _no_sockets_or_processes(monkeypatch: pytest.MonkeyPatch,
 @pytest.fixture(scope="module")
 def single_process_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A single-process gloo group (rank 0 of 1) over a FileStore; no network."""
-    assert not dist.is_initialized()
-    store = dist.FileStore(str(tmp_path_factory.mktemp("pg") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    try:
+    with single_rank_group(tmp_path_factory.mktemp("pg")):
         yield
-    finally:
-        dist.destroy_process_group()

@@ -175,8 +175,8 @@ def test_commit_waits_until_the_background_write_is_done(gate: Gate, tmp_path: P
     model, optimizer = _trained()
     expected = clone_tree(_state(model, optimizer))
     held: list[bool] = []
-    mgr.save_async(Position(1), _state(model, optimizer), Plain(cursor=1),
-                   info={"leg": "t"}, before_commit=lambda: held.append(True))
+    mgr.save(Position(1), _state(model, optimizer), Plain(cursor=1), info={"leg": "t"},
+             before_commit=lambda: held.append(True), background=True)
     assert held == [True]  # the hook for `preemption.at: checkpoint_commit`
     assert mgr.pending == Position(1)
     staging = layout.staging_path(tmp_path, Position(1), 0)
@@ -205,7 +205,7 @@ def test_a_failed_background_write_is_a_checkpoint_error(gate: Gate, tmp_path: P
     mgr = _manager(tmp_path)
     model, optimizer = _trained()
     gate.fail = OSError("disk full")
-    mgr.save_async(Position(4), _state(model, optimizer), Plain())
+    mgr.save(Position(4), _state(model, optimizer), Plain(), background=True)
     gate.open.set()
     with pytest.raises(CheckpointError,
                        match=r"(?s)step-00000004 failed on rank\(s\) 0; rank 0: .*disk full"):
@@ -218,12 +218,13 @@ def test_a_failed_background_write_is_a_checkpoint_error(gate: Gate, tmp_path: P
 def test_a_new_save_first_commits_the_pending_one(gate: Gate, tmp_path: Path) -> None:
     mgr = _manager(tmp_path, keep_last=1)
     model, optimizer = _trained()
-    mgr.save_async(Position(4), _state(model, optimizer), Plain())
+    mgr.save(Position(4), _state(model, optimizer), Plain(), background=True)
     assert gate.reached.wait(GATE_TIMEOUT)
     opener = threading.Timer(0.3, gate.open.set)
     opener.start()
     _step(model, optimizer)
-    mgr.save_async(Position(8), _state(model, optimizer), Plain())  # blocks until step 4 is in
+    # Blocks until step 4 is in.
+    mgr.save(Position(8), _state(model, optimizer), Plain(), background=True)
     opener.join()
     assert [p.name for p in layout.committed(tmp_path)] == ["step-00000004"]
     assert mgr.pending == Position(8)
@@ -237,7 +238,7 @@ def test_a_synchronous_save_commits_the_pending_one_first(gate: Gate, tmp_path: 
     mgr = _manager(tmp_path)
     model, optimizer = _trained()
     gate.open.set()
-    mgr.save_async(Position(4), _state(model, optimizer), Plain())
+    mgr.save(Position(4), _state(model, optimizer), Plain(), background=True)
     _step(model, optimizer)
     assert mgr.save(Position(5, 1), _state(model, optimizer), Plain()) == "step-00000005+1"
     assert mgr.pending is None
@@ -246,10 +247,10 @@ def test_a_synchronous_save_commits_the_pending_one_first(gate: Gate, tmp_path: 
         verify(tmp_path / name)
 
 
-def test_save_async_needs_a_manager_made_for_it(tmp_path: Path) -> None:
+def test_a_background_save_needs_a_manager_made_for_it(tmp_path: Path) -> None:
     mgr = CheckpointManager(FolderRoot(tmp_path), rank=0, world_size=1, attempt=0, keep_last=1)
     with pytest.raises(CheckpointError, match="without async_save"):
-        mgr.save_async(Position(1), {"x": torch.zeros(1)}, Plain())
+        mgr.save(Position(1), {"x": torch.zeros(1)}, Plain(), background=True)
 
 
 @pytest.mark.parametrize(

@@ -185,7 +185,7 @@ def _newest(root: RemoteRoot) -> str:
 def test_a_background_save_uploads_at_its_commit(tmp_path: Path) -> None:
     root = _root(tmp_path)
     m = _manager(root, async_save=True)
-    m.save_async(Position(4), _state(4), Plain(step=4))
+    m.save(Position(4), _state(4), Plain(step=4), background=True)
     assert m.poll(wait=True) == "step-00000004"
     assert remote.committed(root) == [Position(4)]
     loaded = _manager(root).load(_newest(root), _template, Plain)

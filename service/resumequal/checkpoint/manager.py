@@ -237,19 +237,6 @@ class CheckpointManager:
         return self._commit_everywhere(staging, position, info or {}, group=None,
                                        published=published)
 
-    def save_async(
-        self,
-        position: Position,
-        tensors: dict[str, Any],
-        rank_state: BaseModel,
-        *,
-        info: dict[str, Any] | None = None,
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
-        """:meth:`save` in the background; ``poll`` commits it."""
-        self.save(position, tensors, rank_state, info=info, before_commit=before_commit,
-                  background=True)
-
     def _start_background(self, tensors: dict[str, Any],
                           writer: dcp.FileSystemWriter) -> Future[Any]:
         # A FileSystemWriter is its own stager: async_save copies every tensor into new
