@@ -59,7 +59,8 @@ def test_the_operator_process_reconciles_and_stops_on_sigterm(
                POD_NAME="op-process", POD_NAMESPACE=NAMESPACE)
     env.pop("KUBERNETES_SERVICE_HOST", None)
     cmd = [sys.executable, "-c", "from resumequal_operator.main import main; main()", "run",
-           "--port", str(port), "--poll-seconds", "0.1"]
+           "--port", str(port), "--poll-seconds", "0.1",
+           f"--allow-endpoint={store['endpointUrl']}"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         eventually(lambda: _get(f"http://127.0.0.1:{port}/readyz") == 200, timeout=20,
