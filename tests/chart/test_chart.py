@@ -189,17 +189,15 @@ def _rules(role: Obj) -> set[tuple[str, str, str]]:
     }
 
 
+# What the operator requests (tests/operator/test_rbac.py), and no more.
 OPERATOR_RULES = (
-    {
-        ("resumequal.dev", "qualificationruns", v)
-        for v in ("get", "list", "watch", "update", "patch")
-    }
-    | {("resumequal.dev", "qualificationruns/status", v) for v in ("get", "update", "patch")}
-    | {("resumequal.dev", "qualificationruns/finalizers", "update")}
-    | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch", "create", "delete")}
-    | {("batch", "jobs", v) for v in ("get", "list", "watch", "create", "delete")}
-    | {("", "pods", v) for v in ("get", "list", "watch", "delete")}
-    | {("", "events", v) for v in ("create", "patch")}
+    {("resumequal.dev", "qualificationruns", v) for v in ("get", "list", "watch", "patch")}
+    | {("resumequal.dev", "qualificationruns/status", "update")}
+    | {("resumequal.dev", "qualificationruns/finalizers", "update")}  # blockOwnerDeletion
+    | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "create", "delete")}
+    | {("batch", "jobs", v) for v in ("get", "list", "create", "delete")}
+    | {("", "pods", v) for v in ("get", "delete")}
+    | {("", "events", "create")}
     | {("", "secrets", "create")}  # each run's checkpoint key, never read back
 )
 
