@@ -32,7 +32,8 @@ def crd() -> None:
               help="Namespace of the run; default: metadata.namespace, else 'default'.")
 def render(file: TextIO, namespace: str | None) -> None:
     """Print, as YAML, every object the QualificationRun(s) in FILE ('-': stdin) would
-    create (leg PyTorchJobs, comparator Job), without a cluster. Exit 2 on a bad spec."""
+    create (checkpoint key Secret with a placeholder key, leg PyTorchJobs, comparator Job),
+    without a cluster. Exit 2 on a bad spec."""
     from resumequal_operator.render import render_yaml
     from resumequal_operator.resource import RunSpecError
 
