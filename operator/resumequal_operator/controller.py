@@ -27,6 +27,7 @@ from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
 from resumequal.results import Timeline, build_report, failed_verdict, run_uri
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
+from resumequal.verdict import PhaseEvent
 from resumequal_operator import pytorchjob
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.backend import (
@@ -54,6 +55,7 @@ from resumequal_operator.status import (
     pinned_spec,
     read_status,
     run_status,
+    stored_machine,
 )
 
 log = logging.getLogger(__name__)
@@ -120,10 +122,18 @@ class Reconciler:
             machine = machine_of(previous)
             if machine is not None and machine.done:
                 return None
+            message = "\n".join(map(str, refused))
             if machine is not None:
+                # Stopped for good: a wider allowlist later must not start it again over
+                # what it already wrote in its run location.
                 delete_run_jobs(self.kube, RunRef.of(obj))
-            self._invalid(obj, previous, generation, "\n".join(map(str, refused)),
-                          reason=NOT_ALLOWED)
+                machine.phase, machine.reason, machine.message = \
+                    Phase.FAILED, Reason.INVALID, message
+                machine.history.append(PhaseEvent(phase=Phase.FAILED.value, at=self.clock(),
+                                                  reason=Reason.INVALID, message=message))
+            self._invalid(obj, previous, generation, message, reason=NOT_ALLOWED,
+                          machine=None if machine is None else stored_machine(
+                              machine, pinned if pinned is not None else obj["spec"]))
             return None
         if previous is not None and previous.phase in (Phase.SUCCEEDED, Phase.FAILED) \
                 and not previous.machine:
@@ -256,10 +266,14 @@ class Reconciler:
                            f"after {STATUS_RETRIES} attempts", status=409, reason="Conflict")
 
     def _invalid(self, obj: Obj, previous: QualificationRunStatus | None,
-                 generation: int | None, message: str, reason: str = INVALID_SPEC) -> None:
-        """Failed before it started: a spec that cannot run (InvalidSpec) or that the
-        allowlists refuse (NotAllowed); the condition and a Warning Event say why."""
+                 generation: int | None, message: str, reason: str = INVALID_SPEC,
+                 machine: dict[str, Any] | None = None) -> None:
+        """Failed before it started (or stopped: ``machine``, its ended machine): a spec
+        that cannot run (InvalidSpec) or that the allowlists refuse (NotAllowed); the
+        condition and a Warning Event say why."""
         status = invalid_status(previous, generation, message, reason=reason)
+        if machine is not None:
+            status = status.model_copy(update={"machine": machine})
         ready = next((c for c in previous.conditions if c.type == "Ready"), None) \
             if previous else None
         if ready is None or ready.reason != reason or ready.message != message[:1024]:

@@ -172,12 +172,18 @@ def test_a_started_run_that_a_narrower_allowlist_refuses_is_stopped(
     eventually(lambda: len(api.list(PYTORCHJOBS.plural, NAMESPACE)) == 2 or None,
                what="both legs' PyTorchJobs")
     operators.stop(first)
-    operators.start(allowlist=Allowlist(images=("ghcr.io/trusted/*",),
-                                        endpoints=(moto_server.endpoint,)))
+    narrow = operators.start(allowlist=Allowlist(images=("ghcr.io/trusted/*",),
+                                                 endpoints=(moto_server.endpoint,)))
     failed = wait_phase(api, "narrowed", "Failed")
     assert condition(failed, "Ready")["reason"] == "NotAllowed"
+    assert "allowlist.images" in condition(failed, "Ready")["message"]
     eventually(lambda: not [j for j in api.list(PYTORCHJOBS.plural, NAMESPACE)
                             if not j["metadata"].get("deletionTimestamp")] or None,
                what="its legs deleted")
     assert "NotAllowed" in [r for r, _, _ in events(api, "narrowed")]
+    # Stopped for good: a wider allowlist again does not start it over its run location.
+    operators.stop(narrow)
+    wide = operators.start()
+    eventually(lambda: wide.reconciles >= 1 or None, what="a reconcile of the stopped run")
     assert qr(api, "narrowed")["status"]["phase"] == "Failed"
+    assert len(api.created(PYTORCHJOBS.plural)) == 2
