@@ -9,7 +9,9 @@ scenario of a seed matrix).
 Negative controls are real preempted-and-restarted legs: the same cut and kill as the main
 leg, with one part of the state left out of the resume. The pending-gradients control
 needs a checkpoint that holds pending gradients, which only a graceful kill at a
-mid-accumulation cut writes, so that control runs with a graceful kill.
+mid-accumulation cut writes, so that control runs with a graceful kill. The loader-state
+control exists only where the data comes through a StatefulDataLoader (``workload.loader``);
+elsewhere it is not planned at all.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
         p = spec.preemption
         for omission in spec.controls.omissions:
             leg_spec, method = spec, REAL_LEG
+            if omission == "loader_state" and spec.workload.loader is None:
+                continue
             if omission == "pending_grads":
                 if p.microstep == 0 or p.at != "microbatch":
                     not_run.append(NotRun(omission, (

@@ -51,9 +51,11 @@ Boundary = Literal[
 BOUNDARIES: tuple[Boundary, ...] = get_args(Boundary)
 
 # The parts of training state a negative control may leave out of a resume.
-Omission = Literal["rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads"]
+# ``loader_state`` applies only to a workload fed by a StatefulDataLoader (workload.loader).
+Omission = Literal["rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads",
+                   "loader_state"]
 OMISSIONS: tuple[Omission, ...] = (
-    "rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads"
+    "rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads", "loader_state"
 )
 
 
@@ -109,6 +111,27 @@ class _Section(BaseModel):
     model_config = SECTION_CONFIG
 
 
+class LoaderSpec(_Section):
+    """Feed the workload through torchdata's ``StatefulDataLoader`` (worker processes,
+    prefetch), whose ``state_dict`` is checkpointed per rank.
+
+    A built-in workload is wrapped in one with these settings. A factory is handed them as
+    ``ctx.loader`` and must return a ``StatefulDataLoader`` built with them (checked when
+    the workload is built), so the spec says what ran."""
+
+    workers: int = Field(
+        default=2, ge=0, le=64,
+        description="DataLoader worker processes per rank; 0: load in the training process.",
+    )
+    prefetch_factor: int = Field(
+        default=2, ge=1, le=64,
+        description="Batches each worker loads ahead (with workers only).",
+    )
+    persistent_workers: bool = Field(
+        default=True, description="Keep the workers across epochs (with workers only)."
+    )
+
+
 class WorkloadSpec(_Section):
     """What trains: a built-in reference workload or a user factory ``module:function``."""
 
@@ -119,6 +142,11 @@ class WorkloadSpec(_Section):
     params: dict[str, Any] = Field(
         default_factory=dict, max_length=MAX_PARAMS,
         description="Workload parameters, validated by the workload.",
+    )
+    loader: LoaderSpec | None = Field(
+        default=None,
+        description="Set: the data source is a torchdata StatefulDataLoader (needs "
+        "resumequal[data]); a built-in is wrapped in one, a factory must return one.",
     )
 
     @field_validator("name")

@@ -1,7 +1,8 @@
 """Capture and restore of the full training state, and the negative-control omissions.
 
-Owns what a checkpoint must carry (model, optimizer, scheduler, RNGs, data cursor,
-counters, pending gradients at a mid-accumulation cut, AMP scaler) and how a restore may
+Owns what a checkpoint must carry (model, optimizer, scheduler, RNGs, data cursor and a
+StatefulDataLoader's state, counters, pending gradients at a mid-accumulation cut, AMP
+scaler) and how a restore may
 deliberately leave parts out. Knows nothing about files, stores or commit protocols.
 
 The state is split in two: tensors that DCP writes (model, optimizer, rank-keyed pending
@@ -32,6 +33,7 @@ from resumequal.errors import CheckpointError
 from resumequal.spec import OMISSIONS
 from resumequal.trace.records import StepPartial
 from resumequal.workloads.base import Workload
+from resumequal.workloads.loader import LoaderStream
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +42,17 @@ RANK_STATE_FORMAT: Final = 2
 
 # What each omission leaves out of a restore. Counters are always restored: they position
 # the loop, and every resume implementation stores at least the step it stopped at.
+# A StatefulDataLoader's state decides which samples come next: it is part of the data
+# cursor, and ``loader_state`` leaves out only it (the stream's epoch is still restored).
 _OMITTED_PARTS: dict[str, frozenset[str]] = {
     "rng": frozenset({"rng"}),
-    "data_cursor": frozenset({"data_cursor"}),
+    "data_cursor": frozenset({"data_cursor", "loader"}),
     "scheduler": frozenset({"scheduler"}),
     "model_optimizer_only": frozenset(
-        {"rng", "data_cursor", "scheduler", "scaler", "pending_grads"}
+        {"rng", "data_cursor", "loader", "scheduler", "scaler", "pending_grads"}
     ),
     "pending_grads": frozenset({"pending_grads"}),
+    "loader_state": frozenset({"loader"}),
 }
 assert set(_OMITTED_PARTS) == set(OMISSIONS)
 
@@ -162,6 +167,8 @@ class RankState(_Strict):
     # Any, not JsonValue: a tuple is accepted (and comes back as a list); what JSON
     # cannot hold fails when the checkpoint is saved, naming the rank state.
     data_cursor: dict[str, Any]
+    # A StatefulDataLoader's state_dict, encoded as JSON values (workloads.plainstate).
+    loader: dict[str, Any] | None = None
     scheduler: dict[str, Any] | None
     scaler: dict[str, Any] | None
     trace_partial: dict[str, Any] | None
@@ -251,6 +258,7 @@ def rank_state(live: LiveState) -> RankState:
         counters=CounterState(**asdict(live.counters)),
         rng=RngState.of(capture_rng()),
         data_cursor=w.dataset.state_dict(),
+        loader=w.dataset.loader_state_dict() if isinstance(w.dataset, LoaderStream) else None,
         scheduler=w.scheduler.state_dict() if w.scheduler is not None else None,
         scaler=w.scaler.state_dict() if w.scaler is not None else None,
         trace_partial=live.trace_partial,
@@ -297,6 +305,8 @@ def restore(
             w.dataset.load_state_dict(ranks.data_cursor)
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source}: data cursor does not fit the dataset: {e}") from e
+    if "loader" not in parts:
+        _load_loader(w.dataset, ranks.loader, source)
     if "rng" not in parts:
         restore_rng(ranks.rng.live())
     c = ranks.counters
@@ -314,6 +324,21 @@ def _load_optional(obj: Any, state: Any, name: str, source: str) -> None:
         raise CheckpointError(f"{source}: the workload {have} {name} but the checkpoint {saved}")
     if obj is not None:
         obj.load_state_dict(state)
+
+
+def _load_loader(dataset: object, state: dict[str, Any] | None, source: str) -> None:
+    stream = dataset if isinstance(dataset, LoaderStream) else None
+    if (stream is None) != (state is None):
+        have = "reads from" if stream is not None else "has no"
+        saved = "saved" if state is not None else "saved no"
+        raise CheckpointError(
+            f"{source}: the workload {have} a StatefulDataLoader but the checkpoint {saved} "
+            "loader state")
+    if stream is not None and state is not None:
+        try:
+            stream.load_loader_state_dict(state)
+        except (KeyError, TypeError, ValueError, AssertionError) as e:
+            raise CheckpointError(f"{source}: loader state does not fit the loader: {e}") from e
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:

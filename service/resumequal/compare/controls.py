@@ -140,7 +140,7 @@ def not_applicable_evidence(run_dir: Path, plan: LegPlan, omission: str) -> str 
         return _rng_still(steps)
     if omission == "scheduler":
         return _lr_constant(steps)
-    if omission == "data_cursor":
+    if omission in ("data_cursor", "loader_state"):
         return _inputs_constant(steps)
     if omission == "pending_grads":
         leg = LegTrace.read(run_dir, plan.name, world)

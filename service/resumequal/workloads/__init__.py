@@ -11,7 +11,9 @@ Errors from :func:`load_workload`:
 
 - ``SpecError`` (names ``workload.name`` or ``workload.params.<field>``): unknown workload,
   factory module not importable, attribute missing or not callable, bad parameters.
-- ``TrainingError``: the factory ran but returned something that is not a ``Workload``.
+- ``TrainingError``: the factory ran but returned something that is not a ``Workload``, a
+  data source that is neither a ``StatefulDataset`` nor a ``StatefulDataLoader``, or a
+  source that does not match ``workload.loader``.
 """
 
 from __future__ import annotations
@@ -84,16 +86,41 @@ def load_workload(spec: WorkloadSpec, ctx: WorkloadContext) -> Workload:
     """Build the workload ``spec`` names; the factory sees ``spec.params`` as ``ctx.params``."""
     factory = resolve_factory(spec.name)
     logger.debug("building workload %s on rank %d", spec.name, ctx.rank)
-    workload = factory(replace(ctx, params=dict(spec.params)))
+    workload = factory(replace(ctx, params=dict(spec.params), loader=spec.loader))
     if not isinstance(workload, Workload):
         raise TrainingError(
             f"workload factory {spec.name!r} returned a {type(workload).__name__}, "
             "not a resumequal.workloads.base.Workload"
         )
-    if not isinstance(workload.dataset, StatefulDataset):
+    return replace(workload, dataset=_data_source(spec, workload.dataset))
+
+
+def _data_source(spec: WorkloadSpec, dataset: object) -> StatefulDataset:
+    """The workload's dataset behind the StatefulDataset protocol, checked against
+    ``workload.loader``."""
+    from resumequal.workloads import loader
+
+    if loader.is_stateful_dataloader(dataset):
+        dataset = loader.LoaderStream(dataset)  # type: ignore[arg-type]
+    if isinstance(dataset, loader.LoaderStream):
+        if spec.loader is None:
+            raise TrainingError(
+                f"workload factory {spec.name!r} returned a StatefulDataLoader: set "
+                "workload.loader (e.g. 'loader: {workers: 2}') so that its state's negative "
+                "control is planned and the spec says how it loads"
+            )
+        loader.check_settings(dataset, spec.loader)
+        return dataset
+    if spec.loader is not None:
+        raise TrainingError(
+            f"workload.loader is set but workload factory {spec.name!r} returned a "
+            f"{type(dataset).__name__}, not a torchdata StatefulDataLoader"
+        )
+    if not isinstance(dataset, StatefulDataset):
         raise TrainingError(
             f"workload factory {spec.name!r} returned a dataset "
-            f"({type(workload.dataset).__name__}) without the StatefulDataset methods "
-            "next_microbatch, synthetic_microbatch, state_dict, load_state_dict"
+            f"({type(dataset).__name__}) without the StatefulDataset methods "
+            "next_microbatch, synthetic_microbatch, state_dict, load_state_dict, and it is "
+            "not a torchdata StatefulDataLoader"
         )
-    return workload
+    return dataset

@@ -10,6 +10,12 @@ Rules a factory must follow for a resume to be exact:
 - The dataset is a :class:`StatefulDataset`: everything that decides which samples come
   next lives in ``state_dict()`` (plain Python values), and ``load_state_dict`` restores it
   strictly (a missing or unexpected key raises ``KeyError`` naming the key).
+- Or, with ``workload.loader`` in the spec, the dataset is a torchdata
+  ``StatefulDataLoader`` built with ``ctx.loader`` (a ``torch.utils.data.Dataset``, a
+  sampler, worker processes): :func:`~resumequal.workloads.load_workload` puts it behind
+  the protocol (:class:`~resumequal.workloads.loader.LoaderStream`, which says how a batch
+  carries its sample ids) and its ``state_dict`` is checkpointed per rank. Wrap it in a
+  ``LoaderStream`` yourself to keep the field's type, or to choose the ids key.
 - Randomness in the input path may draw from the global Python ``random``, NumPy and torch
   RNGs (resumequal checkpoints them per rank); any private generator must be part of the
   dataset's state.
@@ -30,7 +36,7 @@ import torch
 from pydantic import BaseModel, ValidationError
 from torch import nn
 
-from resumequal.spec import SpecError, TrainingSpec
+from resumequal.spec import LoaderSpec, SpecError, TrainingSpec
 
 
 @dataclass
@@ -81,13 +87,15 @@ class Workload:
 
 @dataclass(frozen=True)
 class WorkloadContext:
-    """What a factory is given: its parameters, the training section, and its place."""
+    """What a factory is given: its parameters, the training section, and its place;
+    ``loader`` is ``workload.loader`` (None: the factory's dataset is its own)."""
 
     params: dict[str, Any]
     training: TrainingSpec
     rank: int
     world_size: int
     device: torch.device
+    loader: LoaderSpec | None = None
 
 
 WorkloadFactory = Callable[[WorkloadContext], Workload]

@@ -19,7 +19,7 @@ from torch import nn
 
 from resumequal.workloads.base import Microbatch, Workload, WorkloadContext, parse_params
 from resumequal.workloads.optim import build_optimizer, build_scheduler
-from resumequal.workloads.stream import Sample, ShardedStream, sample_generator
+from resumequal.workloads.stream import Sample, sample_generator, sample_source
 
 # Spread of a sample around its class centre; wide enough that classes overlap.
 _CLASS_SPREAD = 0.8
@@ -99,15 +99,7 @@ def build(ctx: WorkloadContext) -> Workload:
     model = DropoutMLP(params).to(ctx.device)
     optimizer = build_optimizer(model.parameters(), training.optimizer)
     samples = GaussianClasses(params, training.seed)
-    dataset = ShardedStream(
-        num_samples=params.num_samples,
-        microbatch_size=training.microbatch_size,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        seed=training.seed,
-        make_sample=samples,
-        blank_sample=samples.blank,
-    )
+    dataset = sample_source(ctx, params.num_samples, samples, samples.blank)
     return Workload(
         model=model,
         optimizer=optimizer,

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from resumequal.workloads.base import Microbatch
+from resumequal.workloads.base import Microbatch, StatefulDataset, WorkloadContext
 
 Sample = tuple[torch.Tensor, ...]
 Collate = Callable[[Sequence[Sample]], Any]
@@ -152,3 +152,24 @@ class ShardedStream:
         self._epoch = state["epoch"]
         self._permutation_seed = state["permutation_seed"]
         self._position = state["position"]
+
+
+def sample_source(
+    ctx: WorkloadContext,
+    num_samples: int,
+    make_sample: Callable[[int], Sample],
+    blank_sample: Callable[[], Sample],
+) -> StatefulDataset:
+    """A built-in's per-rank data source: a :class:`ShardedStream`, or with
+    ``workload.loader`` the same samples through a ``StatefulDataLoader`` with workers."""
+    t = ctx.training
+    if ctx.loader is None:
+        return ShardedStream(num_samples=num_samples, microbatch_size=t.microbatch_size,
+                             rank=ctx.rank, world_size=ctx.world_size, seed=t.seed,
+                             make_sample=make_sample, blank_sample=blank_sample)
+    from resumequal.workloads.loader import builtin_loader
+
+    return builtin_loader(ctx.loader, num_samples=num_samples,
+                          microbatch_size=t.microbatch_size, rank=ctx.rank,
+                          world_size=ctx.world_size, seed=t.seed, make_sample=make_sample,
+                          blank_sample=blank_sample)

@@ -17,7 +17,7 @@ from torch import nn
 
 from resumequal.workloads.base import Microbatch, Workload, WorkloadContext, parse_params
 from resumequal.workloads.optim import build_optimizer, build_scheduler
-from resumequal.workloads.stream import Sample, ShardedStream, sample_generator
+from resumequal.workloads.stream import Sample, sample_generator, sample_source
 
 # How likely each of a token's successors is: low entropy, so the loss visibly falls.
 _SUCCESSOR_PROBS = (0.55, 0.25, 0.12, 0.08)
@@ -165,15 +165,7 @@ def build(ctx: WorkloadContext) -> Workload:
     model = TinyGPT(params).to(ctx.device)
     optimizer = build_optimizer(model.parameters(), training.optimizer)
     samples = MarkovTokens(params, training.seed)
-    dataset = ShardedStream(
-        num_samples=params.num_samples,
-        microbatch_size=training.microbatch_size,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        seed=training.seed,
-        make_sample=samples,
-        blank_sample=samples.blank,
-    )
+    dataset = sample_source(ctx, params.num_samples, samples, samples.blank)
     return Workload(
         model=model,
         optimizer=optimizer,
