@@ -652,7 +652,9 @@ def apply_overrides(
         for key in keys[:-1]:
             if not isinstance(node, dict):
                 raise SpecError(f"--set {item!r}: {key!r} is not a section")
-            node = node.setdefault(key, {})
+            if node.get(key) is None:  # an optional section not set yet (workload.loader)
+                node[key] = {}
+            node = node[key]
         if not isinstance(node, dict):
             raise SpecError(f"--set {item!r}: {keys[-2]!r} is not a section")
         node[keys[-1]] = value
