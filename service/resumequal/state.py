@@ -329,10 +329,10 @@ def _load_optional(obj: Any, state: Any, name: str, source: str) -> None:
 def _load_loader(dataset: object, state: dict[str, Any] | None, source: str) -> None:
     stream = dataset if isinstance(dataset, LoaderStream) else None
     if (stream is None) != (state is None):
-        have = "reads from" if stream is not None else "has no"
+        have = "reads from a" if stream is not None else "has no"
         saved = "saved" if state is not None else "saved no"
         raise CheckpointError(
-            f"{source}: the workload {have} a StatefulDataLoader but the checkpoint {saved} "
+            f"{source}: the workload {have} StatefulDataLoader but the checkpoint {saved} "
             "loader state")
     if stream is not None and state is not None:
         try:

@@ -329,8 +329,8 @@ def builtin_loader(
             f"{microbatch_size} in a world of {world_size}"
         )
     dataset = SampleDataset(num_samples, make_sample)
-    sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=seed, drop_last=True)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
     loader = _stateful_dataloader_class()(
         dataset, batch_size=microbatch_size, sampler=sampler, drop_last=True,  # type: ignore[call-arg]
         **loader_options(spec),
