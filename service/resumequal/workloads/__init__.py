@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from resumequal.errors import TrainingError
 from resumequal.spec import SpecError, WorkloadSpec
-from resumequal.workloads import dropout_mlp, tiny_gpt
+from resumequal.workloads import dropout_mlp, loader, tiny_gpt
 from resumequal.workloads.base import (
     Microbatch,
     StatefulDataset,
@@ -98,8 +98,6 @@ def load_workload(spec: WorkloadSpec, ctx: WorkloadContext) -> Workload:
 def _data_source(spec: WorkloadSpec, dataset: object) -> StatefulDataset:
     """The workload's dataset behind the StatefulDataset protocol, checked against
     ``workload.loader``."""
-    from resumequal.workloads import loader
-
     if loader.is_stateful_dataloader(dataset):
         dataset = loader.LoaderStream(dataset)  # type: ignore[arg-type]
     if isinstance(dataset, loader.LoaderStream):
