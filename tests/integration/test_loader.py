@@ -1,5 +1,6 @@
-"""`resumequal run` with data through torchdata's StatefulDataLoader and worker processes:
-a built-in workload and the Hugging Face example, each killed mid-accumulation."""
+"""Data through torchdata's StatefulDataLoader with worker processes: a stream's resume
+with and without the workers' RNGs, and (slow) `resumequal run` of a built-in workload and
+of the Hugging Face example, each killed mid-accumulation."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
+from resumequal.workloads.dropout_mlp import DropoutMLPParams, GaussianClasses
+from resumequal.workloads.loader import LoaderStream, SampleDataset
 from tests.integration import legs
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -26,6 +30,54 @@ def _controls(verdict: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["omission"]: c for c in verdict["controls"]}
 
 
+class _Plain(Dataset[tuple[Any, ...]]):
+    """The same samples without the dataset's state: workers' RNGs are not snapshotted."""
+
+    def __init__(self, inner: SampleDataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        return self.inner[index]
+
+
+def _augmenting_stream(stateful: bool) -> LoaderStream:
+    samples = SampleDataset(400, GaussianClasses(DropoutMLPParams(), seed=3))
+    dataset: Dataset[tuple[Any, ...]] = samples if stateful else _Plain(samples)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        dataset, num_replicas=1, rank=0, shuffle=True, seed=1, drop_last=True)
+    return LoaderStream(StatefulDataLoader(dataset, batch_size=4, sampler=sampler,
+                                           num_workers=2, persistent_workers=True))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stateful", [True, False], ids=["stateful", "plain"])
+def test_worker_augmentation_resumes_only_with_the_workers_rng_in_the_state(
+        stateful: bool) -> None:
+    torch.manual_seed(0)
+    stream = _augmenting_stream(stateful)
+    for _ in range(5):
+        stream.next_microbatch()
+    cursor = json.loads(json.dumps(stream.state_dict()))
+    loader = json.loads(json.dumps(stream.loader_state_dict()))
+    expected = [stream.next_microbatch() for _ in range(3)]
+
+    torch.manual_seed(0)
+    resumed = _augmenting_stream(stateful)
+    resumed.load_state_dict(cursor)
+    resumed.load_loader_state_dict(loader)
+    got = [resumed.next_microbatch() for _ in range(3)]
+    # The loader's state always brings the same samples back...
+    assert [m.sample_ids for m in got] == [m.sample_ids for m in expected]
+    # ...but a worker's augmentation draws from RNGs seeded afresh unless the dataset's
+    # state carries them.
+    same = [torch.equal(a.data[0], b.data[0]) for a, b in zip(got, expected, strict=True)]
+    assert same == [stateful] * 3
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_builtin_through_two_loader_workers_resumes_exactly(tmp_path: Path) -> None:
     # dropout-mlp augments each sample from the global RNGs: in a worker those are the
@@ -47,6 +99,7 @@ def test_a_builtin_through_two_loader_workers_resumes_exactly(tmp_path: Path) ->
     assert (first["step"], first["boundary"]) == (5, "inputs"), control
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_hugging_face_example_passes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
