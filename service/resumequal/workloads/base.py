@@ -18,7 +18,10 @@ Rules a factory must follow for a resume to be exact:
   ``LoaderStream`` yourself to keep the field's type, or to choose the ids key.
 - Randomness in the input path may draw from the global Python ``random``, NumPy and torch
   RNGs (resumequal checkpoints them per rank); any private generator must be part of the
-  dataset's state.
+  dataset's state. In a DataLoader worker process the global RNGs are the worker's own,
+  seeded afresh on a resume: a dataset drawing from them must be ``Stateful`` and carry
+  them (as :class:`~resumequal.workloads.loader.SampleDataset` does), or draw from a
+  generator seeded by the sample id.
 - ``loss_fn(model, microbatch)`` returns the un-normalised loss of one microbatch; the loop
   divides by the accumulation steps.
 
