@@ -9,7 +9,8 @@ scenario of a seed matrix).
 Negative controls are real preempted-and-restarted legs: the same cut and kill as the main
 leg, with one part of the state left out of the resume. The pending-gradients control
 needs a checkpoint that holds pending gradients, which only a graceful kill at a
-mid-accumulation cut writes, so that control runs with a graceful kill.
+mid-accumulation cut writes, so that control runs with a graceful kill. The scaler
+control needs a GradScaler, which only ``training.precision: fp16`` has.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class NotRun:
 
     omission: Omission
     evidence: str
+    mechanism: str = "not run: the omitted state cannot exist at this cut"
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,12 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
         p = spec.preemption
         for omission in spec.controls.omissions:
             leg_spec, method = spec, REAL_LEG
+            if omission == "scaler" and spec.training.precision != "fp16":
+                not_run.append(NotRun(omission, (
+                    f"training.precision is {spec.training.precision}: there is no "
+                    "GradScaler, so no scaler state to leave out"),
+                    "not run: the omitted state does not exist in this precision"))
+                continue
             if omission == "pending_grads":
                 if p.microstep == 0 or p.at != "microbatch":
                     not_run.append(NotRun(omission, (

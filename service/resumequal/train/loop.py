@@ -45,6 +45,7 @@ from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
+    LossScaleRecord,
     MicrostepPartial,
     MicrostepRecord,
     RestoreRecord,
@@ -55,6 +56,7 @@ from resumequal.trace.records import (
     TraceWriter,
 )
 from resumequal.train.distributed import Placement, process_started_at
+from resumequal.train.precision import Precision, scaler_state
 from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag
 from resumequal.train.prime import prime_reducer
 from resumequal.workloads import load_workload
@@ -172,6 +174,7 @@ class Trainer:
         torch.set_num_threads(self.spec.world.threads_per_rank)
         if t.deterministic_algorithms:
             torch.use_deterministic_algorithms(True)
+        self.precision = Precision.of(t, self.p.device)
         # Identical model initialisation on every rank, then per-rank streams.
         seed_everything(t.seed)
         ctx = WorkloadContext(
@@ -194,7 +197,7 @@ class Trainer:
         ddp.register_comm_hook(None, lambda state, bucket: recorder.hook(state, bucket))
         seed_everything(t.seed + 104729 * (self.p.rank + 1))
         return LiveState(workload=workload, model=ddp, rank=self.p.rank,
-                         world_size=self.p.world_size)
+                         world_size=self.p.world_size, scaler=self.precision.new_scaler())
 
     def _resume(self, live: LiveState) -> None:
         removed = self.ckpt.collect_garbage()
@@ -257,7 +260,7 @@ class Trainer:
         self.trace.write(collect_inventory(self.p.rank, self.p.attempt))
         self._resume(live)
         if self.spec.ddp.reducer_prime:
-            prime_reducer(live)
+            prime_reducer(live, self.precision)
             self.recorder.reset()
         t = self.spec.training
         for step in range(live.counters.step + 1, t.steps + 1):
@@ -286,10 +289,10 @@ class Trainer:
             mb = w.dataset.next_microbatch()
             sync = m == accum - 1
             with nullcontext() if sync else _no_sync(live.model):
-                loss = w.loss_fn(live.model, mb)
+                loss = self.precision.loss(w.loss_fn, live.model, mb)
                 scaled = loss / accum
-                if w.scaler is not None:
-                    scaled = w.scaler.scale(scaled)
+                if live.scaler is not None:
+                    scaled = live.scaler.scale(scaled)
                 scaled.backward()
             live.trace_partial["microsteps"].append(
                 MicrostepPartial(index=m, sample_ids=list(mb.sample_ids), loss=loss.item())
@@ -301,17 +304,22 @@ class Trainer:
         reduced = named_tensors_digest(
             [(n, p.grad) for n, p in _unwrapped(live.model).named_parameters()]
         )
-        if w.scaler is not None:
-            w.scaler.unscale_(w.optimizer)
+        # The scaler's state this step ran with (update() below moves it for the next).
+        loss_scale = None
+        if live.scaler is not None:
+            scale, tracker = scaler_state(live.scaler)
+            loss_scale = LossScaleRecord(scale=scale, growth_tracker=tracker)
+            live.scaler.unscale_(w.optimizer)
         if t.grad_clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip_norm, foreach=False)
         else:
             grads = [p.grad for p in params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, foreach=False)
         lrs = [float(g["lr"]) for g in w.optimizer.param_groups]
-        if w.scaler is not None:
-            w.scaler.step(w.optimizer)
-            w.scaler.update()
+        if live.scaler is not None:
+            # Skips the optimizer step when the unscaled gradients hold inf or NaN.
+            live.scaler.step(w.optimizer)
+            live.scaler.update()
         else:
             w.optimizer.step()
         if w.scheduler is not None:
@@ -329,6 +337,7 @@ class Trainer:
                 step=step,
                 microsteps=[MicrostepRecord(**m) for m in partial["microsteps"]],
                 rng=partial["rng"],
+                loss_scale=loss_scale,
                 local_grads=self.recorder.local_digest(),
                 bucket_layout=bucket_layout_digest(layout),
                 buckets=layout,
