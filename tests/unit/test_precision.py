@@ -13,10 +13,15 @@ from click.testing import CliRunner
 from torch import nn
 
 from resumequal import cli
+from resumequal.checkpoint import FolderRoot
 from resumequal.errors import TrainingError
 from resumequal.plan import qualification_plan
+from resumequal.runstore import RunLocation
 from resumequal.spec import parse_spec
+from resumequal.store.log import FileSink
 from resumequal.trace.records import LossScaleRecord, StepRecord, boundary_value
+from resumequal.train.distributed import Placement
+from resumequal.train.loop import Trainer
 from resumequal.train.precision import Precision, check_precision, scaler_state
 from resumequal.workloads.base import Microbatch
 
@@ -148,6 +153,24 @@ def test_run_refuses_an_impossible_precision_before_anything_starts(
     assert result.exit_code == 2
     assert "error: training.precision=fp16: torch" in result.stderr
     assert not run_dir.exists()
+
+
+def test_a_leg_that_cannot_train_in_its_precision_fails_for_good(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Refused when the trainer is made, before any global setting, group or checkpoint,
+    # and marked failed so the launcher's restart does not meet it again.
+    monkeypatch.setattr(torch.amp, "is_autocast_available", lambda device_type: False)
+    spec = parse_spec({"training": {"precision": "bf16"}})
+    files = RunLocation.open(str(tmp_path / "run")).leg("preempted")
+    placement = Placement(rank=1, local_rank=1, world_size=2, attempt=0, backend="gloo",
+                          device=torch.device("cpu"), host="h", joined_at=0.0)
+    with pytest.raises(TrainingError, match=r"^training\.precision=bf16: "):
+        Trainer(spec, "preempted", files, placement, checkpoint_root=FolderRoot(tmp_path / "c"),
+                trace=FileSink(tmp_path / "trace.jsonl"))
+    failure = files.failure()
+    assert failure is not None and failure.startswith("rank 1: training.precision=bf16: torch ")
+    assert not (tmp_path / "c").exists()
 
 
 # --- the trace -------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
-from resumequal.errors import CheckpointError
+from resumequal.errors import CheckpointError, TrainingError
 from resumequal.runstore import LegFiles
 from resumequal.spec import REFERENCE_LEG, QualificationSpec, check_leg_name
 from resumequal.state import (
@@ -57,7 +57,7 @@ from resumequal.trace.records import (
 )
 from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.precision import Precision, scaler_state
-from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag
+from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag, mark_failed
 from resumequal.train.prime import prime_reducer
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
@@ -142,6 +142,12 @@ class Trainer:
         self.files = files
         self.p = placement
         self.omit = omit
+        try:
+            self.precision = Precision.of(spec.training, placement.device)
+        except TrainingError as e:
+            # Every attempt would meet it: fail the leg for good, not be restarted into it.
+            mark_failed(files, f"rank {placement.rank}: {e}")
+            raise
         self.stop = StopFlag()
         cut = None
         # Every leg but the control is cut: the main preempted leg, scenarios, controls.
@@ -174,7 +180,6 @@ class Trainer:
         torch.set_num_threads(self.spec.world.threads_per_rank)
         if t.deterministic_algorithms:
             torch.use_deterministic_algorithms(True)
-        self.precision = Precision.of(t, self.p.device)
         # Identical model initialisation on every rank, then per-rank streams.
         seed_everything(t.seed)
         ctx = WorkloadContext(
