@@ -2,7 +2,8 @@
 
 Run under torchrun, one process per rank. Builds the spec's workload exactly as a leg
 does (same seeds, threads and determinism settings), wraps it in DDP and runs the same
-accumulation loop — no_sync on all but the last microbatch, clip, optimizer, scheduler —
+accumulation loop — no_sync on all but the last microbatch, the spec's precision, clip,
+optimizer, scheduler —
 with nothing else: no digests, no trace, no checkpoints, no reducer prime, no stop flag.
 
     torchrun --nproc-per-node 2 bench/_bare_ddp.py --spec SPEC --out DIR
@@ -26,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from resumequal.spec import load_spec
 from resumequal.state import seed_everything
 from resumequal.train.distributed import process_started_at
+from resumequal.train.precision import Precision
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
 
@@ -51,6 +53,8 @@ def main() -> None:
                           world_size=world_size, device=torch.device("cpu"))
     w = load_workload(spec.workload, ctx)
     model = DDP(w.model, bucket_cap_mb=spec.ddp.bucket_cap_mb)
+    precision = Precision.of(t, torch.device("cpu"))
+    scaler = precision.new_scaler()
     seed_everything(t.seed + 104729 * (rank + 1))
     built_at = time.time()
 
@@ -63,18 +67,18 @@ def main() -> None:
         for m in range(accum):
             mb = w.dataset.next_microbatch()
             with nullcontext() if m == accum - 1 else model.no_sync():
-                loss = w.loss_fn(model, mb)
+                loss = precision.loss(w.loss_fn, model, mb)
                 scaled = loss / accum
-                if w.scaler is not None:
-                    scaled = w.scaler.scale(scaled)
+                if scaler is not None:
+                    scaled = scaler.scale(scaled)
                 scaled.backward()
-        if w.scaler is not None:
-            w.scaler.unscale_(w.optimizer)
+        if scaler is not None:
+            scaler.unscale_(w.optimizer)
         if t.grad_clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, t.grad_clip_norm, foreach=False)
-        if w.scaler is not None:
-            w.scaler.step(w.optimizer)
-            w.scaler.update()
+        if scaler is not None:
+            scaler.step(w.optimizer)
+            scaler.update()
         else:
             w.optimizer.step()
         if w.scheduler is not None:

@@ -9,9 +9,10 @@ scenario of a seed matrix).
 Negative controls are real preempted-and-restarted legs: the same cut and kill as the main
 leg, with one part of the state left out of the resume. The pending-gradients control
 needs a checkpoint that holds pending gradients, which only a graceful kill at a
-mid-accumulation cut writes, so that control runs with a graceful kill. The loader-state
-control exists only where the data comes through a StatefulDataLoader (``workload.loader``);
-elsewhere it is not planned at all.
+mid-accumulation cut writes, so that control runs with a graceful kill. Controls of state
+a qualification does not have are reported not applicable, with no leg: the scaler control
+needs a GradScaler (only ``training.precision: fp16`` has one), the loader-state control a
+StatefulDataLoader (``workload.loader``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class NotRun:
 
     omission: Omission
     evidence: str
+    mechanism: str = "not run: the omitted state cannot exist at this cut"
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,17 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
         p = spec.preemption
         for omission in spec.controls.omissions:
             leg_spec, method = spec, REAL_LEG
+            if omission == "scaler" and spec.training.precision != "fp16":
+                not_run.append(NotRun(omission, (
+                    f"training.precision is {spec.training.precision}: there is no "
+                    "GradScaler, so no scaler state to leave out"),
+                    "not run: the omitted state does not exist in this precision"))
+                continue
             if omission == "loader_state" and spec.workload.loader is None:
+                not_run.append(NotRun(omission, (
+                    "workload.loader is not set: the data does not come through a "
+                    "StatefulDataLoader, so no loader state to leave out"),
+                    "not run: the omitted state does not exist in this workload"))
                 continue
             if omission == "pending_grads":
                 if p.microstep == 0 or p.at != "microbatch":

@@ -37,6 +37,7 @@ Boundary = Literal[
     "inputs",
     "rng",
     "loss",
+    "loss_scale",
     "local_grads",
     "bucket_layout",
     "reduced_grads",
@@ -51,12 +52,16 @@ Boundary = Literal[
 BOUNDARIES: tuple[Boundary, ...] = get_args(Boundary)
 
 # The parts of training state a negative control may leave out of a resume.
-# ``loader_state`` applies only to a workload fed by a StatefulDataLoader (workload.loader).
-Omission = Literal["rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads",
-                   "loader_state"]
-OMISSIONS: tuple[Omission, ...] = (
-    "rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads", "loader_state"
-)
+# ``scaler`` applies only to fp16 (a GradScaler), ``loader_state`` only to a workload fed by
+# a StatefulDataLoader (workload.loader).
+Omission = Literal[
+    "rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads", "scaler",
+    "loader_state"
+]
+OMISSIONS: tuple[Omission, ...] = get_args(Omission)
+
+# The numeric precision of forward and loss: fp32, or autocast to bf16 / fp16.
+Precision = Literal["fp32", "bf16", "fp16"]
 
 
 _TRAINING_SECTIONS = ("workload", "world", "training", "checkpoint", "ddp")
@@ -212,7 +217,37 @@ class ScheduleSpec(_Section):
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="warmup-cosine: floor")
 
 
+class GradScalerSpec(_Section):
+    """The loss scaler of ``precision: fp16`` (``torch.amp.GradScaler``): its settings.
+
+    ``growthInterval`` defaults to 2, not torch's 2000: a qualification runs a dozen steps,
+    in which torch's default would never grow the scale, so the scaler state a resume must
+    carry would always be the initial one and its loss would go unseen. Every 2 steps the
+    scale grows until fp16 gradients overflow, then backs off (skipping that update): both
+    paths run before and after the cut.
+    """
+
+    init_scale: float = Field(default=65536.0, gt=0, le=2.0**64,
+                              description="the scale of the first step")
+    growth_factor: float = Field(default=2.0, gt=1, le=1024.0,
+                                 description="scale *= this after growthInterval good steps")
+    backoff_factor: float = Field(default=0.5, gt=0, lt=1,
+                                  description="scale *= this after a step with inf/NaN grads")
+    growth_interval: int = Field(default=2, ge=1, le=MAX_STEPS,
+                                 description="consecutive finite steps before the scale grows")
+
+
 class TrainingSpec(_Section):
+    """How the workload trains: steps, batches, optimizer, schedule, numerics.
+
+    ``precision`` is the numeric precision of forward and loss: ``fp32`` (no autocast),
+    ``bf16`` or ``fp16`` (``torch.autocast`` to that dtype on the leg's device; parameters,
+    gradients and optimizer state stay fp32). ``fp16`` also scales the loss with a
+    ``torch.amp.GradScaler`` (``gradScaler``), whose state is checkpointed, traced (the
+    ``loss_scale`` boundary) and covered by the ``scaler`` negative control. A device whose
+    torch cannot autocast to the dtype is refused before training, naming this field.
+    """
+
     steps: int = Field(default=12, ge=1, le=MAX_STEPS, description="optimizer steps per leg")
     accumulation_steps: int = Field(default=3, ge=1, le=MAX_ACCUMULATION,
                                     description="microbatches per update")
@@ -222,6 +257,25 @@ class TrainingSpec(_Section):
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     grad_clip_norm: float | None = Field(default=1.0, gt=0)
     deterministic_algorithms: bool = True
+    precision: Precision = Field(
+        default="fp32",
+        description="fp32, or autocast of forward and loss to bf16 or fp16 (with a GradScaler)",
+    )
+    grad_scaler: GradScalerSpec = Field(
+        default_factory=GradScalerSpec, description="precision fp16 only: the loss scaler")
+
+    @model_validator(mode="after")
+    def _scaler_needs_fp16(self) -> TrainingSpec:
+        if self.precision != "fp16" and self.grad_scaler != GradScalerSpec():
+            raise ValueError(
+                f"training.gradScaler is set but training.precision is {self.precision}: only "
+                "fp16 scales the loss (bf16 has fp32's range and needs no scaler)")
+        return self
+
+    def fp32_defaults(self) -> bool:
+        """Whether precision is fp32 with the scaler's defaults (what every spec was before
+        ``precision`` existed)."""
+        return self.precision == "fp32" and self.grad_scaler == GradScalerSpec()
 
 
 class S3Spec(_Section):
@@ -521,6 +575,13 @@ class QualificationSpec(_Section):
         to one experiment. Where a leg is cut, how legs are compared, timeouts, controls and
         the matrix are left out: the legs of one run differ in exactly those."""
         data = self.model_dump(mode="json", include=set(_TRAINING_SECTIONS))
+        if self.training.fp32_defaults():
+            # Digests of fp32 specs stay what they were before precision was a field, so
+            # run folders made then still belong to their spec.
+            for key in ("precision", "gradScaler"):
+                del data["training"][key]
+        if data["workload"].get("loader") is None:
+            del data["workload"]["loader"]  # likewise for specs from before workload.loader
         canonical = json.dumps(data, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()
 

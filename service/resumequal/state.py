@@ -53,6 +53,7 @@ _OMITTED_PARTS: dict[str, frozenset[str]] = {
     ),
     "pending_grads": frozenset({"pending_grads"}),
     "loader_state": frozenset({"loader"}),
+    "scaler": frozenset({"scaler"}),
 }
 assert set(_OMITTED_PARTS) == set(OMISSIONS)
 
@@ -77,6 +78,7 @@ class LiveState:
     model: nn.Module  # the DDP-wrapped model; state dicts are taken through it
     rank: int
     world_size: int
+    scaler: torch.amp.GradScaler | None = None  # precision fp16's loss scaler
     counters: Counters = field(default_factory=Counters)
     trace_partial: StepPartial | None = None
 
@@ -260,7 +262,7 @@ def rank_state(live: LiveState) -> RankState:
         data_cursor=w.dataset.state_dict(),
         loader=w.dataset.loader_state_dict() if isinstance(w.dataset, LoaderStream) else None,
         scheduler=w.scheduler.state_dict() if w.scheduler is not None else None,
-        scaler=w.scaler.state_dict() if w.scaler is not None else None,
+        scaler=live.scaler.state_dict() if live.scaler is not None else None,
         trace_partial=live.trace_partial,
         pending_grads=sorted(
             n for n, p in _unwrapped(live.model).named_parameters() if p.grad is not None
@@ -299,7 +301,7 @@ def restore(
     if "scheduler" not in parts:
         _load_optional(w.scheduler, ranks.scheduler, "scheduler", source)
     if "scaler" not in parts:
-        _load_optional(w.scaler, ranks.scaler, "scaler", source)
+        _load_optional(live.scaler, ranks.scaler, "scaler", source)
     if "data_cursor" not in parts:
         try:
             w.dataset.load_state_dict(ranks.data_cursor)

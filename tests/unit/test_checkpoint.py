@@ -74,14 +74,16 @@ def _loss(model: nn.Module, mb: Microbatch) -> torch.Tensor:
 
 
 def _live(seed: int) -> LiveState:
-    """A fresh rank-0 state; different seeds give different initial parameters."""
+    """A fresh rank-0 state; different seeds give different initial parameters. It trains
+    with a loss scaler (precision fp16's) whose scale grows after every step."""
     torch.manual_seed(seed)
     model = nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     workload = Workload(model=model, optimizer=optimizer, scheduler=scheduler,
                         dataset=CountingDataset(), loss_fn=_loss)
-    return LiveState(workload=workload, model=model, rank=0, world_size=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+    return LiveState(workload=workload, model=model, rank=0, world_size=1, scaler=scaler)
 
 
 def _weight(live: LiveState) -> torch.Tensor:
@@ -90,7 +92,8 @@ def _weight(live: LiveState) -> torch.Tensor:
 
 def _backward(live: LiveState) -> None:
     w = live.workload
-    _loss(live.model, w.dataset.next_microbatch()).backward()
+    assert live.scaler is not None
+    live.scaler.scale(_loss(live.model, w.dataset.next_microbatch())).backward()
     live.counters.microstep += 1
     live.counters.global_microstep += 1
 
@@ -102,7 +105,9 @@ def _trained(steps: int, pending_microbatches: int = 0) -> LiveState:
     for _ in range(steps):
         for _ in range(2):
             _backward(live)
-        w.optimizer.step()
+        assert live.scaler is not None
+        live.scaler.step(w.optimizer)
+        live.scaler.update()
         assert w.scheduler is not None
         w.scheduler.step()
         w.optimizer.zero_grad(set_to_none=True)
@@ -168,6 +173,7 @@ def _snapshot(live: LiveState) -> dict[str, Any]:
         "data_cursor": w.dataset.state_dict(),
         "rng": capture_rng(),
         "counters": live.counters.as_tuple(),
+        "scaler": None if live.scaler is None else live.scaler.state_dict(),
         "pending_grads": {n: None if p.grad is None else p.grad.clone()
                           for n, p in model.named_parameters()},
     }
@@ -464,8 +470,9 @@ def test_round_trip_restores_every_part(tmp_path: Path) -> None:
 
     assert loaded.position == Position(3)
     assert loaded.rank_state.pending_grads == []
-    for part in ("params", "optimizer", "scheduler", "data_cursor", "counters"):
+    for part in ("params", "optimizer", "scheduler", "data_cursor", "counters", "scaler"):
         assert _same(after[part], before[part]), part
+    assert after["scaler"]["scale"] == 2.0**13 and after["scaler"]["_growth_tracker"] == 0
     assert after["optimizer"]["state"][0]["step"] == 3
     assert after["scheduler"]["last_epoch"] == 3
     assert after["data_cursor"] == {"position": 12}
@@ -517,13 +524,15 @@ EXPECTED_OMITTED: dict[str, set[str]] = {
     "rng": {"rng"},
     "data_cursor": {"data_cursor"},
     "scheduler": {"scheduler"},
-    "model_optimizer_only": {"rng", "data_cursor", "scheduler", "pending_grads"},
+    "model_optimizer_only": {"rng", "data_cursor", "scheduler", "scaler", "pending_grads"},
     "pending_grads": {"pending_grads"},
+    "scaler": {"scaler"},
     # This workload reads no StatefulDataLoader: nothing here to leave out (see
     # test_loader_state.py for a workload that does).
     "loader_state": set(),
 }
-PARTS = ("params", "optimizer", "counters", "scheduler", "data_cursor", "rng", "pending_grads")
+PARTS = ("params", "optimizer", "counters", "scheduler", "data_cursor", "rng", "scaler",
+         "pending_grads")
 
 
 @pytest.fixture(scope="module")

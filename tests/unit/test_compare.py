@@ -30,6 +30,7 @@ from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
     InventoryRecord,
+    LossScaleRecord,
     MicrostepRecord,
     RestoreRecord,
     StepRecord,
@@ -722,3 +723,67 @@ def test_a_nondeterministic_stack_is_nondeterministic_with_or_without_controls(
         assert (v.controls_detected, v.controls_total, v.controls_not_judged) == (0, 0, 3)
     else:
         assert v.controls == []
+
+
+# -------------------------------------------------------------------- the loss scale (fp16)
+
+
+def _scaled(run: SyntheticRun, state: Callable[[int], tuple[float, int]]) -> None:
+    """Give every step of both legs the scaler state ``state(step)``."""
+    for leg in ("control", "preempted"):
+        for rank in range(WORLD):
+            for r in run.steps(leg, rank):
+                scale, tracker = state(r.step)
+                run.change_step(leg, rank, r.step, attempt=r.attempt,
+                                loss_scale=LossScaleRecord(scale=scale, growth_tracker=tracker))
+
+
+def _growing(step: int) -> tuple[float, int]:
+    """A scale of 2**16 that doubles every 2 steps: growthInterval 2."""
+    return 2.0 ** (16 + (step - 1) // 2), (step - 1) % 2
+
+
+def test_an_equal_loss_scale_passes_and_an_absent_one_is_equal(run: SyntheticRun) -> None:
+    _scaled(run, _growing)
+    v = compare_run(run.write())
+    assert v.result == Result.PASS, v.reason
+    assert all(row.status["loss_scale"] == "equal" for row in v.boundary_table)
+
+
+def test_a_dropped_scaler_diverges_at_the_loss_scale_before_the_gradients(
+    run: SyntheticRun,
+) -> None:
+    _scaled(run, _growing)
+    # Resumed after step 2 with a fresh scaler: step 3 runs at the initial scale.
+    run.spec = _tolerance_spec(loss=1.0, params=1.0)
+    for rank in range(WORLD):
+        run.change_step("preempted", rank, 3, attempt=1,
+                        loss_scale=LossScaleRecord(scale=2.0**16, growth_tracker=0))
+    v = compare_run(run.write())
+    assert v.result == Result.FAIL  # never relaxed by a tolerance
+    d = v.first_divergence
+    assert d is not None and (d.step, d.boundary, d.rank) == (3, "loss_scale", 0)
+    assert (d.control, d.preempted) == ("{'scale': 131072.0, 'growth_tracker': 0}",
+                                        "{'scale': 65536.0, 'growth_tracker': 0}")
+
+
+def test_scaler_evidence_only_when_the_resume_found_the_initial_scaler(tmp_path: Path) -> None:
+    from resumequal.compare.controls import not_applicable_evidence
+    from resumequal.plan import LegPlan
+
+    spec = make_spec(training={"precision": "fp16", "gradScaler": {"growthInterval": 5}})
+    nc = LegPlan("preempted", "negative_control", spec, ("scaler",))
+    # The resume picks up at step 3, after two finite steps: the growth tracker is 2, which
+    # a fresh scaler would not have, though the scale has not grown yet.
+    counting = SyntheticRun(tmp_path / "counting", spec=spec)
+    _scaled(counting, lambda step: (2.0**16, (step - 1) % 5))
+    assert not_applicable_evidence(counting.write(), nc, "scaler") is None
+
+    # A trace whose scaler is still the initial one at step 3 (as after overflows that
+    # backed off to the initial scale): a fresh scaler is the same there.
+    initial = SyntheticRun(tmp_path / "initial", spec=spec)
+    _scaled(initial, lambda step: (2.0**16, 0) if step <= 3 else (2.0**16, step - 3))
+    evidence = not_applicable_evidence(initial.write(), nc, "scaler")
+    assert evidence == ("at step 3, where the resume picked up, the reference's loss scaler "
+                        "was still in its initial state (scale 65536, growth tracker 0) on "
+                        "every rank: a fresh scaler is the same")

@@ -316,6 +316,8 @@ def test_the_loader_state_control_is_planned_only_for_a_loader() -> None:
 
     plain = QualificationSpec()
     assert "nc-loader-state" not in controls(plain)
+    [not_run] = [n for n in qualification_plan(plain).not_run if n.omission == "loader_state"]
+    assert "workload.loader is not set" in not_run.evidence
     with_loader = apply_overrides(plain, ["workload.loader.workers=2"])
     assert with_loader.workload.loader == LoaderSpec(workers=2)
     assert controls(with_loader)[-1] == "nc-loader-state"

@@ -75,6 +75,53 @@ def test_digest_changes_when_a_field_changes(change: dict[str, Any]) -> None:
     assert parse_spec(change).digest() != parse_spec({}).digest()
 
 
+def test_fp32_digests_are_those_of_specs_written_before_precision_existed() -> None:
+    # Run folders made before training.precision existed still belong to their spec.
+    assert parse_spec({}).digest() == (
+        "2e5a240062b23c200a66a0ecffe436de197a8b73a3d11927812ddf4bc175350e")
+    assert parse_spec({"training": {"steps": 10}}).digest() == (
+        "6dcb720a4f6809d420a94c198fff5e6ed4cf79a9d5924349a2209e64864c4a0c")
+    digests = {parse_spec({"training": t}).digest() for t in (
+        {}, {"precision": "bf16"}, {"precision": "fp16"},
+        {"precision": "fp16", "gradScaler": {"growthInterval": 3}})}
+    assert len(digests) == 4
+
+
+# --- precision -------------------------------------------------------------------------------
+
+
+def test_precision_is_fp32_by_default_and_reads_in_either_spelling() -> None:
+    assert QualificationSpec().training.precision == "fp32"
+    spec = parse_spec({"training": {"precision": "fp16",
+                                    "grad_scaler": {"init_scale": 256, "growthInterval": 5}}})
+    s = spec.training.grad_scaler
+    assert (spec.training.precision, s.init_scale, s.growth_interval) == ("fp16", 256.0, 5)
+    dumped = spec.model_dump(mode="json")["training"]
+    assert dumped["precision"] == "fp16" and dumped["gradScaler"]["initScale"] == 256.0
+    assert parse_spec(spec.model_dump(mode="json")) == spec
+    assert apply_overrides(QualificationSpec(), ["training.precision=bf16"]) \
+        .training.precision == "bf16"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_grad_scaler_without_fp16_is_refused_naming_both_fields(precision: str) -> None:
+    msg = _error({"training": {"precision": precision, "gradScaler": {"growthInterval": 9}}})
+    assert msg.startswith("spec: training: training.gradScaler is set but "
+                          f"training.precision is {precision}")
+    # The scaler's defaults (what every dump writes) are fine with any precision.
+    parse_spec({"training": {"precision": precision, "gradScaler": {"growthInterval": 2}}})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("initScale", 0), ("initScale", 2.0**65), ("growthFactor", 1.0), ("backoffFactor", 1.0),
+     ("backoffFactor", 0), ("growthInterval", 0), ("initScale", float("inf"))],
+)
+def test_grad_scaler_bounds_name_the_field(field: str, value: float) -> None:
+    msg = _error({"training": {"precision": "fp16", "gradScaler": {field: value}}})
+    assert msg.startswith(f"spec: training.gradScaler.{field}: ")
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -245,6 +292,7 @@ def test_every_bad_field_is_reported_on_its_own_line() -> None:
         ({"comparison": {"mode": "approx"}}, "comparison.mode", ("exact", "tolerance")),
         ({"training": {"optimizer": {"name": "lion"}}}, "training.optimizer.name",
          ("adamw", "adam", "sgd")),
+        ({"training": {"precision": "fp8"}}, "training.precision", ("fp32", "bf16", "fp16")),
     ],
 )
 def test_literal_error_lists_allowed_values(

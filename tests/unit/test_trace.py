@@ -32,6 +32,7 @@ from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
     InventoryRecord,
+    LossScaleRecord,
     MicrostepPartial,
     MicrostepRecord,
     RestoreRecord,
@@ -569,8 +570,12 @@ def test_boundary_values() -> None:
     assert boundary_value(record, "rng") == record.rng
     assert boundary_value(record, "lr") == [3e-3, 1e-4]
     assert boundary_value(record, "grad_norm") == 0.7
+    # Without a loss scaler (fp32, bf16) the loss_scale boundary is None on both legs.
+    assert boundary_value(record, "loss_scale") is None
+    scaled = record.model_copy(update={"loss_scale": LossScaleRecord(scale=2.0, growth_tracker=1)})
+    assert boundary_value(scaled, "loss_scale") == {"scale": 2.0, "growth_tracker": 1}
     for boundary in BOUNDARIES:
-        assert boundary_value(record, boundary) is not None
+        assert boundary_value(scaled, boundary) is not None
     with pytest.raises(ValueError, match="unknown boundary"):
         boundary_value(record, "vibes")
 

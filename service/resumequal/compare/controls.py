@@ -2,10 +2,11 @@
 
 A negative control is *detected* when its leg, compared with the reference leg like any
 preempted leg, FAILs. It is *not applicable* when the reference leg's own trace shows the
-omitted state was never used in the compared window (the RNG states never advanced, the learning
-rate never changed, no gradient was pending at the resume) — the report gives that
-evidence. Otherwise the comparator is *blind* to that omission and the whole
-qualification is INVALID: its PASS has not been shown to mean anything.
+omitted state was never used in the compared window (the RNG states never advanced, the
+learning rate never changed, no gradient was pending at the resume, the loss scaler was
+still in its initial state where the resume picked up) — the report gives that evidence.
+Otherwise the comparator is *blind* to that omission and the whole qualification is
+INVALID: its PASS has not been shown to mean anything.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _NAMES = {
     "inputs": "inputs (sample ids)",
     "rng": "RNG states",
     "loss": "loss",
+    "loss_scale": "loss scale",
     "local_grads": "local gradients",
     "bucket_layout": "DDP bucket layout",
     "reduced_grads": "reduced gradients",
@@ -78,7 +80,7 @@ def compare_qualification(run_dir: Path, spec: QualificationSpec | None = None) 
 
 def _not_run(n: NotRun) -> ControlOutcome:
     return ControlOutcome(omission=n.omission, leg=None, method="not run", status="not_applicable",
-                          mechanism="not run: the omitted state cannot exist at this cut",
+                          mechanism=n.mechanism,
                           evidence=n.evidence)
 
 
@@ -142,6 +144,11 @@ def not_applicable_evidence(run_dir: Path, plan: LegPlan, omission: str) -> str 
         return _lr_constant(steps)
     if omission in ("data_cursor", "loader_state"):
         return _inputs_constant(steps)
+    if omission == "scaler":
+        leg = LegTrace.read(run_dir, plan.name, world)
+        restores = [r for r in leg.of(RestoreRecord) if r.attempt >= 1]
+        s = plan.spec.training.grad_scaler
+        return _scaler_initial(steps, restores, s.init_scale)
     if omission == "pending_grads":
         leg = LegTrace.read(run_dir, plan.name, world)
         restores = [r for r in leg.of(RestoreRecord) if r.attempt >= 1]
@@ -164,6 +171,24 @@ def _rng_still(steps: Steps) -> str | None:
     n = len(next(iter(steps.values()), {}))
     return (f"the RNG states never advanced: every one of {n} steps started from the same "
             "Python, NumPy and torch states on every rank")
+
+
+def _scaler_initial(steps: Steps, restores: list[RestoreRecord],
+                    init_scale: float) -> str | None:
+    """Evidence that a fresh scaler equals the one the resume dropped: at every resumed
+    step, the reference's scaler was still in its initial state on every rank."""
+    resumed = sorted({r.step + 1 for r in restores})
+    if not resumed:
+        return None
+    for step in resumed:
+        for records in steps.values():
+            record = records.get(step)
+            scale = record.loss_scale if record is not None else None
+            if scale is None or (scale.scale, scale.growth_tracker) != (init_scale, 0):
+                return None
+    return (f"at step {resumed[0]}, where the resume picked up, the reference's loss scaler "
+            f"was still in its initial state (scale {init_scale:g}, growth tracker 0) on every "
+            "rank: a fresh scaler is the same")
 
 
 def _lr_constant(steps: Steps) -> str | None:

@@ -13,8 +13,8 @@ Exact mode compares each boundary's recorded value bitwise. Tolerance mode
   non-tensor item other than the learning rates the ``lr`` boundary judges.
 - ``local_grads`` and ``reduced_grads`` follow the same rule with their own tolerance if
   one is declared, else the ``params`` tolerance, measured on the model group's drift.
-- ``inputs``, ``rng`` and ``bucket_layout`` are always exact; a tolerance declared for
-  them is ignored.
+- ``inputs``, ``rng``, ``loss_scale`` and ``bucket_layout`` are always exact; a tolerance
+  declared for them is ignored.
 """
 
 from __future__ import annotations

@@ -85,6 +85,13 @@ def check_runs_here(spec: QualificationSpec) -> None:
             f"preemption.target={spec.preemption.target}: a local run has no pods to "
             "delete; it kills the armed worker process (preemption.target=process)"
         )
+    if spec.training.precision != "fp32":
+        # torch only for this check: an fp32 run starts its legs without importing it here.
+        from resumequal.train.distributed import resolve_backend
+        from resumequal.train.precision import check_precision
+
+        device = "cuda" if resolve_backend(spec.world.backend) == "nccl" else "cpu"
+        check_precision(spec.training, device)
 
 
 def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Console) -> Report:

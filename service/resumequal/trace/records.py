@@ -33,6 +33,7 @@ __all__ = [
     "ArmRecord",
     "BucketRecord",
     "InventoryRecord",
+    "LossScaleRecord",
     "MicrostepPartial",
     "MicrostepRecord",
     "RestoreRecord",
@@ -62,6 +63,14 @@ class MicrostepRecord(_Record):
     index: int = Field(description="microbatch index within the accumulation window")
     sample_ids: list[int]
     loss: float = Field(description="this microbatch's unscaled loss, exactly (loss.item())")
+
+
+class LossScaleRecord(_Record):
+    """The fp16 GradScaler's state an optimizer step ran with."""
+
+    scale: float = Field(description="the factor this step's loss was multiplied by")
+    growth_tracker: int = Field(description="finite steps in a row since the scale last "
+                                "changed (the scale grows when it reaches growthInterval)")
 
 
 class BucketRecord(_Record):
@@ -103,6 +112,9 @@ class StepRecord(_Record):
     step: int = Field(ge=1, description="1-based optimizer step")
     microsteps: list[MicrostepRecord]
     rng: dict[str, str] = Field(description="rng_digests() at step start")
+    # Optional: traces written before precision existed, and steps without a scaler, have none.
+    loss_scale: LossScaleRecord | None = Field(
+        default=None, description="the GradScaler's state at step start (precision fp16)")
     local_grads: str = Field(description="rank-local accumulated gradients before reduction")
     bucket_layout: str
     buckets: list[BucketRecord]
@@ -203,6 +215,7 @@ BOUNDARY_FIELDS: Final[Mapping[Boundary, str]] = MappingProxyType(
         "inputs": "microsteps",
         "rng": "rng",
         "loss": "microsteps",
+        "loss_scale": "loss_scale",
         "local_grads": "local_grads",
         "bucket_layout": "bucket_layout",
         "reduced_grads": "reduced_grads",
@@ -220,6 +233,9 @@ def boundary_value(record: StepRecord, boundary: Boundary) -> object:
         return [m.sample_ids for m in record.microsteps]
     if boundary == "loss":
         return [m.loss for m in record.microsteps]
+    if boundary == "loss_scale":
+        scale = record.loss_scale
+        return None if scale is None else scale.model_dump()
     if boundary not in BOUNDARY_FIELDS:
         raise ValueError(f"unknown boundary {boundary!r}; allowed: {', '.join(BOUNDARIES)}")
     value: object = getattr(record, BOUNDARY_FIELDS[boundary])

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
-from resumequal.errors import CheckpointError
+from resumequal.errors import CheckpointError, TrainingError
 from resumequal.runstore import LegFiles
 from resumequal.spec import REFERENCE_LEG, QualificationSpec, check_leg_name
 from resumequal.state import (
@@ -45,6 +45,7 @@ from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
+    LossScaleRecord,
     MicrostepPartial,
     MicrostepRecord,
     RestoreRecord,
@@ -55,7 +56,8 @@ from resumequal.trace.records import (
     TraceWriter,
 )
 from resumequal.train.distributed import Placement, process_started_at
-from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag
+from resumequal.train.precision import Precision, scaler_state
+from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag, mark_failed
 from resumequal.train.prime import prime_reducer
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
@@ -140,6 +142,12 @@ class Trainer:
         self.files = files
         self.p = placement
         self.omit = omit
+        try:
+            self.precision = Precision.of(spec.training, placement.device)
+        except TrainingError as e:
+            # Every attempt would meet it: fail the leg for good, not be restarted into it.
+            mark_failed(files, f"rank {placement.rank}: {e}")
+            raise
         self.stop = StopFlag()
         cut = None
         # Every leg but the control is cut: the main preempted leg, scenarios, controls.
@@ -194,7 +202,7 @@ class Trainer:
         ddp.register_comm_hook(None, lambda state, bucket: recorder.hook(state, bucket))
         seed_everything(t.seed + 104729 * (self.p.rank + 1))
         return LiveState(workload=workload, model=ddp, rank=self.p.rank,
-                         world_size=self.p.world_size)
+                         world_size=self.p.world_size, scaler=self.precision.new_scaler())
 
     def _resume(self, live: LiveState) -> None:
         removed = self.ckpt.collect_garbage()
@@ -257,7 +265,7 @@ class Trainer:
         self.trace.write(collect_inventory(self.p.rank, self.p.attempt))
         self._resume(live)
         if self.spec.ddp.reducer_prime:
-            prime_reducer(live)
+            prime_reducer(live, self.precision)
             self.recorder.reset()
         t = self.spec.training
         for step in range(live.counters.step + 1, t.steps + 1):
@@ -286,10 +294,10 @@ class Trainer:
             mb = w.dataset.next_microbatch()
             sync = m == accum - 1
             with nullcontext() if sync else _no_sync(live.model):
-                loss = w.loss_fn(live.model, mb)
+                loss = self.precision.loss(w.loss_fn, live.model, mb)
                 scaled = loss / accum
-                if w.scaler is not None:
-                    scaled = w.scaler.scale(scaled)
+                if live.scaler is not None:
+                    scaled = live.scaler.scale(scaled)
                 scaled.backward()
             live.trace_partial["microsteps"].append(
                 MicrostepPartial(index=m, sample_ids=list(mb.sample_ids), loss=loss.item())
@@ -301,17 +309,22 @@ class Trainer:
         reduced = named_tensors_digest(
             [(n, p.grad) for n, p in _unwrapped(live.model).named_parameters()]
         )
-        if w.scaler is not None:
-            w.scaler.unscale_(w.optimizer)
+        # The scaler's state this step ran with (update() below moves it for the next).
+        loss_scale = None
+        if live.scaler is not None:
+            scale, tracker = scaler_state(live.scaler)
+            loss_scale = LossScaleRecord(scale=scale, growth_tracker=tracker)
+            live.scaler.unscale_(w.optimizer)
         if t.grad_clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip_norm, foreach=False)
         else:
             grads = [p.grad for p in params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, foreach=False)
         lrs = [float(g["lr"]) for g in w.optimizer.param_groups]
-        if w.scaler is not None:
-            w.scaler.step(w.optimizer)
-            w.scaler.update()
+        if live.scaler is not None:
+            # Skips the optimizer step when the unscaled gradients hold inf or NaN.
+            live.scaler.step(w.optimizer)
+            live.scaler.update()
         else:
             w.optimizer.step()
         if w.scheduler is not None:
@@ -329,6 +342,7 @@ class Trainer:
                 step=step,
                 microsteps=[MicrostepRecord(**m) for m in partial["microsteps"]],
                 rng=partial["rng"],
+                loss_scale=loss_scale,
                 local_grads=self.recorder.local_digest(),
                 bucket_layout=bucket_layout_digest(layout),
                 buckets=layout,

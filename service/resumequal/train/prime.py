@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from resumequal.errors import TrainingError
 from resumequal.state import LiveState, capture_rng, restore_rng
 from resumequal.trace.digest import named_tensors_digest, optimizer_state_digest, rng_digests
+from resumequal.train.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,16 @@ def _snapshot(live: LiveState) -> dict[str, Any]:
         "optimizer state": optimizer_state_digest(w.optimizer),
         "scheduler state": repr(w.scheduler.state_dict()) if w.scheduler is not None else None,
         "RNG states": rng_digests(),
+        "loss scaler": repr(live.scaler.state_dict()) if live.scaler is not None else None,
         "counters": live.counters.as_tuple(),
         "data cursor": repr(w.dataset.state_dict()),
     }
 
 
-def prime_reducer(live: LiveState) -> None:
-    """Run the synthetic backward, rebuild buckets, and prove nothing else changed."""
+def prime_reducer(live: LiveState, precision: Precision) -> None:
+    """Run the synthetic backward (its loss in the leg's ``precision``, unscaled: only the
+    order gradients become ready in matters), rebuild buckets, and prove nothing else
+    changed."""
     model = live.model
     check_supported(model)
     assert isinstance(model, DDP)
@@ -68,7 +72,7 @@ def prime_reducer(live: LiveState) -> None:
     for p in inner.parameters():
         p.grad = None
     try:
-        loss = w.loss_fn(model, w.dataset.synthetic_microbatch())
+        loss = precision.loss(w.loss_fn, model, w.dataset.synthetic_microbatch())
         loss.backward()
         rebuilt = bool(model.reducer._rebuild_buckets())
     finally:

@@ -24,6 +24,10 @@ Rules a factory must follow for a resume to be exact:
   generator seeded by the sample id.
 - ``loss_fn(model, microbatch)`` returns the un-normalised loss of one microbatch; the loop
   divides by the accumulation steps.
+- Precision is the spec's, not the factory's: with ``training.precision`` bf16 or fp16 the
+  loop runs ``loss_fn`` under ``torch.autocast`` and, for fp16, scales the loss with a
+  GradScaler it makes, checkpoints and traces itself. A factory builds an fp32 model and
+  neither autocasts nor scales.
 
 A factory may validate ``ctx.params`` with :func:`parse_params` to report bad parameters the
 way the rest of the spec does.
@@ -84,7 +88,6 @@ class Workload:
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
     dataset: StatefulDataset
     loss_fn: LossFn
-    scaler: torch.amp.GradScaler | None = None
     description: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,0 +1,84 @@
+"""`resumequal run` in bf16 and fp16: real torchrun legs on gloo, 2 ranks, CPU autocast,
+cut mid-accumulation (step 6, microbatch 1), hard and graceful kills."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration import legs
+
+pytestmark = pytest.mark.slow
+
+# tiny-gpt, the default workload: autocast reaches its attention and MLP matmuls.
+RESUMED_FROM = {"hard": "step-00000004", "graceful": "step-00000005+1"}
+
+
+def _run(run_dir: Path, *sets: str) -> tuple[dict[str, Any], str]:
+    args = [a for s in sets for a in ("--set", s)]
+    proc = legs.resumequal("run", "--run-dir", str(run_dir), *args, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = json.loads((run_dir / "report.json").read_text())["verdict"]
+    return verdict, proc.stdout
+
+
+def _trace(run_dir: Path, leg: str, rank: int) -> list[dict[str, Any]]:
+    lines = (run_dir / leg / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "step"]
+
+
+def _exact(verdict: dict[str, Any], mode: str) -> None:
+    assert verdict["result"] == "PASS", verdict["reason"]
+    assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
+    assert (verdict["exact_through_step"], verdict["first_divergence"]) == (12, None)
+    assert verdict["resumed_from"] == RESUMED_FROM[mode]
+    assert (verdict["cut"]["step"], verdict["cut"]["microstep"]) == (6, 1)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["hard", "graceful"])
+def test_ddp_bf16_resumes_exactly_mid_accumulation(tmp_path: Path, mode: str) -> None:
+    run_dir = tmp_path / "run"
+    verdict, _ = _run(run_dir, "training.precision=bf16", f"preemption.mode={mode}",
+                      "controls.enabled=false")
+    _exact(verdict, mode)
+    leg_spec = json.loads((run_dir / "legs" / "preempted.spec.json").read_text())
+    assert leg_spec["spec"]["training"]["precision"] == "bf16"
+    # No scaler in bf16: the loss_scale boundary is absent from every step, on both legs.
+    for leg in ("control", "preempted"):
+        assert all(r["loss_scale"] is None for r in _trace(run_dir, leg, 1))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["hard", "graceful"])
+def test_fp16_resumes_exactly_and_a_resume_without_the_scaler_is_caught(
+    tmp_path: Path, mode: str
+) -> None:
+    run_dir = tmp_path / "run"
+    verdict, out = _run(run_dir, "training.precision=fp16", f"preemption.mode={mode}",
+                        "controls.omissions=[scaler]")
+    _exact(verdict, mode)
+    # The scale grew every 2 steps and backed off on an overflow (a skipped update): both
+    # paths ran before and after the cut.
+    steps = _trace(run_dir, "control", 0)
+    scales = [r["loss_scale"]["scale"] for r in steps]
+    assert scales[:5] == [65536.0, 65536.0, 131072.0, 131072.0, 262144.0]
+    backoffs = [s for s, (a, b) in enumerate(itertools.pairwise(scales), 2) if b < a]
+    assert backoffs and backoffs[0] > 6
+    assert any(r["grad_norm"] == "Infinity" for r in steps)
+
+    (control,) = verdict["controls"]
+    assert (control["omission"], control["leg"], control["status"]) == (
+        "scaler", "nc-scaler", "detected")
+    first = control["first_divergence"]
+    # Resumed with a fresh scaler: the first resumed step runs at the initial scale.
+    resumed_step = 5 if mode == "hard" else 6
+    assert (first["step"], first["boundary"]) == (resumed_step, "loss_scale")
+    assert first["preempted"] == "{'scale': 65536.0, 'growth_tracker': 0}"
+    assert control["mechanism"].startswith(
+        f"loss scale differed from step {resumed_step} (rank 0); ")
+    assert "controls: 1/1 detected" in out
