@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import LegPlan, Plan
-from resumequal.qualify import Beacon, LegObservation, LegState, kill_order
+from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
 from resumequal.runstore import RunLocation
 from resumequal.signing import new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
@@ -156,7 +156,7 @@ class KubernetesBackend:
 
     def read_beacon(self, leg: str, rank: int) -> Beacon | None:
         body = self.location.read_beacon(leg, rank, 0)
-        return None if body is None else Beacon.model_validate(body)
+        return None if body is None else beacon_from(body, self.location.url(leg))
 
     def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
         """A process kill is an order in the store that the armed worker obeys; a pod kill

@@ -15,9 +15,9 @@ import logging
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ClusterError, StoreError
@@ -74,6 +74,17 @@ class Beacon(BaseModel):
     microstep: int
     at: str = "microbatch"
     armed_at: float
+
+
+def beacon_from(body: dict[str, Any], where: str) -> Beacon:
+    """The beacon in ``body`` (as read from the store at ``where``); StoreError naming it if
+    it is not one: whoever can write to the store wrote it."""
+    try:
+        return Beacon.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(root)"
+        raise StoreError(f"{where}: not a beacon: {field}: {first['msg']}") from e
 
 
 def kill_order(beacon: Beacon, preemption: PreemptionSpec) -> KillOrder:

@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -153,11 +154,20 @@ class LegSpecFile(BaseModel):
 # --------------------------------------------------------------------------- segments
 
 
+def _loads(data: bytes) -> Any:
+    """JSON from the store; ValueError for anything that is not JSON this reader takes
+    (too deep a nesting included: whoever writes to the store chooses it)."""
+    try:
+        return json.loads(data)
+    except RecursionError as e:
+        raise ValueError("nested too deeply") from e
+
+
 def _json_lines(lines: Iterable[bytes]) -> list[dict[str, Any]]:
     out = []
     for line in lines:
         try:
-            value = json.loads(line)
+            value = _loads(line)
         except ValueError:
             continue
         if isinstance(value, dict):
@@ -174,6 +184,12 @@ def _complete_lines(path: Path) -> list[dict[str, Any]]:
     return _json_lines(data.split(b"\n")[:-1])
 
 
+def _count(value: Any) -> int | None:
+    """``value`` if it is a step or attempt number a status can hold (int32), else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    return value if ok else None
+
+
 def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> LegProgress:
     """Progress from each rank's trace records (as JSON objects, in write order)."""
     per_rank_steps: list[int] = []
@@ -183,12 +199,22 @@ def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> L
         done = 0
         first_resumed: float | None = None
         for rec in per_rank.get(r, []):
-            attempts = max(attempts, int(rec.get("attempt", 0)) + 1)
+            # Records come from the store: one that is not a record is no progress (the
+            # comparator reads the trace strictly and names it).
+            attempt = _count(rec.get("attempt", 0))
+            if attempt is None:
+                continue
+            attempts = max(attempts, attempt + 1)
             if rec.get("kind") != "step":
                 continue
-            done = max(done, int(rec["step"]))
-            if rec["attempt"] >= 1 and first_resumed is None:
-                first_resumed = float(rec["finished_at"])
+            step = _count(rec.get("step"))
+            if step is None:
+                continue
+            done = max(done, step)
+            at = rec.get("finished_at")
+            if attempt >= 1 and first_resumed is None and isinstance(at, int | float) \
+                    and math.isfinite(at):
+                first_resumed = float(at)
         per_rank_steps.append(done)
         if first_resumed is not None:
             resumed.append(first_resumed)
@@ -252,7 +278,7 @@ class LegFiles:
         except StoreNotFound:
             return None
         try:
-            body = json.loads(data)
+            body = _loads(data)
         except ValueError as e:
             raise StoreError(
                 f"{self.store.uri(self.beacon_key(rank, attempt))}: not a beacon: {e}"
@@ -302,7 +328,7 @@ class LegFiles:
         except StoreObjectTooLarge:
             return "unreadable failure marker (too large to read)"
         try:
-            return str(json.loads(data)["reason"])
+            return str(_loads(data)["reason"])
         except (ValueError, KeyError, TypeError):
             return "unreadable failure marker"
 
@@ -359,9 +385,9 @@ class _AppendedFiles(_Traces):
         return {r: _complete_lines(self.path(leg, r)) for r in range(world_size)}
 
     def attempts_started(self, leg: str) -> int:
-        seen = [r.get("attempt", 0) for path in (self.folder / self.dir_key(leg)).glob(
+        seen = [_count(r.get("attempt", 0)) for path in (self.folder / self.dir_key(leg)).glob(
             "rank-*.jsonl") for r in _complete_lines(path)]
-        return max(seen, default=-1) + 1
+        return max((a for a in seen if a is not None), default=-1) + 1
 
     def materialize(self, dest: Path | None) -> Path:
         """The folder itself: the comparator reads it in place."""
@@ -544,7 +570,7 @@ class RunLocation:
         """The qualification's spec: ``spec.json``, else the spec in ``run.json``."""
         for key, pick in ((SPEC_FILE, False), (RUN_FILE, True)):
             try:
-                data = json.loads(self.store.get_bytes(key, SMALL_OBJECT_BYTES))
+                data = _loads(self.store.get_bytes(key, SMALL_OBJECT_BYTES))
             except StoreNotFound:
                 continue
             except ValueError as e:
@@ -594,11 +620,13 @@ class RunLocation:
         """TrainingError when this location was made for a different spec (or for none)."""
         where = self.url(RUN_FILE)
         try:
-            theirs = json.loads(self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES))["spec_digest"]
+            theirs = _loads(self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES))["spec_digest"]
         except StoreNotFound as e:
             raise TrainingError(f"{self.uri} is not a run directory (no {RUN_FILE})") from e
         except (ValueError, KeyError, TypeError) as e:
             raise TrainingError(f"{where}: unreadable run file: {e}") from e
+        if not isinstance(theirs, str):
+            raise TrainingError(f"{where}: unreadable run file: spec_digest is no string")
         if theirs != spec.digest():
             raise TrainingError(
                 f"run directory {self.uri} belongs to another run (its spec digest "
@@ -683,8 +711,8 @@ class RunLocation:
         except StoreNotFound:
             return None
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+            data = _loads(raw)
+        except ValueError as e:
             raise ReportError(f"{where}: not JSON: {e}") from e
         if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
             version = data.get("schema_version") if isinstance(data, dict) else None

@@ -47,6 +47,10 @@ from resumequal.store import ObjectInfo, Store, StoreIntegrityError, StoreNotFou
 log = logging.getLogger(__name__)
 
 COMMITTED = "COMMITTED"
+# What a reader takes of a manifest and of its MAC before refusing them unread: a manifest
+# lists a checkpoint's files (a few hundred bytes each), a MAC is 64 hex characters.
+MANIFEST_BYTES = 16 << 20
+MAC_BYTES = 1024
 # Files of one rank uploaded at once; each large file also uses S3Config.max_concurrency.
 _UPLOAD_FILES = 4
 CACHE_DIR = ".cache"
@@ -219,9 +223,9 @@ def retire(root: RemoteRoot, keep_last: int) -> None:
 def read_manifest(root: RemoteRoot, name: str) -> Manifest:
     """The authenticated manifest of checkpoint ``name``; CheckpointError naming it."""
     where = root.uri(name)
-    data = root.store.get_bytes(root.key(name, MANIFEST))
+    data = root.store.get_bytes(root.key(name, MANIFEST), MANIFEST_BYTES)
     try:
-        mac: bytes | None = root.store.get_bytes(root.key(name, MANIFEST_MAC))
+        mac: bytes | None = root.store.get_bytes(root.key(name, MANIFEST_MAC), MAC_BYTES)
     except StoreNotFound:
         mac = None
     manifest = authenticate(data, mac, where)

@@ -118,7 +118,7 @@ def parse_segment(data: bytes, where: str) -> list[bytes]:
     try:
         trailer = json.loads(lines[-1])[_TRAILER_KEY]
         count, digest = int(trailer["records"]), str(trailer["sha256"])
-    except (ValueError, KeyError, TypeError, IndexError) as e:
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
         raise TraceError(f"{where}: corrupted trace segment (no valid trailer)") from e
     records = lines[:-1]
     body = b"".join(line + b"\n" for line in records)
