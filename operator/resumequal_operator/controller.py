@@ -22,9 +22,11 @@ from typing import Any
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import Plan, qualification_plan
 from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
+from resumequal.redact import redact
 from resumequal.results import Timeline, build_report, failed_verdict, run_uri
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
+from resumequal.words import clip
 from resumequal_operator import pytorchjob
 from resumequal_operator.backend import (
     ComparatorFailed,
@@ -241,7 +243,7 @@ class Reconciler:
         status = invalid_status(previous, generation, message)
         ready = next((c for c in previous.conditions if c.type == "Ready"), None) \
             if previous else None
-        if ready is None or ready.reason != INVALID_SPEC or ready.message != message[:1024]:
+        if ready is None or ready.reason != INVALID_SPEC or ready.message != clip(redact(message)):
             self.events.record(obj, INVALID_SPEC, message, warning=True)
             log.warning("%s/%s: invalid spec: %s", obj["metadata"]["namespace"],
                         obj["metadata"]["name"], message.replace("\n", "; "))

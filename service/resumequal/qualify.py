@@ -22,9 +22,11 @@ from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
+from resumequal.redact import redact
 from resumequal.runstore import KillOrder as KillOrder  # kept with the store code that reads it
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Verdict
+from resumequal.words import clip
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +230,9 @@ class Qualification:
     ) -> None:
         s = self.status
         s.phase = phase
+        # Messages quote what legs and stores said (a failure reason of any length): they
+        # become status fields and Events, bounded there.
+        message = None if message is None else clip(redact(message))
         if reason is not None:
             s.reason = reason
             s.message = message
@@ -287,7 +292,7 @@ class Qualification:
     def _persisting(self, error: Exception) -> bool:
         """Count one more failed tick; fail the run when errors have lasted too long."""
         s, now = self.status, self.clock()
-        message = str(error) or type(error).__name__
+        message = clip(redact(str(error) or type(error).__name__))
         if s.errors is None:
             s.errors = ErrorStreak(since=now, message=message)
         else:

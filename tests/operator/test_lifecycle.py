@@ -271,6 +271,31 @@ def test_a_leg_that_does_not_resume_times_out(
     assert "preempted leg did not resume within timeouts.restartSeconds=1" in message
 
 
+def test_a_huge_failure_reason_is_truncated_everywhere_it_is_shown(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    """A leg's FAILED.json says why in 1 MiB: status, conditions and Events take 1 KiB of
+    it, marked as truncated."""
+    workers.fail_reason = "out of memory " + "x" * ((1 << 20) - 100)  # FAILED.json: 1 MiB
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("verbose", store))
+    done = wait_phase(api, "verbose", ("Succeeded", "Failed"), timeout=30)
+    status = done["status"]
+    ready = condition(done, "Ready")
+    assert status["phase"] == "Failed" and ready["reason"] == "LegFailed", ready
+    shown = [c["message"] for c in status["conditions"]] + [status["verdict"]["reason"],
+                                                            status["machine"]["message"]]
+    shown += [e["message"] for e in status["machine"]["history"] if e.get("message")]
+    api.wait_for(lambda: any(r == "Failed" for r, _, _ in events(api, "verbose")), 10,
+                 "the Failed Event")
+    shown += [m for _, _, m in events(api, "verbose")]
+    assert all(len(m.encode()) <= 1024 for m in shown), sorted(len(m) for m in shown)
+    long = [m for m in shown if "out of memory" in m]
+    assert len(long) >= 4 and all("[truncated: " in m for m in long), long
+    assert len(json.dumps(status)) < 32 * 1024
+
+
 def test_a_restarted_operator_continues_from_the_status(
     api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, store: dict[str, str]
 ) -> None:

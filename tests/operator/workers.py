@@ -62,6 +62,8 @@ class Workers:
     arm: bool = True  # False: the cut rank never reaches its cut (an arm timeout)
     resume: bool = True  # False: a restarted attempt hangs before its first step
     write_verdict: bool = True  # False: the comparator crashes before writing its verdict
+    # Set: the control leg fails at once, writing this reason into its FAILED.json.
+    fail_reason: str | None = None
     # rank -> seconds it still writes (last trace segments, final checkpoint) after its last
     # step, before it marks the leg done; a pod deleted meanwhile never marks it.
     finish_seconds: dict[int, float] = field(default_factory=dict)
@@ -132,6 +134,9 @@ class Workers:
         if "compare" in args:
             return self.compare(args[args.index("compare") + 1])
         uri, leg = args[args.index("--run-dir") + 1], args[args.index("--leg") + 1]
+        if self.fail_reason is not None and leg == "control":
+            self.location(uri).leg(leg).mark_failed(self.fail_reason)
+            return 1
         nproc = int(container.env.get("PET_NPROC_PER_NODE") or 1)
         while True:
             group = container.rendezvous(self.hold_timeout)
