@@ -231,6 +231,31 @@ def test_a_failing_verdict_and_graceful_kill(
     assert loc.store.list() == []
 
 
+def test_a_finalizer_that_cannot_clean_up_gives_up(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator,
+    moto_server: MotoServer, store: dict[str, str]
+) -> None:
+    """Retention Delete with the bucket gone: the run is deleted all the same, after
+    ``cleanup_seconds``, with a Warning Event naming what was left."""
+    operators.start(cleanup_seconds=2.0)
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("orphan", store,
+                                                       retention={"policy": "Delete"}))
+    done = wait_phase(api, "orphan", ("Succeeded", "Failed"), timeout=30)
+    bucket = store["uri"].removeprefix("s3://").split("/", 1)[0]
+    s3 = moto_server.client()
+    for obj in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
+        s3.delete_object(Bucket=bucket, Key=obj["Key"])
+    s3.delete_bucket(Bucket=bucket)
+    api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "orphan")
+    api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "orphan") is None,
+                 15, "the finalizer to give up")
+    abandoned = [(t, m) for r, t, m in events(api, "orphan") if r == "CleanupAbandoned"]
+    assert len(abandoned) == 1, events(api, "orphan")
+    kind, message = abandoned[0]
+    assert kind == "Warning"
+    assert done["status"]["runUri"] in message and "left in the store" in message
+
+
 def _failed_with_timeout(api: KubeAPI, name: str) -> str:
     done = wait_phase(api, name, ("Succeeded", "Failed"), timeout=30)
     ready = condition(done, "Ready")
