@@ -17,7 +17,14 @@ from datetime import UTC, datetime
 
 from resumequal.errors import ClusterError, ResumequalError
 from resumequal.plan import LegPlan, Plan
-from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
+from resumequal.qualify import (
+    Beacon,
+    InvalidBeacon,
+    LegObservation,
+    LegState,
+    beacon_from,
+    kill_order,
+)
 from resumequal.runstore import RunLocation
 from resumequal.signing import new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
@@ -33,7 +40,7 @@ from resumequal_operator.kube import (
     NotFound,
     Obj,
 )
-from resumequal_operator.resource import QualificationRunSpec
+from resumequal_operator.resource import QualificationRunSpec, is_object_name
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +163,15 @@ class KubernetesBackend:
 
     def read_beacon(self, leg: str, rank: int) -> Beacon | None:
         body = self.location.read_beacon(leg, rank, 0)
-        return None if body is None else beacon_from(body, self.location.url(leg))
+        if body is None:
+            return None
+        beacon = beacon_from(body, self.location.url(leg))
+        if beacon.pod is not None and not is_object_name(beacon.pod):
+            # The name goes into API paths (get, delete): only a pod name does.
+            raise InvalidBeacon(f"the beacon of rank {beacon.rank} in {self.location.url(leg)} "
+                                f"names pod {beacon.pod[:80]!r}, which is no pod name "
+                                "(DNS-1123 subdomain); no request is made for it")
+        return beacon
 
     def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
         """A process kill is an order in the store that the armed worker obeys; a pod kill

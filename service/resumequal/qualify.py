@@ -78,15 +78,20 @@ class Beacon(BaseModel):
     armed_at: float
 
 
+class InvalidBeacon(StoreError):
+    """A beacon in the store that is not one, or names what must not be acted on (a pod
+    name that is no name): it is written once, so the run cannot go on."""
+
+
 def beacon_from(body: dict[str, Any], where: str) -> Beacon:
-    """The beacon in ``body`` (as read from the store at ``where``); StoreError naming it if
-    it is not one: whoever can write to the store wrote it."""
+    """The beacon in ``body`` (as read from the store at ``where``); InvalidBeacon naming
+    it if it is not one: whoever can write to the store wrote it."""
     try:
         return Beacon.model_validate(body)
     except ValidationError as e:
         first = e.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "(root)"
-        raise StoreError(f"{where}: not a beacon: {field}: {first['msg']}") from e
+        raise InvalidBeacon(f"{where}: not a beacon: {field}: {first['msg']}") from e
 
 
 def kill_order(beacon: Beacon, preemption: PreemptionSpec) -> KillOrder:
@@ -357,7 +362,10 @@ class Qualification:
     def _drive_cut(self, plan: LegPlan, run: LegRun, obs: LegObservation, now: float) -> None:
         p = plan.spec.preemption
         if run.armed_at is None:
-            beacon = self.backend.read_beacon(plan.name, p.rank)
+            try:
+                beacon = self.backend.read_beacon(plan.name, p.rank)
+            except InvalidBeacon as e:
+                self._stop(Reason.ERROR, f"the {plan.name} leg's beacon is refused: {e}")
             if beacon is not None:
                 run.beacon, run.armed_at = beacon, now
                 self._main_enters(plan, Phase.ARMED)

@@ -321,6 +321,22 @@ def test_a_huge_failure_reason_is_truncated_everywhere_it_is_shown(
     assert len(json.dumps(status)) < 32 * 1024
 
 
+def test_a_beacon_naming_no_pod_fails_the_run_without_a_request(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    """A pod name from the store goes into API paths only if it is one (DNS-1123)."""
+    workers.beacon_pod = "../../secrets/x"
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("planted", store))
+    done = wait_phase(api, "planted", ("Succeeded", "Failed"), timeout=30)
+    ready = condition(done, "Ready")
+    assert done["status"]["phase"] == "Failed" and ready["reason"] == "Error", ready
+    assert "'../../secrets/x'" in ready["message"] and "no pod name" in ready["message"]
+    assert [d for d in api.deletions_of("pods") if d.cause == "api"] == []
+    assert not [p for _, p in api.requests if "secrets/x" in p or ".." in p], api.requests
+
+
 def test_a_restarted_operator_continues_from_the_status(
     api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, store: dict[str, str]
 ) -> None:

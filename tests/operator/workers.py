@@ -64,6 +64,8 @@ class Workers:
     write_verdict: bool = True  # False: the comparator crashes before writing its verdict
     # Set: the control leg fails at once, writing this reason into its FAILED.json.
     fail_reason: str | None = None
+    # Set: the armed rank's beacon names this pod instead of its own (a planted beacon).
+    beacon_pod: str | None = None
     # rank -> seconds it still writes (last trace segments, final checkpoint) after its last
     # step, before it marks the leg done; a pod deleted meanwhile never marks it.
     finish_seconds: dict[int, float] = field(default_factory=dict)
@@ -101,7 +103,8 @@ class Workers:
             sink.append(json.dumps(record).encode())
         if cut and attempt == 0:
             if rank == p.rank and self.arm:
-                beacon = {"pid": 1000 + rank, "host": pod, "pod": pod, "rank": rank,
+                beacon = {"pid": 1000 + rank, "host": pod, "pod": self.beacon_pod or pod,
+                          "rank": rank,
                           "attempt": 0, "step": p.step, "microstep": p.microstep,
                           "at": p.at, "armedAt": time.time()}
                 leg_files = loc.leg(leg)
