@@ -609,8 +609,9 @@ class RunLocation:
     def claim(self, spec: QualificationSpec) -> bool:
         """Tie a new location to ``spec`` by writing ``run.json`` if absent; True if written.
 
-        Where the store has no exclusive create (MinIO, RGW), two legs racing write bodies
-        of the same digest, and :meth:`check_claim` still refuses a different spec.
+        The create is exclusive (see :meth:`Store.put_new`): of two runs racing for one
+        location, one gets it. Legs of one run all claim it (the first one wins) and
+        :meth:`check_claim` refuses a different spec.
         """
         body = json.dumps({"spec_digest": spec.digest(), "spec": spec.model_dump(mode="json"),
                            "created_at": time.time()}, indent=1).encode()

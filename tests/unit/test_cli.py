@@ -183,6 +183,19 @@ def test_run_refuses_a_pod_kill_naming_the_field(runner: CliRunner, tmp_path: Pa
     assert not run_dir.exists()  # refused before anything started
 
 
+def test_run_refuses_a_run_dir_another_run_holds(runner: CliRunner, tmp_path: Path) -> None:
+    """Its traces are there: a second run's legs would append to them."""
+    run_dir = tmp_path / "q1"
+    run_dir.mkdir()
+    theirs = b'{"spec_digest": "0123456789abcdef", "created_at": 1}'
+    (run_dir / "run.json").write_bytes(theirs)
+    result = runner.invoke(cli.main, ["run", "--run-dir", str(run_dir)])
+    assert result.exit_code == 2
+    assert f"error: run location {run_dir} is taken: it holds another run" in result.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"]
+    assert (run_dir / "run.json").read_bytes() == theirs
+
+
 # --- launch ----------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from types import FrameType
 
 from rich.console import Console
 
-from resumequal.errors import ResumequalError
+from resumequal.errors import ResumequalError, TrainingError
 from resumequal.local.backend import LocalBackend
 from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
@@ -29,7 +29,7 @@ from resumequal.results import (
     seed_matrix,
 )
 from resumequal.results import fold_matrix as fold_matrix  # where tests and callers find it
-from resumequal.runstore import RunLocation
+from resumequal.runstore import RUN_FILE, RunLocation
 from resumequal.spec import Omission, QualificationSpec, apply_overrides
 from resumequal.store import open_store, s3_config
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
@@ -99,13 +99,17 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
         spec = apply_overrides(spec, [f"checkpoint.store={opts.store}"])
     location = run_location(spec, opts)
     spec = location.leg_spec(spec)
-    if not location.is_local:
-        console.print(f"run location {location.uri}")
-    matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     plan = qualification_plan(spec)
     if opts.omit:
         plan = Plan([replace(p, omit=opts.omit) if p.role == "main" else p for p in plan.legs],
                     plan.not_run)
+    if not location.claim(spec):
+        # Another run's traces are there: its legs' and ours would be appended together.
+        raise TrainingError(f"run location {location.uri} is taken: it holds another run "
+                            f"({location.url(RUN_FILE)}); use a new --run-dir")
+    if not location.is_local:
+        console.print(f"run location {location.uri}")
+    matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
     if status.verdict is None:
         # No comparison ran: the report still shows what the legs wrote (a folder run

@@ -49,8 +49,9 @@ class Store(Protocol):
     def put_new(self, key: str, data: bytes) -> bool:
         """Write ``data`` as ``key`` only if there is no such object; True if written.
 
-        Exclusive where the medium allows it; where it does not (MinIO and Ceph RGW have no
-        conditional create), two writers racing may both write.
+        Exclusive: an exclusive create in a folder, a conditional put (If-None-Match) on
+        S3. Only where an endpoint has no conditional writes (it answers 501) may two
+        writers racing both write.
         """
         ...
 

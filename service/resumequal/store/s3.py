@@ -84,6 +84,7 @@ _DENIED = frozenset(
     }
 )
 _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+_CONDITION_FAILED = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout"})
 
 
@@ -322,7 +323,19 @@ class S3Store:
         return download_verified(self.uri(key), local_path, expect_sha256, fetch)
 
     def put_new(self, key: str, data: bytes) -> bool:
-        # No conditional create on every S3 implementation (MinIO, RGW): look, then write.
+        # A conditional create (If-None-Match: *): of two writers racing, one gets 412 (or
+        # 409 while the other's write is in flight). An endpoint without conditional
+        # writes answers 501: there, look then write.
+        with self._call("write", key):
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                        IfNoneMatch="*")
+                return True
+            except ClientError as e:
+                if _code(e) in _CONDITION_FAILED or _status(e) in (409, 412):
+                    return False
+                if _code(e) != "NotImplemented" and _status(e) != 501:
+                    raise
         if self.exists(key):
             return False
         self.put_bytes(key, data)
