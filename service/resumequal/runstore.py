@@ -39,6 +39,7 @@ import math
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -755,6 +756,23 @@ def _write_file(path: Path, data: bytes) -> None:
 
 
 def default_scratch(uri: str) -> Path:
-    """A local working folder for one run location, shared by the ranks of this machine."""
+    """A local working folder for one run location, shared by the ranks of this machine:
+    ``<tmp>/resumequal-<uid>/<digest of the URI>``, in a folder only this user can enter
+    (checkpoints are staged and downloaded there; another user must not plant them)."""
     digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"resumequal-{digest}"
+    return _private_folder(Path(tempfile.gettempdir()) / f"resumequal-{os.getuid()}") / digest
+
+
+def _private_folder(path: Path) -> Path:
+    """``path``, made with mode 0700 if absent; StoreError if it is not a folder of this
+    user that only this user can enter (a name in a shared /tmp anyone can take first)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() \
+            or stat.S_IMODE(info.st_mode) & 0o077:
+        raise StoreError(f"scratch folder {path} is not a private folder of this user (owner "
+                         f"uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}, "
+                         f"{'a folder' if stat.S_ISDIR(info.st_mode) else 'not a folder'}); "
+                         "remove it, or set TMPDIR elsewhere")
+    return path
