@@ -12,6 +12,7 @@ import click
 
 from resumequal.errors import ResumequalError
 from resumequal.logs import configure_logging
+from resumequal.redact import printable
 from resumequal.spec import (
     OMISSIONS,
     Omission,
@@ -96,7 +97,7 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
             code = run_leg(spec, leg, target, omissions, scratch=scratch,
                            trace_every=trace_every)
     except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         _exit_now(EXIT_ERROR)
     sys.exit(code)
 
@@ -160,7 +161,7 @@ def validate(spec_path: str) -> None:
     try:
         spec = load_spec(spec_path)
     except SpecError as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         sys.exit(EXIT_ERROR)
     click.echo(spec.model_dump_json(indent=2))
 
@@ -218,7 +219,7 @@ def run(
         )
         outcome = qualify_here(spec, opts, console)
     except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         click.echo("interrupted; every process of this run was stopped", err=True)
@@ -250,15 +251,15 @@ def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name:
         judged = compare_location(uri, write=write, pin=pin or _default_pin(),
                                   namespace=namespace, name=name)
     except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         sys.exit(EXIT_ERROR)
     verdict = judged.verdict
     if as_json:
         click.echo(verdict.model_dump_json(indent=2))
     else:
-        click.echo(f"{verdict.result}: {verdict.reason}")
+        click.echo(printable(f"{verdict.result}: {verdict.reason}"))
         for file_name, where in judged.files.items():
-            click.echo(f"{file_name}: {where}")
+            click.echo(printable(f"{file_name}: {where}"))
     sys.exit(exit_code(verdict.result))
 
 

@@ -18,6 +18,7 @@ from resumequal.errors import ResumequalError, TrainingError
 from resumequal.local.backend import LocalBackend
 from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
+from resumequal.redact import printable
 from resumequal.report.terminal import ProgressDisplay
 from resumequal.results import (
     Timeline,
@@ -108,7 +109,8 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
         raise TrainingError(f"run location {location.uri} is taken: it holds another run "
                             f"({location.url(RUN_FILE)}); use a new --run-dir")
     if not location.is_local:
-        console.print(f"run location {location.uri}")
+        console.print(f"run location {printable(location.uri)}", markup=False,
+                      highlight=False)
     matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
     if status.verdict is None:
