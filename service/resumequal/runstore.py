@@ -413,7 +413,9 @@ class _Segments(_Traces):
         found = []
         for obj in self.store.list(base):
             m = _SEGMENT.match(obj.key[len(base) + 1:])
-            if m is not None:
+            # A rank or attempt beyond int32 is no worker's: a name someone else chose.
+            if m is not None and _count(int(m.group(1))) is not None \
+                    and _count(int(m.group(2))) is not None:
                 found.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), obj.key))
         return sorted(found)
 

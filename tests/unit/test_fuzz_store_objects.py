@@ -229,7 +229,8 @@ def segments(draw: st.DrawFn) -> list[tuple[str, bytes]]:
     names (and under names that are none)."""
     out = []
     for _ in range(draw(st.integers(0, 3))):
-        rank, attempt = draw(st.integers(0, 2)), draw(st.sampled_from([0, 1, 99999]))
+        rank = draw(st.sampled_from([0, 1, 2, 10**30]))
+        attempt = draw(st.sampled_from([0, 1, 99999, 10**30]))
         name = draw(SEGMENT_NAMES)
         seq = int(name[:8]) if name[:8].isdigit() else 0
         if draw(st.booleans()):
@@ -253,7 +254,8 @@ def test_trace_segments(places: Callable[[bool], RunLocation],
     if progress is not None:
         assert 0 <= progress.steps_done < 2**31 and 0 <= progress.attempts < 2**31
     ours_or_result(lambda: loc.trace_records(LEG, 1))
-    ours_or_result(lambda: loc.attempts_started(LEG))
+    started = ours_or_result(lambda: loc.attempts_started(LEG))
+    assert started is None or 0 <= started < 2**31
     dest = Path(tempfile.mkdtemp(prefix="rq-fuzz-copy-"))
     try:
         ours_or_result(lambda: loc.materialize(dest))
