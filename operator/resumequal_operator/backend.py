@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from resumequal.errors import ClusterError, ResumequalError
+from resumequal.errors import ClusterError, ReportError, ResumequalError
 from resumequal.plan import LegPlan, Plan
 from resumequal.qualify import (
     Beacon,
@@ -262,7 +262,11 @@ class KubernetesBackend:
             return None
         # The comparator exits 1 for FAIL and 2 for INVALID after writing its verdict: a
         # failed Job with a verdict concluded; without one, it broke.
-        verdict = self.location.read_verdict()
+        try:
+            verdict = self.location.read_verdict()
+        except ReportError as e:  # written once: reading it again changes nothing
+            raise ComparatorFailed(f"the comparator Job {name} left no readable verdict: "
+                                   f"{e}") from e
         if verdict is not None:
             return verdict
         if complete is not None:

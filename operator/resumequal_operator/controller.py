@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from resumequal.errors import ClusterError, ResumequalError, StoreError
+from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import Plan, qualification_plan
 from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
 from resumequal.redact import redact
@@ -261,8 +261,11 @@ class Reconciler:
         pin = run.spec.stack.effective_pin
         if self._recorded.get(key) == (run.ref.uid, pin):
             return
-        verdict = machine.verdict or self._location(run).read_verdict() or failed_verdict(
-            run.qspec, machine)
+        try:
+            stored = None if machine.verdict is not None else self._location(run).read_verdict()
+        except ReportError:
+            stored = None  # the run failed on it already (see KubernetesBackend.compare)
+        verdict = machine.verdict or stored or failed_verdict(run.qspec, machine)
         report = build_report(run.qspec, verdict, Timeline.of(machine), run=run.ref.name,
                               pin=pin)
         with self._lock:

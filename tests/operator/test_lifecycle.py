@@ -337,6 +337,23 @@ def test_a_beacon_naming_no_pod_fails_the_run_without_a_request(
     assert not [p for _, p in api.requests if "secrets/x" in p or ".." in p], api.requests
 
 
+def test_a_verdict_that_is_none_fails_the_run(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    """A verdict.json nested too deeply to read ends the run (it is written once)."""
+    workers.verdict_bytes = b"[" * 100_000 + b"]" * 100_000
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("garbled", store))
+    done = wait_phase(api, "garbled", ("Succeeded", "Failed"), timeout=30)
+    ready = condition(done, "Ready")
+    assert done["status"]["phase"] == "Failed" and ready["reason"] == "Error", ready
+    assert "left no readable verdict" in ready["message"] and "verdict.json" in ready["message"]
+    assert eventually(lambda: value(scrape(op.health.port), "resumequal_qualification_valid",
+                                    namespace=NAMESPACE, pin="train:2026-11-29", run="garbled",
+                                    scenario="resume") == 0.0, what="the run's metrics")
+
+
 def test_a_restarted_operator_continues_from_the_status(
     api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, store: dict[str, str]
 ) -> None:

@@ -64,6 +64,8 @@ class Workers:
     write_verdict: bool = True  # False: the comparator crashes before writing its verdict
     # Set: the control leg fails at once, writing this reason into its FAILED.json.
     fail_reason: str | None = None
+    # Set: what the comparator writes as verdict.json instead of its verdict.
+    verdict_bytes: bytes | None = None
     # Set: the armed rank's beacon names this pod instead of its own (a planted beacon).
     beacon_pod: str | None = None
     # rank -> seconds it still writes (last trace segments, final checkpoint) after its last
@@ -124,7 +126,8 @@ class Workers:
         if not self.write_verdict:
             return 2
         v = verdict(self.result)
-        self.location(uri).store.put_bytes("verdict.json", v.model_dump_json().encode())
+        body = v.model_dump_json().encode() if self.verdict_bytes is None else self.verdict_bytes
+        self.location(uri).store.put_bytes("verdict.json", body)
         return {Result.PASS: 0, Result.FAIL: 1}.get(v.result, 2)
 
 
