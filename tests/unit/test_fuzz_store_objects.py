@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC
 from resumequal.checkpoint.manifest import authenticate, read_manifest, verify
 from resumequal.checkpoint.remote import COMMITTED, RemoteRoot, download, newest_verified
-from resumequal.errors import ResumequalError
+from resumequal.errors import CheckpointError, ResumequalError
 from resumequal.qualify import beacon_from
 from resumequal.runstore import FAILED_MARKER, RunLocation, segment_bytes
 from resumequal.signing import KEY_ENV, sign
@@ -327,6 +327,14 @@ def test_folder_manifests(key: None, data: bytes, mac: str | bytes) -> None:
         ours_or_result(lambda: verify(folder))
     finally:
         shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def test_an_oversized_manifest_is_refused_unread(key: None, tmp_path: Path) -> None:
+    folder = tmp_path / CKPT
+    folder.mkdir()
+    (folder / MANIFEST).write_bytes(b" " * ((16 << 20) + 1))
+    with pytest.raises(CheckpointError, match="larger than the 16777216 bytes"):
+        read_manifest(folder)
 
 
 # ----------------------------------------------------------------------------- the backends

@@ -35,6 +35,8 @@ from typing import Any
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.checkpoint.manifest import (
+    MAC_BYTES,
+    MANIFEST_BYTES,
     FileEntry,
     Manifest,
     authenticate,
@@ -47,10 +49,6 @@ from resumequal.store import ObjectInfo, Store, StoreIntegrityError, StoreNotFou
 log = logging.getLogger(__name__)
 
 COMMITTED = "COMMITTED"
-# What a reader takes of a manifest and of its MAC before refusing them unread: a manifest
-# lists a checkpoint's files (a few hundred bytes each), a MAC is 64 hex characters.
-MANIFEST_BYTES = 16 << 20
-MAC_BYTES = 1024
 # Files of one rank uploaded at once; each large file also uses S3Config.max_concurrency.
 _UPLOAD_FILES = 4
 CACHE_DIR = ".cache"
