@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import time
@@ -107,14 +106,9 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
         plan = Plan([replace(p, omit=opts.omit) if p.role == "main" else p for p in plan.legs],
                     plan.not_run)
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
-    if status.verdict is None:
-        # No comparison ran: the report still shows what the legs wrote (a folder run
-        # already has it in place).
-        with contextlib.suppress(ResumequalError):
-            location.materialize(opts.run_dir)
     verdict = status.verdict or failed_verdict(spec, status)
     report = build_report(spec, verdict, Timeline.of(status), run=opts.run_dir.name,
-                          pin=opts.pin, run_dir=opts.run_dir, status=status, matrix=matrix)
+                          pin=opts.pin, location=location, status=status, matrix=matrix)
     published = publish(report, location, opts.run_dir, namespace=opts.namespace,
                         metrics_file=opts.metrics_file, pushgateway=opts.pushgateway)
     return Outcome(report, location, published)
@@ -165,13 +159,11 @@ def run_matrix(
         run_dir = opts.run_dir / f"seed-{seed}"
         verdicts: dict[str, Verdict] = {}
 
-        def judge(plan: Plan = plan, run_dir: Path = run_dir, sub: RunLocation = sub,
+        def judge(plan: Plan = plan, sub: RunLocation = sub,
                   verdicts: dict[str, Verdict] = verdicts) -> Verdict:
-            local = sub.materialize(run_dir)
             for leg in plan.legs:
                 if leg.cut:
-                    verdicts[leg.name] = compare_run(local, sub.leg_spec(leg.spec),
-                                                     leg=leg.name)
+                    verdicts[leg.name] = compare_run(sub, sub.leg_spec(leg.spec), leg=leg.name)
             failing = [v for v in verdicts.values() if v.result != Result.PASS]
             return failing[0] if failing else next(iter(verdicts.values()))
 

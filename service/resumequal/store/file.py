@@ -103,7 +103,7 @@ class FileStore:
         except OSError as e:
             raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
 
-    def _write_atomic(self, key: str, write: Callable[[BinaryIO], T]) -> T:
+    def _write_atomic(self, key: str, write: Callable[[BinaryIO], T], sync: bool = True) -> T:
         path = self._path(key)
         with self._errors("write", key):
             parent = os.path.dirname(path)
@@ -113,16 +113,20 @@ class FileStore:
                 with open(tmp, "wb") as f:
                     result = write(f)
                     f.flush()
-                    os.fsync(f.fileno())
+                    if sync:
+                        os.fsync(f.fileno())
                 os.replace(tmp, path)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-            _fsync_dir(parent)
+            if sync:
+                _fsync_dir(parent)
         return result
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self._write_atomic(key, lambda f: f.write(data))
+    def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
+        # The file's data is in the page cache once written: a SIGKILL of this process
+        # cannot lose it, a machine crash could (what ``sync`` guards against).
+        self._write_atomic(key, lambda f: f.write(data), sync)
 
     def put_new(self, key: str, data: bytes) -> bool:
         path = self._path(key)

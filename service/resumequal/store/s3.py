@@ -279,7 +279,8 @@ class S3Store:
             cause = _unwrap(e)
             raise self._translate(cause, op, self.uri(key)) from cause
 
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
+        # An acknowledged PUT is durable: ``sync`` changes nothing here.
         with self._call("write", key):
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
