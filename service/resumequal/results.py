@@ -89,7 +89,7 @@ def run_names(uri: str) -> tuple[str, str]:
         if len(parts) >= 3:
             return parts[-3], parts[-2]
         return "default", parts[-1] if parts else "run"
-    return "local", Path(urlparse(uri).path if "://" in uri else uri).name
+    return "local", Path(parsed.path).name
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -347,10 +347,9 @@ def publish(report: Report, location: RunLocation, out: Path, *, namespace: str,
     write_textfile(registry, metrics)
     if pushgateway:
         push(registry, pushgateway, job="resumequal")
-    # A metrics file asked for elsewhere stays there on a folder; a store gets a copy.
-    if metrics_file is None or not location.is_local:
-        files[METRICS_PROM] = metrics
+    # A metrics file asked for elsewhere stays there, and the location gets a copy.
+    files[METRICS_PROM] = metrics
     published = location.publish(files)
-    if metrics_file is not None and location.is_local:
+    if metrics_file is not None:
         published[METRICS_PROM] = str(metrics_file)
     return published

@@ -437,21 +437,11 @@ class RunLocation:
         store = open_store(uri, s3_config(s3))
         return cls(store.uri(), store, s3)
 
-    @property
-    def local(self) -> Path | None:
-        """The folder on this machine holding the run, or None for an object store."""
-        folder = self.store.local_folder()
-        return Path(folder) if folder is not None else None
-
-    @property
-    def is_local(self) -> bool:
-        return self.store.local_folder() is not None
-
     def scratch(self) -> Path:
-        """A local folder for what is not kept (checkpoint staging, downloaded copies): the
-        run folder itself, or a temporary folder per run location."""
-        folder = self.store.local_folder()
-        return Path(folder) if folder is not None else default_scratch(self.uri)
+        """A local folder for what is not kept (checkpoint staging, downloaded copies of an
+        object store's checkpoints), one per run location, shared by the ranks of this
+        machine."""
+        return default_scratch(self.uri)
 
     def url(self, name: str) -> str:
         """The full URI (or path, for a folder given as a path) of an artifact."""
@@ -463,10 +453,11 @@ class RunLocation:
     # -- specs ------------------------------------------------------------------------------
 
     def leg_spec(self, spec: QualificationSpec) -> QualificationSpec:
-        """``spec`` as the legs of this location run it: outside a folder on this machine,
-        checkpoints live under the run location (``<run>/<leg>/checkpoints``) whatever
-        store the spec named, so that workers anywhere reach them."""
-        if self.store.local_folder() is not None:
+        """``spec`` as the legs of this location run it: in a shared store (one that workers
+        on other machines reach), checkpoints live under the run location
+        (``<run>/<leg>/checkpoints``) whatever store the spec named, so that workers
+        anywhere reach them; a folder keeps the spec's own (by default the folder)."""
+        if not self.store.shared():
             return spec
         ckpt = spec.checkpoint.model_copy(update={"store": self.uri,
                                                   "s3": spec.checkpoint.s3 or self.s3})
@@ -475,6 +466,10 @@ class RunLocation:
     def write_spec(self, spec: QualificationSpec) -> None:
         """``spec.json``: the qualification's spec, for people and the comparator."""
         self.store.put_bytes(SPEC_FILE, self.leg_spec(spec).model_dump_json(indent=1).encode())
+
+    def has_spec(self) -> bool:
+        """Whether a runner or the operator has written the qualification's spec here."""
+        return self.store.exists(SPEC_FILE)
 
     def read_spec(self) -> QualificationSpec:
         """The qualification's spec: ``spec.json``, else the spec in ``run.json``."""

@@ -74,7 +74,7 @@ def _append(location: RunLocation, leg: str, rank: int, attempt: int,
 def test_url_names_artifacts_under_the_location(location: RunLocation) -> None:
     url = location.url("report.html")
     assert url.endswith("/report.html")
-    assert url.startswith("s3://" if not location.is_local else "/")
+    assert url.startswith("s3://" if location.store.shared() else "/")
 
 
 def test_claim_then_check_and_refuse_another_spec(location: RunLocation) -> None:
@@ -95,7 +95,7 @@ def test_leg_spec_round_trip_with_omissions(location: RunLocation) -> None:
     got = location.read_leg_spec("control-rng")
     assert got is not None and got.omit == ["rng"] and got.leg == "control-rng"
     assert got.spec.training.seed == 5
-    if location.is_local:
+    if not location.store.shared():
         assert got.spec == spec
     else:  # on S3 the leg's checkpoints live under the run location
         assert got.spec.checkpoint.store == location.uri

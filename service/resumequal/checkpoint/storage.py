@@ -84,6 +84,9 @@ def checkpoint_location(
         opened = open_store(str(run_dir) if store is None else store, s3_config(s3))
     except StoreError as e:
         raise CheckpointError(f"checkpoint.store={store!r}: {e}") from e
+    # The one medium question outside the store: the commit backend. DCP writes a folder's
+    # checkpoint in place and commits it by a rename, which needs the folder as a path;
+    # any other store stages here and commits with a COMMITTED marker written last.
     folder = opened.local_folder()
     if folder is not None:
         return FolderRoot(Path(folder) / leg / "checkpoints")

@@ -69,9 +69,9 @@ def exit_code(result: Result) -> int:
 
 def run_location(spec: QualificationSpec, opts: RunOptions) -> RunLocation:
     """The run folder, or ``<store>/<namespace>/<run>/<uid>`` when the checkpoint store is
-    not a folder on this machine (an object store holds the whole run)."""
+    shared (an object store holds the whole run, for whoever reads it elsewhere)."""
     store = opts.store or spec.checkpoint.store
-    if store is None or open_store(store, s3_config(spec.checkpoint.s3)).local_folder():
+    if store is None or not open_store(store, s3_config(spec.checkpoint.s3)).shared():
         return RunLocation.open(str(opts.run_dir))
     uri = run_uri(store, opts.namespace, opts.run_dir.name, uuid.uuid4().hex[:12])
     return RunLocation.open(uri, spec.checkpoint.s3)
@@ -98,7 +98,7 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
         spec = apply_overrides(spec, [f"checkpoint.store={opts.store}"])
     location = run_location(spec, opts)
     spec = location.leg_spec(spec)
-    if not location.is_local:
+    if location.uri != RunLocation.open(str(opts.run_dir)).uri:
         console.print(f"run location {location.uri}")
     matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     plan = qualification_plan(spec)

@@ -109,6 +109,11 @@ class Store(Protocol):
         reachable only through the store (an object store: no rename, no append)."""
         ...
 
+    def shared(self) -> bool:
+        """Whether processes on other machines reach these objects through the same URI
+        (an object store), rather than only processes on this machine (a folder)."""
+        ...
+
 
 def check_key(key: str) -> str:
     """``key`` if it is a well-formed relative key, else ``ValueError`` saying why."""

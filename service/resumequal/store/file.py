@@ -217,3 +217,8 @@ class FileStore:
 
     def local_folder(self) -> str:
         return self.root
+
+    def shared(self) -> bool:
+        # A mounted network folder may be seen elsewhere, but not under a URI we can vouch
+        # for: a folder is this machine's.
+        return False

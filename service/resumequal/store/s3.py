@@ -393,3 +393,6 @@ class S3Store:
 
     def local_folder(self) -> None:
         return None
+
+    def shared(self) -> bool:
+        return True
