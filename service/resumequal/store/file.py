@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, ClassVar, TypeVar
 from urllib.parse import urlparse
 
 from resumequal.errors import StoreError
@@ -33,6 +33,10 @@ from resumequal.store.base import (
     tmp_sibling,
 )
 from resumequal.store.errors import StoreAccessDenied, StoreNotFound, too_large
+from resumequal.store.registry import register
+
+if TYPE_CHECKING:
+    from resumequal.store.s3 import S3Config
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +75,20 @@ def _copy_hashing(src: BinaryIO, dst: BinaryIO) -> str:
     return h.hexdigest()
 
 
+@register
 class FileStore:
     """A :class:`~resumequal.store.base.Store` over a local (or mounted) folder."""
+
+    scheme: ClassVar[str] = "file"
+    example: ClassVar[str] = "file:///abs/path"
+
+    @classmethod
+    def authority_problem(cls, authority: str) -> str | None:
+        return "a file:// store is file:///abs/path (no host)" if authority else None
+
+    @classmethod
+    def open(cls, uri: str, s3: S3Config | None) -> FileStore:
+        return cls(uri)
 
     def __init__(self, root: str) -> None:
         self.root, self._uri_prefix = _root_dir(root)

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 # boto3 ships no type information (no py.typed); its objects are Any here.
@@ -61,6 +61,7 @@ from resumequal.store.errors import (
     StoreUnavailable,
     too_large,
 )
+from resumequal.store.registry import register
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +173,20 @@ def s3_config(spec: S3Spec | None) -> S3Config:
     return S3Config(addressing_style=style)  # type: ignore[arg-type]
 
 
+@register
 class S3Store:
     """A :class:`~resumequal.store.base.Store` over ``s3://bucket[/prefix]``."""
+
+    scheme: ClassVar[str] = "s3"
+    example: ClassVar[str] = "s3://bucket/prefix"
+
+    @classmethod
+    def authority_problem(cls, authority: str) -> str | None:
+        return None if authority else "an s3:// store names a bucket (s3://bucket/prefix)"
+
+    @classmethod
+    def open(cls, uri: str, s3: S3Config | None) -> S3Store:
+        return cls(uri, s3)
 
     def __init__(self, uri: str, config: S3Config | None = None) -> None:
         parsed = urlparse(uri)
