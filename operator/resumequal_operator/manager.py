@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from resumequal.errors import ResumequalError
+from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.controller import Reconciler
 from resumequal_operator.events import EventRecorder
 from resumequal_operator.health import HealthServer
@@ -55,6 +56,8 @@ class Settings:
     # Kubernetes ends watches after 5-10 min on its own; 60 s bounds how stale a broken
     # connection that no error reports can leave the cache.
     watch_timeout_seconds: int = 60
+    # What runs may name (images, service accounts, buckets, endpoints); see allowlist.
+    allowlist: Allowlist = field(default_factory=Allowlist)
 
 
 class Operator:
@@ -69,7 +72,8 @@ class Operator:
         self.metrics.watch_queue(lambda: len(self.queue))
         self.reconciler = Reconciler(kube, self.metrics,
                                      EventRecorder(kube, settings.identity),
-                                     poll_seconds=settings.poll_seconds)
+                                     poll_seconds=settings.poll_seconds,
+                                     allowlist=settings.allowlist)
         namespaces: Sequence[str | None] = settings.namespaces or (None,)
         self.watchers = [Watcher(kube, ns, self.queue.add,
                                  timeout_seconds=settings.watch_timeout_seconds)
