@@ -1,7 +1,9 @@
 """The reconcile of one QualificationRun: level-triggered, from its stored status.
 
 Each reconcile reads the run, validates its spec (an invalid one ends as Failed with
-Ready=False naming the field, and nothing is started), restores the qualification machine
+Ready=False naming the field, and nothing is started), judges it against the operator's
+allowlists (a refused one ends the same way, naming the rule, before any object is created
+or any store request sent), restores the qualification machine
 from ``status.machine``, ticks it once through a :class:`KubernetesBackend`, and writes the
 status through the status subresource. The finalizer ``resumequal.dev/cleanup`` lets a
 deleted run take its jobs, its metric series and (with ``retention.policy: Delete``) its
@@ -30,8 +32,10 @@ from resumequal.redact import redact
 from resumequal.results import Timeline, build_report, failed_verdict, run_uri
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
+from resumequal.verdict import PhaseEvent
 from resumequal.words import clip
 from resumequal_operator import pytorchjob
+from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.backend import (
     ComparatorFailed,
     KillRefused,
@@ -51,11 +55,13 @@ from resumequal_operator.resource import (
 )
 from resumequal_operator.status import (
     INVALID_SPEC,
+    NOT_ALLOWED,
     invalid_status,
     machine_of,
     pinned_spec,
     read_status,
     run_status,
+    stored_machine,
 )
 
 log = logging.getLogger(__name__)
@@ -81,8 +87,10 @@ class Reconciler:
 
     def __init__(self, kube: Kube, metrics: OperatorMetrics, events: EventRecorder, *,
                  poll_seconds: float = 2.0, cleanup_seconds: float = 300.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 allowlist: Allowlist | None = None) -> None:
         self.kube, self.metrics, self.events = kube, metrics, events
+        self.allowlist = allowlist or Allowlist()
         self.poll_seconds = poll_seconds
         self.cleanup_seconds = cleanup_seconds
         self.clock = clock
@@ -113,6 +121,27 @@ class Reconciler:
             spec = parse_run_spec(pinned if pinned is not None else obj.get("spec"))
         except RunSpecError as e:
             self._invalid(obj, previous, generation, str(e))
+            return None
+        refused = self.allowlist.refusals(spec)
+        if refused:
+            # Judged on every reconcile, before anything is created or the store is asked
+            # anything: a run started under a wider allowlist stops too. One that concluded
+            # under it keeps its status (its metrics wait: they would read the store).
+            machine = machine_of(previous)
+            if machine is not None and machine.done:
+                return None
+            message = "\n".join(map(str, refused))
+            if machine is not None:
+                # Stopped for good: a wider allowlist later must not start it again over
+                # what it already wrote in its run location.
+                delete_run_jobs(self.kube, RunRef.of(obj))
+                machine.phase, machine.reason, machine.message = \
+                    Phase.FAILED, Reason.INVALID, message
+                machine.history.append(PhaseEvent(phase=Phase.FAILED.value, at=self.clock(),
+                                                  reason=Reason.INVALID, message=message))
+            self._invalid(obj, previous, generation, message, reason=NOT_ALLOWED,
+                          machine=None if machine is None else stored_machine(
+                              machine, pinned if pinned is not None else obj["spec"]))
             return None
         if previous is not None and previous.phase in (Phase.SUCCEEDED, Phase.FAILED) \
                 and not previous.machine:
@@ -245,14 +274,20 @@ class Reconciler:
                            f"after {STATUS_RETRIES} attempts", status=409, reason="Conflict")
 
     def _invalid(self, obj: Obj, previous: QualificationRunStatus | None,
-                 generation: int | None, message: str) -> None:
-        status = invalid_status(previous, generation, message)
+                 generation: int | None, message: str, reason: str = INVALID_SPEC,
+                 machine: dict[str, Any] | None = None) -> None:
+        """Failed before it started (or stopped: ``machine``, its ended machine): a spec
+        that cannot run (InvalidSpec) or that the allowlists refuse (NotAllowed); the
+        condition and a Warning Event say why."""
+        status = invalid_status(previous, generation, message, reason=reason)
+        if machine is not None:
+            status = status.model_copy(update={"machine": machine})
         ready = next((c for c in previous.conditions if c.type == "Ready"), None) \
             if previous else None
-        if ready is None or ready.reason != INVALID_SPEC or ready.message != clip(redact(message)):
-            self.events.record(obj, INVALID_SPEC, message, warning=True)
-            log.warning("%s/%s: invalid spec: %s", obj["metadata"]["namespace"],
-                        obj["metadata"]["name"], message.replace("\n", "; "))
+        if ready is None or ready.reason != reason or ready.message != clip(redact(message)):
+            self.events.record(obj, reason, message, warning=True)
+            log.warning("%s/%s: %s: %s", obj["metadata"]["namespace"],
+                        obj["metadata"]["name"], reason, message.replace("\n", "; "))
         self._write_status(obj, status)
 
     # -- metrics -------------------------------------------------------------------------
@@ -301,7 +336,8 @@ class Reconciler:
                 pinned if pinned is not None else obj.get("spec"))
         except RunSpecError:
             spec = None  # never started: nothing in the store
-        if spec is not None and spec.retention.policy == "Delete":
+        if spec is not None and spec.retention.policy == "Delete" \
+                and self.allowlist.allows_store(spec):  # else nothing of it was stored
             self._delete_artifacts(key, self._run(obj, spec))
         with self._lock:
             self._locations.pop(ref.uid, None)

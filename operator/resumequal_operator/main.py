@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import click
 
 from resumequal.logs import configure_logging
 from resumequal_operator.crd import crd_yaml
+
+if TYPE_CHECKING:
+    from resumequal_operator.allowlist import Allowlist
 
 
 @click.group()
@@ -29,7 +32,8 @@ def crd() -> None:
               help="Namespace of the run; default: metadata.namespace, else 'default'.")
 def render(file: TextIO, namespace: str | None) -> None:
     """Print, as YAML, every object the QualificationRun(s) in FILE ('-': stdin) would
-    create (leg PyTorchJobs, comparator Job), without a cluster. Exit 2 on a bad spec."""
+    create (checkpoint key Secret with a placeholder key, leg PyTorchJobs, comparator Job),
+    without a cluster. Exit 2 on a bad spec."""
     from resumequal_operator.render import render_yaml
     from resumequal_operator.resource import RunSpecError
 
@@ -65,15 +69,31 @@ def render(file: TextIO, namespace: str | None) -> None:
               type=click.Choice(["apply", "verify", "skip"]),
               help="At start-up, bring the QualificationRun CRD to this version (apply), "
               "refuse to start when it differs (verify), or leave it alone (skip).")
+@click.option("--allow-image", "allow_images", multiple=True, metavar="GLOB",
+              help="Runs may use only images matching one of these (repeatable; e.g. "
+              "'ghcr.io/acme/*'); none given: any image.")
+@click.option("--allow-service-account", "allow_service_accounts", multiple=True,
+              metavar="GLOB", help="Runs' pods may run only as these ServiceAccounts "
+              "(repeatable; unset in a run is 'default'); none given: any.")
+@click.option("--allow-bucket", "allow_buckets", multiple=True, metavar="GLOB",
+              help="Runs may store only in these S3 buckets (repeatable); none given: any.")
+@click.option("--allow-endpoint", "allow_endpoints", multiple=True, metavar="URL",
+              help="store.endpointUrl values runs may name (repeatable, exact "
+              "http(s)://host[:port]); none given: runs may name none, and use the "
+              "operator's own S3 endpoint.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_elect: bool,
         lease_name: str, lease_namespace: str | None, resync_seconds: float, workers: int,
-        poll_seconds: float, crd_policy: str, log_level: str) -> None:
+        poll_seconds: float, crd_policy: str, allow_images: tuple[str, ...],
+        allow_service_accounts: tuple[str, ...], allow_buckets: tuple[str, ...],
+        allow_endpoints: tuple[str, ...], log_level: str) -> None:
     """Run the controller until SIGTERM."""
     from resumequal_operator.crdsync import CRDMismatch
     from resumequal_operator.service import ServiceOptions, serve
 
+    allowlist = allowlist_of(allow_images, allow_service_accounts, allow_buckets,
+                             allow_endpoints)
     configure_logging(logging.getLevelName(log_level),
                       "%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -81,7 +101,26 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
                              leader_elect=leader_elect, lease_name=lease_name,
                              lease_namespace=lease_namespace, resync_seconds=resync_seconds,
                              workers=workers, poll_seconds=poll_seconds,
-                             crd_policy=crd_policy))  # type: ignore[arg-type]
+                             crd_policy=crd_policy,  # type: ignore[arg-type]
+                             allowlist=allowlist))
     except CRDMismatch as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+
+
+def allowlist_of(images: tuple[str, ...], service_accounts: tuple[str, ...],
+                 buckets: tuple[str, ...], endpoints: tuple[str, ...]) -> Allowlist:
+    """The ``--allow-*`` options as an Allowlist; a bad entry is a usage error naming its
+    option (never echoing it: an endpoint may hold user:password)."""
+    from pydantic import ValidationError
+
+    from resumequal_operator.allowlist import Allowlist
+
+    try:
+        return Allowlist(images=images, service_accounts=service_accounts, buckets=buckets,
+                         endpoints=endpoints)
+    except ValidationError as e:
+        first = e.errors()[0]
+        option = f"--allow-{str(first['loc'][0]).replace('_', '-').removesuffix('s')}"
+        raise click.BadParameter(str(first["msg"]).removeprefix("Value error, "),
+                                 param_hint=option) from None

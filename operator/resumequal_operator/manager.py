@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from resumequal.errors import ResumequalError
+from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.controller import Reconciler
 from resumequal_operator.events import EventRecorder
 from resumequal_operator.health import HealthServer
@@ -60,6 +61,8 @@ class Settings:
     # gone or unreachable must not keep a resource from being deleted for ever. Five
     # minutes outlast an endpoint's restart and the client's own retries many times over.
     cleanup_seconds: float = 300.0
+    # What runs may name (images, service accounts, buckets, endpoints); see allowlist.
+    allowlist: Allowlist = field(default_factory=Allowlist)
 
 
 class Operator:
@@ -75,7 +78,8 @@ class Operator:
         self.reconciler = Reconciler(kube, self.metrics,
                                      EventRecorder(kube, settings.identity),
                                      poll_seconds=settings.poll_seconds,
-                                     cleanup_seconds=settings.cleanup_seconds)
+                                     cleanup_seconds=settings.cleanup_seconds,
+                                     allowlist=settings.allowlist)
         namespaces: Sequence[str | None] = settings.namespaces or (None,)
         self.watchers = [Watcher(kube, ns, self.queue.add,
                                  timeout_seconds=settings.watch_timeout_seconds)

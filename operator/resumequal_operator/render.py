@@ -1,10 +1,12 @@
 """``resumequal-operator render``: every object a QualificationRun would create, offline.
 
 A platform team reviews (or a policy tool checks) exactly what the operator would submit —
-each leg's PyTorchJob and the comparator Job — before applying a run. The objects are the
-ones :class:`~resumequal_operator.backend.KubernetesBackend` builds, from the same
-functions; only the run's uid, which the API server assigns, is a stand-in unless the
-manifest carries one (``kubectl get qr NAME -o yaml | resumequal-operator render -``).
+the run's checkpoint key Secret, each leg's PyTorchJob and the comparator Job — before
+applying a run. The objects are the ones :class:`~resumequal_operator.backend.KubernetesBackend`
+builds, from the same functions; only the run's uid, which the API server assigns, is a
+stand-in unless the manifest carries one (``kubectl get qr NAME -o yaml |
+resumequal-operator render -``), and the checkpoint key, which the operator draws at random
+when it creates the Secret, is a fixed placeholder: no key is ever drawn or printed here.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from resumequal_operator.resource import (
 # Stands in for metadata.uid, which only the API server assigns: it names the jobs
 # (a hash of it) and the run location.
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+# Stands in for the checkpoint key, drawn at random by the operator when it creates the
+# run's Secret (as base64 in the Secret's data, like the real key).
+PLACEHOLDER_KEY = "<drawn at random by the operator when it creates this Secret>"
 
 # What the API server would accept as metadata.name (a DNS subdomain), namespace (a DNS
 # label) and uid; each becomes a segment of the run location.
@@ -44,7 +49,9 @@ def _bad(pattern: re.Pattern[str], value: Any, limit: int) -> bool:
 
 
 def render_objects(run: Any, *, namespace: str | None = None) -> list[Obj]:
-    """The leg PyTorchJobs (in launch order) and the comparator Job of one QualificationRun."""
+    """The checkpoint key Secret (with :data:`PLACEHOLDER_KEY`), the leg PyTorchJobs (in
+    launch order) and the comparator Job of one QualificationRun, in the order the operator
+    creates them."""
     if not isinstance(run, dict):
         raise RunSpecError([Problem(path="(document)", message="must be a mapping")])
     problems = []
@@ -75,7 +82,8 @@ def render_objects(run: Any, *, namespace: str | None = None) -> list[Obj]:
     spec = parse_run_spec(run.get("spec"))
     uri = run_uri(spec.store.uri, ns, name, uid)
     plan = qualification_plan(qualification_spec(spec, uri))
-    objects = [pytorchjob.leg_job(name, ns, uid, spec, leg, uri) for leg in plan.legs]
+    objects = [pytorchjob.checkpoint_key_secret(name, ns, uid, PLACEHOLDER_KEY)]
+    objects += [pytorchjob.leg_job(name, ns, uid, spec, leg, uri) for leg in plan.legs]
     objects.append(pytorchjob.comparator_job(name, ns, uid, spec, uri))
     return objects
 

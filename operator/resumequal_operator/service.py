@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -14,6 +14,7 @@ from kubernetes import client as k8s  # type: ignore[import-untyped]
 from kubernetes import config as k8s_config
 
 from resumequal.errors import ClusterError
+from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.crdsync import Policy, ensure_crd
 from resumequal_operator.kube import Kube
 from resumequal_operator.leader import LeaseSettings
@@ -36,6 +37,7 @@ class ServiceOptions:
     workers: int = 2
     poll_seconds: float = 2.0
     crd_policy: Policy = "apply"
+    allowlist: Allowlist = field(default_factory=Allowlist)
 
 
 def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Settings:
@@ -50,7 +52,7 @@ def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Se
         lease=LeaseSettings(name=opts.lease_name, namespace=opts.lease_namespace or home),
         identity=env.get("POD_NAME") or default_identity(),
         resync_seconds=opts.resync_seconds, workers=opts.workers,
-        poll_seconds=opts.poll_seconds,
+        poll_seconds=opts.poll_seconds, allowlist=opts.allowlist,
     )
 
 

@@ -30,6 +30,7 @@ from resumequal_operator.resource import (
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 INVALID_SPEC = "InvalidSpec"
+NOT_ALLOWED = "NotAllowed"  # refused by the operator's allowlists
 
 
 def machine_of(status: QualificationRunStatus | None) -> QualificationStatus | None:
@@ -189,18 +190,19 @@ def run_status(
 
 
 def invalid_status(previous: QualificationRunStatus | None, generation: int | None,
-                   message: str) -> QualificationRunStatus:
-    """A run whose spec cannot run: Failed, Ready=False naming the field; no machine."""
+                   message: str, *, reason: str = INVALID_SPEC) -> QualificationRunStatus:
+    """A run whose spec cannot run (or may not: ``reason`` NotAllowed): Failed,
+    Ready=False naming the field; no machine."""
     now = datetime.now(UTC)
     return QualificationRunStatus.model_validate({
         "phase": Phase.FAILED,
         "observedGeneration": generation,
         "conditions": [
-            _condition(previous, "Ready", "False", INVALID_SPEC, message, generation),
-            _condition(previous, "Qualified", "False", INVALID_SPEC, message, generation),
+            _condition(previous, "Ready", "False", reason, message, generation),
+            _condition(previous, "Qualified", "False", reason, message, generation),
         ],
         "verdict": VerdictStatus(result=Result.INVALID,
-                                 reason=clip(redact(f"{INVALID_SPEC}: {message}"))),
+                                 reason=clip(redact(f"{reason}: {message}"))),
         "startedAt": previous.started_at if previous and previous.started_at else now,
         "completedAt": now if previous is None or previous.completed_at is None
         else previous.completed_at,

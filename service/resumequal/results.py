@@ -89,7 +89,7 @@ def run_names(uri: str) -> tuple[str, str]:
         if len(parts) >= 3:
             return parts[-3], parts[-2]
         return "default", parts[-1] if parts else "run"
-    return "local", Path(urlparse(uri).path if "://" in uri else uri).name
+    return "local", Path(parsed.path).name
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -263,10 +263,9 @@ def _concluded(verdict: Verdict, at: float) -> PhaseEvent:
 # --------------------------------------------------------------------------- legs
 
 
-def leg_summary(run_dir: Path, leg: str, spec: QualificationSpec,
+def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
                 status: QualificationStatus | None = None) -> LegSummary:
     """One leg's attempts and per-step mean loss from its traces (times from ``status``)."""
-    location = RunLocation.open(str(run_dir))
     per_step: dict[int, list[float]] = {}
     attempts = 0
     for r, records in _records(location, leg, spec.world.world_size).items():
@@ -292,9 +291,9 @@ def leg_summary(run_dir: Path, leg: str, spec: QualificationSpec,
 _NOT_COMPARABLE = frozenset({"pid", "host", "rank", "attempt"})
 
 
-def inventory(run_dir: Path) -> dict[str, object]:
+def inventory(location: RunLocation) -> dict[str, object]:
     """The reference leg's runtime inventory (rank 0), as the legs must agree on it."""
-    for rec in RunLocation.open(str(run_dir)).trace_records(REFERENCE_LEG, 0):
+    for rec in location.trace_records(REFERENCE_LEG, 0):
         if rec.get("kind") == "inventory":
             return {k: v for k, v in rec.items() if k not in _NOT_COMPARABLE}
     return {}
@@ -310,16 +309,16 @@ def build_report(
     *,
     run: str,
     pin: str,
-    run_dir: Path | None = None,
+    location: RunLocation | None = None,
     status: QualificationStatus | None = None,
     matrix: Matrix | None = None,
 ) -> Report:
     """report.json: the verdict (folded with the seed matrix), the timeline and, from the
-    legs' traces in ``run_dir``, their summaries and runtime inventory."""
+    legs' traces at ``location``, their summaries and runtime inventory."""
     if matrix is not None:
         verdict = fold_matrix(verdict, matrix)
-    legs = [] if run_dir is None else [leg_summary(run_dir, leg, spec, status)
-                                       for leg in REPORTED_LEGS]
+    legs = [] if location is None else [leg_summary(location, leg, spec, status)
+                                        for leg in REPORTED_LEGS]
     return Report(
         run=run,
         pin=pin,
@@ -329,7 +328,7 @@ def build_report(
         legs=legs,
         kill_at=timeline.kill_at,
         restart_seconds=timeline.restart_seconds,
-        inventory=inventory(run_dir) if run_dir is not None else {},
+        inventory=inventory(location) if location is not None else {},
         matrix=matrix,
     )
 
@@ -348,10 +347,9 @@ def publish(report: Report, location: RunLocation, out: Path, *, namespace: str,
     write_textfile(registry, metrics)
     if pushgateway:
         push(registry, pushgateway, job="resumequal")
-    # A metrics file asked for elsewhere stays there on a folder; a store gets a copy.
-    if metrics_file is None or not location.is_local:
-        files[METRICS_PROM] = metrics
+    # A metrics file asked for elsewhere stays there, and the location gets a copy.
+    files[METRICS_PROM] = metrics
     published = location.publish(files)
-    if metrics_file is not None and location.is_local:
+    if metrics_file is not None:
         published[METRICS_PROM] = str(metrics_file)
     return published

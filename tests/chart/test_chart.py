@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from resumequal_operator import main as operator_main
+from resumequal_operator.allowlist import Allowlist
+from resumequal_operator.resource import parse_run_spec
 from tests import k8s_schemas
 from tests.chart.monitoring import validate_monitoring
 from tests.tools import require
@@ -187,17 +189,15 @@ def _rules(role: Obj) -> set[tuple[str, str, str]]:
     }
 
 
+# What the operator requests (tests/operator/test_rbac.py), and no more.
 OPERATOR_RULES = (
-    {
-        ("resumequal.dev", "qualificationruns", v)
-        for v in ("get", "list", "watch", "update", "patch")
-    }
-    | {("resumequal.dev", "qualificationruns/status", v) for v in ("get", "update", "patch")}
-    | {("resumequal.dev", "qualificationruns/finalizers", "update")}
-    | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch", "create", "delete")}
-    | {("batch", "jobs", v) for v in ("get", "list", "watch", "create", "delete")}
-    | {("", "pods", v) for v in ("get", "list", "watch", "delete")}
-    | {("", "events", v) for v in ("create", "patch")}
+    {("resumequal.dev", "qualificationruns", v) for v in ("get", "list", "watch", "patch")}
+    | {("resumequal.dev", "qualificationruns/status", "update")}
+    | {("resumequal.dev", "qualificationruns/finalizers", "update")}  # blockOwnerDeletion
+    | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "create", "delete")}
+    | {("batch", "jobs", v) for v in ("get", "list", "create", "delete")}
+    | {("", "pods", v) for v in ("get", "delete")}
+    | {("", "events", "create")}
     | {("", "secrets", "create")}  # each run's checkpoint key, never read back
 )
 
@@ -472,3 +472,48 @@ def test_the_operator_accepts_the_arguments(chart: helm.Chart, variant: str) -> 
         assert ctx.params["port"] == container["containers"][0]["ports"][0]["containerPort"]
         assert ctx.params["leader_elect"] is (variant != "noLeader")
         assert ctx.params["all_namespaces"] is (variant == "allNamespaces")
+
+
+def _allowlist(chart: helm.Chart, values: Obj | None) -> Allowlist:
+    """The allowlist the operator runs with, from the rendered Deployment's arguments."""
+    container = one(render(chart, values), "Deployment")["spec"]["template"]["spec"]
+    command, *args = container["containers"][0]["args"]
+    run = operator_main.main.commands[command]
+    with run.make_context(command, list(args)) as ctx:
+        p = ctx.params
+        return operator_main.allowlist_of(p["allow_images"], p["allow_service_accounts"],
+                                          p["allow_buckets"], p["allow_endpoints"])
+
+
+def test_the_allowlist_values_become_the_operators_allowlist(chart: helm.Chart) -> None:
+    assert _allowlist(chart, None) == Allowlist()  # nothing restricted but endpoints
+    allowlist = _allowlist(chart, values_all())
+    assert allowlist == Allowlist(
+        images=("ghcr.io/acme/*", "registry.internal/train@sha256:*"),
+        service_accounts=("default", "resumequal-*"),
+        buckets=("resumequal-runs", "acme-ci-*"),
+        endpoints=("http://minio.storage.svc:9000",))
+    # Each entry is one argument, whatever it holds.
+    odd = {"allowlist": {"images": ["reg.example/a b*"]}}
+    with pytest.raises(helm.HelmValuesError, match="/allowlist/images/0"):
+        render(chart, odd)
+    # The chart's own nightly runs pass the allowlist it configures.
+    cm = named(render(chart, values_all()), "ConfigMap", "rq-resumequal-nightly")
+    for run in yaml.safe_load_all(cm["data"]["qualificationruns.yaml"]):
+        assert allowlist.refusals(parse_run_spec(run["spec"])) == []
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"allowlist": {"endpoints": ["http://u:p@minio:9000"]}}, "/allowlist/endpoints/0"),
+        ({"allowlist": {"endpoints": ["ftp://minio"]}}, "/allowlist/endpoints/0"),
+        ({"allowlist": {"images": [""]}}, "/allowlist/images/0"),
+        ({"allowlist": {"buckets": "b"}}, "/allowlist/buckets"),
+        ({"allowlist": {"image": ["x"]}}, "/allowlist"),
+    ],
+)
+def test_the_schema_rejects_bad_allowlists(chart: helm.Chart, values: Obj, field: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as e:
+        render(chart, values)
+    assert field in str(e.value)

@@ -9,7 +9,8 @@ Opt-in (``pytest -m cluster``) and skipped unless the cluster is named. What it 
   with ``RESUMEQUAL_CLUSTER_STORE_ENDPOINT`` (e.g. ``http://minio.minio:9000``) and
   ``RESUMEQUAL_CLUSTER_STORE_SECRET``: a Secret in that namespace with
   ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (the operator reads the store with its
-  own AWS environment, set through the chart's ``operator.extraEnv``);
+  own AWS environment, set through the chart's ``operator.extraEnv``, and may send it only
+  to an endpoint in the chart's ``allowlist.endpoints``, which must list this one);
 - ``RESUMEQUAL_CLUSTER_IMAGE``: the worker image loaded into the cluster (default
   ``resumequal-worker:dev``); ``RESUMEQUAL_CLUSTER_TIMEOUT``: seconds to wait (default 1800).
 

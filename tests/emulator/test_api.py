@@ -215,12 +215,8 @@ def test_the_charts_qualificationrun_crd_is_served_with_its_status_subresource(
     ("tier=web", {"a", "b"}),
     ("tier==web", {"a", "b"}),
     ("tier!=web", {"c", "d"}),
-    ("tier in (web,db)", {"a", "b", "c"}),
-    ("tier notin (web)", {"c", "d"}),
-    ("tier", {"a", "b", "c"}),
-    ("!tier", {"d"}),
     ("tier=web,env=prod", {"a"}),
-    ("tier in (web, db),!env", {"c"}),
+    ("tier=web,env!=prod", {"b"}),
     ("", {"a", "b", "c", "d"}),
 ])
 def test_label_selectors(core: k8s.CoreV1Api, selector: str, expected: set[str]) -> None:
@@ -244,13 +240,12 @@ def test_field_selectors_and_lists_across_namespaces(core: k8s.CoreV1Api,
     not_ns1 = core.list_pod_for_all_namespaces(field_selector="metadata.namespace!=ns-1")
     assert {(p.metadata.namespace, p.metadata.name) for p in not_ns1.items} == {
         ("ns-2", "x"), ("ns-2", "y")}
-    assert len(core.list_namespaced_pod("ns-2", field_selector="status.phase=Pending").items) == 2
     with pytest.raises(ApiException) as unsupported:
         core.list_namespaced_pod("ns-2", field_selector="spec.containers=x")
     assert unsupported.value.status == 400
-    with pytest.raises(ApiException) as bad:
-        core.list_namespaced_pod("ns-2", label_selector="a in (b")
-    assert bad.value.status == 400
+    with pytest.raises(ApiException) as not_emulated:
+        core.list_namespaced_pod("ns-2", label_selector="a in (b)")
+    assert not_emulated.value.status == 400
     custom.create_namespaced_custom_object("kubeflow.org", "v1", "ns-1", "pytorchjobs",
                                            pytorchjob("j1"))
     custom.create_namespaced_custom_object("kubeflow.org", "v1", "ns-2", "pytorchjobs",
@@ -270,17 +265,15 @@ def test_strategic_merge_patch_is_refused(core: k8s.CoreV1Api) -> None:
     assert "application/merge-patch+json" in status_of(refused.value)["message"]
 
 
-def test_json_patch_and_merge_patch(core: k8s.CoreV1Api, custom: k8s.CustomObjectsApi) -> None:
-    core.create_namespaced_secret(NS, {"metadata": {"name": "c"}, "data": {"a": "1"}})
-    patched = core.patch_namespaced_secret("c", NS, [
-        {"op": "test", "path": "/data/a", "value": "1"},
-        {"op": "add", "path": "/data/b", "value": "2"},
-        {"op": "remove", "path": "/data/a"}])
-    assert patched.data == {"b": "2"}
-    with pytest.raises(ApiException) as failed:
-        core.patch_namespaced_secret("c", NS, [{"op": "test", "path": "/data/b",
-                                                "value": "nope"}])
-    assert failed.value.status == 422
+def test_merge_patch_and_no_json_patch(core: k8s.CoreV1Api,
+                                       custom: k8s.CustomObjectsApi) -> None:
+    core.create_namespaced_secret(NS, {"metadata": {"name": "c"}, "data": {"a": "MQ=="}})
+    patched = core.patch_namespaced_secret("c", NS, {"data": {"a": None, "b": "Mg=="}},
+                                           _content_type=MERGE)
+    assert patched.data == {"b": "Mg=="}
+    with pytest.raises(ApiException) as json_patch:  # the client's type for a list body
+        core.patch_namespaced_secret("c", NS, [{"op": "remove", "path": "/data/b"}])
+    assert json_patch.value.status == 415
     custom.create_namespaced_custom_object(*PTJ, pytorchjob("j"))
     merged = custom.patch_namespaced_custom_object(*PTJ, "j", {"spec": {"runPolicy": {
         "cleanPodPolicy": "All"}}, "metadata": {"labels": {"x": "y"}}})
@@ -328,10 +321,10 @@ def test_watch_streams_changes_after_a_resource_version(core: k8s.CoreV1Api) -> 
     assert selective == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p"), ("ADDED", "other")]
     initial = _stream(core.list_namespaced_pod, NS, count=1, timeout_seconds=5)
     assert initial == [("ADDED", "p")]
-    streaming_list = _stream(core.list_namespaced_pod, NS, send_initial_events=True,
-                             resource_version_match="NotOlderThan", allow_watch_bookmarks=True,
-                             count=2, timeout_seconds=5)
-    assert streaming_list == [("ADDED", "p"), ("BOOKMARK", "")]
+    with pytest.raises(ApiException) as streaming_list:  # nothing under test asks for one
+        _stream(core.list_namespaced_pod, NS, send_initial_events=True,
+                resource_version_match="NotOlderThan", count=1, timeout_seconds=5)
+    assert streaming_list.value.status == 400
 
 
 def test_watch_custom_objects_in_a_namespace_and_across_namespaces(
@@ -430,10 +423,11 @@ def test_finalizers_hold_deletion_until_removed(core: k8s.CoreV1Api, kubeapi: Ku
     held = core.read_namespaced_secret("c", NS)
     assert held.metadata.deletion_timestamp is not None
     with pytest.raises(ApiException) as add:
-        core.patch_namespaced_secret("c", NS, [
-            {"op": "add", "path": "/metadata/finalizers/-", "value": "more"}])
+        core.patch_namespaced_secret("c", NS, {"metadata": {"finalizers": [
+            "example.com/keep", "more"]}}, _content_type=MERGE)
     assert add.value.status == 422
-    core.patch_namespaced_secret("c", NS, [{"op": "remove", "path": "/metadata/finalizers"}])
+    core.patch_namespaced_secret("c", NS, {"metadata": {"finalizers": None}},
+                                 _content_type=MERGE)
     with pytest.raises(ApiException) as gone:
         core.read_namespaced_secret("c", NS)
     assert gone.value.status == 404
@@ -515,12 +509,11 @@ def test_dry_run_and_delete_collection_are_refused_not_faked(core: k8s.CoreV1Api
     assert collection.value.status == 405 and kubeapi.get("pods", NS, "a") is not None
 
 
-def test_namespace_deletion_removes_its_objects(core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
-    core.create_namespaced_pod("doomed", pod("p"))
+def test_namespace_deletion_is_not_emulated(core: k8s.CoreV1Api, kubeapi: KubeAPI) -> None:
     core.create_namespaced_pod("kept", pod("p"))
-    core.delete_namespace("doomed")
-    assert kubeapi.list("pods") == kubeapi.list("pods", "kept")
-    assert len(kubeapi.list("pods")) == 1
+    with pytest.raises(ApiException) as refused:
+        core.delete_namespace("kept")
+    assert refused.value.status == 405 and len(kubeapi.list("pods", "kept")) == 1
 
 
 # ---------------------------------------------------------------------- admission, helpers
@@ -549,8 +542,8 @@ def test_validators_reject_with_422_and_created_log_keeps_everything(
     assert "metadata.labels: required" in status_of(unlabelled.value)["message"]
     core.create_namespaced_pod(NS, pod("p", {"a": "b"}))
     with pytest.raises(ApiException) as patched:
-        core.patch_namespaced_pod("p", NS, [{"op": "replace", "path": "/spec/containers/0/image",
-                                             "value": "x:latest"}])
+        core.patch_namespaced_pod("p", NS, {"spec": {"containers": [
+            {"name": "main", "image": "x:latest"}]}}, _content_type=MERGE)
     assert patched.value.status == 422
     core.delete_namespaced_pod("p", NS)
     assert [p["metadata"]["name"] for p in kubeapi.created("pods")] == ["p"]

@@ -212,10 +212,10 @@ def openapi_document(registry: Registry, gv: str) -> dict[str, Any]:
                                                 "kind": k.kind},
             "parameters": [{"name": p, "in": "query", "schema": {"type": "string"}}
                            for p in ("fieldManager", "fieldValidation")],
-            # Server-side apply is not served, nor strategic merge (415): JSON merge patch
-            # is what kubectl apply sends a custom resource (kubectl/pkg/cmd/apply/patcher.go).
-            "requestBody": {"content": {t: {"schema": {"type": "object"}} for t in (
-                "application/json-patch+json", "application/merge-patch+json")}}}}
+            # Only JSON merge patch is served (:mod:`.patch`): what kubectl apply sends a
+            # custom resource (kubectl/pkg/cmd/apply/patcher.go).
+            "requestBody": {"content": {"application/merge-patch+json": {
+                "schema": {"type": "object"}}}}}}
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "unversioned"},
             "paths": paths}
 

@@ -27,7 +27,7 @@ Semantics worth knowing when a test depends on them:
   period > 0 gets ``deletionTimestamp`` (now + grace) and stays until the kubelet calls
   ``finish_termination``; grace 0 removes it at once.
 - Namespaces are created on first use unless ``auto_namespaces`` is off (then 404, as
-  on a real server); deleting a namespace deletes what is in it.
+  on a real server); deleting one is not emulated (405).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class FieldValidation:
 
 @dataclass(frozen=True)
 class Deletion:
-    """One delete request: ``cause`` is ``api``, ``garbage-collector`` or ``namespace``."""
+    """One delete request: ``cause``: ``api``, ``garbage-collector`` or a controller's name."""
 
     kind: str  # storage key: pods, jobs.batch, pytorchjobs.kubeflow.org
     namespace: str
@@ -450,6 +450,8 @@ class Store:
             for field, wanted in (preconditions or {}).items():
                 if wanted and str(meta.get(field)) != str(wanted):
                     raise ApiError.conflict(kind.plural, kind.group, name)
+            if kind.key == "namespaces":  # nothing under test deletes one
+                raise ApiError(405, "MethodNotAllowed", "deleting a namespace is not emulated")
             policy = propagation_policy or kind.default_propagation
             if policy not in ("Background", "Orphan"):
                 raise ApiError.bad_request(f"propagationPolicy {policy!r} is not emulated")
@@ -459,8 +461,6 @@ class Store:
             if policy == "Orphan":
                 self._orphan(meta["uid"])
             finalizers = list(meta.get("finalizers") or [])
-            if kind.key == "namespaces":
-                self._empty_namespace(name)
             if kind.key == "pods" and self.graceful_pods:
                 grace = grace_period_seconds
                 if grace is None:
@@ -555,17 +555,10 @@ class Store:
             elif not obj["metadata"].get("deletionTimestamp"):
                 self._delete_quietly(key, ns, name, "Background")
 
-    def _delete_quietly(self, key: str, ns: str, name: str, policy: str,
-                        cause: str = "garbage-collector") -> None:
+    def _delete_quietly(self, key: str, ns: str, name: str, policy: str) -> None:
         if (ns, name) in self._objects.get(key, {}):
-            self.delete(self._kinds[key], ns, name, propagation_policy=policy, cause=cause)
-
-    def _empty_namespace(self, ns: str) -> None:
-        for key, table in list(self._objects.items()):
-            if not self._kinds[key].namespaced:
-                continue
-            for obj_ns, name in [k for k in table if k[0] == ns]:
-                self._delete_quietly(key, obj_ns, name, "Background", cause="namespace")
+            self.delete(self._kinds[key], ns, name, propagation_policy=policy,
+                        cause="garbage-collector")
 
     # ----------------------------------------------------------------- watch
 

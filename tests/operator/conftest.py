@@ -46,9 +46,11 @@ def store(moto_server: MotoServer, aws_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture
-def operators(api: KubeAPI, aws_env: dict[str, str]) -> Iterator[Operators]:
-    """Operator replicas; stopped before the AWS environment they read is taken away."""
-    ops = Operators(api)
+def operators(api: KubeAPI, aws_env: dict[str, str], moto_server: MotoServer
+              ) -> Iterator[Operators]:
+    """Operator replicas, allowed to use the moto endpoint; stopped before the AWS
+    environment they read is taken away."""
+    ops = Operators(api, endpoints=(moto_server.endpoint,))
     try:
         yield ops
     finally:

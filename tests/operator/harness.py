@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.leader import LeaseSettings
 from resumequal_operator.manager import Operator, Settings
@@ -73,17 +74,19 @@ def run_manifest(name: str, store: dict[str, str], namespace: str = NAMESPACE,
 
 
 class Operators:
-    """Starts operator replicas against the emulator; stops them all at the end."""
+    """Starts operator replicas against the emulator; stops them all at the end.
+    ``endpoints``: the store endpoints the replicas' allowlist admits (the test's moto)."""
 
-    def __init__(self, api: KubeAPI) -> None:
+    def __init__(self, api: KubeAPI, endpoints: tuple[str, ...] = ()) -> None:
         self.api = api
+        self.allowlist = Allowlist(endpoints=endpoints)
         self.started: list[tuple[Operator, Kube]] = []
 
     def start(self, **overrides: Any) -> Operator:
         kube = Kube(self.api.api_client())
         settings = Settings(**{"namespaces": (NAMESPACE,), "port": 0, "host": "127.0.0.1",
                                "identity": f"op-{uuid.uuid4().hex[:6]}", **FAST,
-                               **overrides})
+                               "allowlist": self.allowlist, **overrides})
         op = Operator(kube, settings, CollectorRegistry())
         op.start()
         self.started.append((op, kube))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS
 from tests.kubeapi import KubeAPI
 from tests.operator.harness import NAMESPACE, Operators, condition, run_manifest, wait_phase
@@ -45,7 +46,7 @@ def test_a_store_that_does_not_answer_ends_the_run(
     api: KubeAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     dead = {**store, "endpointUrl": f"http://127.0.0.1:{free_port()}"}
-    operators.start()
+    operators.start(allowlist=Allowlist(endpoints=(dead["endpointUrl"],)))
     api.create(QUALIFICATION_RUNS.plural, run_manifest(
         "nostore", dead, timeouts={"backendErrorSeconds": BOUND_S}))
     failed = wait_phase(api, "nostore", "Failed", timeout=60)

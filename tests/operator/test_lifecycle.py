@@ -81,7 +81,7 @@ def finished(moto_server: MotoServer) -> Iterator[Finished]:
                  "addressingStyle": "path"}
         workers = Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region="us-east-1",
                                     addressing_style="path"))
-        ops = Operators(api)
+        ops = Operators(api, endpoints=(moto_server.endpoint,))
         with SimulatedTrainingOperator(api, run_container=workers):
             try:
                 op = ops.start()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import LEASES, QUALIFICATION_RUNS
 from resumequal_operator.main import main
 from resumequal_operator.service import ServiceOptions, settings_from
@@ -32,13 +33,17 @@ def test_run_options_and_defaults() -> None:
     assert result.exit_code == 0
     for option in ("--namespace", "--all-namespaces", "--port", "--leader-elect",
                    "--no-leader-elect", "--lease-name", "--lease-namespace",
-                   "--resync-seconds", "--workers"):
+                   "--resync-seconds", "--workers", "--allow-image", "--allow-service-account",
+                   "--allow-bucket", "--allow-endpoint"):
         assert option in result.output
     s = settings_from(ServiceOptions(), {"POD_NAME": "op-0", "POD_NAMESPACE": "infra"})
     assert s.namespaces == ("infra",) and s.identity == "op-0"
     assert (s.lease.name, s.lease.namespace) == ("resumequal-operator", "infra")
     s = settings_from(ServiceOptions(all_namespaces=True, lease_namespace="x"), {})
     assert s.namespaces == () and s.lease.namespace == "x"
+    assert s.allowlist == Allowlist()  # no endpoint a run may name
+    narrow = Allowlist(images=("ghcr.io/acme/*",))
+    assert settings_from(ServiceOptions(allowlist=narrow), {}).allowlist is narrow
 
 
 def _get(url: str) -> int:
@@ -59,7 +64,8 @@ def test_the_operator_process_reconciles_and_stops_on_sigterm(
                POD_NAME="op-process", POD_NAMESPACE=NAMESPACE)
     env.pop("KUBERNETES_SERVICE_HOST", None)
     cmd = [sys.executable, "-c", "from resumequal_operator.main import main; main()", "run",
-           "--port", str(port), "--poll-seconds", "0.1"]
+           "--port", str(port), "--poll-seconds", "0.1",
+           f"--allow-endpoint={store['endpointUrl']}"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         eventually(lambda: _get(f"http://127.0.0.1:{port}/readyz") == 200, timeout=20,

@@ -28,7 +28,7 @@ def run_leg_calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     calls: Calls = []
 
     def fake_run_leg(
-        spec: QualificationSpec, leg: str, run_dir: Path, omit: frozenset[str]
+        spec: QualificationSpec, leg: str, run_dir: str, omit: frozenset[str]
     ) -> int:
         calls.append((spec, leg, run_dir, omit))
         return 143 if leg == "preempted" else 0
@@ -124,7 +124,8 @@ def test_leg_passes_spec_leg_dir_and_omissions_and_returns_the_code(
     assert result.exit_code == 143
     ((spec, leg, run_dir, omit),) = run_leg_calls
     assert spec.training.seed == 7
-    assert (leg, run_dir, omit) == ("preempted", tmp_path / "run", frozenset({"rng", "scheduler"}))
+    assert (leg, run_dir, omit) == ("preempted", str(tmp_path / "run"),
+                                    frozenset({"rng", "scheduler"}))
 
 
 def test_leg_without_spec_uses_the_defaults(

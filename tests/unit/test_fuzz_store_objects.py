@@ -1,6 +1,6 @@
 """Property-based fuzzing of every reader of what a run keeps in its store: beacons, kill
-orders, ``FAILED.json``, the verdict, spec and run files, trace records (appended files in
-a folder, segments elsewhere), progress, the comparator's copy, checkpoint manifests.
+orders, ``FAILED.json``, the verdict, spec and run files, trace segments, progress, the
+comparator's copy, checkpoint manifests.
 
 Whoever can write to the run's prefix decides these bytes. Whatever they are: a result or
 our own error (the ResumequalError tree: StoreError, TraceError, ReportError, SpecError,
@@ -9,7 +9,7 @@ TrainingError, CheckpointError), never another exception, never a hang.
 Inputs are arbitrary bytes, arbitrary JSON (deep nesting, numbers such as 1e300 and
 Infinity, wrong types) and plausible objects with fields dropped or given wrong values
 (a trace record without ``step``, a beacon whose pid is a list). Runs are derandomized so
-CI sees the same examples every time: EXAMPLES per test, 12 tests, 2,400 examples in all;
+CI sees the same examples every time: EXAMPLES per test, 11 tests, 2,200 examples in all;
 each must finish within DEADLINE.
 """
 
@@ -111,26 +111,15 @@ TRACE_LINES = st.lists(objects(STEP_RECORD), max_size=5)
 # ----------------------------------------------------------------------------- places
 
 
-class SegmentStore(FileStore):
-    """A folder that says it is none: the run location writes and reads trace segments,
-    as it does on an object store."""
-
-    def local_folder(self) -> str | None:
-        return None
-
-    def child(self, name: str) -> SegmentStore:
-        return SegmentStore(str(Path(self.uri(name))))
-
-
 @pytest.fixture
-def places() -> Iterator[Callable[[bool], RunLocation]]:
-    """A fresh run location per call (a folder, or segments over a folder)."""
+def places() -> Iterator[Callable[[], RunLocation]]:
+    """A fresh run location (a folder) per call."""
     made: list[str] = []
 
-    def fresh(segments: bool) -> RunLocation:
+    def fresh() -> RunLocation:
         root = tempfile.mkdtemp(prefix="rq-fuzz-")
         made.append(root)
-        store = SegmentStore(root) if segments else FileStore(root)
+        store = FileStore(root)
         return RunLocation(store.uri(), store)
 
     yield fresh
@@ -150,9 +139,9 @@ def ours_or_result(read: Callable[[], Any]) -> Any:
 
 
 @fuzz
-@given(data=objects(BEACON), segments=st.booleans())
-def test_beacons(places: Callable[[bool], RunLocation], data: bytes, segments: bool) -> None:
-    loc = places(segments)
+@given(data=objects(BEACON))
+def test_beacons(places: Callable[[], RunLocation], data: bytes) -> None:
+    loc = places()
     loc.store.put_bytes(f"{LEG}/beacons/attempt-0-rank-0.json", data)
 
     def read() -> Any:
@@ -164,16 +153,16 @@ def test_beacons(places: Callable[[bool], RunLocation], data: bytes, segments: b
 
 @fuzz
 @given(data=objects(KILL_ORDER))
-def test_kill_orders(places: Callable[[bool], RunLocation], data: bytes) -> None:
-    loc = places(False)
+def test_kill_orders(places: Callable[[], RunLocation], data: bytes) -> None:
+    loc = places()
     loc.store.put_bytes(f"{LEG}/beacons/kill-attempt-0-rank-0.json", data)
     ours_or_result(lambda: loc.leg(LEG).read_kill_order(0, 0))
 
 
 @fuzz
 @given(data=objects(FAILED))
-def test_failure_markers(places: Callable[[bool], RunLocation], data: bytes) -> None:
-    loc = places(False)
+def test_failure_markers(places: Callable[[], RunLocation], data: bytes) -> None:
+    loc = places()
     loc.store.put_bytes(f"{LEG}/{FAILED_MARKER}", data)
     reason = ours_or_result(lambda: loc.leg_failure(LEG))
     assert reason is None or isinstance(reason, str)
@@ -181,19 +170,19 @@ def test_failure_markers(places: Callable[[bool], RunLocation], data: bytes) -> 
 
 @fuzz
 @given(data=objects(VERDICT))
-def test_verdicts(places: Callable[[bool], RunLocation], data: bytes) -> None:
-    loc = places(False)
+def test_verdicts(places: Callable[[], RunLocation], data: bytes) -> None:
+    loc = places()
     loc.store.put_bytes("verdict.json", data)
     ours_or_result(loc.read_verdict)
 
 
 @fuzz
 @given(data=objects(RUN_FILE), name=st.sampled_from(["run.json", "spec.json"]))
-def test_run_and_spec_files(places: Callable[[bool], RunLocation], data: bytes,
+def test_run_and_spec_files(places: Callable[[], RunLocation], data: bytes,
                             name: str) -> None:
     from resumequal.spec import QualificationSpec
 
-    loc = places(False)
+    loc = places()
     loc.store.put_bytes(name, data)
     loc.store.put_bytes(f"legs/{LEG}.spec.json", data)
     ours_or_result(loc.read_spec)
@@ -202,21 +191,6 @@ def test_run_and_spec_files(places: Callable[[bool], RunLocation], data: bytes,
 
 
 # ----------------------------------------------------------------------------- traces
-
-
-@fuzz
-@given(lines=TRACE_LINES, torn=st.binary(max_size=40))
-def test_folder_traces(places: Callable[[bool], RunLocation], lines: list[bytes],
-                       torn: bytes) -> None:
-    loc = places(False)
-    path = loc.trace_path(LEG, 0)
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"".join(line.replace(b"\n", b" ") + b"\n" for line in lines) + torn)
-    progress = ours_or_result(lambda: loc.leg_progress(LEG, 2))
-    if progress is not None:
-        assert 0 <= progress.steps_done < 2**31 and 0 <= progress.attempts < 2**31
-    ours_or_result(lambda: loc.trace_records(LEG, 0))
-    ours_or_result(lambda: loc.attempts_started(LEG))
 
 
 SEGMENT_NAMES = st.sampled_from(["00000000.jsonl", "00000001.jsonl", "00000003.jsonl",
@@ -244,9 +218,9 @@ def segments(draw: st.DrawFn) -> list[tuple[str, bytes]]:
 
 @fuzz
 @given(objs=segments())
-def test_trace_segments(places: Callable[[bool], RunLocation],
+def test_trace_segments(places: Callable[[], RunLocation],
                         objs: list[tuple[str, bytes]]) -> None:
-    loc = places(True)
+    loc = places()
     loc.store.put_bytes("run.json", b"{}")
     for key, body in objs:
         loc.store.put_bytes(key, body)
@@ -293,9 +267,9 @@ def test_manifest_bytes(key: None, data: bytes, mac: str | bytes) -> None:
 
 @fuzz
 @given(data=MANIFESTS, mac=MACS, committed=st.booleans())
-def test_remote_manifests(key: None, places: Callable[[bool], RunLocation], data: bytes,
+def test_remote_manifests(key: None, places: Callable[[], RunLocation], data: bytes,
                           mac: str | bytes, committed: bool) -> None:
-    loc = places(True)
+    loc = places()
     scratch = Path(tempfile.mkdtemp(prefix="rq-fuzz-scratch-"))
     try:
         root = RemoteRoot(loc.store, f"{LEG}/checkpoints", scratch)
@@ -354,8 +328,8 @@ def test_beacons_as_the_machine_reads_them(data: bytes) -> None:
 
 @fuzz
 @given(reason=st.text(max_size=50) | JUNK | st.sampled_from(["x" * (1 << 20)]))
-def test_failure_reasons_as_written(places: Callable[[bool], RunLocation], reason: Any) -> None:
-    loc = places(False)
+def test_failure_reasons_as_written(places: Callable[[], RunLocation], reason: Any) -> None:
+    loc = places()
     loc.store.put_bytes(f"{LEG}/{FAILED_MARKER}", dumps({"reason": reason, "at": 1.0}))
     got = ours_or_result(lambda: loc.leg_failure(LEG))
     assert got is None or isinstance(got, str)

@@ -195,8 +195,7 @@ def test_each_kind_offers_field_validation_on_patch_but_no_strategic_merge() -> 
     assert op["x-kubernetes-group-version-kind"] == {
         "group": "resumequal.dev", "version": "v1alpha1", "kind": "QualificationRun"}
     assert {p["name"] for p in op["parameters"] if p["in"] == "query"} >= {"fieldValidation"}
-    assert set(op["requestBody"]["content"]) == {"application/json-patch+json",
-                                                 "application/merge-patch+json"}
+    assert set(op["requestBody"]["content"]) == {"application/merge-patch+json"}
     pods = kubectl.openapi_document(_registry(), "api/v1")["paths"]
     assert "/api/v1/namespaces/{namespace}/pods/{name}" in pods
     assert "/api/v1/namespaces/{name}" in pods  # cluster scoped

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
+from resumequal_operator import pytorchjob
 from resumequal_operator.main import main
-from resumequal_operator.render import PLACEHOLDER_UID
+from resumequal_operator.render import PLACEHOLDER_KEY, PLACEHOLDER_UID
 from tests.k8s_schemas import validate_core, validate_pytorchjob
 from tests.pod_security import restricted_violations
 
@@ -25,13 +28,16 @@ def test_the_example_renders_every_leg_and_the_comparator() -> None:
     assert code == 0, err
     objects = list(yaml.safe_load_all(out))
     kinds = [o["kind"] for o in objects]
-    # control, preempted, five negative controls, then the comparator
-    assert kinds == ["PyTorchJob"] * 7 + ["Job"]
-    legs = [o["metadata"]["labels"]["resumequal.dev/leg"] for o in objects[:-1]]
+    # the checkpoint key, control, preempted, five negative controls, then the comparator
+    assert kinds == ["Secret"] + ["PyTorchJob"] * 7 + ["Job"]
+    legs = [o["metadata"]["labels"]["resumequal.dev/leg"] for o in objects[1:-1]]
     assert legs[:2] == ["control", "preempted"]
     for obj in objects:
         assert obj["metadata"]["namespace"] == "training"
         assert obj["metadata"]["labels"]["resumequal.dev/run-uid"] == PLACEHOLDER_UID
+        if obj["kind"] == "Secret":
+            validate_core(obj)
+            continue
         if obj["kind"] == "PyTorchJob":
             validate_pytorchjob(obj)
             pod = obj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -49,9 +55,40 @@ def test_a_stored_run_renders_with_its_own_uid_and_namespace_override(tmp_path: 
     assert code == 0, err
     objects = list(yaml.safe_load_all(out))
     assert {o["metadata"]["namespace"] for o in objects} == {"qa"}
-    args = objects[0]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+    args = objects[1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
         "containers"][0]["args"]
     assert args[-1].endswith("/qa/nightly-2026-11-29/3f1c9a0e-5b7d-4c1e-9a55-1e2f3a4b5c6d")
+
+
+def test_the_checkpoint_key_secret_is_rendered_with_a_placeholder_never_a_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_key() -> str:
+        raise AssertionError("render drew a checkpoint key")
+
+    monkeypatch.setattr("resumequal.signing.new_key", no_key)
+    monkeypatch.setattr("resumequal_operator.backend.new_key", no_key)
+    code, out, err = _render(str(EXAMPLES / "qualificationrun.yaml"))
+    assert code == 0, err
+    secret, *jobs = yaml.safe_load_all(out)
+    name = secret["metadata"]["name"]
+    assert name == pytorchjob.checkpoint_key_secret_name("nightly-2026-11-29", PLACEHOLDER_UID)
+    assert base64.b64decode(secret["data"][pytorchjob.CHECKPOINT_KEY]).decode() \
+        == PLACEHOLDER_KEY
+    assert secret["immutable"] is True
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "QualificationRun"
+    # The pods read the key from exactly this Secret.
+    for job in jobs:
+        assert {"name": name, "key": pytorchjob.CHECKPOINT_KEY} in _secret_refs(job)
+
+
+def _secret_refs(value: object) -> list[object]:
+    if isinstance(value, dict):
+        own = [value["secretKeyRef"]] if "secretKeyRef" in value else []
+        return own + [r for v in value.values() for r in _secret_refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in _secret_refs(v)]
+    return []
 
 
 def test_several_runs_in_one_stream(tmp_path: Path) -> None:
@@ -62,7 +99,7 @@ def test_several_runs_in_one_stream(tmp_path: Path) -> None:
     code, out, err = _render("-", stdin=text + "\n---\n" + yaml.safe_dump(second))
     assert code == 0, err
     runs = [o["metadata"]["labels"]["resumequal.dev/run"] for o in yaml.safe_load_all(out)]
-    assert runs.count("nightly-2026-11-29") == 8 and runs.count("other") == 3
+    assert runs.count("nightly-2026-11-29") == 9 and runs.count("other") == 4
 
 
 def test_a_bad_spec_exits_2_naming_the_field() -> None:

@@ -92,30 +92,35 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
-{{/* What the operator does to the objects of the runs it serves, in one namespace or all. */}}
+{{/* What the operator does to the objects of the runs it serves, in one namespace or all:
+exactly the requests it makes (tests/operator/test_rbac.py holds the two to each other). */}}
 {{- define "resumequal.runRules" -}}
+# Watched (list + watch), read, its finalizer added and removed (patch).
 - apiGroups: ["resumequal.dev"]
   resources: ["qualificationruns"]
-  verbs: ["get", "list", "watch", "update", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
+# The status is written whole, with the resourceVersion read (update).
 - apiGroups: ["resumequal.dev"]
   resources: ["qualificationruns/status"]
-  verbs: ["get", "update", "patch"]
+  verbs: ["update"]
+# Not a request: what the jobs and the Secret it creates need, since they are owned by the
+# run with blockOwnerDeletion (the OwnerReferencesPermissionEnforcement admission plugin).
 - apiGroups: ["resumequal.dev"]
   resources: ["qualificationruns/finalizers"]
   verbs: ["update"]
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "create", "delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# Preemption is the deletion of one worker pod.
+  verbs: ["get", "list", "create", "delete"]
+# Preemption is the deletion of one worker pod, read first to check it is the run's.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "delete"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 # Each run's checkpoint key: created once, never read back (only the run's pods read it);
 # owned by the run, so the garbage collector deletes it with the run.
 - apiGroups: [""]

@@ -16,9 +16,9 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
 
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC
 from resumequal.errors import CheckpointError
@@ -40,6 +40,15 @@ class FileEntry(BaseModel):
     sha256: str
 
 
+class CheckpointInfo(TypedDict, total=False):
+    """What a checkpoint says of itself beyond its position (the manifest's ``info``)."""
+
+    leg: str
+    """The leg that wrote it."""
+    global_microstep: int
+    """Microbatches the leg had run, over every update, when it was taken."""
+
+
 class Manifest(BaseModel):
     """What a committed checkpoint holds."""
 
@@ -52,7 +61,7 @@ class Manifest(BaseModel):
     attempt: int
     created_at: float
     files: dict[str, FileEntry]
-    info: dict[str, Any] = {}
+    info: CheckpointInfo = {}
 
 
 def sha256_file(path: Path) -> str:
@@ -85,7 +94,7 @@ def write_manifest(
     microstep: int,
     world_size: int,
     attempt: int,
-    info: dict[str, Any] | None = None,
+    info: CheckpointInfo | None = None,
 ) -> Manifest:
     """Hash every file under ``directory`` and write the manifest durably."""
     files = {

@@ -30,13 +30,13 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.checkpoint.manifest import (
     MAC_BYTES,
     MANIFEST_BYTES,
+    CheckpointInfo,
     FileEntry,
     Manifest,
     authenticate,
@@ -92,7 +92,7 @@ class RemoteRoot:
         return upload(self, name, staging, rank)
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
-               world_size: int, attempt: int, info: dict[str, Any]) -> None:
+               world_size: int, attempt: int, info: CheckpointInfo) -> None:
         """Upload the manifest of every rank's files, then ``COMMITTED``."""
         commit(self, make_manifest(position, files, world_size=world_size, attempt=attempt,
                                    info=info))
@@ -295,7 +295,7 @@ def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
 
 def make_manifest(
     position: Position, files: dict[str, FileEntry], *, world_size: int, attempt: int,
-    info: dict[str, Any],
+    info: CheckpointInfo,
 ) -> Manifest:
     return Manifest(name=position.name, step=position.step, microstep=position.microstep,
                     world_size=world_size, attempt=attempt, created_at=time.time(),

@@ -147,7 +147,7 @@ class LocalBackend:
         # The comparator (DCP readers, drift statistics) is imported when a comparison runs.
         from resumequal.compare import compare_qualification
 
-        return compare_qualification(self.location.materialize(self.run_dir), self.spec)
+        return compare_qualification(self.location, self.spec)
 
     def cleanup(self) -> None:
         stopped = self.tree.stop_all()

@@ -42,8 +42,12 @@ class Store(Protocol):
         """The full URI of ``key`` (the root itself for ``""``), for messages and reports."""
         ...
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        """Write ``data`` as ``key``, replacing what was there; readers see old or new."""
+    def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
+        """Write ``data`` as ``key``, replacing what was there; readers see old or new.
+
+        ``sync=False``: the object must outlive the writer (a SIGKILL) but not the machine,
+        as a trace segment: a folder then skips the fsyncs that cost milliseconds a write.
+        """
         ...
 
     def put_new(self, key: str, data: bytes) -> bool:
@@ -104,6 +108,11 @@ class Store(Protocol):
     def local_folder(self) -> str | None:
         """The folder on this machine holding the objects as files, or None when they are
         reachable only through the store (an object store: no rename, no append)."""
+        ...
+
+    def shared(self) -> bool:
+        """Whether processes on other machines reach these objects through the same URI
+        (an object store), rather than only processes on this machine (a folder)."""
         ...
 
 

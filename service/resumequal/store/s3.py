@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 # boto3 ships no type information (no py.typed); its objects are Any here.
@@ -61,6 +61,7 @@ from resumequal.store.errors import (
     StoreUnavailable,
     too_large,
 )
+from resumequal.store.registry import register
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,20 @@ def s3_config(spec: S3Spec | None) -> S3Config:
     return S3Config(addressing_style=style)  # type: ignore[arg-type]
 
 
+@register
 class S3Store:
     """A :class:`~resumequal.store.base.Store` over ``s3://bucket[/prefix]``."""
+
+    scheme: ClassVar[str] = "s3"
+    example: ClassVar[str] = "s3://bucket/prefix"
+
+    @classmethod
+    def authority_problem(cls, authority: str) -> str | None:
+        return None if authority else "an s3:// store names a bucket (s3://bucket/prefix)"
+
+    @classmethod
+    def open(cls, uri: str, s3: S3Config | None) -> S3Store:
+        return cls(uri, s3)
 
     def __init__(self, uri: str, config: S3Config | None = None) -> None:
         parsed = urlparse(uri)
@@ -280,7 +293,8 @@ class S3Store:
             cause = _unwrap(e)
             raise self._translate(cause, op, self.uri(key)) from cause
 
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
+        # An acknowledged PUT is durable: ``sync`` changes nothing here.
         with self._call("write", key):
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
@@ -405,3 +419,6 @@ class S3Store:
 
     def local_folder(self) -> None:
         return None
+
+    def shared(self) -> bool:
+        return True

@@ -1,0 +1,185 @@
+"""The chart's RBAC against what the operator really asks of the API server.
+
+One operator does everything it ever does — applies its CRD (create, then update), elects
+itself through a Lease, drives a run from apply to verdict with a pod kill, and lets the
+run go through its finalizer on deletion — while the emulator records every HTTP request.
+Each request must be allowed by a rule the chart binds to the operator's ServiceAccount,
+and every rule must be used by some request: no verb granted that nothing uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+import helm_python as helm
+import pytest
+import yaml
+
+from resumequal.spec import S3Spec
+from resumequal_operator.crdsync import CRD_NAME, DIGEST_ANNOTATION, ensure_crd
+from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
+from tests.kubeapi import KubeAPI
+from tests.kubeapi.training import SimulatedTrainingOperator
+from tests.operator.harness import NAMESPACE, Admission, Operators, run_manifest, wait_phase
+from tests.operator.workers import Workers
+from tests.s3server import use_dummy_credentials
+
+if TYPE_CHECKING:
+    from tests.s3server import MotoServer
+
+CHART = Path(__file__).resolve().parents[2] / "charts/resumequal"
+RELEASE = "rq"
+SERVICE_ACCOUNT = "rq-resumequal"
+
+# Granted without the operator ever requesting it: the jobs and the Secret it creates are
+# owned by the run with blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement
+# admission plugin allows only to who may update the owner's finalizers.
+NOT_A_REQUEST = {("resumequal.dev", "qualificationruns/finalizers", "update")}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One API request as RBAC sees it."""
+
+    verb: str
+    group: str
+    resource: str  # with its subresource: qualificationruns/status
+    namespace: str | None
+    name: str | None
+
+    def __str__(self) -> str:
+        where = f" in {self.namespace}" if self.namespace else ""
+        return f"{self.verb} {self.group or 'core'}/{self.resource} {self.name or ''}{where}"
+
+
+def request_of(method: str, target: str) -> Request:
+    """``GET /apis/batch/v1/namespaces/q/jobs?labelSelector=...`` as RBAC's attributes
+    (k8s.io/apiserver/pkg/endpoints/request/requestinfo.go, for the paths we use)."""
+    url = urlsplit(target)
+    parts = url.path.strip("/").split("/")
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    elif parts[0] == "apis":
+        group, rest = parts[1], parts[3:]
+    else:
+        raise AssertionError(f"not a resource request: {method} {target}")
+    namespace = None
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
+        namespace, rest = rest[1], rest[2:]
+    resource, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), rest[2:]
+    if method == "GET":
+        watch = parse_qs(url.query).get("watch") == ["true"]
+        verb = "get" if name else ("watch" if watch else "list")
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+    return Request(verb, group, "/".join([resource, *sub]), namespace, name)
+
+
+@dataclass(frozen=True)
+class Rule:
+    role: str
+    namespace: str | None  # None: a ClusterRole
+    group: str
+    resource: str
+    verb: str
+    names: tuple[str, ...]
+
+    def allows(self, r: Request) -> bool:
+        return ((self.namespace is None or self.namespace == r.namespace)
+                and (self.group, self.resource, self.verb) == (r.group, r.resource, r.verb)
+                and (not self.names or r.name in self.names))
+
+
+def bound_rules(objs: list[dict[str, Any]]) -> list[Rule]:
+    """Every rule of every Role and ClusterRole bound to the operator's ServiceAccount."""
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+             for o in objs if o["kind"] in ("Role", "ClusterRole")}
+    out: list[Rule] = []
+    for b in objs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == SERVICE_ACCOUNT
+                   for s in b["subjects"]):
+            continue
+        namespace = b["metadata"].get("namespace")
+        ref = b["roleRef"]
+        role = roles[(ref["kind"], namespace if ref["kind"] == "Role" else None, ref["name"])]
+        for rule in role["rules"]:
+            out += [Rule(role["metadata"]["name"], namespace, g, res, v,
+                         tuple(rule.get("resourceNames") or ()))
+                    for g in rule["apiGroups"] for res in rule["resources"]
+                    for v in rule["verbs"]]
+    return out
+
+
+def chart_rules() -> list[Rule]:
+    """The RBAC of the chart installed in the test namespace, watching it."""
+    with helm.Chart.load(CHART) as chart:
+        out = chart.render({"watch": {"namespaces": [NAMESPACE]}}, name=RELEASE,
+                           namespace=NAMESPACE)
+    objs = [d for name, text in sorted(out.items()) if not name.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]
+    return bound_rules(objs)
+
+
+@pytest.fixture(scope="module")
+def requests(moto_server: MotoServer) -> Iterator[list[Request]]:
+    """Every request one operator made over its whole working life."""
+    with pytest.MonkeyPatch.context() as mp, KubeAPI() as api:
+        use_dummy_credentials(mp)
+        api.register_pytorchjob_crd()
+        api.add_validator(Admission())
+        kube = Kube(api.api_client())
+        try:
+            assert ensure_crd(kube, "apply") == "created"
+            api.patch("customresourcedefinitions", "", CRD_NAME,
+                      {"metadata": {"annotations": {DIGEST_ANNOTATION: "an-older-schema"}}})
+            assert ensure_crd(kube, "apply") == "updated"
+        finally:
+            kube.close()
+        store = {"uri": f"s3://{moto_server.new_bucket()}/runs",
+                 "endpointUrl": moto_server.endpoint, "region": "us-east-1",
+                 "addressingStyle": "path"}
+        workers = Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region="us-east-1",
+                                    addressing_style="path"))
+        ops = Operators(api, endpoints=(moto_server.endpoint,))
+        with SimulatedTrainingOperator(api, run_container=workers):
+            try:
+                ops.start()
+                api.create(QUALIFICATION_RUNS.plural, run_manifest("rbac", store))
+                run = wait_phase(api, "rbac", ("Succeeded", "Failed"), timeout=30)
+                assert run["status"]["phase"] == "Succeeded"
+                api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "rbac")
+                api.wait_for(
+                    lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "rbac") is None,
+                    10, "the finalizer to let the run go")
+            finally:
+                ops.stop_all()  # releases the Lease
+        yield [request_of(m, p) for m, p in api.requests]
+
+
+def test_every_request_the_operator_makes_is_allowed(requests: list[Request]) -> None:
+    rules = chart_rules()
+    denied = sorted({str(r) for r in requests if not any(rule.allows(r) for rule in rules)})
+    assert denied == []
+
+
+def test_every_rule_is_used(requests: list[Request]) -> None:
+    unused = {(rule.role, rule.group, rule.resource, rule.verb) for rule in chart_rules()
+              if (rule.group, rule.resource, rule.verb) not in NOT_A_REQUEST
+              and not any(rule.allows(r) for r in requests)}
+    assert unused == set()
+    # The one rule no request uses is still granted (the operator's creates need it).
+    assert {(r.group, r.resource, r.verb) for r in chart_rules()} >= NOT_A_REQUEST
+
+
+def test_the_life_covered_every_kind_of_request(requests: list[Request]) -> None:
+    # A sanity check of the run above: what the test relies on happened.
+    seen = {(r.resource, r.verb) for r in requests}
+    assert {("pods", "delete"), ("secrets", "create"), ("leases", "update"),
+            ("customresourcedefinitions", "create"), ("customresourcedefinitions", "update"),
+            ("qualificationruns", "watch"), ("qualificationruns/status", "update")} <= seen
