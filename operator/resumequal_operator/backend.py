@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from resumequal.errors import ClusterError, ReportError, ResumequalError
+from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import LegPlan, Plan
 from resumequal.qualify import (
     Beacon,
@@ -25,7 +26,7 @@ from resumequal.qualify import (
     beacon_from,
     kill_order,
 )
-from resumequal.runstore import RunLocation
+from resumequal.runstore import PodKill, RunLocation
 from resumequal.signing import new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
@@ -199,6 +200,7 @@ class KubernetesBackend:
                         "not killing again", self.run.name, beacon.pod, uid, beacon.pod_uid)
             return
         grace = 0 if preemption.mode == "hard" else max(1, math.ceil(preemption.grace_seconds))
+        issued_at = time.time()
         try:
             self.kube.delete(PODS, self.run.namespace, beacon.pod, grace_seconds=grace,
                              uid=beacon.pod_uid or uid)
@@ -212,6 +214,14 @@ class KubernetesBackend:
             return
         log.info("%s: deleted pod %s (rank %d, %s, grace %ds)", self.run.name, beacon.pod,
                  beacon.rank, preemption.mode, grace)
+        record = PodKill(rank=beacon.rank, attempt=beacon.attempt, pod=beacon.pod,
+                         pod_uid=beacon.pod_uid or uid, mode=preemption.mode,
+                         grace_seconds=grace, issued_at=issued_at)
+        try:
+            self.location.leg(leg).write_pod_kill(record)
+        except StoreError as e:
+            # The kill happened; only the comparator's timeline misses its time.
+            log.warning("%s: could not record the pod deletion: %s", self.run.name, e)
 
     @staticmethod
     def _replaced(pod: Obj, beacon: Beacon) -> bool:

@@ -209,8 +209,8 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
     """The timeline of a run from what its legs left in ``location`` (the comparator's view).
 
     LegsRunning: the first worker process started; Armed: the target rank's arm record (or
-    beacon); Preempted: the kill order a process kill leaves (a pod deletion leaves none, so
-    no kill time); Resumed: the last rank's first finished step of a later attempt;
+    beacon); Preempted: the kill order of a process kill, or the record of a pod deletion;
+    Resumed: the last rank's first finished step of a later attempt;
     Comparing at ``compared_at``; then Succeeded or Failed as ``verdict`` concludes.
     """
     world, p = spec.world.world_size, spec.preemption
@@ -223,13 +223,20 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
     main = legs[MAIN_LEG]
     armed = _earliest(_number(r.get("armed_at")) for r in main.get(p.rank, [])
                       if r.get("kind") == "arm" and r.get("attempt") == 0)
+    beacon, killed_at, kill = None, None, None
     try:
         beacon = location.read_beacon(MAIN_LEG, p.rank)
         order = location.leg(MAIN_LEG).read_kill_order(p.rank, 0)
+        pod_kill = None if order is not None else location.leg(MAIN_LEG).read_pod_kill(p.rank, 0)
     except StoreError as e:
-        # A half-written beacon or order leaves the timeline without that event.
+        # A half-written beacon or record leaves the timeline without that event.
         log.warning("timeline: %s", e)
-        beacon, order = None, None
+        order, pod_kill = None, None
+    if order is not None:
+        killed_at, kill = order.issued_at, f"killed pid {order.pid} ({order.mode})"
+    elif pod_kill is not None:
+        killed_at = pod_kill.issued_at
+        kill = f"deleted pod {pod_kill.pod} ({pod_kill.mode}, grace {pod_kill.grace_seconds:g}s)"
     if armed is None and beacon is not None:
         armed = _number(beacon.get("armedAt"))
     resumed = progress_of(main, world).resumed_at
@@ -238,17 +245,16 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
         events.append(PhaseEvent(phase=Phase.LEGS_RUNNING.value, at=started))
     if armed is not None:
         events.append(PhaseEvent(phase=Phase.ARMED.value, at=armed))
-    if order is not None:
-        events.append(PhaseEvent(phase=Phase.PREEMPTED.value, at=order.issued_at,
-                                 message=f"{MAIN_LEG}: killed pid {order.pid} ({order.mode})"))
+    if killed_at is not None:
+        events.append(PhaseEvent(phase=Phase.PREEMPTED.value, at=killed_at,
+                                 message=f"{MAIN_LEG}: {kill}"))
     if resumed is not None:
         events.append(PhaseEvent(phase=Phase.RESUMED.value, at=resumed))
     events.append(PhaseEvent(phase=Phase.COMPARING.value, at=compared_at))
     if verdict is not None:
         events.append(_concluded(verdict, concluded_at if concluded_at is not None
                                  else compared_at))
-    return Timeline(phases=events, kill_at=order.issued_at if order is not None else None,
-                    resumed_at=resumed)
+    return Timeline(phases=events, kill_at=killed_at, resumed_at=resumed)
 
 
 def _concluded(verdict: Verdict, at: float) -> PhaseEvent:

@@ -103,6 +103,7 @@ __all__ = [
     "LegFiles",
     "LegProgress",
     "LegSpecFile",
+    "PodKill",
     "RunLocation",
     "SegmentSink",
     "parse_segment",
@@ -133,6 +134,21 @@ class KillOrder(BaseModel):
     rank: int
     attempt: int
     pid: int
+    pod_uid: str | None = None
+    mode: Literal["hard", "graceful"]
+    grace_seconds: float
+    issued_at: float
+
+
+class PodKill(BaseModel):
+    """A record, written by whoever deleted the armed worker's pod, of when and how: the
+    pod deletion leaves no kill order, and the comparator's timeline needs the kill time."""
+
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+    rank: int
+    attempt: int
+    pod: str
     pod_uid: str | None = None
     mode: Literal["hard", "graceful"]
     grace_seconds: float
@@ -242,6 +258,9 @@ class LegFiles:
     def kill_order_key(self, rank: int, attempt: int) -> str:
         return self.key(f"beacons/kill-attempt-{attempt}-rank-{rank}.json")
 
+    def pod_kill_key(self, rank: int, attempt: int) -> str:
+        return self.key(f"beacons/pod-kill-attempt-{attempt}-rank-{rank}.json")
+
     def done_key(self, rank: int) -> str:
         return self.key(f"done/rank-{rank}.json")
 
@@ -299,6 +318,25 @@ class LegFiles:
             return KillOrder.model_validate_json(data)
         except ValidationError as e:
             raise StoreError(f"{self.store.uri(key)}: not a kill order: "
+                             f"{e.errors()[0]['msg']}") from e
+
+    def write_pod_kill(self, kill: PodKill) -> str:
+        """Record that the pod of the rank ``kill`` names was deleted; its URI."""
+        key = self.pod_kill_key(kill.rank, kill.attempt)
+        self.store.put_bytes(key, kill.model_dump_json().encode())
+        return self.store.uri(key)
+
+    def read_pod_kill(self, rank: int, attempt: int) -> PodKill | None:
+        """The record of this rank's pod deletion, or None when its pod was not deleted."""
+        key = self.pod_kill_key(rank, attempt)
+        try:
+            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
+        except StoreNotFound:
+            return None
+        try:
+            return PodKill.model_validate_json(data)
+        except ValidationError as e:
+            raise StoreError(f"{self.store.uri(key)}: not a pod kill record: "
                              f"{e.errors()[0]['msg']}") from e
 
     def mark_rank_done(self, rank: int, attempt: int, steps: int) -> str:
