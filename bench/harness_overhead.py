@@ -38,8 +38,9 @@ import yaml
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, local_torchrun_args
+from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec, load_spec
-from resumequal.trace.records import StepRecord, read_trace
+from resumequal.trace.records import StepRecord, parse_records
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_ddp.py")
 NPROC = 2
@@ -133,8 +134,9 @@ def harness_run(
                     "--run-dir", str(run_dir)])
     wall = launch(tree, cmd, run_dir.with_suffix(".log"), timeout)
     best: tuple[float, float, int] | None = None
+    traces = RunLocation.open(str(run_dir)).leg("control").traces()
     for rank in range(NPROC):
-        recs = read_trace(run_dir / "control" / "trace" / f"rank-{rank}.jsonl")
+        recs = parse_records(traces.lines(rank), traces.uri(rank))
         steps = sorted((r for r in recs if isinstance(r, StepRecord)), key=lambda r: r.step)
         if len(steps) != spec.training.steps:
             raise BenchError(f"rank {rank} traced {len(steps)} of {spec.training.steps} steps")

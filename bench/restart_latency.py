@@ -48,7 +48,8 @@ import yaml
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, local_torchrun_args
-from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord, read_trace
+from resumequal.runstore import RunLocation
+from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord, parse_records
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")
 NPROC = 2
@@ -136,8 +137,9 @@ def resumequal_run(tree: ProcessTree, spec_path: Path, run_dir: Path, timeout: f
     startups: list[StartupRecord] = []
     restores: list[RestoreRecord] = []
     first_steps: list[float] = []
+    traces = RunLocation.open(str(run_dir)).leg("preempted").traces()
     for rank in range(NPROC):
-        records = [r for r in read_trace(run_dir / "preempted" / "trace" / f"rank-{rank}.jsonl")
+        records = [r for r in parse_records(traces.lines(rank), traces.uri(rank))
                    if r.attempt == 1]
         startups += [r for r in records if isinstance(r, StartupRecord)]
         restores += [r for r in records if isinstance(r, RestoreRecord)]

@@ -3,7 +3,7 @@
 Runs the default tiny-gpt workload on one CPU thread and, in the same loop, times exactly
 the trace work the training loop does per step: RNG digests at step start, digests of the
 local and reduced gradients, of parameters and buffers after the update, of the optimizer
-state, and one StepRecord written to a trace file.
+state, and one StepRecord written to the trace of a run folder.
 
     python bench/trace_overhead.py [--steps N] [--hashes]
 
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import xxhash
 
+from resumequal.runstore import RunLocation
 from resumequal.spec import TrainingSpec, WorkloadSpec
-from resumequal.store.log import FileSink
 from resumequal.trace.digest import (
     bucket_layout_digest,
     named_tensors_digest,
@@ -83,7 +83,9 @@ def run_steps(steps: int, trace_dir: Path) -> tuple[Stopwatch, int]:
     clip = training.grad_clip_norm or float("inf")
     watch = Stopwatch()
 
-    with TraceWriter(FileSink(trace_dir / "rank0.jsonl")) as writer:
+    # The sink a worker writes through: one segment object per record in a run folder.
+    sink = RunLocation.open(str(trace_dir)).trace_sink("control", rank=0, attempt=0)
+    with TraceWriter(sink) as writer:
         for step in range(1, steps + WARMUP_STEPS + 1):
             watch.measuring = step > WARMUP_STEPS
             started_at = time.time()

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from resumequal.errors import ClusterError, ResumequalError
+from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import LegPlan, Plan
-from resumequal.qualify import Beacon, LegObservation, LegState, kill_order
-from resumequal.runstore import RunLocation
+from resumequal.qualify import (
+    Beacon,
+    InvalidBeacon,
+    LegObservation,
+    LegState,
+    beacon_from,
+    kill_order,
+)
+from resumequal.runstore import PodKill, RunLocation
 from resumequal.signing import new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
@@ -33,7 +41,7 @@ from resumequal_operator.kube import (
     NotFound,
     Obj,
 )
-from resumequal_operator.resource import QualificationRunSpec
+from resumequal_operator.resource import QualificationRunSpec, is_object_name
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +164,15 @@ class KubernetesBackend:
 
     def read_beacon(self, leg: str, rank: int) -> Beacon | None:
         body = self.location.read_beacon(leg, rank, 0)
-        return None if body is None else Beacon.model_validate(body)
+        if body is None:
+            return None
+        beacon = beacon_from(body, self.location.url(leg))
+        if beacon.pod is not None and not is_object_name(beacon.pod):
+            # The name goes into API paths (get, delete): only a pod name does.
+            raise InvalidBeacon(f"the beacon of rank {beacon.rank} in {self.location.url(leg)} "
+                                f"names pod {beacon.pod[:80]!r}, which is no pod name "
+                                "(DNS-1123 subdomain); no request is made for it")
+        return beacon
 
     def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
         """A process kill is an order in the store that the armed worker obeys; a pod kill
@@ -184,6 +200,7 @@ class KubernetesBackend:
                         "not killing again", self.run.name, beacon.pod, uid, beacon.pod_uid)
             return
         grace = 0 if preemption.mode == "hard" else max(1, math.ceil(preemption.grace_seconds))
+        issued_at = time.time()
         try:
             self.kube.delete(PODS, self.run.namespace, beacon.pod, grace_seconds=grace,
                              uid=beacon.pod_uid or uid)
@@ -197,6 +214,14 @@ class KubernetesBackend:
             return
         log.info("%s: deleted pod %s (rank %d, %s, grace %ds)", self.run.name, beacon.pod,
                  beacon.rank, preemption.mode, grace)
+        record = PodKill(rank=beacon.rank, attempt=beacon.attempt, pod=beacon.pod,
+                         pod_uid=beacon.pod_uid or uid, mode=preemption.mode,
+                         grace_seconds=grace, issued_at=issued_at)
+        try:
+            self.location.leg(leg).write_pod_kill(record)
+        except StoreError as e:
+            # The kill happened; only the comparator's timeline misses its time.
+            log.warning("%s: could not record the pod deletion: %s", self.run.name, e)
 
     @staticmethod
     def _replaced(pod: Obj, beacon: Beacon) -> bool:
@@ -247,7 +272,11 @@ class KubernetesBackend:
             return None
         # The comparator exits 1 for FAIL and 2 for INVALID after writing its verdict: a
         # failed Job with a verdict concluded; without one, it broke.
-        verdict = self.location.read_verdict()
+        try:
+            verdict = self.location.read_verdict()
+        except ReportError as e:  # written once: reading it again changes nothing
+            raise ComparatorFailed(f"the comparator Job {name} left no readable verdict: "
+                                   f"{e}") from e
         if verdict is not None:
             return verdict
         if complete is not None:

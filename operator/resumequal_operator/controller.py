@@ -7,27 +7,33 @@ or any store request sent), restores the qualification machine
 from ``status.machine``, ticks it once through a :class:`KubernetesBackend`, and writes the
 status through the status subresource. The finalizer ``resumequal.dev/cleanup`` lets a
 deleted run take its jobs, its metric series and (with ``retention.policy: Delete``) its
-store artifacts with it. Transient errors (API, store) propagate to the caller, which
-retries with backoff; a tick's progress is written before its error is raised, so nothing
-done (a kill in particular) is done twice.
+store artifacts with it; a store it cannot clean up (a bucket deleted or unreachable) is
+given up on ``cleanup_seconds`` after the deletion, with a Warning Event naming what is
+left, so that deletion never blocks for ever. Transient errors (API, store) propagate to
+the caller, which retries with backoff; a tick's progress is written before its error is
+raised, so nothing done (a kill in particular) is done twice.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from resumequal.errors import ClusterError, ResumequalError
+from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import Plan, qualification_plan
 from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
+from resumequal.redact import redact
 from resumequal.results import Timeline, build_report, failed_verdict, run_uri
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import PhaseEvent
+from resumequal.words import clip
 from resumequal_operator import pytorchjob
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.backend import (
@@ -80,11 +86,13 @@ class Reconciler:
     """Reconciles QualificationRuns by key (``namespace/name``); safe for one key per thread."""
 
     def __init__(self, kube: Kube, metrics: OperatorMetrics, events: EventRecorder, *,
-                 poll_seconds: float = 2.0, clock: Callable[[], float] = time.time,
+                 poll_seconds: float = 2.0, cleanup_seconds: float = 300.0,
+                 clock: Callable[[], float] = time.time,
                  allowlist: Allowlist | None = None) -> None:
         self.kube, self.metrics, self.events = kube, metrics, events
         self.allowlist = allowlist or Allowlist()
         self.poll_seconds = poll_seconds
+        self.cleanup_seconds = cleanup_seconds
         self.clock = clock
         self._lock = threading.Lock()
         self._locations: dict[str, RunLocation] = {}
@@ -276,7 +284,7 @@ class Reconciler:
             status = status.model_copy(update={"machine": machine})
         ready = next((c for c in previous.conditions if c.type == "Ready"), None) \
             if previous else None
-        if ready is None or ready.reason != reason or ready.message != message[:1024]:
+        if ready is None or ready.reason != reason or ready.message != clip(redact(message)):
             self.events.record(obj, reason, message, warning=True)
             log.warning("%s/%s: %s: %s", obj["metadata"]["namespace"],
                         obj["metadata"]["name"], reason, message.replace("\n", "; "))
@@ -288,8 +296,11 @@ class Reconciler:
         pin = run.spec.stack.effective_pin
         if self._recorded.get(key) == (run.ref.uid, pin):
             return
-        verdict = machine.verdict or self._location(run).read_verdict() or failed_verdict(
-            run.qspec, machine)
+        try:
+            stored = None if machine.verdict is not None else self._location(run).read_verdict()
+        except ReportError:
+            stored = None  # the run failed on it already (see KubernetesBackend.compare)
+        verdict = machine.verdict or stored or failed_verdict(run.qspec, machine)
         report = build_report(run.qspec, verdict, Timeline.of(machine), run=run.ref.name,
                               pin=pin)
         with self._lock:
@@ -327,10 +338,7 @@ class Reconciler:
             spec = None  # never started: nothing in the store
         if spec is not None and spec.retention.policy == "Delete" \
                 and self.allowlist.allows_store(spec):  # else nothing of it was stored
-            run = self._run(obj, spec)
-            removed = self._location(run).delete_all()
-            log.info("%s: retention Delete: removed %d object(s) under %s", key, removed,
-                     run.uri)
+            self._delete_artifacts(key, self._run(obj, spec))
         with self._lock:
             self._locations.pop(ref.uid, None)
         self._forget(key)
@@ -339,3 +347,30 @@ class Reconciler:
                         {"metadata": {"finalizers": rest,
                                       "resourceVersion": meta["resourceVersion"]}})
         log.info("%s: cleaned up; finalizer removed", key)
+
+    def _delete_artifacts(self, key: str, run: _Run) -> None:
+        """Retention Delete: remove the run location. A store error is raised for a retry
+        until ``cleanup_seconds`` have passed since the deletion; then the artifacts are
+        left where they are, said in a Warning Event."""
+        try:
+            removed = self._location(run).delete_all()
+        except StoreError as e:
+            waited = self._since_deletion(run.obj)
+            if waited < self.cleanup_seconds:
+                raise
+            message = (f"gave up deleting the run's artifacts under {run.uri} after "
+                       f"{waited:.0f}s (cleanupSeconds={self.cleanup_seconds:g}): {e}; "
+                       "they are left in the store")
+            self.events.record(run.obj, "CleanupAbandoned", message, warning=True)
+            log.warning("%s: %s", key, redact(message))
+            return
+        log.info("%s: retention Delete: removed %d object(s) under %s", key, removed, run.uri)
+
+    def _since_deletion(self, obj: Obj) -> float:
+        """Seconds since the run's deletionTimestamp (infinite if it cannot be read)."""
+        stamp = obj["metadata"].get("deletionTimestamp") or ""
+        try:
+            at = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            return math.inf
+        return self.clock() - at.timestamp()

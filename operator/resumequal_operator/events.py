@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 
 from resumequal.errors import ClusterError
 from resumequal.redact import redact
+from resumequal.words import clip
 from resumequal_operator.kube import EVENTS, Kube, Obj
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "resumequal-operator"
-MESSAGE_LIMIT = 1024  # the API server rejects longer Event messages
 
 
 def _now() -> str:
@@ -44,7 +44,7 @@ class EventRecorder:
                                "name": meta["name"], "namespace": meta["namespace"],
                                "uid": meta["uid"]},
             "reason": reason,
-            "message": redact(message)[:MESSAGE_LIMIT],
+            "message": clip(redact(message)),
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,

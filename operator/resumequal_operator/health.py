@@ -3,6 +3,11 @@
 ``/healthz`` fails when a thread the operator needs has died (the kubelet restarts the
 pod); ``/readyz`` succeeds once the watch caches are synced and the leader state is known,
 so a rolling update waits for the new replica to be able to take over.
+
+The port is reachable by anything in the cluster: a connection gets ``timeout_seconds`` to
+send its request and read the answer, and at most ``max_connections`` are served at
+once (one thread each); one more is closed at once, so idle sockets cannot pile up
+threads.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -18,15 +24,55 @@ log = logging.getLogger(__name__)
 
 Check = Callable[[], str | None]  # None when fine, else what is wrong
 
+# A probe or a scrape sends a few hundred bytes and reads a few KiB on a cluster network:
+# 5 s is far more than either needs. Kubelet probes, one or two Prometheus scrapers and a
+# person with curl are a handful of connections at once; 16 leaves room for all of them.
+TIMEOUT_SECONDS = 5.0
+MAX_CONNECTIONS = 16
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` threads at once."""
+
+    daemon_threads = True
+    block_on_close = False  # stop() does not wait for connections in flight
+    request_queue_size = 128  # the listen backlog: a burst of connections waits for accept
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.debug("health port: %s refused, %s", client_address, "all connections busy")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
 
 class HealthServer:
     """Serves the registry and two checks on ``host:port`` (port 0: any free port)."""
 
     def __init__(self, registry: CollectorRegistry, healthy: Check, ready: Check,
-                 port: int = 8080, host: str = "0.0.0.0") -> None:
+                 port: int = 8080, host: str = "0.0.0.0", *,
+                 timeout_seconds: float = TIMEOUT_SECONDS,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = timeout_seconds  # on the socket: reads and writes of one connection
+
             def do_GET(self) -> None:
                 outer._serve(self)
 
@@ -34,8 +80,7 @@ class HealthServer:
                 pass  # probes every few seconds would drown the log
 
         self.registry, self.healthy, self.ready = registry, healthy, ready
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
+        self.server = _BoundedServer((host, port), Handler, max_connections)
         self._thread: threading.Thread | None = None
 
     @property

@@ -56,6 +56,11 @@ class Settings:
     # Kubernetes ends watches after 5-10 min on its own; 60 s bounds how stale a broken
     # connection that no error reports can leave the cache.
     watch_timeout_seconds: int = 60
+    # How long the finalizer of a deleted run keeps trying to delete its store artifacts
+    # (retention Delete) before it lets the run go with a Warning Event: a bucket that is
+    # gone or unreachable must not keep a resource from being deleted for ever. Five
+    # minutes outlast an endpoint's restart and the client's own retries many times over.
+    cleanup_seconds: float = 300.0
     # What runs may name (images, service accounts, buckets, endpoints); see allowlist.
     allowlist: Allowlist = field(default_factory=Allowlist)
 
@@ -73,6 +78,7 @@ class Operator:
         self.reconciler = Reconciler(kube, self.metrics,
                                      EventRecorder(kube, settings.identity),
                                      poll_seconds=settings.poll_seconds,
+                                     cleanup_seconds=settings.cleanup_seconds,
                                      allowlist=settings.allowlist)
         namespaces: Sequence[str | None] = settings.namespaces or (None,)
         self.watchers = [Watcher(kube, ns, self.queue.add,

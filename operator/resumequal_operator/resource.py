@@ -78,6 +78,12 @@ GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 MAX_ENTRIES = 64  # map entries (nodeSelector, requests, limits) and list items
 _NAME = 253  # a DNS subdomain
 
+
+def is_object_name(name: str) -> bool:
+    """Whether ``name`` can name a pod (or most objects): a DNS-1123 subdomain. Checked on
+    names read from the store before they go into an API path."""
+    return len(name) <= _NAME and re.match(_DNS_SUBDOMAIN, name) is not None
+
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
 

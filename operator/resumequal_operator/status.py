@@ -15,8 +15,10 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus
+from resumequal.redact import redact
 from resumequal.results import failed_reason, restart_seconds
 from resumequal.verdict import Result, Verdict
+from resumequal.words import clip
 from resumequal_operator.resource import (
     Condition,
     FirstDivergence,
@@ -79,7 +81,7 @@ def verdict_summary(v: Verdict) -> VerdictStatus:
     loss = None if not losses or any(not math.isfinite(x) for x in losses) else max(losses)
     return VerdictStatus(
         result=v.result,
-        reason=v.reason,
+        reason=None if v.reason is None else clip(redact(v.reason)),
         first_divergence=None if d is None else FirstDivergence(step=d.step,
                                                                  boundary=d.boundary,
                                                                  rank=d.rank),
@@ -101,7 +103,7 @@ def _condition(previous: QualificationRunStatus | None, type_: Literal["Ready", 
     """A condition whose lastTransitionTime moves only when its status changes."""
     old = next((c for c in (previous.conditions if previous else []) if c.type == type_), None)
     since = old.last_transition_time if old is not None and old.status == status else None
-    return Condition(type=type_, status=status, reason=reason, message=message[:1024],
+    return Condition(type=type_, status=status, reason=reason, message=clip(redact(message)),
                      last_transition_time=since or datetime.now(UTC),
                      observed_generation=generation)
 
@@ -165,7 +167,7 @@ def run_status(
     if shown is None and machine.phase == Phase.FAILED:
         # A run that failed before its comparison tested nothing: INVALID, as the metrics
         # and the local runner say, so `kubectl get qr` shows a verdict for every finished run.
-        shown = VerdictStatus(result=Result.INVALID, reason=failed_reason(machine))
+        shown = VerdictStatus(result=Result.INVALID, reason=clip(failed_reason(machine)))
     done = machine.done
     history = machine.history
     return QualificationRunStatus.model_validate({
@@ -199,7 +201,8 @@ def invalid_status(previous: QualificationRunStatus | None, generation: int | No
             _condition(previous, "Ready", "False", reason, message, generation),
             _condition(previous, "Qualified", "False", reason, message, generation),
         ],
-        "verdict": VerdictStatus(result=Result.INVALID, reason=f"{reason}: {message}"),
+        "verdict": VerdictStatus(result=Result.INVALID,
+                                 reason=clip(redact(f"{reason}: {message}"))),
         "startedAt": previous.started_at if previous and previous.started_at else now,
         "completedAt": now if previous is None or previous.completed_at is None
         else previous.completed_at,

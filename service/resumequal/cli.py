@@ -12,6 +12,7 @@ import click
 
 from resumequal.errors import ResumequalError
 from resumequal.logs import configure_logging
+from resumequal.redact import printable
 from resumequal.spec import (
     OMISSIONS,
     Omission,
@@ -78,10 +79,10 @@ def main(verbose: bool) -> None:
 @click.option("--omit", type=click.Choice(OMISSIONS), multiple=True,
               help="Leave this part of the state out of every resume (a negative control).")
 @click.option("--scratch", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Local folder for checkpoint staging (default: the run folder, or a "
-              "temporary folder for an s3:// run).")
+              help="Local folder for checkpoint staging and downloads (default: a "
+              "temporary folder per run location).")
 @click.option("--trace-every", type=click.IntRange(min=1), default=1, show_default=True,
-              help="On S3: trace records per uploaded segment (1: none lost to a SIGKILL).")
+              help="Trace records per segment (1: none lost to a SIGKILL).")
 def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
         scratch: Path | None, trace_every: int) -> None:
     """Run one training leg in this process; meant to run under torchrun."""
@@ -89,14 +90,12 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
 
     try:
         spec, omissions = _leg_spec(spec_path, leg, run, omit)
-        target: Path | str = Path(run) if "://" not in run else run
         if scratch is None and trace_every == 1:
-            code = run_leg(spec, leg, target, omissions)
+            code = run_leg(spec, leg, run, omissions)
         else:
-            code = run_leg(spec, leg, target, omissions, scratch=scratch,
-                           trace_every=trace_every)
+            code = run_leg(spec, leg, run, omissions, scratch=scratch, trace_every=trace_every)
     except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         _exit_now(EXIT_ERROR)
     sys.exit(code)
 
@@ -146,7 +145,9 @@ def _leg_spec(
     location = RunLocation.open(run)
     found = location.read_leg_spec(leg)
     if found is None:
-        if location.local is None:
+        # A location nobody has set up runs the defaults; one a runner or the operator set
+        # up (its spec written) names each leg's spec, and a missing one is an error.
+        if location.has_spec():
             raise SpecError(f"{location.url(f'legs/{leg}.spec.json')} does not exist; "
                             "write it first (or pass --spec)")
         return QualificationSpec(), frozenset(omit)
@@ -160,7 +161,7 @@ def validate(spec_path: str) -> None:
     try:
         spec = load_spec(spec_path)
     except SpecError as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         sys.exit(EXIT_ERROR)
     click.echo(spec.model_dump_json(indent=2))
 
@@ -218,7 +219,7 @@ def run(
         )
         outcome = qualify_here(spec, opts, console)
     except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         click.echo("interrupted; every process of this run was stopped", err=True)
@@ -250,15 +251,15 @@ def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name:
         judged = compare_location(uri, write=write, pin=pin or _default_pin(),
                                   namespace=namespace, name=name)
     except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e))}", err=True)
         sys.exit(EXIT_ERROR)
     verdict = judged.verdict
     if as_json:
         click.echo(verdict.model_dump_json(indent=2))
     else:
-        click.echo(f"{verdict.result}: {verdict.reason}")
+        click.echo(printable(f"{verdict.result}: {verdict.reason}"))
         for file_name, where in judged.files.items():
-            click.echo(f"{file_name}: {where}")
+            click.echo(printable(f"{file_name}: {where}"))
     sys.exit(exit_code(verdict.result))
 
 

@@ -7,7 +7,8 @@ Two rules hold whatever level is asked for:
   (secret keys, session tokens) and the Kubernetes client prints response bodies. They
   log at WARNING by default, so a run's progress is not interleaved with botocore's
   "Found credentials in environment variables".
-- Every handler of the root logger redacts (:class:`RedactFilter`): a backstop for a
+- Every handler of the root logger redacts (:class:`RedactFilter`), and shows control
+  characters as escapes (a store key on a terminal acts on nothing): a backstop for a
   credential that reaches a message anyway, e.g. userinfo in ``AWS_ENDPOINT_URL_S3``.
 
 Imports nothing of ours but :mod:`resumequal.redact`, and no torch.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from resumequal.redact import redact
+from resumequal.redact import printable, redact
 
 # Loggers of libraries that see credentials or raw HTTP traffic.
 THIRD_PARTY: tuple[str, ...] = ("botocore", "boto3", "s3transfer", "urllib3", "kubernetes")
@@ -36,11 +37,12 @@ class RedactFilter(logging.Filter):
             message = record.getMessage()
         except Exception:
             return True  # the handler reports a malformed record as it always does
-        record.msg, record.args = redact(message), None
+        # Printable too: a log line on a terminal must not carry its escape sequences.
+        record.msg, record.args = printable(redact(message)), None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = redact(record.exc_text)
+            record.exc_text = printable(redact(record.exc_text))
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True

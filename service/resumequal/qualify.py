@@ -15,16 +15,18 @@ import logging
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
+from resumequal.redact import redact
 from resumequal.runstore import KillOrder as KillOrder  # kept with the store code that reads it
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Verdict
+from resumequal.words import clip
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,22 @@ class Beacon(BaseModel):
     microstep: int
     at: str = "microbatch"
     armed_at: float
+
+
+class InvalidBeacon(StoreError):
+    """A beacon in the store that is not one, or names what must not be acted on (a pod
+    name that is no name): it is written once, so the run cannot go on."""
+
+
+def beacon_from(body: dict[str, Any], where: str) -> Beacon:
+    """The beacon in ``body`` (as read from the store at ``where``); InvalidBeacon naming
+    it if it is not one: whoever can write to the store wrote it."""
+    try:
+        return Beacon.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(root)"
+        raise InvalidBeacon(f"{where}: not a beacon: {field}: {first['msg']}") from e
 
 
 def kill_order(beacon: Beacon, preemption: PreemptionSpec) -> KillOrder:
@@ -217,6 +235,9 @@ class Qualification:
     ) -> None:
         s = self.status
         s.phase = phase
+        # Messages quote what legs and stores said (a failure reason of any length): they
+        # become status fields and Events, bounded there.
+        message = None if message is None else clip(redact(message))
         if reason is not None:
             s.reason = reason
             s.message = message
@@ -276,7 +297,7 @@ class Qualification:
     def _persisting(self, error: Exception) -> bool:
         """Count one more failed tick; fail the run when errors have lasted too long."""
         s, now = self.status, self.clock()
-        message = str(error) or type(error).__name__
+        message = clip(redact(str(error) or type(error).__name__))
         if s.errors is None:
             s.errors = ErrorStreak(since=now, message=message)
         else:
@@ -341,7 +362,10 @@ class Qualification:
     def _drive_cut(self, plan: LegPlan, run: LegRun, obs: LegObservation, now: float) -> None:
         p = plan.spec.preemption
         if run.armed_at is None:
-            beacon = self.backend.read_beacon(plan.name, p.rank)
+            try:
+                beacon = self.backend.read_beacon(plan.name, p.rank)
+            except InvalidBeacon as e:
+                self._stop(Reason.ERROR, f"the {plan.name} leg's beacon is refused: {e}")
             if beacon is not None:
                 run.beacon, run.armed_at = beacon, now
                 self._main_enters(plan, Phase.ARMED)

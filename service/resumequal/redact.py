@@ -7,6 +7,10 @@ or a credential: ``http://user:pass@host`` becomes ``http://***@host``, an acces
 ``X-Amz-Security-Token:``, ``Signature=`` and the like, and of STS's
 ``<SecretAccessKey>`` / ``<SessionToken>`` elements, become ``***``.
 
+Text bound for a terminal also goes through :func:`printable`: a store key or an object's
+content is anyone's who can write to the store, and an escape sequence in it (a title
+change, a cleared screen, a hyperlink) would act on the reader's terminal.
+
 It is a backstop, not the plan: credentials come only from the AWS chain and are never
 put into messages on purpose, and third-party loggers that print requests stay above
 DEBUG (:mod:`resumequal.logs`). Imports nothing of ours and no torch: the operator uses it.
@@ -50,6 +54,28 @@ def redact(text: str) -> str:
     for pattern in (_AUTHORIZATION, _NAMED, _SIGNATURE):
         text = pattern.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)
     return _ACCESS_KEY_ID.sub(lambda m: f"{m['kind']}{MASK}", text)
+
+
+# Control characters but newline and tab (C0, DEL, C1), and the bidirectional overrides
+# that make text read otherwise than it is stored.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but newline and tab shown as an escape
+    (``\\x1b``), so that nothing in it acts on a terminal."""
+    return _UNPRINTABLE.sub(lambda m: ascii(m[0])[1:-1], text)
+
+
+def printable_tree(value: Any) -> Any:
+    """Every string in a JSON-like value (dicts, lists) made :func:`printable`."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable_tree(v) for v in value]
+    return value
 
 
 def redact_tree(value: Any) -> Any:

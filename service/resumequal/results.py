@@ -89,7 +89,7 @@ def run_names(uri: str) -> tuple[str, str]:
         if len(parts) >= 3:
             return parts[-3], parts[-2]
         return "default", parts[-1] if parts else "run"
-    return "local", Path(urlparse(uri).path if "://" in uri else uri).name
+    return "local", Path(parsed.path).name
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -209,8 +209,8 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
     """The timeline of a run from what its legs left in ``location`` (the comparator's view).
 
     LegsRunning: the first worker process started; Armed: the target rank's arm record (or
-    beacon); Preempted: the kill order a process kill leaves (a pod deletion leaves none, so
-    no kill time); Resumed: the last rank's first finished step of a later attempt;
+    beacon); Preempted: the kill order of a process kill, or the record of a pod deletion;
+    Resumed: the last rank's first finished step of a later attempt;
     Comparing at ``compared_at``; then Succeeded or Failed as ``verdict`` concludes.
     """
     world, p = spec.world.world_size, spec.preemption
@@ -223,13 +223,20 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
     main = legs[MAIN_LEG]
     armed = _earliest(_number(r.get("armed_at")) for r in main.get(p.rank, [])
                       if r.get("kind") == "arm" and r.get("attempt") == 0)
+    beacon, killed_at, kill = None, None, None
     try:
         beacon = location.read_beacon(MAIN_LEG, p.rank)
         order = location.leg(MAIN_LEG).read_kill_order(p.rank, 0)
+        pod_kill = None if order is not None else location.leg(MAIN_LEG).read_pod_kill(p.rank, 0)
     except StoreError as e:
-        # A half-written beacon or order leaves the timeline without that event.
+        # A half-written beacon or record leaves the timeline without that event.
         log.warning("timeline: %s", e)
-        beacon, order = None, None
+        order, pod_kill = None, None
+    if order is not None:
+        killed_at, kill = order.issued_at, f"killed pid {order.pid} ({order.mode})"
+    elif pod_kill is not None:
+        killed_at = pod_kill.issued_at
+        kill = f"deleted pod {pod_kill.pod} ({pod_kill.mode}, grace {pod_kill.grace_seconds:g}s)"
     if armed is None and beacon is not None:
         armed = _number(beacon.get("armedAt"))
     resumed = progress_of(main, world).resumed_at
@@ -238,17 +245,16 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
         events.append(PhaseEvent(phase=Phase.LEGS_RUNNING.value, at=started))
     if armed is not None:
         events.append(PhaseEvent(phase=Phase.ARMED.value, at=armed))
-    if order is not None:
-        events.append(PhaseEvent(phase=Phase.PREEMPTED.value, at=order.issued_at,
-                                 message=f"{MAIN_LEG}: killed pid {order.pid} ({order.mode})"))
+    if killed_at is not None:
+        events.append(PhaseEvent(phase=Phase.PREEMPTED.value, at=killed_at,
+                                 message=f"{MAIN_LEG}: {kill}"))
     if resumed is not None:
         events.append(PhaseEvent(phase=Phase.RESUMED.value, at=resumed))
     events.append(PhaseEvent(phase=Phase.COMPARING.value, at=compared_at))
     if verdict is not None:
         events.append(_concluded(verdict, concluded_at if concluded_at is not None
                                  else compared_at))
-    return Timeline(phases=events, kill_at=order.issued_at if order is not None else None,
-                    resumed_at=resumed)
+    return Timeline(phases=events, kill_at=killed_at, resumed_at=resumed)
 
 
 def _concluded(verdict: Verdict, at: float) -> PhaseEvent:
@@ -263,10 +269,9 @@ def _concluded(verdict: Verdict, at: float) -> PhaseEvent:
 # --------------------------------------------------------------------------- legs
 
 
-def leg_summary(run_dir: Path, leg: str, spec: QualificationSpec,
+def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
                 status: QualificationStatus | None = None) -> LegSummary:
     """One leg's attempts and per-step mean loss from its traces (times from ``status``)."""
-    location = RunLocation.open(str(run_dir))
     per_step: dict[int, list[float]] = {}
     attempts = 0
     for r, records in _records(location, leg, spec.world.world_size).items():
@@ -292,9 +297,9 @@ def leg_summary(run_dir: Path, leg: str, spec: QualificationSpec,
 _NOT_COMPARABLE = frozenset({"pid", "host", "rank", "attempt"})
 
 
-def inventory(run_dir: Path) -> dict[str, object]:
+def inventory(location: RunLocation) -> dict[str, object]:
     """The reference leg's runtime inventory (rank 0), as the legs must agree on it."""
-    for rec in RunLocation.open(str(run_dir)).trace_records(REFERENCE_LEG, 0):
+    for rec in location.trace_records(REFERENCE_LEG, 0):
         if rec.get("kind") == "inventory":
             return {k: v for k, v in rec.items() if k not in _NOT_COMPARABLE}
     return {}
@@ -310,16 +315,16 @@ def build_report(
     *,
     run: str,
     pin: str,
-    run_dir: Path | None = None,
+    location: RunLocation | None = None,
     status: QualificationStatus | None = None,
     matrix: Matrix | None = None,
 ) -> Report:
     """report.json: the verdict (folded with the seed matrix), the timeline and, from the
-    legs' traces in ``run_dir``, their summaries and runtime inventory."""
+    legs' traces at ``location``, their summaries and runtime inventory."""
     if matrix is not None:
         verdict = fold_matrix(verdict, matrix)
-    legs = [] if run_dir is None else [leg_summary(run_dir, leg, spec, status)
-                                       for leg in REPORTED_LEGS]
+    legs = [] if location is None else [leg_summary(location, leg, spec, status)
+                                        for leg in REPORTED_LEGS]
     return Report(
         run=run,
         pin=pin,
@@ -329,7 +334,7 @@ def build_report(
         legs=legs,
         kill_at=timeline.kill_at,
         restart_seconds=timeline.restart_seconds,
-        inventory=inventory(run_dir) if run_dir is not None else {},
+        inventory=inventory(location) if location is not None else {},
         matrix=matrix,
     )
 
@@ -348,10 +353,9 @@ def publish(report: Report, location: RunLocation, out: Path, *, namespace: str,
     write_textfile(registry, metrics)
     if pushgateway:
         push(registry, pushgateway, job="resumequal")
-    # A metrics file asked for elsewhere stays there on a folder; a store gets a copy.
-    if metrics_file is None or not location.is_local:
-        files[METRICS_PROM] = metrics
+    # A metrics file asked for elsewhere stays there, and the location gets a copy.
+    files[METRICS_PROM] = metrics
     published = location.publish(files)
-    if metrics_file is not None and location.is_local:
+    if metrics_file is not None:
         published[METRICS_PROM] = str(metrics_file)
     return published

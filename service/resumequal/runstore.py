@@ -15,14 +15,13 @@ both::
     <leg>/checkpoints/...            committed checkpoints
     verdict.json, report.json, report.html, metrics.prom
 
-Everything goes through the location's :class:`~resumequal.store.Store`; the one thing
-that differs by store is the trace format (:mod:`resumequal.store.log`), chosen once in
-:func:`_traces`. In a folder on this machine each rank appends JSON lines to
-``<leg>/trace/rank-<r>.jsonl``. A store that cannot append gets immutable segment objects
+Everything goes through the location's :class:`~resumequal.store.Store`, the same way on
+every store. A trace is immutable segment objects
 ``<leg>/trace/rank-<r>/attempt-<a>/<seq>.jsonl`` (by default one per record), each ending
 in a trailer line with its record count and sha256, so a segment is whole or absent after
-a SIGKILL, and a corrupted or missing one is reported by name.
-:meth:`RunLocation.materialize` rebuilds a local run folder from them for the comparator.
+a SIGKILL, and a corrupted or missing one is reported by name (:class:`LegTraces`).
+:meth:`RunLocation.materialize` exports a copy of a run with each rank's trace joined into
+``<leg>/trace/rank-<r>.jsonl``, for people.
 
 This module is shared with the operator: it must import neither torch nor numpy, nor the
 worker side (``train``, ``checkpoint``, ``trace``), nor ``report``.
@@ -30,14 +29,15 @@ worker side (``train``, ``checkpoint``, ``trace``), nor ``report``.
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -67,8 +67,6 @@ from resumequal.store import (
     s3_config,
 )
 from resumequal.store.log import (
-    FileSink,
-    LineSink,
     SegmentSink,
     parse_segment,
     segment_bytes,
@@ -105,6 +103,7 @@ __all__ = [
     "LegFiles",
     "LegProgress",
     "LegSpecFile",
+    "PodKill",
     "RunLocation",
     "SegmentSink",
     "parse_segment",
@@ -141,6 +140,21 @@ class KillOrder(BaseModel):
     issued_at: float
 
 
+class PodKill(BaseModel):
+    """A record, written by whoever deleted the armed worker's pod, of when and how: the
+    pod deletion leaves no kill order, and the comparator's timeline needs the kill time."""
+
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+    rank: int
+    attempt: int
+    pod: str
+    pod_uid: str | None = None
+    mode: Literal["hard", "graceful"]
+    grace_seconds: float
+    issued_at: float
+
+
 class LegSpecFile(BaseModel):
     """``legs/<leg>.spec.json``: what a leg's workers run, read by ``resumequal leg``."""
 
@@ -153,11 +167,20 @@ class LegSpecFile(BaseModel):
 # --------------------------------------------------------------------------- segments
 
 
+def _loads(data: bytes) -> Any:
+    """JSON from the store; ValueError for anything that is not JSON this reader takes
+    (too deep a nesting included: whoever writes to the store chooses it)."""
+    try:
+        return json.loads(data)
+    except RecursionError as e:
+        raise ValueError("nested too deeply") from e
+
+
 def _json_lines(lines: Iterable[bytes]) -> list[dict[str, Any]]:
     out = []
     for line in lines:
         try:
-            value = json.loads(line)
+            value = _loads(line)
         except ValueError:
             continue
         if isinstance(value, dict):
@@ -165,13 +188,10 @@ def _json_lines(lines: Iterable[bytes]) -> list[dict[str, Any]]:
     return out
 
 
-def _complete_lines(path: Path) -> list[dict[str, Any]]:
-    """Whole JSON lines of a trace file that may be written to right now."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    return _json_lines(data.split(b"\n")[:-1])
+def _count(value: Any) -> int | None:
+    """``value`` if it is a step or attempt number a status can hold (int32), else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    return value if ok else None
 
 
 def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> LegProgress:
@@ -183,12 +203,22 @@ def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> L
         done = 0
         first_resumed: float | None = None
         for rec in per_rank.get(r, []):
-            attempts = max(attempts, int(rec.get("attempt", 0)) + 1)
+            # Records come from the store: one that is not a record is no progress (the
+            # comparator reads the trace strictly and names it).
+            attempt = _count(rec.get("attempt", 0))
+            if attempt is None:
+                continue
+            attempts = max(attempts, attempt + 1)
             if rec.get("kind") != "step":
                 continue
-            done = max(done, int(rec["step"]))
-            if rec["attempt"] >= 1 and first_resumed is None:
-                first_resumed = float(rec["finished_at"])
+            step = _count(rec.get("step"))
+            if step is None:
+                continue
+            done = max(done, step)
+            at = rec.get("finished_at")
+            if attempt >= 1 and first_resumed is None and isinstance(at, int | float) \
+                    and math.isfinite(at):
+                first_resumed = float(at)
         per_rank_steps.append(done)
         if first_resumed is not None:
             resumed.append(first_resumed)
@@ -206,9 +236,16 @@ class LegFiles:
 
     store: Store
     prefix: str = ""
+    # Parsed trace segments, shared by every LegFiles of one run location.
+    trace_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False,
+                                                         compare=False)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
+
+    def traces(self) -> LegTraces:
+        """The leg's trace (``<leg>/trace``): how workers write it and how it is read."""
+        return LegTraces(self.store, self.key("trace"), self.trace_cache)
 
     @classmethod
     def folder(cls, leg_dir: Path) -> LegFiles:
@@ -220,6 +257,9 @@ class LegFiles:
 
     def kill_order_key(self, rank: int, attempt: int) -> str:
         return self.key(f"beacons/kill-attempt-{attempt}-rank-{rank}.json")
+
+    def pod_kill_key(self, rank: int, attempt: int) -> str:
+        return self.key(f"beacons/pod-kill-attempt-{attempt}-rank-{rank}.json")
 
     def done_key(self, rank: int) -> str:
         return self.key(f"done/rank-{rank}.json")
@@ -252,7 +292,7 @@ class LegFiles:
         except StoreNotFound:
             return None
         try:
-            body = json.loads(data)
+            body = _loads(data)
         except ValueError as e:
             raise StoreError(
                 f"{self.store.uri(self.beacon_key(rank, attempt))}: not a beacon: {e}"
@@ -280,6 +320,25 @@ class LegFiles:
             raise StoreError(f"{self.store.uri(key)}: not a kill order: "
                              f"{e.errors()[0]['msg']}") from e
 
+    def write_pod_kill(self, kill: PodKill) -> str:
+        """Record that the pod of the rank ``kill`` names was deleted; its URI."""
+        key = self.pod_kill_key(kill.rank, kill.attempt)
+        self.store.put_bytes(key, kill.model_dump_json().encode())
+        return self.store.uri(key)
+
+    def read_pod_kill(self, rank: int, attempt: int) -> PodKill | None:
+        """The record of this rank's pod deletion, or None when its pod was not deleted."""
+        key = self.pod_kill_key(rank, attempt)
+        try:
+            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
+        except StoreNotFound:
+            return None
+        try:
+            return PodKill.model_validate_json(data)
+        except ValidationError as e:
+            raise StoreError(f"{self.store.uri(key)}: not a pod kill record: "
+                             f"{e.errors()[0]['msg']}") from e
+
     def mark_rank_done(self, rank: int, attempt: int, steps: int) -> str:
         """Say this rank finished the leg (its trace closed, its final checkpoint
         committed); its URI. A leg is done when every rank said so."""
@@ -302,7 +361,7 @@ class LegFiles:
         except StoreObjectTooLarge:
             return "unreadable failure marker (too large to read)"
         try:
-            return str(json.loads(data)["reason"])
+            return str(_loads(data)["reason"])
         except (ValueError, KeyError, TypeError):
             return "unreadable failure marker"
 
@@ -310,161 +369,108 @@ class LegFiles:
 # --------------------------------------------------------------------------- traces
 
 
-class _Traces(abc.ABC):
-    """One trace format: how workers write a rank's trace and how it is read back."""
+@dataclass(frozen=True, order=True)
+class Segment:
+    """One trace segment object: ``<leg>/trace/rank-<r>/attempt-<a>/<seq>.jsonl``."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    @staticmethod
-    def dir_key(leg: str) -> str:
-        return f"{check_leg_name(leg)}/trace"
-
-    @staticmethod
-    def file_key(leg: str, rank: int) -> str:
-        """The joined trace of one rank (what the comparator reads)."""
-        return f"{check_leg_name(leg)}/trace/rank-{rank}.jsonl"
-
-    @abc.abstractmethod
-    def sink(self, leg: str, rank: int, attempt: int, every: int) -> LineSink:
-        """Where one rank of one attempt writes its trace."""
-
-    @abc.abstractmethod
-    def records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
-        """Each rank's records so far, leniently (torn or unreadable parts skipped)."""
-
-    @abc.abstractmethod
-    def attempts_started(self, leg: str) -> int:
-        """How many attempts of ``leg`` have written to its trace."""
-
-    @abc.abstractmethod
-    def materialize(self, dest: Path | None) -> Path:
-        """A local run folder with each rank's whole trace in ``<leg>/trace/rank-<r>.jsonl``."""
+    rank: int
+    attempt: int
+    seq: int
+    key: str
 
 
-class _AppendedFiles(_Traces):
-    """A folder: each rank appends JSON lines to ``<leg>/trace/rank-<r>.jsonl``."""
-
-    def __init__(self, store: Store, folder: str) -> None:
-        super().__init__(store)
-        self.folder = Path(folder)
-
-    def path(self, leg: str, rank: int) -> Path:
-        return self.folder / self.file_key(leg, rank)
-
-    def sink(self, leg: str, rank: int, attempt: int, every: int) -> LineSink:
-        return FileSink(self.path(leg, rank))
-
-    def records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
-        return {r: _complete_lines(self.path(leg, r)) for r in range(world_size)}
-
-    def attempts_started(self, leg: str) -> int:
-        seen = [r.get("attempt", 0) for path in (self.folder / self.dir_key(leg)).glob(
-            "rank-*.jsonl") for r in _complete_lines(path)]
-        return max(seen, default=-1) + 1
-
-    def materialize(self, dest: Path | None) -> Path:
-        """The folder itself: the comparator reads it in place."""
-        return self.folder
+def _verified(store: Store, segments: Sequence[Segment]) -> list[bytes]:
+    """The record lines of one rank's segments (sorted), each checked against its trailer
+    and the sequence checked for gaps; TraceError naming a corrupted or missing segment."""
+    lines: list[bytes] = []
+    expected: tuple[int, int] | None = None
+    for s in segments:
+        if expected is not None and expected[0] == s.attempt and s.seq != expected[1]:
+            missing = s.key.rsplit("/", 1)[0] + f"/{expected[1]:08d}.jsonl"
+            raise TraceError(f"{store.uri(missing)}: trace segment missing (the "
+                             f"next one present is {s.seq:08d})")
+        if (expected is None or expected[0] != s.attempt) and s.seq != 0:
+            missing = s.key.rsplit("/", 1)[0] + "/00000000.jsonl"
+            raise TraceError(f"{store.uri(missing)}: trace segment missing (the "
+                             f"first one present is {s.seq:08d})")
+        lines += parse_segment(store.get_bytes(s.key, SEGMENT_BYTES), store.uri(s.key))
+        expected = (s.attempt, s.seq + 1)
+    return lines
 
 
-class _Segments(_Traces):
-    """A store that cannot append: immutable segment objects per rank and attempt."""
+@dataclass
+class LegTraces:
+    """One leg's trace, the one format on every store: immutable segment objects
+    ``<prefix>/rank-<r>/attempt-<a>/<seq>.jsonl``, each ending in a trailer with its record
+    count and sha256 (:mod:`resumequal.store.log`), so a segment is whole or absent after a
+    SIGKILL, and a corrupted or missing one is reported by name.
 
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
-        # Segments are immutable once written: each one is read once.
-        self._cache: dict[str, list[dict[str, Any]]] = {}
+    Workers write through :meth:`sink`; the comparator reads a rank's whole trace with
+    :meth:`lines` (strict), the backend polls progress with :meth:`records` (lenient).
+    """
 
-    def sink(self, leg: str, rank: int, attempt: int, every: int) -> LineSink:
-        return SegmentSink(self.store, f"{self.dir_key(leg)}/rank-{rank}/attempt-{attempt}",
+    store: Store
+    prefix: str
+    # Segments are immutable once written: each one is parsed once per run location.
+    cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False,
+                                                   compare=False)
+
+    def rank_prefix(self, rank: int) -> str:
+        return f"{self.prefix}/rank-{rank}"
+
+    def uri(self, rank: int) -> str:
+        """Where one rank's segments are, for messages."""
+        return self.store.uri(self.rank_prefix(rank))
+
+    def sink(self, rank: int, attempt: int, every: int = 1) -> SegmentSink:
+        """Where one rank of one attempt writes: a segment every ``every`` records."""
+        return SegmentSink(self.store, f"{self.rank_prefix(rank)}/attempt-{attempt}",
                            every=every)
 
-    def keys(self, leg: str) -> list[tuple[int, int, int, str]]:
-        """(rank, attempt, seq, key) of every trace segment of ``leg``, in write order."""
-        base = self.dir_key(leg)
+    def segments(self, rank: int | None = None) -> list[Segment]:
+        """Every segment of the leg (or of one rank), in write order: one LIST."""
+        base = self.prefix if rank is None else self.rank_prefix(rank)
         found = []
         for obj in self.store.list(base):
-            m = _SEGMENT.match(obj.key[len(base) + 1:])
-            if m is not None:
-                found.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), obj.key))
+            m = _SEGMENT.match(obj.key[len(self.prefix) + 1:])
+            # A rank or attempt beyond int32 is no worker's: a name someone else chose.
+            if m is not None and _count(int(m.group(1))) is not None \
+                    and _count(int(m.group(2))) is not None:
+                found.append(Segment(int(m.group(1)), int(m.group(2)), int(m.group(3)),
+                                     obj.key))
         return sorted(found)
 
-    def records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
+    def lines(self, rank: int) -> list[bytes]:
+        """One rank's whole trace, every attempt in order, each segment verified;
+        StoreNotFound when the rank wrote none, TraceError naming a damaged or missing
+        segment."""
+        segments = self.segments(rank)
+        if not segments:
+            raise StoreNotFound(f"{self.uri(rank)}: no trace segments")
+        return _verified(self.store, segments)
+
+    def records(self, world_size: int) -> dict[int, list[dict[str, Any]]]:
+        """Each rank's records so far as JSON objects, leniently: a segment that cannot be
+        read (being damaged, or gone) is skipped with a warning."""
         out: dict[int, list[dict[str, Any]]] = {}
-        for rank, _attempt, _seq, key in self.keys(leg):
-            if rank >= world_size:
+        for s in self.segments():
+            if s.rank >= world_size:
                 continue
-            records = self._cache.get(key)
+            records = self.cache.get(s.key)
             if records is None:
                 try:
-                    data = self.store.get_bytes(key, SEGMENT_BYTES)
-                    lines = parse_segment(data, self.store.uri(key))
+                    data = self.store.get_bytes(s.key, SEGMENT_BYTES)
+                    lines = parse_segment(data, self.store.uri(s.key))
                 except (TraceError, StoreNotFound, StoreObjectTooLarge) as e:
-                    log.warning("progress: skipping %s: %s", self.store.uri(key), e)
+                    log.warning("progress: skipping %s: %s", self.store.uri(s.key), e)
                     continue
-                records = self._cache[key] = _json_lines(lines)
-            out.setdefault(rank, []).extend(records)
+                records = self.cache[s.key] = _json_lines(lines)
+            out.setdefault(s.rank, []).extend(records)
         return out
 
-    def attempts_started(self, leg: str) -> int:
-        # One LIST: the attempt is in every segment's name.
-        return max((attempt for _, attempt, _, _ in self.keys(leg)), default=-1) + 1
-
-    def materialize(self, dest: Path | None) -> Path:
-        """Every object but checkpoints downloaded into ``dest``, each rank's segments
-        verified and joined into its trace file."""
-        if dest is None:
-            dest = Path(tempfile.mkdtemp(prefix="resumequal-run-"))
-        dest.mkdir(parents=True, exist_ok=True)
-        objects = self.store.list()
-        if not any(o.key == RUN_FILE for o in objects):
-            raise StoreNotFound(f"{self.store.uri(RUN_FILE)} does not exist: "
-                                f"{self.store.uri()} is not a run location (or no leg has "
-                                "started)")
-        traces: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
-        for obj in objects:
-            if "/checkpoints/" in f"/{obj.key}":
-                continue
-            m = _ANY_SEGMENT.match(obj.key)
-            if m is not None:
-                traces.setdefault((m.group(1), int(m.group(2))), []).append(
-                    (int(m.group(3)), int(m.group(4)), obj.key))
-                continue
-            if "/trace/" in f"/{obj.key}":
-                raise TraceError(f"{self.store.uri(obj.key)}: not a trace segment name")
-            data = self.store.get_bytes(obj.key, RESULT_BYTES)
-            if len(data) != obj.size:
-                raise StoreIntegrityError(f"{self.store.uri(obj.key)}: read {len(data)} bytes, "
-                                          f"listed with {obj.size}")
-            _write_file(dest / obj.key, data)
-        for (leg, rank), segments in sorted(traces.items()):
-            _write_file(dest / leg / "trace" / f"rank-{rank}.jsonl",
-                        b"".join(self._verified(sorted(segments))))
-        return dest
-
-    def _verified(self, segments: list[tuple[int, int, str]]) -> list[bytes]:
-        lines: list[bytes] = []
-        expected: tuple[int, int] | None = None
-        for attempt, seq, key in segments:
-            if expected is not None and expected[0] == attempt and seq != expected[1]:
-                missing = key.rsplit("/", 1)[0] + f"/{expected[1]:08d}.jsonl"
-                raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
-                                 f"next one present is {seq:08d})")
-            if (expected is None or expected[0] != attempt) and seq != 0:
-                missing = key.rsplit("/", 1)[0] + "/00000000.jsonl"
-                raise TraceError(f"{self.store.uri(missing)}: trace segment missing (the "
-                                 f"first one present is {seq:08d})")
-            lines += parse_segment(self.store.get_bytes(key, SEGMENT_BYTES), self.store.uri(key))
-            expected = (attempt, seq + 1)
-        return lines
-
-
-def _traces(store: Store) -> _Traces:
-    """The trace format a store can hold: appended files in a folder on this machine,
-    immutable segments anywhere else (no append there)."""
-    folder = store.local_folder()
-    return _AppendedFiles(store, folder) if folder is not None else _Segments(store)
+    def attempts_started(self) -> int:
+        """How many attempts have written (the attempt is in every segment's name)."""
+        return max((s.attempt for s in self.segments()), default=-1) + 1
 
 
 # --------------------------------------------------------------------------- the run
@@ -482,10 +488,7 @@ class RunLocation:
     uri: str
     store: Store
     s3: S3Spec | None = None
-    _traces: _Traces = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._traces = _traces(self.store)
+    _trace_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, uri: str, s3: S3Spec | None = None) -> RunLocation:
@@ -501,36 +504,27 @@ class RunLocation:
         store = open_store(uri, s3_config(s3))
         return cls(store.uri(), store, s3)
 
-    @property
-    def local(self) -> Path | None:
-        """The folder on this machine holding the run, or None for an object store."""
-        folder = self.store.local_folder()
-        return Path(folder) if folder is not None else None
-
-    @property
-    def is_local(self) -> bool:
-        return self.store.local_folder() is not None
-
     def scratch(self) -> Path:
-        """A local folder for what is not kept (checkpoint staging, downloaded copies): the
-        run folder itself, or a temporary folder per run location."""
-        folder = self.store.local_folder()
-        return Path(folder) if folder is not None else default_scratch(self.uri)
+        """A local folder for what is not kept (checkpoint staging, downloaded copies of an
+        object store's checkpoints), one per run location, shared by the ranks of this
+        machine."""
+        return default_scratch(self.uri)
 
     def url(self, name: str) -> str:
         """The full URI (or path, for a folder given as a path) of an artifact."""
         return self.store.uri(name)
 
     def leg(self, leg: str) -> LegFiles:
-        return LegFiles(self.store, check_leg_name(leg))
+        return LegFiles(self.store, check_leg_name(leg), self._trace_cache)
 
     # -- specs ------------------------------------------------------------------------------
 
     def leg_spec(self, spec: QualificationSpec) -> QualificationSpec:
-        """``spec`` as the legs of this location run it: outside a folder on this machine,
-        checkpoints live under the run location (``<run>/<leg>/checkpoints``) whatever
-        store the spec named, so that workers anywhere reach them."""
-        if self.store.local_folder() is not None:
+        """``spec`` as the legs of this location run it: in a shared store (one that workers
+        on other machines reach), checkpoints live under the run location
+        (``<run>/<leg>/checkpoints``) whatever store the spec named, so that workers
+        anywhere reach them; a folder keeps the spec's own (by default the folder)."""
+        if not self.store.shared():
             return spec
         ckpt = spec.checkpoint.model_copy(update={"store": self.uri,
                                                   "s3": spec.checkpoint.s3 or self.s3})
@@ -540,11 +534,15 @@ class RunLocation:
         """``spec.json``: the qualification's spec, for people and the comparator."""
         self.store.put_bytes(SPEC_FILE, self.leg_spec(spec).model_dump_json(indent=1).encode())
 
+    def has_spec(self) -> bool:
+        """Whether a runner or the operator has written the qualification's spec here."""
+        return self.store.exists(SPEC_FILE)
+
     def read_spec(self) -> QualificationSpec:
         """The qualification's spec: ``spec.json``, else the spec in ``run.json``."""
         for key, pick in ((SPEC_FILE, False), (RUN_FILE, True)):
             try:
-                data = json.loads(self.store.get_bytes(key, SMALL_OBJECT_BYTES))
+                data = _loads(self.store.get_bytes(key, SMALL_OBJECT_BYTES))
             except StoreNotFound:
                 continue
             except ValueError as e:
@@ -583,22 +581,32 @@ class RunLocation:
     def claim(self, spec: QualificationSpec) -> bool:
         """Tie a new location to ``spec`` by writing ``run.json`` if absent; True if written.
 
-        Where the store has no exclusive create (MinIO, RGW), two legs racing write bodies
-        of the same digest, and :meth:`check_claim` still refuses a different spec.
+        The create is exclusive (see :meth:`Store.put_new`): of two runs racing for one
+        location, one gets it. Legs of one run all claim it (the first one wins) and
+        :meth:`check_claim` refuses a different spec.
         """
         body = json.dumps({"spec_digest": spec.digest(), "spec": spec.model_dump(mode="json"),
                            "created_at": time.time()}, indent=1).encode()
         return self.store.put_new(RUN_FILE, body)
 
+    def check_started(self) -> None:
+        """StoreNotFound naming ``run.json`` unless a leg has claimed this location."""
+        if not self.store.exists(RUN_FILE):
+            raise StoreNotFound(f"{self.store.uri(RUN_FILE)} does not exist: "
+                                f"{self.store.uri()} is not a run location (or no leg has "
+                                "started)")
+
     def check_claim(self, spec: QualificationSpec) -> None:
         """TrainingError when this location was made for a different spec (or for none)."""
         where = self.url(RUN_FILE)
         try:
-            theirs = json.loads(self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES))["spec_digest"]
+            theirs = _loads(self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES))["spec_digest"]
         except StoreNotFound as e:
             raise TrainingError(f"{self.uri} is not a run directory (no {RUN_FILE})") from e
         except (ValueError, KeyError, TypeError) as e:
             raise TrainingError(f"{where}: unreadable run file: {e}") from e
+        if not isinstance(theirs, str):
+            raise TrainingError(f"{where}: unreadable run file: spec_digest is no string")
         if theirs != spec.digest():
             raise TrainingError(
                 f"run directory {self.uri} belongs to another run (its spec digest "
@@ -640,24 +648,19 @@ class RunLocation:
         return progress_of(self._trace_records(leg, world_size), world_size)
 
     def _trace_records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
-        return self._traces.records(check_leg_name(leg), world_size)
+        return self.leg(leg).traces().records(world_size)
 
     def attempts_started(self, leg: str) -> int:
         """How many attempts of ``leg`` have written to its trace (the next one's number)."""
-        return self._traces.attempts_started(check_leg_name(leg))
+        return self.leg(leg).traces().attempts_started()
 
     def child(self, name: str) -> RunLocation:
         """A sub-run under this location (e.g. ``seed-11`` of a seed matrix)."""
         return RunLocation(self.store.uri(name), self.store.child(name), self.s3)
 
-    def trace_sink(self, leg: str, rank: int, attempt: int, every: int = 1) -> LineSink:
-        """Where a worker writes its trace; an object store gets a segment every ``every``
-        records (a folder's file takes each record at once)."""
-        return self._traces.sink(check_leg_name(leg), rank, attempt, every)
-
-    def trace_path(self, leg: str, rank: int) -> Path:
-        """The trace file of one rank of a folder run, where its workers append."""
-        return Path(self.scratch(), _Traces.file_key(leg, rank))
+    def trace_sink(self, leg: str, rank: int, attempt: int, every: int = 1) -> SegmentSink:
+        """Where a worker writes its trace: a segment every ``every`` records."""
+        return self.leg(leg).traces().sink(rank, attempt, every)
 
     # -- results ----------------------------------------------------------------------------
 
@@ -683,8 +686,8 @@ class RunLocation:
         except StoreNotFound:
             return None
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+            data = _loads(raw)
+        except ValueError as e:
             raise ReportError(f"{where}: not JSON: {e}") from e
         if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
             version = data.get("schema_version") if isinstance(data, dict) else None
@@ -698,16 +701,40 @@ class RunLocation:
     # -- the comparator's copy --------------------------------------------------------------
 
     def materialize(self, dest: Path | None = None) -> Path:
-        """A local run folder the comparator reads; for a folder location, the folder itself.
+        """An export for people: a copy of the run in the folder ``dest`` (default: a new
+        temporary folder), each rank's trace joined into ``<leg>/trace/rank-<r>.jsonl``.
 
-        From an object store: every object but checkpoints is downloaded and checked
-        against its listed size; each rank's trace segments are verified (trailer count and
-        sha256, no gap in the sequence) and concatenated in order into
-        ``<leg>/trace/rank-<r>.jsonl``. A corrupted, truncated or missing segment is a
-        TraceError naming it. Checkpoints stay in the store (the comparator downloads the
-        final ones, verified).
+        Every object but checkpoints is copied and checked against its listed size; each
+        rank's trace segments are verified (trailer count and sha256, no gap in the
+        sequence) and concatenated in order. A corrupted, truncated or missing segment is
+        a TraceError naming it. Nothing of resumequal reads the copy back: the comparator
+        reads the location itself (:meth:`LegFiles.traces`).
         """
-        return self._traces.materialize(dest)
+        self.check_started()
+        if dest is None:
+            dest = Path(tempfile.mkdtemp(prefix="resumequal-run-"))
+        dest.mkdir(parents=True, exist_ok=True)
+        objects = self.store.list()
+        traces: dict[tuple[str, int], list[Segment]] = {}
+        for obj in objects:
+            if "/checkpoints/" in f"/{obj.key}":
+                continue
+            m = _ANY_SEGMENT.match(obj.key)
+            if m is not None:
+                segment = Segment(int(m.group(2)), int(m.group(3)), int(m.group(4)), obj.key)
+                traces.setdefault((m.group(1), segment.rank), []).append(segment)
+                continue
+            if "/trace/" in f"/{obj.key}":
+                raise TraceError(f"{self.store.uri(obj.key)}: not a trace segment name")
+            data = self.store.get_bytes(obj.key, RESULT_BYTES)
+            if len(data) != obj.size:
+                raise StoreIntegrityError(f"{self.store.uri(obj.key)}: read {len(data)} bytes, "
+                                          f"listed with {obj.size}")
+            _write_file(dest / obj.key, data)
+        for (leg, rank), segments in sorted(traces.items()):
+            _write_file(dest / leg / "trace" / f"rank-{rank}.jsonl",
+                        b"".join(_verified(self.store, sorted(segments))))
+        return dest
 
     # -- retention --------------------------------------------------------------------------
 
@@ -726,6 +753,23 @@ def _write_file(path: Path, data: bytes) -> None:
 
 
 def default_scratch(uri: str) -> Path:
-    """A local working folder for one run location, shared by the ranks of this machine."""
+    """A local working folder for one run location, shared by the ranks of this machine:
+    ``<tmp>/resumequal-<uid>/<digest of the URI>``, in a folder only this user can enter
+    (checkpoints are staged and downloaded there; another user must not plant them)."""
     digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"resumequal-{digest}"
+    return _private_folder(Path(tempfile.gettempdir()) / f"resumequal-{os.getuid()}") / digest
+
+
+def _private_folder(path: Path) -> Path:
+    """``path``, made with mode 0700 if absent; StoreError if it is not a folder of this
+    user that only this user can enter (a name in a shared /tmp anyone can take first)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() \
+            or stat.S_IMODE(info.st_mode) & 0o077:
+        raise StoreError(f"scratch folder {path} is not a private folder of this user (owner "
+                         f"uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}, "
+                         f"{'a folder' if stat.S_ISDIR(info.st_mode) else 'not a folder'}); "
+                         "remove it, or set TMPDIR elsewhere")
+    return path

@@ -314,31 +314,37 @@ _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]{0,15}$")
 
 
 def store_uri(value: str) -> str:
-    """``s3://bucket/prefix`` or ``file:///abs/path`` in one spelling (no trailing '/'), or
-    ValueError saying why not. Segments are what object keys and folders are made of, so
-    none may be empty, '.' or '..' (``s3://b/x/../y`` names no one place). Credentials
-    (``s3://key:secret@bucket``) are refused, and the value is echoed only redacted."""
+    """A store URI of a registered scheme (``s3://bucket/prefix``, ``file:///abs/path``, ...)
+    in one spelling (no trailing '/'), or ValueError saying why not. Segments are what
+    object keys and folders are made of, so none may be empty, '.' or '..' (``s3://b/x/../y``
+    names no one place). Credentials (``s3://key:secret@bucket``) are refused, and the value
+    is echoed only redacted."""
+    # The store registry is the one list of schemes. Imported here, when a URI is checked,
+    # so that importing the spec loads no store (nor its SDK).
+    from resumequal.store.registry import store_class, supported
+
     shown = repr(redact(value))
     scheme, sep, rest = value.partition("://")
-    if not sep or scheme not in ("s3", "file"):
+    found = store_class(scheme) if sep and _SCHEME.match(scheme) else None
+    if found is None:
         named = f"scheme {scheme!r} is not supported; " if _SCHEME.match(scheme) else ""
-        raise ValueError(f"{shown}: {named}use s3://bucket/prefix or file:///abs/path")
+        raise ValueError(f"{shown}: {named}use {supported()}")
     if not _URI_CHARS.match(value):
         raise ValueError(f"{shown}: no spaces, control characters, '?' or '#' in a store URI")
     authority, _, path = rest.partition("/")
     if "@" in authority:
         raise ValueError("holds user:password; credentials come from the AWS chain (env, "
                          "profile, web identity), never from the store URI")
-    if scheme == "s3" and not authority:
-        raise ValueError(f"{shown}: an s3:// store names a bucket (s3://bucket/prefix)")
-    if scheme == "file" and authority:
-        raise ValueError(f"{shown}: a file:// store is file:///abs/path (no host)")
+    problem = found.authority_problem(authority)
+    if problem is not None:
+        raise ValueError(f"{shown}: {problem}")
     segments = path.removesuffix("/").split("/") if path.removesuffix("/") else []
     bad = next((seg for seg in segments if seg in ("", ".", "..")), None)
     if bad is not None:
         what = "an empty segment ('//')" if bad == "" else f"a {bad!r} segment"
         raise ValueError(f"{shown}: {what}; write the path without it")
-    return f"{scheme}://{authority}/" + "/".join(segments) if segments or scheme == "file" \
+    # Without an authority the root keeps its '/' (``file:///``), as ``scheme://`` is no URI.
+    return f"{scheme}://{authority}/" + "/".join(segments) if segments or not authority \
         else f"{scheme}://{authority}"
 
 
@@ -375,6 +381,7 @@ class CheckpointSpec(_Section):
 
     @model_validator(mode="after")
     def _s3_only_for_s3(self) -> CheckpointSpec:
+        # S3's own settings, checked against S3's scheme: not a branch on the medium.
         if self.s3 is not None and not (self.store or "").startswith("s3://"):
             raise ValueError("checkpoint.s3 configures an s3:// store; checkpoint.store is "
                              f"{self.store!r}")

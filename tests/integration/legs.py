@@ -18,13 +18,15 @@ import yaml
 
 from resumequal import plan
 from resumequal.plan import leg_module_args, local_torchrun_args
+from resumequal.runstore import RunLocation
 from resumequal.spec import BOUNDARIES
 from resumequal.trace.records import (
     RestoreRecord,
     StepRecord,
+    TraceRecord,
     boundary_value,
     effective_steps,
-    read_trace,
+    parse_records,
 )
 from tests.waiting import eventually
 
@@ -145,13 +147,18 @@ def preempt(
     return beacon
 
 
-def steps(run_dir: Path, leg: str, rank: int) -> dict[int, StepRecord]:
-    return effective_steps(read_trace(run_dir / leg / "trace" / f"rank-{rank}.jsonl"), rank)
+def trace(run: Path | str, leg: str, rank: int) -> list[TraceRecord]:
+    """One rank's whole trace, read from the run location (a folder or a URI)."""
+    traces = RunLocation.open(str(run)).leg(leg).traces()
+    return parse_records(traces.lines(rank), traces.uri(rank))
 
 
-def restores(run_dir: Path, leg: str, rank: int) -> list[RestoreRecord]:
-    recs = read_trace(run_dir / leg / "trace" / f"rank-{rank}.jsonl")
-    return [r for r in recs if isinstance(r, RestoreRecord)]
+def steps(run: Path | str, leg: str, rank: int) -> dict[int, StepRecord]:
+    return effective_steps(trace(run, leg, rank), rank)
+
+
+def restores(run: Path | str, leg: str, rank: int) -> list[RestoreRecord]:
+    return [r for r in trace(run, leg, rank) if isinstance(r, RestoreRecord)]
 
 
 def first_divergence(

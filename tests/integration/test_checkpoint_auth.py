@@ -26,6 +26,7 @@ from resumequal.checkpoint import (
 from resumequal.checkpoint.remote import COMMITTED
 from resumequal.compare.files import final_checkpoint_root
 from resumequal.errors import CheckpointError
+from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import QualificationSpec, parse_spec
 from tests.checkpoint_attacks import tamper
@@ -104,7 +105,8 @@ def _worker_refuses(root: RemoteRoot, why: str) -> None:
 
 def _comparator_refuses(spec: QualificationSpec, tmp_path: Path, why: str) -> None:
     with pytest.raises(CheckpointError) as info:
-        final_checkpoint_root(spec, tmp_path / "cmp", "control", tmp_path / "final")
+        final_checkpoint_root(spec, RunLocation.open(str(tmp_path / "cmp")), "control",
+                                  tmp_path / "final")
     assert "checkpoint s3://" in str(info.value) and NAME in str(info.value)
     assert why in str(info.value)
     assert not (tmp_path / "final" / "control" / NAME / "dcp").exists()  # nothing fetched
@@ -148,5 +150,6 @@ def test_an_authentic_checkpoint_on_s3_loads(
     loaded = mgr.load(NAME, _template, Plain)
     assert loaded.rank_state.model_dump() == {"step": STEPS}
     assert torch.equal(loaded.tensors["x"], torch.arange(3.0))
-    final = final_checkpoint_root(spec, tmp_path / "cmp", "control", tmp_path / "final")
+    final = final_checkpoint_root(spec, RunLocation.open(str(tmp_path / "cmp")), "control",
+                                  tmp_path / "final")
     assert final is not None and (final / NAME / "manifest.hmac").is_file()

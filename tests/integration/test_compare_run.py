@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from resumequal.compare import compare_run
+from resumequal.runstore import RunLocation
 from resumequal.verdict import Result
 from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for
@@ -15,10 +16,10 @@ from tests.integration.conftest import ControlRuns, spec_for
 pytestmark = pytest.mark.slow
 
 
-def _with_control(control: Path, run_dir: Path) -> Path:
-    """Put the shared control leg next to this run's preempted leg."""
+def _with_control(control: Path, run_dir: Path) -> RunLocation:
+    """Put the shared control leg next to this run's preempted leg; the run's location."""
     (run_dir / "control").symlink_to(control / "control", target_is_directory=True)
-    return run_dir
+    return RunLocation.open(str(run_dir))
 
 
 def test_exact_resume_passes(control_run: ControlRuns, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from resumequal.runstore import RunLocation
 from tests.exposition import value
 from tests.integration.test_run import _processes_mentioning, _resumequal
 
@@ -123,8 +124,8 @@ def test_with_the_reducer_prime_three_ranks_resume_exactly(tmp_path: Path) -> No
 
 
 def _steps(leg_dir: Path, rank: int) -> list[dict[str, Any]]:
-    lines = (leg_dir / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "step"]
+    records = RunLocation.open(str(leg_dir.parent)).trace_records(leg_dir.name, rank)
+    return [r for r in records if r["kind"] == "step"]
 
 
 @pytest.mark.timeout(1200)
@@ -147,8 +148,8 @@ def test_seed_matrix_over_five_seeds_for_the_default_workload(tmp_path: Path) ->
         # Each seed trained its own control: the last step's losses differ between seeds.
         assert (run_dir / f"seed-{seed}" / "boundary-graceful" / "trace").is_dir()
     last_losses = {
-        json.loads((run_dir / f"seed-{seed}" / "control" / "trace" / "rank-0.jsonl")
-                   .read_text().splitlines()[-1])["microsteps"][0]["loss"]
+        RunLocation.open(str(run_dir / f"seed-{seed}")).trace_records("control", 0)[-1]
+        ["microsteps"][0]["loss"]
         for seed in (11, 17, 29, 47, 83)
     }
     assert len(last_losses) == 5

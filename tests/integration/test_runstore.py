@@ -62,12 +62,6 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> RunLocation:
 def _append(location: RunLocation, leg: str, rank: int, attempt: int,
             lines: list[bytes]) -> None:
     """Write trace lines the way the workers of this location do."""
-    if location.is_local:
-        path = location.trace_path(leg, rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as f:
-            f.writelines(lines)
-        return
     sink = location.trace_sink(leg, rank, attempt)
     for line in lines:
         sink.append(line)
@@ -80,7 +74,7 @@ def _append(location: RunLocation, leg: str, rank: int, attempt: int,
 def test_url_names_artifacts_under_the_location(location: RunLocation) -> None:
     url = location.url("report.html")
     assert url.endswith("/report.html")
-    assert url.startswith("s3://" if not location.is_local else "/")
+    assert url.startswith("s3://" if location.store.shared() else "/")
 
 
 def test_claim_then_check_and_refuse_another_spec(location: RunLocation) -> None:
@@ -101,7 +95,7 @@ def test_leg_spec_round_trip_with_omissions(location: RunLocation) -> None:
     got = location.read_leg_spec("control-rng")
     assert got is not None and got.omit == ["rng"] and got.leg == "control-rng"
     assert got.spec.training.seed == 5
-    if location.is_local:
+    if not location.store.shared():
         assert got.spec == spec
     else:  # on S3 the leg's checkpoints live under the run location
         assert got.spec.checkpoint.store == location.uri
@@ -236,8 +230,6 @@ def test_materialize_rebuilds_a_run_folder(location: RunLocation, tmp_path: Path
     _append(location, "preempted", 1, 0, [_start(1, 0), _step(1, 0, 1)])
     _append(location, "preempted", 1, 1, [_start(1, 1), _step(1, 1, 1)])
     local = location.materialize(tmp_path / "copy")
-    if location.is_local:
-        assert local == location.local
     lines = (local / "preempted" / "trace" / "rank-1.jsonl").read_bytes().splitlines(True)
     assert lines == [_start(1, 0), _step(1, 0, 1), _start(1, 1), _step(1, 1, 1)]
     assert json.loads((local / "run.json").read_text())["spec_digest"] == spec.digest()

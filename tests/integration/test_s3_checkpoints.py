@@ -19,6 +19,7 @@ import pytest
 
 from resumequal.checkpoint import Position, RemoteRoot, checkpoint_location, remote
 from resumequal.compare import compare_run
+from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec, S3Spec
 from resumequal.verdict import Result
 from tests.integration import legs
@@ -77,7 +78,7 @@ def test_control_and_hard_killed_legs_on_s3_are_bitwise_identical(
         assert remote.committed(root) == [Position(4), Position(8), Position(12)]
     assert not (tmp_path / "control" / "checkpoints").exists()  # nothing local but scratch
     # The comparator downloads both final checkpoints, verified, and measures their drift.
-    verdict = compare_run(tmp_path)
+    verdict = compare_run(RunLocation.open(str(tmp_path)))
     assert verdict.result == Result.PASS, verdict.reason
     assert verdict.reason.startswith("exact:")
 

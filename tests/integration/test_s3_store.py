@@ -92,6 +92,19 @@ def test_round_trip_every_method(store: Store, tmp_path: Path) -> None:
     assert store.list() == []
 
 
+def test_put_new_is_exclusive_between_racing_writers(store: Store) -> None:
+    """A run's claim: of writers racing to create one key, one writes it, the others are
+    told it exists (a conditional put on S3, an exclusive create in a folder)."""
+    def claim(i: int) -> bool:
+        return store.put_new("run.json", f"writer {i}".encode())
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        won = list(pool.map(claim, range(16)))
+    assert won.count(True) == 1, won
+    assert store.get_bytes("run.json") == f"writer {won.index(True)}".encode()
+    assert store.put_new("run.json", b"late") is False
+
+
 def test_listing_order_and_folder_prefixes(store: Store) -> None:
     keys = [
         "c/step-00000010/manifest.json",

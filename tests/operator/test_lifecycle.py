@@ -231,6 +231,31 @@ def test_a_failing_verdict_and_graceful_kill(
     assert loc.store.list() == []
 
 
+def test_a_finalizer_that_cannot_clean_up_gives_up(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator,
+    moto_server: MotoServer, store: dict[str, str]
+) -> None:
+    """Retention Delete with the bucket gone: the run is deleted all the same, after
+    ``cleanup_seconds``, with a Warning Event naming what was left."""
+    operators.start(cleanup_seconds=2.0)
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("orphan", store,
+                                                       retention={"policy": "Delete"}))
+    done = wait_phase(api, "orphan", ("Succeeded", "Failed"), timeout=30)
+    bucket = store["uri"].removeprefix("s3://").split("/", 1)[0]
+    s3 = moto_server.client()
+    for obj in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
+        s3.delete_object(Bucket=bucket, Key=obj["Key"])
+    s3.delete_bucket(Bucket=bucket)
+    api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "orphan")
+    api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "orphan") is None,
+                 15, "the finalizer to give up")
+    abandoned = [(t, m) for r, t, m in events(api, "orphan") if r == "CleanupAbandoned"]
+    assert len(abandoned) == 1, events(api, "orphan")
+    kind, message = abandoned[0]
+    assert kind == "Warning"
+    assert done["status"]["runUri"] in message and "left in the store" in message
+
+
 def _failed_with_timeout(api: KubeAPI, name: str) -> str:
     done = wait_phase(api, name, ("Succeeded", "Failed"), timeout=30)
     ready = condition(done, "Ready")
@@ -269,6 +294,64 @@ def test_a_leg_that_does_not_resume_times_out(
                run_manifest("stuck", store, timeouts={"restartSeconds": 1}))
     message = _failed_with_timeout(api, "stuck")
     assert "preempted leg did not resume within timeouts.restartSeconds=1" in message
+
+
+def test_a_huge_failure_reason_is_truncated_everywhere_it_is_shown(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    """A leg's FAILED.json says why in 1 MiB: status, conditions and Events take 1 KiB of
+    it, marked as truncated."""
+    workers.fail_reason = "out of memory " + "x" * ((1 << 20) - 100)  # FAILED.json: 1 MiB
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("verbose", store))
+    done = wait_phase(api, "verbose", ("Succeeded", "Failed"), timeout=30)
+    status = done["status"]
+    ready = condition(done, "Ready")
+    assert status["phase"] == "Failed" and ready["reason"] == "LegFailed", ready
+    shown = [c["message"] for c in status["conditions"]] + [status["verdict"]["reason"],
+                                                            status["machine"]["message"]]
+    shown += [e["message"] for e in status["machine"]["history"] if e.get("message")]
+    api.wait_for(lambda: any(r == "Failed" for r, _, _ in events(api, "verbose")), 10,
+                 "the Failed Event")
+    shown += [m for _, _, m in events(api, "verbose")]
+    assert all(len(m.encode()) <= 1024 for m in shown), sorted(len(m) for m in shown)
+    long = [m for m in shown if "out of memory" in m]
+    assert len(long) >= 4 and all("[truncated: " in m for m in long), long
+    assert len(json.dumps(status)) < 32 * 1024
+
+
+def test_a_beacon_naming_no_pod_fails_the_run_without_a_request(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    """A pod name from the store goes into API paths only if it is one (DNS-1123)."""
+    workers.beacon_pod = "../../secrets/x"
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("planted", store))
+    done = wait_phase(api, "planted", ("Succeeded", "Failed"), timeout=30)
+    ready = condition(done, "Ready")
+    assert done["status"]["phase"] == "Failed" and ready["reason"] == "Error", ready
+    assert "'../../secrets/x'" in ready["message"] and "no pod name" in ready["message"]
+    assert [d for d in api.deletions_of("pods") if d.cause == "api"] == []
+    assert not [p for _, p in api.requests if "secrets/x" in p or ".." in p], api.requests
+
+
+def test_a_verdict_that_is_none_fails_the_run(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    """A verdict.json nested too deeply to read ends the run (it is written once)."""
+    workers.verdict_bytes = b"[" * 100_000 + b"]" * 100_000
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("garbled", store))
+    done = wait_phase(api, "garbled", ("Succeeded", "Failed"), timeout=30)
+    ready = condition(done, "Ready")
+    assert done["status"]["phase"] == "Failed" and ready["reason"] == "Error", ready
+    assert "left no readable verdict" in ready["message"] and "verdict.json" in ready["message"]
+    assert eventually(lambda: value(scrape(op.health.port), "resumequal_qualification_valid",
+                                    namespace=NAMESPACE, pin="train:2026-11-29", run="garbled",
+                                    scenario="resume") == 0.0, what="the run's metrics")
 
 
 def test_a_restarted_operator_continues_from_the_status(

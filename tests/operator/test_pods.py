@@ -20,6 +20,7 @@ import pytest
 
 from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
+from resumequal.verdict import Report
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator
 from tests.exposition import scrape, value
@@ -116,6 +117,15 @@ def _check_pass(op: Operator, api: KubeAPI, done: Obj, name: str, admission: Adm
     return dict(v)
 
 
+def _comparator_timeline(location: RunLocation, kill: str) -> None:
+    """The comparator Job's report has the kill time and the restart seconds, whichever
+    way the kill was delivered (a pod deletion leaves a record of it for the timeline)."""
+    report = Report.model_validate_json(location.store.get_bytes("report.json", 1 << 26))
+    assert report.kill_at is not None and (report.restart_seconds or 0) > 0, report.phases
+    [preempted] = [p for p in report.phases if p.phase == "Preempted"]
+    assert preempted.at == report.kill_at and kill in (preempted.message or "")
+
+
 def _resumed_from(location: RunLocation) -> str | None:
     """The checkpoint the resumed attempt loaded, as the comparator's verdict.json says."""
     verdict = location.read_verdict()
@@ -141,6 +151,7 @@ def test_a_hard_pod_kill_resumes_from_the_periodic_checkpoint(
         _checkpoints(location, "preempted")
     injected = next(m for r, m in _events(api, "hard-pod") if r == "PreemptionInjected")
     assert "deleted pod" in injected and "hard pod kill" in injected
+    _comparator_timeline(location, f"deleted pod {kill.name} (hard, grace 0s)")
 
 
 def test_a_graceful_pod_kill_resumes_from_the_emergency_checkpoint(
@@ -157,6 +168,7 @@ def test_a_graceful_pod_kill_resumes_from_the_emergency_checkpoint(
     # the pod came back under its name, every rank stopped together and saved.
     assert _resumed_from(location) == "step-00000003+1"
     assert "step-00000003+1" in _checkpoints(location, "preempted")
+    _comparator_timeline(location, f"deleted pod {kill.name} (graceful, grace 30s)")
 
 
 def test_a_process_kill_restarts_the_group_in_its_pods(
@@ -175,6 +187,7 @@ def test_a_process_kill_restarts_the_group_in_its_pods(
     assert _resumed_from(location) == "step-00000002"
     injected = next(m for r, m in _events(api, "process") if r == "PreemptionInjected")
     assert "ordered the kill of pid" in injected and "hard process kill" in injected
+    _comparator_timeline(location, f"killed pid {order.pid} (hard)")
 
 
 def test_ranks_follow_the_pods_as_on_a_cluster(

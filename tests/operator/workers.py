@@ -62,6 +62,12 @@ class Workers:
     arm: bool = True  # False: the cut rank never reaches its cut (an arm timeout)
     resume: bool = True  # False: a restarted attempt hangs before its first step
     write_verdict: bool = True  # False: the comparator crashes before writing its verdict
+    # Set: the control leg fails at once, writing this reason into its FAILED.json.
+    fail_reason: str | None = None
+    # Set: what the comparator writes as verdict.json instead of its verdict.
+    verdict_bytes: bytes | None = None
+    # Set: the armed rank's beacon names this pod instead of its own (a planted beacon).
+    beacon_pod: str | None = None
     # rank -> seconds it still writes (last trace segments, final checkpoint) after its last
     # step, before it marks the leg done; a pod deleted meanwhile never marks it.
     finish_seconds: dict[int, float] = field(default_factory=dict)
@@ -99,7 +105,8 @@ class Workers:
             sink.append(json.dumps(record).encode())
         if cut and attempt == 0:
             if rank == p.rank and self.arm:
-                beacon = {"pid": 1000 + rank, "host": pod, "pod": pod, "rank": rank,
+                beacon = {"pid": 1000 + rank, "host": pod, "pod": self.beacon_pod or pod,
+                          "rank": rank,
                           "attempt": 0, "step": p.step, "microstep": p.microstep,
                           "at": p.at, "armedAt": time.time()}
                 leg_files = loc.leg(leg)
@@ -119,7 +126,8 @@ class Workers:
         if not self.write_verdict:
             return 2
         v = verdict(self.result)
-        self.location(uri).store.put_bytes("verdict.json", v.model_dump_json().encode())
+        body = v.model_dump_json().encode() if self.verdict_bytes is None else self.verdict_bytes
+        self.location(uri).store.put_bytes("verdict.json", body)
         return {Result.PASS: 0, Result.FAIL: 1}.get(v.result, 2)
 
 
@@ -132,6 +140,9 @@ class Workers:
         if "compare" in args:
             return self.compare(args[args.index("compare") + 1])
         uri, leg = args[args.index("--run-dir") + 1], args[args.index("--leg") + 1]
+        if self.fail_reason is not None and leg == "control":
+            self.location(uri).leg(leg).mark_failed(self.fail_reason)
+            return 1
         nproc = int(container.env.get("PET_NPROC_PER_NODE") or 1)
         while True:
             group = container.rendezvous(self.hold_timeout)

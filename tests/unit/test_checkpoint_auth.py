@@ -33,6 +33,7 @@ from resumequal.compare.files import final_checkpoint_root
 from resumequal.compare.validity import check_final_checkpoints
 from resumequal.errors import CheckpointError
 from resumequal.local.backend import LocalBackend
+from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, key_from_env, new_key
 from resumequal.spec import parse_spec
 from resumequal.store import FileStore
@@ -113,7 +114,8 @@ class Place:
                  else f"file://{self.store_dir}")
         spec = parse_spec({"training": {"steps": STEPS}, "checkpoint": {"store": store}})
         try:
-            root = final_checkpoint_root(spec, tmp_path / "run", "control", tmp_path / "final")
+            root = final_checkpoint_root(spec, RunLocation.open(str(tmp_path / "run")), "control",
+                                  tmp_path / "final")
         except CheckpointError as e:
             return str(e)
         check, final = check_final_checkpoints({"control": root, "preempted": root}, STEPS)

@@ -28,7 +28,7 @@ def run_leg_calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     calls: Calls = []
 
     def fake_run_leg(
-        spec: QualificationSpec, leg: str, run_dir: Path, omit: frozenset[str]
+        spec: QualificationSpec, leg: str, run_dir: str, omit: frozenset[str]
     ) -> int:
         calls.append((spec, leg, run_dir, omit))
         return 143 if leg == "preempted" else 0
@@ -124,7 +124,8 @@ def test_leg_passes_spec_leg_dir_and_omissions_and_returns_the_code(
     assert result.exit_code == 143
     ((spec, leg, run_dir, omit),) = run_leg_calls
     assert spec.training.seed == 7
-    assert (leg, run_dir, omit) == ("preempted", tmp_path / "run", frozenset({"rng", "scheduler"}))
+    assert (leg, run_dir, omit) == ("preempted", str(tmp_path / "run"),
+                                    frozenset({"rng", "scheduler"}))
 
 
 def test_leg_without_spec_uses_the_defaults(
@@ -181,6 +182,19 @@ def test_run_refuses_a_pod_kill_naming_the_field(runner: CliRunner, tmp_path: Pa
     assert result.exit_code == 2
     assert "error: preemption.target=pod: a local run has no pods" in result.stderr
     assert not run_dir.exists()  # refused before anything started
+
+
+def test_run_refuses_a_run_dir_another_run_holds(runner: CliRunner, tmp_path: Path) -> None:
+    """Its traces are there: a second run's legs would append to them."""
+    run_dir = tmp_path / "q1"
+    run_dir.mkdir()
+    theirs = b'{"spec_digest": "0123456789abcdef", "created_at": 1}'
+    (run_dir / "run.json").write_bytes(theirs)
+    result = runner.invoke(cli.main, ["run", "--run-dir", str(run_dir)])
+    assert result.exit_code == 2
+    assert f"error: run location {run_dir} is taken: it holds another run" in result.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"]
+    assert (run_dir / "run.json").read_bytes() == theirs
 
 
 # --- launch ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The comparator on synthetic run directories: validity, the boundary walk, drift, verdicts.
 
 Each test builds a small run directory the way workers leave one: ``run.json``, per-rank
-JSONL traces written with the trace models, a beacon, and tiny real DCP checkpoints with
+trace segments written with the trace models, a beacon, and tiny real DCP checkpoints with
 manifests. The spec trains 6 steps with a checkpoint every 2 and a hard kill at step 4
 microbatch 1 on rank 1, so the resumed attempt restores ``step-00000002`` and redoes
 steps 3..6.
@@ -24,8 +24,8 @@ import torch.distributed.checkpoint as dcp
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.compare import checkpoint_drift, compare_run, drift, expected_checkpoint
 from resumequal.compare.drift import tensor_stats, values_equal
+from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec, SpecError
-from resumequal.store.log import FileSink
 from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
@@ -187,9 +187,12 @@ class SyntheticRun:
         ))
         for leg, ranks in (("control", self.control), ("preempted", self.preempted)):
             for rank, records in ranks.items():
-                with TraceWriter(FileSink(self.root / leg / "trace" / f"rank-{rank}.jsonl")) as w:
-                    for record in records:
-                        w.write(record)
+                # Each attempt's records in that attempt's segments, as workers write them.
+                for attempt in sorted({r.attempt for r in records}):
+                    with TraceWriter(at(self.root).trace_sink(leg, rank, attempt)) as w:
+                        for record in records:
+                            if record.attempt == attempt:
+                                w.write(record)
         if self.beacon:
             beacons = self.root / "preempted" / "beacons"
             beacons.mkdir(parents=True)
@@ -198,6 +201,15 @@ class SyntheticRun:
         save_checkpoint(self.root / "control" / "checkpoints" / name, self.control_final)
         save_checkpoint(self.root / "preempted" / "checkpoints" / name, self.preempted_final)
         return self.root
+
+    def written(self) -> RunLocation:
+        """:meth:`write`, and the run location it wrote."""
+        return at(self.write())
+
+
+def at(root: Path) -> RunLocation:
+    """The run location of a run folder."""
+    return RunLocation.open(str(root))
 
 
 @pytest.fixture
@@ -214,7 +226,7 @@ def failed_check(verdict: Verdict) -> str:
 
 
 def test_identical_legs_pass_exactly(run: SyntheticRun) -> None:
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.PASS, v.reason
     assert v.reason == ("exact: every boundary of 6 steps on 2 ranks equal; final model and "
                         "optimizer bitwise equal")
@@ -241,8 +253,8 @@ def test_explicit_spec_is_used_instead_of_run_json(run: SyntheticRun) -> None:
     root = run.write()
     (root / "run.json").unlink()
     with pytest.raises(SpecError, match="not a run directory"):
-        compare_run(root)
-    assert compare_run(root, run.spec).result == Result.PASS
+        compare_run(at(root))
+    assert compare_run(at(root), run.spec).result == Result.PASS
 
 
 # -------------------------------------------------------------------- FAIL
@@ -253,7 +265,7 @@ def test_first_divergence_is_the_earliest_step_boundary_rank(run: SyntheticRun) 
     run.change_step("preempted", 0, 5, params="xxh3_128:" + "f" * 32)
     run.change_step("preempted", 1, 5, lr=[0.5])
     run.change_step("preempted", 0, 6, microsteps=[])  # later differences do not matter
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.FAIL
     d = v.first_divergence
     assert d is not None
@@ -272,7 +284,7 @@ def test_redone_step_that_differs_from_its_first_run_blames_the_resume(
     # Step 3 ran before the kill (equal to the control) and again after the resume.
     run.change_step("preempted", 1, 3, attempt=1,
                     rng={"python": _digest("py", 3, 1), "torch": "xxh3_128:" + "a" * 32})
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.FAIL
     d = v.first_divergence
     assert d is not None and (d.step, d.boundary, d.rank) == (3, "rng", 1)
@@ -284,7 +296,7 @@ def test_redone_step_that_differs_from_its_first_run_blames_the_resume(
 
 def test_digest_summaries_are_short(run: SyntheticRun) -> None:
     run.change_step("preempted", 0, 4, reduced_grads="sha256:" + "9" * 64)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     d = v.first_divergence
     assert d is not None and d.boundary == "reduced_grads"
     assert d.preempted == "sha256:999999999999…"
@@ -292,7 +304,7 @@ def test_digest_summaries_are_short(run: SyntheticRun) -> None:
 
 def test_equal_boundaries_but_different_final_checkpoints_fail(run: SyntheticRun) -> None:
     run.preempted_final = final_state(delta=1e-3)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.FAIL
     assert "final checkpoints differ" in v.reason and "model max abs diff 0.001" in v.reason
     d = v.first_divergence
@@ -309,7 +321,7 @@ def test_difference_before_the_kill_is_nondeterminism(run: SyntheticRun) -> None
                     microsteps=[MicrostepRecord(index=0, sample_ids=[310, 7], loss=9.0),
                                 MicrostepRecord(index=1, sample_ids=[311, 7], loss=9.0)])
     run.change_step("preempted", 0, 5, lr=[0.5])  # a later difference is not blamed
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.NONDETERMINISTIC
     d = v.first_divergence
     assert d is not None
@@ -332,7 +344,7 @@ def test_difference_in_a_step_kept_from_before_the_kill(run: SyntheticRun) -> No
         for i, rec in enumerate(r):
             if isinstance(rec, RestoreRecord):
                 r[i] = rec.model_copy(update={"params": _digest("xx", 2, 0)})
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.NONDETERMINISTIC, v.reason
     assert "restored" in next(c.detail for c in v.checks if c.name == "restored_state")
     d = v.first_divergence
@@ -424,7 +436,7 @@ INVALID_CASES = {
 def test_invalid_experiments(case: str, run: SyntheticRun) -> None:
     mutate, check, words = INVALID_CASES[case]
     mutate(run)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.INVALID
     assert failed_check(v) == check
     assert v.reason.startswith("invalid: ")
@@ -434,7 +446,7 @@ def test_invalid_experiments(case: str, run: SyntheticRun) -> None:
 
 def test_wrong_checkpoint_reason_reads_as_one_sentence(run: SyntheticRun) -> None:
     _wrong_checkpoint(run)
-    assert compare_run(run.write()).reason == (
+    assert compare_run(run.written()).reason == (
         "invalid: the resumed attempt restored step-00000004 (rank 0), expected step-00000002"
     )
 
@@ -445,7 +457,7 @@ def test_tampered_final_checkpoint_is_invalid(run: SyntheticRun) -> None:
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
-    v = compare_run(root)
+    v = compare_run(at(root))
     assert v.result == Result.INVALID
     assert failed_check(v) == "final_checkpoints"
     assert "preempted leg's final checkpoint fails verification" in v.reason
@@ -455,7 +467,7 @@ def test_tampered_final_checkpoint_is_invalid(run: SyntheticRun) -> None:
 def test_missing_final_checkpoint_is_invalid(run: SyntheticRun) -> None:
     root = run.write()
     (root / "control" / "checkpoints" / "step-00000006").rename(root / "elsewhere")
-    v = compare_run(root)
+    v = compare_run(at(root))
     assert v.result == Result.INVALID
     assert v.reason == "invalid: the control leg has no final checkpoint step-00000006"
 
@@ -512,7 +524,7 @@ def _drift_after_resume(run: SyntheticRun, loss_delta: float, final_delta: float
 def test_tolerance_mode_within_tolerance_passes(run: SyntheticRun) -> None:
     run.spec = _tolerance_spec(loss=1e-3, params=1e-2)
     _drift_after_resume(run, loss_delta=1e-4, final_delta=1e-3)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.PASS, v.reason
     assert v.exact_through_step == 2
     row = v.boundary_table[2].status
@@ -526,7 +538,7 @@ def test_tolerance_mode_within_tolerance_passes(run: SyntheticRun) -> None:
 def test_tolerance_mode_numeric_boundary_beyond_tolerance_fails(run: SyntheticRun) -> None:
     run.spec = _tolerance_spec(loss=1e-3, params=1e-2)
     _drift_after_resume(run, loss_delta=1e-2, final_delta=1e-3)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.FAIL
     d = v.first_divergence
     assert d is not None and (d.step, d.boundary, d.rank) == (3, "loss", 0)
@@ -535,7 +547,7 @@ def test_tolerance_mode_numeric_boundary_beyond_tolerance_fails(run: SyntheticRu
 def test_tolerance_mode_digest_follows_final_drift(run: SyntheticRun) -> None:
     run.spec = _tolerance_spec(loss=1e-3, params=1e-2)
     _drift_after_resume(run, loss_delta=1e-4, final_delta=0.5)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.FAIL
     d = v.first_divergence
     assert d is not None and (d.step, d.boundary) == (3, "params")
@@ -544,7 +556,7 @@ def test_tolerance_mode_digest_follows_final_drift(run: SyntheticRun) -> None:
 def test_tolerance_mode_digest_without_a_tolerance_is_exact(run: SyntheticRun) -> None:
     run.spec = _tolerance_spec(loss=1e-3)
     _drift_after_resume(run, loss_delta=1e-4, final_delta=1e-3)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.FAIL
     d = v.first_divergence
     assert d is not None and (d.step, d.boundary) == (3, "params")
@@ -556,7 +568,7 @@ def test_tolerance_mode_grads_follow_the_params_tolerance(run: SyntheticRun) -> 
         run.change_step("preempted", rank, 4, reduced_grads="sha256:" + "1" * 64,
                         params=_digest("px", 4, 0))
     run.preempted_final = final_state(delta=1e-3)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.PASS, v.reason
     assert v.boundary_table[3].status["reduced_grads"] == "within_tolerance"
 
@@ -567,7 +579,7 @@ def test_tolerance_never_relaxes_inputs(run: SyntheticRun) -> None:
         MicrostepRecord(index=0, sample_ids=[1, 2], loss=0.25),
         MicrostepRecord(index=1, sample_ids=[401, 7], loss=0.26),
     ])
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.FAIL
     d = v.first_divergence
     assert d is not None and (d.step, d.boundary) == (4, "inputs")
@@ -714,7 +726,7 @@ def test_a_nondeterministic_stack_is_nondeterministic_with_or_without_controls(
 
     run = SyntheticRun(tmp_path / "run", spec=make_spec(controls=controls))
     run.change_step("preempted", 0, 1, attempt=0, grad_norm=2.0)
-    v = compare_qualification(run.write(), run.spec)
+    v = compare_qualification(run.written(), run.spec)
     assert v.result == Result.NONDETERMINISTIC, v.reason
     assert v.reason.startswith("not run-to-run deterministic")
     if controls["enabled"]:
@@ -745,7 +757,7 @@ def _growing(step: int) -> tuple[float, int]:
 
 def test_an_equal_loss_scale_passes_and_an_absent_one_is_equal(run: SyntheticRun) -> None:
     _scaled(run, _growing)
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.PASS, v.reason
     assert all(row.status["loss_scale"] == "equal" for row in v.boundary_table)
 
@@ -759,7 +771,7 @@ def test_a_dropped_scaler_diverges_at_the_loss_scale_before_the_gradients(
     for rank in range(WORLD):
         run.change_step("preempted", rank, 3, attempt=1,
                         loss_scale=LossScaleRecord(scale=2.0**16, growth_tracker=0))
-    v = compare_run(run.write())
+    v = compare_run(run.written())
     assert v.result == Result.FAIL  # never relaxed by a tolerance
     d = v.first_divergence
     assert d is not None and (d.step, d.boundary, d.rank) == (3, "loss_scale", 0)
@@ -777,13 +789,13 @@ def test_scaler_evidence_only_when_the_resume_found_the_initial_scaler(tmp_path:
     # a fresh scaler would not have, though the scale has not grown yet.
     counting = SyntheticRun(tmp_path / "counting", spec=spec)
     _scaled(counting, lambda step: (2.0**16, (step - 1) % 5))
-    assert not_applicable_evidence(counting.write(), nc, "scaler") is None
+    assert not_applicable_evidence(counting.written(), nc, "scaler") is None
 
     # A trace whose scaler is still the initial one at step 3 (as after overflows that
     # backed off to the initial scale): a fresh scaler is the same there.
     initial = SyntheticRun(tmp_path / "initial", spec=spec)
     _scaled(initial, lambda step: (2.0**16, 0) if step <= 3 else (2.0**16, step - 3))
-    evidence = not_applicable_evidence(initial.write(), nc, "scaler")
+    evidence = not_applicable_evidence(initial.written(), nc, "scaler")
     assert evidence == ("at step 3, where the resume picked up, the reference's loss scaler "
                         "was still in its initial state (scale 65536, growth tracker 0) on "
                         "every rank: a fresh scaler is the same")

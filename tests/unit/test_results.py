@@ -127,7 +127,7 @@ def test_leg_summary_reads_non_finite_losses(tmp_path: Path) -> None:
     run.change_step("preempted", 0, last.step, microsteps=[
         m.model_copy(update={"loss": math.nan}) for m in last.microsteps])
     root = run.write()
-    summary = leg_summary(root, "preempted", run.spec)
+    summary = leg_summary(RunLocation.open(str(root)), "preempted", run.spec)
     assert summary.attempts == 2 and len(summary.losses) == STEPS
     assert math.isnan(summary.losses[-1]) and math.isfinite(summary.losses[0])
 

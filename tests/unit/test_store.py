@@ -259,3 +259,26 @@ def test_only_a_folder_store_is_a_local_folder(tmp_path: Path) -> None:
     assert s3.child("x").uri("k") == "s3://bucket/runs/x/k"
     with pytest.raises(ValueError, match="whole bucket"):
         S3Store("s3://bucket", S3Config(endpoint_url="http://127.0.0.1:9")).delete_all()
+
+
+@pytest.mark.usefixtures("aws_env")  # no credential lookup over the network
+def test_put_new_on_s3_is_a_conditional_put_and_looks_first_only_where_there_is_none() -> None:
+    from botocore.stub import ANY, Stubber
+
+    s3 = S3Store("s3://bucket/runs", S3Config(endpoint_url="http://127.0.0.1:9"))
+    put = {"Bucket": "bucket", "Key": "runs/run.json", "Body": ANY}
+    with Stubber(s3._client) as stub:
+        stub.add_response("put_object", {}, {**put, "IfNoneMatch": "*"})
+        stub.add_client_error("put_object", "PreconditionFailed", http_status_code=412,
+                              expected_params={**put, "IfNoneMatch": "*"})
+        # An endpoint without conditional writes: look, then write.
+        stub.add_client_error("put_object", "NotImplemented", http_status_code=501,
+                              expected_params={**put, "IfNoneMatch": "*"})
+        stub.add_client_error("head_object", "404", http_status_code=404,
+                              expected_params={"Bucket": "bucket", "Key": "runs/run.json"})
+        stub.add_response("head_bucket", {}, {"Bucket": "bucket"})
+        stub.add_response("put_object", {}, put)
+        assert s3.put_new("run.json", b"first") is True
+        assert s3.put_new("run.json", b"second") is False
+        assert s3.put_new("run.json", b"third") is True
+        stub.assert_no_pending_responses()

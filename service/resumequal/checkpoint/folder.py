@@ -18,11 +18,16 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import FileEntry, fsync_dir, verify, write_manifest
+from resumequal.checkpoint.manifest import (
+    CheckpointInfo,
+    FileEntry,
+    fsync_dir,
+    verify,
+    write_manifest,
+)
 from resumequal.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -51,7 +56,7 @@ class FolderRoot:
         return {}
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
-               world_size: int, attempt: int, info: dict[str, Any]) -> None:
+               world_size: int, attempt: int, info: CheckpointInfo) -> None:
         """Hash the staged files into the manifest, then rename the folder into place."""
         write_manifest(staging, name=position.name, step=position.step,
                        microstep=position.microstep, world_size=world_size, attempt=attempt,

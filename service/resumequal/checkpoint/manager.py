@@ -76,7 +76,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import FileEntry
+from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
 from resumequal.checkpoint.storage import CheckpointRoot
 from resumequal.errors import CheckpointError, StoreError
 
@@ -129,7 +129,7 @@ class _Pending:
 
     position: Position
     staging: Path
-    info: dict[str, Any]
+    info: CheckpointInfo
     future: Future[Any]
 
 
@@ -187,7 +187,7 @@ class CheckpointManager:
         tensors: dict[str, Any],
         rank_state: BaseModel,
         *,
-        info: dict[str, Any] | None = None,
+        info: CheckpointInfo | None = None,
         before_commit: Callable[[], None] | None = None,
         background: bool = False,
     ) -> str | None:
@@ -321,7 +321,7 @@ class CheckpointManager:
         self,
         staging: Path,
         position: Position,
-        info: dict[str, Any],
+        info: CheckpointInfo,
         group: dist.ProcessGroup | None,
         published: _Upload,
     ) -> str:

@@ -16,15 +16,19 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
 
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC
 from resumequal.errors import CheckpointError
 from resumequal.signing import authentic, key_from_env, sign
 
 MANIFEST_FORMAT = 1
+# What a reader takes of a manifest and of its MAC before refusing them unread: a manifest
+# lists a checkpoint's files (a few hundred bytes each), a MAC is 64 hex characters.
+MANIFEST_BYTES = 16 << 20
+MAC_BYTES = 1024
 _CHUNK = 1 << 20
 # The files of a checkpoint folder that its manifest does not list.
 _UNLISTED = frozenset({MANIFEST, MANIFEST_MAC})
@@ -34,6 +38,15 @@ class FileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     size: int
     sha256: str
+
+
+class CheckpointInfo(TypedDict, total=False):
+    """What a checkpoint says of itself beyond its position (the manifest's ``info``)."""
+
+    leg: str
+    """The leg that wrote it."""
+    global_microstep: int
+    """Microbatches the leg had run, over every update, when it was taken."""
 
 
 class Manifest(BaseModel):
@@ -48,7 +61,7 @@ class Manifest(BaseModel):
     attempt: int
     created_at: float
     files: dict[str, FileEntry]
-    info: dict[str, Any] = {}
+    info: CheckpointInfo = {}
 
 
 def sha256_file(path: Path) -> str:
@@ -81,7 +94,7 @@ def write_manifest(
     microstep: int,
     world_size: int,
     attempt: int,
-    info: dict[str, Any] | None = None,
+    info: CheckpointInfo | None = None,
 ) -> Manifest:
     """Hash every file under ``directory`` and write the manifest durably."""
     files = {
@@ -156,16 +169,23 @@ def write_manifest_file(directory: Path, manifest: Manifest, key: bytes | None =
 
 def read_manifest(directory: Path, key: bytes | None = None) -> Manifest:
     """The authenticated manifest of checkpoint folder ``directory``."""
-    path = directory / MANIFEST
     try:
-        data = path.read_bytes()
+        data = _read_capped(directory / MANIFEST, MANIFEST_BYTES)
     except FileNotFoundError as e:
         raise CheckpointError(f"{directory}: no {MANIFEST}; the checkpoint is not complete") from e
     try:
-        mac: bytes | None = (directory / MANIFEST_MAC).read_bytes()
+        mac: bytes | None = _read_capped(directory / MANIFEST_MAC, MAC_BYTES)
     except FileNotFoundError:
         mac = None
     return authenticate(data, mac, str(directory), key)
+
+
+def _read_capped(path: Path, max_bytes: int) -> bytes:
+    with path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise CheckpointError(f"{path}: larger than the {max_bytes} bytes it may hold; not read")
+    return data
 
 
 def verify(directory: Path, key: bytes | None = None) -> Manifest:

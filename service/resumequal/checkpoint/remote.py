@@ -30,11 +30,13 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.checkpoint.manifest import (
+    MAC_BYTES,
+    MANIFEST_BYTES,
+    CheckpointInfo,
     FileEntry,
     Manifest,
     authenticate,
@@ -90,7 +92,7 @@ class RemoteRoot:
         return upload(self, name, staging, rank)
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
-               world_size: int, attempt: int, info: dict[str, Any]) -> None:
+               world_size: int, attempt: int, info: CheckpointInfo) -> None:
         """Upload the manifest of every rank's files, then ``COMMITTED``."""
         commit(self, make_manifest(position, files, world_size=world_size, attempt=attempt,
                                    info=info))
@@ -219,9 +221,9 @@ def retire(root: RemoteRoot, keep_last: int) -> None:
 def read_manifest(root: RemoteRoot, name: str) -> Manifest:
     """The authenticated manifest of checkpoint ``name``; CheckpointError naming it."""
     where = root.uri(name)
-    data = root.store.get_bytes(root.key(name, MANIFEST))
+    data = root.store.get_bytes(root.key(name, MANIFEST), MANIFEST_BYTES)
     try:
-        mac: bytes | None = root.store.get_bytes(root.key(name, MANIFEST_MAC))
+        mac: bytes | None = root.store.get_bytes(root.key(name, MANIFEST_MAC), MAC_BYTES)
     except StoreNotFound:
         mac = None
     manifest = authenticate(data, mac, where)
@@ -293,7 +295,7 @@ def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
 
 def make_manifest(
     position: Position, files: dict[str, FileEntry], *, world_size: int, attempt: int,
-    info: dict[str, Any],
+    info: CheckpointInfo,
 ) -> Manifest:
     return Manifest(name=position.name, step=position.step, microstep=position.microstep,
                     world_size=world_size, attempt=attempt, created_at=time.time(),

@@ -9,11 +9,11 @@ The manager keeps the collectives; a root only does rank-local I/O.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from resumequal.checkpoint.folder import FolderRoot
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import FileEntry
+from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
 from resumequal.checkpoint.remote import RemoteRoot
 from resumequal.errors import CheckpointError, StoreError
 from resumequal.spec import S3Spec
@@ -44,7 +44,7 @@ class CheckpointRoot(Protocol):
         ...
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
-               world_size: int, attempt: int, info: dict[str, Any]) -> None:
+               world_size: int, attempt: int, info: CheckpointInfo) -> None:
         """Rank 0: write the manifest and make the checkpoint exist, atomically."""
         ...
 
@@ -84,6 +84,9 @@ def checkpoint_location(
         opened = open_store(str(run_dir) if store is None else store, s3_config(s3))
     except StoreError as e:
         raise CheckpointError(f"checkpoint.store={store!r}: {e}") from e
+    # The one medium question outside the store: the commit backend. DCP writes a folder's
+    # checkpoint in place and commits it by a rename, which needs the folder as a path;
+    # any other store stages here and commits with a COMMITTED marker written last.
     folder = opened.local_folder()
     if folder is not None:
         return FolderRoot(Path(folder) / leg / "checkpoints")

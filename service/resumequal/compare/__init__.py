@@ -1,11 +1,12 @@
 """The comparator: validity checks, the boundary walk, drift statistics, the verdict.
 
-Reads what the workers wrote to a run directory (``run.json``, per-rank traces, beacons,
-committed checkpoints) and concludes PASS, FAIL, NONDETERMINISTIC or INVALID. It must not
-import the worker side (``resumequal.train``, ``resumequal.state``, workloads): it judges
-the files, not the code that wrote them.
+Reads what the workers wrote to a run location (the spec, per-rank traces, beacons,
+committed checkpoints) through :class:`~resumequal.runstore.RunLocation`, and concludes
+PASS, FAIL, NONDETERMINISTIC or INVALID. It must not import the worker side
+(``resumequal.train``, ``resumequal.state``, workloads): it judges the files, not the code
+that wrote them.
 
-Modules: ``files`` (reading a run directory), ``validity`` (did the experiment test what
+Modules: ``files`` (reading a run location), ``validity`` (did the experiment test what
 it claims), ``walk`` (boundaries in execution order, tolerance rules), ``drift`` (final
 checkpoints, streamed tensor by tensor), ``judge`` (``compare_run``).
 """

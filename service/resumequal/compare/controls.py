@@ -11,11 +11,10 @@ INVALID: its PASS has not been shown to mean anything.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from resumequal.compare.files import LegTrace, load_run_spec
+from resumequal.compare.files import LegTrace
 from resumequal.compare.judge import compare_run
 from resumequal.plan import LegPlan, NotRun, qualification_plan
+from resumequal.runstore import RunLocation
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict
@@ -37,11 +36,12 @@ _NAMES = {
 }
 
 
-def compare_qualification(run_dir: Path, spec: QualificationSpec | None = None) -> Verdict:
-    """The main verdict of ``run_dir`` plus its negative controls, judged together."""
-    spec = spec if spec is not None else load_run_spec(run_dir)
+def compare_qualification(location: RunLocation,
+                          spec: QualificationSpec | None = None) -> Verdict:
+    """The main verdict of ``location`` plus its negative controls, judged together."""
+    spec = spec if spec is not None else location.read_spec()
     plan = qualification_plan(spec)
-    verdict = compare_run(run_dir, spec, leg="preempted")
+    verdict = compare_run(location, spec, leg="preempted")
     if verdict.result == Result.NONDETERMINISTIC:
         # The legs already differ before the kill: the stack is not run-to-run
         # reproducible, so no resume can be judged exact or broken, a control's neither.
@@ -52,7 +52,7 @@ def compare_qualification(run_dir: Path, spec: QualificationSpec | None = None) 
             for leg in plan.negative_controls]
         return verdict.model_copy(update={
             "controls": judged + [_not_run(n) for n in plan.not_run]})
-    outcomes = [evaluate_control(run_dir, leg) for leg in plan.negative_controls]
+    outcomes = [evaluate_control(location, leg) for leg in plan.negative_controls]
     outcomes += [_not_run(n) for n in plan.not_run]
     if not outcomes:
         return verdict
@@ -84,10 +84,10 @@ def _not_run(n: NotRun) -> ControlOutcome:
                           evidence=n.evidence)
 
 
-def evaluate_control(run_dir: Path, plan: LegPlan) -> ControlOutcome:
+def evaluate_control(location: RunLocation, plan: LegPlan) -> ControlOutcome:
     """Compare one negative control's leg with the reference leg and classify the outcome."""
     (omission,) = plan.omit
-    v = compare_run(run_dir, plan.spec, leg=plan.name)
+    v = compare_run(location, plan.spec, leg=plan.name)
     def outcome(status: str, mechanism_: str, **extra: object) -> ControlOutcome:
         return ControlOutcome.model_validate({
             "omission": omission, "leg": plan.name, "method": plan.method, "status": status,
@@ -98,7 +98,7 @@ def evaluate_control(run_dir: Path, plan: LegPlan) -> ControlOutcome:
         return outcome("detected", mechanism(v), first_divergence=v.first_divergence)
     if v.result != Result.PASS:
         return outcome("invalid", v.reason)
-    evidence = not_applicable_evidence(run_dir, plan, omission)
+    evidence = not_applicable_evidence(location, plan, omission)
     if evidence is not None:
         return outcome("not_applicable", "no boundary differed", evidence=evidence)
     return outcome("blind", f"no compared boundary differed: the comparator is blind to "
@@ -133,10 +133,10 @@ def mechanism(v: Verdict) -> str:
     return "; ".join(words)
 
 
-def not_applicable_evidence(run_dir: Path, plan: LegPlan, omission: str) -> str | None:
+def not_applicable_evidence(location: RunLocation, plan: LegPlan, omission: str) -> str | None:
     """What in the reference leg's trace shows the omitted state never mattered, if anything."""
     world = plan.spec.world.world_size
-    control = LegTrace.read(run_dir, REFERENCE_LEG, world)
+    control = LegTrace.read(location, REFERENCE_LEG, world)
     steps = control.effective
     if omission == "rng":
         return _rng_still(steps)
@@ -145,12 +145,12 @@ def not_applicable_evidence(run_dir: Path, plan: LegPlan, omission: str) -> str 
     if omission in ("data_cursor", "loader_state"):
         return _inputs_constant(steps)
     if omission == "scaler":
-        leg = LegTrace.read(run_dir, plan.name, world)
+        leg = LegTrace.read(location, plan.name, world)
         restores = [r for r in leg.of(RestoreRecord) if r.attempt >= 1]
         s = plan.spec.training.grad_scaler
         return _scaler_initial(steps, restores, s.init_scale)
     if omission == "pending_grads":
-        leg = LegTrace.read(run_dir, plan.name, world)
+        leg = LegTrace.read(location, plan.name, world)
         restores = [r for r in leg.of(RestoreRecord) if r.attempt >= 1]
         if restores and all(r.microstep == 0 for r in restores):
             return (f"the resume restored {restores[0].checkpoint}, taken at an optimizer-step "

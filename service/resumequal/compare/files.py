@@ -1,25 +1,25 @@
-"""What a finished run directory holds, read back for the comparator.
+"""What a finished run location holds, read back for the comparator.
 
-A run directory has ``run.json`` (the spec), and per leg ``<leg>/trace/rank-N.jsonl``,
-``<leg>/beacons/`` and, unless the spec names a checkpoint store, ``<leg>/checkpoints/``.
-This module only reads; it never imports the worker side (``resumequal.train``).
+A run location (:class:`~resumequal.runstore.RunLocation`, a folder or an object store)
+has the spec, and per leg its trace (read through :meth:`LegFiles.traces`), its beacons
+and, unless the spec names a checkpoint store, its checkpoints. This module only reads; it
+never imports the worker side (``resumequal.train``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import ValidationError
-
 from resumequal.checkpoint import checkpoint_location
 from resumequal.checkpoint.layout import Position
 from resumequal.errors import CheckpointError, StoreError, TraceError
-from resumequal.spec import REFERENCE_LEG, QualificationSpec, SpecError, format_validation_error
+from resumequal.runstore import RunLocation
+from resumequal.spec import REFERENCE_LEG, QualificationSpec
+from resumequal.store import StoreNotFound
 from resumequal.trace.records import (
     ArmRecord,
     InventoryRecord,
@@ -27,40 +27,16 @@ from resumequal.trace.records import (
     StepRecord,
     TraceRecord,
     effective_steps,
-    read_trace,
+    parse_records,
 )
 
-RUN_FILE = "run.json"
 LEGS: tuple[str, str] = (REFERENCE_LEG, "preempted")
 
 _R = TypeVar("_R", StepRecord, InventoryRecord, RestoreRecord, ArmRecord)
 
 
-def load_run_spec(run_dir: Path) -> QualificationSpec:
-    """The spec a run directory was made for, from its ``run.json``."""
-    path = run_dir / RUN_FILE
-    try:
-        data = json.loads(path.read_text())["spec"]
-    except FileNotFoundError as e:
-        raise SpecError(f"{run_dir} is not a run directory (no {RUN_FILE})") from e
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SpecError(f"{path}: unreadable run file: {e}") from e
-    try:
-        return QualificationSpec.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(format_validation_error(e, str(path))) from e
-
-
-def trace_path(run_dir: Path, leg: str, rank: int) -> Path:
-    return run_dir / leg / "trace" / f"rank-{rank}.jsonl"
-
-
-def beacon_path(run_dir: Path, leg: str, attempt: int, rank: int) -> Path:
-    return run_dir / leg / "beacons" / f"attempt-{attempt}-rank-{rank}.json"
-
-
 def final_checkpoint_root(
-    spec: QualificationSpec, run_dir: Path, leg: str, scratch: Path
+    spec: QualificationSpec, location: RunLocation, leg: str, scratch: Path
 ) -> Path | None:
     """A local folder holding the leg's final checkpoint (``step-T``) as a checkpoint root.
 
@@ -70,7 +46,8 @@ def final_checkpoint_root(
     the object. None for a store this process cannot read.
     """
     try:
-        where = checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, run_dir, leg)
+        where = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
+                                    scratch, leg)
     except CheckpointError:
         return None
     name = Position(spec.training.steps).name
@@ -90,16 +67,16 @@ class LegTrace:
     problems: list[str] = field(default_factory=list)
 
     @classmethod
-    def read(cls, run_dir: Path, leg: str, world_size: int) -> LegTrace:
+    def read(cls, location: RunLocation, leg: str, world_size: int) -> LegTrace:
         out = cls(leg, world_size)
+        traces = location.leg(leg).traces()
         for rank in range(world_size):
-            path = trace_path(run_dir, leg, rank)
-            if not path.is_file():
-                out.problems.append(f"the {leg} leg has no trace of rank {rank} ({path})")
-                continue
             try:
-                out.ranks[rank] = read_trace(path)
-            except TraceError as e:
+                out.ranks[rank] = parse_records(traces.lines(rank), traces.uri(rank))
+            except StoreNotFound:
+                out.problems.append(f"the {leg} leg has no trace of rank {rank} "
+                                    f"({traces.uri(rank)})")
+            except (TraceError, StoreError) as e:
                 out.problems.append(f"the {leg} leg's trace of rank {rank} is unreadable: {e}")
         return out
 

@@ -1,4 +1,4 @@
-"""``compare_run``: from a finished run directory to a verdict.
+"""``compare_run``: from a finished run location to a verdict.
 
 Order: validity checks on the traces; the final checkpoints' verification and drift
 (tolerance mode needs the drift to judge digest boundaries); a walk over the steps the
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from resumequal.checkpoint.layout import Position
 from resumequal.compare.drift import checkpoint_drift, is_exact
-from resumequal.compare.files import LegTrace, final_checkpoint_root, load_run_spec
+from resumequal.compare.files import LegTrace, final_checkpoint_root
 from resumequal.compare.validity import (
     check_armed,
     check_final_checkpoints,
@@ -27,6 +27,7 @@ from resumequal.compare.validity import (
 )
 from resumequal.compare.walk import Point, Rules, Steps, Walk, loss_deltas, summarise, walk
 from resumequal.errors import CheckpointError
+from resumequal.runstore import RunLocation
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, Boundary, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.verdict import (
@@ -98,7 +99,7 @@ def _drift_divergence(fault: DriftSummary, steps: int) -> Divergence:
 
 
 def _final_drift(
-    spec: QualificationSpec, run_dir: Path, leg: str
+    spec: QualificationSpec, location: RunLocation, leg: str
 ) -> tuple[ValidityCheck, list[DriftSummary] | None]:
     """Verify both legs' final checkpoints and measure their drift (None: not measured).
 
@@ -108,9 +109,9 @@ def _final_drift(
     name = "final_checkpoints"
     with tempfile.TemporaryDirectory(prefix="resumequal-final-") as scratch:
         try:
-            reference = final_checkpoint_root(spec, run_dir, REFERENCE_LEG, Path(scratch))
+            reference = final_checkpoint_root(spec, location, REFERENCE_LEG, Path(scratch))
             roots = {"control": reference,
-                     "preempted": final_checkpoint_root(spec, run_dir, leg, Path(scratch))}
+                     "preempted": final_checkpoint_root(spec, location, leg, Path(scratch))}
         except CheckpointError as e:
             return ValidityCheck(name=name, ok=False,
                                  detail=f"the final checkpoints cannot be read: {e}"), None
@@ -125,17 +126,18 @@ def _final_drift(
 
 
 def compare_run(
-    run_dir: Path, spec: QualificationSpec | None = None, *, leg: str = "preempted"
+    location: RunLocation, spec: QualificationSpec | None = None, *, leg: str = "preempted"
 ) -> Verdict:
-    """Compare the reference leg of ``run_dir`` with a preempted leg (default: "preempted").
+    """Compare the reference leg of ``location`` with a preempted leg (default: "preempted").
 
-    ``spec`` defaults to the run's ``run.json``; for another leg (a scenario or a negative
-    control) pass the spec that leg ran with, so its cut and kill mode are the ones judged.
+    ``spec`` defaults to the run's own (:meth:`RunLocation.read_spec`); for another leg (a
+    scenario or a negative control) pass the spec that leg ran with, so its cut and kill
+    mode are the ones judged.
     """
-    spec = spec if spec is not None else load_run_spec(run_dir)
+    spec = spec if spec is not None else location.read_spec()
     world = spec.world.world_size
-    control = LegTrace.read(run_dir, REFERENCE_LEG, world)
-    preempted = LegTrace.read(run_dir, leg, world)
+    control = LegTrace.read(location, REFERENCE_LEG, world)
+    preempted = LegTrace.read(location, leg, world)
     attempt = resumed_attempt(preempted)
     restore = next((r for r in preempted.of(RestoreRecord) if r.attempt == attempt), None)
     resumed_from = restore.checkpoint if restore is not None else None
@@ -146,14 +148,14 @@ def compare_run(
                        resumed_from=resumed_from, first_divergence=None, exact_through_step=0,
                        checks=checks)
 
-    checks = [check_traces(control, preempted), check_armed(spec, preempted, run_dir),
+    checks = [check_traces(control, preempted), check_armed(spec, preempted, location),
               check_restarted(preempted), check_restored_checkpoint(spec, preempted, attempt),
               check_restored_state(control, preempted, attempt),
               check_steps(control, preempted, spec.training.steps),
               check_inventory(control, preempted)]
     if not all(c.ok for c in checks):
         return invalid(checks)
-    final_check, drift = _final_drift(spec, run_dir, leg)
+    final_check, drift = _final_drift(spec, location, leg)
     checks.append(final_check)
     if drift is None:
         return invalid(checks)

@@ -14,8 +14,9 @@ from typing import Any
 
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import verify
-from resumequal.compare.files import LegTrace, beacon_path
+from resumequal.compare.files import LegTrace
 from resumequal.errors import CheckpointError
+from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord
 from resumequal.verdict import ValidityCheck
@@ -56,7 +57,8 @@ def check_traces(control: LegTrace, preempted: LegTrace) -> ValidityCheck:
                          f"{count(control.world_size, 'rank')}")
 
 
-def check_armed(spec: QualificationSpec, preempted: LegTrace, run_dir: Path) -> ValidityCheck:
+def check_armed(spec: QualificationSpec, preempted: LegTrace,
+                location: RunLocation) -> ValidityCheck:
     """The target rank reached the requested cut on attempt 0 and published its beacon."""
     p = spec.preemption
     want = (p.step, p.microstep)
@@ -74,9 +76,11 @@ def check_armed(spec: QualificationSpec, preempted: LegTrace, run_dir: Path) -> 
             f"rank {p.rank} was armed at step {arm.step} microstep {arm.microstep}, "
             f"expected step {p.step} microstep {p.microstep}",
         )
-    beacon = beacon_path(run_dir, preempted.leg, 0, p.rank)
-    if not beacon.is_file():
-        return _failed("armed", f"rank {p.rank} was armed but left no beacon at {beacon}")
+    files = location.leg(preempted.leg)
+    beacon = files.beacon_key(p.rank, 0)
+    if not files.store.exists(beacon):
+        return _failed("armed", f"rank {p.rank} was armed but left no beacon at "
+                                f"{files.store.uri(beacon)}")
     return _ok("armed", f"rank {p.rank} armed at step {p.step} microstep {p.microstep} "
                         f"({p.at}) on attempt 0, pid {arm.pid}")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, LegPlan, leg_module_args, local_torchrun_args, rdzv_conf
-from resumequal.qualify import Beacon, LegObservation, LegState, kill_order
+from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
 from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
@@ -122,7 +122,7 @@ class LocalBackend:
 
     def read_beacon(self, leg: str, rank: int) -> Beacon | None:
         body = self.location.read_beacon(leg, rank)
-        return None if body is None else Beacon.model_validate(body)
+        return None if body is None else beacon_from(body, self.location.url(leg))
 
     def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
         # A local run has no pods: the spec refuses target pod before anything starts.
@@ -147,7 +147,7 @@ class LocalBackend:
         # The comparator (DCP readers, drift statistics) is imported when a comparison runs.
         from resumequal.compare import compare_qualification
 
-        return compare_qualification(self.location.materialize(self.run_dir), self.spec)
+        return compare_qualification(self.location, self.spec)
 
     def cleanup(self) -> None:
         stopped = self.tree.stop_all()

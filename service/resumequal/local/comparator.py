@@ -1,9 +1,9 @@
 """``resumequal compare``: judge a finished run location, and optionally publish the result.
 
-This is what the cluster's comparator Job runs. A folder is read in place; an ``s3://``
-location is first materialized into a temporary folder (every object verified, trace
-segments checked and joined), its final checkpoints downloaded verified as the
-comparator always does. The comparison includes the negative controls, as
+This is what the cluster's comparator Job runs. The location is read in place through its
+store, whatever the store (trace segments verified as they are read); final checkpoints
+in an object store are downloaded, verified, into a temporary folder, as the comparator
+always does. The comparison includes the negative controls, as
 ``resumequal run`` does. With ``write``, ``verdict.json``, ``report.json``,
 ``report.html`` and ``metrics.prom`` are written into the run location; the report's
 phases, kill time and restart time come from what the legs left there
@@ -49,16 +49,16 @@ def compare_location(
     namespace, name = namespace or ns, name or run
     work = Path(tempfile.mkdtemp(prefix="resumequal-compare-"))
     try:
-        local = location.materialize(work)
+        location.check_started()
         spec = location.read_spec()
         compared_at = time.time()
-        verdict = compare_qualification(local, spec)
+        verdict = compare_qualification(location, spec)
         if not write:
             return Judged(verdict, {})
         # The legs' records in the store date the phases, the kill and the resume.
-        timeline = read_timeline(RunLocation.open(str(local)), spec, compared_at=compared_at,
+        timeline = read_timeline(location, spec, compared_at=compared_at,
                                  verdict=verdict, concluded_at=time.time())
-        report = build_report(spec, verdict, timeline, run=name, pin=pin, run_dir=local)
+        report = build_report(spec, verdict, timeline, run=name, pin=pin, location=location)
         out = work / "results"  # written aside, then published: into a folder too
         published = publish(report, location, out, namespace=namespace)
         log.info("published %s", ", ".join(published.values()))

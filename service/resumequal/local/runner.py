@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import time
@@ -14,10 +13,11 @@ from types import FrameType
 
 from rich.console import Console
 
-from resumequal.errors import ResumequalError
+from resumequal.errors import ResumequalError, TrainingError
 from resumequal.local.backend import LocalBackend
 from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
+from resumequal.redact import printable
 from resumequal.report.terminal import ProgressDisplay
 from resumequal.results import (
     Timeline,
@@ -29,7 +29,7 @@ from resumequal.results import (
     seed_matrix,
 )
 from resumequal.results import fold_matrix as fold_matrix  # where tests and callers find it
-from resumequal.runstore import RunLocation
+from resumequal.runstore import RUN_FILE, RunLocation
 from resumequal.spec import Omission, QualificationSpec, apply_overrides
 from resumequal.store import open_store, s3_config
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
@@ -70,9 +70,9 @@ def exit_code(result: Result) -> int:
 
 def run_location(spec: QualificationSpec, opts: RunOptions) -> RunLocation:
     """The run folder, or ``<store>/<namespace>/<run>/<uid>`` when the checkpoint store is
-    not a folder on this machine (an object store holds the whole run)."""
+    shared (an object store holds the whole run, for whoever reads it elsewhere)."""
     store = opts.store or spec.checkpoint.store
-    if store is None or open_store(store, s3_config(spec.checkpoint.s3)).local_folder():
+    if store is None or not open_store(store, s3_config(spec.checkpoint.s3)).shared():
         return RunLocation.open(str(opts.run_dir))
     uri = run_uri(store, opts.namespace, opts.run_dir.name, uuid.uuid4().hex[:12])
     return RunLocation.open(uri, spec.checkpoint.s3)
@@ -106,22 +106,22 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
         spec = apply_overrides(spec, [f"checkpoint.store={opts.store}"])
     location = run_location(spec, opts)
     spec = location.leg_spec(spec)
-    if not location.is_local:
-        console.print(f"run location {location.uri}")
-    matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     plan = qualification_plan(spec)
     if opts.omit:
         plan = Plan([replace(p, omit=opts.omit) if p.role == "main" else p for p in plan.legs],
                     plan.not_run)
+    if not location.claim(spec):
+        # Another run's traces are there: its legs' and ours would be appended together.
+        raise TrainingError(f"run location {location.uri} is taken: it holds another run "
+                            f"({location.url(RUN_FILE)}); use a new --run-dir")
+    if location.uri != RunLocation.open(str(opts.run_dir)).uri:
+        console.print(f"run location {printable(location.uri)}", markup=False,
+                      highlight=False)
+    matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
-    if status.verdict is None:
-        # No comparison ran: the report still shows what the legs wrote (a folder run
-        # already has it in place).
-        with contextlib.suppress(ResumequalError):
-            location.materialize(opts.run_dir)
     verdict = status.verdict or failed_verdict(spec, status)
     report = build_report(spec, verdict, Timeline.of(status), run=opts.run_dir.name,
-                          pin=opts.pin, run_dir=opts.run_dir, status=status, matrix=matrix)
+                          pin=opts.pin, location=location, status=status, matrix=matrix)
     published = publish(report, location, opts.run_dir, namespace=opts.namespace,
                         metrics_file=opts.metrics_file, pushgateway=opts.pushgateway)
     return Outcome(report, location, published)
@@ -172,13 +172,11 @@ def run_matrix(
         run_dir = opts.run_dir / f"seed-{seed}"
         verdicts: dict[str, Verdict] = {}
 
-        def judge(plan: Plan = plan, run_dir: Path = run_dir, sub: RunLocation = sub,
+        def judge(plan: Plan = plan, sub: RunLocation = sub,
                   verdicts: dict[str, Verdict] = verdicts) -> Verdict:
-            local = sub.materialize(run_dir)
             for leg in plan.legs:
                 if leg.cut:
-                    verdicts[leg.name] = compare_run(local, sub.leg_spec(leg.spec),
-                                                     leg=leg.name)
+                    verdicts[leg.name] = compare_run(sub, sub.leg_spec(leg.spec), leg=leg.name)
             failing = [v for v in verdicts.values() if v.result != Result.PASS]
             return failing[0] if failing else next(iter(verdicts.values()))
 

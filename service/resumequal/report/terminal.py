@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
+from resumequal.redact import printable, printable_tree
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
@@ -39,7 +40,12 @@ _BORDER: dict[Result, str] = {
 def print_summary(
     report: Report, console: Console, *, files: Mapping[str, Path | str] | None = None
 ) -> None:
-    """Print the verdict, the reason, where it diverged, drift, failing checks and files."""
+    """Print the verdict, the reason, where it diverged, drift, failing checks and files.
+
+    The report's text comes from the store (reasons, names, keys): none of its control
+    characters reach the terminal (:func:`~resumequal.redact.printable`)."""
+    report = Report.model_validate(printable_tree(report.model_dump()))
+    files = {printable(k): printable(str(p)) for k, p in (files or {}).items()}
     v = report.verdict
     lines: list[RenderableType] = [
         Text.assemble((f" {v.result.value} ", VERDICT_STYLES[v.result]), "  ", v.reason),

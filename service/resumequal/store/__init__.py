@@ -7,10 +7,11 @@ files or S3 objects, atomic writes, transfers, sha256 checks, append-only line l
 :mod:`resumequal.store.errors`. It must not know about torch, training or the checkpoint
 format: callers decide what the keys mean.
 
-What differs between media is asked of the store, never of its URI scheme: whether its
-objects are files in a folder on this machine (``local_folder``), which allows a rename
-commit and appended files; any other store gets a marker commit and segment logs. A new
-kind of store is one class here plus its scheme in :func:`open_store`.
+What differs between media is asked of the store, never of its URI scheme: whether other
+machines reach it (``shared``), and whether its objects are files in a folder on this
+machine (``local_folder``), which allows a rename commit. A new kind of store is one
+module here holding one class that declares its scheme and registers itself
+(:mod:`resumequal.store.registry`); :func:`open_store` and the spec find it there.
 
     store = open_store("s3://bucket/runs", S3Config(endpoint_url="http://minio:9000"))
     digest = store.put_file("ns/run/uid/control/checkpoints/step-00000004/dcp/0.distcp", path)
@@ -30,6 +31,7 @@ from resumequal.store.errors import (
     StoreUnavailable,
 )
 from resumequal.store.file import FileStore
+from resumequal.store.registry import register, schemes, store_class, supported
 from resumequal.store.s3 import ADDRESSING_STYLE_ENV, S3Config, S3Store, s3_config
 
 __all__ = [
@@ -46,24 +48,24 @@ __all__ = [
     "StoreObjectTooLarge",
     "StoreUnavailable",
     "open_store",
+    "register",
     "s3_config",
+    "schemes",
     "sha256_file",
 ]
 
 
 def open_store(uri: str, s3: S3Config | None = None) -> Store:
-    """The store at ``uri``: a path, ``file:///abs/path`` or ``s3://bucket[/prefix]``.
+    """The store at ``uri``: a path, or a URI of a registered scheme (``file:///abs/path``,
+    ``s3://bucket[/prefix]``, ...).
 
-    ``s3`` configures how an ``s3://`` store is reached and is ignored for local ones.
+    ``s3`` configures how an ``s3://`` store is reached and is ignored by the others.
     """
-    if "://" not in uri:
-        return FileStore(uri)
-    scheme = urlparse(uri).scheme
-    if scheme == "file":
-        return FileStore(uri)
-    if scheme == "s3":
-        return S3Store(uri, s3)
-    raise StoreError(
-        f"store {uri!r}: scheme {scheme!r} is not supported; use a path, file:///abs/path "
-        "or s3://bucket/prefix (MinIO and Ceph RGW through S3Config.endpoint_url)"
-    )
+    scheme = urlparse(uri).scheme if "://" in uri else FileStore.scheme
+    found = store_class(scheme)
+    if found is None:
+        raise StoreError(
+            f"store {uri!r}: scheme {scheme!r} is not supported; use a path or "
+            f"{supported()} (MinIO and Ceph RGW through S3Config.endpoint_url)"
+        )
+    return found.open(uri, s3)

@@ -42,15 +42,20 @@ class Store(Protocol):
         """The full URI of ``key`` (the root itself for ``""``), for messages and reports."""
         ...
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        """Write ``data`` as ``key``, replacing what was there; readers see old or new."""
+    def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
+        """Write ``data`` as ``key``, replacing what was there; readers see old or new.
+
+        ``sync=False``: the object must outlive the writer (a SIGKILL) but not the machine,
+        as a trace segment: a folder then skips the fsyncs that cost milliseconds a write.
+        """
         ...
 
     def put_new(self, key: str, data: bytes) -> bool:
         """Write ``data`` as ``key`` only if there is no such object; True if written.
 
-        Exclusive where the medium allows it; where it does not (MinIO and Ceph RGW have no
-        conditional create), two writers racing may both write.
+        Exclusive: an exclusive create in a folder, a conditional put (If-None-Match) on
+        S3. Only where an endpoint has no conditional writes (it answers 501) may two
+        writers racing both write.
         """
         ...
 
@@ -103,6 +108,11 @@ class Store(Protocol):
     def local_folder(self) -> str | None:
         """The folder on this machine holding the objects as files, or None when they are
         reachable only through the store (an object store: no rename, no append)."""
+        ...
+
+    def shared(self) -> bool:
+        """Whether processes on other machines reach these objects through the same URI
+        (an object store), rather than only processes on this machine (a folder)."""
         ...
 
 

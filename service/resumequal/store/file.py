@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, ClassVar, TypeVar
 from urllib.parse import urlparse
 
 from resumequal.errors import StoreError
@@ -33,6 +33,10 @@ from resumequal.store.base import (
     tmp_sibling,
 )
 from resumequal.store.errors import StoreAccessDenied, StoreNotFound, too_large
+from resumequal.store.registry import register
+
+if TYPE_CHECKING:
+    from resumequal.store.s3 import S3Config
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +75,20 @@ def _copy_hashing(src: BinaryIO, dst: BinaryIO) -> str:
     return h.hexdigest()
 
 
+@register
 class FileStore:
     """A :class:`~resumequal.store.base.Store` over a local (or mounted) folder."""
+
+    scheme: ClassVar[str] = "file"
+    example: ClassVar[str] = "file:///abs/path"
+
+    @classmethod
+    def authority_problem(cls, authority: str) -> str | None:
+        return "a file:// store is file:///abs/path (no host)" if authority else None
+
+    @classmethod
+    def open(cls, uri: str, s3: S3Config | None) -> FileStore:
+        return cls(uri)
 
     def __init__(self, root: str) -> None:
         self.root, self._uri_prefix = _root_dir(root)
@@ -103,7 +119,7 @@ class FileStore:
         except OSError as e:
             raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
 
-    def _write_atomic(self, key: str, write: Callable[[BinaryIO], T]) -> T:
+    def _write_atomic(self, key: str, write: Callable[[BinaryIO], T], sync: bool = True) -> T:
         path = self._path(key)
         with self._errors("write", key):
             parent = os.path.dirname(path)
@@ -113,16 +129,20 @@ class FileStore:
                 with open(tmp, "wb") as f:
                     result = write(f)
                     f.flush()
-                    os.fsync(f.fileno())
+                    if sync:
+                        os.fsync(f.fileno())
                 os.replace(tmp, path)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-            _fsync_dir(parent)
+            if sync:
+                _fsync_dir(parent)
         return result
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self._write_atomic(key, lambda f: f.write(data))
+    def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
+        # The file's data is in the page cache once written: a SIGKILL of this process
+        # cannot lose it, a machine crash could (what ``sync`` guards against).
+        self._write_atomic(key, lambda f: f.write(data), sync)
 
     def put_new(self, key: str, data: bytes) -> bool:
         path = self._path(key)
@@ -213,3 +233,8 @@ class FileStore:
 
     def local_folder(self) -> str:
         return self.root
+
+    def shared(self) -> bool:
+        # A mounted network folder may be seen elsewhere, but not under a URI we can vouch
+        # for: a folder is this machine's.
+        return False

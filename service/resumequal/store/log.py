@@ -1,11 +1,14 @@
-"""Append-only logs of lines (traces): an appended file, or immutable segment objects.
+"""Append-only logs of lines (traces) as immutable segment objects, on any store.
 
-A folder on this machine appends each line to one file and hands it to the OS at once, so
-it outlives a SIGKILL of the writer; a line torn by a kill mid-write is cut when the file
-is opened again. An object store cannot append: a writer puts immutable segment objects
+No store is asked to append: a writer puts immutable segment objects
 ``<prefix>/<seq>.jsonl`` (by default one per line), each ending in a trailer line with its
 line count and sha256, so a segment is whole or absent after a SIGKILL, and a corrupted or
-missing one is reported by name.
+missing one is reported by name. This is the one trace format of a run location.
+
+:class:`FileSink` appends lines to one plain file instead: the shape of an exported trace
+(``rank-<r>.jsonl``, see ``RunLocation.materialize``), for benches and tests that write a
+trace outside any run location. A line torn by a kill mid-write is cut when the file is
+opened again.
 """
 
 from __future__ import annotations
@@ -118,7 +121,7 @@ def parse_segment(data: bytes, where: str) -> list[bytes]:
     try:
         trailer = json.loads(lines[-1])[_TRAILER_KEY]
         count, digest = int(trailer["records"]), str(trailer["sha256"])
-    except (ValueError, KeyError, TypeError, IndexError) as e:
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
         raise TraceError(f"{where}: corrupted trace segment (no valid trailer)") from e
     records = lines[:-1]
     body = b"".join(line + b"\n" for line in records)
@@ -161,7 +164,9 @@ class SegmentSink:
         if not self._buffer:
             return
         data = segment_bytes(self._buffer, self.seq)
-        self.store.put_bytes(self.key(self.seq), data)
+        # A segment must outlive a SIGKILL of its writer, not a crash of the machine (which
+        # a preemption test does not simulate): no fsync per record.
+        self.store.put_bytes(self.key(self.seq), data, sync=False)
         self._buffer = []
         self.seq += 1
 

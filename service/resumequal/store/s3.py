@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 # boto3 ships no type information (no py.typed); its objects are Any here.
@@ -61,6 +61,7 @@ from resumequal.store.errors import (
     StoreUnavailable,
     too_large,
 )
+from resumequal.store.registry import register
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ _DENIED = frozenset(
     }
 )
 _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+_CONDITION_FAILED = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout"})
 
 
@@ -172,8 +174,20 @@ def s3_config(spec: S3Spec | None) -> S3Config:
     return S3Config(addressing_style=style)  # type: ignore[arg-type]
 
 
+@register
 class S3Store:
     """A :class:`~resumequal.store.base.Store` over ``s3://bucket[/prefix]``."""
+
+    scheme: ClassVar[str] = "s3"
+    example: ClassVar[str] = "s3://bucket/prefix"
+
+    @classmethod
+    def authority_problem(cls, authority: str) -> str | None:
+        return None if authority else "an s3:// store names a bucket (s3://bucket/prefix)"
+
+    @classmethod
+    def open(cls, uri: str, s3: S3Config | None) -> S3Store:
+        return cls(uri, s3)
 
     def __init__(self, uri: str, config: S3Config | None = None) -> None:
         parsed = urlparse(uri)
@@ -279,7 +293,8 @@ class S3Store:
             cause = _unwrap(e)
             raise self._translate(cause, op, self.uri(key)) from cause
 
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
+        # An acknowledged PUT is durable: ``sync`` changes nothing here.
         with self._call("write", key):
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
@@ -322,7 +337,19 @@ class S3Store:
         return download_verified(self.uri(key), local_path, expect_sha256, fetch)
 
     def put_new(self, key: str, data: bytes) -> bool:
-        # No conditional create on every S3 implementation (MinIO, RGW): look, then write.
+        # A conditional create (If-None-Match: *): of two writers racing, one gets 412 (or
+        # 409 while the other's write is in flight). An endpoint without conditional
+        # writes answers 501: there, look then write.
+        with self._call("write", key):
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                        IfNoneMatch="*")
+                return True
+            except ClientError as e:
+                if _code(e) in _CONDITION_FAILED or _status(e) in (409, 412):
+                    return False
+                if _code(e) != "NotImplemented" and _status(e) != 501:
+                    raise
         if self.exists(key):
             return False
         self.put_bytes(key, data)
@@ -392,3 +419,6 @@ class S3Store:
 
     def local_folder(self) -> None:
         return None
+
+    def shared(self) -> bool:
+        return True

@@ -45,6 +45,7 @@ __all__ = [
     "TraceWriter",
     "boundary_value",
     "effective_steps",
+    "parse_records",
     "read_trace",
 ]
 
@@ -318,6 +319,18 @@ def read_trace(path: str | os.PathLike[str]) -> list[TraceRecord]:
                 logger.warning("%s:%d: dropping a partial last line", p, number)
                 break
             raise TraceError(f"{p}:{number}: not a trace record: {_first_error(e)}") from e
+    return records
+
+
+def parse_records(lines: Iterable[bytes], where: str) -> list[TraceRecord]:
+    """The records of whole trace lines (a verified trace read from its run location);
+    TraceError naming ``where`` and the line for one that is not a trace record."""
+    records: list[TraceRecord] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(_RECORD_ADAPTER.validate_json(line))
+        except ValidationError as e:
+            raise TraceError(f"{where}:{number}: not a trace record: {_first_error(e)}") from e
     return records
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
+from resumequal.checkpoint.manifest import CheckpointInfo
 from resumequal.errors import CheckpointError, TrainingError
 from resumequal.runstore import LegFiles
 from resumequal.spec import REFERENCE_LEG, QualificationSpec, check_leg_name
@@ -375,7 +376,7 @@ class Trainer:
                 self.arming.maybe_hold(hold_step, 0, "checkpoint_commit")
 
         tensors = tensor_state(live, with_pending_grads=c.microstep > 0)
-        info = {"leg": self.leg, "global_microstep": c.global_microstep}
+        info = CheckpointInfo(leg=self.leg, global_microstep=c.global_microstep)
         # The emergency checkpoint is always synchronous: the process exits right after.
         self.ckpt.save(position, tensors, rank_state(live), info=info,
                        before_commit=before_commit,

@@ -1,8 +1,8 @@
 """The entry of a worker process: join the group, check the run location, run the leg.
 
 Everything goes to the run location's store (a folder or ``s3://``); the worker keeps
-only scratch files (checkpoint staging, downloaded copies) in ``scratch``, which for a
-folder is the run folder itself.
+only scratch files (checkpoint staging, downloaded copies) in ``scratch``, by default a
+temporary folder per run location.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Checkpo
 def run_leg(
     spec: QualificationSpec,
     leg: str,
-    run_dir: Path | str,
+    run: str,
     omit: frozenset[str],
     *,
     scratch: Path | None = None,
@@ -50,11 +50,11 @@ def run_leg(
 ) -> int:
     """Run one leg in this process under torchrun; returns the process exit code.
 
-    ``run_dir`` is the run location (a folder, ``file://`` or ``s3://`` URI); ``scratch``
-    a local folder for staging (default: the run folder, or a temporary folder per run
-    location). On S3 each rank uploads a trace segment every ``trace_every`` records.
+    ``run`` is the run location (a folder, ``file://`` or ``s3://`` URI); ``scratch``
+    a local folder for staging (default: a temporary folder per run location). Each rank
+    writes a trace segment every ``trace_every`` records.
     """
-    location = RunLocation.open(str(run_dir), spec.checkpoint.s3)
+    location = RunLocation.open(run, spec.checkpoint.s3)
     spec = location.leg_spec(spec)
     scratch = scratch or location.scratch()
     files = location.leg(leg)
