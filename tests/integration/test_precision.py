@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from resumequal.runstore import RunLocation
 from tests.integration import legs
 
 pytestmark = pytest.mark.slow
@@ -27,8 +28,8 @@ def _run(run_dir: Path, *sets: str) -> tuple[dict[str, Any], str]:
 
 
 def _trace(run_dir: Path, leg: str, rank: int) -> list[dict[str, Any]]:
-    lines = (run_dir / leg / "trace" / f"rank-{rank}.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "step"]
+    records = RunLocation.open(str(run_dir)).trace_records(leg, rank)
+    return [r for r in records if r["kind"] == "step"]
 
 
 def _exact(verdict: dict[str, Any], mode: str) -> None:
