@@ -45,6 +45,7 @@ from resumequal.spec import (
     ControlsSpec,
     DDPSpec,
     MatrixSpec,
+    ParallelismSpec,
     PreemptionSpec,
     QualificationSpec,
     S3Spec,
@@ -275,6 +276,7 @@ class QualificationRunSpec(_Section):
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     ddp: DDPSpec = Field(default_factory=DDPSpec)
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
     comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
     controls: ControlsSpec = Field(default_factory=ControlsSpec)
     matrix: MatrixSpec = Field(default_factory=MatrixSpec)

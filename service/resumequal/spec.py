@@ -64,7 +64,7 @@ OMISSIONS: tuple[Omission, ...] = get_args(Omission)
 Precision = Literal["fp32", "bf16", "fp16"]
 
 
-_TRAINING_SECTIONS = ("workload", "world", "training", "checkpoint", "ddp")
+_TRAINING_SECTIONS = ("workload", "world", "training", "checkpoint", "ddp", "parallelism")
 
 # Upper bounds. A qualification is short: these leave room for any real one while keeping
 # every number an int64 and every derived figure (deadlines, world size) far from overflow.
@@ -454,6 +454,20 @@ class DDPSpec(_Section):
     )
 
 
+class ParallelismSpec(_Section):
+    """How the model is spread over the ranks.
+
+    ``ddp``: every rank holds the whole model; gradients are all-reduced in DDP's buckets
+    (the ``ddp`` section). ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on each
+    repeated block and on the root, over a device mesh of all ranks; parameters, gradients
+    and optimizer state are sharded (dim 0), gradients are reduce-scattered per block.
+    The ``ddp`` section is DDP's: under fsdp2 it must keep its defaults.
+    """
+
+    kind: Literal["ddp", "fsdp2"] = Field(
+        default="ddp", description="ddp (replicated model) or fsdp2 (fully_shard per block)")
+
+
 class ComparisonSpec(_Section):
     mode: Literal["exact", "tolerance"] = "exact"
     tolerances: dict[Boundary, Annotated[float, Field(ge=0)]] = Field(
@@ -523,6 +537,7 @@ class QualificationSpec(_Section):
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     ddp: DDPSpec = Field(default_factory=DDPSpec)
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
     comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
     controls: ControlsSpec = Field(default_factory=ControlsSpec)
     matrix: MatrixSpec = Field(default_factory=MatrixSpec)
@@ -570,12 +585,29 @@ class QualificationSpec(_Section):
                 "checkpoint, so the restart would not be a resume; set checkpoint.everySteps "
                 "or checkpoint.atSteps to a step before it"
             )
+        if self.parallelism.kind == "fsdp2":
+            self._check_fsdp2()
         if self.timeouts.arm_seconds >= self.timeouts.process_group_seconds:
             raise ValueError(
                 "timeouts.armSeconds must be < timeouts.processGroupSeconds: the other ranks "
                 "wait in a collective while the armed rank holds"
             )
         return self
+
+    def _check_fsdp2(self) -> None:
+        defaults = DDPSpec()
+        for name, field in DDPSpec.model_fields.items():
+            if getattr(self.ddp, name) != getattr(defaults, name):
+                raise ValueError(
+                    f"ddp.{field.alias} is set but parallelism.kind is fsdp2: it is a "
+                    "DistributedDataParallel setting (FSDP2 reduce-scatters per fully_shard "
+                    "block and has no buckets to size or reducer to prime); remove it")
+        if self.training.precision == "fp16":
+            raise ValueError(
+                "training.precision=fp16 with parallelism.kind=fsdp2 is not supported yet: "
+                "each rank holds only its shard of the gradients, so torch.amp.GradScaler's "
+                "inf/NaN check is rank-local and ranks could disagree on skipping a step; "
+                "use bf16 or fp32")
 
     def digest(self) -> str:
         """A stable sha256 of what decides the numerics of training, tying a run directory
@@ -587,6 +619,8 @@ class QualificationSpec(_Section):
             # run folders made then still belong to their spec.
             for key in ("precision", "gradScaler"):
                 del data["training"][key]
+        if self.parallelism == ParallelismSpec():
+            del data["parallelism"]  # likewise for specs from before parallelism
         if data["workload"].get("loader") is None:
             del data["workload"]["loader"]  # likewise for specs from before workload.loader
         canonical = json.dumps(data, sort_keys=True)

@@ -264,6 +264,7 @@ def test_unknown_top_level_field_lists_the_sections() -> None:
     msg = _error({"trainig": {"steps": 3}})
     assert msg == (
         "spec: trainig: unknown field; allowed: checkpoint, comparison, controls, ddp, matrix, "
+            "parallelism, "
         "preemption, timeouts, training, workload, world"
     )
 

@@ -214,6 +214,8 @@ def summarise(boundary: Boundary, a: StepRecord, b: StepRecord) -> tuple[str, st
 
         return streams(va), streams(vb)
     if boundary == "bucket_layout":
+        if a.bucket_layout is None or b.bucket_layout is None:
+            return repr(a.bucket_layout), repr(b.bucket_layout)
         return (f"{_digest(a.bucket_layout)} ({count(len(a.buckets), 'bucket')})",
                 f"{_digest(b.bucket_layout)} ({count(len(b.buckets), 'bucket')})")
     if isinstance(va, str) and isinstance(vb, str):

@@ -3,9 +3,14 @@ and a bucket layout.
 
 Digests are bitwise: they cover dtype, shape and the raw bytes of each tensor, so ``-0.0``
 and ``0.0`` (or two NaN payloads) differ, while a non-contiguous view and its contiguous
-copy agree. The hash is xxh3-128, chosen by measurement (``bench/trace_overhead.py
---hashes``): it runs at memory speed, so per-step digests of a whole model and optimizer
-cost little next to the step itself, and each digest string names its algorithm.
+copy agree. A sharded tensor (a ``DTensor``, as FSDP2 makes parameters, gradients and
+optimizer state) is digested as what this rank holds: its local shard, plus what
+identifies the sharding (global shape, placements, mesh shape and this rank's coordinate in
+it), so the same bytes sharded differently never digest alike.
+
+The hash is xxh3-128, chosen by measurement (``bench/trace_overhead.py --hashes``): it runs
+at memory speed, so per-step digests of a whole model and optimizer cost little next to the
+step itself, and each digest string names its algorithm.
 
 This is the torch side of the trace, run inside workers: it imports torch and numpy, and
 must not import ``train``, ``state`` or ``checkpoint`` (it only observes what they hand
@@ -23,6 +28,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 import xxhash
+from torch.distributed.tensor import DTensor
 
 from resumequal.trace.records import BucketRecord
 
@@ -34,6 +40,7 @@ __all__ = [
     "named_tensors_digest",
     "optimizer_state_digest",
     "rng_digests",
+    "sharding",
     "tensor_digest",
 ]
 
@@ -72,10 +79,20 @@ def _tensor_prefix(dtype: torch.dtype, shape: torch.Size, nbytes: int) -> bytes:
     return b"T" + _U64.pack(len(header)) + header + b"B" + _U64.pack(nbytes)
 
 
+def sharding(t: DTensor) -> str:
+    """What identifies how ``t`` is sharded, as seen from this rank."""
+    mesh = t.device_mesh
+    return (f"global={tuple(t.shape)}|placements={t.placements}|mesh={tuple(mesh.shape)}"
+            f"|coordinate={mesh.get_coordinate()}")
+
+
 def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
     # Per-tensor Python overhead, not hashing, dominates for models of many small tensors,
     # so this path keeps the number of torch calls low.
     t = t.detach()
+    if isinstance(t, DTensor):
+        _feed_bytes(h, b"S", sharding(t).encode())
+        t = t.to_local()
     # Lazy conjugate/negative views keep a flag instead of rewriting memory; resolve them
     # so the digest sees the values the tensor stands for.
     if t.is_conj() or t.is_neg():

@@ -117,8 +117,10 @@ class StepRecord(_Record):
     loss_scale: LossScaleRecord | None = Field(
         default=None, description="the GradScaler's state at step start (precision fp16)")
     local_grads: str = Field(description="rank-local accumulated gradients before reduction")
-    bucket_layout: str
-    buckets: list[BucketRecord]
+    # None and empty where there are no buckets (parallelism fsdp2: fixed reduce-scatter
+    # groups, no bucket layout); traces written before fsdp2 always have them.
+    bucket_layout: str | None = Field(default=None, description="DDP's bucket layout")
+    buckets: list[BucketRecord] = Field(default_factory=list)
     reduced_grads: str
     grad_norm: float = Field(description="total gradient norm before clipping")
     lr: list[float] = Field(description="lr of each param group used by this step's update")

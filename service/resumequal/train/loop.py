@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
@@ -60,6 +62,12 @@ from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.precision import Precision, scaler_state
 from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag, mark_failed
 from resumequal.train.prime import prime_reducer
+from resumequal.train.sharding import (
+    ReduceScatterRecorder,
+    parameter_names,
+    rebind_optimizer,
+    shard_model,
+)
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
 
@@ -173,6 +181,7 @@ class Trainer:
             group_timeout=timedelta(seconds=spec.timeouts.process_group_seconds),
         )
         self.trace = TraceWriter(trace)
+        self.recorder: _GradRecorder | ReduceScatterRecorder
 
     # -- setup --------------------------------------------------------------------------
 
@@ -192,6 +201,13 @@ class Trainer:
         )
         workload = load_workload(self.spec.workload, ctx)
         model = workload.model.to(self.p.device)
+        wrapped = self._wrap_fsdp2(workload.optimizer, model) \
+            if self.spec.parallelism.kind == "fsdp2" else self._wrap_ddp(model)
+        seed_everything(t.seed + 104729 * (self.p.rank + 1))
+        return LiveState(workload=workload, model=wrapped, rank=self.p.rank,
+                         world_size=self.p.world_size, scaler=self.precision.new_scaler())
+
+    def _wrap_ddp(self, model: nn.Module) -> nn.Module:
         ddp = DDP(
             model,
             device_ids=[self.p.local_rank] if self.p.device.type == "cuda" else None,
@@ -201,9 +217,14 @@ class Trainer:
         # DDP inspects the hook's annotations, which postponed evaluation turns into strings.
         recorder = self.recorder
         ddp.register_comm_hook(None, lambda state, bucket: recorder.hook(state, bucket))
-        seed_everything(t.seed + 104729 * (self.p.rank + 1))
-        return LiveState(workload=workload, model=ddp, rank=self.p.rank,
-                         world_size=self.p.world_size, scaler=self.precision.new_scaler())
+        return ddp
+
+    def _wrap_fsdp2(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> nn.Module:
+        names = parameter_names(model)
+        self.recorder = ReduceScatterRecorder()
+        sharded = shard_model(model, self.p.device, self.p.world_size, self.recorder)
+        rebind_optimizer(optimizer, names, sharded)
+        return sharded
 
     def _resume(self, live: LiveState) -> None:
         removed = self.ckpt.collect_garbage()
@@ -265,7 +286,7 @@ class Trainer:
         )
         self.trace.write(collect_inventory(self.p.rank, self.p.attempt))
         self._resume(live)
-        if self.spec.ddp.reducer_prime:
+        if self.spec.parallelism.kind == "ddp" and self.spec.ddp.reducer_prime:
             prime_reducer(live, self.precision)
             self.recorder.reset()
         t = self.spec.training
@@ -321,6 +342,8 @@ class Trainer:
         else:
             grads = [p.grad for p in params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, foreach=False)
+        if isinstance(norm, DTensor):  # FSDP2: the norm over every rank's shards
+            norm = norm.full_tensor()
         lrs = [float(g["lr"]) for g in w.optimizer.param_groups]
         if live.scaler is not None:
             # Skips the optimizer step when the unscaled gradients hold inf or NaN.
@@ -334,7 +357,8 @@ class Trainer:
         live.counters.step = step
         live.counters.microstep = 0
 
-        layout = self.recorder.layout()
+        # FSDP2 has no buckets: its reduce-scatter groups are fixed when the model is wrapped.
+        layout = self.recorder.layout() if isinstance(self.recorder, _GradRecorder) else None
         partial = live.trace_partial
         self.trace.write(
             StepRecord(
@@ -345,8 +369,8 @@ class Trainer:
                 rng=partial["rng"],
                 loss_scale=loss_scale,
                 local_grads=self.recorder.local_digest(),
-                bucket_layout=bucket_layout_digest(layout),
-                buckets=layout,
+                bucket_layout=None if layout is None else bucket_layout_digest(layout),
+                buckets=layout or [],
                 reduced_grads=reduced,
                 grad_norm=float(norm.item()),
                 lr=lrs,
@@ -392,6 +416,13 @@ def _no_sync(model: nn.Module) -> Iterator[None]:
     if isinstance(model, DDP):
         with model.no_sync():
             yield
+    elif isinstance(model, FSDPModule):
+        # FSDP2 accumulates unsharded gradients and reduce-scatters only when this is True.
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
     else:
         yield
 
