@@ -10,6 +10,14 @@ gradients) and a per-rank :class:`RankState` of plain values, stored as JSON (RN
 included: their bytes and integers, never a pickle). DCP treats plain tensors saved
 under the same key on every rank as replicated and restores rank 0's copy everywhere, so
 anything rank-local is keyed by rank or kept in the per-rank mapping.
+
+Pending gradients under FSDP2 (``parallelism.kind: fsdp2``): while gradient sync is off,
+FSDP2 accumulates each rank's *unsharded* gradients on its private unsharded parameters
+(the sharded parameters' ``grad`` stays None until the reduce-scatter of the last
+microbatch). They are saved per rank under their parameter names, like DDP's, at their
+full shape, and put back on the unsharded parameters (all-gathered first, resharded
+after) where the next backward adds to them. This reads FSDP2's private per-parameter
+state (``FSDPParam``), checked when it is used.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule
 
 from resumequal.errors import CheckpointError
 from resumequal.spec import OMISSIONS
@@ -230,12 +239,63 @@ def tensor_state(live: LiveState, with_pending_grads: bool) -> dict[str, Any]:
     )
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     if with_pending_grads:
-        grads = {}
-        for name, p in _unwrapped(live.model).named_parameters():
-            if p.grad is not None:
-                grads[name] = p.grad
-        state[_pending_key(live.rank)] = {"pending_grads": grads}
+        state[_pending_key(live.rank)] = {"pending_grads": pending_grads(live.model)}
     return state
+
+
+def _fsdp_params(model: FSDPModule) -> dict[str, Any]:
+    """FSDP2's private per-parameter state (``FSDPParam``) of every sharded module under
+    ``model``, by the parameter's name."""
+    assert isinstance(model, nn.Module)
+    # By module and attribute: a restore may have swapped the parameter objects.
+    prefixes = {id(m): f"{n}." if n else "" for n, m in model.named_modules()}
+    out: dict[str, Any] = {}
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        groups = getattr(module._get_fsdp_state(), "_fsdp_param_groups", None)
+        if groups is None:
+            raise CheckpointError(
+                f"pending gradients under parallelism.kind=fsdp2 read FSDP2's per-parameter "
+                f"state, which torch {torch.__version__} keeps elsewhere")
+        for group in groups:
+            for fsdp_param in group.fsdp_params:
+                info = fsdp_param._module_info
+                out[prefixes[id(info.module)] + info.param_name] = fsdp_param
+    return out
+
+
+def _fsdp_pending(fsdp_param: Any) -> torch.Tensor | None:
+    accumulated: torch.Tensor | None = fsdp_param.unsharded_accumulated_grad
+    if accumulated is not None:
+        return accumulated
+    unsharded = getattr(fsdp_param, "_unsharded_param", None)
+    return None if unsharded is None else unsharded.grad
+
+
+def pending_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's accumulated, not yet reduced gradients, by parameter name: DDP's (on
+    the parameters) or FSDP2's (unsharded, on FSDP2's unsharded parameters)."""
+    if isinstance(model, FSDPModule):
+        found = ((n, _fsdp_pending(fp)) for n, fp in _fsdp_params(model).items())
+        return {n: g for n, g in found if g is not None}
+    return {n: p.grad for n, p in _unwrapped(model).named_parameters() if p.grad is not None}
+
+
+def _set_pending_grads(model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
+    if not isinstance(model, FSDPModule):
+        for name, p in _unwrapped(model).named_parameters():
+            if name in grads:
+                p.grad = grads[name].detach().clone()
+        return
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:  # every rank: an all-gather makes the unsharded parameters
+        unit.unshard()
+    for name, fsdp_param in _fsdp_params(model).items():
+        if name in grads:
+            fsdp_param.unsharded_param.grad = grads[name].detach().clone()
+    for unit in units:
+        unit.reshard()
 
 
 def pending_grads_template(live: LiveState, names: list[str]) -> dict[str, Any]:
@@ -244,9 +304,11 @@ def pending_grads_template(live: LiveState, names: list[str]) -> dict[str, Any]:
     unknown = sorted(set(names) - set(params))
     if unknown:
         raise CheckpointError(f"pending gradients for unknown parameter(s): {unknown}")
+    # At the full shape: FSDP2's pending gradients are unsharded (a DTensor's shape is too).
     return {
         _pending_key(live.rank): {
-            "pending_grads": {n: torch.empty_like(params[n]) for n in names}
+            "pending_grads": {n: torch.empty(params[n].shape, dtype=params[n].dtype,
+                                             device=params[n].device) for n in names}
         }
     }
 
@@ -264,9 +326,7 @@ def rank_state(live: LiveState) -> RankState:
         scheduler=w.scheduler.state_dict() if w.scheduler is not None else None,
         scaler=live.scaler.state_dict() if live.scaler is not None else None,
         trace_partial=live.trace_partial,
-        pending_grads=sorted(
-            n for n, p in _unwrapped(live.model).named_parameters() if p.grad is not None
-        ) if live.counters.microstep > 0 else [],
+        pending_grads=sorted(pending_grads(live.model)) if live.counters.microstep > 0 else [],
     )
 
 
@@ -293,10 +353,7 @@ def restore(
 
     w.optimizer.zero_grad(set_to_none=True)
     if ranks.pending_grads and "pending_grads" not in parts:
-        grads = tensors[_pending_key(live.rank)]["pending_grads"]
-        for name, p in _unwrapped(live.model).named_parameters():
-            if name in grads:
-                p.grad = grads[name].detach().clone()
+        _set_pending_grads(live.model, tensors[_pending_key(live.rank)]["pending_grads"])
 
     if "scheduler" not in parts:
         _load_optional(w.scheduler, ranks.scheduler, "scheduler", source)
