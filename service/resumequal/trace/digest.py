@@ -83,7 +83,7 @@ def sharding(t: DTensor) -> str:
     """What identifies how ``t`` is sharded, as seen from this rank."""
     mesh = t.device_mesh
     return (f"global={tuple(t.shape)}|placements={t.placements}|mesh={tuple(mesh.shape)}"
-            f"|coordinate={mesh.get_coordinate()}")
+            f"|coordinate={tuple(mesh.get_coordinate() or ())}")
 
 
 def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
