@@ -602,12 +602,6 @@ class QualificationSpec(_Section):
                     f"ddp.{field.alias} is set but parallelism.kind is fsdp2: it is a "
                     "DistributedDataParallel setting (FSDP2 reduce-scatters per fully_shard "
                     "block and has no buckets to size or reducer to prime); remove it")
-        if self.training.precision == "fp16":
-            raise ValueError(
-                "training.precision=fp16 with parallelism.kind=fsdp2 is not supported yet: "
-                "each rank holds only its shard of the gradients, so torch.amp.GradScaler's "
-                "inf/NaN check is rank-local and ranks could disagree on skipping a step; "
-                "use bf16 or fp32")
 
     def digest(self) -> str:
         """A stable sha256 of what decides the numerics of training, tying a run directory

@@ -73,3 +73,20 @@ def test_fsdp2_graceful_mid_accumulation_carries_pending_grads_and_their_control
 def test_fsdp2_bf16_resumes_exactly_after_a_hard_kill(tmp_path: Path) -> None:
     verdict = _run(tmp_path / "run", "training.precision=bf16", "controls.enabled=false")
     _exact(verdict, "hard")
+
+
+@pytest.mark.timeout(300)
+def test_fsdp2_fp16_resumes_exactly_and_a_resume_without_the_scaler_is_caught(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    verdict = _run(run_dir, "training.precision=fp16", "controls.omissions=[scaler]")
+    _exact(verdict, "hard")
+    (control,) = verdict["controls"]
+    assert (control["omission"], control["status"]) == ("scaler", "detected")
+    # The ranks agree on every scale, backoffs (skipped updates) included: the inf check
+    # over sharded gradients is agreed across ranks.
+    scales = [[r["loss_scale"]["scale"] for r in _steps(run_dir, "control", rank)]
+              for rank in (0, 1)]
+    assert scales[0] == scales[1]
+    assert any(b < a for a, b in zip(scales[0], scales[0][1:], strict=False))

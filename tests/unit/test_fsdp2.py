@@ -14,11 +14,14 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from resumequal import cli
+from resumequal.errors import TrainingError
 from resumequal.spec import SpecError, TrainingSpec, WorkloadSpec, parse_spec
 from resumequal.state import _set_pending_grads, pending_grads
 from resumequal.trace.digest import named_tensors_digest, sharding, tensor_digest
 from resumequal.trace.records import StepRecord, boundary_value
+from resumequal.train import precision
 from resumequal.train.loop import _no_sync
+from resumequal.train.precision import check_precision, dtensor_agrees_on_found_inf
 from resumequal.train.sharding import (
     ReduceScatterRecorder,
     parameter_names,
@@ -47,12 +50,18 @@ def test_fsdp2_refuses_ddp_settings_naming_the_field(ddp: dict[str, Any], field:
     assert f"{field} is set but parallelism.kind is fsdp2" in str(info.value)
 
 
-def test_fsdp2_refuses_fp16_saying_why() -> None:
-    with pytest.raises(SpecError, match=r"training\.precision=fp16 with parallelism\.kind="
-                       r"fsdp2 is not supported yet: each rank holds only its shard"):
-        parse_spec({"parallelism": {"kind": "fsdp2"}, "training": {"precision": "fp16"}})
-    assert parse_spec({"parallelism": {"kind": "fsdp2"},
-                       "training": {"precision": "bf16"}}).training.precision == "bf16"
+def test_fp16_under_fsdp2_needs_dtensor_to_agree_on_the_scalers_inf_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = parse_spec({"parallelism": {"kind": "fsdp2"}, "training": {"precision": "fp16"}})
+    assert dtensor_agrees_on_found_inf()  # this torch: the plain GradScaler serves
+    check_precision(spec.training, "cpu", "fsdp2")
+
+    monkeypatch.setattr(precision, "dtensor_agrees_on_found_inf", lambda: False)
+    check_precision(spec.training, "cpu", "ddp")  # DDP's gradients are whole on every rank
+    with pytest.raises(TrainingError, match=r"^training\.precision=fp16: torch .* with "
+                       r"parallelism\.kind=fsdp2: each rank holds only its shard"):
+        check_precision(spec.training, "cpu", "fsdp2")
 
 
 def test_unknown_kinds_are_refused_listing_the_allowed_ones() -> None:

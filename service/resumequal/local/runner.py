@@ -91,7 +91,7 @@ def check_runs_here(spec: QualificationSpec) -> None:
         from resumequal.train.precision import check_precision
 
         device = "cuda" if resolve_backend(spec.world.backend) == "nccl" else "cpu"
-        check_precision(spec.training, device)
+        check_precision(spec.training, device, spec.parallelism.kind)
 
 
 def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Console) -> Report:

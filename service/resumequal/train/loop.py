@@ -152,7 +152,8 @@ class Trainer:
         self.p = placement
         self.omit = omit
         try:
-            self.precision = Precision.of(spec.training, placement.device)
+            self.precision = Precision.of(spec.training, placement.device,
+                                          spec.parallelism.kind)
         except TrainingError as e:
             # Every attempt would meet it: fail the leg for good, not be restarted into it.
             mark_failed(files, f"rank {placement.rank}: {e}")

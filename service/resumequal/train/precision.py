@@ -7,6 +7,12 @@ makes (its state is checkpointed with the rank state, see :mod:`resumequal.state
 
 A device whose torch cannot autocast to the dtype is refused before training: torch
 itself only warns and runs the region in fp32, which would qualify fp32 under a bf16 label.
+
+fp16 under FSDP2 (``parallelism.kind: fsdp2``): each rank holds only its shard of the
+gradients, so the scaler's inf/NaN check must be agreed across ranks, or one rank would
+skip an update another makes. torch's DTensor does that (its dispatch all-reduces the
+``found_inf`` of ``_amp_foreach_non_finite_check_and_unscale_`` with MAX over the mesh), so
+the plain ``torch.amp.GradScaler`` serves; a torch whose DTensor lacks that is refused.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from resumequal.workloads.base import LossFn, Microbatch
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def check_precision(training: TrainingSpec, device_type: str) -> None:
+def check_precision(training: TrainingSpec, device_type: str,
+                    parallelism: str = "ddp") -> None:
     """TrainingError naming ``training.precision`` when this torch cannot train in it on
-    ``device_type`` (``cpu`` or ``cuda``)."""
+    ``device_type`` (``cpu`` or ``cuda``) with ``parallelism`` (``parallelism.kind``)."""
     name = training.precision
     dtype = DTYPES.get(name)
     if dtype is None:
@@ -51,6 +58,21 @@ def check_precision(training: TrainingSpec, device_type: str) -> None:
             torch.amp.GradScaler(device_type)
         except (RuntimeError, ValueError, AssertionError) as e:
             raise TrainingError(f"{where} has no GradScaler: {e}") from e
+        if parallelism == "fsdp2" and not dtensor_agrees_on_found_inf():
+            raise TrainingError(
+                f"{where} with parallelism.kind=fsdp2: each rank holds only its shard of the "
+                "gradients and this torch's DTensor does not all-reduce the GradScaler's "
+                "inf/NaN check, so ranks could disagree on skipping a step; use bf16 or fp32")
+
+
+def dtensor_agrees_on_found_inf() -> bool:
+    """Whether DTensor reduces the GradScaler's ``found_inf`` over the mesh (a handler in a
+    private torch module, hence probed)."""
+    try:
+        from torch.distributed.tensor import _dispatch
+    except ImportError:  # pragma: no cover - depends on the torch build
+        return False
+    return hasattr(_dispatch, "found_inf_reduce_handler")
 
 
 @dataclass(frozen=True)
@@ -62,9 +84,11 @@ class Precision:
     scaler_spec: GradScalerSpec | None
 
     @classmethod
-    def of(cls, training: TrainingSpec, device: torch.device) -> Precision:
-        """The precision ``training`` asks for on ``device``, once checked to work there."""
-        check_precision(training, device.type)
+    def of(cls, training: TrainingSpec, device: torch.device,
+           parallelism: str = "ddp") -> Precision:
+        """The precision ``training`` asks for on ``device`` with ``parallelism``, once
+        checked to work there."""
+        check_precision(training, device.type, parallelism)
         fp16 = training.precision == "fp16"
         return cls(device.type, DTYPES.get(training.precision),
                    training.grad_scaler if fp16 else None)
