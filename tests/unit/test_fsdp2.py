@@ -103,6 +103,17 @@ def test_tiny_gpt_shards_its_transformer_blocks() -> None:
     assert [name for name, _ in shard_units(model)] == ["blocks.0", "blocks.1", "blocks.2"]
 
 
+def test_lists_inside_a_block_stay_in_the_block() -> None:
+    class Experts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.experts = nn.ModuleList(nn.Linear(2, 2) for _ in range(2))
+
+    model = nn.Module()
+    model.layers = nn.ModuleList([Experts(), Experts(), nn.ReLU()])
+    assert [name for name, _ in shard_units(model)] == ["layers.0", "layers.1"]
+
+
 def test_without_repeated_blocks_each_child_with_parameters_is_sharded() -> None:
     model = _workload("dropout-mlp").model
     assert [name for name, _ in shard_units(model)] == ["0", "3", "6"]  # the Linears

@@ -46,15 +46,14 @@ def _reduce_scatter_base() -> type | None:
 
 def shard_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules to ``fully_shard`` before the root, by qualified name, in module order:
-    every element of an ``nn.ModuleList`` that has parameters, or else every direct child
-    that has parameters."""
-    blocks = [
-        (f"{name}.{i}", block)
-        for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList)
-        for i, block in enumerate(module)
-        if any(True for _ in block.parameters())
-    ]
+    every element with parameters of an ``nn.ModuleList`` not inside another such element
+    (a block's own lists stay in the block), or else every direct child with parameters."""
+    blocks: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        inside = any(name.startswith(f"{outer}.") for outer, _ in blocks)
+        if isinstance(module, nn.ModuleList) and not inside:  # the outermost lists only
+            blocks += [(f"{name}.{i}", block) for i, block in enumerate(module)
+                       if any(True for _ in block.parameters())]
     if blocks:
         return blocks
     return [(name, child) for name, child in model.named_children()

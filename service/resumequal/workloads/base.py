@@ -3,7 +3,10 @@
 A factory is a function ``factory(ctx: WorkloadContext) -> Workload``, named in the spec as
 ``workload.name: "my_package.my_module:my_factory"``. resumequal seeds every RNG with
 ``training.seed`` before calling it (so model initialisation is identical on every rank),
-wraps ``Workload.model`` in DDP itself, and owns the loop: the factory only builds things.
+wraps ``Workload.model`` in DDP itself (or, with ``parallelism.kind: fsdp2``, shards it with
+``fully_shard`` and points the optimizer's param groups at the sharded parameters of the
+same names, so the optimizer must be built on the model's own parameters and not have
+stepped), and owns the loop: the factory only builds things.
 
 Rules a factory must follow for a resume to be exact:
 
