@@ -24,6 +24,10 @@ class CheckpointError(ResumequalError):
     """A checkpoint is missing, torn, tampered with, or does not match what is restored."""
 
 
+class CheckpointMissing(CheckpointError):
+    """No committed checkpoint of that name exists."""
+
+
 class StoreError(ResumequalError):
     """The store refused or failed an operation."""
 

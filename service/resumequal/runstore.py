@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -74,6 +74,7 @@ from resumequal.store.log import (
 from resumequal.verdict import SCHEMA_VERSION, Verdict
 
 log = logging.getLogger(__name__)
+_M = TypeVar("_M", bound=BaseModel)
 
 RUN_FILE = "run.json"
 SPEC_FILE = "spec.json"
@@ -122,37 +123,34 @@ class LegProgress:
     resumed_at: float | None = None
 
 
-class KillOrder(BaseModel):
+class _Kill(BaseModel):
+    """What every kill of an armed rank says: whose, how, and when it was issued."""
+
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+    rank: int
+    attempt: int
+    pod_uid: str | None = None
+    mode: Literal["hard", "graceful"]
+    grace_seconds: float
+    issued_at: float
+
+
+class KillOrder(_Kill):
     """An order to an armed worker to kill itself, written to the store by whoever kills.
 
     The worker obeys only an order naming its own pid and, when ``podUid`` is set, its
     pod's uid: a replayed order never hits a replacement pod (same name, same pids).
     """
 
-    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
-                              validate_by_alias=True, serialize_by_alias=True)
-    rank: int
-    attempt: int
     pid: int
-    pod_uid: str | None = None
-    mode: Literal["hard", "graceful"]
-    grace_seconds: float
-    issued_at: float
 
 
-class PodKill(BaseModel):
+class PodKill(_Kill):
     """A record, written by whoever deleted the armed worker's pod, of when and how: the
     pod deletion leaves no kill order, and the comparator's timeline needs the kill time."""
 
-    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
-                              validate_by_alias=True, serialize_by_alias=True)
-    rank: int
-    attempt: int
     pod: str
-    pod_uid: str | None = None
-    mode: Literal["hard", "graceful"]
-    grace_seconds: float
-    issued_at: float
 
 
 class LegSpecFile(BaseModel):
@@ -301,43 +299,37 @@ class LegFiles:
             raise StoreError(f"{self.store.uri(self.beacon_key(rank, attempt))}: not a beacon")
         return body
 
+    def _put_model(self, key: str, body: BaseModel) -> str:
+        self.store.put_bytes(key, body.model_dump_json().encode())
+        return self.store.uri(key)
+
+    def _get_model(self, key: str, model: type[_M], what: str) -> _M | None:
+        """``key`` validated as ``model``; None while absent, StoreError naming ``what``."""
+        try:
+            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
+        except StoreNotFound:
+            return None
+        try:
+            return model.model_validate_json(data)
+        except ValidationError as e:
+            raise StoreError(f"{self.store.uri(key)}: not {what}: "
+                             f"{e.errors()[0]['msg']}") from e
+
     def write_kill_order(self, order: KillOrder) -> str:
         """Publish a kill order for the worker it names; its URI."""
-        key = self.kill_order_key(order.rank, order.attempt)
-        self.store.put_bytes(key, order.model_dump_json().encode())
-        return self.store.uri(key)
+        return self._put_model(self.kill_order_key(order.rank, order.attempt), order)
 
     def read_kill_order(self, rank: int, attempt: int) -> KillOrder | None:
         """The kill order for this rank and attempt, or None while there is none."""
-        key = self.kill_order_key(rank, attempt)
-        try:
-            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
-        except StoreNotFound:
-            return None
-        try:
-            return KillOrder.model_validate_json(data)
-        except ValidationError as e:
-            raise StoreError(f"{self.store.uri(key)}: not a kill order: "
-                             f"{e.errors()[0]['msg']}") from e
+        return self._get_model(self.kill_order_key(rank, attempt), KillOrder, "a kill order")
 
     def write_pod_kill(self, kill: PodKill) -> str:
         """Record that the pod of the rank ``kill`` names was deleted; its URI."""
-        key = self.pod_kill_key(kill.rank, kill.attempt)
-        self.store.put_bytes(key, kill.model_dump_json().encode())
-        return self.store.uri(key)
+        return self._put_model(self.pod_kill_key(kill.rank, kill.attempt), kill)
 
     def read_pod_kill(self, rank: int, attempt: int) -> PodKill | None:
         """The record of this rank's pod deletion, or None when its pod was not deleted."""
-        key = self.pod_kill_key(rank, attempt)
-        try:
-            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
-        except StoreNotFound:
-            return None
-        try:
-            return PodKill.model_validate_json(data)
-        except ValidationError as e:
-            raise StoreError(f"{self.store.uri(key)}: not a pod kill record: "
-                             f"{e.errors()[0]['msg']}") from e
+        return self._get_model(self.pod_kill_key(rank, attempt), PodKill, "a pod kill record")
 
     def mark_rank_done(self, rank: int, attempt: int, steps: int) -> str:
         """Say this rank finished the leg (its trace closed, its final checkpoint

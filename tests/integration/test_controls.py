@@ -33,11 +33,14 @@ def test_default_controls_are_all_detected_with_their_mechanism(tmp_path: Path) 
     report = _report(run_dir)
     controls = _controls(report)
     assert set(controls) == {"rng", "data_cursor", "scheduler", "model_optimizer_only",
-                             "pending_grads", "scaler"}
-    # fp32 has no GradScaler: no leg runs for the scaler control, and the report says why.
-    scaler = controls.pop("scaler")
+                             "pending_grads", "scaler", "loader_state"}
+    # fp32 has no GradScaler, nor this workload a StatefulDataLoader: no leg runs for their
+    # controls, and the report says why.
+    scaler, loader = controls.pop("scaler"), controls.pop("loader_state")
     assert (scaler["status"], scaler["leg"]) == ("not_applicable", None)
     assert scaler["evidence"].startswith("training.precision is fp32: there is no GradScaler")
+    assert (loader["status"], loader["leg"]) == ("not_applicable", None)
+    assert loader["evidence"].startswith("workload.loader is not set")
     assert all(c["status"] == "detected" for c in controls.values()), controls
     # Resumed from step 4: fresh RNGs show at the start of step 5, immediately.
     rng = controls["rng"]["first_divergence"]

@@ -585,9 +585,11 @@ def test_a_rank_state_is_json_and_is_read_back_strictly(tmp_path: Path) -> None:
     state = json.loads(path.read_bytes())
     assert state["format"] == 2 and state["counters"]["step"] == 1
     assert RankState.model_validate_json(path.read_bytes()) == rank_state(live)
+    mgr.root.fetch(name, 0)
+    copy = mgr.root.local_copy(name, 0) / layout.rank_state_file(0)
     for bad, why in (({k: v for k, v in state.items() if k != "data_cursor"}, "data_cursor"),
                      ({**state, "sampler": {}}, "sampler"), ({**state, "format": 1}, "format")):
-        path.write_text(json.dumps(bad))  # past the manifest check: load directly
+        copy.write_text(json.dumps(bad))  # the verified copy, past the manifest check
         with pytest.raises(CheckpointError, match=rf"rank-0\.json: unreadable rank state: "
                                                   rf"(?s:.*){why}"):
             mgr.load(name, _template(_live(seed=2)), RankState)
@@ -608,7 +610,8 @@ def test_a_dcp_failure_on_load_is_a_checkpoint_error(tmp_path: Path) -> None:
     live = _trained(steps=1)
     mgr = _manager(tmp_path)
     name = _save(mgr, live, Position(1))
-    shard = sorted((tmp_path / name / "dcp").glob("*.distcp"))[0]
-    shard.write_bytes(shard.read_bytes()[:16])  # past the manifest check: load directly
+    mgr.root.fetch(name, 0)
+    shard = sorted((mgr.root.local_copy(name, 0) / "dcp").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:16])  # the verified copy, past the manifest check
     with pytest.raises(CheckpointError, match="DCP load of step-00000001 failed"):
         mgr.load(name, _template(_live(seed=2)), RankState)

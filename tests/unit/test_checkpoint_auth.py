@@ -37,7 +37,7 @@ from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, key_from_env, new_key
 from resumequal.spec import parse_spec
 from resumequal.store import FileStore
-from tests.checkpoint_attacks import payload, tamper
+from tests.checkpoint_attacks import payload, planted_files, tamper
 from tests.unit.rank_states import Plain
 
 pytestmark = pytest.mark.usefixtures("single_process_group")
@@ -238,3 +238,23 @@ def test_a_local_run_makes_a_key_for_its_legs_and_keeps_it_out_of_the_run_folder
 def test_a_local_run_keeps_the_callers_key(tmp_path: Path, checkpoint_key: str) -> None:
     LocalBackend(parse_spec({}), tmp_path / "run")
     assert os.environ[KEY_ENV] == checkpoint_key
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_files_planted_after_the_check_are_never_read(kind: str, tmp_path: Path) -> None:
+    """Between the check of a checkpoint and its load, whoever can write to the store swaps
+    its files for the payload: the worker loads its private verified copy, and the
+    comparator its own, so the swap is never read."""
+    place = Place(kind, tmp_path)
+    marker = tmp_path / "payload-ran"
+    mgr = _manager(place.root)
+    assert mgr.newest() == NAME  # checked (and copied) here
+    for rel, data in planted_files(marker).items():
+        place.write(rel, data)  # then swapped where the checkpoint lies
+    loaded = mgr.load(NAME, _template, Plain)
+    assert torch.equal(loaded.tensors["x"], torch.arange(3.0))
+    assert loaded.rank_state == Plain(step=STEPS)
+    assert not marker.exists()
+    # The comparator copies (verifying) before it reads: the swapped files are refused.
+    _refused(place.compare(tmp_path), "does not match the manifest's size and sha256")
+    assert not marker.exists()

@@ -10,13 +10,19 @@ Layout under the leg's checkpoint folder::
 Rank 0 hashes every staged file into the manifest, signs it, and renames the staging folder into
 place; a kill before the rename leaves only a staging folder, removed at the next start.
 :mod:`resumequal.checkpoint.manager` runs the collectives around it.
+
+A checkpoint is never loaded where it lies: whoever can write to the folder could change a
+file between its check and its load. Each rank copies it into a private folder of its own,
+checking every file as it is copied, and loads the copy.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import shutil
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from resumequal.checkpoint import layout
@@ -24,11 +30,12 @@ from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import (
     CheckpointInfo,
     FileEntry,
+    copy_verified,
     fsync_dir,
     verify,
     write_manifest,
 )
-from resumequal.errors import CheckpointError
+from resumequal.errors import CheckpointError, CheckpointMissing
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,15 @@ class FolderRoot:
     root: Path
     # The staged files are the checkpoint itself once renamed: fsync them.
     durable_staging = True
+    _copies: list[Path] = field(default_factory=list, compare=False, repr=False)
+
+    def _private(self) -> Path:
+        """This process's folder for verified copies: mode 0700, removed at exit."""
+        if not self._copies:
+            folder = Path(tempfile.mkdtemp(prefix="resumequal-ckpt-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            self._copies.append(folder)
+        return self._copies[0]
 
     @property
     def scratch(self) -> Path:
@@ -105,12 +121,18 @@ class FolderRoot:
         return newest.name
 
     def local_copy(self, name: str, rank: int) -> Path:
-        """The folder checkpoint ``name`` is loaded from: in place."""
-        return self.root / name
+        """This rank's private, verified copy of checkpoint ``name``."""
+        return self._private() / f"rank-{rank}" / name
 
     def fetch(self, name: str, rank: int) -> None:
-        """Nothing to fetch: the committed folder was verified where it lies."""
+        """Copy ``name`` into this rank's private folder, every file checked on the way."""
+        shutil.rmtree(self._private() / f"rank-{rank}", ignore_errors=True)
+        copy_verified(self.root / name, self.local_copy(name, rank))
 
     def final_root(self, name: str, dest: Path) -> Path:
-        """A local checkpoint root holding ``name``: this folder."""
-        return self.root
+        """Copy ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""
+        if not (self.root / name).is_dir():
+            raise CheckpointMissing(f"{self.root / name} is not a committed checkpoint")
+        shutil.rmtree(dest / name, ignore_errors=True)
+        copy_verified(self.root / name, dest / name)
+        return dest

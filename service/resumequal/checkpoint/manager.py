@@ -408,13 +408,19 @@ class CheckpointManager:
         template: Callable[[RankState], dict[str, Any]],
         state_type: type[RankState],
     ) -> Loaded[RankState]:
-        """Load this rank's part of checkpoint ``name`` (verified by :meth:`newest`): its
+        """Load this rank's part of checkpoint ``name`` from its verified copy (fetched by
+        :meth:`newest`, or here): its
         rank state validated as ``state_type``, its tensors into those ``template`` builds
         from that state."""
         directory = self.root.local_copy(name, self.rank)
         position = Position.parse(name)
         if position is None:
             raise CheckpointError(f"{directory}: not a checkpoint name")
+        if not directory.is_dir():  # not fetched by newest(): only a verified copy is read
+            try:
+                self.root.fetch(name, self.rank)
+            except (StoreError, OSError) as e:
+                raise CheckpointError(f"cannot load {self.root.uri(name)}: {e}") from e
         rank_file = directory / layout.rank_state_file(self.rank)
         try:
             rank_state = state_type.model_validate_json(rank_file.read_bytes())

@@ -216,3 +216,40 @@ def verify(directory: Path, key: bytes | None = None) -> Manifest:
                 f"file {digest[:12]}…): the checkpoint was modified after it was committed"
             )
     return manifest
+
+
+def copy_verified(directory: Path, dest: Path, key: bytes | None = None) -> Manifest:
+    """Copy checkpoint folder ``directory`` into ``dest``, each file hashed as it is copied
+    and checked against the authenticated manifest; ``dest`` then holds the checkpoint
+    with its manifest. What is later read is the copy, so a file changed in ``directory``
+    after the check is never read (no window between verifying and loading)."""
+    manifest = read_manifest(directory, key)
+    if manifest.name != directory.name:
+        raise CheckpointError(
+            f"checkpoint {directory} is refused: its manifest is the one of {manifest.name}"
+        )
+    dest.mkdir(parents=True)
+    for rel, entry in sorted(manifest.files.items()):
+        src, out = directory / rel, dest / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise CheckpointError(f"checkpoint {directory} fails verification: the manifest "
+                                  f"lists {rel!r}, outside the folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        h, size = hashlib.sha256(), 0
+        try:
+            with src.open("rb") as f, out.open("wb") as w:
+                # Never more than the manifest's size (+1 to notice a longer file).
+                while size <= entry.size and (chunk := f.read(min(_CHUNK, entry.size + 1 - size))):
+                    h.update(chunk)
+                    w.write(chunk)
+                    size += len(chunk)
+        except FileNotFoundError as e:
+            raise CheckpointError(f"checkpoint {directory} fails verification: {rel} is "
+                                  "listed in the manifest but missing") from e
+        if size != entry.size or h.hexdigest() != entry.sha256:
+            raise CheckpointError(
+                f"checkpoint {directory} fails verification: {rel} does not match the "
+                "manifest's size and sha256: it was modified after it was committed")
+    write_manifest_file(dest, manifest)
+    return manifest
+

@@ -43,7 +43,7 @@ from resumequal.checkpoint.manifest import (
     signed,
     write_manifest_file,
 )
-from resumequal.errors import CheckpointError, StoreError
+from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
 from resumequal.store import ObjectInfo, Store, StoreIntegrityError, StoreNotFound
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,8 @@ def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
     the object.
     """
     if not root.store.exists(root.key(name, COMMITTED)):
-        raise CheckpointError(f"{root.uri(name)} is not a committed checkpoint (no {COMMITTED})")
+        raise CheckpointMissing(
+            f"{root.uri(name)} is not a committed checkpoint (no {COMMITTED})")
     manifest = read_manifest(root, name)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)

@@ -40,10 +40,10 @@ def final_checkpoint_root(
 ) -> Path | None:
     """A local folder holding the leg's final checkpoint (``step-T``) as a checkpoint root.
 
-    In a folder that is the leg's checkpoint root itself. On an object store, ``step-T``
-    is downloaded into ``scratch/<leg>/`` with every object checked against the manifest's
-    sha256; a failure (not committed, tampered, unreachable) is a CheckpointError naming
-    the object. None for a store this process cannot read.
+    ``step-T`` is copied (from a folder) or downloaded (from an object store) into
+    ``scratch/<leg>/`` with every file checked against the authenticated manifest's sha256
+    as it arrives, and only the copy is read; a failure (not committed, tampered,
+    unreachable) is a CheckpointError naming the file. None for a store this process cannot read.
     """
     try:
         where = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,

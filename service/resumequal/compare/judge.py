@@ -26,7 +26,7 @@ from resumequal.compare.validity import (
     resumed_attempt,
 )
 from resumequal.compare.walk import Point, Rules, Steps, Walk, loss_deltas, summarise, walk
-from resumequal.errors import CheckpointError
+from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
 from resumequal.runstore import RunLocation
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, Boundary, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
@@ -103,18 +103,24 @@ def _final_drift(
 ) -> tuple[ValidityCheck, list[DriftSummary] | None]:
     """Verify both legs' final checkpoints and measure their drift (None: not measured).
 
-    Checkpoints on an object store are first downloaded, verified, into a scratch folder
-    that is removed afterwards.
+    Each is first copied or downloaded, verified as it arrives, into a scratch folder that
+    is removed afterwards; only the copies are read.
     """
     name = "final_checkpoints"
+    final_name = Position(spec.training.steps).name
     with tempfile.TemporaryDirectory(prefix="resumequal-final-") as scratch:
-        try:
-            reference = final_checkpoint_root(spec, location, REFERENCE_LEG, Path(scratch))
-            roots = {"control": reference,
-                     "preempted": final_checkpoint_root(spec, location, leg, Path(scratch))}
-        except CheckpointError as e:
-            return ValidityCheck(name=name, ok=False,
-                                 detail=f"the final checkpoints cannot be read: {e}"), None
+        roots: dict[str, Path | None] = {}
+        for role, leg_name in (("control", REFERENCE_LEG), ("preempted", leg)):
+            try:
+                roots[role] = final_checkpoint_root(spec, location, leg_name, Path(scratch))
+            except CheckpointMissing:
+                return ValidityCheck(name=name, ok=False, detail=(
+                    f"the {role} leg has no final checkpoint {final_name}")), None
+            except CheckpointError as e:
+                what = ("cannot be read" if isinstance(e.__cause__, StoreError)
+                        else "fails verification")
+                return ValidityCheck(name=name, ok=False,
+                                     detail=f"the {role} leg's final checkpoint {what}: {e}"), None
         final_check, final = check_final_checkpoints(roots, spec.training.steps)
         if final is None:
             return final_check, None
