@@ -39,6 +39,7 @@ def _steps(run_dir: Path, leg: str, rank: int) -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] == "step"]
 
 
+@pytest.mark.matrix
 @pytest.mark.timeout(300)
 def test_fsdp2_resumes_exactly_after_a_hard_kill_mid_accumulation(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -75,6 +76,7 @@ def test_fsdp2_bf16_resumes_exactly_after_a_hard_kill(tmp_path: Path) -> None:
     _exact(verdict, "hard")
 
 
+@pytest.mark.matrix
 @pytest.mark.timeout(300)
 def test_fsdp2_fp16_resumes_exactly_and_a_resume_without_the_scaler_is_caught(
     tmp_path: Path,

@@ -41,7 +41,7 @@ def _exact(verdict: dict[str, Any], mode: str) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["hard", "graceful"])
+@pytest.mark.parametrize("mode", ["hard", pytest.param("graceful", marks=pytest.mark.matrix)])
 def test_ddp_bf16_resumes_exactly_mid_accumulation(tmp_path: Path, mode: str) -> None:
     run_dir = tmp_path / "run"
     verdict, _ = _run(run_dir, "training.precision=bf16", f"preemption.mode={mode}",
@@ -55,7 +55,7 @@ def test_ddp_bf16_resumes_exactly_mid_accumulation(tmp_path: Path, mode: str) ->
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["hard", "graceful"])
+@pytest.mark.parametrize("mode", [pytest.param("hard", marks=pytest.mark.matrix), "graceful"])
 def test_fp16_resumes_exactly_and_a_resume_without_the_scaler_is_caught(
     tmp_path: Path, mode: str
 ) -> None:
