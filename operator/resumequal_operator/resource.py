@@ -42,6 +42,7 @@ from resumequal.spec import (
     SECTION_CONFIG,
     CheckpointSpec,
     ComparisonSpec,
+    CompileSpec,
     ControlsSpec,
     DDPSpec,
     MatrixSpec,
@@ -277,6 +278,7 @@ class QualificationRunSpec(_Section):
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     ddp: DDPSpec = Field(default_factory=DDPSpec)
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    compile: CompileSpec = Field(default_factory=CompileSpec)
     comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
     controls: ControlsSpec = Field(default_factory=ControlsSpec)
     matrix: MatrixSpec = Field(default_factory=MatrixSpec)

@@ -64,7 +64,8 @@ OMISSIONS: tuple[Omission, ...] = get_args(Omission)
 Precision = Literal["fp32", "bf16", "fp16"]
 
 
-_TRAINING_SECTIONS = ("workload", "world", "training", "checkpoint", "ddp", "parallelism")
+_TRAINING_SECTIONS = ("workload", "world", "training", "checkpoint", "ddp", "parallelism",
+                      "compile")
 
 # Upper bounds. A qualification is short: these leave room for any real one while keeping
 # every number an int64 and every derived figure (deadlines, world size) far from overflow.
@@ -468,6 +469,41 @@ class ParallelismSpec(_Section):
         default="ddp", description="ddp (replicated model) or fsdp2 (fully_shard per block)")
 
 
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+CompileCache = Literal["shared", "per-rank", "fresh"]
+
+
+class CompileSpec(_Section):
+    """``torch.compile`` of the model (inductor), and where its caches live.
+
+    The model is compiled in place (``nn.Module.compile``: parameter names, checkpoints and
+    digests are the eager model's) before DDP wraps it, or block by block once FSDP2 has
+    sharded it. ``cache`` places inductor's on-disk caches (``TORCHINDUCTOR_CACHE_DIR``,
+    ``TRITON_CACHE_DIR``), set in each process before it compiles: ``shared`` one folder
+    under the run's scratch for every rank, leg and attempt (a resumed process starts warm
+    from what the first one compiled); ``per-rank`` one such folder per rank; ``fresh`` a
+    new empty folder per process (every process compiles cold, as on a new node).
+    """
+
+    enabled: bool = Field(default=False, description="compile the model with torch.compile")
+    mode: CompileMode = Field(
+        default="default", description="torch.compile's mode (enabled only)")
+    cache: CompileCache = Field(
+        default="shared",
+        description="inductor's cache folder: shared by every process of the run, one per "
+        "rank, or a fresh empty one per process (enabled only)")
+
+    @model_validator(mode="after")
+    def _settings_need_enabled(self) -> CompileSpec:
+        if not self.enabled:
+            for name, field in CompileSpec.model_fields.items():
+                if name != "enabled" and getattr(self, name) != field.default:
+                    raise ValueError(
+                        f"compile.{field.alias} is set but compile.enabled is false: the "
+                        "model would run eagerly; set compile.enabled=true or remove it")
+        return self
+
+
 class ComparisonSpec(_Section):
     mode: Literal["exact", "tolerance"] = "exact"
     tolerances: dict[Boundary, Annotated[float, Field(ge=0)]] = Field(
@@ -538,6 +574,7 @@ class QualificationSpec(_Section):
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     ddp: DDPSpec = Field(default_factory=DDPSpec)
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    compile: CompileSpec = Field(default_factory=CompileSpec)
     comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
     controls: ControlsSpec = Field(default_factory=ControlsSpec)
     matrix: MatrixSpec = Field(default_factory=MatrixSpec)
@@ -615,6 +652,8 @@ class QualificationSpec(_Section):
                 del data["training"][key]
         if self.parallelism == ParallelismSpec():
             del data["parallelism"]  # likewise for specs from before parallelism
+        if self.compile == CompileSpec():
+            del data["compile"]  # likewise for specs from before compile
         if data["workload"].get("loader") is None:
             del data["workload"]["loader"]  # likewise for specs from before workload.loader
         canonical = json.dumps(data, sort_keys=True)

@@ -166,7 +166,7 @@ def test_a_leg_that_cannot_train_in_its_precision_fails_for_good(
                           device=torch.device("cpu"), host="h", joined_at=0.0)
     with pytest.raises(TrainingError, match=r"^training\.precision=bf16: "):
         Trainer(spec, "preempted", files, placement, checkpoint_root=FolderRoot(tmp_path / "c"),
-                trace=FileSink(tmp_path / "trace.jsonl"))
+                trace=FileSink(tmp_path / "trace.jsonl"), scratch=tmp_path / "s")
     failure = files.failure()
     assert failure is not None and failure.startswith("rank 1: training.precision=bf16: torch ")
     assert not (tmp_path / "c").exists()

@@ -87,6 +87,34 @@ def test_fp32_digests_are_those_of_specs_written_before_precision_existed() -> N
     assert len(digests) == 4
 
 
+def test_compile_is_off_by_default_and_keeps_the_digests_of_specs_without_it() -> None:
+    spec = parse_spec({})
+    assert (spec.compile.enabled, spec.compile.mode, spec.compile.cache) == (
+        False, "default", "shared")
+    assert parse_spec({"compile": {"enabled": False}}).digest() == (
+        "2e5a240062b23c200a66a0ecffe436de197a8b73a3d11927812ddf4bc175350e")
+    digests = {parse_spec({"compile": c}).digest() for c in (
+        {}, {"enabled": True}, {"enabled": True, "mode": "max-autotune"},
+        {"enabled": True, "cache": "fresh"}, {"enabled": True, "cache": "per-rank"})}
+    assert len(digests) == 5
+    assert apply_overrides(spec, ["compile.enabled=true", "compile.cache=per-rank"]) \
+        .compile.cache == "per-rank"
+
+
+@pytest.mark.parametrize(("field", "value"), [("mode", "max-autotune"), ("cache", "fresh")])
+def test_compile_settings_without_enabled_are_refused_naming_the_field(
+        field: str, value: str) -> None:
+    msg = _error({"compile": {field: value}})
+    assert msg.startswith(f"spec: compile: compile.{field} is set but compile.enabled is false")
+
+
+def test_an_unknown_compile_cache_lists_the_policies() -> None:
+    msg = _error({"compile": {"enabled": True, "cache": "global"}})
+    assert msg.startswith("spec: compile.cache: ")
+    for policy in ("shared", "per-rank", "fresh"):
+        assert f"'{policy}'" in msg
+
+
 # --- precision -------------------------------------------------------------------------------
 
 
@@ -263,9 +291,8 @@ def test_unknown_tolerance_boundary_lists_the_boundaries() -> None:
 def test_unknown_top_level_field_lists_the_sections() -> None:
     msg = _error({"trainig": {"steps": 3}})
     assert msg == (
-        "spec: trainig: unknown field; allowed: checkpoint, comparison, controls, ddp, matrix, "
-            "parallelism, "
-        "preemption, timeouts, training, workload, world"
+        "spec: trainig: unknown field; allowed: checkpoint, comparison, compile, controls, ddp, "
+        "matrix, parallelism, preemption, timeouts, training, workload, world"
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from resumequal.trace.records import InventoryRecord
+from resumequal.trace.records import CompileRecord, InventoryRecord
 
 __all__ = ["collect_inventory", "relevant_env"]
 
@@ -54,8 +54,9 @@ def _cudnn_version() -> int | None:
     return version
 
 
-def collect_inventory(rank: int, attempt: int) -> InventoryRecord:
-    """The runtime inventory of this process."""
+def collect_inventory(rank: int, attempt: int,
+                      compile: CompileRecord | None = None) -> InventoryRecord:
+    """The runtime inventory of this process; ``compile`` where the model is compiled."""
     return InventoryRecord(
         rank=rank,
         attempt=attempt,
@@ -76,5 +77,6 @@ def collect_inventory(rank: int, attempt: int) -> InventoryRecord:
         float32_matmul_precision=torch.get_float32_matmul_precision(),
         cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32),
         env=relevant_env(),
+        compile=compile,
     )
 

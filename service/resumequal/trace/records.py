@@ -130,6 +130,15 @@ class StepRecord(_Record):
     finished_at: float
 
 
+class CompileRecord(_Record):
+    """``torch.compile`` in a worker (compile.enabled): its settings and inductor's cache."""
+
+    mode: str
+    cache: str = Field(description="compile.cache: shared, per-rank or fresh")
+    cache_dir: str = Field(description="TORCHINDUCTOR_CACHE_DIR of this process")
+    warm: bool = Field(description="the cache folder held files when this process started")
+
+
 class InventoryRecord(_Record):
     """The runtime a worker trains in: versions, numerics flags and relevant env vars."""
 
@@ -154,10 +163,16 @@ class InventoryRecord(_Record):
     float32_matmul_precision: str
     cudnn_allow_tf32: bool
     env: dict[str, str]
+    # None where the model runs eagerly, and in traces written before compile existed.
+    compile: CompileRecord | None = None
 
     def comparable(self) -> dict[str, Any]:
-        """The fields two legs must agree on (drops pid, host, rank and attempt)."""
-        return self.model_dump(exclude={"pid", "host", "rank", "attempt"})
+        """The fields two legs must agree on: drops pid, host, rank and attempt, and where
+        inductor's cache is and whether it was warm (a resumed process may find the folder
+        the first one filled; a fresh cache differs in every process)."""
+        return self.model_dump(exclude={"pid": True, "host": True, "rank": True,
+                                        "attempt": True,
+                                        "compile": {"cache_dir", "warm"}})
 
 
 class RestoreRecord(_Record):

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,
+    CompileRecord,
     LossScaleRecord,
     MicrostepPartial,
     MicrostepRecord,
@@ -58,6 +60,7 @@ from resumequal.trace.records import (
     TraceSink,
     TraceWriter,
 )
+from resumequal.train.compiling import compile_blocks, compile_model, place_cache
 from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.precision import Precision, scaler_state
 from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag, mark_failed
@@ -67,6 +70,7 @@ from resumequal.train.sharding import (
     parameter_names,
     rebind_optimizer,
     shard_model,
+    shard_units,
 )
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
@@ -141,16 +145,20 @@ class Trainer:
         *,
         checkpoint_root: CheckpointRoot,
         trace: TraceSink,
+        scratch: Path,
         omit: frozenset[str] = frozenset(),
     ) -> None:
         """``files`` are the leg's beacons and markers; ``checkpoint_root`` and ``trace``
-        say where its checkpoints and this rank's trace go."""
+        say where its checkpoints and this rank's trace go; ``scratch`` is the local folder
+        for what is not kept (inductor's cache under ``compile``)."""
         check_leg_name(leg)
         self.spec = spec
         self.leg = leg
         self.files = files
         self.p = placement
         self.omit = omit
+        self.scratch = scratch
+        self.compiled: CompileRecord | None = None
         try:
             self.precision = Precision.of(spec.training, placement.device,
                                           spec.parallelism.kind)
@@ -202,6 +210,8 @@ class Trainer:
         )
         workload = load_workload(self.spec.workload, ctx)
         model = workload.model.to(self.p.device)
+        if self.spec.compile.enabled:
+            self.compiled = place_cache(self.spec.compile, self.scratch, self.p.rank)
         wrapped = self._wrap_fsdp2(workload.optimizer, model) \
             if self.spec.parallelism.kind == "fsdp2" else self._wrap_ddp(model)
         seed_everything(t.seed + 104729 * (self.p.rank + 1))
@@ -209,6 +219,8 @@ class Trainer:
                          world_size=self.p.world_size, scaler=self.precision.new_scaler())
 
     def _wrap_ddp(self, model: nn.Module) -> nn.Module:
+        if self.spec.compile.enabled:
+            compile_model(model, self.spec.compile)  # in place, inside DDP
         ddp = DDP(
             model,
             device_ids=[self.p.local_rank] if self.p.device.type == "cuda" else None,
@@ -225,6 +237,8 @@ class Trainer:
         self.recorder = ReduceScatterRecorder()
         sharded = shard_model(model, self.p.device, self.p.world_size, self.recorder)
         rebind_optimizer(optimizer, names, sharded)
+        if self.spec.compile.enabled:
+            compile_blocks([unit for _, unit in shard_units(model)], self.spec.compile)
         return sharded
 
     def _resume(self, live: LiveState) -> None:
@@ -285,7 +299,7 @@ class Trainer:
                 built_at=time.time(),
             )
         )
-        self.trace.write(collect_inventory(self.p.rank, self.p.attempt))
+        self.trace.write(collect_inventory(self.p.rank, self.p.attempt, self.compiled))
         self._resume(live)
         if self.spec.parallelism.kind == "ddp" and self.spec.ddp.reducer_prime:
             prime_reducer(live, self.precision)

@@ -72,7 +72,8 @@ def run_leg(
         # Checkpoints default to the run location itself; scratch holds only local copies.
         ckpt = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
                                    scratch, leg)
-        worker = Trainer(spec, leg, files, placement, omit=omit, checkpoint_root=ckpt, trace=sink)
+        worker = Trainer(spec, leg, files, placement, omit=omit, checkpoint_root=ckpt, trace=sink,
+                         scratch=scratch)
         try:
             worker.run()
         except Preempted as e:
