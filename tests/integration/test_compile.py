@@ -1,7 +1,8 @@
 """`resumequal run` with compile.enabled: real torchrun legs on gloo, 2 ranks, tiny-gpt
-compiled by inductor's C++ backend, cut mid-accumulation (step 6, microbatch 1) by a hard
-kill. Inductor's cache is shared (the default policy): the control leg's ranks compile cold,
-every process of the preempted leg, the resumed one included, finds the cache warm."""
+compiled by inductor's C++ backend (the whole model inside DDP, or each block under FSDP2),
+cut mid-accumulation (step 6, microbatch 1) by a hard kill. Inductor's cache is shared (the
+default policy): the control leg's ranks compile cold, every process of the preempted leg,
+the resumed one included, finds the cache warm."""
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ def _inventories(run_dir: Path, leg: str, rank: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(330)
+@pytest.mark.parametrize("kind", ["ddp", pytest.param("fsdp2", marks=pytest.mark.matrix)])
 def test_a_compiled_model_resumes_exactly_after_a_hard_kill_mid_accumulation(
-        tmp_path: Path) -> None:
+        tmp_path: Path, kind: str) -> None:
     run_dir = tmp_path / "run"
     proc = legs.resumequal("run", "--run-dir", str(run_dir), "--set", "compile.enabled=true",
+                           "--set", f"parallelism.kind={kind}",
                            "--set", "controls.enabled=false", timeout=310)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdict: dict[str, Any] = json.loads((run_dir / "report.json").read_text())["verdict"]
