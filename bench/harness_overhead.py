@@ -1,20 +1,24 @@
-"""A control leg's training time next to a bare DDP loop of the same workload and steps.
+"""A control leg's training time next to a bare loop of the same workload and steps, under
+DDP and under FSDP2, side by side.
 
 Both sides run under torchrun with the same spec: 2 ranks on gloo, OMP_NUM_THREADS=1 and
 one torch thread per rank. The harness side is ``resumequal leg --leg control``; the bare
-side is ``bench/_bare_ddp.py``, the same workload, seeds and accumulation loop in DDP with
-no digests, trace, checkpoints or reducer prime. Runs alternate (bare, harness, harness,
-bare, ...) and every figure printed is the median over the pairs.
+side is ``bench/_bare_loop.py``, the same workload, seeds and accumulation loop in DDP (or
+``fully_shard`` per block and at the root) with no digests, trace, checkpoints, reducer
+prime or recording reduce-scatter. Runs alternate (bare, harness, harness, bare, ...) and
+every figure printed is the median over the pairs; each parallelism gets its own pairs.
 
 - training window: first step start to last step end, max over ranks (the harness side
   reads it from its trace, the bare side writes its own);
 - process wall: torchrun launch to exit, imports, rendezvous and final save included;
 - the harness overhead split: checkpoint saves are the gaps after the steps that saved,
   until the next step started, less the usual gap between steps; the rest is per-step work
-  (digests, trace records, the stop-flag all-reduce per microbatch, the comm hook). The
-  final save, after the last step, is outside the window (it shows in process wall).
+  (digests, trace records, the stop-flag all-reduce per microbatch, the comm hook or the
+  recording reduce-scatter). The final save, after the last step, is outside the window
+  (it shows in process wall).
 
     python bench/harness_overhead.py [--workload tiny-gpt] [--steps 12] [--repeats 3]
+                                     [--parallelism ddp fsdp2]
 
 Temporary run directories are deleted at the end and every process started is stopped.
 """
@@ -39,10 +43,12 @@ from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, local_torchrun_args
 from resumequal.runstore import RunLocation
+from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import QualificationSpec, load_spec
 from resumequal.trace.records import StepRecord, parse_records
 
-BARE_SCRIPT = Path(__file__).with_name("_bare_ddp.py")
+BARE_SCRIPT = Path(__file__).with_name("_bare_loop.py")
+LABEL = {"ddp": "bare DDP", "fsdp2": "bare FSDP2"}
 NPROC = 2
 
 
@@ -170,8 +176,10 @@ def measure(spec_path: Path, spec: QualificationSpec, root: Path, repeats: int,
     return pairs
 
 
-def report(pairs: list[Pair], spec: QualificationSpec) -> None:
+def report(pairs: list[Pair], spec: QualificationSpec) -> float:
+    """Print one parallelism's figures; returns its median step-time ratio."""
     n = spec.training.steps
+    label = LABEL[spec.parallelism.kind]
     med = statistics.median
     bare_ms = med(p.bare.window_s / n * 1e3 for p in pairs)
     harness_ms = med(p.harness.window_s / n * 1e3 for p in pairs)
@@ -190,10 +198,11 @@ def report(pairs: list[Pair], spec: QualificationSpec) -> None:
 
     t = spec.training
     print()
-    print(f"{spec.workload.name}: {t.steps} steps x {t.accumulation_steps} microbatches, "
-          f"{NPROC} ranks (gloo, 1 thread each); medians of {len(pairs)} alternating pairs")
+    print(f"{spec.workload.name} ({spec.parallelism.kind}): {t.steps} steps x "
+          f"{t.accumulation_steps} microbatches, {NPROC} ranks (gloo, 1 thread each); medians "
+          f"of {len(pairs)} alternating pairs")
     print()
-    print(f"{'':<34}{'bare DDP':>10}{'resumequal':>12}{'ratio':>8}")
+    print(f"{'':<34}{label:>10}{'resumequal':>12}{'ratio':>8}")
     print(f"{'step ms (window / steps)':<34}{bare_ms:>10.1f}{harness_ms:>12.1f}{ratio:>7.2f}x")
     print(f"{'training window s':<34}{med(p.bare.window_s for p in pairs):>10.3f}"
           f"{med(p.harness.window_s for p in pairs):>12.3f}")
@@ -208,10 +217,11 @@ def report(pairs: list[Pair], spec: QualificationSpec) -> None:
     print(f"  checkpoint saves ({saves} in the window):     {ckpt_ms:+7.1f} ms/step "
           f"({share(ckpt_ms)}), {per_save_ms:.0f} ms per save")
     print()
-    print(f"summary: the harness trains at {ratio:.2f}x the bare DDP step time "
+    print(f"summary: the harness trains at {ratio:.2f}x the {label} step time "
           f"({harness_ms:.1f} vs {bare_ms:.1f} ms/step): {work_ms:+.1f} ms/step of digests "
           f"and trace, {ckpt_ms:+.1f} ms/step of checkpoint saves; whole process "
           f"{wall_ratio:.2f}x")
+    return ratio
 
 
 def main() -> None:
@@ -221,23 +231,34 @@ def main() -> None:
     parser.add_argument("--accumulation", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3, help="alternating pairs of runs")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per launch")
+    parser.add_argument("--parallelism", nargs="+", choices=list(LABEL), default=list(LABEL),
+                        help="which to measure (each against its own bare loop)")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="rq-bench-overhead-") as tmp:
-        root = Path(tmp)
-        spec_path = root / "spec.yaml"
-        spec_path.write_text(yaml.safe_dump({
-            "workload": {"name": args.workload},
-            "training": {"steps": args.steps, "accumulationSteps": args.accumulation},
-            "world": {"nprocPerNode": NPROC, "backend": "gloo", "threadsPerRank": 1},
-        }))
-        spec = load_spec(spec_path)
-        print(f"harness overhead: {args.repeats} alternating pairs of runs", flush=True)
-        try:
-            pairs = measure(spec_path, spec, root, args.repeats, args.timeout)
-        except BenchError as e:
-            sys.exit(f"harness_overhead: {e}")
-    report(pairs, spec)
+    os.environ.setdefault(KEY_ENV, new_key())  # checkpoints are signed, as in a run
+    ratios: dict[str, float] = {}
+    for kind in args.parallelism:
+        with tempfile.TemporaryDirectory(prefix="rq-bench-overhead-") as tmp:
+            root = Path(tmp)
+            spec_path = root / "spec.yaml"
+            spec_path.write_text(yaml.safe_dump({
+                "workload": {"name": args.workload},
+                "training": {"steps": args.steps, "accumulationSteps": args.accumulation},
+                "world": {"nprocPerNode": NPROC, "backend": "gloo", "threadsPerRank": 1},
+                "parallelism": {"kind": kind},
+            }))
+            spec = load_spec(spec_path)
+            print(f"harness overhead, {kind}: {args.repeats} alternating pairs of runs",
+                  flush=True)
+            try:
+                pairs = measure(spec_path, spec, root, args.repeats, args.timeout)
+            except BenchError as e:
+                sys.exit(f"harness_overhead: {e}")
+        ratios[kind] = report(pairs, spec)
+        print()
+    if len(ratios) > 1:
+        print("side by side, harness step time / bare step time: " + ", ".join(
+            f"{kind} {ratio:.2f}x" for kind, ratio in ratios.items()) + " (target <= 1.15x)")
 
 
 if __name__ == "__main__":
