@@ -34,6 +34,7 @@ from resumequal.report.files import write_reports
 from resumequal.runstore import METRICS_PROM, RunLocation, progress_of
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.verdict import (
+    AttemptCompile,
     Cut,
     LegSummary,
     Matrix,
@@ -274,8 +275,12 @@ def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
     """One leg's attempts and per-step mean loss from its traces (times from ``status``)."""
     per_step: dict[int, list[float]] = {}
     attempts = 0
+    compiled: dict[tuple[int, int], list[dict[str, Any]]] = {}  # (attempt, rank) -> records
     for r, records in _records(location, leg, spec.world.world_size).items():
         attempts = max([attempts] + [int(x.get("attempt", 0)) + 1 for x in records])
+        for rec in records:
+            if rec.get("kind") == "compiled":
+                compiled.setdefault((int(rec["attempt"]), r), []).append(rec)
         final: dict[int, dict[str, Any]] = {}
         for rec in records:
             if rec.get("kind") == "step" and rec.get("rank") == r:
@@ -291,7 +296,23 @@ def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
         started_at=run.launched_at if run else None,
         finished_at=run.finished_at if run else None,
         losses=[statistics.fmean(per_step[s]) for s in sorted(per_step)],
+        compiled=_attempt_compiles(compiled),
     )
+
+
+def _attempt_compiles(records: dict[tuple[int, int], list[dict[str, Any]]]
+                      ) -> list[AttemptCompile]:
+    """Per attempt: the slowest rank's compile seconds, the ranks' cache hits and misses."""
+    out = []
+    for attempt in sorted({a for a, _ in records}):
+        ranks = [recs for (a, _), recs in records.items() if a == attempt]
+        out.append(AttemptCompile(
+            attempt=attempt,
+            seconds=max(sum(float(r["seconds"]) for r in recs) for recs in ranks),
+            fx_cache_hits=sum(int(r["fx_cache_hits"]) for recs in ranks for r in recs),
+            fx_cache_misses=sum(int(r["fx_cache_misses"]) for recs in ranks for r in recs),
+            autotuned=sum(len(r["autotuned"]) for recs in ranks for r in recs)))
+    return out
 
 
 _NOT_COMPARABLE = frozenset({"pid", "host", "rank", "attempt"})

@@ -52,11 +52,12 @@ Boundary = Literal[
 BOUNDARIES: tuple[Boundary, ...] = get_args(Boundary)
 
 # The parts of training state a negative control may leave out of a resume.
-# ``scaler`` applies only to fp16 (a GradScaler), ``loader_state`` only to a workload fed by
-# a StatefulDataLoader (workload.loader).
+# ``optimizer`` restores the model into a fresh optimizer (under fsdp2, without the sharded
+# optimizer state). ``scaler`` applies only to fp16 (a GradScaler), ``loader_state`` only to
+# a workload fed by a StatefulDataLoader (workload.loader).
 Omission = Literal[
-    "rng", "data_cursor", "scheduler", "model_optimizer_only", "pending_grads", "scaler",
-    "loader_state"
+    "rng", "data_cursor", "scheduler", "optimizer", "model_optimizer_only", "pending_grads",
+    "scaler", "loader_state"
 ]
 OMISSIONS: tuple[Omission, ...] = get_args(Omission)
 

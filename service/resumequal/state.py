@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule
@@ -57,6 +58,7 @@ _OMITTED_PARTS: dict[str, frozenset[str]] = {
     "rng": frozenset({"rng"}),
     "data_cursor": frozenset({"data_cursor", "loader"}),
     "scheduler": frozenset({"scheduler"}),
+    "optimizer": frozenset({"optimizer"}),
     "model_optimizer_only": frozenset(
         {"rng", "data_cursor", "loader", "scheduler", "scaler", "pending_grads"}
     ),
@@ -341,13 +343,20 @@ def restore(
     parts = omitted_parts(omit)
     w = live.workload
     try:
-        set_state_dict(
-            live.model,
-            w.optimizer,
-            model_state_dict=tensors["model"],
-            optim_state_dict=tensors["optim"],
-            options=StateDictOptions(strict=True),
-        )
+        if "optimizer" in parts:
+            set_model_state_dict(live.model, tensors["model"],
+                                 options=StateDictOptions(strict=True))
+            # The load wrote into the state get_state_dict had initialised for the template:
+            # drop it, so the optimizer starts as a fresh one does (state built lazily).
+            w.optimizer.state.clear()
+        else:
+            set_state_dict(
+                live.model,
+                w.optimizer,
+                model_state_dict=tensors["model"],
+                optim_state_dict=tensors["optim"],
+                options=StateDictOptions(strict=True),
+            )
     except (RuntimeError, KeyError, ValueError) as e:
         raise CheckpointError(f"{source}: model/optimizer state does not fit: {e}") from e
 

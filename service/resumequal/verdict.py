@@ -192,6 +192,16 @@ class PhaseEvent(_Model):
     message: str | None = None
 
 
+class AttemptCompile(_Model):
+    """What torch.compile cost one attempt of a leg (compile.enabled)."""
+
+    attempt: int
+    seconds: float = Field(description="compile seconds of the slowest rank")
+    fx_cache_hits: int = Field(description="inductor FX graph cache hits, all ranks")
+    fx_cache_misses: int
+    autotuned: int = Field(description="kernels chosen by benchmarking, all ranks")
+
+
 class LegSummary(_Model):
     name: Literal["control", "preempted"]
     attempts: int
@@ -199,6 +209,8 @@ class LegSummary(_Model):
     started_at: float | None
     finished_at: float | None
     losses: list[float] = Field(description="per-step loss, mean over ranks and microbatches")
+    compiled: list[AttemptCompile] = Field(default_factory=list,
+                                           description="per attempt, where the model compiled")
 
 
 class Report(_Model):

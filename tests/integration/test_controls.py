@@ -32,8 +32,8 @@ def test_default_controls_are_all_detected_with_their_mechanism(tmp_path: Path) 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = _report(run_dir)
     controls = _controls(report)
-    assert set(controls) == {"rng", "data_cursor", "scheduler", "model_optimizer_only",
-                             "pending_grads", "scaler", "loader_state"}
+    assert set(controls) == {"rng", "data_cursor", "scheduler", "optimizer",
+                             "model_optimizer_only", "pending_grads", "scaler", "loader_state"}
     # fp32 has no GradScaler, nor this workload a StatefulDataLoader: no leg runs for their
     # controls, and the report says why.
     scaler, loader = controls.pop("scaler"), controls.pop("loader_state")
@@ -52,6 +52,11 @@ def test_default_controls_are_all_detected_with_their_mechanism(tmp_path: Path) 
     assert sched["mechanism"].startswith("learning rate differed from step 6")
     assert "parameters from step 6" in sched["mechanism"]
     assert sched["max_param_diff"] > 0
+    # A fresh optimizer: no Adam moments, and the initial lr in its param groups where the
+    # saved ones held the scheduled one (the scheduler's own state was restored).
+    optim = controls["optimizer"]
+    assert (optim["first_divergence"]["step"], optim["first_divergence"]["boundary"]) == (5, "lr")
+    assert "parameters from step 5" in optim["mechanism"]
     # Dropping pending gradients needs them to exist: that leg is killed gracefully.
     pending = controls["pending_grads"]
     assert "graceful" in pending["method"]

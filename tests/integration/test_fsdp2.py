@@ -1,6 +1,7 @@
-"""`resumequal run` with parallelism.kind fsdp2: real torchrun legs on gloo, 2 ranks, the
-default workload (tiny-gpt, each transformer block and the root fully_shard-ed), cut
-mid-accumulation (step 6, microbatch 1)."""
+"""`resumequal run` with parallelism.kind fsdp2 and its negative controls: real torchrun legs
+on gloo, 2 ranks, the default workload (tiny-gpt, each transformer block and the root
+fully_shard-ed), cut mid-accumulation (step 6, microbatch 1). The plain cells (fp32, bf16,
+compiled, hard and graceful) are in the stack matrix (test_matrix.py)."""
 
 from __future__ import annotations
 
@@ -39,23 +40,6 @@ def _steps(run_dir: Path, leg: str, rank: int) -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] == "step"]
 
 
-@pytest.mark.matrix
-@pytest.mark.timeout(300)
-def test_fsdp2_resumes_exactly_after_a_hard_kill_mid_accumulation(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    _exact(_run(run_dir, "controls.enabled=false"), "hard")
-    leg_spec = json.loads((run_dir / "legs" / "preempted.spec.json").read_text())
-    assert leg_spec["spec"]["parallelism"] == {"kind": "fsdp2"}
-    for rank in (0, 1):
-        control = _steps(run_dir, "control", rank)
-        # No buckets under FSDP2; the gradients went through the recording reduce-scatter.
-        assert all(r["bucket_layout"] is None and r["buckets"] == [] for r in control)
-        assert len({r["local_grads"] for r in control}) == len(control)
-    # Each rank holds its own shard: the ranks' parameter digests differ.
-    assert _steps(run_dir, "control", 0)[-1]["params"] != \
-        _steps(run_dir, "control", 1)[-1]["params"]
-
-
 @pytest.mark.timeout(300)
 def test_fsdp2_graceful_mid_accumulation_carries_pending_grads_and_their_control_is_caught(
     tmp_path: Path,
@@ -71,9 +55,23 @@ def test_fsdp2_graceful_mid_accumulation_carries_pending_grads_and_their_control
 
 
 @pytest.mark.timeout(300)
-def test_fsdp2_bf16_resumes_exactly_after_a_hard_kill(tmp_path: Path) -> None:
-    verdict = _run(tmp_path / "run", "training.precision=bf16", "controls.enabled=false")
+def test_a_resume_without_the_sharded_optimizer_state_is_caught(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    verdict = _run(run_dir, "controls.omissions=[optimizer]")
     _exact(verdict, "hard")
+    (control,) = verdict["controls"]
+    assert (control["omission"], control["leg"], control["status"]) == (
+        "optimizer", "nc-optimizer", "detected")
+    # The model's shards were restored (the restore check passed); a fresh optimizer's param
+    # groups hold the initial learning rate, where the scheduler had moved the saved one:
+    # the first resumed step updates with another lr, then with no Adam moments.
+    assert (control["first_divergence"]["step"],
+            control["first_divergence"]["boundary"]) == (5, "lr")
+    assert "parameters from step 5" in control["mechanism"]
+    restores = [r for rank in (0, 1)
+                for r in RunLocation.open(str(run_dir)).trace_records("nc-optimizer", rank)
+                if r["kind"] == "restore"]
+    assert [r["omitted"] for r in restores] == [["optimizer"], ["optimizer"]]
 
 
 @pytest.mark.matrix

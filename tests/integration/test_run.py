@@ -46,7 +46,7 @@ def _report(run_dir: Path) -> dict:  # type: ignore[type-arg]
 @pytest.mark.timeout(900)
 def test_default_qualification_passes_and_leaves_reports(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    # The default runs seven legs (control, preempted, five negative controls).
+    # The default runs eight legs (control, preempted, six negative controls).
     proc = _resumequal("run", "--run-dir", str(run_dir), timeout=840)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS" in proc.stdout

@@ -41,7 +41,7 @@ def test_default_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     bucket = moto_server.new_bucket()
     env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint}
     run_dir = tmp_path / "q1"
-    # The default spec: tiny-gpt, 2 ranks, a hard kill mid-accumulation, five controls.
+    # The default spec: tiny-gpt, 2 ranks, a hard kill mid-accumulation, six controls.
     proc = _resumequal("run", "--run-dir", str(run_dir), "--store", f"s3://{bucket}/rq",
                        env=env, timeout=840)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -53,7 +53,7 @@ def test_default_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     uri = f"s3://{bucket}/{base}"
     rel = {k.removeprefix(base + "/") for k in keys}
     legs_run = ["control", "preempted", "nc-rng", "nc-data-cursor", "nc-scheduler",
-                "nc-model-optimizer-only", "nc-pending-grads"]
+                "nc-optimizer", "nc-model-optimizer-only", "nc-pending-grads"]
     expected = {"run.json", "spec.json", "verdict.json", "report.json", "report.html",
                 "metrics.prom", "preempted/beacons/attempt-0-rank-1.json"}
     for leg in legs_run:

@@ -524,6 +524,7 @@ EXPECTED_OMITTED: dict[str, set[str]] = {
     "rng": {"rng"},
     "data_cursor": {"data_cursor"},
     "scheduler": {"scheduler"},
+    "optimizer": {"optimizer"},
     "model_optimizer_only": {"rng", "data_cursor", "scheduler", "scaler", "pending_grads"},
     "pending_grads": {"pending_grads"},
     "scaler": {"scaler"},
@@ -599,8 +600,8 @@ def test_omitted_parts_unions_and_rejects_unknown_names() -> None:
     assert omitted_parts(frozenset()) == frozenset()
     assert omitted_parts(frozenset({"rng", "scheduler"})) == {"rng", "scheduler"}
     with pytest.raises(ValueError,
-                       match=re.escape("unknown omission(s) ['optimizer']; allowed: ")) as info:
-        omitted_parts(frozenset({"optimizer", "rng"}))
+                       match=re.escape("unknown omission(s) ['optimiser']; allowed: ")) as info:
+        omitted_parts(frozenset({"optimiser", "rng"}))
     for name in OMISSIONS:
         assert name in str(info.value)
 

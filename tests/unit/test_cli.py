@@ -155,10 +155,10 @@ def test_omit_rejects_unknown_omission_listing_allowed(
     runner: CliRunner, tmp_path: Path, run_leg_calls: Calls
 ) -> None:
     result = runner.invoke(cli.main, [
-        "leg", "--leg", "control", "--run-dir", str(tmp_path), "--omit", "optimizer",
+        "leg", "--leg", "control", "--run-dir", str(tmp_path), "--omit", "optimiser",
     ])
     assert result.exit_code == 2
-    assert "--omit" in result.stderr and "'optimizer'" in result.stderr
+    assert "--omit" in result.stderr and "'optimiser'" in result.stderr
     for name in OMISSIONS:
         assert name in result.stderr
     assert run_leg_calls == []

@@ -24,11 +24,14 @@ import torch.distributed.checkpoint as dcp
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.compare import checkpoint_drift, compare_run, drift, expected_checkpoint
 from resumequal.compare.drift import tensor_stats, values_equal
+from resumequal.results import leg_summary
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec, SpecError
 from resumequal.trace.records import (
     ArmRecord,
+    AutotuneChoice,
     BucketRecord,
+    CompiledRecord,
     InventoryRecord,
     LossScaleRecord,
     MicrostepRecord,
@@ -276,6 +279,65 @@ def test_first_divergence_is_the_earliest_step_boundary_rank(run: SyntheticRun) 
     assert v.exact_through_step == 4
     row5 = v.boundary_table[4].status
     assert (row5["grad_norm"], row5["lr"], row5["params"]) == ("equal", "differs", "differs")
+
+
+def _compiled(rank: int, attempt: int, step: int, choice: str) -> CompiledRecord:
+    return CompiledRecord(
+        rank=rank, attempt=attempt, step=step, graphs=2, seconds=12.5, fx_cache_hits=0,
+        fx_cache_misses=2, autograd_cache_hits=0, autograd_cache_misses=1,
+        autotuned=[AutotuneChoice(op="mm", inputs=["[32, 64]", "[64, 256]"], choice=choice),
+                   AutotuneChoice(op="addmm", inputs=["[256]", "[32, 64]", "[64, 256]"],
+                                  choice="cpp_gemm_1")])
+
+
+def _insert_after_first_step(records: list[TraceRecord], attempt: int,
+                             record: TraceRecord) -> None:
+    at_ = next(i for i, r in enumerate(records)
+               if isinstance(r, StepRecord) and r.attempt == attempt)
+    records.insert(at_ + 1, record)
+
+
+def test_a_fail_names_the_kernels_a_fresh_process_autotuned_differently(
+    run: SyntheticRun,
+) -> None:
+    for rank in range(WORLD):
+        _insert_after_first_step(run.control[rank], 0, _compiled(rank, 0, 1, "cpp_gemm_0"))
+        _insert_after_first_step(run.preempted[rank], 0, _compiled(rank, 0, 1, "cpp_gemm_0"))
+        # The resumed process compiled cold and benchmarked ATen faster on rank 1.
+        choice = "extern_mm" if rank == 1 else "cpp_gemm_0"
+        _insert_after_first_step(run.preempted[rank], 1, _compiled(rank, 1, 3, choice))
+    run.change_step("preempted", 1, 3, attempt=1, local_grads="xxh3_128:" + "e" * 32)
+    v = compare_run(run.written())
+    assert v.result == Result.FAIL
+    assert v.reason == (
+        "first divergence at step 3, boundary local_grads, rank 1, after the resume from "
+        "step-00000002; inductor's autotuner chose different kernels in a fresh process: "
+        "mm [32, 64] x [64, 256] on rank 1: cpp_gemm_0 in the control leg, extern_mm in "
+        "attempt 1")
+
+
+def test_equal_autotune_choices_add_nothing_and_the_legs_compile_times_are_reported(
+    run: SyntheticRun,
+) -> None:
+    for rank in range(WORLD):
+        _insert_after_first_step(run.control[rank], 0, _compiled(rank, 0, 1, "cpp_gemm_0"))
+        warm = _compiled(rank, 1, 3, "cpp_gemm_0").model_copy(update={
+            "seconds": 1.0 + rank, "fx_cache_hits": 2, "fx_cache_misses": 0, "autotuned": []})
+        _insert_after_first_step(run.preempted[rank], 1, warm)
+    run.change_step("preempted", 0, 5, params="xxh3_128:" + "f" * 32)
+    location = run.written()
+    v = compare_run(location)
+    assert v.reason == ("first divergence at step 5, boundary params, rank 0, after the "
+                        "resume from step-00000002")
+    control, preempted = (leg_summary(location, leg, run.spec)
+                          for leg in ("control", "preempted"))
+    assert [c.model_dump() for c in control.compiled] == [
+        {"attempt": 0, "seconds": 12.5, "fx_cache_hits": 0, "fx_cache_misses": 4,
+         "autotuned": 4}]
+    # The slowest rank's seconds; the attempt that compiled nothing has no entry.
+    assert [c.model_dump() for c in preempted.compiled] == [
+        {"attempt": 1, "seconds": 2.0, "fx_cache_hits": 4, "fx_cache_misses": 0,
+         "autotuned": 0}]
 
 
 def test_redone_step_that_differs_from_its_first_run_blames_the_resume(

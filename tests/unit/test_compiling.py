@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from torch._dynamo import utils as dynamo_utils
+from torch._inductor import select_algorithm
 
 from resumequal.spec import CompileSpec
 from resumequal.trace.inventory import collect_inventory
-from resumequal.train.compiling import CACHE_FOLDER, place_cache
+from resumequal.train.compiling import CACHE_FOLDER, CompileWatch, place_cache
 
 
 @pytest.fixture(autouse=True)
@@ -63,3 +67,70 @@ def test_legs_must_agree_on_compile_settings_but_not_on_the_cache_folder(
     other_mode = a.model_copy(update={"compile": a.compile.model_copy(
         update={"mode": "max-autotune"})})
     assert other_mode.comparable() != a.comparable()
+
+
+class _Metrics:
+    """Stands in for dynamo's per-frame compilation metrics (torch._dynamo.utils)."""
+
+    def __init__(self, entries: list[SimpleNamespace]) -> None:
+        self.entries = entries
+
+    def get(self) -> list[SimpleNamespace]:
+        return list(self.entries)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+class _Choice:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Node:
+    def __init__(self, *size: int) -> None:
+        self.size = list(size)
+
+    def get_size(self) -> list[int]:
+        return self.size
+
+
+def test_the_compile_watch_sums_what_compiled_since_the_last_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    metrics = _Metrics([])
+    monkeypatch.setattr(dynamo_utils, "get_compilation_metrics", metrics.get)
+    monkeypatch.setattr(dynamo_utils, "clear_compilation_metrics", metrics.clear)
+    savers: list[Any] = []
+    monkeypatch.setattr(select_algorithm, "add_feedback_saver", savers.append)
+    watch = CompileWatch(rank=1, attempt=2)
+    assert savers == [watch._saw_benchmark] and watch.after_step(1) is None
+
+    # A cold forward frame, its lazily compiled backward, and one autotuned matmul.
+    metrics.entries += [
+        SimpleNamespace(entire_frame_compile_time_s=10.5, inductor_fx_local_cache_miss_count=1,
+                        aotautograd_local_cache_miss_count=1),
+        SimpleNamespace(backward_cumulative_compile_time_us=2_250_000,
+                        inductor_fx_local_cache_miss_count=1),
+    ]
+    slow, fast = _Choice("extern_mm"), _Choice("cpp_gemm_0")
+    savers[0]({slow: 2.0, fast: 1.0}, "mm", [_Node(32, 64), _Node(64, 256)], [slow, fast], 0)
+    savers[0]({}, "mm", [], [], 0)  # nothing benchmarked: nothing chosen
+    record = watch.after_step(3)
+    assert record is not None
+    assert record.model_dump() == {
+        "kind": "compiled", "rank": 1, "attempt": 2, "step": 3, "graphs": 2, "seconds": 12.75,
+        "fx_cache_hits": 0, "fx_cache_misses": 2, "autograd_cache_hits": 0,
+        "autograd_cache_misses": 1,
+        "autotuned": [{"op": "mm", "inputs": ["[32, 64]", "[64, 256]"],
+                       "choice": "cpp_gemm_0"}]}
+    assert watch.after_step(4) is None  # read once, then cleared
+
+    # A warm recompile (a new shape, say): cache hits, nothing autotuned.
+    metrics.entries.append(SimpleNamespace(entire_frame_compile_time_s=1.25,
+                                           inductor_fx_local_cache_hit_count=2,
+                                           aotautograd_local_cache_hit_count=1))
+    later = watch.after_step(9)
+    assert later is not None
+    assert (later.step, later.graphs, later.seconds, later.fx_cache_hits,
+            later.autograd_cache_hits, later.autotuned) == (9, 1, 1.25, 2, 1, [])

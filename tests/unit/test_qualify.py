@@ -283,7 +283,7 @@ def test_negative_controls_run_after_the_main_leg_through_the_same_steps() -> No
     q, b, clock = _machine(parse_spec({}))
     names = [p.name for p in q.plan.legs]
     assert names == ["control", "preempted", "nc-rng", "nc-data-cursor", "nc-scheduler",
-                     "nc-model-optimizer-only", "nc-pending-grads"]
+                     "nc-optimizer", "nc-model-optimizer-only", "nc-pending-grads"]
     q.tick()
     for name in names:
         assert b.launched[-1] == name  # one leg at a time, in plan order
@@ -297,7 +297,7 @@ def test_negative_controls_run_after_the_main_leg_through_the_same_steps() -> No
         q.tick()
     assert q.status.phase == Phase.SUCCEEDED
     # The pending-gradients control needs an emergency checkpoint: it is killed gracefully.
-    assert [mode for _pid, mode, _grace in b.kills] == ["hard"] * 5 + ["graceful"]
+    assert [mode for _pid, mode, _grace in b.kills] == ["hard"] * 6 + ["graceful"]
     phases = [e.phase for e in q.status.history]
     assert phases.count("Armed") == 1 and phases.count("Preempted") == 1
 

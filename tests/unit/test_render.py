@@ -28,8 +28,8 @@ def test_the_example_renders_every_leg_and_the_comparator() -> None:
     assert code == 0, err
     objects = list(yaml.safe_load_all(out))
     kinds = [o["kind"] for o in objects]
-    # the checkpoint key, control, preempted, five negative controls, then the comparator
-    assert kinds == ["Secret"] + ["PyTorchJob"] * 7 + ["Job"]
+    # the checkpoint key, control, preempted, six negative controls, then the comparator
+    assert kinds == ["Secret"] + ["PyTorchJob"] * 8 + ["Job"]
     legs = [o["metadata"]["labels"]["resumequal.dev/leg"] for o in objects[1:-1]]
     assert legs[:2] == ["control", "preempted"]
     for obj in objects:

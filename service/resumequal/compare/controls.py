@@ -142,6 +142,8 @@ def not_applicable_evidence(location: RunLocation, plan: LegPlan, omission: str)
         return _rng_still(steps)
     if omission == "scheduler":
         return _lr_constant(steps)
+    if omission == "optimizer":
+        return _optimizer_still(steps)
     if omission in ("data_cursor", "loader_state"):
         return _inputs_constant(steps)
     if omission == "scaler":
@@ -189,6 +191,16 @@ def _scaler_initial(steps: Steps, restores: list[RestoreRecord],
     return (f"at step {resumed[0]}, where the resume picked up, the reference's loss scaler "
             f"was still in its initial state (scale {init_scale:g}, growth tracker 0) on every "
             "rank: a fresh scaler is the same")
+
+
+def _optimizer_still(steps: Steps) -> str | None:
+    """A stateless optimizer at a constant learning rate (plain SGD, say): a fresh one is the
+    same, and its state digest never moves."""
+    for records in steps.values():
+        if len({r.optimizer_state for r in records.values()}) != 1:
+            return None
+    return "the optimizer's state never changed: every step ended with the same state on " \
+           "every rank"
 
 
 def _lr_constant(steps: Steps) -> str | None:

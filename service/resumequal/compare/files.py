@@ -22,6 +22,7 @@ from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.trace.records import (
     ArmRecord,
+    CompiledRecord,
     InventoryRecord,
     RestoreRecord,
     StepRecord,
@@ -32,7 +33,7 @@ from resumequal.trace.records import (
 
 LEGS: tuple[str, str] = (REFERENCE_LEG, "preempted")
 
-_R = TypeVar("_R", StepRecord, InventoryRecord, RestoreRecord, ArmRecord)
+_R = TypeVar("_R", StepRecord, InventoryRecord, RestoreRecord, ArmRecord, CompiledRecord)
 
 
 def final_checkpoint_root(

@@ -29,7 +29,7 @@ from resumequal.compare.walk import Point, Rules, Steps, Walk, loss_deltas, summ
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
 from resumequal.runstore import RunLocation
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, Boundary, QualificationSpec
-from resumequal.trace.records import RestoreRecord, StepRecord
+from resumequal.trace.records import CompiledRecord, RestoreRecord, StepRecord
 from resumequal.verdict import (
     Cut,
     Divergence,
@@ -169,6 +169,33 @@ def compare_run(
     return _judge(spec, control, preempted, restore, drift, checks)
 
 
+def autotune_differences(control: LegTrace, preempted: LegTrace) -> list[str]:
+    """Where a preempted process's autotuner chose another kernel than the control leg's
+    for the same op and input sizes on the same rank (each difference once, in words)."""
+    out: list[str] = []
+    for rank in sorted(control.ranks):
+        chosen = {(c.op, tuple(c.inputs)): c.choice
+                  for r in control.of(CompiledRecord, rank) for c in r.autotuned}
+        for record in preempted.of(CompiledRecord, rank):
+            for c in record.autotuned:
+                theirs = chosen.get((c.op, tuple(c.inputs)))
+                if theirs is not None and theirs != c.choice:
+                    words = (f"{c.op} {' x '.join(c.inputs)} on rank {rank}: {theirs} in the "
+                             f"control leg, {c.choice} in attempt {record.attempt}")
+                    if words not in out:
+                        out.append(words)
+    return out
+
+
+def _compile_cause(control: LegTrace, preempted: LegTrace) -> str:
+    """A FAIL reason's suffix naming autotuned kernels that differ between the legs."""
+    differences = autotune_differences(control, preempted)
+    if not differences:
+        return ""
+    return ("; inductor's autotuner chose different kernels in a fresh process: "
+            + "; ".join(differences))
+
+
 def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
            restore: RestoreRecord, drift: list[DriftSummary],
            checks: list[ValidityCheck]) -> Verdict:
@@ -202,12 +229,12 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
         p = result.first
         div = _divergence(p, ctrl, pre, before_cut=pre[p.rank][p.step].attempt == 0)
         reason = (f"first divergence at step {p.step}, boundary {p.boundary}, rank {p.rank}, "
-                  f"{resume_label}")
+                  f"{resume_label}{_compile_cause(control, preempted)}")
         return verdict(Result.FAIL, reason, div, result.exact_through)
     fault = _drift_fault(drift, rules)
     if fault is not None:
         reason = (f"every boundary of {steps} steps matched, but the final checkpoints differ "
-                  f"{resume_label}: {_drift_words(drift)}")
+                  f"{resume_label}: {_drift_words(drift)}{_compile_cause(control, preempted)}")
         return verdict(Result.FAIL, reason, _drift_divergence(fault, steps),
                        result.exact_through)
     return verdict(Result.PASS, _pass_reason(spec, result, drift), None, result.exact_through)

@@ -18,7 +18,7 @@ from resumequal.compare.files import LegTrace
 from resumequal.errors import CheckpointError
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
-from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord
+from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord, StepRecord
 from resumequal.verdict import ValidityCheck
 from resumequal.words import count
 
@@ -133,6 +133,13 @@ def check_restored_checkpoint(
     return _ok(name, f"every rank of attempt {attempt} restored {expected}")
 
 
+def _state(record: StepRecord | RestoreRecord,
+           fresh_optimizer: bool) -> tuple[str | None, str | None]:
+    """The state digests a restore must reproduce; a control that leaves the optimizer out
+    restores the model into a fresh optimizer, whose state then shows nothing."""
+    return record.params, None if fresh_optimizer else record.optimizer_state
+
+
 def check_restored_state(
     control: LegTrace, preempted: LegTrace, attempt: int | None
 ) -> ValidityCheck:
@@ -158,11 +165,11 @@ def check_restored_state(
         if ctrl is None:
             return _failed(name, f"the control has no record of step {step} on rank {rank} to "
                                  "check the restored state against")
-        restored = (restore.params, restore.optimizer_state)
-        if restored == (ctrl.params, ctrl.optimizer_state):
+        fresh = "optimizer" in restore.omitted
+        if _state(restore, fresh) == _state(ctrl, fresh):
             continue
         saved = own.get(rank, {}).get(step)
-        if saved is not None and restored == (saved.params, saved.optimizer_state):
+        if saved is not None and _state(restore, fresh) == _state(saved, fresh):
             continue
         part = "parameters" if restore.params != ctrl.params else "optimizer state"
         return _failed(
@@ -170,8 +177,8 @@ def check_restored_state(
             f"the {part} restored from {restore.checkpoint} on rank {rank} differ from the "
             f"control's after step {step}",
         )
-    return _ok(name, "the restored parameters and optimizer state equal the control's at the "
-                     "checkpoint's step on every rank")
+    return _ok(name, "the restored parameters and optimizer state (unless left out) equal the "
+                     "control's at the checkpoint's step on every rank")
 
 
 def check_steps(control: LegTrace, preempted: LegTrace, steps: int) -> ValidityCheck:

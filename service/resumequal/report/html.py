@@ -512,6 +512,25 @@ def _legs(report: Report) -> str:
     return (
         "<table><thead><tr><th>leg</th><th>attempts</th><th>exit code</th><th>started</th>"
         "<th>finished</th><th>duration</th><th>steps</th><th>final loss</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>" + _compiles(report)
+    )
+
+
+def _compiles(report: Report) -> str:
+    """torch.compile per leg attempt, where the model compiled: time, cache, autotuning."""
+    rows = [
+        f"<tr><th>{escape(leg.name)}</th><td class='num'>{c.attempt}</td>"
+        f"<td class='num'>{escape(_seconds(c.seconds))}</td>"
+        f"<td class='num'>{c.fx_cache_hits}</td><td class='num'>{c.fx_cache_misses}</td>"
+        f"<td class='num'>{c.autotuned}</td></tr>"
+        for leg in report.legs for c in leg.compiled
+    ]
+    if not rows:
+        return ""
+    return (
+        "<h3>torch.compile</h3><table><thead><tr><th>leg</th><th>attempt</th>"
+        "<th>compile (slowest rank)</th><th>FX cache hits</th><th>FX cache misses</th>"
+        "<th>autotuned kernels</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
 

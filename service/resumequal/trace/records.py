@@ -2,8 +2,9 @@
 
 Every worker appends JSON lines to its own trace (a :class:`TraceSink`): one
 ``InventoryRecord`` when it starts, a ``RestoreRecord`` when it resumes, an ``ArmRecord``
-when it reaches the cut, and one ``StepRecord`` per optimizer step holding a digest or
-exact value for every boundary of ``resumequal.spec.BOUNDARIES``. The comparator reads
+when it reaches the cut, one ``StepRecord`` per optimizer step holding a digest or exact
+value for every boundary of ``resumequal.spec.BOUNDARIES``, and, under compile.enabled, a
+``CompiledRecord`` after each step during which something compiled. The comparator reads
 two legs' traces and walks the boundaries in order.
 
 This module is pure data and files: it imports no torch or numpy (the comparator's report
@@ -31,7 +32,9 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "BOUNDARY_FIELDS",
     "ArmRecord",
+    "AutotuneChoice",
     "BucketRecord",
+    "CompiledRecord",
     "InventoryRecord",
     "LossScaleRecord",
     "MicrostepPartial",
@@ -139,6 +142,35 @@ class CompileRecord(_Record):
     warm: bool = Field(description="the cache folder held files when this process started")
 
 
+class AutotuneChoice(_Record):
+    """One kernel inductor's autotuner picked (max-autotune) for one op and its inputs."""
+
+    op: str = Field(description="the op autotuned, as inductor names it (mm, addmm, ...)")
+    inputs: list[str] = Field(description="the sizes of its inputs")
+    choice: str = Field(description="the winning kernel")
+
+
+class CompiledRecord(_Record):
+    """What ``torch.compile`` did in this process up to a step: time spent compiling, what
+    came from inductor's caches and what its autotuner chose (where inductor exposes it)."""
+
+    kind: Literal["compiled"] = "compiled"
+    rank: int
+    attempt: int
+    step: int = Field(description="the step that ended when this was collected: what "
+                                  "compiled since the previous step (a reducer prime's too)")
+    graphs: int = Field(description="forward and backward graphs compiled (or loaded)")
+    seconds: float = Field(description="wall seconds dynamo, AOTAutograd and inductor took")
+    fx_cache_hits: int
+    fx_cache_misses: int
+    autograd_cache_hits: int
+    autograd_cache_misses: int
+    autotuned: list[AutotuneChoice] = Field(
+        default_factory=list,
+        description="kernels chosen by benchmarking; none where nothing was autotuned, or "
+                    "the graph came from the cache with its choices baked in")
+
+
 class InventoryRecord(_Record):
     """The runtime a worker trains in: versions, numerics flags and relevant env vars."""
 
@@ -220,7 +252,8 @@ class StartupRecord(_Record):
 
 
 TraceRecord = Annotated[
-    StepRecord | InventoryRecord | RestoreRecord | ArmRecord | StartupRecord,
+    StepRecord | InventoryRecord | RestoreRecord | ArmRecord | StartupRecord
+    | CompiledRecord,
     Field(discriminator="kind"),
 ]
 _RECORD_ADAPTER: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)

@@ -60,7 +60,12 @@ from resumequal.trace.records import (
     TraceSink,
     TraceWriter,
 )
-from resumequal.train.compiling import compile_blocks, compile_model, place_cache
+from resumequal.train.compiling import (
+    CompileWatch,
+    compile_blocks,
+    compile_model,
+    place_cache,
+)
 from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.precision import Precision, scaler_state
 from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag, mark_failed
@@ -159,6 +164,7 @@ class Trainer:
         self.omit = omit
         self.scratch = scratch
         self.compiled: CompileRecord | None = None
+        self.compile_watch: CompileWatch | None = None
         try:
             self.precision = Precision.of(spec.training, placement.device,
                                           spec.parallelism.kind)
@@ -212,6 +218,7 @@ class Trainer:
         model = workload.model.to(self.p.device)
         if self.spec.compile.enabled:
             self.compiled = place_cache(self.spec.compile, self.scratch, self.p.rank)
+            self.compile_watch = CompileWatch(self.p.rank, self.p.attempt)
         wrapped = self._wrap_fsdp2(workload.optimizer, model) \
             if self.spec.parallelism.kind == "fsdp2" else self._wrap_ddp(model)
         seed_everything(t.seed + 104729 * (self.p.rank + 1))
@@ -396,6 +403,10 @@ class Trainer:
             )
         )
         live.trace_partial = None
+        if self.compile_watch is not None:
+            compiled = self.compile_watch.after_step(step)
+            if compiled is not None:
+                self.trace.write(compiled)
 
     def _settle_background_save(self, step: int) -> None:
         """Commit a background save once every rank has written it (a collective, only

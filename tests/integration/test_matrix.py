@@ -1,0 +1,113 @@
+"""The stack matrix: `resumequal run` over parallelism x precision x compile x kill mode, real
+torchrun legs on gloo, 2 ranks, the default workload (tiny-gpt), cut mid-accumulation (step
+6, microbatch 1). Every cell must PASS exact; the negative controls of each new state
+(scaler, loader, pending gradients, sharded optimizer) have tests of their own.
+
+The default run keeps representative cells; the others are marked ``matrix`` (``pytest -m
+matrix tests/integration/test_matrix.py`` runs them all)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resumequal.runstore import RunLocation
+from resumequal.train.compiling import CACHE_FOLDER
+from tests.integration import legs
+
+pytestmark = pytest.mark.slow
+
+# The newest checkpoint a resume loads: the periodic one of step 4 after a hard kill, the
+# emergency one taken mid-step 6 (5 steps and 1 microbatch done) after a graceful one.
+RESUMED_FROM = {"hard": "step-00000004", "graceful": "step-00000005+1"}
+
+# (parallelism, precision, compiled, mode)
+CELLS = [
+    (kind, precision, compiled, mode)
+    for kind, precision, compiled in [
+        ("fsdp2", "fp32", False), ("fsdp2", "bf16", False),
+        ("fsdp2", "fp32", True), ("fsdp2", "bf16", True),
+        ("ddp", "bf16", False), ("ddp", "fp32", True),
+    ]
+    for mode in ("hard", "graceful")
+]
+DEFAULT = {
+    ("fsdp2", "bf16", False, "hard"),
+    ("fsdp2", "fp32", False, "graceful"),
+    ("fsdp2", "bf16", True, "graceful"),
+    ("ddp", "bf16", False, "hard"),
+    ("ddp", "fp32", True, "hard"),
+}
+
+
+def _cell(kind: str, precision: str, compiled: bool, mode: str) -> Any:
+    marks = [] if (kind, precision, compiled, mode) in DEFAULT else [pytest.mark.matrix]
+    name = f"{kind}-{precision}-{'compile' if compiled else 'eager'}-{mode}"
+    return pytest.param(kind, precision, compiled, mode, marks=marks, id=name)
+
+
+def _records(run_dir: Path, leg: str, rank: int, kind: str) -> list[dict[str, Any]]:
+    return [r for r in RunLocation.open(str(run_dir)).trace_records(leg, rank)
+            if r["kind"] == kind]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize(("kind", "precision", "compiled", "mode"),
+                         [_cell(*c) for c in CELLS])
+def test_the_cell_resumes_exactly_mid_accumulation(
+        tmp_path: Path, kind: str, precision: str, compiled: bool, mode: str) -> None:
+    run_dir = tmp_path / "run"
+    sets = [f"parallelism.kind={kind}", f"training.precision={precision}",
+            f"compile.enabled={str(compiled).lower()}", f"preemption.mode={mode}",
+            "controls.enabled=false"]
+    proc = legs.resumequal("run", "--run-dir", str(run_dir),
+                           *[a for s in sets for a in ("--set", s)], timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict: dict[str, Any] = json.loads((run_dir / "report.json").read_text())["verdict"]
+    assert verdict["result"] == "PASS", verdict["reason"]
+    assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
+    assert (verdict["exact_through_step"], verdict["first_divergence"]) == (12, None)
+    assert verdict["resumed_from"] == RESUMED_FROM[mode]
+    assert (verdict["cut"]["step"], verdict["cut"]["microstep"], verdict["cut"]["mode"]) == (
+        6, 1, mode)
+
+    leg_spec = json.loads((run_dir / "legs" / "preempted.spec.json").read_text())["spec"]
+    assert leg_spec["parallelism"]["kind"] == kind
+    assert leg_spec["training"]["precision"] == precision
+    for rank in (0, 1):
+        steps = _records(run_dir, "control", rank, "step")
+        # No scaler outside fp16: the loss_scale boundary is absent from every step.
+        assert all(r["loss_scale"] is None for r in steps)
+        if kind == "fsdp2":  # no buckets: fixed reduce-scatter groups
+            assert all(r["bucket_layout"] is None and r["buckets"] == [] for r in steps)
+    if kind == "fsdp2":  # each rank holds its own shard: their parameter digests differ
+        assert _records(run_dir, "control", 0, "step")[-1]["params"] != \
+            _records(run_dir, "control", 1, "step")[-1]["params"]
+
+    if compiled:
+        shared = str((run_dir / CACHE_FOLDER / "shared").resolve())
+        assert (Path(shared) / "fxgraph").is_dir()  # inductor wrote its graphs where we said
+        for rank in (0, 1):
+            control = _records(run_dir, "control", rank, "inventory")
+            preempted = _records(run_dir, "preempted", rank, "inventory")
+            assert [r["attempt"] for r in preempted] == [0, 1]
+            assert all(r["compile"]["cache_dir"] == shared for r in control + preempted)
+            # The control leg compiles cold; every preempted process finds the cache warm.
+            assert not control[0]["compile"]["warm"]
+            assert all(r["compile"]["warm"] for r in preempted)
+            # ... and loads every graph from it: nothing compiled afresh, nothing autotuned.
+            loaded = _records(run_dir, "preempted", rank, "compiled")
+            assert sorted({r["attempt"] for r in loaded}) == [0, 1]
+            assert all(r["fx_cache_hits"] > 0 and r["fx_cache_misses"] == 0
+                       and r["autotuned"] == [] for r in loaded)
+        cold = [r for rank in (0, 1) for r in _records(run_dir, "control", rank, "compiled")]
+        assert sum(r["fx_cache_misses"] for r in cold) > 0
+        report = json.loads((run_dir / "report.json").read_text())
+        by_leg = {leg["name"]: leg["compiled"] for leg in report["legs"]}
+        assert [c["attempt"] for c in by_leg["preempted"]] == [0, 1]
+        assert by_leg["control"][0]["seconds"] > by_leg["preempted"][1]["seconds"] > 0
+    else:
+        assert all(r["compile"] is None for r in _records(run_dir, "control", 0, "inventory"))
