@@ -99,7 +99,7 @@ def test_several_runs_in_one_stream(tmp_path: Path) -> None:
     code, out, err = _render("-", stdin=text + "\n---\n" + yaml.safe_dump(second))
     assert code == 0, err
     runs = [o["metadata"]["labels"]["resumequal.dev/run"] for o in yaml.safe_load_all(out)]
-    assert runs.count("nightly-2026-11-29") == 9 and runs.count("other") == 4
+    assert runs.count("nightly-2026-11-29") == 10 and runs.count("other") == 4
 
 
 def test_a_bad_spec_exits_2_naming_the_field() -> None:
