@@ -9,9 +9,11 @@ microstep 1, controls off), one after the other in this process's machine:
   leg compiles cold, every process of the preempted leg finds inductor's cache warm;
 - fresh: ``compile.cache=fresh``: every process compiles cold, the resumed one included.
 
-Per leg attempt, from the traces: *compile* is the slowest rank's compile seconds
+Per leg attempt, from the traces, for its slowest rank: *compile* is its compile seconds
 (``CompiledRecord``: dynamo, AOTAutograd and inductor, forward and backward graphs);
-*train* is that rank's summed step wall time minus its compile seconds. Printed side by
+*train* is the time from the workload built (``StartupRecord.built_at``) to its last step
+finished, minus compile (it includes a resumed attempt's restore and DDP's reducer prime,
+where a DDP model compiles). Printed side by
 side: compile and train seconds, the compiled attempts' train time per step over eager's,
 and the resumed attempt's compile seconds, fresh over shared (what a warm cache saves a
 restart).
@@ -62,12 +64,17 @@ def split(run_dir: Path) -> dict[tuple[str, int], dict[str, float]]:
         for rank in range(WORLD):
             for rec in location.trace_records(leg, rank):
                 cell = per_rank.setdefault((int(rec.get("attempt", 0)), rank),
-                                           {"compile": 0.0, "wall": 0.0, "steps": 0})
+                                           {"compile": 0.0, "built": 0.0, "end": 0.0,
+                                            "steps": 0})
                 if rec["kind"] == "compiled":
                     cell["compile"] += float(rec["seconds"])
+                elif rec["kind"] == "startup":
+                    cell["built"] = float(rec["built_at"])
                 elif rec["kind"] == "step":
-                    cell["wall"] += float(rec["finished_at"]) - float(rec["started_at"])
+                    cell["end"] = max(cell["end"], float(rec["finished_at"]))
                     cell["steps"] += 1
+        for cell in per_rank.values():
+            cell["wall"] = cell["end"] - cell["built"]
         for attempt in sorted({a for a, _ in per_rank}):
             slowest = max((c for (a, _), c in per_rank.items() if a == attempt),
                           key=lambda c: c["wall"])
