@@ -29,7 +29,7 @@ from resumequal.report import (
 from resumequal.report.html import CONTROL_STATUS_LABELS
 from resumequal.report.svg import SVG_NS, fmt, nice_ticks
 from resumequal.spec import BOUNDARIES, SCENARIOS
-from resumequal.verdict import SCHEMA_VERSION, Report, Result
+from resumequal.verdict import SCHEMA_VERSION, AttemptCompile, Report, Result
 from tests.unit.report_samples import (
     BLIND_OMISSION,
     FAILING_BOUNDARY,
@@ -202,6 +202,22 @@ def test_html_renders_without_legs_deltas_or_table() -> None:
     assert set(charts) == {"loss-chart", "delta-chart"}
     assert "no per-step losses recorded" in page
     assert "No boundary table" in page
+
+
+def test_html_lists_compile_time_per_leg_attempt_only_where_the_model_compiled() -> None:
+    report = make_report(Result.PASS)
+    assert "torch.compile" not in render_html(report)
+    report.legs[0].compiled = [AttemptCompile(attempt=0, seconds=29.66, fx_cache_hits=0,
+                                              fx_cache_misses=6, autotuned=0)]
+    report.legs[1].compiled = [AttemptCompile(attempt=a, seconds=4.5, fx_cache_hits=6,
+                                              fx_cache_misses=0, autotuned=0) for a in (0, 1)]
+    page = render_html(report)
+    match = re.search(r"<h3>torch.compile</h3>(<table>.*?</table>)", page, re.DOTALL)
+    assert match is not None
+    rows = [[c.text for c in tr] for tr in ET.fromstring(match.group(1)).findall("./tbody/tr")]
+    assert [r[:2] for r in rows] == [["control", "0"], ["preempted", "0"], ["preempted", "1"]]
+    assert [r[3:] for r in rows] == [["0", "6", "0"], ["6", "0", "0"], ["6", "0", "0"]]
+    assert Report.model_validate_json(report.model_dump_json()) == report
 
 
 def _boundary_table(page: str) -> ET.Element:
