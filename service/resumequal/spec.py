@@ -423,7 +423,8 @@ class PreemptionSpec(_Section):
     SIGTERM, on which every rank commits an emergency checkpoint, with SIGKILL after
     ``grace_seconds``. ``target`` says what is killed: ``process``, the armed worker
     process dies inside its pod and torchrun restarts the group in place; ``pod``, the pod
-    is deleted like a lost node and recreated (on a cluster only).
+    is deleted like a lost node and recreated (locally: the armed rank's node, its torchrun
+    agent with every worker, dies and a new agent takes its place).
     """
 
     at: Literal["microbatch", "checkpoint_commit"] = "microbatch"

@@ -175,15 +175,6 @@ def test_leg_rejects_unknown_leg(runner: CliRunner, tmp_path: Path, run_leg_call
 # --- run -------------------------------------------------------------------------------------
 
 
-def test_run_refuses_a_pod_kill_naming_the_field(runner: CliRunner, tmp_path: Path) -> None:
-    run_dir = tmp_path / "q1"
-    result = runner.invoke(cli.main, ["run", "--run-dir", str(run_dir),
-                                      "--set", "preemption.target=pod"])
-    assert result.exit_code == 2
-    assert "error: preemption.target=pod: a local run has no pods" in result.stderr
-    assert not run_dir.exists()  # refused before anything started
-
-
 def test_run_refuses_a_run_dir_another_run_holds(runner: CliRunner, tmp_path: Path) -> None:
     """Its traces are there: a second run's legs would append to them."""
     run_dir = tmp_path / "q1"

@@ -9,6 +9,18 @@ grace), and on cleanup stops every process it started. A leg succeeded when torc
 exited 0 and every rank left its completion marker. Logs and checkpoint staging stay in
 the local ``run_dir``.
 
+A leg of ``world.nnodes`` > 1, or one whose preemption kills a node (``preemption.target:
+pod``), runs one torchrun agent per node, as a cluster runs one per pod, against a
+rendezvous store in a process of its own (:mod:`resumequal.local.rdzv_store`) so that any
+node can die. A node kill takes the armed rank's whole node — its agent and every worker,
+which torchrun starts in sessions of their own: SIGKILL to all of them, or SIGTERM to the
+agent (what a pod deletion sends the pod's main process) and SIGKILL after the grace — and
+once they are gone starts a new agent in its place, as a training operator recreates a
+deleted pod. Every agent of such a leg sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the
+store shared, a surviving rank 0 publishes no MASTER_ADDR for a round a new agent joins,
+and both wait until the read timeout (torch 2.13, dynamic_rendezvous.py
+``next_rendezvous``).
+
 The run's checkpoint key (:mod:`resumequal.signing`) is the caller's
 ``RESUMEQUAL_CHECKPOINT_KEY`` if it set one, else a fresh random one made here. It lives
 only in this process's environment: the legs inherit it, the comparison (in this
@@ -24,11 +36,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from resumequal.errors import ResumequalError
-from resumequal.local.processes import ProcessTree
+from resumequal.local.processes import ProcessTree, alive, send_signal, tagged
 from resumequal.plan import TORCHRUN, LegPlan, leg_module_args, local_torchrun_args, rdzv_conf
 from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
 from resumequal.runstore import RunLocation
@@ -43,6 +57,49 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Every process of one node carries its node's tag, inherited by the workers torchrun starts
+# in sessions of their own: a node kill finds them all.
+NODE_TAG_VAR = "RESUMEQUAL_NODE_TAG"
+
+# A dead node leaves the rendezvous once its heartbeats are this old: 1 s x 5 instead of
+# torch's 5 s x 3 (dynamic_rendezvous.py ``create_handler``; ``_sanitize`` drops it), so a
+# replaced node rejoins within seconds. Shorter expiries declare live nodes dead: the
+# heartbeat timer's jitter stretches a period to nearly two intervals.
+NODE_KEEP_ALIVE = {"keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
+
+
+@dataclass
+class _Node:
+    """One torchrun agent of a leg, with the tag its processes carry."""
+
+    index: int
+    proc: subprocess.Popen[bytes]
+    tag: str
+
+    def pids(self) -> list[int]:
+        return [p for p in tagged(self.tag, NODE_TAG_VAR) if alive(p)]
+
+
+@dataclass
+class _NodeKill:
+    """A node kill in progress: escalated to SIGKILL at ``deadline``, replaced once gone."""
+
+    node: _Node
+    deadline: float
+    replaced: bool = False
+
+
+@dataclass
+class _Nodes:
+    """The agents of a leg launched node by node, and its rendezvous store."""
+
+    store: subprocess.Popen[bytes]
+    cmd: list[str]
+    env: dict[str, str]
+    current: list[_Node] = field(default_factory=list)
+    killed: list[_NodeKill] = field(default_factory=list)
 
 
 class LocalBackend:
@@ -64,6 +121,7 @@ class LocalBackend:
         self.python = python
         self.tree = ProcessTree()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.nodes: dict[str, _Nodes] = {}
         os.environ.setdefault(KEY_ENV, new_key())
         self._escalate: tuple[int, float] | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -72,42 +130,72 @@ class LocalBackend:
     # -- Backend ------------------------------------------------------------------------
 
     def launch_leg(self, plan: LegPlan) -> None:
-        if plan.name in self.procs:
+        if plan.name in self.procs or plan.name in self.nodes:
             return
         w = plan.spec.world
-        if w.nnodes != 1:
-            raise ResumequalError(
-                f"world.nnodes={w.nnodes}: a local run has one node; set world.nprocPerNode to "
-                "the world size instead"
-            )
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-        cmd = [
-            self.python, *TORCHRUN,
-            *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=w.nproc_per_node,
-                                 max_restarts=w.max_restarts, rdzv=rdzv_conf(plan.spec)),
-            *leg_module_args(plan.name, self.location.uri, scratch=str(self.run_dir)),
-        ]
         env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
         # Workers find their leg spec with the standard AWS settings, as on a cluster.
         s3 = self.spec.checkpoint.s3
         if s3 is not None and s3.endpoint_url:
             env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
-        self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log", env)
-        log.info("launched the %s leg (%d ranks)", plan.name, w.nproc_per_node)
+        leg_args = leg_module_args(plan.name, self.location.uri, scratch=str(self.run_dir))
+        if w.nnodes == 1 and plan.spec.preemption.target == "process":
+            cmd = [
+                self.python, *TORCHRUN,
+                *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}",
+                                     nproc=w.nproc_per_node, max_restarts=w.max_restarts,
+                                     rdzv=rdzv_conf(plan.spec)),
+                *leg_args,
+            ]
+            self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log", env)
+        else:
+            self._launch_nodes(plan, env, leg_args)
+        log.info("launched the %s leg (%d node(s) x %d rank(s))", plan.name, w.nnodes,
+                 w.nproc_per_node)
+
+    def _launch_nodes(self, plan: LegPlan, env: dict[str, str], leg_args: list[str]) -> None:
+        w = plan.spec.world
+        port = free_port()
+        store = self.tree.spawn(
+            [self.python, "-m", "resumequal.local.rdzv_store", f"--port={port}"],
+            self.run_dir / f"{plan.name}.rdzv-store.log", dict(os.environ))
+        rdzv = {**rdzv_conf(plan.spec), "is_host": "false", **NODE_KEEP_ALIVE}
+        cmd = [
+            self.python, *TORCHRUN, f"--nnodes={w.nnodes}",
+            *local_torchrun_args(endpoint=f"127.0.0.1:{port}", nproc=w.nproc_per_node,
+                                 max_restarts=w.max_restarts, rdzv=rdzv),
+            *leg_args,
+        ]
+        nodes = self.nodes[plan.name] = _Nodes(
+            store, cmd, dict(env, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
+        for index in range(w.nnodes):
+            nodes.current.append(self._start_node(plan.name, nodes, index))
+
+    def _start_node(self, leg: str, nodes: _Nodes, index: int) -> _Node:
+        tag = uuid.uuid4().hex
+        log_path = self.run_dir / f"{leg}.node-{index}.log"
+        proc = self.tree.spawn(nodes.cmd, log_path, dict(nodes.env, **{NODE_TAG_VAR: tag}))
+        return _Node(index, proc, tag)
 
     def observe_leg(self, leg: str) -> LegObservation:
         self._maybe_escalate()
-        proc = self.procs.get(leg)
-        if proc is None:
-            return LegObservation(state=LegState.NOT_STARTED)
-        code = proc.poll()
+        nodes = self.nodes.get(leg)
+        if nodes is not None:
+            self._settle_node_kills(leg, nodes)
+            code, log_path = self._nodes_exit(nodes), self.run_dir / f"{leg}.node-*.log"
+        else:
+            proc = self.procs.get(leg)
+            if proc is None:
+                return LegObservation(state=LegState.NOT_STARTED)
+            code, log_path = proc.poll(), self.run_dir / f"{leg}.log"
         world_size = self.spec.world.world_size
         progress = self.location.leg_progress(leg, world_size)
         message = None
         if code is None:
             state = LegState.RUNNING
         elif code != 0:
-            state, message = LegState.FAILED, self._failure(leg, code)
+            state, message = LegState.FAILED, self._failure(leg, code, log_path)
         else:
             # One listing, once torchrun has exited: its exit 0 alone does not say that
             # every rank committed its final checkpoint and closed its trace.
@@ -115,7 +203,7 @@ class LocalBackend:
             state = LegState.SUCCEEDED if not missing else LegState.FAILED
             if missing:
                 message = (f"torchrun exited 0 but rank(s) {', '.join(map(str, missing))} "
-                           f"never marked the leg done ({self.run_dir / f'{leg}.log'})")
+                           f"never marked the leg done ({log_path})")
         return LegObservation(state=state, steps_done=progress.steps_done,
                               attempts=progress.attempts, resumed_at=progress.resumed_at,
                               message=message)
@@ -125,13 +213,15 @@ class LocalBackend:
         return None if body is None else beacon_from(body, self.location.url(leg))
 
     def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
-        # A local run has no pods: the spec refuses target pod before anything starts.
         if beacon.pid not in self.tree.pids():
             raise ResumequalError(
                 f"the beacon names pid {beacon.pid}, which is not a process of this run"
             )
         mode = preemption.mode
-        if mode == "hard":
+        nodes = self.nodes.get(leg)
+        if preemption.target == "pod" and nodes is not None:
+            self._kill_node(leg, nodes, beacon, preemption)
+        elif mode == "hard":
             os.kill(beacon.pid, signal.SIGKILL)
         else:
             os.kill(beacon.pid, signal.SIGTERM)
@@ -139,7 +229,8 @@ class LocalBackend:
         # The order dates the kill in the store, as a cluster's does, for the comparator's
         # report; written after the signal, it changes nothing of the kill itself.
         self.location.write_kill_order(leg, kill_order(beacon, preemption))
-        log.info("delivered %s kill to rank %d (pid %d)", mode, beacon.rank, beacon.pid)
+        log.info("delivered %s %s kill to rank %d (pid %d)", mode, preemption.target,
+                 beacon.rank, beacon.pid)
 
     def compare(self) -> Verdict:
         if self.judge is not None:
@@ -167,16 +258,66 @@ class LocalBackend:
             log.warning("pid %d outlived its grace period; sending SIGKILL", pid)
             os.kill(pid, signal.SIGKILL)
 
-    def _failure(self, leg: str, code: int | None) -> str:
+    def _kill_node(self, leg: str, nodes: _Nodes, beacon: Beacon,
+                   preemption: PreemptionSpec) -> None:
+        node = next((n for n in nodes.current if beacon.pid in n.pids()), None)
+        if node is None:
+            raise ResumequalError(f"the beacon names pid {beacon.pid}, which runs on no node "
+                                  f"of the {leg} leg")
+        if preemption.mode == "hard":
+            for pid in node.pids():
+                send_signal(pid, signal.SIGKILL)
+            deadline = time.monotonic()
+        else:
+            # A pod deletion signals the pod's main process; torchrun passes it on.
+            send_signal(node.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + preemption.grace_seconds
+        nodes.killed.append(_NodeKill(node, deadline))
+
+    def _settle_node_kills(self, leg: str, nodes: _Nodes) -> None:
+        """SIGKILL what outlived its grace; replace each killed node once all of it is gone."""
+        for kill in nodes.killed:
+            if kill.replaced:
+                continue
+            left = kill.node.pids()
+            if left and time.monotonic() >= kill.deadline:
+                log.warning("node %d of the %s leg outlived its grace period; sending SIGKILL",
+                            kill.node.index, leg)
+                for pid in left:
+                    send_signal(pid, signal.SIGKILL)
+            if left:
+                continue
+            kill.node.proc.poll()
+            index = nodes.current.index(kill.node)
+            nodes.current[index] = self._start_node(leg, nodes, kill.node.index)
+            kill.replaced = True
+            log.info("started a new node %d for the %s leg", kill.node.index, leg)
+
+    def _nodes_exit(self, nodes: _Nodes) -> int | None:
+        """The leg's exit: None while an agent runs or a killed node awaits its replacement,
+        the first non-zero exit of a current agent, else 0 (and the store is stopped)."""
+        if any(not k.replaced for k in nodes.killed):
+            return None
+        codes = [n.proc.poll() for n in nodes.current]
+        failed = next((c for c in codes if c not in (None, 0)), None)
+        if failed is not None:
+            return failed
+        if any(c is None for c in codes):
+            return None
+        send_signal(nodes.store.pid, signal.SIGTERM)
+        return 0
+
+    def _failure(self, leg: str, code: int | None, log_path: Path) -> str:
         reason = self.location.leg_failure(leg)
         if reason is not None and reason != "unreadable failure marker":
             return reason
+        paths = sorted(log_path.parent.glob(log_path.name))
         errors = [
-            line for line in _tail(self.run_dir / f"{leg}.log", 200)
+            line for path in paths for line in _tail(path, 200)
             if line.startswith("error: ") or "Error:" in line
         ]
         detail = errors[-1].strip() if errors else "see the leg's log"
-        return f"torchrun exited {code}: {detail} ({self.run_dir / f'{leg}.log'})"
+        return f"torchrun exited {code}: {detail} ({log_path})"
 
 
 def _tail(path: Path, n: int) -> list[str]:

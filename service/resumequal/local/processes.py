@@ -80,14 +80,14 @@ class ProcessTree:
         """SIGTERM every tagged process, SIGKILL what is left after the grace; returns pids."""
         victims = self.pids()
         for pid in victims:
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
         while time.monotonic() < deadline and any(alive(p) for p in self.pids()):
             self._reap()
             time.sleep(0.05)
         leftovers = self.pids()
         for pid in leftovers:
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and self.pids():
             self._reap()
@@ -102,6 +102,7 @@ class ProcessTree:
             proc.poll()
 
 
-def _signal(pid: int, sig: signal.Signals) -> None:
+def send_signal(pid: int, sig: signal.Signals) -> None:
+    """Signal ``pid``; one that is already gone is not an error."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)

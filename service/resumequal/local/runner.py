@@ -80,11 +80,6 @@ def run_location(spec: QualificationSpec, opts: RunOptions) -> RunLocation:
 
 def check_runs_here(spec: QualificationSpec) -> None:
     """ResumequalError naming the field when the spec asks for what a local run cannot do."""
-    if spec.preemption.target != "process":
-        raise ResumequalError(
-            f"preemption.target={spec.preemption.target}: a local run has no pods to "
-            "delete; it kills the armed worker process (preemption.target=process)"
-        )
     if spec.training.precision != "fp32":
         # torch only for this check: an fp32 run starts its legs without importing it here.
         from resumequal.train.distributed import resolve_backend
