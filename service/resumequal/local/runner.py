@@ -13,7 +13,7 @@ from types import FrameType
 
 from rich.console import Console
 
-from resumequal.errors import ResumequalError, TrainingError
+from resumequal.errors import TrainingError
 from resumequal.local.backend import LocalBackend
 from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
