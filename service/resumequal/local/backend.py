@@ -304,7 +304,8 @@ class LocalBackend:
             return failed
         if any(c is None for c in codes):
             return None
-        send_signal(nodes.store.pid, signal.SIGTERM)
+        if nodes.store.poll() is None:
+            send_signal(nodes.store.pid, signal.SIGTERM)
         return 0
 
     def _failure(self, leg: str, code: int | None, log_path: Path) -> str:
