@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn, cast
@@ -200,6 +202,9 @@ def run(
 ) -> None:
     """Qualify this machine's stack: control and preempted legs, kill, compare, report."""
     from rich.console import Console
+
+    # SIGUSR1 prints every thread's stack to stderr: how a run that seems stuck shows where.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     from resumequal.local.runner import RunOptions, default_run_dir, exit_code, qualify_here
     from resumequal.report.terminal import print_summary

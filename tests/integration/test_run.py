@@ -129,7 +129,15 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     workers = _processes_mentioning(str(run_dir))
     assert len(workers) >= 3  # torchrun and two workers
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # every thread's stack, for the failure message
+        time.sleep(2)
+        proc.kill()
+        out, _ = proc.communicate(timeout=30)
+        raise AssertionError("the interrupted run did not end within 60 s:\n"
+                             + out.decode(errors="replace")[-6000:]) from None
     assert proc.returncode == 130, out
     assert not _processes_mentioning(str(run_dir))
 
