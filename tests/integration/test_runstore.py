@@ -100,7 +100,7 @@ def test_leg_spec_round_trip_with_omissions(location: RunLocation) -> None:
     else:  # on S3 the leg's checkpoints live under the run location
         assert got.spec.checkpoint.store == location.uri
     with pytest.raises(SpecError, match="unknown omission"):
-        location.write_leg_spec("control", spec, ["optimizer"])
+        location.write_leg_spec("control", spec, ["optimiser"])
 
 
 def test_beacons_and_failure_markers(location: RunLocation) -> None:
