@@ -115,14 +115,21 @@ def test_experiments_that_cannot_be_valid_are_rejected_up_front(
     assert not (tmp_path / "run").exists()
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     # Interrupted while the armed rank holds at its cut (no kill is delivered): the leg's
     # torchrun and both workers are certainly alive then, however loaded the machine.
     run_dir = tmp_path / "run"
+    # SIGINT as a terminal delivers it: a suite started in the background (nohup, `&`) has
+    # it ignored, and a child would inherit that and rightly keep running.
     proc = subprocess.Popen([sys.executable, "-m", "resumequal", "run", "--run-dir",
                              str(run_dir), "--no-kill", *FAST,
                              "--set", "timeouts.armSeconds=100"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_default_sigint)
     beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
     eventually(beacon.exists, 180, "the preempted leg to arm", interval=0.1,
                abort=lambda: None if proc.poll() is None else f"the run exited {proc.returncode}")
