@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import io
 import logging
 import os
 import signal
@@ -204,7 +206,9 @@ def run(
     from rich.console import Console
 
     # SIGUSR1 prints every thread's stack to stderr: how a run that seems stuck shows where.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Only where stderr is a file (an in-process runner's is not).
+    with contextlib.suppress(io.UnsupportedOperation, ValueError, AttributeError):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr.fileno(), all_threads=True)
 
     from resumequal.local.runner import RunOptions, default_run_dir, exit_code, qualify_here
     from resumequal.report.terminal import print_summary
