@@ -18,7 +18,6 @@ training side. As a pod's PID 1 it also reaps the orphans re-parented to it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -29,7 +28,7 @@ import uuid
 from types import FrameType
 from typing import Literal
 
-from resumequal.local.processes import alive, tagged
+from resumequal.local.processes import alive, send_signal, tagged
 
 log = logging.getLogger(__name__)
 
@@ -104,28 +103,23 @@ class Launcher:
             self._kill_workers()
         elif not self._acted:
             log.warning("%s (graceful): forwarded to torchrun", name)
-            _signal(self.child.pid, signum)
+            send_signal(self.child.pid, signum)
         self._acted = True
 
     def _kill_workers(self) -> None:
         """SIGKILL torchrun, then every process carrying our tag, until none is left."""
         if self.child is not None and self.child.returncode is None:
-            _signal(self.child.pid, signal.SIGKILL)
+            send_signal(self.child.pid, signal.SIGKILL)
         deadline = time.monotonic() + KILL_WAIT_SECONDS
         while time.monotonic() < deadline:
             left = [p for p in tagged(self.tag, TAG_VAR) if alive(p)]
             if not left:
                 return
             for pid in left:
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
             time.sleep(0.01)
         log.error("processes still alive after SIGKILL: %s",
                   [p for p in tagged(self.tag, TAG_VAR) if alive(p)])
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
 
 
 def launch(mode: Mode, torchrun_args: list[str]) -> int:

@@ -153,6 +153,14 @@ def trace(run: Path | str, leg: str, rank: int) -> list[TraceRecord]:
     return parse_records(traces.lines(rank), traces.uri(rank))
 
 
+def records(run: Path | str, leg: str, kind: str, ranks: tuple[int, ...] = (0, 1)
+            ) -> list[dict[str, Any]]:
+    """The records of one kind in the ranks' traces, as JSON objects, rank by rank."""
+    location = RunLocation.open(str(run))
+    return [r for rank in ranks for r in location.trace_records(leg, rank)
+            if r["kind"] == kind]
+
+
 def steps(run: Path | str, leg: str, rank: int) -> dict[int, StepRecord]:
     return effective_steps(trace(run, leg, rank), rank)
 

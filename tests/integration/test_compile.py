@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from resumequal.runstore import RunLocation
 from resumequal.train.compiling import CACHE_FOLDER
 from tests.integration import legs
 
@@ -29,11 +28,6 @@ def _run(run_dir: Path, *sets: str) -> None:
     assert verdict["resumed_from"] == "step-00000004"
 
 
-def _records(run_dir: Path, leg: str, rank: int, kind: str) -> list[dict[str, Any]]:
-    return [r for r in RunLocation.open(str(run_dir)).trace_records(leg, rank)
-            if r["kind"] == kind]
-
-
 @pytest.mark.timeout(600)
 def test_fresh_processes_under_max_autotune_compile_cold_and_still_resume_exactly(
         tmp_path: Path) -> None:
@@ -42,10 +36,10 @@ def test_fresh_processes_under_max_autotune_compile_cold_and_still_resume_exactl
     folders = set()
     for leg in ("control", "preempted"):
         for rank in (0, 1):
-            inventories = _records(run_dir, leg, rank, "inventory")
+            inventories = legs.records(run_dir, leg, "inventory", (rank,))
             assert not any(r["compile"]["warm"] for r in inventories)
             folders |= {r["compile"]["cache_dir"] for r in inventories}
-            compiled = _records(run_dir, leg, rank, "compiled")
+            compiled = legs.records(run_dir, leg, "compiled", (rank,))
             assert {r["attempt"] for r in compiled} == {r["attempt"] for r in inventories}
             # Every process compiled every graph itself (same-shaped graphs of one process
             # may hit what it just wrote) ...
@@ -63,10 +57,10 @@ def test_per_rank_caches_are_warm_for_the_same_rank_of_a_later_leg(tmp_path: Pat
     _run(run_dir, "compile.cache=per-rank")
     for rank in (0, 1):
         folder = str((run_dir / CACHE_FOLDER / f"rank-{rank}").resolve())
-        control = _records(run_dir, "control", rank, "inventory")
-        preempted = _records(run_dir, "preempted", rank, "inventory")
+        control = legs.records(run_dir, "control", "inventory", (rank,))
+        preempted = legs.records(run_dir, "preempted", "inventory", (rank,))
         assert all(r["compile"]["cache_dir"] == folder for r in control + preempted)
         assert not control[0]["compile"]["warm"]
         assert all(r["compile"]["warm"] for r in preempted)
         assert all(r["fx_cache_misses"] == 0
-                   for r in _records(run_dir, "preempted", rank, "compiled"))
+                   for r in legs.records(run_dir, "preempted", "compiled", (rank,)))

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from resumequal.runstore import RunLocation
 from resumequal.train.compiling import CACHE_FOLDER
 from tests.integration import legs
 
@@ -50,11 +49,6 @@ def _cell(kind: str, precision: str, compiled: bool, mode: str) -> Any:
     return pytest.param(kind, precision, compiled, mode, marks=marks, id=name)
 
 
-def _records(run_dir: Path, leg: str, rank: int, kind: str) -> list[dict[str, Any]]:
-    return [r for r in RunLocation.open(str(run_dir)).trace_records(leg, rank)
-            if r["kind"] == kind]
-
-
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(("kind", "precision", "compiled", "mode"),
                          [_cell(*c) for c in CELLS])
@@ -79,36 +73,37 @@ def test_the_cell_resumes_exactly_mid_accumulation(
     assert leg_spec["parallelism"]["kind"] == kind
     assert leg_spec["training"]["precision"] == precision
     for rank in (0, 1):
-        steps = _records(run_dir, "control", rank, "step")
+        steps = legs.records(run_dir, "control", "step", (rank,))
         # No scaler outside fp16: the loss_scale boundary is absent from every step.
         assert all(r["loss_scale"] is None for r in steps)
         if kind == "fsdp2":  # no buckets: fixed reduce-scatter groups
             assert all(r["bucket_layout"] is None and r["buckets"] == [] for r in steps)
     if kind == "fsdp2":  # each rank holds its own shard: their parameter digests differ
-        assert _records(run_dir, "control", 0, "step")[-1]["params"] != \
-            _records(run_dir, "control", 1, "step")[-1]["params"]
+        assert legs.records(run_dir, "control", "step", (0,))[-1]["params"] != \
+            legs.records(run_dir, "control", "step", (1,))[-1]["params"]
 
     if compiled:
         shared = str((run_dir / CACHE_FOLDER / "shared").resolve())
         assert (Path(shared) / "fxgraph").is_dir()  # inductor wrote its graphs where we said
         for rank in (0, 1):
-            control = _records(run_dir, "control", rank, "inventory")
-            preempted = _records(run_dir, "preempted", rank, "inventory")
+            control = legs.records(run_dir, "control", "inventory", (rank,))
+            preempted = legs.records(run_dir, "preempted", "inventory", (rank,))
             assert [r["attempt"] for r in preempted] == [0, 1]
             assert all(r["compile"]["cache_dir"] == shared for r in control + preempted)
             # The control leg compiles cold; every preempted process finds the cache warm.
             assert not control[0]["compile"]["warm"]
             assert all(r["compile"]["warm"] for r in preempted)
             # ... and loads every graph from it: nothing compiled afresh, nothing autotuned.
-            loaded = _records(run_dir, "preempted", rank, "compiled")
+            loaded = legs.records(run_dir, "preempted", "compiled", (rank,))
             assert sorted({r["attempt"] for r in loaded}) == [0, 1]
             assert all(r["fx_cache_hits"] > 0 and r["fx_cache_misses"] == 0
                        and r["autotuned"] == [] for r in loaded)
-        cold = [r for rank in (0, 1) for r in _records(run_dir, "control", rank, "compiled")]
+        cold = legs.records(run_dir, "control", "compiled")
         assert sum(r["fx_cache_misses"] for r in cold) > 0
         report = json.loads((run_dir / "report.json").read_text())
         by_leg = {leg["name"]: leg["compiled"] for leg in report["legs"]}
         assert [c["attempt"] for c in by_leg["preempted"]] == [0, 1]
         assert by_leg["control"][0]["seconds"] > by_leg["preempted"][1]["seconds"] > 0
     else:
-        assert all(r["compile"] is None for r in _records(run_dir, "control", 0, "inventory"))
+        assert all(r["compile"] is None
+                   for r in legs.records(run_dir, "control", "inventory", (0,)))

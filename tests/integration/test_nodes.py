@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from resumequal.runstore import RunLocation
 from tests.integration import legs
 
 pytestmark = pytest.mark.slow
@@ -28,12 +27,6 @@ def _run(run_dir: Path, *sets: str) -> dict[str, Any]:
     assert verdict["result"] == "PASS", verdict["reason"]
     assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
     return verdict
-
-
-def _records(run_dir: Path, leg: str, kind: str) -> list[dict[str, Any]]:
-    location = RunLocation.open(str(run_dir))
-    return [r for rank in (0, 1) for r in location.trace_records(leg, rank)
-            if r["kind"] == kind]
 
 
 @pytest.mark.timeout(300)
@@ -55,11 +48,11 @@ def test_a_killed_node_is_replaced_and_the_leg_resumes_exactly(
         assert (run_dir / f"{leg}.node-0.log").is_file()
         assert (run_dir / f"{leg}.node-1.log").is_file()
     # One process per node: the two ranks of every attempt ran in different agents.
-    starts = _records(run_dir, "preempted", "inventory")
+    starts = legs.records(run_dir, "preempted", "inventory")
     assert len({(r["attempt"], r["pid"]) for r in starts}) == 4
-    restores = _records(run_dir, "preempted", "restore")
+    restores = legs.records(run_dir, "preempted", "restore")
     assert sorted((r["rank"], r["attempt"]) for r in restores) == [(0, 1), (1, 1)]
-    assert [r["rank"] for r in _records(run_dir, "preempted", "arm")] == [1]
+    assert [r["rank"] for r in legs.records(run_dir, "preempted", "arm")] == [1]
     # The armed rank's node was replaced: a fresh agent (restart count 0) joined attempt 1
     # beside the survivor (restart count 1).
     logs = "".join((run_dir / f"preempted.node-{i}.log").read_text() for i in (0, 1))

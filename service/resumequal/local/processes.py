@@ -102,7 +102,7 @@ class ProcessTree:
             proc.poll()
 
 
-def send_signal(pid: int, sig: signal.Signals) -> None:
+def send_signal(pid: int, sig: int) -> None:
     """Signal ``pid``; one that is already gone is not an error."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
