@@ -12,7 +12,11 @@ needs a checkpoint that holds pending gradients, which only a graceful kill at a
 mid-accumulation cut writes, so that control runs with a graceful kill. Controls of state
 a qualification does not have are reported not applicable, with no leg: the scaler control
 needs a GradScaler (only ``training.precision: fp16`` has one), the loader-state control a
-StatefulDataLoader (``workload.loader``).
+StatefulDataLoader (``workload.loader``). The rank-keyed controls (``rank_cursor``,
+``rank_rng``) plant bugs that show only once the world has resized, so they run only with
+``preemption.resize``; a resize run draws every microbatch's samples and random streams
+from its global position, so the per-rank RNG, data cursor and pending gradients that the
+``rng``, ``data_cursor`` and ``pending_grads`` controls leave out play no part in it.
 """
 
 from __future__ import annotations
@@ -87,6 +91,11 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
         p = spec.preemption
         for omission in spec.controls.omissions:
             leg_spec, method = spec, REAL_LEG
+            reason = _resize_not_applicable(spec, omission)
+            if reason is not None:
+                not_run.append(NotRun(omission, reason,
+                                      "not run: the omitted state plays no part in this run"))
+                continue
             if omission == "scaler" and spec.training.precision != "fp16":
                 not_run.append(NotRun(omission, (
                     f"training.precision is {spec.training.precision}: there is no "
@@ -112,6 +121,26 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
             legs.append(LegPlan(negative_control_leg_name(omission), "negative_control",
                                 leg_spec, (omission,), method))
     return Plan(legs, not_run)
+
+
+_GLOBAL_DATA = ("preemption.resize is set: every microbatch draws its samples and random "
+                "streams from its global position, ")
+_BY_RESIZE: dict[str, str] = {
+    "rng": _GLOBAL_DATA + "so no per-rank RNG state is restored to leave out",
+    "data_cursor": _GLOBAL_DATA + "so the position is the step counter, not a data cursor",
+    "pending_grads": "preemption.resize kills hard at a node: no checkpoint holds pending "
+                     "gradients to drop",
+}
+
+
+def _resize_not_applicable(spec: QualificationSpec, omission: Omission) -> str | None:
+    """Why a control does not apply to this spec's resize (or lack of one), if it does not."""
+    if spec.preemption.resize is None:
+        if omission in ("rank_cursor", "rank_rng"):
+            return ("preemption.resize is not set: a world that never changes size takes "
+                    "the same samples and streams by rank as by global position")
+        return None
+    return _BY_RESIZE.get(omission)
 
 
 def scenario_spec(spec: QualificationSpec, scenario: Scenario) -> QualificationSpec:

@@ -55,9 +55,13 @@ BOUNDARIES: tuple[Boundary, ...] = get_args(Boundary)
 # ``optimizer`` restores the model into a fresh optimizer (under fsdp2, without the sharded
 # optimizer state). ``scaler`` applies only to fp16 (a GradScaler), ``loader_state`` only to
 # a workload fed by a StatefulDataLoader (workload.loader).
+#
+# ``rank_cursor`` and ``rank_rng`` plant the bugs of a resize (``preemption.resize``): each
+# global microbatch's samples, or its random streams, taken by rank and microstep as if the
+# world still had ``world.nnodes`` nodes. Exact while it does; wrong once it has resized.
 Omission = Literal[
     "rng", "data_cursor", "scheduler", "optimizer", "model_optimizer_only", "pending_grads",
-    "scaler", "loader_state"
+    "scaler", "loader_state", "rank_cursor", "rank_rng"
 ]
 OMISSIONS: tuple[Omission, ...] = get_args(Omission)
 
@@ -409,6 +413,29 @@ class CheckpointSpec(_Section):
         return max(found, default=None)
 
 
+class ResizeSpec(_Section):
+    """An elastic resize: the killed node is not replaced, and the leg continues on
+    ``toNodes`` nodes with new ranks and a smaller world, resumed by resharding the newest
+    checkpoint; with ``growAfterStep`` a new node joins once the checkpoint after that step
+    is committed, and the leg continues at the full world from it.
+
+    Every leg of a resize run (the reference leg too) defines its data and randomness
+    globally: global step ``s`` consumes the same ``accumulationSteps x world size``
+    microbatches at any world size, each drawn from (seed, global position), and a rank
+    runs more microbatches per step in a smaller world. Bitwise equality is not expected
+    after the resize (the reduction order changes with the world): the steps before it must
+    be exact, the handoff (the state restored, gathered) and the data ledger exact, and the
+    drift within ``comparison.tolerances``.
+    """
+
+    to_nodes: int = Field(ge=1, le=MAX_NODES,
+                          description="nodes the leg continues on after the kill")
+    grow_after_step: int | None = Field(
+        default=None, ge=1, le=MAX_STEPS,
+        description="grow back to world.nnodes once the checkpoint after this step is "
+        "committed (none: the leg finishes at toNodes)")
+
+
 class PreemptionSpec(_Section):
     """The cut point: before microbatch ``microstep`` of optimizer step ``step`` on ``rank``.
 
@@ -435,6 +462,10 @@ class PreemptionSpec(_Section):
     mode: Literal["hard", "graceful"] = "hard"
     target: Literal["process", "pod"] = "process"
     grace_seconds: float = Field(default=20.0, gt=0, le=MAX_SECONDS)
+    resize: ResizeSpec | None = Field(
+        default=None,
+        description="the killed node is not replaced: the leg continues at a smaller world "
+        "size, and may grow back (target: pod, mode: hard)")
 
 
 class TimeoutSpec(_Section):
@@ -626,6 +657,8 @@ class QualificationSpec(_Section):
             )
         if self.parallelism.kind == "fsdp2":
             self._check_fsdp2()
+        if p.resize is not None:
+            self._check_resize(p.resize)
         if self.timeouts.arm_seconds >= self.timeouts.process_group_seconds:
             raise ValueError(
                 "timeouts.armSeconds must be < timeouts.processGroupSeconds: the other ranks "
@@ -641,6 +674,56 @@ class QualificationSpec(_Section):
                     f"ddp.{field.alias} is set but parallelism.kind is fsdp2: it is a "
                     "DistributedDataParallel setting (FSDP2 reduce-scatters per fully_shard "
                     "block and has no buckets to size or reducer to prime); remove it")
+
+    def _check_resize(self, resize: ResizeSpec) -> None:
+        p, t, w = self.preemption, self.training, self.world
+        where = "preemption.resize"
+        if p.target != "pod" or p.mode != "hard":
+            raise ValueError(
+                f"{where} needs preemption.target: pod and mode: hard (a lost node, which "
+                "saves nothing: a graceful stop's emergency checkpoint would carry one rank's "
+                "pending gradients, which no rank of a smaller world can take over)")
+        if resize.to_nodes != w.nnodes - 1:
+            raise ValueError(
+                f"{where}.toNodes={resize.to_nodes}: a kill takes one node of "
+                f"world.nnodes={w.nnodes}, so the leg continues on {w.nnodes - 1}")
+        global_microbatches = t.accumulation_steps * w.world_size
+        smaller = resize.to_nodes * w.nproc_per_node
+        if global_microbatches % smaller:
+            raise ValueError(
+                f"{where}.toNodes={resize.to_nodes}: a step's {global_microbatches} "
+                f"microbatches (training.accumulationSteps x world size) do not divide among "
+                f"{smaller} ranks")
+        grow = resize.grow_after_step
+        if grow is not None:
+            if not p.step <= grow < t.steps:
+                raise ValueError(
+                    f"{where}.growAfterStep={grow} must be from preemption.step={p.step} "
+                    f"to training.steps-1={t.steps - 1}: a step of the smaller world first, "
+                    "then a step of the grown one")
+            if not self.checkpoint.saves_after(grow, t.steps):
+                raise ValueError(
+                    f"{where}.growAfterStep={grow}: no checkpoint is saved after step {grow}, "
+                    "which the grown world resumes from; add it to checkpoint.atSteps")
+        c = self.comparison
+        missing = [b for b in ("loss", "grad_norm", "params") if b not in c.tolerances]
+        if c.mode != "tolerance" or missing:
+            raise ValueError(
+                f"{where} needs comparison.mode: tolerance with tolerances for loss, grad_norm "
+                "and params: after a resize the reduction order differs, so those drift"
+                + (f" (missing: {', '.join(missing)})" if c.mode == "tolerance" else ""))
+        if self.workload.loader is not None:
+            raise ValueError(
+                f"{where}: workload.loader shards its samples per rank; a resize needs the "
+                "samples of each global step defined globally (remove workload.loader)")
+        if self.matrix.seeds:
+            raise ValueError(f"{where}: a seed matrix runs other cuts and kill modes; remove "
+                             "matrix.seeds")
+
+    @property
+    def global_microbatches(self) -> int:
+        """Microbatches of one optimizer step over all ranks, whatever the world size."""
+        return self.training.accumulation_steps * self.world.world_size
 
     def digest(self) -> str:
         """A stable sha256 of what decides the numerics of training, tying a run directory
@@ -658,6 +741,9 @@ class QualificationSpec(_Section):
             del data["compile"]  # likewise for specs from before compile
         if data["workload"].get("loader") is None:
             del data["workload"]["loader"]  # likewise for specs from before workload.loader
+        if self.preemption.resize is not None:
+            # Every leg of a resize run draws its data globally, the reference leg too.
+            data["data"] = "global"
         canonical = json.dumps(data, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()
 

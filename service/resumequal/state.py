@@ -65,6 +65,10 @@ _OMITTED_PARTS: dict[str, frozenset[str]] = {
     "pending_grads": frozenset({"pending_grads"}),
     "loader_state": frozenset({"loader"}),
     "scaler": frozenset({"scaler"}),
+    # Not left out of a restore: they change how a resized world takes its microbatches
+    # (resumequal.train.globaldata).
+    "rank_cursor": frozenset(),
+    "rank_rng": frozenset(),
 }
 assert set(_OMITTED_PARTS) == set(OMISSIONS)
 

@@ -466,7 +466,8 @@ def test_a_step_partial_holds_fields_of_its_step_record() -> None:
     assert set(MicrostepPartial.__annotations__) == set(MicrostepRecord.model_fields)
     assert set(StepPartial.__annotations__) <= set(StepRecord.model_fields)
     partial = StepPartial(rng={"python": "x"}, started_at=1.0, microsteps=[
-        MicrostepPartial(index=0, sample_ids=[3, 4], loss=float("nan"))])
+        MicrostepPartial(index=0, global_index=None, sample_ids=[3, 4],
+                         loss=float("nan"))])
     [micro] = [MicrostepRecord(**m) for m in partial["microsteps"]]
     assert micro.sample_ids == [3, 4] and math.isnan(micro.loss)
 

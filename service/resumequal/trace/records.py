@@ -65,6 +65,9 @@ class MicrostepRecord(_Record):
     """One microbatch of an accumulation window."""
 
     index: int = Field(description="microbatch index within the accumulation window")
+    # Resize runs only: which of the step's microbatches over all ranks this one was.
+    global_index: int | None = Field(
+        default=None, description="the microbatch's index within its global step")
     sample_ids: list[int]
     loss: float = Field(description="this microbatch's unscaled loss, exactly (loss.item())")
 
@@ -91,6 +94,7 @@ class MicrostepPartial(TypedDict):
     """A finished microbatch of a step in progress: a :class:`MicrostepRecord` as plain data."""
 
     index: int
+    global_index: int | None
     sample_ids: list[int]
     loss: float
 
@@ -131,6 +135,11 @@ class StepRecord(_Record):
     optimizer_state: str
     started_at: float
     finished_at: float
+    # None in traces written before resizes existed.
+    world_size: int | None = Field(default=None, description="ranks this step ran on")
+    handoff: str | None = Field(
+        default=None, description="resize runs, after a step whose checkpoint is saved: "
+        "digest of the whole training state gathered over the ranks (world-size free)")
 
 
 class CompileRecord(_Record):
@@ -225,6 +234,12 @@ class RestoreRecord(_Record):
     optimizer_state: str | None = Field(
         default=None, description="digest of the optimizer state right after the restore"
     )
+    world_size: int | None = Field(default=None, description="ranks of the restoring world")
+    saved_world_size: int | None = Field(
+        default=None, description="ranks of the world that saved the checkpoint")
+    handoff: str | None = Field(
+        default=None, description="resize runs: digest of the whole training state "
+        "restored, gathered over the ranks (as StepRecord.handoff)")
 
 
 class ArmRecord(_Record):

@@ -344,7 +344,8 @@ class Trainer:
                     scaled = live.scaler.scale(scaled)
                 scaled.backward()
             live.trace_partial["microsteps"].append(
-                MicrostepPartial(index=m, sample_ids=list(mb.sample_ids), loss=loss.item())
+                MicrostepPartial(index=m, global_index=None, sample_ids=list(mb.sample_ids),
+                                 loss=loss.item())
             )
             live.counters.microstep = m + 1
             live.counters.global_microstep += 1
