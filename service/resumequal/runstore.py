@@ -224,6 +224,10 @@ def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> L
     return LegProgress(min(per_rank_steps, default=0), attempts, resumed_at)
 
 
+# A beacon's ``at`` when rank 0 of a world shrunk by a resize waits for a node to join.
+GROW = "grow"
+
+
 # --------------------------------------------------------------------------- one leg
 
 

@@ -342,9 +342,17 @@ def restore(
     ranks: RankState,
     omit: frozenset[str],
     source: str,
+    *,
+    global_data: bool = False,
 ) -> None:
-    """Apply a loaded state to the live objects, leaving out what ``omit`` selects."""
+    """Apply a loaded state to the live objects, leaving out what ``omit`` selects.
+
+    With ``global_data`` (a resize run) the RNGs, data cursor and loader state are not
+    restored: the loop draws every microbatch's samples and streams from its global
+    position, and ``ranks`` may be another rank's state, of a world of another size."""
     parts = omitted_parts(omit)
+    if global_data:
+        parts |= {"rng", "data_cursor", "loader"}
     w = live.workload
     try:
         if "optimizer" in parts:
@@ -385,7 +393,7 @@ def restore(
     live.counters = Counters(c.step, c.microstep, c.global_microstep)
     # Saved as the plain data the StepPartial TypedDict describes (it was written from one).
     live.trace_partial = cast("StepPartial | None", ranks.trace_partial)
-    if omit:
+    if omit - {"rank_cursor", "rank_rng"}:
         log.warning("rank %d restored %s without: %s", live.rank, source, ", ".join(sorted(parts)))
 
 

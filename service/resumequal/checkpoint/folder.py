@@ -106,14 +106,14 @@ class FolderRoot:
         shutil.rmtree(self.root / layout.TRASH_DIR, ignore_errors=True)
         return removed
 
-    def newest_verified(self, world_size: int) -> str | None:
+    def newest_verified(self, world_size: int | None) -> str | None:
         """The newest committed checkpoint, every file checked against its manifest."""
         positions = layout.committed(self.root)
         if not positions:
             return None
         newest = positions[-1]
         manifest = verify(self.root / newest.name)
-        if manifest.world_size != world_size:
+        if world_size is not None and manifest.world_size != world_size:
             raise CheckpointError(
                 f"{newest.name} was written by {manifest.world_size} ranks; this leg has "
                 f"{world_size}"

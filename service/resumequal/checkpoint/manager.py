@@ -164,8 +164,12 @@ class CheckpointManager:
         keep_last: int,
         async_save: bool = False,
         group_timeout: timedelta | None = None,
+        resizable: bool = False,
     ):
+        """``resizable``: resume from a checkpoint of any world size (DCP reshards its
+        tensors), reading the plain state every rank saved alike from rank 0's file."""
         self.root = root
+        self.resizable = resizable
         self._start_error: str | None = None
         self.rank = rank
         self.world_size = world_size
@@ -379,7 +383,8 @@ class CheckpointManager:
         decision: tuple[str | None, str | None] = (None, self._start_error)
         if self.rank == 0 and self._start_error is None:
             try:
-                decision = (self.root.newest_verified(self.world_size), None)
+                decision = (self.root.newest_verified(
+                    None if self.resizable else self.world_size), None)
             except CheckpointError as e:
                 decision = (None, str(e))
         name, error = _broadcast(decision)
@@ -421,7 +426,7 @@ class CheckpointManager:
                 self.root.fetch(name, self.rank)
             except (StoreError, OSError) as e:
                 raise CheckpointError(f"cannot load {self.root.uri(name)}: {e}") from e
-        rank_file = directory / layout.rank_state_file(self.rank)
+        rank_file = directory / layout.rank_state_file(0 if self.resizable else self.rank)
         try:
             rank_state = state_type.model_validate_json(rank_file.read_bytes())
         except FileNotFoundError as e:

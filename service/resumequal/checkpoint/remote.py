@@ -103,7 +103,7 @@ class RemoteRoot:
     def collect_garbage(self) -> list[str]:
         return collect_garbage(self)
 
-    def newest_verified(self, world_size: int) -> str | None:
+    def newest_verified(self, world_size: int | None) -> str | None:
         try:
             return newest_verified(self, world_size)
         except (StoreError, CheckpointError) as e:
@@ -234,7 +234,7 @@ def read_manifest(root: RemoteRoot, name: str) -> Manifest:
     return manifest
 
 
-def newest_verified(root: RemoteRoot, world_size: int) -> str | None:
+def newest_verified(root: RemoteRoot, world_size: int | None) -> str | None:
     """The newest committed checkpoint, its manifest checked against the listing.
 
     Every object the manifest names is there with its size, and nothing else is; the
@@ -262,7 +262,7 @@ def newest_verified(root: RemoteRoot, world_size: int) -> str | None:
                 f"{root.uri(name, rel)} has {present[rel]} bytes, the manifest says "
                 f"{entry.size}"
             )
-    if manifest.world_size != world_size:
+    if world_size is not None and manifest.world_size != world_size:
         raise CheckpointError(
             f"{root.uri(name)} was written by {manifest.world_size} ranks; this leg has "
             f"{world_size}"

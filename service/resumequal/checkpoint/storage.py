@@ -56,7 +56,7 @@ class CheckpointRoot(Protocol):
         """Rank 0, at start: remove what a killed save left; the names removed."""
         ...
 
-    def newest_verified(self, world_size: int) -> str | None:
+    def newest_verified(self, world_size: int | None) -> str | None:
         """The newest committed checkpoint, checked against its manifest; CheckpointError
         saying why it cannot be resumed."""
         ...

@@ -21,6 +21,14 @@ store shared, a surviving rank 0 publishes no MASTER_ADDR for a round a new agen
 and both wait until the read timeout (torch 2.13, dynamic_rendezvous.py
 ``next_rendezvous``).
 
+A resize (``preemption.resize``) runs the agents with ``--nnodes=toNodes:nnodes``: the
+killed node is not replaced, the survivors' agents re-rendezvous at the smaller size once
+its heartbeats have expired, and with ``growAfterStep`` a new agent starts when rank 0 of
+the smaller world publishes that it waits for the grow (a beacon at ``grow``); the others
+admit it by a membership change, which torchrun does not count as a restart
+(``SimpleElasticAgent._invoke_run``). The rendezvous's last call is 1 s instead of torch's
+30 s, which every re-rendezvous at the minimum size waits out (``_add_to_participants``).
+
 The run's checkpoint key (:mod:`resumequal.signing`) is the caller's
 ``RESUMEQUAL_CHECKPOINT_KEY`` if it set one, else a fresh random one made here. It lives
 only in this process's environment: the legs inherit it, the comparison (in this
@@ -45,7 +53,7 @@ from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree, alive, send_signal, tagged
 from resumequal.plan import TORCHRUN, LegPlan, leg_module_args, local_torchrun_args, rdzv_conf
 from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
-from resumequal.runstore import RunLocation
+from resumequal.runstore import GROW, RunLocation
 from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
@@ -68,6 +76,7 @@ NODE_TAG_VAR = "RESUMEQUAL_NODE_TAG"
 # replaced node rejoins within seconds. Shorter expiries declare live nodes dead: the
 # heartbeat timer's jitter stretches a period to nearly two intervals.
 NODE_KEEP_ALIVE = {"keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
+RESIZE_LAST_CALL = {"last_call_timeout": "1"}
 
 
 @dataclass
@@ -88,7 +97,8 @@ class _NodeKill:
 
     node: _Node
     deadline: float
-    replaced: bool = False
+    replace: bool = True
+    replaced: bool = False  # or, for a node not replaced, gone
 
 
 @dataclass
@@ -100,6 +110,7 @@ class _Nodes:
     env: dict[str, str]
     current: list[_Node] = field(default_factory=list)
     killed: list[_NodeKill] = field(default_factory=list)
+    grown: bool = False
 
 
 class LocalBackend:
@@ -122,6 +133,7 @@ class LocalBackend:
         self.tree = ProcessTree()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.nodes: dict[str, _Nodes] = {}
+        self.plans: dict[str, LegPlan] = {}
         os.environ.setdefault(KEY_ENV, new_key())
         self._escalate: tuple[int, float] | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -133,6 +145,7 @@ class LocalBackend:
         if plan.name in self.procs or plan.name in self.nodes:
             return
         w = plan.spec.world
+        self.plans[plan.name] = plan
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
         env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
         # Workers find their leg spec with the standard AWS settings, as on a cluster.
@@ -161,8 +174,13 @@ class LocalBackend:
             [self.python, "-m", "resumequal.local.rdzv_store", f"--port={port}"],
             self.run_dir / f"{plan.name}.rdzv-store.log", dict(os.environ))
         rdzv = {**rdzv_conf(plan.spec), "is_host": "false", **NODE_KEEP_ALIVE}
+        resize = plan.spec.preemption.resize
+        nnodes = str(w.nnodes)
+        if resize is not None:
+            nnodes = f"{resize.to_nodes}:{w.nnodes}"
+            rdzv.update(RESIZE_LAST_CALL)
         cmd = [
-            self.python, *TORCHRUN, f"--nnodes={w.nnodes}",
+            self.python, *TORCHRUN, f"--nnodes={nnodes}",
             *local_torchrun_args(endpoint=f"127.0.0.1:{port}", nproc=w.nproc_per_node,
                                  max_restarts=w.max_restarts, rdzv=rdzv),
             *leg_args,
@@ -183,14 +201,15 @@ class LocalBackend:
         nodes = self.nodes.get(leg)
         if nodes is not None:
             self._settle_node_kills(leg, nodes)
+            self._maybe_grow(leg, nodes)
             code, log_path = self._nodes_exit(nodes), self.run_dir / f"{leg}.node-*.log"
         else:
             proc = self.procs.get(leg)
             if proc is None:
                 return LegObservation(state=LegState.NOT_STARTED)
             code, log_path = proc.poll(), self.run_dir / f"{leg}.log"
-        world_size = self.spec.world.world_size
-        progress = self.location.leg_progress(leg, world_size)
+        world_size = self._final_world(leg)
+        progress = self.location.leg_progress(leg, self._resumed_world(leg))
         message = None
         if code is None:
             state = LegState.RUNNING
@@ -258,6 +277,45 @@ class LocalBackend:
             log.warning("pid %d outlived its grace period; sending SIGKILL", pid)
             os.kill(pid, signal.SIGKILL)
 
+    def _final_world(self, leg: str) -> int:
+        """The ranks that finish ``leg``: fewer after a resize that does not grow back."""
+        w = self.spec.world
+        plan = self.plans.get(leg)
+        resize = None if plan is None or not plan.cut else plan.spec.preemption.resize
+        if resize is None or resize.grow_after_step is not None:
+            return w.world_size
+        return resize.to_nodes * w.nproc_per_node
+
+    def _resumed_world(self, leg: str) -> int:
+        """The ranks of the first attempt after the kill (whose progress dates the resume)."""
+        plan = self.plans.get(leg)
+        resize = None if plan is None or not plan.cut else plan.spec.preemption.resize
+        if resize is None:
+            return self.spec.world.world_size
+        return resize.to_nodes * self.spec.world.nproc_per_node
+
+    def _maybe_grow(self, leg: str, nodes: _Nodes) -> None:
+        """Start a node for a shrunk world once its rank 0 waits for one (its grow beacon)."""
+        plan = self.plans.get(leg)
+        resize = None if plan is None else plan.spec.preemption.resize
+        if (resize is None or resize.grow_after_step is None or nodes.grown
+                or not nodes.killed or not all(k.replaced for k in nodes.killed)):
+            return
+        attempt = self.location.attempts_started(leg) - 1
+        if attempt < 1:
+            return
+        body = self.location.read_beacon(leg, 0, attempt)
+        if body is None:
+            return
+        beacon = beacon_from(body, self.location.url(leg))
+        if beacon.at != GROW:
+            return
+        index = nodes.killed[-1].node.index
+        nodes.current.append(self._start_node(leg, nodes, index))
+        nodes.grown = True
+        log.info("the %s leg waits at step %d for the world to grow: started node %d", leg,
+                 beacon.step, index)
+
     def _kill_node(self, leg: str, nodes: _Nodes, beacon: Beacon,
                    preemption: PreemptionSpec) -> None:
         node = next((n for n in nodes.current if beacon.pid in n.pids()), None)
@@ -272,7 +330,7 @@ class LocalBackend:
             # A pod deletion signals the pod's main process; torchrun passes it on.
             send_signal(node.proc.pid, signal.SIGTERM)
             deadline = time.monotonic() + preemption.grace_seconds
-        nodes.killed.append(_NodeKill(node, deadline))
+        nodes.killed.append(_NodeKill(node, deadline, replace=preemption.resize is None))
 
     def _settle_node_kills(self, leg: str, nodes: _Nodes) -> None:
         """SIGKILL what outlived its grace; replace each killed node once all of it is gone."""
@@ -289,8 +347,13 @@ class LocalBackend:
                 continue
             kill.node.proc.poll()
             index = nodes.current.index(kill.node)
-            nodes.current[index] = self._start_node(leg, nodes, kill.node.index)
             kill.replaced = True
+            if not kill.replace:
+                # A resize: the survivors continue without it.
+                del nodes.current[index]
+                log.info("node %d of the %s leg is gone and not replaced", kill.node.index, leg)
+                continue
+            nodes.current[index] = self._start_node(leg, nodes, kill.node.index)
             log.info("started a new node %d for the %s leg", kill.node.index, leg)
 
     def _nodes_exit(self, nodes: _Nodes) -> int | None:

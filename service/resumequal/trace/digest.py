@@ -138,6 +138,13 @@ def tensor_digest(t: torch.Tensor) -> str:
     return _finish(h)
 
 
+def value_digest(value: object) -> str:
+    """Digest of nested mappings and sequences of tensors and plain values, structurally."""
+    h = xxhash.xxh3_128()
+    _feed_value(h, value)
+    return _finish(h)
+
+
 def named_tensors_digest(items: Iterable[tuple[str, torch.Tensor | None]]) -> str:
     """Digest of named tensors in the given order; ``None`` (e.g. a param without grad) counts."""
     h = xxhash.xxh3_128()

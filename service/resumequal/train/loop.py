@@ -67,8 +67,17 @@ from resumequal.train.compiling import (
     place_cache,
 )
 from resumequal.train.distributed import Placement, process_started_at
+from resumequal.train.globaldata import GlobalData
+from resumequal.train.handoff import handoff_digest
 from resumequal.train.precision import Precision, scaler_state
-from resumequal.train.preemption import Arming, CutPoint, Preempted, StopFlag, mark_failed
+from resumequal.train.preemption import (
+    Arming,
+    CutPoint,
+    Preempted,
+    StopFlag,
+    hold_for_grow,
+    mark_failed,
+)
 from resumequal.train.prime import prime_reducer
 from resumequal.train.sharding import (
     ReduceScatterRecorder,
@@ -78,7 +87,7 @@ from resumequal.train.sharding import (
     shard_units,
 )
 from resumequal.workloads import load_workload
-from resumequal.workloads.base import WorkloadContext
+from resumequal.workloads.base import PositionalDataset, WorkloadContext
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +181,15 @@ class Trainer:
             # Every attempt would meet it: fail the leg for good, not be restarted into it.
             mark_failed(files, f"rank {placement.rank}: {e}")
             raise
+        # A resize run takes each step's microbatches by global position (train.globaldata).
+        self.global_data = None
+        if spec.preemption.resize is not None:
+            try:
+                self.global_data = GlobalData.of(spec, placement.rank, placement.world_size,
+                                                 omit)
+            except TrainingError as e:
+                mark_failed(files, f"rank {placement.rank}: {e}")
+                raise
         self.stop = StopFlag()
         cut = None
         # Every leg but the control is cut: the main preempted leg, scenarios, controls.
@@ -193,6 +211,7 @@ class Trainer:
             attempt=placement.attempt,
             keep_last=spec.checkpoint.keep_last,
             async_save=spec.checkpoint.async_save,
+            resizable=self.global_data is not None,
             group_timeout=timedelta(seconds=spec.timeouts.process_group_seconds),
         )
         self.trace = TraceWriter(trace)
@@ -215,6 +234,12 @@ class Trainer:
             device=self.p.device,
         )
         workload = load_workload(self.spec.workload, ctx)
+        if self.global_data is not None and not isinstance(workload.dataset, PositionalDataset):
+            reason = (f"preemption.resize takes samples by global position, and the workload's "
+                      f"dataset ({type(workload.dataset).__name__}) has no microbatch_at "
+                      "(resumequal.workloads.base.PositionalDataset)")
+            mark_failed(self.files, reason)
+            raise TrainingError(reason)
         model = workload.model.to(self.p.device)
         if self.spec.compile.enabled:
             self.compiled = place_cache(self.spec.compile, self.scratch, self.p.rank)
@@ -266,8 +291,10 @@ class Trainer:
             return tensors
 
         loaded = self.ckpt.load(name, template, RankState)
-        restore(live, loaded.tensors, loaded.rank_state, self.omit, source=name)
+        restore(live, loaded.tensors, loaded.rank_state, self.omit, source=name,
+                global_data=self.global_data is not None)
         check_counters_agree(live.counters, self.p.device)
+        handoff = handoff_digest(live) if self.global_data is not None else None
         c = live.counters
         self.trace.write(
             RestoreRecord(
@@ -281,9 +308,13 @@ class Trainer:
                 restored_at=time.time(),
                 params=_params_digest(live.model),
                 optimizer_state=optimizer_state_digest(live.workload.optimizer),
+                world_size=self.p.world_size,
+                saved_world_size=loaded.rank_state.world_size,
+                handoff=handoff,
             )
         )
-        log.info("rank %d resumed from %s", self.p.rank, name)
+        log.info("rank %d resumed from %s (saved by %d rank(s), restored by %d)", self.p.rank,
+                 name, loaded.rank_state.world_size, self.p.world_size)
 
     # -- training -----------------------------------------------------------------------
 
@@ -324,7 +355,10 @@ class Trainer:
     def _step(self, live: LiveState, step: int) -> None:
         w = live.workload
         t = self.spec.training
-        accum = t.accumulation_steps
+        gd = self.global_data
+        accum = t.accumulation_steps if gd is None else gd.microsteps
+        if gd is not None and live.counters.microstep == 0:
+            self._maybe_hold_for_grow(step)
         if live.counters.microstep == 0 or live.trace_partial is None:
             live.trace_partial = StepPartial(rng=rng_digests(), started_at=time.time(),
                                              microsteps=[])
@@ -335,7 +369,17 @@ class Trainer:
             if self.stop.agreed(self.p.device):
                 self._save(live, hold_step=None)
                 raise Preempted(f"stopped at step {step} microstep {m}")
-            mb = w.dataset.next_microbatch()
+            global_index = None
+            if gd is None:
+                mb = w.dataset.next_microbatch()
+            else:
+                slot = gd.slot(m)
+                global_index = slot.index
+                # Augmentation and dropout draw from the microbatch's own streams.
+                seed_everything(gd.seed_of(step, slot.rng_index))
+                assert isinstance(w.dataset, PositionalDataset)
+                mb = w.dataset.microbatch_at(gd.position(step, slot.data_index),
+                                             gd.microbatch_size)
             sync = m == accum - 1
             with nullcontext() if sync else _no_sync(live.model):
                 loss = self.precision.loss(w.loss_fn, live.model, mb)
@@ -344,7 +388,7 @@ class Trainer:
                     scaled = live.scaler.scale(scaled)
                 scaled.backward()
             live.trace_partial["microsteps"].append(
-                MicrostepPartial(index=m, global_index=None, sample_ids=list(mb.sample_ids),
+                MicrostepPartial(index=m, global_index=global_index, sample_ids=list(mb.sample_ids),
                                  loss=loss.item())
             )
             live.counters.microstep = m + 1
@@ -383,6 +427,9 @@ class Trainer:
         # FSDP2 has no buckets: its reduce-scatter groups are fixed when the model is wrapped.
         layout = self.recorder.layout() if isinstance(self.recorder, _GradRecorder) else None
         partial = live.trace_partial
+        handoff = None
+        if gd is not None and self.spec.checkpoint.saves_after(step, t.steps):
+            handoff = handoff_digest(live)
         self.trace.write(
             StepRecord(
                 rank=self.p.rank,
@@ -401,6 +448,8 @@ class Trainer:
                 optimizer_state=optimizer_state_digest(w.optimizer),
                 started_at=partial["started_at"],
                 finished_at=time.time(),
+                world_size=self.p.world_size,
+                handoff=handoff,
             )
         )
         live.trace_partial = None
@@ -408,6 +457,17 @@ class Trainer:
             compiled = self.compile_watch.after_step(step)
             if compiled is not None:
                 self.trace.write(compiled)
+
+    def _maybe_hold_for_grow(self, step: int) -> None:
+        """In a world shrunk by a resize, wait at the first step after ``growAfterStep``
+        (its checkpoint committed) for the grown world to restart this process."""
+        resize = self.spec.preemption.resize
+        if (resize is None or resize.grow_after_step != step - 1
+                or self.p.world_size >= self.spec.world.world_size):
+            return
+        self.ckpt.poll(wait=True)
+        hold_for_grow(self.files, self.p.rank, self.p.attempt, step,
+                      self.spec.timeouts.arm_seconds)
 
     def _settle_background_save(self, step: int) -> None:
         """Commit a background save once every rank has written it (a collective, only

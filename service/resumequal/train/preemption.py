@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from resumequal.errors import StoreError, TrainingError
 from resumequal.runstore import FAILED_MARKER as FAILED_MARKER
-from resumequal.runstore import KillOrder, LegFiles
+from resumequal.runstore import GROW, KillOrder, LegFiles
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,35 @@ class Arming:
         self.watchdog = threading.Timer(order.grace_seconds, _sigkill_self)
         self.watchdog.daemon = True
         self.watchdog.start()
+
+
+def hold_for_grow(files: LegFiles, rank: int, attempt: int, step: int,
+                  timeout: float) -> None:
+    """Wait, on every rank of a shrunk world, for the grown world's restart to end this
+    process; rank 0 publishes a beacon (at ``grow``) saying so. Waiting past ``timeout``
+    fails the leg for good."""
+    if rank == 0:
+        beacon = files.write_beacon(rank, attempt, step, 0, GROW)
+        log.warning("rank 0 waits at step %d for the world to grow: %s", step, beacon)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    reason = (f"rank {rank} waited at step {step} for {timeout:g}s for a node to join the "
+              "shrunk world (preemption.resize.growAfterStep, timeouts.armSeconds)")
+    files.mark_failed(reason)
+    raise TrainingError(reason)
+
+
+def hold_for_full_world(world_size: int, full: int, timeout: float) -> None:
+    """Wait for a world that formed before every node had joined to be restarted at its
+    full size (torchrun does once the late nodes arrive): a resize run starts full."""
+    log.warning("a world of %d of %d ranks formed before every node joined; waiting for the "
+                "full one", world_size, full)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    raise TrainingError(f"the leg started with {world_size} of {full} ranks and no other "
+                        f"node joined within {timeout:g}s (timeouts.processGroupSeconds)")
 
 
 def write_beacon(

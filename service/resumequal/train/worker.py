@@ -18,7 +18,12 @@ from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.train.distributed import destroy_process_group, init_process_group
 from resumequal.train.loop import Trainer
-from resumequal.train.preemption import EXIT_PREEMPTED, Preempted, check_not_failed
+from resumequal.train.preemption import (
+    EXIT_PREEMPTED,
+    Preempted,
+    check_not_failed,
+    hold_for_full_world,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,12 @@ def run_leg(
     placement = init_process_group(spec.world.backend, spec.timeouts.process_group_seconds,
                                    lambda: location.attempts_started(leg))
     try:
+        if (spec.preemption.resize is not None and placement.attempt == 0
+                and placement.world_size < spec.world.world_size):
+            # Nodes that join after the first ones' last call make torchrun form a smaller
+            # world first (--nnodes MIN:MAX); it restarts at the full size once they join.
+            hold_for_full_world(placement.world_size, spec.world.world_size,
+                                spec.timeouts.process_group_seconds)
         if placement.rank == 0:
             location.claim(spec)
         dist.barrier()

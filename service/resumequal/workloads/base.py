@@ -19,6 +19,9 @@ Rules a factory must follow for a resume to be exact:
   the protocol (:class:`~resumequal.workloads.loader.LoaderStream`, which says how a batch
   carries its sample ids) and its ``state_dict`` is checkpointed per rank. Wrap it in a
   ``LoaderStream`` yourself to keep the field's type, or to choose the ids key.
+- For a resize (``preemption.resize``) the dataset must also be a
+  :class:`PositionalDataset`: each step's samples are taken by global position, not from a
+  per-rank cursor (the built-in workloads' datasets are).
 - Randomness in the input path may draw from the global Python ``random``, NumPy and torch
   RNGs (resumequal checkpoints them per rank); any private generator must be part of the
   dataset's state. In a DataLoader worker process the global RNGs are the worker's own,
@@ -76,6 +79,17 @@ class StatefulDataset(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the cursor strictly: missing or unexpected keys raise KeyError."""
+        ...
+
+
+@runtime_checkable
+class PositionalDataset(Protocol):
+    """A dataset that can also give the samples at any global position: what a resize run
+    (``preemption.resize``) needs, where a step's samples must not depend on the world."""
+
+    def microbatch_at(self, position: int, size: int) -> Microbatch:
+        """The ``size`` samples at global positions ``position ..`` of the sample order
+        (epoch after epoch), built now; no cursor moves."""
         ...
 
 

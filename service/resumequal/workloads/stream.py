@@ -45,7 +45,8 @@ class ShardedStream:
 
     Every epoch is a fresh permutation of the ids; rank ``r`` reads ``perm[r::world_size]``
     cut to the same length on every rank. A microbatch that runs past the end of the shard
-    continues into the next epoch.
+    continues into the next epoch. :meth:`microbatch_at` reads the same permutations by
+    global position instead (a resize run's data).
     """
 
     def __init__(
@@ -82,6 +83,23 @@ class ShardedStream:
         self._position = 0
         # Derived from the cursor, never saved: (epoch, permutation_seed) -> shard ids.
         self._shard_cache: tuple[tuple[int, int], list[int]] | None = None
+        self._perm_cache: tuple[int, list[int]] | None = None
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if self._perm_cache is None or self._perm_cache[0] != epoch:
+            generator = torch.Generator().manual_seed(self._permutation_seed + epoch)
+            self._perm_cache = (epoch, torch.randperm(self.num_samples,
+                                                      generator=generator).tolist())
+        return self._perm_cache[1]
+
+    def microbatch_at(self, position: int, size: int) -> Microbatch:
+        """The samples at global positions ``position ..``: epoch ``e`` is the same
+        permutation of every id that the shards of epoch ``e`` are cut from."""
+        if position < 0 or size < 1:
+            raise ValueError(f"no microbatch of {size} at position {position}")
+        ids = [self._permutation(p // self.num_samples)[p % self.num_samples]
+               for p in range(position, position + size)]
+        return Microbatch(sample_ids=ids, data=self._collate([self._make_sample(i) for i in ids]))
 
     def _shard(self) -> list[int]:
         key = (self._epoch, self._permutation_seed)
