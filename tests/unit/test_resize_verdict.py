@@ -21,6 +21,7 @@ import pytest
 from resumequal.checkpoint.layout import Position
 from resumequal.compare import judge
 from resumequal.compare.controls import mechanism
+from resumequal.results import leg_summary
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import (
@@ -419,3 +420,18 @@ def test_microbatches_without_a_global_index_are_invalid(
     v = run.compare(monkeypatch)
     assert v.result == Result.INVALID
     assert "step 8 (attempt 2) has microbatches without a global index" in v.reason
+
+
+def test_the_leg_summary_takes_each_step_from_the_attempt_that_ran_it_last(
+    run: ResizeRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 3: attempt 1's four microbatches on one rank, not attempt 0's rank 1 with them."""
+    run.loss_delta = 0.0
+    run.__post_init__()
+    run.change(0, 3, 1, lambda r: r.model_copy(update={"microsteps": [
+        m.model_copy(update={"loss": 5.0}) for m in r.microsteps]}))
+    run.compare(monkeypatch)
+    spec = QualificationSpec.model_validate(SPEC)
+    losses = leg_summary(RunLocation.open(str(run.root)), "preempted", spec).losses
+    assert len(losses) == STEPS and losses[2] == 5.0
+    assert losses[6] == pytest.approx(sum(loss(7, j) for j in range(GLOBAL)) / GLOBAL)
