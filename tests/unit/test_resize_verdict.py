@@ -116,9 +116,11 @@ class ResizeRun:
     preempted: dict[int, list[TraceRecord]] = field(default_factory=dict)
     final_drift: list[DriftSummary] = field(default_factory=drift)
     loss_delta: float = 1e-7  # what the smaller world's reduction order changes
+    grow: bool = True
 
     def __post_init__(self) -> None:
         d = self.loss_delta
+        shrunk_until = GROWN_FROM if self.grow else STEPS
         for rank in range(FULL):
             self.control[rank] = [inventory(rank, 0)] + [
                 step_record(rank, 0, s, FULL) for s in range(1, STEPS + 1)]
@@ -130,9 +132,11 @@ class ResizeRun:
             if rank < SMALL:
                 pre += [inventory(rank, 1), restore(rank, 1, RESIZED_FROM, SMALL, FULL)]
                 pre += [step_record(rank, 1, s, SMALL, d)
-                        for s in range(RESIZED_FROM + 1, GROWN_FROM + 1)]
-            pre += [inventory(rank, 2), restore(rank, 2, GROWN_FROM, FULL, SMALL)]
-            pre += [step_record(rank, 2, s, FULL, d) for s in range(GROWN_FROM + 1, STEPS + 1)]
+                        for s in range(RESIZED_FROM + 1, shrunk_until + 1)]
+            if self.grow:
+                pre += [inventory(rank, 2), restore(rank, 2, GROWN_FROM, FULL, SMALL)]
+                pre += [step_record(rank, 2, s, FULL, d)
+                        for s in range(GROWN_FROM + 1, STEPS + 1)]
             self.preempted[rank] = pre
 
     def change(self, rank: int, step: int, attempt: int,
@@ -144,8 +148,14 @@ class ResizeRun:
                 return
         raise AssertionError((rank, step, attempt))
 
+    def spec(self) -> QualificationSpec:
+        data = json.loads(json.dumps(SPEC))
+        if not self.grow:
+            del data["preemption"]["resize"]["grow_after_step"]
+        return QualificationSpec.model_validate(data)
+
     def compare(self, monkeypatch: pytest.MonkeyPatch) -> Verdict:
-        spec = QualificationSpec.model_validate(SPEC)
+        spec = self.spec()
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "run.json").write_text(json.dumps(
             {"spec_digest": spec.digest(), "spec": spec.model_dump(mode="json")}))
@@ -209,6 +219,30 @@ def test_a_resize_that_grows_back_passes_with_every_part_proven(
                                           "inputs": "equal", "loss": "within_tolerance",
                                           "grad_norm": "equal"}
     assert {c.name for c in v.checks} >= {"restored_checkpoint", "handoff_digests", "steps"}
+
+
+def test_a_resize_that_finishes_on_the_smaller_world_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = ResizeRun(tmp_path / "run", grow=False).compare(monkeypatch)
+    assert v.result == Result.PASS, v.reason
+    assert v.reason.startswith("resize: 2→1 ranks; exact through step 2 before the resize; "
+                               "handoff exact (1 restore); ")
+    assert v.resize is not None and v.resize.grow_step is None
+    assert [s.world_size for s in v.resize.steps] == [2, 2, 1, 1, 1, 1, 1, 1]
+
+
+def test_a_leg_that_grew_back_where_it_should_not_have_is_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spec has no grow, the traces do: step 7 ran on 2 ranks."""
+    run = ResizeRun(tmp_path / "run")
+    run.compare(monkeypatch)  # writes the run folder with a grow
+    run.grow = False
+    v = judge.compare_run(RunLocation.open(str(run.root)), run.spec())
+    assert v.result == Result.INVALID
+    assert "step 7 (attempt 2) has records of ranks [0, 1], expected one from each of 1 rank" \
+        in v.reason
 
 
 def test_a_duplicated_and_a_missing_sample_fail_the_ledger(
