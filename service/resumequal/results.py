@@ -273,7 +273,9 @@ def _concluded(verdict: Verdict, at: float) -> PhaseEvent:
 def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
                 status: QualificationStatus | None = None) -> LegSummary:
     """One leg's attempts and per-step mean loss from its traces (times from ``status``)."""
-    per_step: dict[int, list[float]] = {}
+    # step -> attempt -> losses: the latest attempt that ran a step is what the leg did
+    # (never a merge per rank: after a resize a rank's record of an earlier attempt is stale).
+    per_attempt: dict[int, dict[int, list[float]]] = {}
     attempts = 0
     compiled: dict[tuple[int, int], list[dict[str, Any]]] = {}  # (attempt, rank) -> records
     for r, records in _records(location, leg, spec.world.world_size).items():
@@ -281,13 +283,15 @@ def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
         for rec in records:
             if rec.get("kind") == "compiled":
                 compiled.setdefault((int(rec["attempt"]), r), []).append(rec)
-        final: dict[int, dict[str, Any]] = {}
+        final: dict[tuple[int, int], dict[str, Any]] = {}
         for rec in records:
             if rec.get("kind") == "step" and rec.get("rank") == r:
-                final[int(rec["step"])] = rec  # the last record of a step is what the leg did
-        for step, rec in final.items():
+                final[int(rec["step"]), int(rec["attempt"])] = rec
+        for (step, attempt), rec in final.items():
             # float(): a NaN or infinite loss is stored as the string "NaN" / "Infinity".
-            per_step.setdefault(step, []).extend(float(m["loss"]) for m in rec["microsteps"])
+            per_attempt.setdefault(step, {}).setdefault(attempt, []).extend(
+                float(m["loss"]) for m in rec["microsteps"])
+    per_step = {step: by[max(by)] for step, by in per_attempt.items()}
     run = status.legs.get(leg) if status is not None else None
     return LegSummary(
         name=leg,  # type: ignore[arg-type]

@@ -95,6 +95,59 @@ class BoundaryRow(_Model):
     status: dict[str, Literal["equal", "within_tolerance", "differs", "missing", "not_compared"]]
 
 
+ResizePartName = Literal["before_resize", "handoff", "data_ledger", "drift"]
+
+
+class ResizePart(_Model):
+    """One of the four things a resize verdict proves, and whether it held."""
+
+    name: ResizePartName
+    ok: bool
+    detail: str
+
+
+class ResizeHandoff(_Model):
+    """One resumed attempt's restore: its handoff digest against the saved and control's."""
+
+    attempt: int
+    checkpoint: str
+    step: int = Field(description="the checkpoint's step")
+    saved_world_size: int | None
+    world_size: int | None
+    handoff: str | None = Field(description="the digest every rank of the attempt restored")
+    equal_to_saved: bool = Field(description="equal to the handoff the saving attempt recorded")
+    equal_to_control: bool | None = Field(
+        default=None, description="equal to the control's at that step (the resize's restore)")
+
+
+class ResizeStepRow(_Model):
+    """One step of a resize run: where it ran, its data ledger and its drift."""
+
+    step: int
+    world_size: int
+    attempt: int = Field(description="attempt whose records of the step are authoritative")
+    ledger_ok: bool
+    loss_max_abs_diff: float | None = Field(
+        description="over the step's microbatches, matched by global index")
+    grad_norm_abs_diff: float | None
+    within_tolerance: bool
+
+
+class ResizeOutcome(_Model):
+    """What the resize verdict checked: four parts, the handoffs and every step."""
+
+    world_sizes: list[int] = Field(description="ranks of the leg in order, e.g. [2, 1, 2]")
+    resize_step: int = Field(description="the checkpoint step the smaller world resumed from")
+    grow_step: int | None = Field(description="the checkpoint step the grown world resumed "
+                                              "from (None: no grow)")
+    parts: list[ResizePart]
+    handoffs: list[ResizeHandoff] = Field(default_factory=list)
+    steps: list[ResizeStepRow] = Field(default_factory=list)
+
+    def part(self, name: ResizePartName) -> ResizePart | None:
+        return next((p for p in self.parts if p.name == name), None)
+
+
 class Cut(_Model):
     step: int
     microstep: int
@@ -122,6 +175,8 @@ class Verdict(_Model):
     steps_compared: int = 0
     ranks_compared: int = 0
     controls: list[ControlOutcome] = Field(default_factory=list)
+    # Only for preemption.resize; None in reports written before resizes existed.
+    resize: ResizeOutcome | None = None
 
     @property
     def controls_detected(self) -> int:

@@ -18,6 +18,10 @@ from resumequal.verdict import (
     MatrixRow,
     PhaseEvent,
     Report,
+    ResizeHandoff,
+    ResizeOutcome,
+    ResizePart,
+    ResizeStepRow,
     Result,
     StepDelta,
     TensorDrift,
@@ -339,3 +343,45 @@ def make_matrix_report() -> Report:
     report.verdict.controls = make_controls(blind=False)
     report.matrix = make_matrix()
     return report
+
+
+# -- resize --------------------------------------------------------------------------------
+
+RESIZED_FROM, GROWN_FROM = 4, 8
+
+
+def make_resize_report(*, ledger_step: int | None = None, steps: int = STEPS) -> Report:
+    """A 2 → 1 → 2 resize with KILL_STEP's cut; a wrong ledger at ``ledger_step`` FAILs."""
+    base = make_report(Result.PASS)
+    worlds = [2 if s <= RESIZED_FROM or s > GROWN_FROM else 1 for s in range(1, steps + 1)]
+    rows = [ResizeStepRow(step=s, world_size=w, attempt=0 if s <= RESIZED_FROM
+                          else 1 if s <= GROWN_FROM else 2,
+                          ledger_ok=s != ledger_step,
+                          loss_max_abs_diff=0.0 if s <= RESIZED_FROM else 3e-7,
+                          grad_norm_abs_diff=0.0 if s <= RESIZED_FROM else 1e-6,
+                          within_tolerance=True)
+            for s, w in zip(range(1, steps + 1), worlds, strict=True)]
+    ledger = ("every step ran global microbatches 0..7 once each" if ledger_step is None
+              else f"step {ledger_step}: 4 sample ids missing (e.g. 601, 602, 603 …)")
+    outcome = ResizeOutcome(
+        world_sizes=[2, 1, 2], resize_step=RESIZED_FROM, grow_step=GROWN_FROM,
+        parts=[
+            ResizePart(name="before_resize", ok=True, detail="attempt 0's 6 steps equal"),
+            ResizePart(name="handoff", ok=True, detail="2 restores took over the state saved"),
+            ResizePart(name="data_ledger", ok=ledger_step is None, detail=ledger),
+            ResizePart(name="drift", ok=True, detail="loss ≤ 3e-07 (tolerance 1e-05)"),
+        ],
+        handoffs=[
+            ResizeHandoff(attempt=1, checkpoint=f"step-{RESIZED_FROM:08d}", step=RESIZED_FROM,
+                          saved_world_size=2, world_size=1, handoff="xxh3_128:ab",
+                          equal_to_saved=True, equal_to_control=True),
+            ResizeHandoff(attempt=2, checkpoint=f"step-{GROWN_FROM:08d}", step=GROWN_FROM,
+                          saved_world_size=1, world_size=2, handoff="xxh3_128:cd",
+                          equal_to_saved=True),
+        ],
+        steps=rows)
+    result = Result.PASS if ledger_step is None else Result.FAIL
+    verdict = base.verdict.model_copy(update={
+        "result": result, "resize": outcome, "resumed_from": f"step-{RESIZED_FROM:08d}",
+        "reason": "resize: 2→1→2 ranks; exact through step 4 before the resize; ..."})
+    return base.model_copy(update={"verdict": verdict})

@@ -42,6 +42,7 @@ from tests.unit.report_samples import (
     make_controls_report,
     make_matrix_report,
     make_report,
+    make_resize_report,
 )
 
 # Every sample: one per verdict, negative controls (one blind), and a seed matrix.
@@ -646,3 +647,66 @@ def test_result_uris_wrap_in_a_narrow_terminal_and_are_never_cut() -> None:
             break
         parts.append(ln)
     assert "".join(parts) == uri
+
+
+# -- resize ------------------------------------------------------------------------------
+
+
+def test_a_resize_outcome_round_trips_and_reports_without_one_still_read(
+    tmp_path: Path,
+) -> None:
+    report = make_resize_report(ledger_step=6)
+    paths = write_reports(report, tmp_path)
+    assert read_report(paths[REPORT_JSON]) == report
+    assert read_verdict(paths[VERDICT_JSON]).resize == report.verdict.resize
+    # A report from before resizes existed has no "resize" key and reads as None.
+    old = json.loads(paths[REPORT_JSON].read_text())
+    del old["verdict"]["resize"]
+    paths[REPORT_JSON].write_text(json.dumps(old))
+    assert read_report(paths[REPORT_JSON]).verdict.resize is None
+
+
+def test_html_resize_section_shows_parts_handoffs_and_world_size_per_step() -> None:
+    page = render_html(make_resize_report(ledger_step=6))
+    section = _section(page, "resize")
+    assert "ranks 2 → 1 → 2: resized from step 4, grown from step 8." in section
+    tables = _tables(section).tables
+    steps = tables["resize-steps"]
+    assert [c.text for c in steps[0]] == ["step", "world size", "attempt", "data ledger",
+                                          "max |Δ loss|", "|Δ grad norm|", "within tolerance"]
+    assert [(r[0].text, r[1].text) for r in steps[1:]][3:6] == [
+        ("4", "2"), ("5resized", "1"), ("6", "1")]
+    assert steps[6][3].text == "wrong" and steps[6][3].attrs["class"] == "bad"
+    assert steps[5][3].text == "exact"
+    handoffs = tables["handoffs"]
+    assert [c.text for c in handoffs[1]] == ["1", "step-00000004", "2", "1", "equal", "equal"]
+    assert [c.text for c in handoffs[2]] == ["2", "step-00000008", "1", "2", "equal", "—"]
+    assert section.count('<li class="bad">') == 1 and "data ledger (exact)" in section
+    assert "<details>" not in section  # short enough to stay open
+    assert "Resize" not in _section(render_html(make_report(Result.PASS)), "boundaries")
+    assert 'id="resize"' not in render_html(make_report(Result.PASS))
+
+
+def test_html_long_resize_step_tables_fold() -> None:
+    section = _section(render_html(make_resize_report(steps=40)), "resize")
+    assert "<details><summary>40 steps, 0 with a wrong ledger or over a tolerance</summary>" \
+        in section
+
+
+def test_html_loss_chart_marks_the_resize_and_the_grow() -> None:
+    charts = _svgs(render_html(make_resize_report()))
+    labels = [t.text or "" for t in charts["loss-chart"].iter(f"{{{SVG_NS}}}text")]
+    assert "resized to 1 rank(s) from step 4" in labels
+    assert "grown to 2 ranks from step 8" in labels
+    assert not any(lbl.startswith("resumed from") for lbl in labels)
+
+
+def test_summary_prints_one_line_per_resize_part() -> None:
+    text = _summary(make_resize_report(ledger_step=6))
+    lines = [" ".join(ln.strip("│ ").split()) for ln in text.splitlines()]
+    assert "resize 2 → 1 → 2 ranks" in lines
+    parts = [ln for ln in lines if ln[:1] in ("✓", "✗")]
+    assert [ln.split(" (")[0] for ln in parts] == [
+        "✓ before the resize", "✓ handoff", "✗ data ledger", "✓ drift"]
+    assert "✗ data ledger (exact) step 6: 4 sample ids missing (e.g. 601, 602, 603 …)" in parts
+    assert "resize 2 → 1 → 2 ranks" not in _summary(make_report(Result.PASS))

@@ -8,7 +8,8 @@ that wrote them.
 
 Modules: ``files`` (reading a run location), ``validity`` (did the experiment test what
 it claims), ``walk`` (boundaries in execution order, tolerance rules), ``drift`` (final
-checkpoints, streamed tensor by tensor), ``judge`` (``compare_run``).
+checkpoints, streamed tensor by tensor), ``judge`` (``compare_run``), ``ledger`` and
+``resize`` (the verdict of a run whose world changes size).
 """
 
 from resumequal.compare.controls import compare_qualification, evaluate_control

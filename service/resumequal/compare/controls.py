@@ -118,10 +118,23 @@ def _first_steps(rows: list[BoundaryRow]) -> dict[str, int]:
     return first
 
 
+_RESIZE_PARTS = {"before_resize": "before the resize", "handoff": "handoff",
+                 "data_ledger": "data ledger", "drift": "drift"}
+
+
 def mechanism(v: Verdict) -> str:
-    """E.g. "learning rate differed from step 6 (rank 0); parameters from step 6"."""
+    """E.g. "learning rate differed from step 6 (rank 0); parameters from step 6", or for a
+    resize the parts that failed: "data ledger: step 5: ...; drift: step 5 ..."."""
     d = v.first_divergence
     assert d is not None
+    if v.resize is not None:
+        failed = [p for p in v.resize.parts if not p.ok]
+        if failed:
+            words = [f"{_RESIZE_PARTS[p.name]}: {p.detail}" for p in failed]
+            drift = _param_drift(v)
+            if drift is not None:
+                words.append(f"final max parameter difference {drift:.3g}")
+            return "; ".join(words)
     words = [f"{_NAMES[d.boundary]} differed from step {d.step} (rank {d.rank})"]
     first = _first_steps(v.boundary_table)
     for boundary in ("loss", "params"):

@@ -14,6 +14,7 @@ from pathlib import Path
 from resumequal.checkpoint.layout import Position
 from resumequal.compare.drift import checkpoint_drift, is_exact
 from resumequal.compare.files import LegTrace, final_checkpoint_root
+from resumequal.compare.resize import judge_resize, resize_checks
 from resumequal.compare.validity import (
     check_armed,
     check_final_checkpoints,
@@ -155,16 +156,24 @@ def compare_run(
                        checks=checks)
 
     checks = [check_traces(control, preempted), check_armed(spec, preempted, location),
-              check_restarted(preempted), check_restored_checkpoint(spec, preempted, attempt),
-              check_restored_state(control, preempted, attempt),
-              check_steps(control, preempted, spec.training.steps),
-              check_inventory(control, preempted)]
+              check_restarted(preempted)]
+    if spec.preemption.resize is not None:
+        # A world that changes size: restores, steps and state judged per world, not rank.
+        if all(c.ok for c in checks):
+            checks += resize_checks(spec, control, preempted)
+    else:
+        checks += [check_restored_checkpoint(spec, preempted, attempt),
+                   check_restored_state(control, preempted, attempt),
+                   check_steps(control, preempted, spec.training.steps)]
+    checks.append(check_inventory(control, preempted))
     if not all(c.ok for c in checks):
         return invalid(checks)
     final_check, drift = _final_drift(spec, location, leg)
     checks.append(final_check)
     if drift is None:
         return invalid(checks)
+    if spec.preemption.resize is not None:
+        return judge_resize(spec, control, preempted, drift, checks, _cut(spec))
     assert restore is not None  # check_restored_checkpoint passed
     return _judge(spec, control, preempted, restore, drift, checks)
 

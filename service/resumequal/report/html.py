@@ -17,6 +17,7 @@ from html import escape
 from typing import Any, TypeVar
 
 from resumequal.report import svg
+from resumequal.report.resize import resize_markers, resize_section
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import (
     BoundaryRow,
@@ -96,6 +97,7 @@ tr.killrow th, tr.killrow td.step { background: #ffebe9; }
 .tag { display: inline-block; font-size: 10px; padding: 0 4px; border-radius: 3px;
   margin-left: 4px; color: #fff; vertical-align: middle; }
 .tag.kill { background: #cf222e; } .tag.resume { background: #8250df; }
+.tag.grow { background: #1a7f37; }
 ul.checks { list-style: none; padding: 0; margin: 0; }
 ul.checks li { padding: 3px 0; } .ok { color: #1a7f37; } .bad { color: #cf222e; }
 .legend span { display: inline-block; margin-right: 14px; font-size: 12px; }
@@ -139,6 +141,11 @@ def render_html(report: Report) -> str:
                 _loss_chart(report, markers, x_domain),
                 _delta_chart(report, markers, x_domain),
             ],
+        ),
+        *(
+            [_section("Resize", [resize_section(v.resize)], anchor="resize")]
+            if v.resize is not None
+            else []
         ),
         _section("Boundary table", [_boundary_table(v, resume_step)], anchor="boundaries"),
         _section("Drift between the final checkpoints", [_drift(v.drift)], anchor="drift"),
@@ -617,6 +624,9 @@ def _markers(report: Report, resume_step: int | None) -> list[svg.Marker]:
             detail=f"{cut.mode} kill during step {cut.step} at {cut.at.replace('_', ' ')}",
         )
     ]
+    if v.resize is not None:
+        # The resize is the resume: one marker for it, one for the grow.
+        return markers + resize_markers(v.resize)
     if resume_step is not None or v.resumed_from is not None:
         name = (v.resumed_from or "").rstrip("/").rsplit("/", 1)[-1] or "?"
         restart = (
@@ -657,6 +667,8 @@ def _all_steps(report: Report, resume_step: int | None) -> list[float]:
     steps: list[float] = [float(report.verdict.cut.step)]
     if resume_step is not None:
         steps.append(float(resume_step))
+    if report.verdict.resize is not None and report.verdict.resize.grow_step is not None:
+        steps.append(float(report.verdict.resize.grow_step))
     for leg in report.legs:
         if leg.losses:
             steps += [1.0, float(len(leg.losses))]

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from resumequal.redact import printable, printable_tree
+from resumequal.report.resize import resize_lines
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
@@ -51,6 +52,8 @@ def print_summary(
         Text.assemble((f" {v.result.value} ", VERDICT_STYLES[v.result]), "  ", v.reason),
         _facts(report),
     ]
+    if v.resize is not None:
+        lines.append(_resize_lines(v))
     if v.controls:
         lines.append(_controls_line(v))
     if report.matrix is not None:
@@ -105,6 +108,18 @@ def _facts(report: Report) -> Table:
         fact(f"{g.group} drift", f"max |a-b| {g.max_abs_diff:.3g}  rel L2 {g.rel_l2:.3g}  "
                                  f"mismatch {g.mismatch_fraction:.3g}")
     return facts
+
+
+def _resize_lines(v: Verdict) -> Table:
+    """``resize 2 → 1 → 2 ranks``, then one line per part: ✓ or ✗, its name, its detail."""
+    assert v.resize is not None
+    parts = Table.grid(padding=(0, 1))
+    worlds = " → ".join(str(w) for w in v.resize.world_sizes)
+    parts.add_row(Text(""), Text("resize", style="bold"), Text(f"{worlds} ranks"))
+    for ok, label, detail in resize_lines(v.resize):
+        parts.add_row(Text("✓", style="green") if ok else Text("✗", style="red"),
+                      Text(label, style="bold" if ok else "bold red"), Text(detail))
+    return parts
 
 
 def _controls_line(v: Verdict) -> Text:
