@@ -33,14 +33,19 @@ def test_default_controls_are_all_detected_with_their_mechanism(tmp_path: Path) 
     report = _report(run_dir)
     controls = _controls(report)
     assert set(controls) == {"rng", "data_cursor", "scheduler", "optimizer",
-                             "model_optimizer_only", "pending_grads", "scaler", "loader_state"}
-    # fp32 has no GradScaler, nor this workload a StatefulDataLoader: no leg runs for their
-    # controls, and the report says why.
+                             "model_optimizer_only", "pending_grads", "scaler", "loader_state",
+                             "rank_cursor", "rank_rng"}
+    # fp32 has no GradScaler, nor this workload a StatefulDataLoader, nor this run a resize:
+    # no leg runs for their controls, and the report says why.
     scaler, loader = controls.pop("scaler"), controls.pop("loader_state")
     assert (scaler["status"], scaler["leg"]) == ("not_applicable", None)
     assert scaler["evidence"].startswith("training.precision is fp32: there is no GradScaler")
     assert (loader["status"], loader["leg"]) == ("not_applicable", None)
     assert loader["evidence"].startswith("workload.loader is not set")
+    for name in ("rank_cursor", "rank_rng"):
+        keyed = controls.pop(name)
+        assert (keyed["status"], keyed["leg"]) == ("not_applicable", None)
+        assert keyed["evidence"].startswith("preemption.resize is not set")
     assert all(c["status"] == "detected" for c in controls.values()), controls
     # Resumed from step 4: fresh RNGs show at the start of step 5, immediately.
     rng = controls["rng"]["first_divergence"]

@@ -54,24 +54,70 @@ def _world_sizes(run_dir: Path, leg: str) -> list[int]:
     return [steps[s][0]["world_size"] for s in sorted(steps)]
 
 
-def _check_mechanics(run_dir: Path) -> None:
-    """2 -> 1 -> 2 ranks, each resume resharded from the expected checkpoint."""
+def _check_mechanics(run_dir: Path, leg: str = "preempted") -> None:
+    """2 -> 1 -> 2 ranks, each resume resharded from the expected checkpoint, and every
+    global step fed the reference leg's microbatches."""
     assert _world_sizes(run_dir, "control") == [2] * 12
-    assert _world_sizes(run_dir, "preempted") == [2] * 4 + [1] * 4 + [2] * 4
+    assert _world_sizes(run_dir, leg) == [2] * 4 + [1] * 4 + [2] * 4
     restores = sorted((r["attempt"], r["rank"], r["checkpoint"], r["saved_world_size"],
-                       r["world_size"]) for r in legs.records(run_dir, "preempted", "restore"))
+                       r["world_size"]) for r in legs.records(run_dir, leg, "restore"))
     assert restores == [(1, 0, "step-00000004", 2, 1), (2, 0, "step-00000008", 1, 2),
                         (2, 1, "step-00000008", 1, 2)]
-    # Each global step ran the same microbatches over all ranks as the reference leg.
-    control, preempted = (_authoritative(run_dir, leg) for leg in ("control", "preempted"))
-    for step in range(1, 13):
-        ids = [sorted((m["global_index"], *m["sample_ids"]) for r in recs
-                      for m in r["microsteps"]) for recs in (control[step], preempted[step])]
-        assert ids[0] == ids[1], step
-    # The grown node is a third agent, its log beside the killed node's.
-    assert "waits at step 9 for the world to grow" in (run_dir / "preempted.node-0.log"
-                                                      ).read_text() + "".join(
-        p.read_text() for p in run_dir.glob("*.log"))
+    grow = json.loads((run_dir / leg / "beacons" / "attempt-1-rank-0.json").read_text())
+    assert (grow["at"], grow["step"]) == ("grow", 9)
+
+
+def _check_pass(report: dict[str, Any]) -> dict[str, Any]:
+    verdict: dict[str, Any] = report["verdict"]
+    assert verdict["result"] == "PASS", verdict["reason"]
+    assert verdict["reason"].startswith("resize: 2→1→2 ranks; exact through step 4 before "
+                                        "the resize; handoff exact (2 restores); ledger exact "
+                                        "(12 steps, "), verdict["reason"]
+    resize = verdict["resize"]
+    assert [(p["name"], p["ok"]) for p in resize["parts"]] == [
+        ("before_resize", True), ("handoff", True), ("data_ledger", True), ("drift", True)]
+    assert [(h["checkpoint"], h["saved_world_size"], h["world_size"], h["equal_to_saved"],
+             h["equal_to_control"]) for h in resize["handoffs"]] == [
+        ("step-00000004", 2, 1, True, True), ("step-00000008", 1, 2, True, None)]
+    # The drift figures per step, from the resize on, within the declared tolerances.
+    rows = {r["step"]: r for r in resize["steps"]}
+    assert [rows[s]["world_size"] for s in range(1, 13)] == [2] * 4 + [1] * 4 + [2] * 4
+    after = [rows[s] for s in range(5, 13)]
+    assert all(r["ledger_ok"] and r["within_tolerance"] for r in after)
+    assert max(r["loss_max_abs_diff"] for r in after) < 1e-4
+    return verdict
+
+
+@pytest.mark.timeout(420)
+def test_a_resized_ddp_run_passes_and_its_rank_keyed_controls_are_caught(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    report = _run(run_dir, "workload.name=dropout-mlp",
+                  "controls.omissions=[rank_cursor, rank_rng]")
+    _check_pass(report)
+    _check_mechanics(run_dir)
+    for leg in ("nc-rank-cursor", "nc-rank-rng"):
+        _check_mechanics(run_dir, leg)  # the same resize, only the microbatches go wrong
+    controls = {c["omission"]: c for c in report["verdict"]["controls"]}
+    assert controls["rank_cursor"]["status"] == "detected"
+    assert controls["rank_cursor"]["mechanism"].startswith("data ledger: step 5: 24 sample "
+                                                           "ids missing")
+    assert controls["rank_rng"]["status"] == "detected"
+    # The samples were right; their random streams (augmentation, dropout) were not.
+    assert controls["rank_rng"]["mechanism"].startswith("drift: step 5 (1 rank): loss")
+    html = (run_dir / "report.html").read_text()
+    assert "Resize</h2>" in html and "resized to 1 rank(s) from step 4" in html
+
+
+@pytest.mark.timeout(300)
+def test_fsdp2_reshards_its_sharded_state_across_a_resize(tmp_path: Path) -> None:
+    """The optimizer state is sharded over the ranks: DCP reshards it 2 -> 1 -> 2, and the
+    gathered state each world restored is the one the saving world had."""
+    run_dir = tmp_path / "run"
+    report = _run(run_dir, "workload.name=tiny-gpt", "parallelism.kind=fsdp2",
+                  "controls.enabled=false")
+    _check_pass(report)
+    _check_mechanics(run_dir)
 
 
 @pytest.mark.timeout(200)

@@ -343,7 +343,7 @@ def test_loss_drift_over_the_tolerance_fails_at_its_step(
     v = run.compare(monkeypatch)
     assert v.result == Result.FAIL
     assert not part(v, "drift") and part(v, "data_ledger") and part(v, "handoff")
-    assert "drift over tolerance: step 4 (1 ranks): loss |Δ| 0.001 over the tolerance 1e-05" \
+    assert "drift over tolerance: step 4 (1 rank): loss |Δ| 0.001 over the tolerance 1e-05" \
         in v.reason
     d = v.first_divergence
     assert d is not None and (d.step, d.boundary, d.rank) == (4, "loss", 0)

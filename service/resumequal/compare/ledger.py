@@ -110,7 +110,8 @@ class LedgerStep:
             parts.append(f"global microbatch(es) {_indices(self.indices_repeated)} run more "
                          "than once")
         if self.other_samples:
-            parts.append(f"{count(len(self.other_samples), 'global microbatch')} with other "
+            many = count(len(self.other_samples), "global microbatch", "global microbatches")
+            parts.append(f"{many} with other "
                          f"samples than the control's at the same index "
                          f"({_indices(self.other_samples)})")
         return f"step {self.step}: " + ", ".join(parts)

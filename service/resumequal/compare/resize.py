@@ -381,8 +381,8 @@ def _drift_part(
                         else ("grad norm", over.grad_norm, tolerances["grad_norm"]))
         figure = "not measured" if w is None else f"|Δ| {w.diff:.3g}"
         return ResizePart(name="drift", ok=False, detail=(
-            f"step {over.row.step} ({over.row.world_size} ranks): {what} {figure} over the "
-            f"tolerance {tol:g}")), over, None
+            f"step {over.row.step} ({count(over.row.world_size, 'rank')}): {what} {figure} "
+            f"over the tolerance {tol:g}")), over, None
     fault = _final_fault(drift, rules, tolerances)
     if fault is not None:
         tol = _final_tolerance(fault.group, tolerances)
