@@ -61,7 +61,8 @@ class ComparatorFailed(ResumequalError):
 
 
 class KillRefused(ResumequalError):
-    """The beacon names a pod this run must not delete (not its leg's, or worker-0)."""
+    """The beacon names a pod this run must not delete (not its leg's, worker-0, or in a
+    resize another pod than the last, which lowering the replicas deletes)."""
 
 
 @dataclass(frozen=True)
