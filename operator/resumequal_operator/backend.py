@@ -6,6 +6,13 @@ drives both. The backend keeps no memory of its own: every answer is read from t
 verdict), so a backend built afresh on every reconcile, or by a restarted operator, sees
 what the previous one saw. Launching is idempotent (an existing job is the leg already
 launched); kills and deletions are checked against what this run owns.
+
+A resize leg (:mod:`.resize`) is shrunk by lowering its PyTorchJob's Worker replicas to
+``toNodes`` just before the armed pod is deleted (so the training operator does not
+recreate it), and grown by raising them back to ``world.nnodes`` once rank 0 of the shrunk
+world says it waits for the grow; both are read back from the job, so each happens once.
+What the backend did that the run's Events should say is left in :attr:`KubernetesBackend.
+notices`.
 """
 
 from __future__ import annotations
@@ -26,11 +33,11 @@ from resumequal.qualify import (
     beacon_from,
     kill_order,
 )
-from resumequal.runstore import PodKill, RunLocation
+from resumequal.runstore import GROW, PodKill, RunLocation
 from resumequal.signing import new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
-from resumequal_operator import pytorchjob
+from resumequal_operator import pytorchjob, resize
 from resumequal_operator.kube import (
     JOBS,
     PODS,
@@ -54,7 +61,16 @@ class ComparatorFailed(ResumequalError):
 
 
 class KillRefused(ResumequalError):
-    """The beacon names a pod this run must not delete (not its leg's, or worker-0)."""
+    """The beacon names a pod this run must not delete (not its leg's, worker-0, or in a
+    resize another pod than the last, which lowering the replicas deletes)."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the backend did to a leg that an Event about the run should say."""
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,7 @@ class KubernetesBackend:
                  spec: QualificationSpec, plan: Plan, location: RunLocation) -> None:
         self.kube, self.run, self.run_spec = kube, run, run_spec
         self.spec, self.plan, self.location = spec, plan, location
+        self.notices: list[Notice] = []
 
     # -- names ---------------------------------------------------------------------------
 
@@ -142,10 +159,10 @@ class KubernetesBackend:
         except NotFound:
             return LegObservation(state=LegState.FAILED,
                                   message=f"its PyTorchJob {name} no longer exists")
-        world = self.spec.world.world_size
+        plan = self.plan.leg(leg)
         # Markers first: progress read after them includes every rank's last step.
-        done = self.location.ranks_done(leg) >= set(range(world))
-        progress = self.location.leg_progress(leg, world)
+        done = self.location.ranks_done(leg) >= set(range(resize.final_world(plan)))
+        progress = self.location.leg_progress(leg, resize.resumed_world(plan))
         failed = _condition(job, "Failed")
         if failed is None and done:
             state = LegState.SUCCEEDED
@@ -153,6 +170,8 @@ class KubernetesBackend:
             state = LegState.FAILED
         else:
             state = LegState.RUNNING
+        if state == LegState.RUNNING:
+            self._maybe_grow(plan, job)
         message = None
         if state == LegState.FAILED:
             why = self.location.leg_failure(leg)
@@ -193,12 +212,20 @@ class KubernetesBackend:
             log.warning("%s: pod %s is gone already; counting it as killed", self.run.name,
                         beacon.pod)
             return
-        self._check_target(pod)
+        plan = self.plan.leg(leg)
+        self._check_target(pod, plan)
         uid = pod["metadata"]["uid"]
         if self._replaced(pod, beacon):
             log.warning("%s: pod %s (uid %s) replaces the armed one (uid %s), which is gone: "
                         "not killing again", self.run.name, beacon.pod, uid, beacon.pod_uid)
             return
+        shrink = resize.leg_resize(plan)
+        if shrink is not None:
+            # Before the deletion: with the replicas still at nnodes the training operator
+            # would recreate the pod (common/pod.go ReconcilePods); lowered, it deletes it too.
+            self._set_replicas(plan, shrink.to_nodes, "Resized", (
+                f"before deleting pod {beacon.pod} (rank {beacon.rank}): the world shrinks "
+                f"to preemption.resize.toNodes={shrink.to_nodes} node(s)"))
         grace = 0 if preemption.mode == "hard" else max(1, math.ceil(preemption.grace_seconds))
         issued_at = time.time()
         try:
@@ -238,7 +265,7 @@ class KubernetesBackend:
             return False
         return at.timestamp() > beacon.armed_at + 2
 
-    def _check_target(self, pod: Obj) -> None:
+    def _check_target(self, pod: Obj, plan: LegPlan) -> None:
         meta = pod["metadata"]
         jobs = {self.job_name(p.name) for p in self.plan.legs}
         owners = [r for r in meta.get("ownerReferences") or []
@@ -251,6 +278,49 @@ class KubernetesBackend:
         if worker0 and not self.run_spec.allow_rendezvous_host_kill:
             raise KillRefused(f"pod {meta['name']} is worker-0, which hosts the c10d "
                               "rendezvous; set allow_rendezvous_host_kill to cut there")
+        last = str(plan.spec.world.nnodes - 1)
+        if resize.leg_resize(plan) is not None and index is not None and index != last:
+            raise KillRefused(f"pod {meta['name']} is worker-{index}, but lowering the Worker "
+                              f"replicas for the resize deletes worker-{last}; not deleting "
+                              "it")
+
+    def _maybe_grow(self, plan: LegPlan, job: Obj) -> None:
+        """Raise a shrunk leg's Worker replicas back to nnodes once rank 0 of its latest
+        attempt waits for the grow (its beacon at ``grow``), as the local backend starts a
+        node then; the training operator creates the missing pod under its old name."""
+        grow = resize.leg_resize(plan)
+        nnodes = plan.spec.world.nnodes
+        if (grow is None or grow.grow_after_step is None
+                or resize.worker_replicas(job) >= nnodes):
+            return
+        attempt = self.location.attempts_started(plan.name) - 1
+        if attempt < 1:
+            return
+        body = self.location.read_beacon(plan.name, 0, attempt)
+        if body is None:
+            return
+        beacon = beacon_from(body, self.location.url(plan.name))
+        if beacon.at != GROW:
+            return
+        self._set_replicas(plan, nnodes, "Grown", (
+            f"rank 0 of attempt {attempt} waits at step {beacon.step} for the world to grow "
+            f"(preemption.resize.growAfterStep={grow.grow_after_step})"), job=job)
+
+    def _set_replicas(self, plan: LegPlan, replicas: int, reason: str, why: str, *,
+                      job: Obj | None = None) -> None:
+        """Patch the leg's Worker replicas to ``replicas`` unless they are (``job``: the
+        PyTorchJob as just read), with a notice of the change."""
+        name = self.job_name(plan.name)
+        if job is None:
+            job = self.kube.get(PYTORCHJOBS, self.run.namespace, name)
+        before = resize.worker_replicas(job)
+        if before == replicas:
+            return
+        self.kube.patch(PYTORCHJOBS, self.run.namespace, name, resize.replicas_patch(replicas))
+        message = (f"{plan.name} leg: Worker replicas of PyTorchJob {name} {before} -> "
+                   f"{replicas} {why}")
+        log.info("%s: %s", self.run.name, message)
+        self.notices.append(Notice(reason, message))
 
     def compare(self) -> Verdict | None:
         name = self.comparator_name

@@ -40,6 +40,7 @@ from resumequal_operator.backend import (
     ComparatorFailed,
     KillRefused,
     KubernetesBackend,
+    Notice,
     RunRef,
     delete_run_jobs,
 )
@@ -199,7 +200,7 @@ class Reconciler:
             q.fail(Reason.ERROR, str(e))
         except ResumequalError as e:  # API or store trouble: write progress, then retry
             error = e
-        self._announce(run, plan, q.status, seen, killed)
+        self._announce(run, plan, q.status, seen, killed, backend.notices)
         streak = q.status.errors
         if streak is not None and streak.message != prior_error:
             # Once per streak and per new message, not once per retry.
@@ -236,11 +237,13 @@ class Reconciler:
         )
 
     def _announce(self, run: _Run, plan: Plan, machine: QualificationStatus, seen: int,
-                  killed: set[str]) -> None:
+                  killed: set[str], notices: list[Notice]) -> None:
         for event in machine.history[seen:]:
             warning = event.phase == Phase.FAILED.value
             self.events.record(run.obj, event.phase, event.message or f"phase {event.phase}",
                                warning=warning)
+        for notice in notices:  # a resize's replica changes, each made once
+            self.events.record(run.obj, notice.reason, notice.message)
         for name, leg in machine.legs.items():
             if leg.killed_at is not None and name not in killed and leg.beacon is not None:
                 b = leg.beacon

@@ -6,9 +6,15 @@ choices below follow from it:
 
 - Elastic PyTorchJob, Worker replicas only (one pod per node), c10d rendezvous on pod
   ``worker-0`` at the container port named ``pytorchjob-port`` — 29400, torchrun's own c10d
-  port. min = max replicas: the world size is part of what is qualified, it must not shrink.
+  port. min = max replicas: the world size is part of what is qualified, it must not shrink
+  — except in a resize (``preemption.resize``, every leg of the run): min = ``toNodes``,
+  max = ``world.nnodes`` (``PET_NNODES=min:max``), and the operator lowers the Worker
+  replicas to shrink the world and raises them again to grow it (:mod:`.backend`).
   ``rdzvConf`` carries the spec's timeouts: torchrun's default 60 s store read timeout
-  fails a worker whose pod starts a minute before worker-0's (uneven image pulls).
+  fails a worker whose pod starts a minute before worker-0's (uneven image pulls). A
+  resize adds the local backend's rendezvous settings (:data:`resumequal.plan.
+  NODE_KEEP_ALIVE`, :data:`resumequal.plan.RESIZE_LAST_CALL`): the deleted node leaves the
+  rendezvous within seconds, and each re-rendezvous at the smaller size closes after 1 s.
 - The container runs ``resumequal launch --mode M -- <torchrun args>``, not torchrun
   itself: torchrun exits 1 on SIGTERM, which the ``ExitCode`` policy treats as the leg's own
   failure and fails the whole job; the launcher exits 128+signal instead. In hard mode it
@@ -42,7 +48,13 @@ import math
 import re
 from typing import Any
 
-from resumequal.plan import LegPlan, leg_module_args, rdzv_conf
+from resumequal.plan import (
+    NODE_KEEP_ALIVE,
+    RESIZE_LAST_CALL,
+    LegPlan,
+    leg_module_args,
+    rdzv_conf,
+)
 from resumequal.signing import KEY_ENV
 from resumequal.store import ADDRESSING_STYLE_ENV
 from resumequal_operator.resource import (
@@ -258,6 +270,22 @@ def leg_deadline_seconds(leg: LegPlan) -> int:
     return math.ceil(leg.spec.timeouts.leg_seconds) + DEADLINE_MARGIN_S
 
 
+def leg_rdzv_conf(leg: LegPlan) -> dict[str, str]:
+    """The leg's ``elasticPolicy.rdzvConf``: the spec's timeouts, and for a resize the
+    keep-alive and last call of the local backend's node-by-node legs."""
+    conf = rdzv_conf(leg.spec)
+    if leg.spec.preemption.resize is not None:
+        conf |= NODE_KEEP_ALIVE | RESIZE_LAST_CALL
+    return conf
+
+
+def min_replicas(leg: LegPlan) -> int:
+    """``elasticPolicy.minReplicas``: ``toNodes`` for a resize (the reference leg's too: it
+    runs the same elastic launch, never shrunk), else every node."""
+    resize = leg.spec.preemption.resize
+    return leg.spec.world.nnodes if resize is None else resize.to_nodes
+
+
 def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
             leg: LegPlan, run_uri: str) -> Obj:
     """The kubeflow.org/v1 PyTorchJob of one leg (its own spec is in the run location)."""
@@ -266,11 +294,12 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
     meta_labels = labels(run_name, uid, leg.name)
     env = [*_env(spec, run_name, uid),
            {"name": "OMP_NUM_THREADS", "value": str(w.threads_per_rank)},
-           # A recreated pod never rejoins otherwise: with the rendezvous store shared
-           # with the workers, the surviving rank-0 agent keeps its first round's store
-           # address and never publishes it in the new round, where the new agent waits
-           # for it (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py,
-           # next_rendezvous). Each round then gets a store of its own.
+           # A recreated pod (a replaced one, or a resize's grown one) never rejoins
+           # otherwise: with the rendezvous store shared with the workers, the surviving
+           # rank-0 agent keeps its first round's store address and never publishes it in
+           # the new round, where the new agent waits for it
+           # (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, next_rendezvous).
+           # Each round then gets a store of its own.
            {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"}]
     container = _container(spec, launch_command(leg), leg_args(leg, run_uri), env, gpus=True)
     container["ports"] = [{"name": RDZV_PORT_NAME, "containerPort": RDZV_PORT,
@@ -298,8 +327,8 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
                 "rdzvBackend": "c10d",
                 "rdzvId": name,
                 "rdzvConf": [{"key": k, "value": v}
-                             for k, v in rdzv_conf(leg.spec).items()],
-                "minReplicas": w.nnodes,
+                             for k, v in leg_rdzv_conf(leg).items()],
+                "minReplicas": min_replicas(leg),
                 "maxReplicas": w.nnodes,
                 "maxRestarts": w.max_restarts,
             },

@@ -379,6 +379,15 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
             "deleting it ends every node's group instead of preempting one. Use "
             "world.nnodes >= 2 and preemption.rank >= world.nprocPerNode, "
             "preemption.target: process, or allowRendezvousHostKill: true")))
+    last = (w.nnodes - 1) * w.nproc_per_node
+    if p.resize is not None and p.rank < last:
+        # Lowering the Worker replicas makes the training operator delete the pods of the
+        # highest indices (common/pod.go ReconcilePods): the cut must be on the last one.
+        out.append(Problem(path="spec.preemption.rank", message=(
+            f"rank {p.rank} runs on pod worker-{p.rank // w.nproc_per_node}, but a resize "
+            f"lowers the Worker replicas to preemption.resize.toNodes={p.resize.to_nodes}, "
+            f"which deletes the last pod, worker-{w.nnodes - 1}: cut a rank of that pod "
+            f"(ranks {last}..{w.world_size - 1})")))
     gpus = _gpu_limit(spec.resources)
     if w.backend == "nccl" and gpus is None:
         out.append(Problem(path="spec.resources.limits", message=(

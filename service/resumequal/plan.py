@@ -175,6 +175,16 @@ def rdzv_conf(spec: QualificationSpec) -> dict[str, str]:
     return {"join_timeout": seconds, "read_timeout": seconds}
 
 
+# A dead node leaves the rendezvous once its heartbeats are this old: 1 s x 5 instead of
+# torch's 5 s x 3 (dynamic_rendezvous.py ``create_handler``; ``_sanitize`` drops it), so a
+# replaced node rejoins within seconds. Shorter expiries declare live nodes dead: the
+# heartbeat timer's jitter stretches a period to nearly two intervals.
+NODE_KEEP_ALIVE = {"keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
+# A resize's rendezvous closes 1 s after its minimum of nodes joined instead of torch's
+# 30 s, which every re-rendezvous at the minimum size waits out (``_add_to_participants``).
+RESIZE_LAST_CALL = {"last_call_timeout": "1"}
+
+
 # torchrun, after the interpreter: ``[sys.executable, *TORCHRUN, ...]``.
 TORCHRUN: tuple[str, ...] = ("-m", "torch.distributed.run")
 

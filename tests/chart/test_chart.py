@@ -195,6 +195,7 @@ OPERATOR_RULES = (
     | {("resumequal.dev", "qualificationruns/status", "update")}
     | {("resumequal.dev", "qualificationruns/finalizers", "update")}  # blockOwnerDeletion
     | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "create", "delete")}
+    | {("kubeflow.org", "pytorchjobs", "patch")}  # a resize's Worker replicas
     | {("batch", "jobs", v) for v in ("get", "list", "create", "delete")}
     | {("", "pods", v) for v in ("get", "delete")}
     | {("", "events", "create")}

@@ -305,6 +305,37 @@ def test_clean_pod_policy_none_leaves_the_survivors(kubeapi: KubeAPI) -> None:
     assert [d.name for d in kubeapi.deletions_of("pods")] == ["leg-worker-1"]
 
 
+# ---------------------------------------------------------------------- replicas changed
+
+
+def test_lowered_replicas_delete_the_highest_index_and_raised_ones_recreate_it(
+        kubeapi: KubeAPI) -> None:
+    # An elastic resize: ReconcilePods (common/pod.go) deletes the out-of-range pods and
+    # creates the missing indices under their names; PET_NNODES is min:max (elastic.go).
+    sim, script = simulate(kubeapi, until_signal(143))
+    with sim:
+        kubeapi.create("pytorchjobs", pytorchjob("leg", elastic={"minReplicas": 1}))
+        kubeapi.wait_for(lambda: running(kubeapi, "leg-worker-0", "leg-worker-1"))
+        first = (kubeapi.get("pods", NS, "leg-worker-1") or {})["metadata"]["uid"]
+        resize = {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1}}}}
+        kubeapi.patch("pytorchjobs", NS, "leg", resize)
+        kubeapi.wait_for(lambda: phase(kubeapi, "leg-worker-1") is None, 8)
+        assert script.of("leg-worker-1")[0].killed.is_set()
+        time.sleep(0.3)  # not recreated while out of range; the survivor untouched
+        assert phase(kubeapi, "leg-worker-1") is None and running(kubeapi, "leg-worker-0")
+        assert not script.of("leg-worker-0")[0].killed.is_set()
+        resize["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 2
+        kubeapi.patch("pytorchjobs", NS, "leg", resize)
+        kubeapi.wait_for(lambda: running(kubeapi, "leg-worker-1"))
+        grown = kubeapi.get("pods", NS, "leg-worker-1") or {}
+        assert grown["metadata"]["uid"] != first and len(script.of("leg-worker-1")) == 2
+        assert not ever(kubeapi, "Failed")
+    scaled = next(d for d in kubeapi.deletions_of("pods") if d.name == "leg-worker-1")
+    assert (scaled.cause, scaled.grace_period_seconds) == ("training-operator", None)
+    env = {e["name"]: e.get("value") for e in grown["spec"]["containers"][0]["env"]}
+    assert env["PET_NNODES"] == "1:2"
+
+
 # ---------------------------------------------------------------------- elastic success
 
 

@@ -157,6 +157,7 @@ def env(job: Obj) -> list[Obj]:
     rdzv_port = elastic.get("rdzvPort") or port(workers)
     out += [{"name": "PET_RDZV_ENDPOINT", "value": f"{host}:{rdzv_port}"},
             {"name": "PET_RDZV_BACKEND", "value": elastic.get("rdzvBackend") or "c10d"},
+            # generateEnvNNodes (elastic.go): min:max, both set by the defaults above.
             {"name": "PET_NNODES", "value": f"{elastic['minReplicas']}:{elastic['maxReplicas']}"}]
     if elastic.get("maxRestarts") is not None:
         out.append({"name": "PET_MAX_RESTARTS", "value": str(elastic["maxRestarts"])})

@@ -134,6 +134,9 @@ class PyTorchJobController:
         for pod in mine:
             slices.setdefault(int(pod["metadata"]["labels"][kubeflow.REPLICA_INDEX]),
                               []).append(pod)
+        # GetPodSlices and CalculatePodSliceSize (pkg/core/pod.go): as many slices as the
+        # larger of replicas and the highest index + 1, so raised replicas create the new
+        # indices and lowered ones still visit the pods above them.
         for index in range(max([rspec["replicas"], *(i + 1 for i in slices)])):
             found = slices.get(index, [])
             if len(found) > 1:
@@ -145,6 +148,8 @@ class PyTorchJobController:
                 continue
             pod = found[0]
             if index >= rspec["replicas"]:
+                # Out of range after the replicas were lowered: deleted (pod.go ReconcilePods,
+                # "check if the index is in the valid range"), then judged like any other.
                 self._delete_pod(pod)
             code = kubeflow.exit_code(pod)
             if code != kubeflow.NO_EXIT_CODE:

@@ -1,7 +1,9 @@
-"""KubernetesBackend against the emulator: what it refuses to kill, and the comparator Job."""
+"""KubernetesBackend against the emulator: what it refuses to kill, a resize's replicas,
+and the comparator Job."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -10,7 +12,7 @@ import pytest
 
 from resumequal.plan import qualification_plan
 from resumequal.qualify import Beacon, LegState
-from resumequal.runstore import RunLocation
+from resumequal.runstore import GROW, RunLocation
 from resumequal.spec import PreemptionSpec
 from resumequal.verdict import Result
 from resumequal_operator.backend import ComparatorFailed, KillRefused, KubernetesBackend, RunRef
@@ -20,10 +22,15 @@ from tests.kubeapi import KubeAPI
 from tests.operator.harness import NAMESPACE, run_manifest
 from tests.operator.workers import verdict
 
+# The run of :func:`run_manifest` shrunk to worker-0 at the kill, grown back after step 4.
+RESIZE = {"preemption": {"mode": "hard", "resize": {"toNodes": 1, "growAfterStep": 4}},
+          "comparison": {"mode": "tolerance", "tolerances": {
+              "loss": 1e-4, "grad_norm": 1e-4, "params": 1e-4}}}
 
-@pytest.fixture
-def backend(api: KubeAPI, tmp_path: Path) -> KubernetesBackend:
-    manifest = run_manifest("unit", {"uri": f"file://{tmp_path}/store"})
+
+def _backend(api: KubeAPI, tmp_path: Path, name: str = "unit",
+             **spec: Any) -> KubernetesBackend:
+    manifest = run_manifest(name, {"uri": f"file://{tmp_path}/store"}, **spec)
     obj = api.create(QUALIFICATION_RUNS.plural, manifest)
     ref = RunRef.of(obj)
     spec = parse_run_spec(obj["spec"])
@@ -31,6 +38,11 @@ def backend(api: KubeAPI, tmp_path: Path) -> KubernetesBackend:
     qspec = qualification_spec(spec, uri)
     return KubernetesBackend(Kube(api.api_client()), ref, spec, qspec,
                              qualification_plan(qspec), RunLocation.open(uri))
+
+
+@pytest.fixture
+def backend(api: KubeAPI, tmp_path: Path) -> KubernetesBackend:
+    return _backend(api, tmp_path)
 
 
 def _pod(api: KubeAPI, name: str, job: dict[str, Any], index: int) -> str:
@@ -155,3 +167,100 @@ def test_the_comparator_job_is_created_once_and_read_when_it_ends(
     deleted = [d for d in api.deletions_of(JOBS.plural) if d.cause == "api"]
     assert [(d.name, d.propagation_policy) for d in deleted] == [
         (backend.comparator_name, "Background")]
+
+
+# -- resize ---------------------------------------------------------------------------------
+
+
+def _replicas(api: KubeAPI, backend: KubernetesBackend, leg: str = "preempted") -> int:
+    job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name(leg))
+    assert job is not None
+    return int(job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])
+
+
+def _writes(api: KubeAPI) -> list[tuple[str, str]]:
+    """(method, resource) of the PATCH and DELETE requests so far."""
+    return [(m, p.rsplit("/", 2)[-2]) for m, p in api.requests if m in ("PATCH", "DELETE")]
+
+
+def _step(backend: KubernetesBackend, leg: str, rank: int, attempt: int, step: int) -> None:
+    sink = backend.location.trace_sink(leg, rank, attempt)
+    sink.append(json.dumps({"kind": "step", "step": step, "attempt": attempt, "rank": rank,
+                            "finished_at": time.time()}).encode())
+
+
+def test_a_resize_kill_lowers_the_replicas_first_and_once(
+    api: KubeAPI, tmp_path: Path
+) -> None:
+    backend = _backend(api, tmp_path, **RESIZE)
+    for plan in backend.plan.legs:
+        backend.launch_leg(plan)
+    job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
+    assert job is not None
+    name = job["metadata"]["name"]
+    uid1 = _pod(api, f"{name}-worker-1", job, 1)
+    preemption = backend.plan.leg("preempted").spec.preemption
+    backend.deliver_kill("preempted", _beacon(f"{name}-worker-1", uid1), preemption)
+    assert _replicas(api, backend) == 1 and _replicas(api, backend, "control") == 2
+    assert _writes(api) == [("PATCH", "pytorchjobs"), ("DELETE", "pods")]
+    assert [(n.reason, "2 -> 1" in n.message) for n in backend.notices] == [("Resized", True)]
+    # A replayed kill finds the pod gone (or replaced) and changes nothing more.
+    backend.deliver_kill("preempted", _beacon(f"{name}-worker-1", uid1), preemption)
+    assert len(_writes(api)) == 2 and len(backend.notices) == 1
+
+
+def test_a_resize_kill_is_refused_on_a_pod_that_lowering_the_replicas_keeps(
+    api: KubeAPI, tmp_path: Path
+) -> None:
+    backend = _backend(api, tmp_path, **{
+        **RESIZE, "world": {"nnodes": 3, "nprocPerNode": 1},
+        "preemption": {**RESIZE["preemption"], "rank": 2, "resize": {"toNodes": 2}}})
+    backend.launch_leg(backend.plan.leg("preempted"))
+    job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
+    assert job is not None
+    name = job["metadata"]["name"]
+    uid1 = _pod(api, f"{name}-worker-1", job, 1)
+    preemption = backend.plan.leg("preempted").spec.preemption
+    with pytest.raises(KillRefused, match="deletes worker-2"):
+        backend.deliver_kill("preempted", _beacon(f"{name}-worker-1", uid1), preemption)
+    assert _api_deletions(api) == [] and _replicas(api, backend) == 3
+
+
+def test_the_shrunk_world_grows_back_once_its_rank_0_waits_for_it(
+    api: KubeAPI, tmp_path: Path
+) -> None:
+    backend = _backend(api, tmp_path, **RESIZE)
+    backend.launch_leg(backend.plan.leg("preempted"))
+    api.patch(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"),
+              {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1}}}})
+    files = backend.location.leg("preempted")
+    _step(backend, "preempted", 0, 1, 3)
+    # A beacon of an earlier attempt, or one not at the grow, is no reason to grow.
+    files.write_beacon(0, 0, 5, 0, GROW)
+    files.write_beacon(0, 1, 4, 1, "microbatch")
+    assert backend.observe_leg("preempted").state == LegState.RUNNING
+    assert _replicas(api, backend) == 1 and backend.notices == []
+    files.write_beacon(0, 1, 5, 0, GROW)
+    backend.observe_leg("preempted")
+    backend.observe_leg("preempted")
+    assert _replicas(api, backend) == 2
+    [grown] = backend.notices
+    assert grown.reason == "Grown" and "1 -> 2" in grown.message and "step 5" in grown.message
+    assert [m for m, _ in api.requests if m == "PATCH"] == ["PATCH"]  # once (the test's
+    # own patch above is in-process, not a request)
+
+
+def test_without_a_grow_the_leg_is_done_when_the_shrunk_world_is(
+    api: KubeAPI, tmp_path: Path
+) -> None:
+    backend = _backend(api, tmp_path, **{
+        **RESIZE, "preemption": {**RESIZE["preemption"], "resize": {"toNodes": 1}}})
+    for plan in backend.plan.legs:
+        backend.launch_leg(plan)
+    for leg in ("preempted", "control"):
+        backend.location.leg(leg).mark_rank_done(0, 1, 6)
+    # The preempted leg finishes on worker-0 alone; the reference leg was never shrunk.
+    assert backend.observe_leg("preempted").state == LegState.SUCCEEDED
+    assert backend.observe_leg("control").state == LegState.RUNNING
+    backend.location.leg("control").mark_rank_done(1, 0, 6)
+    assert backend.observe_leg("control").state == LegState.SUCCEEDED

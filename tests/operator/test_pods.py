@@ -7,7 +7,8 @@ variables, real gloo, real signals from the kubelet, the real comparator Job
 Each preemption users face: a hard pod kill (a lost node: the kubelet's SIGTERM is answered
 by SIGKILL, nothing is saved, the pod is recreated under its name), a graceful pod kill (a
 drained node: the emergency checkpoint), a process kill (a kill order: the worker SIGKILLs
-itself, torchrun restarts the group inside the same pods).
+itself, torchrun restarts the group inside the same pods), and an elastic resize (the
+lost node is not replaced until the shrunk world asks to grow).
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import pytest
 
 from resumequal.runstore import RunLocation
 from resumequal.spec import S3Spec
+from resumequal.trace.records import StepRecord
 from resumequal.verdict import Report
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator
+from resumequal_operator.pytorchjob import LEG_LABEL
 from tests.exposition import scrape, value
 from tests.kubeapi import KubeAPI
+from tests.kubeapi.kubeflow import REPLICA_INDEX
 from tests.kubeapi.processes import ProcessRuntime
 from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import (
@@ -202,3 +206,106 @@ def test_ranks_follow_the_pods_as_on_a_cluster(
                                  mode="hard", target="process", rank=0)
     beacon = location.read_beacon("preempted", 0, 0)
     assert beacon is not None and str(beacon["pod"]).endswith("-worker-0"), beacon
+
+
+# -- elastic resize -----------------------------------------------------------------------
+
+# The cut as above; the world then shrinks to worker-0 alone, resumes from step 2, commits
+# step 4 and waits at step 5 for the grow: worker-1 comes back, steps 5-6 run on 2 ranks.
+RESIZE: Obj = {"step": 4, "microstep": 1, "rank": 1, "mode": "hard", "target": "pod",
+               "resize": {"toNodes": 1, "growAfterStep": 4}}
+TOLERANCE: Obj = {"mode": "tolerance",
+                  "tolerances": {"loss": 1.0e-4, "grad_norm": 1.0e-4, "params": 1.0e-4}}
+
+
+class LegWrites:
+    """Admission sees every write as the store commits it, in order: what happened to one
+    leg's PyTorchJob (its Worker replicas, on each change) and its pods (each creation)."""
+
+    def __init__(self, leg: str) -> None:
+        self.leg = leg
+        self.seen: list[tuple[str, int | str]] = []
+        self._uids: set[str] = set()
+
+    def __call__(self, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        if (meta.get("labels") or {}).get(LEG_LABEL) != self.leg:
+            return
+        if obj.get("kind") == "PyTorchJob":
+            replicas = obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
+            if ("replicas", replicas) != next(
+                    (e for e in reversed(self.seen) if e[0] == "replicas"), None):
+                self.seen.append(("replicas", replicas))
+        elif obj.get("kind") == "Pod" and meta["uid"] not in self._uids:
+            self._uids.add(meta["uid"])
+            self.seen.append(("pod", f"worker-{meta['labels'][REPLICA_INDEX]}"))
+
+
+def _world_sizes(location: RunLocation, leg: str, rank: int) -> list[int | None]:
+    """The world sizes one rank's steps ran at, in trace order, repeats collapsed."""
+    out: list[int | None] = []
+    for record in location.trace_records(leg, rank):
+        if record["kind"] == "step":
+            size = StepRecord.model_validate(record).world_size
+            if not out or out[-1] != size:
+                out.append(size)
+    return out
+
+
+def _check_resize_verdict(done: Obj, location: RunLocation) -> None:
+    """What a resize run's verdict says: the comparator Job judged legs that both finished.
+
+    The comparator does not judge a resize yet (handoff, data ledger, drift within the
+    tolerances): it reports INVALID, and the run fails on its verdict. Once it does, assert
+    here that the phase is Succeeded and ``status.verdict.result`` is PASS."""
+    status = done["status"]
+    verdict = location.read_verdict()
+    assert verdict is not None and status.get("verdict") is not None, status
+    assert status["verdict"]["result"] == verdict.result.value
+    assert verdict.resumed_from == "step-00000002", verdict.resumed_from
+    if status["phase"] != "Succeeded":  # failed on the verdict, not before it
+        assert condition(done, "Ready")["reason"] == verdict.result.value.title(), status
+
+
+def test_a_resize_shrinks_the_world_and_grows_it_back(
+    api: KubeAPI, operators: Operators, store: dict[str, str], admission: Admission,
+    pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
+) -> None:
+    _, runtime = pods
+    writes = LegWrites("preempted")
+    api.add_validator(writes)
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest(
+        "resize", store, **SPEC, preemption=RESIZE, comparison=TOLERANCE))
+    done = wait_phase(api, "resize", ("Succeeded", "Failed"), timeout=400)
+    status = done["status"]
+    legs = status["legs"]
+    assert legs["preempted"].get("finishedAt") and legs["control"].get("finishedAt"), \
+        (condition(done, "Ready"), runtime.logs())
+    # The replicas went down before the kill and up at the grow; the victim pod came back
+    # only then, under its name, created by the training operator.
+    assert writes.seen[:1] == [("replicas", 2)]
+    assert sorted(writes.seen[1:3]) == [("pod", "worker-0"), ("pod", "worker-1")]
+    assert writes.seen[3:] == [("replicas", 1), ("replicas", 2), ("pod", "worker-1")], \
+        writes.seen
+    [kill] = [d for d in api.deletions_of("pods") if d.cause == "api"]
+    assert kill.name.endswith("-worker-1") and kill.grace_period_seconds == 0
+    patches = [p for m, p in api.requests if m == "PATCH" and "/pytorchjobs/" in p]
+    assert len(patches) == 2 and len(set(patches)) == 1, patches
+    reasons = [r for r, _ in _events(api, "resize")]
+    assert reasons.index("Resized") < reasons.index("PreemptionInjected") \
+        < reasons.index("Grown") < reasons.index("Comparing"), reasons
+    assert reasons.count("Resized") == 1 and reasons.count("Grown") == 1, reasons
+    grown = next(m for r, m in _events(api, "resize") if r == "Grown")
+    assert "1 -> 2" in grown and "step 5" in grown, grown
+    # 2 ranks until the cut, rank 0 alone from the checkpoint of step 2, 2 again after 4.
+    location = RunLocation.open(status["runUri"], S3Spec(
+        endpoint_url=store["endpointUrl"], region=store["region"], addressing_style="path"))
+    assert _world_sizes(location, "preempted", 0) == [2, 1, 2]
+    assert _world_sizes(location, "preempted", 1) == [2], "rank 1 skipped the shrunk world"
+    assert _world_sizes(location, "control", 0) == [2]
+    assert legs["preempted"]["steps"] == 6 and legs["control"]["steps"] == 6
+    assert legs["preempted"]["attempts"] == 3 and legs["preempted"]["restartSeconds"] > 0
+    assert location.ranks_done("preempted") == {0, 1} == location.ranks_done("control")
+    assert len(api.created(JOBS.plural)) == 1 and admission.validated["PyTorchJob"] >= 4
+    _check_resize_verdict(done, location)

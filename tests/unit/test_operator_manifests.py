@@ -157,6 +157,17 @@ def test_a_cut_on_another_pod_is_accepted() -> None:
     assert cr.preemption.rank == 3
 
 
+def test_a_resize_cuts_on_the_pod_that_lowering_the_replicas_deletes() -> None:
+    three = {**RESIZE, "world__nnodes": 3, "training__accumulationSteps": 4,
+             "preemption__resize": {"toNodes": 2}}
+    found = problems(example_spec(**three, preemption__rank=2))
+    assert set(found) == {"spec.preemption.rank"}
+    assert "worker-1" in found["spec.preemption.rank"]
+    assert "deletes the last pod, worker-2" in found["spec.preemption.rank"]
+    assert "(ranks 4..5)" in found["spec.preemption.rank"]
+    assert parse_run_spec(example_spec(**three, preemption__rank=4)).preemption.rank == 4
+
+
 def test_not_a_mapping() -> None:
     assert problems([]) == {"spec": "must be a mapping"}  # type: ignore[arg-type]
 
@@ -194,8 +205,14 @@ def test_long_run_names_still_make_valid_labels() -> None:
 # -- manifests ---------------------------------------------------------------------------
 
 
+# The example shrunk to worker-0 at the kill (rank 2 runs on worker-1), grown back after 8.
+RESIZE = {"preemption__resize": {"toNodes": 1, "growAfterStep": 8},
+          "comparison": {"mode": "tolerance", "tolerances": {
+              "loss": 1e-4, "grad_norm": 1e-4, "params": 1e-4}}}
+
 SPECS = {
     "example": {},
+    "resize": RESIZE,
     "graceful-mid": {"preemption__mode": "graceful"},
     "boundary-hard": {"preemption__microstep": 0},
     "commit-cut": {"preemption__at": "checkpoint_commit", "preemption__microstep": 0,
@@ -293,6 +310,26 @@ def test_leg_job_shape() -> None:
                                                             "sizeLimit": "2Gi"}}]
     assert "--omit" not in by_leg["preempted"]["spec"]["pytorchReplicaSpecs"]["Worker"][
         "template"]["spec"]["containers"][0]["args"]
+
+
+def test_a_resize_runs_every_leg_elastic_from_to_nodes_to_nnodes() -> None:
+    _, legs, jobs, _ = _manifests(RESIZE)
+    assert {leg.role for leg in legs} == {"reference", "main", "negative_control"}
+    for job in jobs:
+        spec = job["spec"]
+        elastic = spec["elasticPolicy"]
+        # PET_NNODES=1:2; the reference leg too: it is never shrunk, but runs the same launch.
+        assert (elastic["minReplicas"], elastic["maxReplicas"]) == (1, 2)
+        assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+        # The dead node leaves the rendezvous in seconds; each smaller one closes after 1 s.
+        assert elastic["rdzvConf"] == [
+            {"key": "join_timeout", "value": "300"}, {"key": "read_timeout", "value": "300"},
+            {"key": "keep_alive_interval", "value": "1"},
+            {"key": "keep_alive_max_attempt", "value": "5"},
+            {"key": "last_call_timeout", "value": "1"}]
+        [c] = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # the grown pod rejoins
 
 
 def test_labels_and_owner_references() -> None:

@@ -108,9 +108,11 @@ exactly the requests it makes (tests/operator/test_rbac.py holds the two to each
 - apiGroups: ["resumequal.dev"]
   resources: ["qualificationruns/finalizers"]
   verbs: ["update"]
+# A resize (preemption.resize) lowers a leg's Worker replicas at the kill and raises them
+# at the grow (a JSON merge patch).
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
-  verbs: ["get", "list", "create", "delete"]
+  verbs: ["get", "list", "create", "delete", "patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "create", "delete"]

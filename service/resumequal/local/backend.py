@@ -51,7 +51,15 @@ from pathlib import Path
 
 from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree, alive, send_signal, tagged
-from resumequal.plan import TORCHRUN, LegPlan, leg_module_args, local_torchrun_args, rdzv_conf
+from resumequal.plan import (
+    NODE_KEEP_ALIVE,
+    RESIZE_LAST_CALL,
+    TORCHRUN,
+    LegPlan,
+    leg_module_args,
+    local_torchrun_args,
+    rdzv_conf,
+)
 from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
 from resumequal.runstore import GROW, RunLocation
 from resumequal.signing import KEY_ENV, new_key
@@ -70,13 +78,6 @@ def free_port() -> int:
 # Every process of one node carries its node's tag, inherited by the workers torchrun starts
 # in sessions of their own: a node kill finds them all.
 NODE_TAG_VAR = "RESUMEQUAL_NODE_TAG"
-
-# A dead node leaves the rendezvous once its heartbeats are this old: 1 s x 5 instead of
-# torch's 5 s x 3 (dynamic_rendezvous.py ``create_handler``; ``_sanitize`` drops it), so a
-# replaced node rejoins within seconds. Shorter expiries declare live nodes dead: the
-# heartbeat timer's jitter stretches a period to nearly two intervals.
-NODE_KEEP_ALIVE = {"keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
-RESIZE_LAST_CALL = {"last_call_timeout": "1"}
 
 
 @dataclass
