@@ -253,18 +253,19 @@ def _world_sizes(location: RunLocation, leg: str, rank: int) -> list[int | None]
 
 
 def _check_resize_verdict(done: Obj, location: RunLocation) -> None:
-    """What a resize run's verdict says: the comparator Job judged legs that both finished.
-
-    The comparator does not judge a resize yet (handoff, data ledger, drift within the
-    tolerances): it reports INVALID, and the run fails on its verdict. Once it does, assert
-    here that the phase is Succeeded and ``status.verdict.result`` is PASS."""
+    """The comparator Job judged the resize: exact before it, exact handoff and ledger,
+    drift within the tolerances; the run succeeded on that PASS."""
     status = done["status"]
     verdict = location.read_verdict()
-    assert verdict is not None and status.get("verdict") is not None, status
-    assert status["verdict"]["result"] == verdict.result.value
+    assert verdict is not None and verdict.resize is not None, status
+    assert status["phase"] == "Succeeded", (status, verdict.reason)
+    assert status["verdict"]["result"] == verdict.result.value == "PASS", verdict.reason
     assert verdict.resumed_from == "step-00000002", verdict.resumed_from
-    if status["phase"] != "Succeeded":  # failed on the verdict, not before it
-        assert condition(done, "Ready")["reason"] == verdict.result.value.title(), status
+    assert verdict.reason.startswith("resize: 2→1→2 ranks; exact through step 2 before the "
+                                     "resize; handoff exact (2 restores); ledger exact"), \
+        verdict.reason
+    assert all(part.ok for part in verdict.resize.parts), verdict.resize.parts
+    assert condition(done, "Qualified")["status"] == "True"
 
 
 def test_a_resize_shrinks_the_world_and_grows_it_back(
