@@ -161,8 +161,8 @@ class KubernetesBackend:
                                   message=f"its PyTorchJob {name} no longer exists")
         plan = self.plan.leg(leg)
         # Markers first: progress read after them includes every rank's last step.
-        done = self.location.ranks_done(leg) >= set(range(resize.final_world(plan)))
-        progress = self.location.leg_progress(leg, resize.resumed_world(plan))
+        done = self.location.ranks_done(leg) >= set(range(plan.final_world_size))
+        progress = self.location.leg_progress(leg, plan.resumed_world_size)
         failed = _condition(job, "Failed")
         if failed is None and done:
             state = LegState.SUCCEEDED
@@ -219,7 +219,7 @@ class KubernetesBackend:
             log.warning("%s: pod %s (uid %s) replaces the armed one (uid %s), which is gone: "
                         "not killing again", self.run.name, beacon.pod, uid, beacon.pod_uid)
             return
-        shrink = resize.leg_resize(plan)
+        shrink = plan.resize
         if shrink is not None:
             # Before the deletion: with the replicas still at nnodes the training operator
             # would recreate the pod (common/pod.go ReconcilePods); lowered, it deletes it too.
@@ -279,7 +279,7 @@ class KubernetesBackend:
             raise KillRefused(f"pod {meta['name']} is worker-0, which hosts the c10d "
                               "rendezvous; set allow_rendezvous_host_kill to cut there")
         last = str(plan.spec.world.nnodes - 1)
-        if resize.leg_resize(plan) is not None and index is not None and index != last:
+        if plan.resize is not None and index is not None and index != last:
             raise KillRefused(f"pod {meta['name']} is worker-{index}, but lowering the Worker "
                               f"replicas for the resize deletes worker-{last}; not deleting "
                               "it")
@@ -288,7 +288,7 @@ class KubernetesBackend:
         """Raise a shrunk leg's Worker replicas back to nnodes once rank 0 of its latest
         attempt waits for the grow (its beacon at ``grow``), as the local backend starts a
         node then; the training operator creates the missing pod under its old name."""
-        grow = resize.leg_resize(plan)
+        grow = plan.resize
         nnodes = plan.spec.world.nnodes
         if (grow is None or grow.grow_after_step is None
                 or resize.worker_replicas(job) >= nnodes):

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from resumequal.spec import REFERENCE_LEG, Omission, QualificationSpec, Scenario
+from resumequal.spec import REFERENCE_LEG, Omission, QualificationSpec, ResizeSpec, Scenario
 
 Role = Literal["reference", "main", "negative_control", "scenario"]
 
@@ -46,6 +46,26 @@ class LegPlan:
     @property
     def cut(self) -> bool:
         return self.role != "reference"
+
+    @property
+    def resize(self) -> ResizeSpec | None:
+        """The resize this leg goes through: a cut leg's. The reference leg of a resize run
+        carries the same spec (and so the same elastic launch) but is never shrunk."""
+        return self.spec.preemption.resize if self.cut else None
+
+    @property
+    def final_world_size(self) -> int:
+        """The ranks that finish the leg: fewer after a resize that does not grow back."""
+        w, resize = self.spec.world, self.resize
+        if resize is None or resize.grow_after_step is not None:
+            return w.world_size
+        return resize.to_nodes * w.nproc_per_node
+
+    @property
+    def resumed_world_size(self) -> int:
+        """The ranks of the first attempt after the kill (whose progress dates the resume)."""
+        w, resize = self.spec.world, self.resize
+        return w.world_size if resize is None else resize.to_nodes * w.nproc_per_node
 
 
 @dataclass(frozen=True)

@@ -348,7 +348,10 @@ class Qualification:
             run = s.legs[plan.name]
             if run.launched_at is None or run.finished_at is not None:
                 continue
-            obs = self.backend.observe_leg(plan.name)
+            try:
+                obs = self.backend.observe_leg(plan.name)
+            except InvalidBeacon as e:  # a resize's grow beacon, read while observing
+                self._stop(Reason.ERROR, f"the {plan.name} leg's beacon is refused: {e}")
             run.steps, run.attempts = obs.steps_done, obs.attempts
             if obs.state == LegState.FAILED:
                 self._stop(Reason.LEG_FAILED,

@@ -10,6 +10,7 @@ from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan
 from resumequal.qualify import (
     Beacon,
+    InvalidBeacon,
     LegObservation,
     LegState,
     Phase,
@@ -48,12 +49,15 @@ class ScriptedBackend:
     result: Result = Result.PASS
     compare_pending: bool = False
     compares: int = 0
+    refused: set[str] = field(default_factory=set)
 
     def launch_leg(self, plan: LegPlan) -> None:
         self.launched.append(plan.name)
         self.legs[plan.name] = LegObservation(state=LegState.RUNNING)
 
     def observe_leg(self, leg: str) -> LegObservation:
+        if leg in self.refused:
+            raise InvalidBeacon(f"{leg}/beacons/attempt-1-rank-0.json: not a beacon: pid")
         return self.legs.get(leg, LegObservation(state=LegState.NOT_STARTED))
 
     def read_beacon(self, leg: str, rank: int) -> Beacon | None:
@@ -414,3 +418,15 @@ def test_errors_that_are_not_the_api_or_the_store_are_not_retried_as_such() -> N
     with pytest.raises(RuntimeError):
         q.tick()
     assert q.status.errors is None
+
+
+def test_a_refused_beacon_met_while_observing_a_leg_ends_the_run_at_once() -> None:
+    """A resize's grow beacon is read while the leg is observed: one that is not a beacon
+    is written once and never gets better, so it ends the run rather than being retried."""
+    q, b, _ = _machine()
+    q.tick()
+    b.refused.add("control")
+    assert q.tick() == Phase.FAILED
+    assert q.status.reason == Reason.ERROR
+    assert "the control leg's beacon is refused" in (q.status.message or "")
+    assert b.cleanups == 1

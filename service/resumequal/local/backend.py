@@ -209,8 +209,10 @@ class LocalBackend:
             if proc is None:
                 return LegObservation(state=LegState.NOT_STARTED)
             code, log_path = proc.poll(), self.run_dir / f"{leg}.log"
-        world_size = self._final_world(leg)
-        progress = self.location.leg_progress(leg, self._resumed_world(leg))
+        plan = self.plans.get(leg)
+        world_size = self.spec.world.world_size if plan is None else plan.final_world_size
+        progress = self.location.leg_progress(
+            leg, world_size if plan is None else plan.resumed_world_size)
         message = None
         if code is None:
             state = LegState.RUNNING
@@ -278,27 +280,10 @@ class LocalBackend:
             log.warning("pid %d outlived its grace period; sending SIGKILL", pid)
             os.kill(pid, signal.SIGKILL)
 
-    def _final_world(self, leg: str) -> int:
-        """The ranks that finish ``leg``: fewer after a resize that does not grow back."""
-        w = self.spec.world
-        plan = self.plans.get(leg)
-        resize = None if plan is None or not plan.cut else plan.spec.preemption.resize
-        if resize is None or resize.grow_after_step is not None:
-            return w.world_size
-        return resize.to_nodes * w.nproc_per_node
-
-    def _resumed_world(self, leg: str) -> int:
-        """The ranks of the first attempt after the kill (whose progress dates the resume)."""
-        plan = self.plans.get(leg)
-        resize = None if plan is None or not plan.cut else plan.spec.preemption.resize
-        if resize is None:
-            return self.spec.world.world_size
-        return resize.to_nodes * self.spec.world.nproc_per_node
-
     def _maybe_grow(self, leg: str, nodes: _Nodes) -> None:
         """Start a node for a shrunk world once its rank 0 waits for one (its grow beacon)."""
         plan = self.plans.get(leg)
-        resize = None if plan is None else plan.spec.preemption.resize
+        resize = None if plan is None else plan.resize
         if (resize is None or resize.grow_after_step is None or nodes.grown
                 or not nodes.killed or not all(k.replaced for k in nodes.killed)):
             return
