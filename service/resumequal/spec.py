@@ -42,6 +42,7 @@ Boundary = Literal[
     "bucket_layout",
     "reduced_grads",
     "grad_norm",
+    "clipped_grads",
     "lr",
     "params",
     "optimizer_state",

@@ -29,6 +29,29 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
+class ModuleDifference(_Model):
+    """How many of one module's tensors differ at a boundary."""
+
+    module: str = Field(description="module path (the tensor name without its last part)")
+    differ: int
+    total: int
+
+
+class TensorDifference(_Model):
+    """Which tensors of a per-tensor boundary differ at the first divergence."""
+
+    total: int = Field(description="tensors at this boundary")
+    differ: int = Field(description="tensors whose digests differ between the legs")
+    order: Literal["backward", "parameter"] = Field(
+        description="the order of `differing`: backward (gradients, the order they become "
+        "ready: the model's parameter order reversed) or the model's parameter order")
+    first: str | None = Field(description="the first differing tensor in that order")
+    differing: list[str] = Field(description="the differing tensors in that order (at most "
+                                 "the first 1000)")
+    modules: list[ModuleDifference] = Field(
+        description="per module, in the same order: differing and total tensors")
+
+
 class Divergence(_Model):
     """Where two legs first differ, in execution order of boundaries."""
 
@@ -38,6 +61,16 @@ class Divergence(_Model):
     control: Any = Field(description="the control leg's value at this boundary (summarised)")
     preempted: Any
     before_cut: bool = Field(description="true when the step ran before the kill in both legs")
+    # None for boundaries without per-tensor digests, and for traces written before them.
+    tensors: TensorDifference | None = None
+
+    def tensor_words(self) -> str:
+        """'261 of 320 tensors differ (first in backward order: a.b.weight)', or ''."""
+        t = self.tensors
+        if t is None:
+            return ""
+        first = f" (first in {t.order} order: {t.first})" if t.first is not None else ""
+        return f"{t.differ} of {t.total} tensors differ{first}"
 
 
 class ValidityCheck(_Model):

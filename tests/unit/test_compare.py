@@ -86,6 +86,7 @@ def step_record(rank: int, attempt: int, step: int) -> StepRecord:
         bucket_layout=_digest("bl", 0, 0),
         buckets=[BucketRecord(index=0, params=["w", "b"], numel=11)],
         reduced_grads=_digest("rg", step, 0),
+        clipped_grads=_digest("cg", step, 0),
         grad_norm=1.0 / step,
         lr=[0.1 / step],
         params=_digest("pa", step, 0),

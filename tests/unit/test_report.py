@@ -710,3 +710,37 @@ def test_summary_prints_one_line_per_resize_part() -> None:
         "✓ before the resize", "✓ handoff", "✗ data ledger", "✓ drift"]
     assert "✗ data ledger (exact) step 6: 4 sample ids missing (e.g. 601, 602, 603 …)" in parts
     assert "resize 2 → 1 → 2 ranks" not in _summary(make_report(Result.PASS))
+
+
+def _with_tensors(report: Report) -> Report:
+    from resumequal.verdict import ModuleDifference, TensorDifference
+
+    first = report.verdict.first_divergence
+    assert first is not None
+    differing = [f"layers.{i}.attn.weight" for i in range(3, 0, -1)] + ["<b>.weight"]
+    tensors = TensorDifference(
+        total=12, differ=4, order="backward", first=differing[0], differing=differing,
+        modules=[ModuleDifference(module=f"layers.{i}.attn", differ=1, total=2)
+                 for i in range(3, 0, -1)]
+        + [ModuleDifference(module="<b>", differ=1, total=1),
+           ModuleDifference(module="head", differ=0, total=5)])
+    div = first.model_copy(update={"boundary": "reduced_grads", "tensors": tensors})
+    return report.model_copy(update={"verdict": report.verdict.model_copy(
+        update={"first_divergence": div})})
+
+
+def test_a_divergence_names_its_differing_tensors_by_module() -> None:
+    report = _with_tensors(make_report(Result.FAIL))
+    page = render_html(report)
+    assert "4 of 12 tensors differ (first in backward order: layers.3.attn.weight)" in page
+    assert "by module (4 with differences)" in page and "head" not in page.split(
+        "by module")[1].split("</details>")[0]
+    assert "<code>&lt;b&gt;.weight</code>" in page and "<b>.weight" not in page
+    # report.json keeps every differing tensor; the terminal the busiest modules.
+    again = Report.model_validate_json(report.model_dump_json())
+    assert again.verdict.first_divergence == report.verdict.first_divergence
+    console = Console(record=True, width=160, file=io.StringIO())
+    print_summary(report, console=console)
+    text = console.export_text()
+    assert "4 of 12 tensors differ (first in backward order: layers.3.attn.weight); by " \
+           "module: layers.3.attn 1/2, layers.2.attn 1/2, layers.1.attn 1/2" in text

@@ -263,6 +263,7 @@ def _step(rank: int = 0, attempt: int = 0, step: int = 1, loss: float = 1.25) ->
         bucket_layout=bucket_layout_digest(buckets),
         buckets=buckets,
         reduced_grads="xxh3_128:03",
+        clipped_grads="xxh3_128:06",
         grad_norm=0.7,
         lr=[3e-3, 1e-4],
         params="xxh3_128:04",

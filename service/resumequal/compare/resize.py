@@ -37,6 +37,7 @@ from resumequal.compare.ledger import (
     loss_diff,
     within,
 )
+from resumequal.compare.tensors import tensor_difference
 from resumequal.compare.walk import Rules, Walk, loss_deltas, summarise, walk
 from resumequal.spec import BOUNDARIES, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
@@ -512,12 +513,15 @@ def judge_resize(spec: QualificationSpec, control: LegTrace, preempted: LegTrace
     worlds = "→".join(map(str, shape.worlds))
     if early.first is not None:
         p = early.first
-        a, b = summarise(p.boundary, ctrl_steps[p.rank][p.step], precut[p.rank][p.step])
+        ra, rb = ctrl_steps[p.rank][p.step], precut[p.rank][p.step]
+        a, b = summarise(p.boundary, ra, rb)
+        div = Divergence(step=p.step, boundary=p.boundary, rank=p.rank, control=a,
+                         preempted=b, before_cut=True,
+                         tensors=tensor_difference(p.boundary, ra, rb))
+        which = f"; {div.tensor_words()}" if div.tensors is not None else ""
         return verdict(Result.NONDETERMINISTIC, (
             f"not run-to-run deterministic: legs already differ at step {p.step} "
-            f"({p.boundary}, rank {p.rank}) before the kill, at the full world"),
-            Divergence(step=p.step, boundary=p.boundary, rank=p.rank, control=a,
-                       preempted=b, before_cut=True))
+            f"({p.boundary}, rank {p.rank}{which}) before the kill, at the full world"), div)
     failed = [part for part in (handoff, ledger, drifted) if not part.ok]
     if failed:
         first = failed[0]

@@ -22,6 +22,7 @@ from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import (
     BoundaryRow,
     ControlOutcome,
+    Divergence,
     DriftSummary,
     Matrix,
     MatrixCell,
@@ -249,7 +250,28 @@ def _divergence_box(v: Verdict) -> str:
         f"boundary <code>{escape(d.boundary)}</code>, rank {d.rank}"
         f"<table><tr><th>control</th><td><code>{escape(_value(d.control))}</code></td></tr>"
         f"<tr><th>preempted</th><td><code>{escape(_value(d.preempted))}</code></td></tr>"
-        "</table></div>"
+        f"</table>{_tensor_difference(d)}</div>"
+    )
+
+
+def _tensor_difference(d: Divergence) -> str:
+    """Which tensors differ, per module, with the full list folded away."""
+    t = d.tensors
+    if t is None:
+        return ""
+    modules = "".join(
+        f"<tr><td><code>{escape(m.module)}</code></td>{_num_td(m.differ)}{_num_td(m.total)}</tr>"
+        for m in t.modules if m.differ)
+    listed = "".join(f"<li><code>{escape(n)}</code></li>" for n in t.differing)
+    more = (f"<p>and {t.differ - len(t.differing)} more</p>"
+            if t.differ > len(t.differing) else "")
+    return (
+        f"<p class=\"tensors\">{escape(d.tensor_words())}</p>"
+        f"<details><summary>by module ({len([m for m in t.modules if m.differ])} with "
+        f"differences)</summary><table><tr><th>module</th><th>differ</th><th>tensors</th>"
+        f"</tr>{modules}</table></details>"
+        f"<details><summary>the {t.differ} differing tensors, in {t.order} order</summary>"
+        f"<ol>{listed}</ol>{more}</details>"
     )
 
 

@@ -101,6 +101,11 @@ def _facts(report: Report) -> Table:
         fact("first divergence",
              Text(f"step {d.step} · {d.boundary} · rank {d.rank} ({where})", style="bold red"))
         fact("", f"control {_short(d.control)}  vs  preempted {_short(d.preempted)}")
+        if d.tensors is not None:
+            t = d.tensors
+            busiest = sorted((m for m in t.modules if m.differ), key=lambda m: -m.differ)[:3]
+            where = ", ".join(f"{m.module} {m.differ}/{m.total}" for m in busiest)
+            fact("", f"{d.tensor_words()}; by module: {where or 'none'}")
     if v.loss_deltas:
         worst = max(v.loss_deltas, key=lambda s: _sort_key(s.abs_diff))
         fact("max |Δ loss|", f"{worst.abs_diff:.6g} (step {worst.step})")

@@ -23,6 +23,7 @@ import functools
 import random
 import struct
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -36,12 +37,17 @@ DIGEST_ALGORITHM: Final = "xxh3_128"
 
 __all__ = [
     "DIGEST_ALGORITHM",
+    "NO_TENSOR",
+    "Digests",
     "bucket_layout_digest",
+    "combined_digest",
     "named_tensors_digest",
+    "optimizer_digests",
     "optimizer_state_digest",
     "rng_digests",
     "sharding",
     "tensor_digest",
+    "tensor_digests",
 ]
 
 # Every item fed to the hasher is tagged and length-prefixed, so no two different
@@ -157,7 +163,64 @@ def named_tensors_digest(items: Iterable[tuple[str, torch.Tensor | None]]) -> st
     return _finish(h)
 
 
+# A named tensor that is not there (a parameter without a gradient yet).
+NO_TENSOR: Final = "none"
+
+
+@dataclass(frozen=True)
+class Digests:
+    """One boundary's digests: each tensor's (bare hex, by name, in the order digested) and
+    the whole boundary's, derived from them (a hash of the names and their digests)."""
+
+    whole: str
+    tensors: dict[str, str]
+
+
+def combined_digest(tensors: Mapping[str, str]) -> str:
+    """The whole-boundary digest of per-tensor digests, in their order."""
+    h = xxhash.xxh3_128()
+    h.update(b"T" + _U32.pack(len(tensors)))
+    for name, digest in tensors.items():
+        _feed_bytes(h, b"N", name.encode())
+        _feed_bytes(h, b"D", digest.encode())
+    return _finish(h)
+
+
+def tensor_digests(items: Iterable[tuple[str, torch.Tensor | None]]) -> Digests:
+    """Each named tensor's digest (``NO_TENSOR`` for None), and the whole boundary's."""
+    tensors: dict[str, str] = {}
+    for name, t in items:
+        if t is None:
+            tensors[name] = NO_TENSOR
+            continue
+        h = xxhash.xxh3_128()
+        _feed_tensor(h, t)
+        tensors[name] = h.hexdigest()
+    return Digests(combined_digest(tensors), tensors)
+
+
 _NOT_OPTIMIZER_STATE = frozenset({"params", "lr", "initial_lr"})
+# The per-tensor key of the param groups' hyperparameters in optimizer_digests.
+PARAM_GROUPS: Final = "param_groups"
+
+
+def optimizer_digests(optimizer: torch.optim.Optimizer, names: Mapping[int, str]) -> Digests:
+    """The optimizer's state per parameter (keyed by ``names[id(param)]``) and its param
+    groups' hyperparameters but the learning rate (see :func:`optimizer_state_digest`)."""
+    sd = optimizer.state_dict()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    state: dict[int, dict[str, Any]] = sd["state"]
+    tensors: dict[str, str] = {}
+    for index in sorted(state):
+        h = xxhash.xxh3_128()
+        _feed_value(h, state[index])
+        name = names.get(id(params[index])) if index < len(params) else None
+        tensors[name or f"#{index}"] = h.hexdigest()
+    h = xxhash.xxh3_128()
+    for group in sd["param_groups"]:
+        _feed_value(h, {k: v for k, v in group.items() if k not in _NOT_OPTIMIZER_STATE})
+    tensors[PARAM_GROUPS] = h.hexdigest()
+    return Digests(combined_digest(tensors), tensors)
 
 
 def optimizer_state_digest(optimizer: torch.optim.Optimizer) -> str:

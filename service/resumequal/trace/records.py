@@ -43,6 +43,7 @@ __all__ = [
     "StartupRecord",
     "StepPartial",
     "StepRecord",
+    "TensorDigests",
     "TraceRecord",
     "TraceSink",
     "TraceWriter",
@@ -111,6 +112,20 @@ class StepPartial(TypedDict):
     microsteps: list[MicrostepPartial]
 
 
+class TensorDigests(_Record):
+    """Per-tensor digests of one step's tensor boundaries: tensor name -> digest (bare hex,
+    ``none`` for a missing tensor), in the model's parameter order. The whole-boundary
+    digests of the step record are derived from these."""
+
+    local_grads: dict[str, str] = Field(
+        default_factory=dict, description="by parameter (ddp) or reduce-scatter group (fsdp2)")
+    reduced_grads: dict[str, str] = Field(default_factory=dict)
+    clipped_grads: dict[str, str] = Field(default_factory=dict)
+    params: dict[str, str] = Field(default_factory=dict, description="parameters and buffers")
+    optimizer_state: dict[str, str] = Field(
+        default_factory=dict, description="by parameter, and param_groups' hyperparameters")
+
+
 class StepRecord(_Record):
     """What one rank did in one optimizer step, boundary by boundary."""
 
@@ -130,6 +145,9 @@ class StepRecord(_Record):
     buckets: list[BucketRecord] = Field(default_factory=list)
     reduced_grads: str
     grad_norm: float = Field(description="total gradient norm before clipping")
+    # None in traces written before the boundary existed.
+    clipped_grads: str | None = Field(
+        default=None, description="gradients after clipping, as the optimizer takes them")
     lr: list[float] = Field(description="lr of each param group used by this step's update")
     params: str = Field(description="parameters and buffers after the optimizer step")
     optimizer_state: str
@@ -140,6 +158,8 @@ class StepRecord(_Record):
     handoff: str | None = Field(
         default=None, description="resize runs, after a step whose checkpoint is saved: "
         "digest of the whole training state gathered over the ranks (world-size free)")
+    tensors: TensorDigests | None = Field(
+        default=None, description="per-tensor digests (None in older traces)")
 
 
 class CompileRecord(_Record):
@@ -286,6 +306,7 @@ BOUNDARY_FIELDS: Final[Mapping[Boundary, str]] = MappingProxyType(
         "bucket_layout": "bucket_layout",
         "reduced_grads": "reduced_grads",
         "grad_norm": "grad_norm",
+        "clipped_grads": "clipped_grads",
         "lr": "lr",
         "params": "params",
         "optimizer_state": "optimizer_state",

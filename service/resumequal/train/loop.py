@@ -40,10 +40,12 @@ from resumequal.state import (
     tensor_state,
 )
 from resumequal.trace.digest import (
+    Digests,
     bucket_layout_digest,
     named_tensors_digest,
-    optimizer_state_digest,
+    optimizer_digests,
     rng_digests,
+    tensor_digests,
 )
 from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
@@ -57,6 +59,7 @@ from resumequal.trace.records import (
     StartupRecord,
     StepPartial,
     StepRecord,
+    TensorDigests,
     TraceSink,
     TraceWriter,
 )
@@ -139,12 +142,33 @@ def _unwrapped(model: nn.Module) -> nn.Module:
     return inner if isinstance(inner, nn.Module) else model
 
 
-def _params_digest(model: nn.Module) -> str:
+def _param_digests(model: nn.Module) -> Digests:
+    """Parameters and buffers, by name (their names never collide)."""
     m = _unwrapped(model)
-    return named_tensors_digest(
-        [(f"param:{n}", p.detach()) for n, p in m.named_parameters()]
-        + [(f"buffer:{n}", b) for n, b in m.named_buffers()]
-    )
+    return tensor_digests(
+        [(n, p.detach()) for n, p in m.named_parameters()] + list(m.named_buffers()))
+
+
+def _grad_digests(model: nn.Module) -> Digests:
+    return tensor_digests((n, p.grad) for n, p in _unwrapped(model).named_parameters())
+
+
+def _optimizer_digests(model: nn.Module, optimizer: torch.optim.Optimizer) -> Digests:
+    names = {id(p): n for n, p in _unwrapped(model).named_parameters()}
+    return optimizer_digests(optimizer, names)
+
+
+def _bare(digest: str) -> str:
+    return digest.partition(":")[2] or digest
+
+
+def _local_digests(model: nn.Module, local: dict[str, str]) -> dict[str, str]:
+    """The recorder's digests (by parameter under DDP, by sharded module under FSDP2) in the
+    model's order, not the order the reductions ran in."""
+    m = _unwrapped(model)
+    order = {n: i for i, n in enumerate(
+        [n for n, _ in m.named_parameters()] + [n for n, _ in m.named_modules()])}
+    return {n: _bare(local[n]) for n in sorted(local, key=lambda n: order.get(n, len(order)))}
 
 
 class Trainer:
@@ -306,8 +330,8 @@ class Trainer:
                 global_microstep=c.global_microstep,
                 omitted=sorted(self.omit),  # type: ignore[arg-type]
                 restored_at=time.time(),
-                params=_params_digest(live.model),
-                optimizer_state=optimizer_state_digest(live.workload.optimizer),
+                params=_param_digests(live.model).whole,
+                optimizer_state=_optimizer_digests(live.model, live.workload.optimizer).whole,
                 world_size=self.p.world_size,
                 saved_world_size=loaded.rank_state.world_size,
                 handoff=handoff,
@@ -395,9 +419,7 @@ class Trainer:
             live.counters.global_microstep += 1
 
         params = [p for p in live.model.parameters() if p.grad is not None]
-        reduced = named_tensors_digest(
-            [(n, p.grad) for n, p in _unwrapped(live.model).named_parameters()]
-        )
+        reduced = _grad_digests(live.model)
         # The scaler's state this step ran with (update() below moves it for the next).
         loss_scale = None
         if live.scaler is not None:
@@ -411,6 +433,9 @@ class Trainer:
             norm = torch.nn.utils.get_total_norm(grads, foreach=False)
         if isinstance(norm, DTensor):  # FSDP2: the norm over every rank's shards
             norm = norm.full_tensor()
+        # What the optimizer takes: unscaled (fp16) and clipped.
+        clipped = reduced if t.grad_clip_norm is None and live.scaler is None \
+            else _grad_digests(live.model)
         lrs = [float(g["lr"]) for g in w.optimizer.param_groups]
         if live.scaler is not None:
             # Skips the optimizer step when the unscaled gradients hold inf or NaN.
@@ -430,6 +455,8 @@ class Trainer:
         handoff = None
         if gd is not None and self.spec.checkpoint.saves_after(step, t.steps):
             handoff = handoff_digest(live)
+        param_digests = _param_digests(live.model)
+        optim_digests = _optimizer_digests(live.model, w.optimizer)
         self.trace.write(
             StepRecord(
                 rank=self.p.rank,
@@ -441,15 +468,20 @@ class Trainer:
                 local_grads=self.recorder.local_digest(),
                 bucket_layout=None if layout is None else bucket_layout_digest(layout),
                 buckets=layout or [],
-                reduced_grads=reduced,
+                reduced_grads=reduced.whole,
                 grad_norm=float(norm.item()),
+                clipped_grads=clipped.whole,
                 lr=lrs,
-                params=_params_digest(live.model),
-                optimizer_state=optimizer_state_digest(w.optimizer),
+                params=param_digests.whole,
+                optimizer_state=optim_digests.whole,
                 started_at=partial["started_at"],
                 finished_at=time.time(),
                 world_size=self.p.world_size,
                 handoff=handoff,
+                tensors=TensorDigests(
+                    local_grads=_local_digests(live.model, self.recorder.local),
+                    reduced_grads=reduced.tensors, clipped_grads=clipped.tensors,
+                    params=param_digests.tensors, optimizer_state=optim_digests.tensors),
             )
         )
         live.trace_partial = None
