@@ -207,17 +207,19 @@ PARAM_GROUPS: Final = "param_groups"
 def optimizer_digests(optimizer: torch.optim.Optimizer, names: Mapping[int, str]) -> Digests:
     """The optimizer's state per parameter (keyed by ``names[id(param)]``) and its param
     groups' hyperparameters but the learning rate (see :func:`optimizer_state_digest`)."""
-    sd = optimizer.state_dict()
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    state: dict[int, dict[str, Any]] = sd["state"]
+    # What state_dict() holds, read in place: building it costs more than the hashing.
     tensors: dict[str, str] = {}
-    for index in sorted(state):
-        h = xxhash.xxh3_128()
-        _feed_value(h, state[index])
-        name = names.get(id(params[index])) if index < len(params) else None
-        tensors[name or f"#{index}"] = h.hexdigest()
+    index = 0
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if state:
+                h = xxhash.xxh3_128()
+                _feed_value(h, state)
+                tensors[names.get(id(param)) or f"#{index}"] = h.hexdigest()
+            index += 1
     h = xxhash.xxh3_128()
-    for group in sd["param_groups"]:
+    for group in optimizer.param_groups:
         _feed_value(h, {k: v for k, v in group.items() if k not in _NOT_OPTIMIZER_STATE})
     tensors[PARAM_GROUPS] = h.hexdigest()
     return Digests(combined_digest(tensors), tensors)
