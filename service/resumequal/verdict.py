@@ -52,6 +52,14 @@ class TensorDifference(_Model):
         description="per module, in the same order: differing and total tensors")
 
 
+class Bucket(_Model):
+    """One DDP gradient bucket: its index, its parameters in order, its elements."""
+
+    index: int
+    params: list[str]
+    numel: int
+
+
 class Divergence(_Model):
     """Where two legs first differ, in execution order of boundaries."""
 
@@ -63,14 +71,25 @@ class Divergence(_Model):
     before_cut: bool = Field(description="true when the step ran before the kill in both legs")
     # None for boundaries without per-tensor digests, and for traces written before them.
     tensors: TensorDifference | None = None
+    step_tensors: dict[str, TensorDifference] = Field(
+        default_factory=dict, description="every per-tensor boundary of this step and rank, "
+        "equal or not: where the difference starts and how far it spreads")
+    buckets: dict[str, list[Bucket]] | None = Field(
+        default=None, description="DDP's bucket layout of each leg at this step and rank "
+        "(control, preempted), when the layouts differ")
 
     def tensor_words(self) -> str:
-        """'261 of 320 tensors differ (first in backward order: a.b.weight)', or ''."""
-        t = self.tensors
+        """'261 of 320 tensors differ (first in backward order: a.b.weight)'; for a boundary
+        without per-tensor digests, the first per-tensor one of the step that differs
+        ('reduced_grads: 5 of 6 tensors differ ...'); or ''."""
+        t, where = self.tensors, ""
         if t is None:
-            return ""
+            later = [(b, d) for b, d in self.step_tensors.items() if d.differ]
+            if not later:
+                return ""
+            where, t = f"{later[0][0]}: ", later[0][1]
         first = f" (first in {t.order} order: {t.first})" if t.first is not None else ""
-        return f"{t.differ} of {t.total} tensors differ{first}"
+        return f"{where}{t.differ} of {t.total} tensors differ{first}"
 
 
 class ValidityCheck(_Model):

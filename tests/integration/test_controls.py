@@ -123,6 +123,24 @@ def test_without_the_reducer_prime_three_ranks_fail_at_the_bucket_layout(tmp_pat
     row = next(r for r in verdict["boundary_table"] if r["step"] == 5)["status"]
     assert row["local_grads"] == "equal"
     assert row["reduced_grads"] == "differs"
+    # Every tensor boundary of that step and rank, by tensor: the local gradients all equal,
+    # a count of reduced gradients that differ, exactly what the per-tensor digests say.
+    rank = first["rank"]
+    control, resumed = (
+        next(r for r in _steps(run_dir / leg, rank) if r["step"] == 5
+             and r["attempt"] == (0 if leg == "control" else 1))["tensors"]
+        for leg in ("control", "preempted"))
+    expected = sum(control["reduced_grads"][n] != resumed["reduced_grads"][n]
+                   for n in control["reduced_grads"])
+    tensors = first["step_tensors"]
+    assert tensors["local_grads"]["differ"] == 0
+    assert tensors["reduced_grads"]["differ"] == expected > 0
+    assert tensors["reduced_grads"]["total"] == len(control["reduced_grads"])
+    # Both layouts: the mature reducer's buckets and the fresh one's.
+    layouts = first["buckets"]
+    assert len(layouts["control"]) > 1 and layouts["control"] != layouts["preempted"]
+    assert sorted(p for b in layouts["preempted"] for p in b["params"]) == sorted(
+        p for b in layouts["control"] for p in b["params"])
 
 
 @pytest.mark.timeout(600)

@@ -103,3 +103,30 @@ def test_boundaries_without_per_tensor_digests_name_no_tensors() -> None:
 def test_modules_are_names_without_their_last_part() -> None:
     assert module_of("layers.22.attn.in_proj_a.weight") == "layers.22.attn.in_proj_a"
     assert module_of("param_groups") == "(model)"
+
+
+def test_a_divergence_without_tensors_of_its_own_names_where_the_step_spreads() -> None:
+    from resumequal.compare.tensors import bucket_layouts, step_tensors
+    from resumequal.trace.records import BucketRecord
+    from resumequal.verdict import Divergence
+
+    grads = {f"l{i}.weight": f"{i:032x}" for i in range(4)}
+    a = _record(local_grads=grads, reduced_grads=grads, params=grads).model_copy(update={
+        "bucket_layout": "x1", "buckets": [BucketRecord(index=0, params=list(grads), numel=8)]})
+    b = _record(local_grads=grads, reduced_grads=dict(grads, **{"l2.weight": "f" * 32}),
+                params=grads).model_copy(update={
+        "bucket_layout": "x2", "buckets": [BucketRecord(index=i, params=[n], numel=2)
+                                           for i, n in enumerate(grads)]})
+    spread = step_tensors(a, b)
+    assert list(spread) == ["local_grads", "reduced_grads", "params"]
+    assert [(t.differ, t.total) for t in spread.values()] == [(0, 4), (1, 4), (0, 4)]
+    layouts = bucket_layouts(a, b)
+    assert layouts is not None and [len(layouts[k]) for k in ("control", "preempted")] == [1, 4]
+    assert bucket_layouts(a, a) is None
+    div = Divergence(step=3, boundary="bucket_layout", rank=0, control="1 bucket",
+                     preempted="4 buckets", before_cut=False, step_tensors=spread,
+                     buckets=layouts)
+    assert div.tensor_words() == \
+        "reduced_grads: 1 of 4 tensors differ (first in backward order: l2.weight)"
+    same = div.model_copy(update={"step_tensors": step_tensors(a, a)})
+    assert same.tensor_words() == ""

@@ -15,7 +15,7 @@ from resumequal.checkpoint.layout import Position
 from resumequal.compare.drift import checkpoint_drift, is_exact
 from resumequal.compare.files import LegTrace, final_checkpoint_root
 from resumequal.compare.resize import judge_resize, resize_checks
-from resumequal.compare.tensors import tensor_difference
+from resumequal.compare.tensors import bucket_layouts, step_tensors, tensor_difference
 from resumequal.compare.validity import (
     check_armed,
     check_final_checkpoints,
@@ -54,7 +54,8 @@ def _divergence(point: Point, control: Steps, preempted: Steps, before_cut: bool
     ca, pb = summarise(point.boundary, a, b)
     return Divergence(step=point.step, boundary=point.boundary, rank=point.rank,
                       control=ca, preempted=pb, before_cut=before_cut,
-                      tensors=tensor_difference(point.boundary, a, b))
+                      tensors=tensor_difference(point.boundary, a, b),
+                      step_tensors=step_tensors(a, b), buckets=bucket_layouts(a, b))
 
 
 def _precut_steps(preempted: LegTrace, resumed_step: int) -> dict[int, dict[int, StepRecord]]:
@@ -232,7 +233,7 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
 
     if early is not None:
         div = _divergence(early, ctrl, precut, before_cut=True)
-        which = f"; {div.tensor_words()}" if div.tensors is not None else ""
+        which = f"; {div.tensor_words()}" if div.tensor_words() else ""
         reason = (f"not run-to-run deterministic: legs already differ at step {early.step} "
                   f"({early.boundary}, rank {early.rank}{which}) before the kill")
         return verdict(Result.NONDETERMINISTIC, reason, div,
@@ -240,7 +241,7 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
     if result.first is not None:
         p = result.first
         div = _divergence(p, ctrl, pre, before_cut=pre[p.rank][p.step].attempt == 0)
-        which = f" ({div.tensor_words()})" if div.tensors is not None else ""
+        which = f" ({div.tensor_words()})" if div.tensor_words() else ""
         reason = (f"first divergence at step {p.step}, boundary {p.boundary}, rank {p.rank}"
                   f"{which}, {resume_label}{_compile_cause(control, preempted)}")
         return verdict(Result.FAIL, reason, div, result.exact_through)

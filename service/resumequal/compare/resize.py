@@ -37,7 +37,7 @@ from resumequal.compare.ledger import (
     loss_diff,
     within,
 )
-from resumequal.compare.tensors import tensor_difference
+from resumequal.compare.tensors import bucket_layouts, step_tensors, tensor_difference
 from resumequal.compare.walk import Rules, Walk, loss_deltas, summarise, walk
 from resumequal.spec import BOUNDARIES, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
@@ -517,8 +517,9 @@ def judge_resize(spec: QualificationSpec, control: LegTrace, preempted: LegTrace
         a, b = summarise(p.boundary, ra, rb)
         div = Divergence(step=p.step, boundary=p.boundary, rank=p.rank, control=a,
                          preempted=b, before_cut=True,
-                         tensors=tensor_difference(p.boundary, ra, rb))
-        which = f"; {div.tensor_words()}" if div.tensors is not None else ""
+                         tensors=tensor_difference(p.boundary, ra, rb),
+                         step_tensors=step_tensors(ra, rb), buckets=bucket_layouts(ra, rb))
+        which = f"; {div.tensor_words()}" if div.tensor_words() else ""
         return verdict(Result.NONDETERMINISTIC, (
             f"not run-to-run deterministic: legs already differ at step {p.step} "
             f"({p.boundary}, rank {p.rank}{which}) before the kill, at the full world"), div)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from resumequal.spec import Boundary
+from resumequal.spec import BOUNDARIES, Boundary
 from resumequal.trace.records import StepRecord, TensorDigests
-from resumequal.verdict import ModuleDifference, TensorDifference
+from resumequal.verdict import Bucket, ModuleDifference, TensorDifference
 
 _GRADIENTS: Final = frozenset({"local_grads", "reduced_grads", "clipped_grads"})
 PER_TENSOR: Final = frozenset({*_GRADIENTS, "params", "optimizer_state"})
@@ -58,3 +58,22 @@ def tensor_difference(boundary: Boundary, control: StepRecord,
         total=len(names), differ=len(differing), order="backward" if backward else "parameter",
         first=differing[0] if differing else None, differing=differing[:MAX_LISTED],
         modules=[ModuleDifference(module=m, differ=d, total=t) for m, (d, t) in modules.items()])
+
+
+def step_tensors(control: StepRecord, preempted: StepRecord) -> dict[str, TensorDifference]:
+    """Every per-tensor boundary of one step and rank, in execution order."""
+    out: dict[str, TensorDifference] = {}
+    for boundary in BOUNDARIES:
+        diff = tensor_difference(boundary, control, preempted)
+        if diff is not None:
+            out[boundary] = diff
+    return out
+
+
+def bucket_layouts(control: StepRecord,
+                   preempted: StepRecord) -> dict[str, list[Bucket]] | None:
+    """Both legs' DDP bucket layouts at one step and rank, when they differ."""
+    if control.bucket_layout == preempted.bucket_layout:
+        return None
+    return {leg: [Bucket(index=b.index, params=b.params, numel=b.numel) for b in r.buckets]
+            for leg, r in (("control", control), ("preempted", preempted))}

@@ -255,6 +255,38 @@ def _divergence_box(v: Verdict) -> str:
 
 
 def _tensor_difference(d: Divergence) -> str:
+    return _first_tensors(d) + _step_tensors(d) + _buckets(d)
+
+
+def _step_tensors(d: Divergence) -> str:
+    """Every per-tensor boundary of the divergent step: where it starts, how far it goes."""
+    if not d.step_tensors:
+        return ""
+    rows = "".join(
+        f"<tr><td><code>{escape(b)}</code></td>{_num_td(t.differ)}{_num_td(t.total)}"
+        f"<td><code>{escape(t.first or '')}</code></td></tr>"
+        for b, t in d.step_tensors.items())
+    return ("<details><summary>every tensor boundary of this step</summary><table><tr>"
+            "<th>boundary</th><th>differ</th><th>tensors</th><th>first</th></tr>"
+            f"{rows}</table></details>")
+
+
+def _buckets(d: Divergence) -> str:
+    """Both legs' DDP bucket layouts, when they differ."""
+    if d.buckets is None:
+        return ""
+    parts = []
+    for leg, buckets in d.buckets.items():
+        rows = "".join(f"<tr>{_num_td(b.index)}{_num_td(len(b.params))}{_num_td(b.numel)}"
+                       f"<td><code>{escape(', '.join(b.params[:3]))}"
+                       f"{' …' if len(b.params) > 3 else ''}</code></td></tr>" for b in buckets)
+        parts.append(f"<h4>{escape(leg)}: {count(len(buckets), 'bucket')}</h4><table><tr>"
+                     "<th>bucket</th><th>params</th><th>elements</th><th>first params</th>"
+                     f"</tr>{rows}</table>")
+    return f"<details><summary>DDP bucket layouts</summary>{''.join(parts)}</details>"
+
+
+def _first_tensors(d: Divergence) -> str:
     """Which tensors differ, per module, with the full list folded away."""
     t = d.tensors
     if t is None:

@@ -106,6 +106,12 @@ def _facts(report: Report) -> Table:
             busiest = sorted((m for m in t.modules if m.differ), key=lambda m: -m.differ)[:3]
             where = ", ".join(f"{m.module} {m.differ}/{m.total}" for m in busiest)
             fact("", f"{d.tensor_words()}; by module: {where or 'none'}")
+        if d.step_tensors:
+            fact("", "this step: " + ", ".join(
+                f"{b} {t.differ}/{t.total}" for b, t in d.step_tensors.items()))
+        if d.buckets is not None:
+            fact("", "DDP buckets: " + ", ".join(
+                f"{leg} {len(b)}" for leg, b in d.buckets.items()))
     if v.loss_deltas:
         worst = max(v.loss_deltas, key=lambda s: _sort_key(s.abs_diff))
         fact("max |Δ loss|", f"{worst.abs_diff:.6g} (step {worst.step})")
