@@ -79,17 +79,21 @@ class Divergence(_Model):
         "(control, preempted), when the layouts differ")
 
     def tensor_words(self) -> str:
-        """'261 of 320 tensors differ (first in backward order: a.b.weight)'; for a boundary
-        without per-tensor digests, the first per-tensor one of the step that differs
-        ('reduced_grads: 5 of 6 tensors differ ...'); or ''."""
-        t, where = self.tensors, ""
-        if t is None:
-            later = [(b, d) for b, d in self.step_tensors.items() if d.differ]
-            if not later:
-                return ""
-            where, t = f"{later[0][0]}: ", later[0][1]
-        first = f" (first in {t.order} order: {t.first})" if t.first is not None else ""
-        return f"{where}{t.differ} of {t.total} tensors differ{first}"
+        """'261 of 320 tensors differ (first in backward order: a.b.weight)', or ''."""
+        return "" if self.tensors is None else _tensor_words(self.tensors)
+
+    def spread_words(self) -> str:
+        """For a boundary without per-tensor digests, the step's first per-tensor boundary
+        that differs: 'reduced_grads: 5 of 6 tensors differ (...)', or ''."""
+        if self.tensors is not None:
+            return ""
+        later = [(b, d) for b, d in self.step_tensors.items() if d.differ]
+        return f"{later[0][0]}: {_tensor_words(later[0][1])}" if later else ""
+
+
+def _tensor_words(t: TensorDifference) -> str:
+    first = f" (first in {t.order} order: {t.first})" if t.first is not None else ""
+    return f"{t.differ} of {t.total} tensors differ{first}"
 
 
 class ValidityCheck(_Model):

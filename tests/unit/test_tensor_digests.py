@@ -126,7 +126,12 @@ def test_a_divergence_without_tensors_of_its_own_names_where_the_step_spreads() 
     div = Divergence(step=3, boundary="bucket_layout", rank=0, control="1 bucket",
                      preempted="4 buckets", before_cut=False, step_tensors=spread,
                      buckets=layouts)
-    assert div.tensor_words() == \
+    assert div.tensor_words() == ""
+    assert div.spread_words() == \
         "reduced_grads: 1 of 4 tensors differ (first in backward order: l2.weight)"
     same = div.model_copy(update={"step_tensors": step_tensors(a, a)})
-    assert same.tensor_words() == ""
+    assert same.spread_words() == ""
+    # A boundary with tensors of its own names them, not the spread.
+    own = div.model_copy(update={"boundary": "reduced_grads",
+                                 "tensors": spread["reduced_grads"]})
+    assert own.tensor_words().startswith("1 of 4") and own.spread_words() == ""

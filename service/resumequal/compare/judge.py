@@ -233,7 +233,8 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
 
     if early is not None:
         div = _divergence(early, ctrl, precut, before_cut=True)
-        which = f"; {div.tensor_words()}" if div.tensor_words() else ""
+        words = div.tensor_words() or div.spread_words()
+        which = f"; {words}" if words else ""
         reason = (f"not run-to-run deterministic: legs already differ at step {early.step} "
                   f"({early.boundary}, rank {early.rank}{which}) before the kill")
         return verdict(Result.NONDETERMINISTIC, reason, div,
@@ -242,8 +243,9 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
         p = result.first
         div = _divergence(p, ctrl, pre, before_cut=pre[p.rank][p.step].attempt == 0)
         which = f" ({div.tensor_words()})" if div.tensor_words() else ""
+        spread = f"; then {div.spread_words()}" if div.spread_words() else ""
         reason = (f"first divergence at step {p.step}, boundary {p.boundary}, rank {p.rank}"
-                  f"{which}, {resume_label}{_compile_cause(control, preempted)}")
+                  f"{which}, {resume_label}{spread}{_compile_cause(control, preempted)}")
         return verdict(Result.FAIL, reason, div, result.exact_through)
     fault = _drift_fault(drift, rules)
     if fault is not None:

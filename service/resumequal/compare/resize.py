@@ -519,7 +519,8 @@ def judge_resize(spec: QualificationSpec, control: LegTrace, preempted: LegTrace
                          preempted=b, before_cut=True,
                          tensors=tensor_difference(p.boundary, ra, rb),
                          step_tensors=step_tensors(ra, rb), buckets=bucket_layouts(ra, rb))
-        which = f"; {div.tensor_words()}" if div.tensor_words() else ""
+        words = div.tensor_words() or div.spread_words()
+        which = f"; {words}" if words else ""
         return verdict(Result.NONDETERMINISTIC, (
             f"not run-to-run deterministic: legs already differ at step {p.step} "
             f"({p.boundary}, rank {p.rank}{which}) before the kill, at the full world"), div)
