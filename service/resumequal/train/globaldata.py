@@ -19,20 +19,12 @@ from dataclasses import dataclass
 
 from resumequal.errors import TrainingError
 from resumequal.spec import QualificationSpec
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+from resumequal.workloads.stream import splitmix64
 
 
 def microbatch_seed(seed: int, step: int, index: int) -> int:
     """The seed of global microbatch ``index`` of ``step``: mixed, so neighbours differ."""
-    return _splitmix64(_splitmix64(_splitmix64(seed) ^ step) ^ index) & ((1 << 63) - 1)
+    return splitmix64(splitmix64(splitmix64(seed) ^ step) ^ index) & ((1 << 63) - 1)
 
 
 @dataclass(frozen=True)

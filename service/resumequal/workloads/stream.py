@@ -22,7 +22,8 @@ CURSOR_KEYS: tuple[str, ...] = ("epoch", "permutation_seed", "position")
 _MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(x: int) -> int:
+def splitmix64(x: int) -> int:
+    """SplitMix64's mixer: neighbouring inputs give unrelated 64-bit outputs."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
@@ -32,7 +33,7 @@ def _splitmix64(x: int) -> int:
 def sample_generator(seed: int, sample_id: int) -> torch.Generator:
     """A private CPU generator that depends only on ``(seed, sample_id)``."""
     # Mixing (not adding) keeps neighbouring (seed, id) pairs from sharing streams.
-    return torch.Generator().manual_seed(_splitmix64(_splitmix64(seed) ^ sample_id))
+    return torch.Generator().manual_seed(splitmix64(splitmix64(seed) ^ sample_id))
 
 
 def stack_samples(samples: Sequence[Sample]) -> tuple[torch.Tensor, ...]:
