@@ -158,6 +158,41 @@ def _verdicts() -> Section:
     return "Verdicts", [verdict, runs, first]
 
 
+def _forensics() -> Section:
+    tensors = _series(
+        "Differing tensors at the first divergence",
+        "How many tensors differ at the first divergent boundary (from the per-tensor "
+        "digests): a few named tensors point at one module, nearly all at a reduction or "
+        "the state.",
+        [_query(f"resumequal_first_divergence_differing_tensors{RUNS}", RUN_LEGEND)],
+        "none",
+        span=12,
+    )
+    origin = (
+        stat.Panel()
+        .title("Where the divergence starts (resumequal zoom)")
+        .description(
+            "Per run that resumequal zoom replayed: the origin module or stage of the first "
+            "divergence (module, reduction, clipping, optimizer, state). The run's "
+            "report.html has the per-module table."
+        )
+        .datasource(DATASOURCE)
+        .with_target(
+            _query(
+                f"max by (namespace, run, pin, origin_kind, origin) "
+                f"(resumequal_zoom_origin_info{RUNS})",
+                "{{pin}} · {{namespace}}/{{run}}: {{origin_kind}} {{origin}}",
+            )
+        )
+        .text_mode(common.BigValueTextMode.NAME)
+        .color_mode(common.BigValueColorMode.NONE)
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .height(8)
+        .span(12)
+    )
+    return "Forensics", [tensors, origin]
+
+
 def _drift() -> Section:
     return (
         "Drift after resuming",
@@ -306,7 +341,7 @@ def build() -> dict[str, object]:
         .variables(_variables())
     )
     panel_id = 0
-    for title, panels in (_verdicts(), _drift(), _timing(), _operator()):
+    for title, panels in (_verdicts(), _forensics(), _drift(), _timing(), _operator()):
         panel_id += 1
         board = board.with_row(dash.Row(title).collapsed(False).id(panel_id))
         for panel in panels:

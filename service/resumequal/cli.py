@@ -272,6 +272,63 @@ def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name:
     sys.exit(exit_code(verdict.result))
 
 
+@main.command()
+@click.argument("uri", metavar="RUN", callback=_uri)
+@click.option("--step", type=click.IntRange(min=1), default=None,
+              help="The step to replay (default: the verdict's first divergence).")
+@click.option("--leg", "leg_name", default="preempted", show_default=True, callback=_leg_name,
+              help="The preempted leg to replay beside the control leg.")
+@click.option("--no-write", is_flag=True,
+              help="Print the result only; write neither zoom.json nor the report.")
+@click.option("--namespace", default=None,
+              help="Metrics label for the rewritten metrics.prom (default: from RUN).")
+@click.option("--json", "as_json", is_flag=True, help="Print zoom.json instead of a summary.")
+def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: str | None,
+         as_json: bool) -> None:
+    """Replay a divergent step of both legs in fresh processes, every module hooked, and say
+    which module (or stage) the difference starts in. Needs the run's checkpoint key."""
+    from resumequal.local.zoom import zoom_location
+
+    try:
+        zoomed = zoom_location(uri, step=step, leg=leg_name, write=not no_write,
+                               namespace=namespace)
+    except (SpecError, ResumequalError) as e:
+        click.echo(f"error: {printable(str(e))}", err=True)
+        sys.exit(EXIT_ERROR)
+    if as_json:
+        click.echo(zoomed.zoom.model_dump_json(indent=2))
+    else:
+        from resumequal.report.terminal import zoom_lines
+
+        for line in zoom_lines(zoomed.zoom):
+            click.echo(printable(line))
+        for file_name, where in zoomed.files.items():
+            click.echo(printable(f"{file_name}: {where}"))
+
+
+@main.command(hidden=True)
+@click.option("--leg", required=True, metavar="NAME", callback=_leg_name)
+@click.option("--run-dir", "run", required=True, metavar="URI", callback=_uri)
+@click.option("--step", type=click.IntRange(min=1), required=True)
+@click.option("--from-checkpoint", "start", default=None, metavar="NAME",
+              help="The checkpoint the replayed attempt restored (default: none).")
+@click.option("--attempt", type=click.IntRange(min=0), required=True)
+@click.option("--capture-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def replay(leg: str, run: str, step: int, start: str | None, attempt: int,
+           capture_dir: Path) -> None:
+    """One rank of a zoom replay; run by ``resumequal zoom`` under torchrun."""
+    from resumequal.train.replay import replay_leg
+
+    try:
+        spec, omissions = _leg_spec(None, leg, run, ())
+        code = replay_leg(spec, leg, run, omissions, step=step, start=start, attempt=attempt,
+                          out=capture_dir)
+    except (SpecError, ResumequalError) as e:
+        click.echo(f"error: {printable(str(e))}", err=True)
+        _exit_now(EXIT_ERROR)
+    sys.exit(code)
+
+
 def _default_pin() -> str:
     from importlib.metadata import version
 

@@ -26,6 +26,13 @@ scenario whose ``scenario`` label is that scenario's name (``boundary-hard``,
 - ``resumequal_first_divergent_step``: the earliest first divergent step over its seeds,
   -1 when none diverged.
 
+Forensics: ``resumequal_first_divergence_differing_tensors`` counts the tensors that differ
+at the first divergent boundary (absent without a divergence or per-tensor digests), and
+``resumequal_zoom_origin_info`` (always 1) carries, once ``resumequal zoom`` has replayed
+the step, ``origin_kind`` (module, reduction, clipping, optimizer, state, none) and
+``origin``: the first origin module or stage, cut to 120 characters. One series per run:
+recording the run again replaces it, so the cardinality is that of the runs.
+
 Drift, loss, restart, control and completion figures describe the main comparison only and
 have no matrix-scenario series. ``min(resumequal_qualification_passed) by (run)`` is thus
 1 only when the main comparison and every matrix scenario passed. The matrix adds at most
@@ -57,6 +64,9 @@ from resumequal.errors import MetricsError
 from resumequal.verdict import Matrix, Report, Result
 
 RUN_LABELS: tuple[str, ...] = ("namespace", "run", "pin", "scenario")
+ORIGIN_LABELS: tuple[str, ...] = ("origin_kind", "origin")
+# A module path can be long; the label keeps its start (the dashboard links the report).
+ORIGIN_CHARS = 120
 # Phases last from about a second (validation, compare on tiny models) to the arm/leg
 # timeouts of large stacks (hours).
 PHASE_BUCKETS: tuple[float, ...] = (
@@ -111,6 +121,16 @@ class QualificationMetrics:
             "resumequal_negative_controls_total",
             "Negative controls that had to be detected (not applicable ones excluded).",
         )
+        self.differing_tensors = gauge(
+            "resumequal_first_divergence_differing_tensors",
+            "Tensors that differ at the first divergent boundary (per-tensor digests).",
+        )
+        self.zoom_origin = Gauge(
+            "resumequal_zoom_origin_info",
+            "Where resumequal zoom found the first divergence to start (always 1).",
+            (*RUN_LABELS, *ORIGIN_LABELS),
+            registry=registry,
+        )
         self.last_completion = gauge(
             "resumequal_last_completion_timestamp_seconds",
             "Unix time at which the qualification completed.",
@@ -147,6 +167,7 @@ class QualificationMetrics:
             self.restart_seconds,
             self.negative_controls_detected,
             self.negative_controls_total,
+            self.differing_tensors,
             self.last_completion,
         )
 
@@ -190,6 +211,13 @@ class QualificationMetrics:
         put(self.restart_seconds, report.restart_seconds)
         put(self.negative_controls_detected, float(v.controls_detected))
         put(self.negative_controls_total, float(v.controls_total))
+        tensors = None if v.first_divergence is None else v.first_divergence.tensors
+        put(self.differing_tensors, None if tensors is None else float(tensors.differ))
+        self.zoom_origin.remove_by_labels(labels)
+        if report.zoom is not None:
+            z = report.zoom
+            origin = (z.origins[0] if z.origins else z.origin_kind)[:ORIGIN_CHARS]
+            self.zoom_origin.labels(**labels, origin_kind=z.origin_kind, origin=origin).set(1)
         put(self.last_completion, report.phases[-1].at if report.phases else time.time())
         self._record_matrix(report.matrix, labels)
 
@@ -228,7 +256,7 @@ class QualificationMetrics:
             labels["pin"] = pin
         if scenario is not None:
             labels["scenario"] = scenario
-        for g in self._per_run:
+        for g in (*self._per_run, self.zoom_origin):
             g.remove_by_labels(labels)
         for key in [k for k in self._matrix_scenarios if k[:2] == (namespace, run)]:
             if pin is not None and key[2] != pin:

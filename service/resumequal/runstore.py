@@ -83,6 +83,8 @@ VERDICT_JSON = "verdict.json"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 METRICS_PROM = "metrics.prom"
+# Written by ``resumequal zoom`` beside the results: the replay of a divergent step.
+ZOOM_JSON = "zoom.json"
 RESULT_FILES = (VERDICT_JSON, REPORT_JSON, REPORT_HTML, METRICS_PROM)
 # How much a reader takes of an object before it refuses it (a planted 150 MiB marker must
 # not cost the operator its memory): markers, beacons, kill orders and spec files hold a

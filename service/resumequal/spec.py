@@ -612,6 +612,12 @@ class QualificationSpec(_Section):
     comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
     controls: ControlsSpec = Field(default_factory=ControlsSpec)
     matrix: MatrixSpec = Field(default_factory=MatrixSpec)
+    zoom: Literal["never", "onFail"] = Field(
+        default="never",
+        description="onFail: when the verdict is FAIL, replay the first divergent step of "
+        "both legs with every module hooked (resumequal zoom) and add zoom.json and a zoom "
+        "section to the report",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> QualificationSpec:

@@ -324,6 +324,92 @@ class LegSummary(_Model):
                                            description="per attempt, where the model compiled")
 
 
+ZoomKind = Literal["origin", "propagation", "encloses_origin", "state"]
+ZoomOriginKind = Literal["module", "reduction", "clipping", "optimizer", "state", "none"]
+
+
+class ZoomTensor(_Model):
+    """One captured tensor that differs between the two replays."""
+
+    name: str = Field(description="module input/output position, gradient or state name")
+    rank: int
+    numel: int
+    differ: int = Field(description="elements whose bits differ")
+    max_abs_diff: float | None = Field(description="None when shapes or dtypes differ")
+
+
+class ZoomModule(_Model):
+    """A module whose captured tensors differ, and why (``zoom.json``)."""
+
+    module: str = Field(description="module path; (model) is the whole model")
+    kind: ZoomKind = Field(description="origin: its inputs and parameters equal, its outputs "
+                           "not; propagation: its inputs already differed; encloses_origin: "
+                           "a module inside it is the origin; state: its own parameters or "
+                           "buffers differed before the step")
+    phase: Literal["forward", "backward"] = Field(
+        description="where it first differs: its forward outputs, or (forward equal) the "
+                    "gradients it passes back")
+    first_call: int = Field(description="position of its first differing call in the step")
+    ranks: list[int] = Field(description="ranks where it differs")
+    inputs_differ: bool
+    outputs_differ: bool
+    grads_in_differ: bool = Field(description="gradients reaching its outputs differ")
+    grads_out_differ: bool = Field(description="gradients it sends to its inputs differ")
+    params_differ: bool = Field(description="its own parameters/buffers before the step")
+    max_abs_diff: float | None = Field(description="largest difference of its outputs (or, "
+                                       "backward, of the gradients it sends)")
+    tensors: list[ZoomTensor] = Field(default_factory=list,
+                                      description="its first differing tensors (at most 8)")
+
+
+class ZoomStage(_Model):
+    """One stage of the step around the modules: gradients before and after the reduction
+    and clipping, parameters and optimizer state before and after the update."""
+
+    name: str
+    total: int = Field(description="tensors captured, over ranks")
+    differ: int
+    max_abs_diff: float | None
+    tensors: list[ZoomTensor] = Field(default_factory=list,
+                                      description="differing tensors (at most 32)")
+
+
+class ZoomReplay(_Model):
+    """How one leg was replayed, and whether the replay reproduced what the leg recorded."""
+
+    leg: str
+    attempt: int = Field(description="the leg's attempt whose run of the step was replayed")
+    start: str | None = Field(description="the checkpoint that attempt restored (None: it "
+                              "started from the beginning)")
+    world_size: int
+    reproduced: bool = Field(description="the replay's digests of the step equal the leg's")
+    detail: str
+
+
+class Zoom(_Model):
+    """``zoom.json``: a divergent step replayed in both legs with every tensor captured."""
+
+    schema_version: str = SCHEMA_VERSION
+    step: int
+    boundary: str | None = Field(description="the verdict's first differing boundary, if any")
+    replays: list[ZoomReplay]
+    origin_kind: ZoomOriginKind = Field(
+        description="where the difference starts: in a module, in the gradient reduction, "
+                    "in clipping/unscaling, in the optimizer update, in the state the step "
+                    "began with, or nowhere the replays show")
+    origins: list[str] = Field(description="origin modules (or the stage), in execution order")
+    summary: str = Field(description="one sentence a person can act on")
+    modules_total: int
+    modules: list[ZoomModule] = Field(description="every module that differs, in execution "
+                                      "order")
+    stages: list[ZoomStage]
+    buckets: dict[str, list[Bucket]] | None = Field(
+        default=None, description="the replays' DDP bucket layouts by leg, when they differ")
+    inventory_differences: dict[str, Any] = Field(
+        default_factory=dict, description="runtime inventory items that differ between the "
+        "attempts that ran the step: name -> {control, preempted}")
+
+
 class Report(_Model):
     """Everything ``report.json`` holds: the verdict plus what it is about."""
 
@@ -341,3 +427,5 @@ class Report(_Model):
     inventory: dict[str, Any] = Field(default_factory=dict)
     inventory_differences: dict[str, Any] = Field(default_factory=dict)
     matrix: Matrix | None = None
+    zoom: Zoom | None = Field(default=None, description="resumequal zoom's replay of the "
+                              "first divergent step, once it has run")

@@ -19,7 +19,7 @@ from resumequal_operator import opmetrics
 from tests.chart.monitoring import metric_names
 from tests.chart.prometheus import metrics_endpoint, running_prometheus
 from tests.tools import require
-from tests.unit.report_samples import make_report
+from tests.unit.report_samples import make_report, with_forensics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "charts/resumequal/files/dashboard.json"
@@ -145,7 +145,7 @@ def test_every_query_runs_in_prometheus(board: dict[str, Any], tmp_path: Path) -
     require("prometheus")
     registry = CollectorRegistry()
     operator = opmetrics.OperatorMetrics(registry)
-    report = make_report(Result.FAIL)
+    report = with_forensics(make_report(Result.FAIL))
     with (
         metrics_endpoint(registry) as target,
         running_prometheus(tmp_path, target, [ALERTS]) as prometheus,
@@ -162,7 +162,7 @@ def test_every_query_runs_in_prometheus(board: dict[str, Any], tmp_path: Path) -
     (series,) = results[verdict["targets"][0]["expr"]]
     assert series["metric"] == {"namespace": "ml", "pin": report.pin}
     assert series["value"][1] == "1"  # FAIL
-    (runs,) = [p for p in _panels(board) if p["type"] == "stat"]
+    (runs,) = [p for p in _panels(board) if p["title"].startswith("Runs by result")]
     by_result = {
         s["metric"]["result"]: float(s["value"][1]) for s in results[runs["targets"][0]["expr"]]
     }

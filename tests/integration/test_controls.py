@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from resumequal.runstore import RunLocation
+from resumequal.signing import KEY_ENV, new_key
 from tests.exposition import value
 from tests.integration.test_run import _processes_mentioning, _resumequal
 
@@ -113,7 +114,8 @@ def _ddp_spec(prime: bool) -> list[str]:
 @pytest.mark.timeout(600)
 def test_without_the_reducer_prime_three_ranks_fail_at_the_bucket_layout(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=False), timeout=540)
+    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=False),
+                       "--set", "zoom=onFail", timeout=540, env={KEY_ENV: new_key()})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     verdict = _report(run_dir)["verdict"]
     first = verdict["first_divergence"]
@@ -141,6 +143,18 @@ def test_without_the_reducer_prime_three_ranks_fail_at_the_bucket_layout(tmp_pat
     assert len(layouts["control"]) > 1 and layouts["control"] != layouts["preempted"]
     assert sorted(p for b in layouts["preempted"] for p in b["params"]) == sorted(
         p for b in layouts["control"] for p in b["params"])
+    # Replayed with every module hooked: the modules and the rank-local gradients are
+    # equal on every rank, and the difference starts in the reduction.
+    zoom = _report(run_dir)["zoom"]
+    assert all(r["reproduced"] for r in zoom["replays"]), zoom["replays"]
+    assert zoom["modules"] == [] and zoom["origin_kind"] == "reduction"
+    stages = {s["name"]: s for s in zoom["stages"]}
+    assert stages["local_grads"]["differ"] == 0 and stages["reduced_grads"]["differ"] > 0
+    on_rank = [t for t in stages["reduced_grads"]["tensors"] if t["rank"] == rank]
+    assert len(on_rank) == expected
+    assert zoom["buckets"] is not None
+    assert len(zoom["buckets"]["control"]) == len(layouts["control"])
+    assert len(zoom["buckets"]["preempted"]) == len(layouts["preempted"])
 
 
 @pytest.mark.timeout(600)

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 FAST = ["--set", "workload.name=dropout-mlp", "--set", "controls.enabled=false"]
 
 
-def _resumequal(*args: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
-    return legs.resumequal(*args, timeout=timeout)
+def _resumequal(*args: str, timeout: float = 280,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return legs.resumequal(*args, timeout=timeout, env=env)
 
 
 def _processes_mentioning(text: str) -> list[int]:

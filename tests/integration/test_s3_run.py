@@ -17,6 +17,7 @@ import pytest
 
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.runstore import RunLocation
+from resumequal.signing import KEY_ENV, new_key
 from resumequal.verdict import Result
 from tests.exposition import value
 from tests.integration import legs
@@ -39,7 +40,8 @@ def test_default_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     moto_server: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bucket = moto_server.new_bucket()
-    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint}
+    # The run's checkpoint key, kept for the zoom at the end.
+    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint, KEY_ENV: new_key()}
     run_dir = tmp_path / "q1"
     # The default spec: tiny-gpt, 2 ranks, a hard kill mid-accumulation, six controls.
     proc = _resumequal("run", "--run-dir", str(run_dir), "--store", f"s3://{bucket}/rq",
@@ -104,6 +106,18 @@ def test_default_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     assert "<svg" in html and "PASS" in html
     assert json.loads(s3.get_object(Bucket=bucket, Key=f"{base}/verdict.json")["Body"]
                       .read())["result"] == "PASS"
+
+    # resumequal zoom from the bucket alone: the resumed step replays as both legs ran it,
+    # from the checkpoint in the bucket, and nothing differs.
+    zoomed = _resumequal("zoom", uri, "--step", "6", env=env, timeout=400)
+    assert zoomed.returncode == 0, zoomed.stdout[-3000:] + zoomed.stderr[-3000:]
+    zoom = json.loads(s3.get_object(Bucket=bucket, Key=f"{base}/zoom.json")["Body"].read())
+    assert [(r["leg"], r["start"], r["reproduced"]) for r in zoom["replays"]] == [
+        ("control", None, True), ("preempted", "step-00000004", True)]
+    assert zoom["origin_kind"] == "none" and zoom["modules"] == []
+    assert zoom["modules_total"] > 10
+    report = json.loads(s3.get_object(Bucket=bucket, Key=f"{base}/report.json")["Body"].read())
+    assert report["zoom"]["step"] == 6
 
 
 def _leg_on_s3(server: MotoServer, bucket: str, tmp_path: Path, leg: str,

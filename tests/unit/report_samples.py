@@ -8,6 +8,7 @@ import math
 from resumequal.spec import BOUNDARIES, SCENARIOS
 from resumequal.verdict import (
     BoundaryRow,
+    Bucket,
     ControlOutcome,
     Cut,
     Divergence,
@@ -24,9 +25,15 @@ from resumequal.verdict import (
     ResizeStepRow,
     Result,
     StepDelta,
+    TensorDifference,
     TensorDrift,
     ValidityCheck,
     Verdict,
+    Zoom,
+    ZoomModule,
+    ZoomReplay,
+    ZoomStage,
+    ZoomTensor,
 )
 
 STEPS = 12
@@ -385,3 +392,51 @@ def make_resize_report(*, ledger_step: int | None = None, steps: int = STEPS) ->
         "result": result, "resize": outcome, "resumed_from": f"step-{RESIZED_FROM:08d}",
         "reason": "resize: 2→1→2 ranks; exact through step 4 before the resize; ..."})
     return base.model_copy(update={"verdict": verdict})
+
+
+# -- forensics -----------------------------------------------------------------------------
+
+
+def make_zoom(step: int = KILL_STEP) -> Zoom:
+    """A zoom whose origin is one module; the others propagate or enclose it."""
+
+    def module(path: str, kind: str, *, inputs: bool, phase: str = "forward") -> ZoomModule:
+        return ZoomModule.model_validate({
+            "module": path, "kind": kind, "phase": phase, "first_call": 3, "ranks": [0, 1],
+            "inputs_differ": inputs, "outputs_differ": phase == "forward",
+            "grads_in_differ": phase == "backward", "grads_out_differ": True,
+            "params_differ": False, "max_abs_diff": 5.96e-08,
+            "tensors": [ZoomTensor(name="output[0]", rank=0, numel=512, differ=37,
+                                   max_abs_diff=5.96e-08)]})
+
+    return Zoom(
+        step=step, boundary="local_grads",
+        replays=[ZoomReplay(leg="control", attempt=0, start=None, world_size=2,
+                            reproduced=True, detail="equal at every boundary"),
+                 ZoomReplay(leg="preempted", attempt=1, start=f"step-{RESUME_STEP:08d}",
+                            world_size=2, reproduced=True, detail="equal at every boundary")],
+        origin_kind="module", origins=["blocks.1.<mix>"],
+        summary="step 7 first differs in 1 module (blocks.1.<mix>)", modules_total=9,
+        modules=[module("blocks.1.<mix>", "origin", inputs=False),
+                 module("blocks.1.act", "propagation", inputs=True),
+                 module("(model)", "encloses_origin", inputs=False),
+                 module("blocks.0", "propagation", inputs=False, phase="backward")],
+        stages=[ZoomStage(name="local_grads", total=12, differ=11, max_abs_diff=1e-9,
+                          tensors=[ZoomTensor(name="blocks.0.weight", rank=1, numel=64,
+                                              differ=3, max_abs_diff=1e-9)])],
+        buckets={"control": [Bucket(index=0, params=["a", "b"], numel=10)],
+                 "preempted": [Bucket(index=0, params=["a"], numel=5),
+                               Bucket(index=1, params=["b"], numel=5)]},
+        inventory_differences={"num_threads": {"control": 1, "preempted": 2}},
+    )
+
+
+def with_forensics(report: Report) -> Report:
+    """``report`` (a FAIL) with per-tensor counts at its first divergence and a zoom."""
+    first = report.verdict.first_divergence
+    assert first is not None
+    tensors = TensorDifference(total=12, differ=11, order="backward", first="blocks.1.w",
+                               differing=["blocks.1.w"], modules=[])
+    verdict = report.verdict.model_copy(update={
+        "first_divergence": first.model_copy(update={"tensors": tensors})})
+    return report.model_copy(update={"verdict": verdict, "zoom": make_zoom(first.step)})

@@ -13,7 +13,7 @@ from types import FrameType
 
 from rich.console import Console
 
-from resumequal.errors import TrainingError
+from resumequal.errors import ResumequalError, TrainingError
 from resumequal.local.backend import LocalBackend
 from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
@@ -95,7 +95,10 @@ def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Consol
 
 
 def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) -> Outcome:
-    """:func:`run_qualification`, also saying where the result files were published."""
+    """:func:`run_qualification`, also saying where the result files were published.
+
+    With ``spec.zoom: onFail``, a FAIL's first divergence is replayed before the results
+    are published, so report.json, report.html and the metrics carry the zoom."""
     check_runs_here(spec)
     if opts.store is not None:
         spec = apply_overrides(spec, [f"checkpoint.store={opts.store}"])
@@ -117,9 +120,29 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
     verdict = status.verdict or failed_verdict(spec, status)
     report = build_report(spec, verdict, Timeline.of(status), run=opts.run_dir.name,
                           pin=opts.pin, location=location, status=status, matrix=matrix)
+    if spec.zoom == "onFail" and verdict.result is Result.FAIL:
+        report = _with_zoom(report, location, spec, console)
     published = publish(report, location, opts.run_dir, namespace=opts.namespace,
                         metrics_file=opts.metrics_file, pushgateway=opts.pushgateway)
     return Outcome(report, location, published)
+
+
+def _with_zoom(report: Report, location: RunLocation, spec: QualificationSpec,
+               console: Console) -> Report:
+    """``report`` with a zoom into its first divergence (``spec.zoom: onFail``); a zoom that
+    cannot run is said, and the verdict stands without it."""
+    from resumequal.local.zoom import write_zoom, zoom_of
+
+    console.print("zooming into the first divergence (spec.zoom: onFail)", markup=False,
+                  highlight=False)
+    try:
+        zoom = zoom_of(location, spec, report.verdict)
+        write_zoom(location, zoom)
+    except ResumequalError as e:
+        log.warning("zoom failed: %s", e)
+        console.print(printable(f"zoom: error: {e}"), markup=False, highlight=False)
+        return report
+    return report.model_copy(update={"zoom": zoom})
 
 
 def _run_plan(

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from resumequal.report import svg
 from resumequal.report.resize import resize_markers, resize_section
+from resumequal.report.zoom import zoom_section
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import (
     BoundaryRow,
@@ -146,6 +147,12 @@ def render_html(report: Report) -> str:
         *(
             [_section("Resize", [resize_section(v.resize)], anchor="resize")]
             if v.resize is not None
+            else []
+        ),
+        *(
+            [_section(f"Zoom: step {report.zoom.step} replayed", [zoom_section(report.zoom)],
+                      anchor="zoom")]
+            if report.zoom is not None
             else []
         ),
         _section("Boundary table", [_boundary_table(v, resume_step)], anchor="boundaries"),

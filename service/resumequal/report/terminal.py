@@ -21,6 +21,7 @@ from rich.text import Text
 
 from resumequal.redact import printable, printable_tree
 from resumequal.report.resize import resize_lines
+from resumequal.report.zoom import zoom_lines as zoom_lines
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
@@ -112,6 +113,8 @@ def _facts(report: Report) -> Table:
         if d.buckets is not None:
             fact("", "DDP buckets: " + ", ".join(
                 f"{leg} {len(b)}" for leg, b in d.buckets.items()))
+    if report.zoom is not None:
+        fact("zoom", Text(report.zoom.summary, style="bold"))
     if v.loss_deltas:
         worst = max(v.loss_deltas, key=lambda s: _sort_key(s.abs_diff))
         fact("max |Δ loss|", f"{worst.abs_diff:.6g} (step {worst.step})")

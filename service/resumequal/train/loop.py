@@ -63,6 +63,7 @@ from resumequal.trace.records import (
     TraceSink,
     TraceWriter,
 )
+from resumequal.train.capture import StepCapture, named_optimizer_tensors
 from resumequal.train.compiling import (
     CompileWatch,
     compile_blocks,
@@ -103,10 +104,14 @@ class _GradRecorder:
     names: dict[int, str]
     local: dict[str, str] = field(default_factory=dict)
     buckets: list[BucketRecord] = field(default_factory=list)
+    # Under a capture (resumequal zoom), the local gradients themselves, not just digests.
+    keep: bool = False
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.local = {}
         self.buckets = []
+        self.tensors = {}
 
     def hook(
         self, group: dist.ProcessGroup | None, bucket: dist.GradBucket
@@ -114,6 +119,8 @@ class _GradRecorder:
         params = [self.names[id(p)] for p in bucket.parameters()]
         for name, grad in zip(params, bucket.gradients(), strict=True):
             self.local[name] = named_tensors_digest([(name, grad)])
+            if self.keep:
+                self.tensors[name] = grad.detach().to("cpu", copy=True)
         self.buckets.append(
             BucketRecord(index=bucket.index(), params=params, numel=bucket.buffer().numel())
         )
@@ -147,6 +154,15 @@ def _param_digests(model: nn.Module) -> Digests:
     m = _unwrapped(model)
     return tensor_digests(
         [(n, p.detach()) for n, p in m.named_parameters()] + list(m.named_buffers()))
+
+
+def _named_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    m = _unwrapped(model)
+    return [(n, p.detach()) for n, p in m.named_parameters()] + list(m.named_buffers())
+
+
+def _named_grads(model: nn.Module) -> list[tuple[str, torch.Tensor | None]]:
+    return [(n, p.grad) for n, p in _unwrapped(model).named_parameters()]
 
 
 def _grad_digests(model: nn.Module) -> Digests:
@@ -198,6 +214,8 @@ class Trainer:
         self.scratch = scratch
         self.compiled: CompileRecord | None = None
         self.compile_watch: CompileWatch | None = None
+        # Set by a replay (resumequal zoom): the step whose tensors are captured whole.
+        self.capture: StepCapture | None = None
         try:
             self.precision = Precision.of(spec.training, placement.device,
                                           spec.parallelism.kind)
@@ -307,6 +325,10 @@ class Trainer:
                 log.warning("attempt %d found no committed checkpoint; starting over",
                             self.p.attempt)
             return
+        self._restore(live, name)
+
+    def _restore(self, live: LiveState, name: str) -> None:
+        """Load checkpoint ``name`` into ``live`` and record what was restored."""
 
         def template(ranks: RankState) -> dict[str, Any]:
             tensors = tensor_state(live, with_pending_grads=False)
@@ -387,7 +409,34 @@ class Trainer:
             live.trace_partial = StepPartial(rng=rng_digests(), started_at=time.time(),
                                              microsteps=[])
         self.recorder.reset()
+        cap = self.capture if self.capture is not None and self.capture.step == step else None
+        if cap is not None:
+            optimizer_names = {id(p): n for n, p in _unwrapped(live.model).named_parameters()}
+            cap.stage("params_before", _named_state(live.model))
+            cap.stage("optimizer_state_before",
+                      named_optimizer_tensors(w.optimizer, optimizer_names).items())
+            if isinstance(self.recorder, _GradRecorder):
+                self.recorder.keep = True
+        with nullcontext() if cap is None else cap.hooks(_unwrapped(live.model)):
+            self._microsteps(live, step, accum, cap)
+
+        params = [p for p in live.model.parameters() if p.grad is not None]
+        reduced = _grad_digests(live.model)
+        if cap is not None:
+            if isinstance(self.recorder, _GradRecorder):
+                cap.stage("local_grads", self.recorder.tensors.items())
+            cap.stage("reduced_grads", _named_grads(live.model))
+        self._finish_step(live, step, params, reduced, cap)
+
+    def _microsteps(self, live: LiveState, step: int, accum: int,
+                    cap: StepCapture | None) -> None:
+        w = live.workload
+        gd = self.global_data
+        partial = live.trace_partial
+        assert partial is not None
         for m in range(live.counters.microstep, accum):
+            if cap is not None:
+                cap.microstep = m
             self._settle_background_save(step)
             self.arming.maybe_hold(step, m, "microbatch")
             if self.stop.agreed(self.p.device):
@@ -411,15 +460,19 @@ class Trainer:
                 if live.scaler is not None:
                     scaled = live.scaler.scale(scaled)
                 scaled.backward()
-            live.trace_partial["microsteps"].append(
+            partial["microsteps"].append(
                 MicrostepPartial(index=m, global_index=global_index, sample_ids=list(mb.sample_ids),
                                  loss=loss.item())
             )
             live.counters.microstep = m + 1
             live.counters.global_microstep += 1
 
-        params = [p for p in live.model.parameters() if p.grad is not None]
-        reduced = _grad_digests(live.model)
+    def _finish_step(self, live: LiveState, step: int, params: list[nn.Parameter],
+                     reduced: Digests, cap: StepCapture | None) -> None:
+        """Unscale, clip, step the optimizer and the scheduler, and trace the step."""
+        w = live.workload
+        t = self.spec.training
+        gd = self.global_data
         # The scaler's state this step ran with (update() below moves it for the next).
         loss_scale = None
         if live.scaler is not None:
@@ -436,6 +489,8 @@ class Trainer:
         # What the optimizer takes: unscaled (fp16) and clipped.
         clipped = reduced if t.grad_clip_norm is None and live.scaler is None \
             else _grad_digests(live.model)
+        if cap is not None:
+            cap.stage("clipped_grads", _named_grads(live.model))
         lrs = [float(g["lr"]) for g in w.optimizer.param_groups]
         if live.scaler is not None:
             # Skips the optimizer step when the unscaled gradients hold inf or NaN.
@@ -445,13 +500,21 @@ class Trainer:
             w.optimizer.step()
         if w.scheduler is not None:
             w.scheduler.step()
+        if cap is not None:
+            cap.stage("params", _named_state(live.model))
+            cap.stage("optimizer_state", named_optimizer_tensors(
+                w.optimizer, {id(p): n for n, p in _unwrapped(live.model).named_parameters()}
+            ).items())
         w.optimizer.zero_grad(set_to_none=True)
         live.counters.step = step
         live.counters.microstep = 0
 
         # FSDP2 has no buckets: its reduce-scatter groups are fixed when the model is wrapped.
         layout = self.recorder.layout() if isinstance(self.recorder, _GradRecorder) else None
+        if cap is not None and layout is not None:
+            cap.buckets = [b.model_dump() for b in layout]
         partial = live.trace_partial
+        assert partial is not None
         handoff = None
         if gd is not None and self.spec.checkpoint.saves_after(step, t.steps):
             handoff = handoff_digest(live)

@@ -1,0 +1,322 @@
+"""Comparing two replays of one step, tensor by tensor and module by module.
+
+Each leg's replay left one capture per rank (:mod:`resumequal.trace.capture`). Module
+calls are matched by (module, phase, microstep, call); stages by tensor name. A module
+that differs is classified by what it received:
+
+- ``state``: its own parameters or buffers already differed when the step began;
+- ``origin``: its inputs (and parameters) were equal and its outputs were not — or, with
+  its whole forward equal, the gradients reaching it were equal and those it passed back
+  (or its parameters' gradients) were not;
+- ``encloses_origin``: it would be an origin, but a module inside it is one: the
+  difference arose in the child, not in the parent's own code;
+- ``propagation``: its inputs (or the gradients reaching it) already differed.
+
+When no module is an origin, the first stage that differs while the one before it did
+not names where the difference starts: the reduction (local gradients equal, reduced
+gradients not), clipping and unscaling, or the optimizer update.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resumequal.errors import ReportError
+from resumequal.trace.capture import CAPTURE_FORMAT, ROOT, STAGES
+from resumequal.verdict import (
+    Bucket,
+    ZoomKind,
+    ZoomModule,
+    ZoomOriginKind,
+    ZoomStage,
+    ZoomTensor,
+)
+
+MODULE_TENSORS = 8
+STAGE_TENSORS = 32
+Capture = dict[str, Any]
+
+
+def load_capture(path: Path) -> Capture:
+    """One rank's capture, written by a replay this process started; ReportError if not."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError) as e:
+        raise ReportError(f"{path}: unreadable capture: {e}") from e
+    if not isinstance(data, dict) or data.get("format") != CAPTURE_FORMAT:
+        raise ReportError(f"{path}: not a capture of format {CAPTURE_FORMAT}")
+    return data
+
+
+def tensor_diff(name: str, rank: int, a: torch.Tensor | None,
+                b: torch.Tensor | None) -> ZoomTensor | None:
+    """None when ``a`` and ``b`` are bitwise equal (NaNs in the same places count equal)."""
+    if a is None and b is None:
+        return None
+    if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+        numel = max(t.numel() for t in (a, b) if t is not None)
+        return ZoomTensor(name=name, rank=rank, numel=numel, differ=numel, max_abs_diff=None)
+    if a.is_floating_point() or a.is_complex():
+        differ = (a != b) & ~(torch.isnan(a) & torch.isnan(b))
+    else:
+        differ = a != b
+    count = int(differ.sum())
+    if count == 0:
+        return None
+    delta = (a.double() - b.double()).abs()[differ] if not a.is_complex() \
+        else (a - b).abs()[differ].double()
+    worst = float(delta.max()) if delta.numel() else None
+    if worst is not None and math.isnan(worst):
+        worst = math.inf  # a NaN on one side only
+    return ZoomTensor(name=name, rank=rank, numel=a.numel(), differ=count, max_abs_diff=worst)
+
+
+def _list_diffs(label: str, rank: int, a: Sequence[torch.Tensor | None],
+                b: Sequence[torch.Tensor | None]) -> list[ZoomTensor]:
+    out = []
+    for i in range(max(len(a), len(b))):
+        d = tensor_diff(f"{label}[{i}]", rank, a[i] if i < len(a) else None,
+                        b[i] if i < len(b) else None)
+        if d is not None:
+            out.append(d)
+    return out
+
+
+def _max(diffs: Sequence[ZoomTensor]) -> float | None:
+    values = [d.max_abs_diff for d in diffs if d.max_abs_diff is not None]
+    return max(values) if values else None
+
+
+@dataclass
+class _Module:
+    """What one module showed over every call and rank."""
+
+    path: str
+    order: int
+    ranks: set[int] = field(default_factory=set)
+    inputs: bool = False
+    outputs: bool = False
+    grads_in: bool = False
+    grads_out: bool = False
+    params: bool = False
+    forward_origin: bool = False
+    backward_origin: bool = False
+    first_call: int | None = None
+    phase: str = "forward"
+    tensors: list[ZoomTensor] = field(default_factory=list)
+    largest: dict[str, float | None] = field(default_factory=dict)  # phase -> max |diff|
+
+    @property
+    def differs(self) -> bool:
+        return self.outputs or self.grads_out or self.params
+
+    def note(self, position: int, phase: str, rank: int, diffs: list[ZoomTensor]) -> None:
+        if self.first_call is None or position < self.first_call:
+            self.first_call, self.phase = position, phase
+        self.ranks.add(rank)
+        self.tensors.extend(diffs[: MODULE_TENSORS - len(self.tensors)])
+        values = [v for v in (self.largest.get(phase), _max(diffs)) if v is not None]
+        self.largest[phase] = max(values) if values else None
+
+
+def _key(call: Mapping[str, Any]) -> tuple[str, str, int, int]:
+    return (call["module"], call["phase"], call["microstep"], call["call"])
+
+
+def _is_inside(child: str, parent: str) -> bool:
+    return child != parent and (parent == ROOT or child.startswith(parent + "."))
+
+
+@dataclass
+class CaptureComparison:
+    """The two replays compared: modules, stages, and where the difference starts."""
+
+    modules: list[ZoomModule]
+    modules_total: int
+    stages: list[ZoomStage]
+    origin_kind: ZoomOriginKind
+    origins: list[str]
+    buckets: dict[str, list[Bucket]] | None
+
+
+def _compare_modules(control: Mapping[int, Capture], preempted: Mapping[int, Capture],
+                     ) -> tuple[dict[str, _Module], int]:
+    modules: dict[str, _Module] = {}
+    for rank in sorted(control):
+        a, b = control[rank], preempted[rank]
+        b_calls = {_key(c): c for c in b["calls"]}
+        forward: dict[tuple[str, int, int], tuple[bool, bool]] = {}
+        own_params = _param_diffs(a, b, rank)
+        # Modules that received something different in some call on this rank: their
+        # parameters' gradients, summed over every microstep, cannot be an origin.
+        tainted: set[str] = set()
+        backward_at: dict[str, int] = {}
+        for position, call in enumerate(a["calls"]):
+            path = call["module"]
+            mod = modules.setdefault(path, _Module(path, position))
+            other = b_calls.get(_key(call))
+            if other is None:  # the preempted replay made no such call: it differs
+                mod.outputs = True
+                tainted.add(path)
+                mod.note(position, call["phase"], rank, [])
+                continue
+            ins = _list_diffs("input" if call["phase"] == "forward" else "grad_output", rank,
+                              call["inputs"], other["inputs"])
+            outs = _list_diffs("output" if call["phase"] == "forward" else "grad_input", rank,
+                               call["outputs"], other["outputs"])
+            params = bool(own_params.get(path))
+            mod.params |= params
+            where = (path, call["microstep"], call["call"])
+            if call["phase"] == "forward":
+                forward[where] = (bool(ins), bool(outs))
+                mod.inputs |= bool(ins)
+                mod.outputs |= bool(outs)
+                if ins or params:
+                    tainted.add(path)
+                if outs:
+                    mod.forward_origin |= not ins and not params
+                    mod.note(position, "forward", rank, outs)
+            else:
+                backward_at.setdefault(path, position)
+                f_ins, f_outs = forward.get(where, (True, True))
+                mod.grads_in |= bool(ins)
+                if ins or f_ins or f_outs or params:
+                    tainted.add(path)
+                if outs:
+                    mod.grads_out = True
+                    mod.backward_origin |= not (ins or f_ins or f_outs or params)
+                    mod.note(position, "backward", rank, outs)
+        for path, mod in modules.items():
+            # Accumulated over the step's microsteps: an origin only if nothing the module
+            # received in any of them differed.
+            grads = _param_grad_diffs(a, b, rank, a["module_params"].get(path, []))
+            if grads:
+                mod.grads_out = True
+                mod.backward_origin |= path not in tainted
+                mod.note(backward_at.get(path, mod.order), "backward", rank, grads)
+        for path, diffs in own_params.items():
+            if diffs:
+                mod = modules.setdefault(path, _Module(path, len(a["calls"])))
+                mod.params = True
+                mod.note(mod.order, "forward", rank, diffs)
+    total = len(modules)
+    return modules, total
+
+
+def _param_diffs(a: Capture, b: Capture, rank: int) -> dict[str, list[ZoomTensor]]:
+    """Per module, its own parameters (and buffers under its path) that differed at the
+    step's start."""
+    before_a, before_b = a["stages"].get("params_before", {}), b["stages"].get("params_before", {})
+    out: dict[str, list[ZoomTensor]] = {}
+    for name in sorted(set(before_a) | set(before_b)):
+        d = tensor_diff(name, rank, before_a.get(name), before_b.get(name))
+        if d is not None:
+            owner = name.rpartition(".")[0] or ROOT
+            out.setdefault(owner, []).append(d)
+    return out
+
+
+def _param_grad_diffs(a: Capture, b: Capture, rank: int,
+                      names: Sequence[str]) -> list[ZoomTensor]:
+    """A module's own parameters' local gradients (before any reduction) that differ."""
+    ga, gb = a["stages"].get("local_grads", {}), b["stages"].get("local_grads", {})
+    out = []
+    for name in names:
+        if name in ga or name in gb:
+            d = tensor_diff(f"{name}.grad", rank, ga.get(name), gb.get(name))
+            if d is not None:
+                out.append(d)
+    return out
+
+
+def _kind(mod: _Module, origins: set[str]) -> ZoomKind:
+    if mod.params:
+        return "state"
+    if mod.path in origins:
+        if any(_is_inside(o, mod.path) for o in origins):
+            return "encloses_origin"
+        return "origin"
+    return "propagation"
+
+
+def _stages(control: Mapping[int, Capture], preempted: Mapping[int, Capture]
+            ) -> list[ZoomStage]:
+    out = []
+    for name in STAGES:
+        total, diffs = 0, []
+        for rank in sorted(control):
+            a = control[rank]["stages"].get(name)
+            b = preempted[rank]["stages"].get(name)
+            if a is None and b is None:
+                continue
+            a, b = a or {}, b or {}
+            for tname in list(a) + [n for n in b if n not in a]:
+                total += 1
+                d = tensor_diff(tname, rank, a.get(tname), b.get(tname))
+                if d is not None:
+                    diffs.append(d)
+        if total:
+            out.append(ZoomStage(name=name, total=total, differ=len(diffs),
+                                 max_abs_diff=_max(diffs), tensors=diffs[:STAGE_TENSORS]))
+    return out
+
+
+def _stage_origin(stages: Sequence[ZoomStage]) -> tuple[ZoomOriginKind, list[str]]:
+    by = {s.name: s.differ for s in stages}
+    if by.get("params_before") or by.get("optimizer_state_before"):
+        return "state", [n for n in ("params_before", "optimizer_state_before") if by.get(n)]
+    if by.get("reduced_grads") and not by.get("local_grads") and "local_grads" in by:
+        return "reduction", ["reduced_grads"]
+    if by.get("clipped_grads") and not by.get("reduced_grads"):
+        return "clipping", ["clipped_grads"]
+    if (by.get("params") or by.get("optimizer_state")) and not by.get("clipped_grads"):
+        return "optimizer", [n for n in ("params", "optimizer_state") if by.get(n)]
+    return "none", []
+
+
+def _buckets(control: Mapping[int, Capture], preempted: Mapping[int, Capture]
+             ) -> dict[str, list[Bucket]] | None:
+    for rank in sorted(control):
+        a, b = control[rank].get("buckets") or [], preempted[rank].get("buckets") or []
+        if a != b:
+            return {"control": [Bucket(**x) for x in a],
+                    "preempted": [Bucket(**x) for x in b]}
+    return None
+
+
+def compare_captures(control: Mapping[int, Capture],
+                     preempted: Mapping[int, Capture]) -> CaptureComparison:
+    """Compare every rank's captures of the two replays (both must hold the same ranks)."""
+    if sorted(control) != sorted(preempted):
+        raise ReportError(f"the replays captured different ranks: control {sorted(control)}, "
+                          f"preempted {sorted(preempted)}")
+    raw, total = _compare_modules(control, preempted)
+    stages = _stages(control, preempted)
+    differing = sorted((m for m in raw.values() if m.differs),
+                       key=lambda m: (m.first_call if m.first_call is not None else m.order))
+    origin_paths = {m.path for m in differing
+                    if not m.params and (m.forward_origin or m.backward_origin)}
+    modules = [ZoomModule(
+        module=m.path, kind=_kind(m, origin_paths), phase=m.phase,  # type: ignore[arg-type]
+        first_call=m.first_call if m.first_call is not None else m.order,
+        ranks=sorted(m.ranks), inputs_differ=m.inputs, outputs_differ=m.outputs,
+        grads_in_differ=m.grads_in, grads_out_differ=m.grads_out, params_differ=m.params,
+        max_abs_diff=m.largest.get(m.phase), tensors=m.tensors) for m in differing]
+    origins = [m.module for m in modules if m.kind == "origin"]
+    kind: ZoomOriginKind
+    if any(m.kind == "state" for m in modules):
+        kind = "state"
+        origins = [m.module for m in modules if m.kind == "state"]
+    elif origins:
+        kind = "module"
+    else:
+        kind, origins = _stage_origin(stages)
+    return CaptureComparison(modules=modules, modules_total=total, stages=stages,
+                             origin_kind=kind, origins=origins,
+                             buckets=_buckets(control, preempted))

@@ -1,0 +1,303 @@
+"""``resumequal zoom``: replay a divergent step of both legs and say where it went different.
+
+For each leg, the attempt whose run of the step is authoritative (its last record of it)
+is found in the leg's trace, with the checkpoint that attempt restored. Each leg is then
+replayed on this machine under torchrun, with as many ranks as ran the step, from that
+checkpoint (or from the beginning, for an attempt that started there) through the step,
+capturing it whole (:mod:`resumequal.train.replay`). Starting where the leg's process
+started, not at the newest checkpoint before the step, runs again what that process ran
+before the step: a difference that comes from a process's history (a DDP reducer's age, a
+module that counts its calls) is reproduced, not only one that comes from state.
+
+Each replay's digests of the step are checked against the leg's own; the captures are
+compared (:mod:`resumequal.compare.zoom`); ``zoom.json`` is written into the run location
+and, when the run has a report, ``report.json`` and ``report.html`` gain a zoom section.
+Checkpoints are authenticated as the legs' are: the run's checkpoint key must be set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from resumequal.compare.files import LegTrace
+from resumequal.compare.zoom import Capture, compare_captures, load_capture
+from resumequal.errors import ReportError
+from resumequal.local.processes import ProcessTree
+from resumequal.plan import TORCHRUN
+from resumequal.results import publish, run_names
+from resumequal.runstore import REPORT_JSON, RESULT_BYTES, ZOOM_JSON, RunLocation
+from resumequal.signing import key_from_env
+from resumequal.spec import BOUNDARIES, REFERENCE_LEG, QualificationSpec
+from resumequal.store import StoreNotFound
+from resumequal.trace.records import (
+    InventoryRecord,
+    RestoreRecord,
+    StepRecord,
+    boundary_value,
+    parse_records,
+)
+from resumequal.verdict import Report, Verdict, Zoom, ZoomReplay
+from resumequal.words import count
+
+log = logging.getLogger(__name__)
+
+MAIN_LEG = "preempted"
+# Inventory items that differ between any two processes and say nothing of the numerics.
+_NOT_COMPARABLE = frozenset({"kind", "pid", "host", "rank", "attempt"})
+
+
+@dataclass(frozen=True)
+class ReplayStart:
+    """Where a leg's replay starts and with how many ranks."""
+
+    leg: str
+    attempt: int
+    start: str | None
+    world_size: int
+    records: Mapping[int, StepRecord]  # rank -> the leg's record of the step
+    inventory: InventoryRecord | None
+
+
+@dataclass(frozen=True)
+class Zoomed:
+    """What ``resumequal zoom`` found and where it wrote it."""
+
+    zoom: Zoom
+    files: dict[str, str]
+
+
+def replay_start(location: RunLocation, spec: QualificationSpec, leg: str, step: int,
+                 rank: int) -> ReplayStart:
+    """The attempt of ``leg`` that ran ``step`` last (on ``rank``) and what it restored."""
+    trace = LegTrace.read(location, leg, spec.world.world_size)
+    if rank not in trace.ranks:
+        raise ReportError("; ".join(trace.problems) or f"the {leg} leg has no trace")
+    record = trace.effective[rank].get(step)
+    if record is None:
+        raise ReportError(f"the {leg} leg has no record of step {step} on rank {rank}")
+    attempt = record.attempt
+    restores = [r for r in trace.of(RestoreRecord, rank) if r.attempt == attempt]
+    world = record.world_size or spec.world.world_size
+    records = {r: steps[step] for r, steps in trace.attempt_steps(attempt).items()
+               if step in steps}
+    inventories = [r for r in trace.of(InventoryRecord, rank) if r.attempt == attempt]
+    return ReplayStart(leg=leg, attempt=attempt,
+                       start=restores[-1].checkpoint if restores else None,
+                       world_size=world, records=records,
+                       inventory=inventories[-1] if inventories else None)
+
+
+def _replay(start: ReplayStart, step: int, location: RunLocation,
+            spec: QualificationSpec, work: Path, python: str) -> dict[int, Capture]:
+    """Run one leg's replay under torchrun; each rank's capture."""
+    out = work / start.leg
+    cmd = [python, *TORCHRUN, "--standalone", f"--nproc-per-node={start.world_size}",
+           "--max-restarts=0", "--monitor-interval=0.1",
+           "-m", "resumequal", "replay", "--leg", start.leg, "--run-dir", location.uri,
+           "--step", str(step), "--attempt", str(start.attempt), "--capture-dir", str(out)]
+    if start.start is not None:
+        cmd += ["--from-checkpoint", start.start]
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec.world.threads_per_rank))
+    s3 = spec.checkpoint.s3
+    if s3 is not None and s3.endpoint_url:
+        env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
+    log_path = work / f"{start.leg}.replay.log"
+    tree = ProcessTree()
+    proc = tree.spawn(cmd, log_path, env)
+    limit = spec.timeouts.leg_seconds
+    deadline = time.monotonic() + limit
+    try:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise ReportError(f"the replay of the {start.leg} leg did not finish within "
+                                  f"{limit:g} s (timeouts.leg_seconds)")
+            time.sleep(0.1)
+    finally:
+        tree.stop_all()
+    if proc.returncode != 0:
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+        # A rank's own error line (resumequal replay prints one) says it best.
+        errors = list(dict.fromkeys(ln.split("error: ", 1)[1] for ln in lines
+                                    if "error: " in ln))
+        why = "; ".join(errors) if errors else "\n".join(lines[-12:])
+        raise ReportError(f"the replay of the {start.leg} leg exited {proc.returncode} "
+                          f"({log_path.name}): {why}")
+    return {rank: load_capture(out / f"rank-{rank}.pt") for rank in range(start.world_size)}
+
+
+def _reproduced(start: ReplayStart, work: Path, step: int) -> tuple[bool, str]:
+    """Whether the replay recorded the step as the leg did, boundary by boundary."""
+    local = RunLocation.open(str(work / start.leg / "run"))
+    traces = local.leg(start.leg).traces()
+    differ: dict[str, list[int]] = {}
+    for rank, original in sorted(start.records.items()):
+        lines = traces.lines(rank)
+        replayed = [r for r in parse_records(lines, traces.uri(rank))
+                    if isinstance(r, StepRecord) and r.step == step]
+        if not replayed:
+            return False, f"the replay recorded no step {step} on rank {rank}"
+        for boundary in BOUNDARIES:
+            if boundary_value(original, boundary) != boundary_value(replayed[-1], boundary):
+                differ.setdefault(boundary, []).append(rank)
+    if not differ:
+        return True, f"the replay's step {step} equals the leg's at every boundary"
+    parts = ", ".join(f"{b} (rank {', '.join(map(str, r))})" for b, r in differ.items())
+    return False, (f"the replay's step {step} differs from the leg's at {parts}: the leg "
+                   "did not run the step as a fresh replay does")
+
+
+def _inventory_differences(a: InventoryRecord | None, b: InventoryRecord | None
+                           ) -> dict[str, Any]:
+    if a is None or b is None:
+        return {}
+    da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for key in sorted(set(da) | set(db)):
+        if key in _NOT_COMPARABLE:
+            continue
+        va, vb = da.get(key), db.get(key)
+        if key == "env" and isinstance(va, dict) and isinstance(vb, dict):
+            for name in sorted(set(va) | set(vb)):
+                if va.get(name) != vb.get(name):
+                    out[f"env.{name}"] = {"control": va.get(name), "preempted": vb.get(name)}
+        elif va != vb:
+            out[key] = {"control": va, "preempted": vb}
+    return out
+
+
+def _summary(zoom_step: int, kind: str, origins: list[str], modules: int, differing: int,
+             replays: list[ZoomReplay]) -> str:
+    if not all(r.reproduced for r in replays):
+        bad = [r.leg for r in replays if not r.reproduced]
+        lead = (f"the replay of the {' and '.join(bad)} leg did not reproduce step "
+                f"{zoom_step} as recorded; ")
+    else:
+        lead = ""
+    if kind == "module":
+        what = (f"step {zoom_step} first differs in {count(len(origins), 'module')} "
+                f"({', '.join(origins)}): its inputs were equal and its outputs were not; "
+                f"{differing} of {modules} modules differ")
+    elif kind == "state":
+        what = (f"step {zoom_step} began from different state ({', '.join(origins)}): the "
+                "difference was restored, not computed in this step")
+    elif kind == "reduction":
+        what = (f"at step {zoom_step} every module and every rank-local gradient is equal; "
+                "the gradients first differ after the reduction across ranks")
+    elif kind == "clipping":
+        what = (f"at step {zoom_step} the reduced gradients are equal; they first differ "
+                "after unscaling and clipping")
+    elif kind == "optimizer":
+        what = (f"at step {zoom_step} the gradients the optimizer took are equal; the "
+                "parameters or optimizer state first differ after the update")
+    else:
+        what = f"the replays of step {zoom_step} are equal in every captured tensor"
+    return lead + what
+
+
+def zoom_run(location: RunLocation, spec: QualificationSpec, *, step: int, rank: int,
+             boundary: str | None, leg: str = MAIN_LEG, work: Path,
+             python: str = sys.executable) -> Zoom:
+    """Replay ``step`` of the control leg and ``leg`` and compare them (no files written)."""
+    starts = [replay_start(location, spec, name, step, rank) for name in (REFERENCE_LEG, leg)]
+    if any(s.start is not None for s in starts):
+        key_from_env()  # no replay starts without the key that authenticates checkpoints
+    if starts[0].world_size != starts[1].world_size:
+        raise ReportError(f"step {step} ran on {starts[0].world_size} ranks in the control "
+                          f"leg and {starts[1].world_size} in the {leg} leg: zoom compares "
+                          "equal worlds")
+    captures = []
+    replays = []
+    for start in starts:
+        log.info("replaying step %d of the %s leg (attempt %d, from %s, %d ranks)", step,
+                 start.leg, start.attempt, start.start or "the beginning", start.world_size)
+        captures.append(_replay(start, step, location, spec, work, python))
+        ok, detail = _reproduced(start, work, step)
+        replays.append(ZoomReplay(leg=start.leg, attempt=start.attempt, start=start.start,
+                                  world_size=start.world_size, reproduced=ok, detail=detail))
+    found = compare_captures(captures[0], captures[1])
+    return Zoom(
+        step=step, boundary=boundary, replays=replays, origin_kind=found.origin_kind,
+        origins=found.origins,
+        summary=_summary(step, found.origin_kind, found.origins, found.modules_total,
+                         len(found.modules), replays),
+        modules_total=found.modules_total, modules=found.modules, stages=found.stages,
+        buckets=found.buckets,
+        inventory_differences=_inventory_differences(starts[0].inventory, starts[1].inventory),
+    )
+
+
+def read_report(location: RunLocation) -> Report | None:
+    """``report.json`` of the location, or None before the comparator has written it."""
+    try:
+        raw = location.store.get_bytes(REPORT_JSON, RESULT_BYTES)
+    except StoreNotFound:
+        return None
+    try:
+        return Report.model_validate_json(raw)
+    except ValidationError as e:
+        raise ReportError(f"{location.url(REPORT_JSON)}: not a valid report: "
+                          f"{e.errors()[0]['msg']}") from e
+
+
+def zoom_of(location: RunLocation, spec: QualificationSpec, verdict: Verdict | None, *,
+            step: int | None = None, leg: str = MAIN_LEG,
+            python: str = sys.executable) -> Zoom:
+    """Replay ``step`` (default: ``verdict``'s first divergence) of the run at ``location``."""
+    divergence = verdict.first_divergence if verdict is not None else None
+    if step is None:
+        if divergence is None:
+            why = "no verdict yet" if verdict is None else f"the verdict is {verdict.result}"
+            raise ReportError(f"{location.uri} has no first divergence to zoom into ({why}); "
+                              "name a step with --step")
+        step = divergence.step
+    if not 1 <= step <= spec.training.steps:
+        raise ReportError(f"--step {step}: the run trains steps 1 to {spec.training.steps}")
+    on_divergence = divergence is not None and divergence.step == step
+    rank = divergence.rank if divergence is not None and on_divergence else 0
+    work = Path(tempfile.mkdtemp(prefix="resumequal-zoom-"))
+    try:
+        return zoom_run(location, spec, step=step, rank=rank, leg=leg, work=work,
+                        boundary=divergence.boundary if divergence and on_divergence else None,
+                        python=python)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def write_zoom(location: RunLocation, zoom: Zoom) -> str:
+    """Put ``zoom.json`` into the run location; its URI."""
+    location.store.put_bytes(ZOOM_JSON, zoom.model_dump_json(indent=1).encode())
+    return location.url(ZOOM_JSON)
+
+
+def zoom_location(uri: str, *, step: int | None = None, leg: str = MAIN_LEG,
+                  write: bool = True, namespace: str | None = None,
+                  python: str = sys.executable) -> Zoomed:
+    """Zoom into ``step`` (default: the verdict's first divergence) of the run at ``uri``;
+    with ``write``, put ``zoom.json`` (and the report with its zoom section) into it."""
+    location = RunLocation.open(uri)
+    location.check_started()
+    spec = location.read_spec()
+    zoom = zoom_of(location, spec, location.read_verdict(), step=step, leg=leg, python=python)
+    if not write:
+        return Zoomed(zoom, {})
+    files = {ZOOM_JSON: write_zoom(location, zoom)}
+    report = read_report(location)
+    if report is not None:
+        out = Path(tempfile.mkdtemp(prefix="resumequal-zoom-results-"))
+        try:
+            files.update(publish(report.model_copy(update={"zoom": zoom}), location, out,
+                                 namespace=namespace or run_names(uri)[0]))
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    return Zoomed(zoom, files)

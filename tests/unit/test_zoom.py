@@ -1,0 +1,164 @@
+"""The zoom comparison (pure: hand-built captures), its report section and metrics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from prometheus_client import CollectorRegistry, generate_latest
+
+from resumequal.compare.zoom import compare_captures, tensor_diff
+from resumequal.metrics import QualificationMetrics
+from resumequal.report.html import render_html
+from resumequal.report.zoom import zoom_lines
+from resumequal.trace.capture import CAPTURE_FORMAT, ROOT
+from resumequal.verdict import Result
+from tests.unit.report_samples import make_report, make_zoom, with_forensics
+
+T = torch.tensor
+
+
+def _call(module: str, phase: str, inputs: list[Any], outputs: list[Any],
+          microstep: int = 0) -> dict[str, Any]:
+    return {"module": module, "phase": phase, "microstep": microstep, "call": 0,
+            "inputs": inputs, "outputs": outputs}
+
+
+def _capture(calls: list[dict[str, Any]], stages: dict[str, dict[str, torch.Tensor]] | None = None,
+             buckets: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"format": CAPTURE_FORMAT, "step": 5, "rank": 0, "calls": calls,
+            "stages": stages or {}, "buckets": buckets or [],
+            "module_params": {"a": ["a.w"], "outer.b": [], "c": ["c.w"], "outer": [], ROOT: []}}
+
+
+def _chain(mid_out: torch.Tensor, end_out: torch.Tensor, *,
+           a_in: torch.Tensor | None = None, back: torch.Tensor | None = None,
+           params: torch.Tensor | None = None) -> dict[str, Any]:
+    """Modules a -> outer.b -> c (b inside ``outer``) in the root, forward then backward."""
+    x = a_in if a_in is not None else T([1.0, 2.0])
+    g = back if back is not None else T([0.5, 0.5])
+    calls = [
+        _call("a", "forward", [x], [T([2.0, 4.0])]),
+        _call("outer.b", "forward", [T([2.0, 4.0])], [mid_out]),
+        _call("outer", "forward", [T([2.0, 4.0])], [mid_out]),
+        _call("c", "forward", [mid_out], [end_out]),
+        _call(ROOT, "forward", [x], [end_out]),
+        _call(ROOT, "backward", [T([1.0])], [None]),
+        _call("c", "backward", [T([1.0])], [g]),
+        _call("outer", "backward", [g], [g]),
+        _call("outer.b", "backward", [g], [g]),
+        _call("a", "backward", [g], [None]),
+    ]
+    stages = {"params_before": {"a.w": params if params is not None else T([1.0]),
+                                "c.w": T([3.0])},
+              "local_grads": {"a.w": g.sum().reshape(1), "c.w": end_out.sum().reshape(1)},
+              "reduced_grads": {"a.w": g.sum().reshape(1), "c.w": end_out.sum().reshape(1)}}
+    return _capture(calls, stages)
+
+
+def _kinds(result: Any) -> dict[str, str]:
+    return {m.module: m.kind for m in result.modules}
+
+
+def test_a_module_whose_equal_inputs_give_different_outputs_is_the_single_origin() -> None:
+    control = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    resumed = _chain(T([3.0, 5.000001]), T([6.0, 10.000002]), back=T([0.5, 0.4]))
+    found = compare_captures({0: control}, {0: resumed})
+    assert found.origin_kind == "module" and found.origins == ["outer.b"]
+    kinds = _kinds(found)
+    # c takes b's output; outer holds b; a only sees different gradients from above.
+    assert kinds == {"outer.b": "origin", "outer": "encloses_origin", "c": "propagation",
+                     ROOT: "encloses_origin", "a": "propagation"}
+    b = next(m for m in found.modules if m.module == "outer.b")
+    assert not b.inputs_differ and b.outputs_differ and b.phase == "forward"
+    assert b.tensors[0].differ == 1 and b.max_abs_diff is not None
+    assert math.isclose(b.max_abs_diff, 1e-6, rel_tol=0.1)
+    a = next(m for m in found.modules if m.module == "a")
+    assert a.phase == "backward" and a.grads_in_differ and not a.inputs_differ
+    # In execution order: b first.
+    assert found.modules[0].module == "outer.b"
+    assert found.modules_total == 5
+
+
+def test_equal_replays_have_no_origin() -> None:
+    control = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    found = compare_captures({0: control}, {0: _chain(T([3.0, 5.0]), T([6.0, 10.0]))})
+    assert found.modules == [] and found.origin_kind == "none" and found.origins == []
+    assert all(s.differ == 0 for s in found.stages)
+
+
+def test_a_module_whose_parameters_differ_before_the_step_is_state() -> None:
+    control = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    resumed = _chain(T([3.0, 5.0]), T([6.0, 10.0]), params=T([1.5]))
+    resumed["calls"][0]["outputs"] = [T([2.0, 4.5])]
+    found = compare_captures({0: control}, {0: resumed})
+    assert found.origin_kind == "state" and found.origins == ["a"]
+    assert _kinds(found)["a"] == "state"
+
+
+def test_equal_modules_and_local_gradients_with_different_reduced_ones_is_the_reduction() -> None:
+    control = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    resumed = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    resumed["stages"]["reduced_grads"] = {"a.w": T([1.0000001]), "c.w": T([16.0])}
+    control["buckets"] = [{"index": 0, "params": ["c.w", "a.w"], "numel": 2}]
+    resumed["buckets"] = [{"index": 0, "params": ["c.w"], "numel": 1},
+                          {"index": 1, "params": ["a.w"], "numel": 1}]
+    found = compare_captures({0: control}, {0: resumed})
+    assert found.modules == []
+    assert found.origin_kind == "reduction" and found.origins == ["reduced_grads"]
+    stages = {s.name: s for s in found.stages}
+    assert stages["local_grads"].differ == 0 and stages["reduced_grads"].differ == 1
+    assert found.buckets is not None
+    assert [len(found.buckets[k]) for k in ("control", "preempted")] == [1, 2]
+
+
+def test_a_parameter_gradient_that_differs_with_everything_received_equal_is_an_origin() -> None:
+    control = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    resumed = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    resumed["stages"]["local_grads"] = {"a.w": T([1.5]), "c.w": T([16.0])}
+    found = compare_captures({0: control}, {0: resumed})
+    assert found.origins == ["a"] and _kinds(found)["a"] == "origin"
+    assert next(m for m in found.modules if m.module == "a").phase == "backward"
+
+
+def test_tensor_diff_counts_elements_and_treats_matching_nans_as_equal() -> None:
+    nan = float("nan")
+    assert tensor_diff("x", 0, T([1.0, nan]), T([1.0, nan])) is None
+    d = tensor_diff("x", 0, T([1.0, 2.0, 3.0]), T([1.0, 2.5, 2.0]))
+    assert d is not None and d.differ == 2 and d.max_abs_diff == 1.0
+    one_sided = tensor_diff("x", 0, T([nan]), T([1.0]))
+    assert one_sided is not None and one_sided.max_abs_diff == math.inf
+    shape = tensor_diff("x", 0, T([1.0]), T([1.0, 2.0]))
+    assert shape is not None and shape.max_abs_diff is None and shape.differ == 2
+    assert tensor_diff("x", 0, None, None) is None
+
+
+def test_the_report_shows_the_zoom_section_escaped() -> None:
+    html = render_html(with_forensics(make_report(Result.FAIL)))
+    assert 'id="zoom"' in html
+    assert "blocks.1.&lt;mix&gt;" in html and "blocks.1.<mix>" not in html
+    assert "encloses the origin" in html and "DDP bucket layouts differ" in html
+    assert "num_threads" in html
+    lines = zoom_lines(make_zoom())
+    assert lines[0].startswith("zoom of step 7:") and any("origin" in ln for ln in lines)
+
+
+def test_metrics_carry_the_differing_tensors_and_one_origin_series_per_run() -> None:
+    registry = CollectorRegistry()
+    metrics = QualificationMetrics(registry)
+    report = with_forensics(make_report(Result.FAIL))
+    metrics.record(report, namespace="ml")
+    text = generate_latest(registry).decode()
+    assert "resumequal_first_divergence_differing_tensors{" in text
+    assert 'origin="blocks.1.<mix>",origin_kind="module"' in text
+    # Recorded again with another origin: the old series goes.
+    zoom = report.zoom
+    assert zoom is not None
+    moved = report.model_copy(update={"zoom": zoom.model_copy(update={
+        "origin_kind": "reduction", "origins": ["reduced_grads"]})})
+    metrics.record(moved, namespace="ml")
+    text = generate_latest(registry).decode()
+    assert text.count("resumequal_zoom_origin_info{") == 1 and 'origin="reduced_grads"' in text
+    metrics.forget("ml", report.run)
+    assert "resumequal_zoom_origin_info{" not in generate_latest(registry).decode()
