@@ -43,7 +43,7 @@ test-fast: env tools
 lint: env
 	$(VENV)/bin/ruff check service operator tests bench tools
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict tools/dashboard.py tools/images.py
+	$(VENV)/bin/mypy --strict tools/dashboard.py tools/grafana_alerts.py tools/images.py
 	$(VENV)/bin/lint-imports
 
 # Both images built with podman from bases made here (no registry needed), then run:

@@ -85,9 +85,10 @@ class Prometheus:
 
 @contextmanager
 def running_prometheus(
-    workdir: Path, target_port: int, rule_files: list[Path]
+    workdir: Path, target_port: int, rule_files: list[Path], more_jobs: dict[str, int] | None = None
 ) -> Iterator[Prometheus]:
-    """Prometheus scraping and evaluating every second; its job is named like the chart's."""
+    """Prometheus scraping and evaluating every second; its job is named like the chart's
+    (``more_jobs``: further jobs by name, each scraping one port)."""
     binary = shutil.which("prometheus")
     assert binary is not None, "prometheus is not installed (make tools)"
     config = {
@@ -95,12 +96,13 @@ def running_prometheus(
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [
             {
-                "job_name": JOB,
+                "job_name": job,
                 # The run's namespace label wins over the target's, as with the chart's
                 # ServiceMonitor (honorLabels).
                 "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}],
+                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
             }
+            for job, port in {JOB: target_port, **(more_jobs or {})}.items()
         ],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
