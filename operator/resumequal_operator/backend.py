@@ -17,11 +17,14 @@ notices`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from pydantic import ValidationError
 
 from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import LegPlan, Plan
@@ -33,10 +36,12 @@ from resumequal.qualify import (
     beacon_from,
     kill_order,
 )
-from resumequal.runstore import GROW, PodKill, RunLocation
+from resumequal.runstore import GROW, RESULT_BYTES, ZOOM_JSON, PodKill, RunLocation
 from resumequal.signing import new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
-from resumequal.verdict import Verdict
+from resumequal.store import StoreNotFound
+from resumequal.verdict import Verdict, Zoom
+from resumequal.words import clip
 from resumequal_operator import pytorchjob, resize
 from resumequal_operator.kube import (
     JOBS,
@@ -48,7 +53,7 @@ from resumequal_operator.kube import (
     NotFound,
     Obj,
 )
-from resumequal_operator.resource import QualificationRunSpec, is_object_name
+from resumequal_operator.resource import QualificationRunSpec, ZoomStatus, is_object_name
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +367,65 @@ class KubernetesBackend:
             log.info("%s/%s: deleted %d job(s)", self.run.namespace, self.run.name, deleted)
 
 
+def _zoom_concluded(location: RunLocation, name: str) -> ZoomStatus:
+    """The status of a zoom Job that completed: what its ``zoom.json`` says."""
+    where = location.url(ZOOM_JSON)
+    try:
+        zoom = Zoom.model_validate_json(location.store.get_bytes(ZOOM_JSON, RESULT_BYTES))
+    except StoreNotFound:
+        return ZoomStatus(job=name, state="Failed",
+                          summary=f"the zoom Job {name} completed without writing {where}")
+    except (ValidationError, StoreError) as e:
+        return ZoomStatus(job=name, state="Failed",
+                          summary=clip(f"{where} is unreadable: {type(e).__name__}"))
+    return ZoomStatus(job=name, state="Succeeded", origin_kind=zoom.origin_kind,
+                      origins=[clip(o, 253) for o in zoom.origins[:8]],
+                      summary=clip(zoom.summary), url=where)
+
+
+def observe_zoom(kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
+                 location: RunLocation, previous: ZoomStatus | None,
+                 notices: list[Notice]) -> ZoomStatus:
+    """Start the zoom Job of a FAIL (``spec.zoom: onFail``) or follow it to its end.
+
+    A concluded zoom is not looked at again; the Job's own conditions say when it ended,
+    and ``zoom.json`` what it found. Events are appended to ``notices``.
+    """
+    if previous is not None and previous.state != "Running":
+        return previous
+    name = pytorchjob.zoom_job_name(run.name, run.uid)
+    try:
+        job = kube.get(JOBS, run.namespace, name)
+    except NotFound:
+        body = pytorchjob.zoom_job(run.name, run.namespace, run.uid, run_spec, location.uri)
+        try:
+            kube.create(JOBS, run.namespace, body)
+            log.info("%s: started the zoom Job %s", run.name, name)
+            notices.append(Notice("ZoomStarted", f"replaying the first divergent step "
+                                                 f"of both legs in Job {name}"))
+        except Conflict:
+            pass
+        return ZoomStatus(job=name, state="Running")
+    complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
+    if complete is None and failed is None:
+        return ZoomStatus(job=name, state="Running")
+    if complete is not None:
+        status = _zoom_concluded(location, name)
+    else:
+        detail = (failed or {}).get("reason") or (failed or {}).get("message") or "no detail"
+        status = ZoomStatus(job=name, state="Failed", summary=clip(
+            f"the zoom Job {name} failed ({detail}); its pod's log says why"))
+    if status.state == "Succeeded":
+        notices.append(Notice("Zoomed", status.summary or ""))
+        # Done with, as the comparator's is; a failed one stays for its pod's log (the run's
+        # deletion takes it).
+        with contextlib.suppress(NotFound):
+            kube.delete(JOBS, run.namespace, name, propagation="Background")
+    else:
+        notices.append(Notice("ZoomFailed", status.summary or ""))
+    return status
+
+
 def delete_run_jobs(kube: Kube, ref: RunRef) -> int:
     """Delete the PyTorchJobs and Jobs a run owns (Background: pods follow); how many."""
     selector = f"{pytorchjob.UID_LABEL}={ref.uid},{pytorchjob.MANAGED_BY}={pytorchjob.OPERATOR}"
@@ -381,5 +445,5 @@ def delete_run_jobs(kube: Kube, ref: RunRef) -> int:
 
 __all__ = [
     "ClusterError", "ComparatorFailed", "KillRefused", "KubernetesBackend", "RunRef",
-    "delete_run_jobs",
+    "delete_run_jobs", "observe_zoom",
 ]

@@ -25,14 +25,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import Plan, qualification_plan
 from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
 from resumequal.redact import redact
 from resumequal.results import Timeline, build_report, failed_verdict, run_uri
-from resumequal.runstore import RunLocation
+from resumequal.runstore import RESULT_BYTES, ZOOM_JSON, RunLocation
 from resumequal.spec import QualificationSpec
-from resumequal.verdict import PhaseEvent
+from resumequal.verdict import PhaseEvent, Result, Zoom
 from resumequal.words import clip
 from resumequal_operator import pytorchjob
 from resumequal_operator.allowlist import Allowlist
@@ -43,6 +45,7 @@ from resumequal_operator.backend import (
     Notice,
     RunRef,
     delete_run_jobs,
+    observe_zoom,
 )
 from resumequal_operator.events import EventRecorder
 from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, NotFound, Obj
@@ -51,6 +54,7 @@ from resumequal_operator.resource import (
     QualificationRunSpec,
     QualificationRunStatus,
     RunSpecError,
+    ZoomStatus,
     parse_run_spec,
     qualification_spec,
 )
@@ -97,7 +101,8 @@ class Reconciler:
         self.clock = clock
         self._lock = threading.Lock()
         self._locations: dict[str, RunLocation] = {}
-        self._recorded: dict[str, tuple[str, str]] = {}  # key -> (uid, pin) recorded
+        # key -> (uid, pin, zoom recorded) of the metrics recorded
+        self._recorded: dict[str, tuple[str, str, bool]] = {}
 
     # -- entry ---------------------------------------------------------------------------
 
@@ -180,12 +185,12 @@ class Reconciler:
         plan = qualification_plan(run.qspec)
         machine = machine_of(previous)
         if machine is not None and machine.done:
-            # Finished: only the status (a new generation) and the metrics may need writing.
-            self._write_status(run.obj, self._status(run, plan, machine, previous, generation))
-            self._record(key, run, machine)
-            with self._lock:
-                self._locations.pop(run.ref.uid, None)
-            return None
+            # Finished: only the status (a new generation), the zoom of a FAIL and the
+            # metrics may need writing.
+            zoom = self._zoom(run, machine, previous)
+            self._write_status(run.obj, self._status(run, plan, machine, previous, generation,
+                                                     zoom))
+            return self._concluded(key, run, machine, zoom)
         backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
                                     self._location(run))
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
@@ -207,19 +212,51 @@ class Reconciler:
             self.events.record(run.obj, "BackendError", (
                 f"{streak.message}; retrying until timeouts.backendErrorSeconds="
                 f"{run.qspec.timeouts.backend_error_seconds:g} have passed"), warning=True)
-        self._write_status(run.obj, self._status(run, plan, q.status, previous, generation))
+        zoom = self._zoom(run, q.status, previous) if error is None and q.status.done else None
+        self._write_status(run.obj, self._status(run, plan, q.status, previous, generation,
+                                                 zoom))
         if error is not None:
             raise error
         if q.status.done:
-            self._record(key, run, q.status)
-            with self._lock:
-                self._locations.pop(run.ref.uid, None)  # its trace cache is not needed again
-            return None
+            return self._concluded(key, run, q.status, zoom)
         return self.poll_seconds
+
+    def _concluded(self, key: str, run: _Run, machine: QualificationStatus,
+                   zoom: ZoomStatus | None) -> float | None:
+        """Record a finished run's metrics; look again only while its zoom Job runs."""
+        zooming = zoom is not None and zoom.state == "Running"
+        self._record(key, run, machine, zoomed=zoom is not None and zoom.state == "Succeeded")
+        if zooming:
+            return self.poll_seconds
+        with self._lock:
+            self._locations.pop(run.ref.uid, None)  # its trace cache is not needed again
+        return None
+
+    def _zoom(self, run: _Run, machine: QualificationStatus,
+              previous: QualificationRunStatus | None) -> ZoomStatus | None:
+        """The zoom Job of a FAIL with ``spec.zoom: onFail``: started, followed, concluded."""
+        # A finished run's stored machine has no verdict (it lives in the store); its
+        # status has the result.
+        result = machine.verdict.result if machine.verdict is not None else (
+            previous.verdict.result if previous is not None and previous.verdict else None)
+        if run.spec.zoom != "onFail" or result is not Result.FAIL:
+            return None
+        before = previous.zoom if previous is not None else None
+        notices: list[Notice] = []
+        try:
+            zoom = observe_zoom(self.kube, run.ref, run.spec, self._location(run), before,
+                                notices)
+        except ResumequalError as e:  # API trouble: the next look tries again
+            log.warning("%s: the zoom Job: %s", run.ref.name, e)
+            return before or ZoomStatus(
+                job=pytorchjob.zoom_job_name(run.ref.name, run.ref.uid), state="Running")
+        for n in notices:
+            self.events.record(run.obj, n.reason, n.message, warning=n.reason == "ZoomFailed")
+        return zoom
 
     def _status(self, run: _Run, plan: Plan, machine: QualificationStatus,
                 previous: QualificationRunStatus | None,
-                generation: int | None) -> QualificationRunStatus:
+                generation: int | None, zoom: ZoomStatus | None = None) -> QualificationRunStatus:
         ref = run.ref
         compared = machine.phase in (Phase.COMPARING, Phase.SUCCEEDED) or (
             previous is not None and previous.comparator_job is not None)
@@ -234,6 +271,7 @@ class Reconciler:
             else None,
             preemption_mode=run.spec.preemption.mode,
             run_spec=run.obj["spec"] if run.pinned is None else run.pinned,
+            zoom=zoom,
         )
 
     def _announce(self, run: _Run, plan: Plan, machine: QualificationStatus, seen: int,
@@ -295,9 +333,10 @@ class Reconciler:
 
     # -- metrics -------------------------------------------------------------------------
 
-    def _record(self, key: str, run: _Run, machine: QualificationStatus) -> None:
+    def _record(self, key: str, run: _Run, machine: QualificationStatus, *,
+                zoomed: bool = False) -> None:
         pin = run.spec.stack.effective_pin
-        if self._recorded.get(key) == (run.ref.uid, pin):
+        if self._recorded.get(key) == (run.ref.uid, pin, zoomed):
             return
         try:
             stored = None if machine.verdict is not None else self._location(run).read_verdict()
@@ -306,12 +345,23 @@ class Reconciler:
         verdict = machine.verdict or stored or failed_verdict(run.qspec, machine)
         report = build_report(run.qspec, verdict, Timeline.of(machine), run=run.ref.name,
                               pin=pin)
+        if zoomed:
+            report = report.model_copy(update={"zoom": self._read_zoom(run)})
         with self._lock:
             old = self._recorded.get(key)
             if old is not None and old[1] != pin:
                 self.metrics.qualification.forget(run.ref.namespace, run.ref.name, pin=old[1])
             self.metrics.qualification.record(report, namespace=run.ref.namespace)
-            self._recorded[key] = (run.ref.uid, pin)
+            self._recorded[key] = (run.ref.uid, pin, zoomed)
+
+    def _read_zoom(self, run: _Run) -> Zoom | None:
+        """``zoom.json`` of a run whose zoom Job succeeded; None if it cannot be read."""
+        try:
+            raw = self._location(run).store.get_bytes(ZOOM_JSON, RESULT_BYTES)
+            return Zoom.model_validate_json(raw)
+        except (ResumequalError, ValidationError) as e:
+            log.warning("%s: zoom.json: %s", run.ref.name, type(e).__name__)
+            return None
 
     def _forget(self, key: str) -> None:
         namespace, name = key.split("/", 1)

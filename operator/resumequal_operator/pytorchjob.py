@@ -387,3 +387,48 @@ def comparator_job(run_name: str, namespace: str, uid: str, spec: QualificationR
         },
         "spec": job_spec,
     }
+
+
+def zoom_job_name(run_name: str, uid: str) -> str:
+    """``<run>-zoom-<hash>``, stable for one run."""
+    return _dns_name(f"{run_name}-zoom", (uid, "zoom"))
+
+
+def zoom_deadline_seconds(spec: QualificationRunSpec) -> int:
+    """Two replays, each bounded by the leg timeout, and the comparison of their captures."""
+    return 2 * math.ceil(spec.timeouts.leg_seconds) + COMPARATOR_DEADLINE_S
+
+
+def zoom_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
+             run_uri: str, *, ttl_seconds: int | None = None) -> Obj:
+    """The batch/v1 Job that replays a FAIL's first divergent step (``resumequal zoom``).
+
+    Every rank of both replays runs in its one pod, with a leg pod's resources (GPUs
+    included, so the replay runs on the device the legs did). backoffLimit 0: the replay
+    is deterministic, and one that failed fails again.
+    """
+    meta_labels = labels(run_name, uid) | {COMPONENT: "zoom"}
+    container = _container(spec, ["resumequal"],
+                           ["zoom", run_uri, "--namespace", namespace],
+                           _env(spec, run_name, uid), gpus=True)
+    job_spec: Obj = {
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": zoom_deadline_seconds(spec),
+        "template": {
+            "metadata": {"labels": meta_labels},
+            "spec": _pod_spec(spec, container, "Never"),
+        },
+    }
+    if ttl_seconds is not None:
+        job_spec["ttlSecondsAfterFinished"] = ttl_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": zoom_job_name(run_name, uid),
+            "namespace": namespace,
+            "labels": meta_labels,
+            "ownerReferences": [owner_reference(run_name, uid)],
+        },
+        "spec": job_spec,
+    }

@@ -85,6 +85,8 @@ def render_objects(run: Any, *, namespace: str | None = None) -> list[Obj]:
     objects = [pytorchjob.checkpoint_key_secret(name, ns, uid, PLACEHOLDER_KEY)]
     objects += [pytorchjob.leg_job(name, ns, uid, spec, leg, uri) for leg in plan.legs]
     objects.append(pytorchjob.comparator_job(name, ns, uid, spec, uri))
+    if spec.zoom == "onFail":  # created only when the verdict is FAIL
+        objects.append(pytorchjob.zoom_job(name, ns, uid, spec, uri))
     return objects
 
 

@@ -282,6 +282,12 @@ class QualificationRunSpec(_Section):
     comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
     controls: ControlsSpec = Field(default_factory=ControlsSpec)
     matrix: MatrixSpec = Field(default_factory=MatrixSpec)
+    zoom: Literal["never", "onFail"] = Field(
+        default="never",
+        description="onFail: when the verdict is FAIL, the operator runs a zoom Job that "
+        "replays the first divergent step of both legs with every module hooked and adds "
+        "zoom.json and a zoom section to the report; status.zoom says where it starts.",
+    )
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     node_selector: dict[str, str] = Field(
         default_factory=dict, max_length=MAX_ENTRIES,
@@ -445,7 +451,8 @@ def _as_qualification_spec(spec: QualificationRunSpec, location: str | None) -> 
             update={"store": location, "s3": spec.store.s3_spec()})
     # Revalidated from plain data: the spec's checks across sections must run again.
     return QualificationSpec.model_validate(
-        {k: v.model_dump(mode="json") for k, v in data.items()})
+        {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+         for k, v in data.items()})
 
 
 def qualification_spec(
@@ -535,6 +542,18 @@ class VerdictStatus(_Status):
     controls_total: int | None = None
 
 
+class ZoomStatus(_Status):
+    """The zoom Job of a FAIL (``spec.zoom: onFail``) and what it found."""
+
+    job: str
+    state: Literal["Running", "Succeeded", "Failed"]
+    origin_kind: str | None = Field(default=None, description="module, reduction, clipping, "
+                                    "optimizer, state or none")
+    origins: list[str] = Field(default_factory=list, max_length=8)
+    summary: str | None = None
+    url: str | None = Field(default=None, description="zoom.json in the run location")
+
+
 class QualificationRunStatus(_Status):
     """What the operator reports; ``machine`` lets a restarted operator continue."""
 
@@ -548,6 +567,7 @@ class QualificationRunStatus(_Status):
     preemption: PreemptionStatus | None = None
     comparator_job: str | None = None
     verdict: VerdictStatus | None = None
+    zoom: ZoomStatus | None = None
     started_at: Time | None = None
     completed_at: Time | None = None
     machine: dict[str, Any] = Field(

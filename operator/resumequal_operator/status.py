@@ -26,6 +26,7 @@ from resumequal_operator.resource import (
     PreemptionStatus,
     QualificationRunStatus,
     VerdictStatus,
+    ZoomStatus,
 )
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -144,6 +145,7 @@ def run_status(
     comparator_job: str | None,
     preemption_mode: Literal["hard", "graceful"],
     run_spec: dict[str, Any],
+    zoom: ZoomStatus | None = None,
 ) -> QualificationRunStatus:
     """The whole status of a run from its machine (see the module docstring)."""
     legs = {}
@@ -183,6 +185,7 @@ def run_status(
         "preemption": preemption,
         "comparatorJob": comparator_job,
         "verdict": shown,
+        "zoom": zoom if zoom is not None else previous.zoom if previous is not None else None,
         "startedAt": history[0].at if history else None,
         "completedAt": history[-1].at if done and history else None,
         "machine": stored_machine(machine, run_spec),

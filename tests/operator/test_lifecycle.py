@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from resumequal.runstore import RunLocation
+from resumequal.signing import KEY_ENV
 from resumequal.spec import S3Spec
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
@@ -229,6 +230,68 @@ def test_a_failing_verdict_and_graceful_kill(
     api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "spot") is None,
                  10, "the finalizer to let the run go")
     assert loc.store.list() == []
+
+
+def test_a_failing_verdict_is_zoomed_by_a_job_of_its_own_when_asked(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    from resumequal.verdict import Result
+
+    workers.result = Result.FAIL
+    op = operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("zoomed", store, zoom="onFail"))
+    done = wait_phase(api, "zoomed", "Succeeded", timeout=30)
+    assert done["status"]["verdict"]["result"] == "FAIL"
+    # The verdict is out first; the zoom Job follows it and its finding lands in the status.
+    obj = eventually(lambda: (o := qr(api, "zoomed"))["status"].get("zoom", {}).get("state")
+                     == "Succeeded" and o, what="the zoom to conclude", timeout=30)
+    zoom = obj["status"]["zoom"]
+    name = pytorchjob.zoom_job_name("zoomed", obj["metadata"]["uid"])
+    assert zoom["job"] == name and zoom["originKind"] == "module"
+    assert zoom["origins"] == ["blocks.1.mix"] and zoom["url"].endswith("/zoom.json")
+    [job] = [j for j in api.created(JOBS.plural) if j["metadata"]["name"] == name]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["zoom", obj["status"]["runUri"], "--namespace", NAMESPACE]
+    assert any(e["name"] == KEY_ENV for e in container["env"])
+    reasons = [r for r, _, _ in events(api, "zoomed")]
+    assert reasons.count("ZoomStarted") == 1 and reasons.count("Zoomed") == 1
+    # Done with, like the comparator's: deleted once it succeeded.
+    assert eventually(lambda: api.get(JOBS.plural, NAMESPACE, name) is None,
+                      what="the zoom Job to be deleted")
+    labels = {"namespace": NAMESPACE, "pin": "train:2026-11-29", "run": "zoomed",
+              "scenario": "resume", "origin_kind": "module", "origin": "blocks.1.mix"}
+    assert eventually(lambda: value(scrape(op.health.port), "resumequal_zoom_origin_info",
+                                    **labels) == 1.0, what="the zoom origin series")
+
+
+def test_a_zoom_job_that_fails_leaves_the_verdict_and_says_so(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    from resumequal.verdict import Result
+
+    workers.result, workers.zoom_exit = Result.FAIL, 2
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("nozoom", store, zoom="onFail"))
+    obj = eventually(lambda: (o := qr(api, "nozoom")).get("status", {}).get("zoom", {})
+                     .get("state") == "Failed" and o, what="the zoom to fail", timeout=40)
+    assert obj["status"]["phase"] == "Succeeded"
+    assert obj["status"]["verdict"]["result"] == "FAIL"
+    assert "failed" in obj["status"]["zoom"]["summary"]
+    warnings = [m for r, t, m in events(api, "nozoom") if r == "ZoomFailed"]
+    assert len(warnings) == 1
+
+
+def test_a_passing_run_starts_no_zoom(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str]
+) -> None:
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("clean", store, zoom="onFail"))
+    done = wait_phase(api, "clean", "Succeeded", timeout=30)
+    assert done["status"]["verdict"]["result"] == "PASS" and "zoom" not in done["status"]
+    assert not [j for j in _live(api, JOBS.plural, "clean") if "-zoom-" in j]
 
 
 def test_a_finalizer_that_cannot_clean_up_gives_up(

@@ -28,6 +28,8 @@ from resumequal.verdict import (
     StepDelta,
     ValidityCheck,
     Verdict,
+    Zoom,
+    ZoomReplay,
 )
 from tests.kubeapi.scripted import SIGTERM_EXIT, Container
 
@@ -52,6 +54,17 @@ def verdict(result: Result = Result.PASS) -> Verdict:
     )
 
 
+def zoom_result() -> Zoom:
+    """What the scripted zoom Job finds: the difference starts in ``blocks.1.mix``."""
+    return Zoom(step=5, boundary="lr", replays=[
+        ZoomReplay(leg=leg, attempt=attempt, start=start, world_size=2, reproduced=True,
+                   detail="equal at every boundary")
+        for leg, attempt, start in (("control", 0, None), ("preempted", 1, "step-00000002"))],
+        origin_kind="module", origins=["blocks.1.mix"],
+        summary="step 5 first differs in 1 module (blocks.1.mix)", modules_total=6,
+        modules=[], stages=[])
+
+
 @dataclass
 class Workers:
     """Plays every leg's ranks and the comparator against run locations (S3 via ``s3``)."""
@@ -66,6 +79,8 @@ class Workers:
     fail_reason: str | None = None
     # Set: what the comparator writes as verdict.json instead of its verdict.
     verdict_bytes: bytes | None = None
+    # The zoom Job's exit code; 0 writes zoom.json first, as `resumequal zoom` does.
+    zoom_exit: int = 0
     # Set: the armed rank's beacon names this pod instead of its own (a planted beacon).
     beacon_pod: str | None = None
     # rank -> seconds it still writes (last trace segments, final checkpoint) after its last
@@ -131,6 +146,13 @@ class Workers:
         return {Result.PASS: 0, Result.FAIL: 1}.get(v.result, 2)
 
 
+    def zoom(self, uri: str) -> int:
+        """The zoom Job: writes zoom.json (origin: one module) unless it is to fail."""
+        if self.zoom_exit == 0:
+            self.location(uri).store.put_bytes("zoom.json", zoom_result().model_dump_json()
+                                               .encode())
+        return self.zoom_exit
+
     def __call__(self, container: Container) -> int | None:
         """``run_container`` of the simulated kubelet: a leg's pod or the comparator, decided
         by the container's command line as the image would. A leg's pod plays our launcher
@@ -139,6 +161,8 @@ class Workers:
         args = container.command
         if "compare" in args:
             return self.compare(args[args.index("compare") + 1])
+        if "zoom" in args:
+            return self.zoom(args[args.index("zoom") + 1])
         uri, leg = args[args.index("--run-dir") + 1], args[args.index("--leg") + 1]
         if self.fail_reason is not None and leg == "control":
             self.location(uri).leg(leg).mark_failed(self.fail_reason)

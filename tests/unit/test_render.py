@@ -48,6 +48,23 @@ def test_the_example_renders_every_leg_and_the_comparator() -> None:
     assert "&id" not in out  # every object reads whole, without YAML aliases
 
 
+def test_a_run_that_zooms_on_fail_renders_its_zoom_job_too() -> None:
+    run = yaml.safe_load((EXAMPLES / "qualificationrun.yaml").read_text())
+    run["spec"]["zoom"] = "onFail"
+    code, out, err = _render("-", stdin=yaml.safe_dump(run))
+    assert code == 0, err
+    objects = list(yaml.safe_load_all(out))
+    zoom = objects[-1]
+    assert zoom["kind"] == "Job" and zoom["metadata"]["name"] == pytorchjob.zoom_job_name(
+        run["metadata"]["name"], PLACEHOLDER_UID)
+    assert zoom["metadata"]["labels"]["app.kubernetes.io/component"] == "zoom"
+    validate_core(zoom)
+    pod = zoom["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["containers"][0]["args"][:1] == ["zoom"]
+    assert zoom["spec"]["backoffLimit"] == 0 and zoom["spec"]["activeDeadlineSeconds"] > 0
+
+
 def test_a_stored_run_renders_with_its_own_uid_and_namespace_override(tmp_path: Path) -> None:
     run = yaml.safe_load((EXAMPLES / "qualificationrun.yaml").read_text())
     run["metadata"]["uid"] = "3f1c9a0e-5b7d-4c1e-9a55-1e2f3a4b5c6d"

@@ -292,7 +292,7 @@ def test_unknown_top_level_field_lists_the_sections() -> None:
     msg = _error({"trainig": {"steps": 3}})
     assert msg == (
         "spec: trainig: unknown field; allowed: checkpoint, comparison, compile, controls, ddp, "
-        "matrix, parallelism, preemption, timeouts, training, workload, world"
+        "matrix, parallelism, preemption, timeouts, training, workload, world, zoom"
     )
 
 

@@ -162,3 +162,15 @@ def test_metrics_carry_the_differing_tensors_and_one_origin_series_per_run() -> 
     assert text.count("resumequal_zoom_origin_info{") == 1 and 'origin="reduced_grads"' in text
     metrics.forget("ml", report.run)
     assert "resumequal_zoom_origin_info{" not in generate_latest(registry).decode()
+
+
+def test_microsteps_only_one_replay_ran_are_not_compared() -> None:
+    """A replay from a mid-step checkpoint runs the step's later microsteps only."""
+    control = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    early = [dict(c, microstep=0) for c in control["calls"]]
+    late = [dict(c, microstep=1) for c in control["calls"]]
+    control["calls"] = early + late
+    resumed = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    resumed["calls"] = [dict(c, microstep=1) for c in resumed["calls"]]
+    found = compare_captures({0: control}, {0: resumed})
+    assert found.modules == [] and found.origin_kind == "none"

@@ -151,6 +151,9 @@ def _compare_modules(control: Mapping[int, Capture], preempted: Mapping[int, Cap
     for rank in sorted(control):
         a, b = control[rank], preempted[rank]
         b_calls = {_key(c): c for c in b["calls"]}
+        # A replay that resumed inside the step (a graceful emergency checkpoint) runs only
+        # its later microsteps: the ones both replays ran are compared.
+        common = {c["microstep"] for c in a["calls"]} & {c["microstep"] for c in b["calls"]}
         forward: dict[tuple[str, int, int], tuple[bool, bool]] = {}
         own_params = _param_diffs(a, b, rank)
         # Modules that received something different in some call on this rank: their
@@ -158,6 +161,8 @@ def _compare_modules(control: Mapping[int, Capture], preempted: Mapping[int, Cap
         tainted: set[str] = set()
         backward_at: dict[str, int] = {}
         for position, call in enumerate(a["calls"]):
+            if call["microstep"] not in common:
+                continue
             path = call["module"]
             mod = modules.setdefault(path, _Module(path, position))
             other = b_calls.get(_key(call))
