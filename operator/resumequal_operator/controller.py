@@ -1,17 +1,20 @@
 """The reconcile of one QualificationRun: level-triggered, from its stored status.
 
-Each reconcile reads the run, validates its spec (an invalid one ends as Failed with
-Ready=False naming the field, and nothing is started), judges it against the operator's
-allowlists (a refused one ends the same way, naming the rule, before any object is created
-or any store request sent), restores the qualification machine
-from ``status.machine``, ticks it once through a :class:`KubernetesBackend`, and writes the
-status through the status subresource. The finalizer ``resumequal.dev/cleanup`` lets a
-deleted run take its jobs, its metric series and (with ``retention.policy: Delete``) its
-store artifacts with it; a store it cannot clean up (a bucket deleted or unreachable) is
-given up on ``cleanup_seconds`` after the deletion, with a Warning Event naming what is
-left, so that deletion never blocks for ever. Transient errors (API, store) propagate to
-the caller, which retries with backoff; a tick's progress is written before its error is
-raised, so nothing done (a kill in particular) is done twice.
+Each reconcile takes the run from the watch-fed cache (:mod:`.cache`; no request),
+validates its spec (an invalid one ends as Failed with Ready=False naming the field, and
+nothing is started), judges it against the operator's allowlists (a refused one ends the
+same way, naming the rule, before any object is created or any store request sent),
+restores the qualification machine from ``status.machine``, ticks it once through a
+:class:`KubernetesBackend`, and writes the status through the status subresource when it
+changed (the answer goes into the cache). A run that has concluded is not looked at again
+until its object changes (a new generation, a deletion): its status and metrics are
+written once. The finalizer ``resumequal.dev/cleanup`` lets a deleted run take its jobs,
+its metric series and (with ``retention.policy: Delete``) its store artifacts with it; a
+store it cannot clean up (a bucket deleted or unreachable) is given up on
+``cleanup_seconds`` after the deletion, with a Warning Event naming what is left, so that
+deletion never blocks for ever. Transient errors (API, store) propagate to the caller,
+which retries with backoff; a tick's progress is written before its error is raised, so
+nothing done (a kill in particular) is done twice.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ from resumequal_operator.backend import (
     RunRef,
     delete_run_jobs,
 )
+from resumequal_operator.cache import CachedReads, ObjectCache, key_of
 from resumequal_operator.events import EventRecorder
-from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, NotFound, Obj
+from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, Obj
 from resumequal_operator.opmetrics import OperatorMetrics
 from resumequal_operator.resource import (
     QualificationRunSpec,
@@ -87,10 +91,13 @@ class Reconciler:
     """Reconciles QualificationRuns by key (``namespace/name``); safe for one key per thread."""
 
     def __init__(self, kube: Kube, metrics: OperatorMetrics, events: EventRecorder, *,
+                 cache: ObjectCache, reads: CachedReads | None = None,
                  poll_seconds: float = 2.0, cleanup_seconds: float = 300.0,
                  clock: Callable[[], float] = time.time,
                  allowlist: Allowlist | None = None) -> None:
         self.kube, self.metrics, self.events = kube, metrics, events
+        self.cache = cache
+        self.reads = reads or CachedReads(kube, {})
         self.allowlist = allowlist or Allowlist()
         self.poll_seconds = poll_seconds
         self.cleanup_seconds = cleanup_seconds
@@ -98,18 +105,21 @@ class Reconciler:
         self._lock = threading.Lock()
         self._locations: dict[str, RunLocation] = {}
         self._recorded: dict[str, tuple[str, str]] = {}  # key -> (uid, pin) recorded
+        # key -> resourceVersion of a run with nothing left to do at that version
+        # (concluded, or refused): its status and metrics are written.
+        self._settled: dict[str, str] = {}
 
     # -- entry ---------------------------------------------------------------------------
 
     def reconcile(self, key: str) -> float | None:
         """One reconcile; returns when to look again (seconds) or None (on the next event)."""
-        namespace, name = key.split("/", 1)
-        try:
-            obj = self.kube.get(QUALIFICATION_RUNS, namespace, name)
-        except NotFound:
+        obj = self.cache.get(key)
+        if obj is None:  # deleted: the watch has dropped it
             self._forget(key)
             return None
         meta = obj["metadata"]
+        if self._settled.get(key) == meta.get("resourceVersion"):
+            return None
         if meta.get("deletionTimestamp"):
             self._finalize(key, obj)
             return None
@@ -130,6 +140,7 @@ class Reconciler:
             # under it keeps its status (its metrics wait: they would read the store).
             machine = machine_of(previous)
             if machine is not None and machine.done:
+                self._settle(obj)
                 return None
             message = "\n".join(map(str, refused))
             if machine is not None:
@@ -181,13 +192,15 @@ class Reconciler:
         machine = machine_of(previous)
         if machine is not None and machine.done:
             # Finished: only the status (a new generation) and the metrics may need writing.
-            self._write_status(run.obj, self._status(run, plan, machine, previous, generation))
+            obj = self._write_status(run.obj, self._status(run, plan, machine, previous,
+                                                            generation))
             self._record(key, run, machine)
             with self._lock:
                 self._locations.pop(run.ref.uid, None)
+            self._settle(obj)
             return None
         backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
-                                    self._location(run))
+                                    self._location(run), reads=self.reads)
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
                           clock=self.clock)
         seen = len(q.status.history)
@@ -207,13 +220,15 @@ class Reconciler:
             self.events.record(run.obj, "BackendError", (
                 f"{streak.message}; retrying until timeouts.backendErrorSeconds="
                 f"{run.qspec.timeouts.backend_error_seconds:g} have passed"), warning=True)
-        self._write_status(run.obj, self._status(run, plan, q.status, previous, generation))
+        obj = self._write_status(run.obj, self._status(run, plan, q.status, previous,
+                                                        generation))
         if error is not None:
             raise error
         if q.status.done:
             self._record(key, run, q.status)
             with self._lock:
                 self._locations.pop(run.ref.uid, None)  # its trace cache is not needed again
+            self._settle(obj)
             return None
         return self.poll_seconds
 
@@ -258,8 +273,9 @@ class Reconciler:
     # -- status --------------------------------------------------------------------------
 
     def _write_status(self, obj: Obj, status: QualificationRunStatus) -> Obj:
-        """PUT the status with the object's resourceVersion; on 409 re-read and retry while
-        nobody else changed the status meanwhile."""
+        """PUT the status, unless it is unchanged, with the object's resourceVersion; on
+        409 re-read and retry while nobody else changed the status meanwhile. The object
+        as it is now (what the PUT or the re-read answered also goes into the cache)."""
         body = status.to_k8s()
         read = obj.get("status")
         if read == body:
@@ -267,10 +283,13 @@ class Reconciler:
         meta = obj["metadata"]
         for _ in range(STATUS_RETRIES):
             try:
-                return self.kube.replace(QUALIFICATION_RUNS, meta["namespace"],
-                                         {**obj, "status": body}, sub="status")
+                written = self.kube.replace(QUALIFICATION_RUNS, meta["namespace"],
+                                            {**obj, "status": body}, sub="status")
+                self.cache.written(written)
+                return written
             except Conflict:
                 obj = self.kube.get(QUALIFICATION_RUNS, meta["namespace"], meta["name"])
+                self.cache.written(obj)
                 if obj.get("status") != read:
                     raise  # another writer moved the status: reconcile again from it
         raise ClusterError(f"status of {meta['namespace']}/{meta['name']}: still conflicting "
@@ -291,7 +310,14 @@ class Reconciler:
             self.events.record(obj, reason, message, warning=True)
             log.warning("%s/%s: %s: %s", obj["metadata"]["namespace"],
                         obj["metadata"]["name"], reason, message.replace("\n", "; "))
-        self._write_status(obj, status)
+        self._settle(self._write_status(obj, status))
+
+    def _settle(self, obj: Obj) -> None:
+        """Nothing is left to do for ``obj`` until it changes (see ``reconcile``)."""
+        rv = obj["metadata"].get("resourceVersion")
+        if rv:
+            with self._lock:
+                self._settled[key_of(obj)] = str(rv)
 
     # -- metrics -------------------------------------------------------------------------
 
@@ -316,6 +342,7 @@ class Reconciler:
     def _forget(self, key: str) -> None:
         namespace, name = key.split("/", 1)
         with self._lock:
+            self._settled.pop(key, None)
             if self._recorded.pop(key, None) is not None:
                 self.metrics.qualification.forget(namespace, name)
 
@@ -325,7 +352,9 @@ class Reconciler:
         meta = obj["metadata"]
         patch = {"metadata": {"finalizers": [*(meta.get("finalizers") or []), FINALIZER],
                               "resourceVersion": meta["resourceVersion"]}}
-        return self.kube.patch(QUALIFICATION_RUNS, meta["namespace"], meta["name"], patch)
+        patched = self.kube.patch(QUALIFICATION_RUNS, meta["namespace"], meta["name"], patch)
+        self.cache.written(patched)
+        return patched
 
     def _finalize(self, key: str, obj: Obj) -> None:
         meta = obj["metadata"]
