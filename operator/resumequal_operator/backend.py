@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -402,19 +403,26 @@ def delete_run_jobs(kube: Kube, ref: RunRef) -> int:
 def _delete_owned(kube: Kube, ref: RunRef, objs: list[tuple[Kind, Obj]], *,
                   precondition: bool = True) -> int:
     """Delete those of ``objs`` the run owns and that are not being deleted (on the uid
-    seen, with ``precondition``); how many."""
-    deleted = 0
-    for kind, obj in objs:
-        if not ref.owns(obj) or obj["metadata"].get("deletionTimestamp"):
-            continue
+    seen, with ``precondition``), all at once; how many. The first error is raised once
+    every deletion has been tried."""
+    doomed = [(kind, obj) for kind, obj in objs
+              if ref.owns(obj) and not obj["metadata"].get("deletionTimestamp")]
+
+    def delete(kind: Kind, obj: Obj) -> int:
         try:
             kube.delete(kind, ref.namespace, obj["metadata"]["name"],
                         propagation="Background",
                         uid=obj["metadata"].get("uid") if precondition else None)
-            deleted += 1
         except NotFound:
-            pass
-    return deleted
+            return 0
+        return 1
+
+    if len(doomed) <= 1:
+        return sum(delete(kind, obj) for kind, obj in doomed)
+    # One request's latency rather than one per job: a run has a job per leg and one more.
+    with ThreadPoolExecutor(max_workers=len(doomed)) as pool:
+        futures = [pool.submit(delete, kind, obj) for kind, obj in doomed]
+    return sum(f.result() for f in futures)
 
 
 __all__ = [
