@@ -2,10 +2,11 @@
 
 The same interface as the local torchrun backend, so :class:`resumequal.qualify.Qualification`
 drives both. The backend keeps no memory of its own: every answer is read from the cluster
-(job conditions, pods) and from the run location (progress, beacons, failure markers,
-verdict), so a backend built afresh on every reconcile, or by a restarted operator, sees
-what the previous one saw. Launching is idempotent (an existing job is the leg already
-launched); kills and deletions are checked against what this run owns.
+(job conditions, from the operator's watch of its jobs where it holds them; pods) and from
+the run location (progress, beacons, failure markers, verdict), so a backend built afresh
+on every reconcile, or by a restarted operator, sees what the previous one saw. Launching
+is idempotent (an existing job is the leg already launched); kills and deletions are
+checked against what this run owns.
 
 A resize leg (:mod:`.resize`) is shrunk by lowering its PyTorchJob's Worker replicas to
 ``toNodes`` just before the armed pod is deleted (so the training operator does not
@@ -21,6 +22,7 @@ import contextlib
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -43,12 +45,14 @@ from resumequal.store import StoreNotFound
 from resumequal.verdict import Verdict, Zoom
 from resumequal.words import clip
 from resumequal_operator import pytorchjob, resize
+from resumequal_operator.cache import CachedReads
 from resumequal_operator.kube import (
     JOBS,
     PODS,
     PYTORCHJOBS,
     SECRETS,
     Conflict,
+    Kind,
     Kube,
     NotFound,
     Obj,
@@ -110,10 +114,14 @@ class KubernetesBackend:
     """Backend of one QualificationRun (see the module docstring)."""
 
     def __init__(self, kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
-                 spec: QualificationSpec, plan: Plan, location: RunLocation) -> None:
+                 spec: QualificationSpec, plan: Plan, location: RunLocation, *,
+                 reads: CachedReads | None = None) -> None:
         self.kube, self.run, self.run_spec = kube, run, run_spec
+        # The legs' and the comparator's jobs as watched (a GET when not cached).
+        self.reads = reads or CachedReads(kube, {})
         self.spec, self.plan, self.location = spec, plan, location
         self.notices: list[Notice] = []
+        self._prepared = False  # the spec and the key Secret: once per tick for all legs
 
     # -- names ---------------------------------------------------------------------------
 
@@ -140,9 +148,12 @@ class KubernetesBackend:
                  body["metadata"]["name"])
 
     def launch_leg(self, plan: LegPlan) -> None:
-        self.location.write_spec(self.spec)
+        if not self._prepared:
+            self.location.write_spec(self.spec)
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-        self.ensure_checkpoint_key()
+        if not self._prepared:
+            self.ensure_checkpoint_key()
+            self._prepared = True
         r = self.run
         body = pytorchjob.leg_job(r.name, r.namespace, r.uid, self.run_spec, plan,
                                   self.location.uri)
@@ -160,7 +171,7 @@ class KubernetesBackend:
         may still be writing their last trace segments and checkpoint."""
         name = self.job_name(leg)
         try:
-            job = self.kube.get(PYTORCHJOBS, self.run.namespace, name)
+            job = self.reads.get(PYTORCHJOBS, self.run.namespace, name)
         except NotFound:
             return LegObservation(state=LegState.FAILED,
                                   message=f"its PyTorchJob {name} no longer exists")
@@ -321,7 +332,9 @@ class KubernetesBackend:
         before = resize.worker_replicas(job)
         if before == replicas:
             return
-        self.kube.patch(PYTORCHJOBS, self.run.namespace, name, resize.replicas_patch(replicas))
+        patched = self.kube.patch(PYTORCHJOBS, self.run.namespace, name,
+                                  resize.replicas_patch(replicas))
+        self.reads.written(PYTORCHJOBS, patched)  # a later tick must not patch it again
         message = (f"{plan.name} leg: Worker replicas of PyTorchJob {name} {before} -> "
                    f"{replicas} {why}")
         log.info("%s: %s", self.run.name, message)
@@ -330,7 +343,7 @@ class KubernetesBackend:
     def compare(self) -> Verdict | None:
         name = self.comparator_name
         try:
-            job = self.kube.get(JOBS, self.run.namespace, name)
+            job = self.reads.get(JOBS, self.run.namespace, name)
         except NotFound:
             r = self.run
             self.ensure_checkpoint_key()  # there since the legs; a conflict then
@@ -361,8 +374,24 @@ class KubernetesBackend:
         raise ComparatorFailed(f"the comparator Job {name} failed without a verdict: {detail}")
 
     def cleanup(self) -> None:
-        """Delete every job this run started (pods go with them: Background propagation)."""
-        deleted = delete_run_jobs(self.kube, self.run)
+        """Delete every job this run started (pods go with them: Background propagation).
+        When the watch holds every job the run can have (its legs' and its comparator's),
+        they are deleted by name, each on the uid seen; else the run's jobs are listed."""
+        wanted = [*((PYTORCHJOBS, self.job_name(p.name)) for p in self.plan.legs),
+                  (JOBS, self.comparator_name)]
+        held: list[tuple[Kind, Obj]] = []
+        for kind, name in wanted:
+            obj = self.reads.cached(kind, self.run.namespace, name)
+            if obj is not None:
+                held.append((kind, obj))
+        deleted = None
+        if len(held) == len(wanted):
+            try:
+                deleted = _delete_owned(self.kube, self.run, held)
+            except Conflict:  # a job replaced under the same name since it was seen
+                deleted = None
+        if deleted is None:
+            deleted = delete_run_jobs(self.kube, self.run)
         if deleted:
             log.info("%s/%s: deleted %d job(s)", self.run.namespace, self.run.name, deleted)
 
@@ -429,18 +458,35 @@ def observe_zoom(kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
 def delete_run_jobs(kube: Kube, ref: RunRef) -> int:
     """Delete the PyTorchJobs and Jobs a run owns (Background: pods follow); how many."""
     selector = f"{pytorchjob.UID_LABEL}={ref.uid},{pytorchjob.MANAGED_BY}={pytorchjob.OPERATOR}"
-    deleted = 0
-    for kind in (PYTORCHJOBS, JOBS):
-        for obj in kube.list(kind, ref.namespace, labels=selector).get("items") or []:
-            if not ref.owns(obj) or obj["metadata"].get("deletionTimestamp"):
-                continue
-            try:
-                kube.delete(kind, ref.namespace, obj["metadata"]["name"],
-                            propagation="Background")
-                deleted += 1
-            except NotFound:
-                pass
-    return deleted
+    return _delete_owned(kube, ref, [
+        (kind, obj) for kind in (PYTORCHJOBS, JOBS)
+        for obj in kube.list(kind, ref.namespace, labels=selector).get("items") or []],
+        precondition=False)
+
+
+def _delete_owned(kube: Kube, ref: RunRef, objs: list[tuple[Kind, Obj]], *,
+                  precondition: bool = True) -> int:
+    """Delete those of ``objs`` the run owns and that are not being deleted (on the uid
+    seen, with ``precondition``), all at once; how many. The first error is raised once
+    every deletion has been tried."""
+    doomed = [(kind, obj) for kind, obj in objs
+              if ref.owns(obj) and not obj["metadata"].get("deletionTimestamp")]
+
+    def delete(kind: Kind, obj: Obj) -> int:
+        try:
+            kube.delete(kind, ref.namespace, obj["metadata"]["name"],
+                        propagation="Background",
+                        uid=obj["metadata"].get("uid") if precondition else None)
+        except NotFound:
+            return 0
+        return 1
+
+    if len(doomed) <= 1:
+        return sum(delete(kind, obj) for kind, obj in doomed)
+    # One request's latency rather than one per job: a run has a job per leg and one more.
+    with ThreadPoolExecutor(max_workers=len(doomed)) as pool:
+        futures = [pool.submit(delete, kind, obj) for kind, obj in doomed]
+    return sum(f.result() for f in futures)
 
 
 __all__ = [

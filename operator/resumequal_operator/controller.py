@@ -1,17 +1,20 @@
 """The reconcile of one QualificationRun: level-triggered, from its stored status.
 
-Each reconcile reads the run, validates its spec (an invalid one ends as Failed with
-Ready=False naming the field, and nothing is started), judges it against the operator's
-allowlists (a refused one ends the same way, naming the rule, before any object is created
-or any store request sent), restores the qualification machine
-from ``status.machine``, ticks it once through a :class:`KubernetesBackend`, and writes the
-status through the status subresource. The finalizer ``resumequal.dev/cleanup`` lets a
-deleted run take its jobs, its metric series and (with ``retention.policy: Delete``) its
-store artifacts with it; a store it cannot clean up (a bucket deleted or unreachable) is
-given up on ``cleanup_seconds`` after the deletion, with a Warning Event naming what is
-left, so that deletion never blocks for ever. Transient errors (API, store) propagate to
-the caller, which retries with backoff; a tick's progress is written before its error is
-raised, so nothing done (a kill in particular) is done twice.
+Each reconcile takes the run from the watch-fed cache (:mod:`.cache`; no request),
+validates its spec (an invalid one ends as Failed with Ready=False naming the field, and
+nothing is started), judges it against the operator's allowlists (a refused one ends the
+same way, naming the rule, before any object is created or any store request sent),
+restores the qualification machine from ``status.machine``, ticks it once through a
+:class:`KubernetesBackend`, and writes the status through the status subresource when it
+changed (the answer goes into the cache). A run that has concluded is not looked at again
+until its object changes (a new generation, a deletion): its status and metrics are
+written once. The finalizer ``resumequal.dev/cleanup`` lets a deleted run take its jobs,
+its metric series and (with ``retention.policy: Delete``) its store artifacts with it; a
+store it cannot clean up (a bucket deleted or unreachable) is given up on
+``cleanup_seconds`` after the deletion, with a Warning Event naming what is left, so that
+deletion never blocks for ever. Transient errors (API, store) propagate to the caller,
+which retries with backoff; a tick's progress is written before its error is raised, so
+nothing done (a kill in particular) is done twice.
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ from resumequal_operator.backend import (
     delete_run_jobs,
     observe_zoom,
 )
+from resumequal_operator.cache import CachedReads, ObjectCache, key_of
 from resumequal_operator.events import EventRecorder
-from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, NotFound, Obj
+from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, Obj
 from resumequal_operator.opmetrics import OperatorMetrics
 from resumequal_operator.resource import (
     QualificationRunSpec,
@@ -91,10 +95,13 @@ class Reconciler:
     """Reconciles QualificationRuns by key (``namespace/name``); safe for one key per thread."""
 
     def __init__(self, kube: Kube, metrics: OperatorMetrics, events: EventRecorder, *,
+                 cache: ObjectCache, reads: CachedReads | None = None,
                  poll_seconds: float = 2.0, cleanup_seconds: float = 300.0,
                  clock: Callable[[], float] = time.time,
                  allowlist: Allowlist | None = None) -> None:
         self.kube, self.metrics, self.events = kube, metrics, events
+        self.cache = cache
+        self.reads = reads or CachedReads(kube, {})
         self.allowlist = allowlist or Allowlist()
         self.poll_seconds = poll_seconds
         self.cleanup_seconds = cleanup_seconds
@@ -103,18 +110,21 @@ class Reconciler:
         self._locations: dict[str, RunLocation] = {}
         # key -> (uid, pin, zoom recorded) of the metrics recorded
         self._recorded: dict[str, tuple[str, str, bool]] = {}
+        # key -> resourceVersion of a run with nothing left to do at that version
+        # (concluded, or refused): its status and metrics are written.
+        self._settled: dict[str, str] = {}
 
     # -- entry ---------------------------------------------------------------------------
 
     def reconcile(self, key: str) -> float | None:
         """One reconcile; returns when to look again (seconds) or None (on the next event)."""
-        namespace, name = key.split("/", 1)
-        try:
-            obj = self.kube.get(QUALIFICATION_RUNS, namespace, name)
-        except NotFound:
+        obj = self.cache.get(key)
+        if obj is None:  # deleted: the watch has dropped it
             self._forget(key)
             return None
         meta = obj["metadata"]
+        if self._settled.get(key) == meta.get("resourceVersion"):
+            return None
         if meta.get("deletionTimestamp"):
             self._finalize(key, obj)
             return None
@@ -135,6 +145,7 @@ class Reconciler:
             # under it keeps its status (its metrics wait: they would read the store).
             machine = machine_of(previous)
             if machine is not None and machine.done:
+                self._settle(obj)
                 return None
             message = "\n".join(map(str, refused))
             if machine is not None:
@@ -188,11 +199,11 @@ class Reconciler:
             # Finished: only the status (a new generation), the zoom of a FAIL and the
             # metrics may need writing.
             zoom = self._zoom(run, machine, previous)
-            self._write_status(run.obj, self._status(run, plan, machine, previous, generation,
-                                                     zoom))
-            return self._concluded(key, run, machine, zoom)
+            obj = self._write_status(run.obj, self._status(run, plan, machine, previous,
+                                                            generation, zoom))
+            return self._concluded(key, run, machine, zoom, obj)
         backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
-                                    self._location(run))
+                                    self._location(run), reads=self.reads)
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
                           clock=self.clock)
         seen = len(q.status.history)
@@ -213,23 +224,24 @@ class Reconciler:
                 f"{streak.message}; retrying until timeouts.backendErrorSeconds="
                 f"{run.qspec.timeouts.backend_error_seconds:g} have passed"), warning=True)
         zoom = self._zoom(run, q.status, previous) if error is None and q.status.done else None
-        self._write_status(run.obj, self._status(run, plan, q.status, previous, generation,
-                                                 zoom))
+        obj = self._write_status(run.obj, self._status(run, plan, q.status, previous,
+                                                        generation, zoom))
         if error is not None:
             raise error
         if q.status.done:
-            return self._concluded(key, run, q.status, zoom)
+            return self._concluded(key, run, q.status, zoom, obj)
         return self.poll_seconds
 
     def _concluded(self, key: str, run: _Run, machine: QualificationStatus,
-                   zoom: ZoomStatus | None) -> float | None:
+                   zoom: ZoomStatus | None, obj: Obj) -> float | None:
         """Record a finished run's metrics; look again only while its zoom Job runs."""
         zooming = zoom is not None and zoom.state == "Running"
         self._record(key, run, machine, zoomed=zoom is not None and zoom.state == "Succeeded")
         if zooming:
-            return self.poll_seconds
+            return self.poll_seconds  # not settled: the Job is followed until it ends
         with self._lock:
             self._locations.pop(run.ref.uid, None)  # its trace cache is not needed again
+        self._settle(obj)
         return None
 
     def _zoom(self, run: _Run, machine: QualificationStatus,
@@ -296,8 +308,9 @@ class Reconciler:
     # -- status --------------------------------------------------------------------------
 
     def _write_status(self, obj: Obj, status: QualificationRunStatus) -> Obj:
-        """PUT the status with the object's resourceVersion; on 409 re-read and retry while
-        nobody else changed the status meanwhile."""
+        """PUT the status, unless it is unchanged, with the object's resourceVersion; on
+        409 re-read and retry while nobody else changed the status meanwhile. The object
+        as it is now (what the PUT or the re-read answered also goes into the cache)."""
         body = status.to_k8s()
         read = obj.get("status")
         if read == body:
@@ -305,10 +318,13 @@ class Reconciler:
         meta = obj["metadata"]
         for _ in range(STATUS_RETRIES):
             try:
-                return self.kube.replace(QUALIFICATION_RUNS, meta["namespace"],
-                                         {**obj, "status": body}, sub="status")
+                written = self.kube.replace(QUALIFICATION_RUNS, meta["namespace"],
+                                            {**obj, "status": body}, sub="status")
+                self.cache.written(written)
+                return written
             except Conflict:
                 obj = self.kube.get(QUALIFICATION_RUNS, meta["namespace"], meta["name"])
+                self.cache.written(obj)
                 if obj.get("status") != read:
                     raise  # another writer moved the status: reconcile again from it
         raise ClusterError(f"status of {meta['namespace']}/{meta['name']}: still conflicting "
@@ -329,7 +345,14 @@ class Reconciler:
             self.events.record(obj, reason, message, warning=True)
             log.warning("%s/%s: %s: %s", obj["metadata"]["namespace"],
                         obj["metadata"]["name"], reason, message.replace("\n", "; "))
-        self._write_status(obj, status)
+        self._settle(self._write_status(obj, status))
+
+    def _settle(self, obj: Obj) -> None:
+        """Nothing is left to do for ``obj`` until it changes (see ``reconcile``)."""
+        rv = obj["metadata"].get("resourceVersion")
+        if rv:
+            with self._lock:
+                self._settled[key_of(obj)] = str(rv)
 
     # -- metrics -------------------------------------------------------------------------
 
@@ -366,6 +389,7 @@ class Reconciler:
     def _forget(self, key: str) -> None:
         namespace, name = key.split("/", 1)
         with self._lock:
+            self._settled.pop(key, None)
             if self._recorded.pop(key, None) is not None:
                 self.metrics.qualification.forget(namespace, name)
 
@@ -375,7 +399,9 @@ class Reconciler:
         meta = obj["metadata"]
         patch = {"metadata": {"finalizers": [*(meta.get("finalizers") or []), FINALIZER],
                               "resourceVersion": meta["resourceVersion"]}}
-        return self.kube.patch(QUALIFICATION_RUNS, meta["namespace"], meta["name"], patch)
+        patched = self.kube.patch(QUALIFICATION_RUNS, meta["namespace"], meta["name"], patch)
+        self.cache.written(patched)
+        return patched
 
     def _finalize(self, key: str, obj: Obj) -> None:
         meta = obj["metadata"]

@@ -183,8 +183,8 @@ class Kube:
                           body=body)
 
     def watch(self, kind: Kind, namespace: str | None, resource_version: str, *,
-              timeout_seconds: int, stop: threading.Event | None = None,
-              on_open: Any = None) -> Iterator[Obj]:
+              timeout_seconds: int, labels: str | None = None,
+              stop: threading.Event | None = None, on_open: Any = None) -> Iterator[Obj]:
         """Events after ``resource_version`` until the server ends the stream.
 
         An ERROR event with code 410 raises :class:`Gone`; ``on_open(response)`` receives
@@ -193,6 +193,8 @@ class Kube:
         what = f"watch {kind.plural}"
         query = [("watch", "true"), ("resourceVersion", resource_version),
                  ("allowWatchBookmarks", "true"), ("timeoutSeconds", timeout_seconds)]
+        if labels:
+            query.append(("labelSelector", labels))
         try:
             resp = self.api.call_api(
                 kind.path(namespace), "GET", query_params=query,

@@ -1,9 +1,10 @@
 """The running operator: watchers, a work queue, workers, leader election, one HTTP port.
 
-Every replica watches (so a standby's cache is warm), but only the leader's workers take
-keys from the queue; a replica that becomes leader enqueues every run it knows. Runs that
-are not finished are looked at again every ``poll_seconds`` (progress lives in the store,
-which sends no events), every run every ``resync_seconds``.
+Every replica watches into its :class:`~.cache.ObjectCache`, which reconciles read runs from
+(so a standby's cache is warm), but only the leader's workers take keys from the queue; a
+replica that becomes leader enqueues every run it knows. Runs that are not finished are
+looked at again every ``poll_seconds`` (progress lives in the store, which sends no
+events), every run every ``resync_seconds``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from resumequal.errors import ResumequalError
+from resumequal_operator import pytorchjob
 from resumequal_operator.allowlist import Allowlist
+from resumequal_operator.cache import CachedReads, ObjectCache
 from resumequal_operator.controller import Reconciler
 from resumequal_operator.events import EventRecorder
 from resumequal_operator.health import HealthServer
-from resumequal_operator.kube import Kube
+from resumequal_operator.kube import JOBS, PYTORCHJOBS, Kube
 from resumequal_operator.leader import LeaderElector, LeaseSettings
 from resumequal_operator.opmetrics import OperatorMetrics
 from resumequal_operator.watching import Watcher
@@ -75,15 +78,23 @@ class Operator:
         self.metrics = OperatorMetrics(self.registry)
         self.queue = WorkQueue()
         self.metrics.watch_queue(lambda: len(self.queue))
+        self.cache = ObjectCache()
+        # The jobs it created, by the label it gives them: read by the backend every tick.
+        owned = {kind: ObjectCache() for kind in (PYTORCHJOBS, JOBS)}
         self.reconciler = Reconciler(kube, self.metrics,
-                                     EventRecorder(kube, settings.identity),
+                                     EventRecorder(kube, settings.identity), cache=self.cache,
+                                     reads=CachedReads(kube, owned),
                                      poll_seconds=settings.poll_seconds,
                                      cleanup_seconds=settings.cleanup_seconds,
                                      allowlist=settings.allowlist)
         namespaces: Sequence[str | None] = settings.namespaces or (None,)
-        self.watchers = [Watcher(kube, ns, self.queue.add,
+        self.watchers = [Watcher(kube, ns, self.queue.add, cache=self.cache,
                                  timeout_seconds=settings.watch_timeout_seconds)
                          for ns in namespaces]
+        managed = f"{pytorchjob.MANAGED_BY}={pytorchjob.OPERATOR}"
+        self.owned_watchers = [Watcher(kube, ns, None, cache=cache, kind=kind, labels=managed,
+                                       timeout_seconds=settings.watch_timeout_seconds)
+                               for kind, cache in owned.items() for ns in namespaces]
         self.elector: LeaderElector | None = None
         self._leading = threading.Event()
         if settings.leader_elect:
@@ -101,7 +112,7 @@ class Operator:
 
     def start(self) -> None:
         self.health.start()
-        for w in self.watchers:
+        for w in [*self.watchers, *self.owned_watchers]:
             w.start()
         if self.elector is not None:
             self.elector.start()
@@ -123,7 +134,7 @@ class Operator:
         self.queue.shutdown()
         for t in self._threads:
             t.join(timeout=30)
-        for w in self.watchers:
+        for w in [*self.watchers, *self.owned_watchers]:
             w.stop()
         if self.elector is not None:
             self.elector.stop(release=True)
@@ -155,13 +166,14 @@ class Operator:
             self._leading.clear()
 
     def _healthy(self) -> str | None:
-        dead = [w.where for w in self.watchers if not w.alive]
+        dead = [w.where for w in [*self.watchers, *self.owned_watchers] if not w.alive]
         if dead and not self._stop.is_set():
             return f"watch of {', '.join(dead)} stopped"
         return None
 
     def _ready(self) -> str | None:
-        unsynced = [w.where for w in self.watchers if not w.synced.is_set()]
+        unsynced = [w.where for w in [*self.watchers, *self.owned_watchers]
+                    if not w.synced.is_set()]
         if unsynced:
             return f"cache of {', '.join(unsynced)} not synced"
         if self.elector is not None and not self.elector.known.is_set():

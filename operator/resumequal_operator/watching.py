@@ -1,11 +1,17 @@
-"""List-then-watch of QualificationRuns in one namespace (or all), feeding the work queue.
+"""List-then-watch of QualificationRuns in one namespace (or all), feeding the run cache
+and the work queue.
 
-A watcher lists (which gives a resourceVersion), enqueues every run, then watches from
-that version. When the server says 410 Gone (the version was compacted away) it lists
-again and enqueues every run, including those that disappeared meanwhile, so their
-metrics and store references are dropped: a level-triggered reconcile needs only keys.
-A status-only change does not enqueue (the operator wrote it; its own requeue follows the
-run), so status writes do not feed back into reconciles.
+A watcher lists (which gives a resourceVersion), puts every run into its
+:class:`~resumequal_operator.cache.ObjectCache`, enqueues it, then watches from that
+version, each event updating the cache. When the server says 410 Gone (the version was
+compacted away) it lists again and enqueues every run, including those that disappeared
+meanwhile, so their metrics and store references are dropped (see :mod:`.cache` for why
+the cache stays correct). A status-only change does not enqueue (the operator wrote it;
+its own requeue follows the run), so status writes do not feed back into reconciles.
+
+The same watcher, given another kind and a label selector, keeps the PyTorchJobs and Jobs
+the operator created in caches of their own, enqueuing nothing: the backend reads them
+from there (:class:`~resumequal_operator.cache.CachedReads`).
 """
 
 from __future__ import annotations
@@ -17,14 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from resumequal.errors import ClusterError
-from resumequal_operator.kube import QUALIFICATION_RUNS, Gone, Kube, Obj
+from resumequal_operator.cache import ObjectCache, key_of
+from resumequal_operator.kube import QUALIFICATION_RUNS, Gone, Kind, Kube, Obj
 
 log = logging.getLogger(__name__)
-
-
-def key_of(obj: Obj) -> str:
-    m = obj["metadata"]
-    return f"{m['namespace']}/{m['name']}"
 
 
 def _trigger(obj: Obj) -> tuple[Any, ...]:
@@ -35,28 +37,32 @@ def _trigger(obj: Obj) -> tuple[Any, ...]:
 
 
 class Watcher:
-    """Keeps the keys (and triggers) of the runs in ``namespace`` (None: all namespaces)."""
+    """Keeps the runs in ``namespace`` (None: all namespaces) in ``cache``, enqueuing their
+    keys; or, with ``kind`` and ``labels``, those objects of another kind, enqueuing
+    nothing (``enqueue`` None)."""
 
-    def __init__(self, kube: Kube, namespace: str | None, enqueue: Callable[[str], None], *,
+    def __init__(self, kube: Kube, namespace: str | None,
+                 enqueue: Callable[[str], None] | None, *, cache: ObjectCache,
+                 kind: Kind = QUALIFICATION_RUNS, labels: str | None = None,
                  timeout_seconds: int = 60, retry_seconds: float = 1.0) -> None:
-        self.kube, self.namespace, self.enqueue = kube, namespace, enqueue
+        self.kube, self.namespace = kube, namespace
+        self.enqueue: Callable[[str], None] = enqueue or (lambda key: None)
+        self.cache, self.kind, self.labels = cache, kind, labels
         self.timeout_seconds, self.retry_seconds = timeout_seconds, retry_seconds
         self.synced = threading.Event()
         self.relists = 0
-        self._known: dict[str, tuple[Any, ...]] = {}
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._resp: Any = None
         self._thread: threading.Thread | None = None
 
     @property
     def where(self) -> str:
-        return self.namespace or "all namespaces"
+        where = self.namespace or "all namespaces"
+        return where if self.kind == QUALIFICATION_RUNS else f"{self.kind.plural} in {where}"
 
     def runs(self) -> list[str]:
         """Keys of the runs seen so far."""
-        with self._lock:
-            return list(self._known)
+        return self.cache.keys(self.namespace)
 
     @property
     def alive(self) -> bool:
@@ -83,7 +89,8 @@ class Watcher:
             try:
                 if version is None:
                     version = self._list()
-                for event in self.kube.watch(QUALIFICATION_RUNS, self.namespace, version,
+                for event in self.kube.watch(self.kind, self.namespace, version,
+                                             labels=self.labels,
                                              timeout_seconds=self.timeout_seconds,
                                              stop=self._stop, on_open=self._opened):
                     version = self._handle(event) or version
@@ -104,18 +111,16 @@ class Watcher:
         self._resp = resp
 
     def _list(self) -> str:
-        listing = self.kube.list(QUALIFICATION_RUNS, self.namespace)
+        listing = self.kube.list(self.kind, self.namespace, labels=self.labels)
         items = listing.get("items") or []
-        current = {key_of(o): _trigger(o) for o in items}
-        with self._lock:
-            gone = set(self._known) - set(current)
-            self._known = current
+        gone = self.cache.replace(self.namespace, items)
         if self.synced.is_set():
             self.relists += 1
-        for key in [*current, *gone]:
+        for key in [*map(key_of, items), *gone]:
             self.enqueue(key)
         self.synced.set()
-        log.info("listed %d QualificationRun(s) in %s", len(items), self.where)
+        log.info("listed %d %s in %s", len(items), self.kind.plural,
+                 self.namespace or "all namespaces")
         return str(listing["metadata"]["resourceVersion"])
 
     def _handle(self, event: Obj) -> str | None:
@@ -124,14 +129,12 @@ class Watcher:
         if kind == "BOOKMARK" or not (obj.get("metadata") or {}).get("name"):
             return str(version) if version else None
         key = key_of(obj)
-        with self._lock:
-            if kind == "DELETED":
-                self._known.pop(key, None)
-                changed = True
-            else:
-                trigger = _trigger(obj)
-                changed = self._known.get(key) != trigger
-                self._known[key] = trigger
+        if kind == "DELETED":
+            self.cache.forget(key)
+            changed = True
+        else:
+            taken, old = self.cache.observe(obj)
+            changed = taken and (old is None or _trigger(old) != _trigger(obj))
         if changed:
             self.enqueue(key)
         return str(version) if version else None

@@ -194,9 +194,10 @@ OPERATOR_RULES = (
     {("resumequal.dev", "qualificationruns", v) for v in ("get", "list", "watch", "patch")}
     | {("resumequal.dev", "qualificationruns/status", "update")}
     | {("resumequal.dev", "qualificationruns/finalizers", "update")}  # blockOwnerDeletion
-    | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "create", "delete")}
+    # Its own jobs are watched (by its managed-by label) and read from that cache.
+    | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch", "create", "delete")}
     | {("kubeflow.org", "pytorchjobs", "patch")}  # a resize's Worker replicas
-    | {("batch", "jobs", v) for v in ("get", "list", "create", "delete")}
+    | {("batch", "jobs", v) for v in ("get", "list", "watch", "create", "delete")}
     | {("", "pods", v) for v in ("get", "delete")}
     | {("", "events", "create")}
     | {("", "secrets", "create")}  # each run's checkpoint key, never read back

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from resumequal_operator.kube import LEASES, PYTORCHJOBS, QUALIFICATION_RUNS
+from resumequal_operator.cache import ObjectCache
+from resumequal_operator.kube import LEASES, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.leader import LeaseSettings
+from resumequal_operator.watching import Watcher
 from tests.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
@@ -74,6 +76,36 @@ def test_watch_expiry_is_recovered_by_listing_again(
     api.create(QUALIFICATION_RUNS.plural, run_manifest("after-gone", store))
     wait_phase(api, "after-gone", "LegsRunning", timeout=15)
     assert op.watchers[0].relists >= 1
+
+
+def test_a_run_deleted_while_the_watch_was_down_leaves_the_cache_after_the_410(
+    api: KubeAPI, store: dict[str, str]
+) -> None:
+    for name in ("kept", "deleted"):
+        api.create(QUALIFICATION_RUNS.plural, run_manifest(name, store))
+    kube, cache, enqueued = Kube(api.api_client()), ObjectCache(), []
+    watcher = Watcher(kube, NAMESPACE, enqueued.append, cache=cache, timeout_seconds=1,
+                      retry_seconds=0.1)
+    watcher.start()
+    try:
+        eventually(lambda: watcher.synced.is_set(), what="the first listing")
+        assert sorted(cache.keys()) == [f"{NAMESPACE}/deleted", f"{NAMESPACE}/kept"]
+        api.stop()  # the watch breaks; meanwhile the run goes and the history with it
+        api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "deleted")
+        api.compact()
+        enqueued.clear()
+        api.start()
+        eventually(lambda: watcher.relists >= 1, timeout=10, what="a listing after 410 Gone")
+        assert cache.keys() == [f"{NAMESPACE}/kept"]
+        # Both reconciled: the deleted one to forget its metrics and store references.
+        assert sorted(set(enqueued)) == [f"{NAMESPACE}/deleted", f"{NAMESPACE}/kept"]
+        api.patch(QUALIFICATION_RUNS.plural, NAMESPACE, "kept", {"spec": {"controls": {
+            "enabled": True}}})
+        eventually(lambda: (cache.get(f"{NAMESPACE}/kept") or {}).get("metadata", {})
+                   .get("generation") == 2, what="the watch resumed from the listing")
+    finally:
+        watcher.stop()
+        kube.close()
 
 
 def test_only_the_leader_reconciles_and_a_standby_takes_over(

@@ -182,6 +182,38 @@ def test_metrics_follow_the_verdict(finished: Finished) -> None:
             assert r.status == 200
 
 
+def test_a_concluded_run_is_read_from_the_cache_and_left_alone_until_it_changes(
+    finished: Finished
+) -> None:
+    api, op = finished.api, finished.op
+    path = QUALIFICATION_RUNS.path(NAMESPACE, "nightly")
+
+    def requests() -> list[str]:
+        return [m for m, p in api.requests if p.split("?")[0] in (path, f"{path}/status")]
+
+    # From apply to verdict no reconcile asked the API server for the run (the watch feeds
+    # the cache), and every status write changed the status (an unchanged PUT would be a
+    # no-op without a watch event in the emulator, as in the API server).
+    assert "GET" not in requests()
+    status_events = [e for e in api.history(QUALIFICATION_RUNS.plural)
+                     if e.object["metadata"]["name"] == "nightly" and e.type == "MODIFIED"]
+    assert requests().count("PUT") <= len(status_events)
+    before, seen = len(requests()), len(events(api, "nightly"))
+    for _ in range(5):  # as resyncs and a new leader would
+        reconciles = op.reconciles
+        op.queue.add(f"{NAMESPACE}/nightly")
+        eventually(lambda r=reconciles: op.reconciles > r, what="one more reconcile")
+    assert len(requests()) == before and len(events(api, "nightly")) == seen
+
+    # A change of its object (a new generation) is reconciled: the status says it saw it.
+    api.patch(QUALIFICATION_RUNS.plural, NAMESPACE, "nightly",
+              {"spec": {"timeouts": {"legSeconds": 99}}})
+    eventually(lambda: qr(api, "nightly")["status"]["observedGeneration"] == 2,
+               what="the new generation observed")
+    assert qr(api, "nightly")["status"]["phase"] == "Succeeded"
+    assert [r for r, _, _ in events(api, "nightly")][seen:] == ["SpecChangeIgnored"]
+
+
 def test_deletion_removes_the_series_and_keeps_the_artifacts(finished: Finished) -> None:
     # Last in the module: it deletes the shared run. Retention Retain is the default.
     api, port = finished.api, finished.op.health.port

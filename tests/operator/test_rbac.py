@@ -40,9 +40,11 @@ SERVICE_ACCOUNT = "rq-resumequal"
 # admission plugin allows only to who may update the owner's finalizers.
 NOT_A_REQUEST = {("resumequal.dev", "qualificationruns/finalizers", "update")}
 # Requested only by a resize run, which the scripted workers below do not play: its Worker
-# replicas patched down at the kill and up at the grow (tests/operator/test_pods.py, with
-# real pods, and tests/operator/test_backend.py record those requests).
-RESIZE_ONLY = {("kubeflow.org", "pytorchjobs", "patch")}
+# replicas read, then patched down at the kill and up at the grow
+# (tests/operator/test_pods.py, with real pods, and tests/operator/test_backend.py record
+# those requests). Otherwise a leg's PyTorchJob is read from the operator's watch of its
+# jobs, and read from the API server only while a job just created is not watched yet.
+RESIZE_ONLY = {("kubeflow.org", "pytorchjobs", "patch"), ("kubeflow.org", "pytorchjobs", "get")}
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,10 @@ def requests(moto_server: MotoServer) -> Iterator[list[Request]]:
         workers = Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region="us-east-1",
                                     addressing_style="path"))
         ops = Operators(api, endpoints=(moto_server.endpoint,))
+        # A status write that conflicts once: the run is read again (its only read; every
+        # reconcile takes it from the watch).
+        api.inject_fault(method="PUT", kind=QUALIFICATION_RUNS.plural + ".resumequal.dev",
+                         subresource="status", code=409, times=1, message="the object changed")
         with SimulatedTrainingOperator(api, run_container=workers):
             try:
                 ops.start()
@@ -187,4 +193,5 @@ def test_the_life_covered_every_kind_of_request(requests: list[Request]) -> None
     seen = {(r.resource, r.verb) for r in requests}
     assert {("pods", "delete"), ("secrets", "create"), ("leases", "update"),
             ("customresourcedefinitions", "create"), ("customresourcedefinitions", "update"),
-            ("qualificationruns", "watch"), ("qualificationruns/status", "update")} <= seen
+            ("qualificationruns", "watch"), ("qualificationruns/status", "update"),
+            ("pytorchjobs", "watch"), ("jobs", "watch")} <= seen

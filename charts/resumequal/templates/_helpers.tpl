@@ -108,14 +108,15 @@ exactly the requests it makes (tests/operator/test_rbac.py holds the two to each
 - apiGroups: ["resumequal.dev"]
   resources: ["qualificationruns/finalizers"]
   verbs: ["update"]
-# A resize (preemption.resize) lowers a leg's Worker replicas at the kill and raises them
-# at the grow (a JSON merge patch).
+# The jobs it creates are watched (list + watch, by its managed-by label) and read from
+# that cache, read (get) when just created. A resize (preemption.resize) lowers a leg's
+# Worker replicas at the kill and raises them at the grow (a JSON merge patch).
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
-  verbs: ["get", "list", "create", "delete", "patch"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # Preemption is the deletion of one worker pod, read first to check it is the run's.
 - apiGroups: [""]
   resources: ["pods"]
