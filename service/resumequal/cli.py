@@ -90,6 +90,9 @@ def main(verbose: bool) -> None:
 def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
         scratch: Path | None, trace_every: int) -> None:
     """Run one training leg in this process; meant to run under torchrun."""
+    from resumequal.train.startup import pause_gc
+
+    pause_gc()  # until the first step: see resumequal.train.startup
     from resumequal.train.worker import run_leg  # torch loads only for commands that train
 
     try:

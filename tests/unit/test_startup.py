@@ -1,0 +1,46 @@
+"""The collector's pause over a worker's start-up (resumequal.train.startup)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from resumequal.train import startup
+
+
+@pytest.fixture(autouse=True)
+def _collector_as_it_was() -> Iterator[None]:
+    enabled = gc.isenabled()
+    yield
+    startup._paused = False
+    gc.unfreeze()
+    (gc.enable if enabled else gc.disable)()
+
+
+def test_start_up_pauses_the_collector_and_its_end_freezes_and_resumes_it() -> None:
+    gc.enable()
+    gc.unfreeze()
+    startup.pause_gc()
+    assert not gc.isenabled() and startup.gc_paused()
+    startup.resume_gc()
+    assert gc.isenabled() and not startup.gc_paused()
+    assert gc.get_freeze_count() > 0
+
+
+def test_a_collector_paused_by_someone_else_stays_paused() -> None:
+    gc.disable()
+    startup.pause_gc()
+    assert not startup.gc_paused()
+    startup.resume_gc()
+    assert not gc.isenabled()
+    assert gc.get_freeze_count() == 0
+
+
+def test_resuming_without_a_pause_changes_nothing() -> None:
+    gc.enable()
+    gc.unfreeze()
+    startup.resume_gc()
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
