@@ -44,3 +44,12 @@ def test_resuming_without_a_pause_changes_nothing() -> None:
     startup.resume_gc()
     assert gc.isenabled()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_start_up_that_failed_resumes_without_freezing() -> None:
+    gc.enable()
+    gc.unfreeze()
+    startup.pause_gc()
+    startup.resume_gc(freeze=False)
+    assert gc.isenabled() and not startup.gc_paused()
+    assert gc.get_freeze_count() == 0

@@ -25,19 +25,21 @@ def pause_gc() -> None:
         _paused = True
 
 
-def resume_gc() -> None:
-    """End start-up: freeze what it made and let the collector run again.
+def resume_gc(*, freeze: bool = True) -> None:
+    """End start-up: freeze what it made (unless ``freeze`` is False, for a start-up that
+    failed) and let the collector run again.
 
     Only undoes a pause of :func:`pause_gc`: a process that never paused (a test, an
-    embedding application) keeps its collector as it was.
+    embedding application) keeps its collector as it was, and a second call does nothing.
     """
     global _paused
     if not _paused:
         return
     _paused = False
-    # Frozen objects are never scanned again: the imports' modules, classes and the model
-    # live for the whole process, so later collections only walk what training allocates.
-    gc.freeze()
+    if freeze:
+        # Frozen objects are never scanned again: the imports' modules, classes and the
+        # model live for the whole process, so later collections walk what training makes.
+        gc.freeze()
     gc.enable()
 
 
