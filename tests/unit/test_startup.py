@@ -14,12 +14,12 @@ from resumequal.train import startup
 def _collector_as_it_was() -> Iterator[None]:
     enabled = gc.isenabled()
     yield
-    startup._paused = False
+    startup._paused = startup._frozen = False
     gc.unfreeze()
     (gc.enable if enabled else gc.disable)()
 
 
-def test_start_up_pauses_the_collector_and_its_end_freezes_and_resumes_it() -> None:
+def test_start_up_pauses_the_collector_its_end_freezes_and_resumes_it_and_a_step_thaws_it() -> None:
     gc.enable()
     gc.unfreeze()
     startup.pause_gc()
@@ -27,6 +27,8 @@ def test_start_up_pauses_the_collector_and_its_end_freezes_and_resumes_it() -> N
     startup.resume_gc()
     assert gc.isenabled() and not startup.gc_paused()
     assert gc.get_freeze_count() > 0
+    startup.thaw_gc()  # after the first step: start-up's objects are collectable again
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
 
 
 def test_a_collector_paused_by_someone_else_stays_paused() -> None:
@@ -53,3 +55,10 @@ def test_a_start_up_that_failed_resumes_without_freezing() -> None:
     startup.resume_gc(freeze=False)
     assert gc.isenabled() and not startup.gc_paused()
     assert gc.get_freeze_count() == 0
+
+
+def test_thawing_what_was_never_frozen_changes_nothing() -> None:
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    startup.thaw_gc()
+    assert gc.get_freeze_count() == frozen

@@ -89,7 +89,7 @@ from resumequal.train.sharding import (
     shard_model,
     shard_units,
 )
-from resumequal.train.startup import resume_gc
+from resumequal.train.startup import resume_gc, thaw_gc
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import PositionalDataset, WorkloadContext
 
@@ -371,6 +371,7 @@ class Trainer:
         t = self.spec.training
         for step in range(live.counters.step + 1, t.steps + 1):
             self._step(live, step)
+            thaw_gc()  # the first step is done (resumequal.train.startup)
             if self.spec.checkpoint.saves_after(step, t.steps):
                 self._save(live, hold_step=step)
         self.ckpt.poll(wait=True)  # the last background save, if any

@@ -2,12 +2,16 @@
 first step.
 
 A resumed worker imports torch, DCP and (through DDP and deterministic algorithms) dynamo:
-about half a million long-lived objects. With the collector running, each generation-2
-pass walks all of them, several times during the imports alone, and those passes are a
-fifth of a restart's start-up on a loaded CPU. Start-up allocates little cyclic garbage
-(a few thousand objects, none holding tensors that outlive it), so the collector is paused
-until the worker is about to train, then everything alive is frozen out of its reach
-(``gc.freeze``) and it runs again. Owns only the collector's state: no torch, no I/O.
+about half a million objects that live as long as the process. With the collector
+running, each full pass walks all of them, several times during the imports alone: about
+a fifth of a worker's CPU time from its start to its first resumed step. So the collector
+is paused (:func:`pause_gc`) until the worker is about to train; then what start-up made is
+frozen out of its reach and it runs again (:func:`resume_gc`), so the first step does not
+pay one full pass either; after the first step everything is handed back to it
+(:func:`thaw_gc`), and the few thousand cyclic objects start-up left (a workload factory's
+among them) are collected in the course of training, as they would have been.
+
+Owns only the collector's state: no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import gc
 
 _paused = False
+_frozen = False
 
 
 def pause_gc() -> None:
@@ -32,15 +37,22 @@ def resume_gc(*, freeze: bool = True) -> None:
     Only undoes a pause of :func:`pause_gc`: a process that never paused (a test, an
     embedding application) keeps its collector as it was, and a second call does nothing.
     """
-    global _paused
+    global _paused, _frozen
     if not _paused:
         return
     _paused = False
     if freeze:
-        # Frozen objects are never scanned again: the imports' modules, classes and the
-        # model live for the whole process, so later collections walk what training makes.
         gc.freeze()
+        _frozen = True
     gc.enable()
+
+
+def thaw_gc() -> None:
+    """Give what :func:`resume_gc` froze back to the collector (after the first step)."""
+    global _frozen
+    if _frozen:
+        _frozen = False
+        gc.unfreeze()
 
 
 def gc_paused() -> bool:
@@ -48,4 +60,4 @@ def gc_paused() -> bool:
     return _paused
 
 
-__all__ = ["gc_paused", "pause_gc", "resume_gc"]
+__all__ = ["gc_paused", "pause_gc", "resume_gc", "thaw_gc"]
