@@ -49,6 +49,7 @@ from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import TORCHRUN, local_torchrun_args
 from resumequal.runstore import RunLocation
+from resumequal.signing import KEY_ENV, new_key
 from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord, parse_records
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")
@@ -246,6 +247,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per side, alternating")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per launch")
     args = parser.parse_args()
+    os.environ.setdefault(KEY_ENV, new_key())  # checkpoints are signed, as in a run
 
     with tempfile.TemporaryDirectory(prefix="rq-bench-restart-") as tmp:
         root = Path(tmp)

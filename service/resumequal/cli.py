@@ -90,9 +90,12 @@ def main(verbose: bool) -> None:
 def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
         scratch: Path | None, trace_every: int) -> None:
     """Run one training leg in this process; meant to run under torchrun."""
-    from resumequal.train.worker import run_leg  # torch loads only for commands that train
+    from resumequal.train.startup import pause_gc, resume_gc
 
+    pause_gc()  # until the first step: see resumequal.train.startup
     try:
+        from resumequal.train.worker import run_leg  # torch loads only for commands that train
+
         spec, omissions = _leg_spec(spec_path, leg, run, omit)
         if scratch is None and trace_every == 1:
             code = run_leg(spec, leg, run, omissions)
@@ -101,6 +104,8 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
     except (SpecError, ResumequalError) as e:
         click.echo(f"error: {printable(str(e))}", err=True)
         _exit_now(EXIT_ERROR)
+    finally:
+        resume_gc(freeze=False)  # a start-up that failed (the leg resumed it otherwise)
     sys.exit(code)
 
 

@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -71,7 +71,10 @@ from resumequal.store.log import (
     parse_segment,
     segment_bytes,
 )
-from resumequal.verdict import SCHEMA_VERSION, Verdict
+
+if TYPE_CHECKING:
+    # The verdict's models load only where one is read: a worker never reads one.
+    from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
@@ -678,6 +681,8 @@ class RunLocation:
 
         ReportError naming the URI if it is not a verdict of a schema this code reads.
         """
+        from resumequal.verdict import SCHEMA_VERSION, Verdict
+
         where = self.url(VERDICT_JSON)
         try:
             raw = self.store.get_bytes(VERDICT_JSON, RESULT_BYTES)

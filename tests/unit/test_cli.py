@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,17 @@ def test_launch_is_hard_by_default_and_refuses_another_mode(
     assert result.exit_code == 2
     assert "'soft'" in result.stderr and "'graceful'" in result.stderr
     assert len(launches) == 1
+
+
+def test_a_leg_that_fails_to_start_leaves_the_collector_running(
+    runner: CliRunner, tmp_path: Path, run_leg_calls: Calls
+) -> None:
+    # The leg pauses the collector for its start-up (resumequal.train.startup).
+    assert gc.isenabled()
+    result = runner.invoke(cli.main, [
+        "leg", "--spec", str(tmp_path / "nope.yaml"), "--leg", "control",
+        "--run-dir", str(tmp_path / "run"),
+    ])
+    assert result.exit_code == 2
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0

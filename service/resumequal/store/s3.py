@@ -24,14 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
-# boto3 ships no type information (no py.typed); its objects are Any here.
-import boto3  # type: ignore[import-untyped]
-from boto3.exceptions import (  # type: ignore[import-untyped]
-    RetriesExceededError,
-    S3UploadFailedError,
-)
-from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
-from botocore.config import Config as BotoConfig  # type: ignore[import-untyped]
+# boto3 ships no type information (no py.typed); its objects are Any here. boto3 itself
+# (a tenth of a second) loads with the first client, never for a process that only imports
+# this module, as every worker does through the store registry; botocore's exceptions are
+# light.
 from botocore.exceptions import (  # type: ignore[import-untyped]
     BotoCoreError,
     ClientError,
@@ -147,6 +143,11 @@ def _status(e: ClientError) -> int:
 
 def _unwrap(e: Exception) -> Exception:
     """The botocore error under boto3's transfer wrappers."""
+    from boto3.exceptions import (  # type: ignore[import-untyped]
+        RetriesExceededError,
+        S3UploadFailedError,
+    )
+
     if isinstance(e, S3UploadFailedError) and isinstance(e.__context__, Exception):
         return e.__context__
     if isinstance(e, RetriesExceededError) and isinstance(e.last_exception, Exception):
@@ -201,6 +202,10 @@ class S3Store:
             check_key(self.prefix)
         self.config = config or S3Config()
         c = self.config
+        import boto3.session  # type: ignore[import-untyped]
+        from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
+        from botocore.config import Config as BotoConfig  # type: ignore[import-untyped]
+
         # A session of our own: boto3's default session is shared and not thread-safe.
         session = boto3.session.Session()
         self._client: Any = session.client(
@@ -287,6 +292,12 @@ class S3Store:
 
     @contextlib.contextmanager
     def _call(self, op: str, key: str = "") -> Iterator[None]:
+        # Loaded with the client (__init__): a lookup in sys.modules here.
+        from boto3.exceptions import (  # type: ignore[import-untyped]
+            RetriesExceededError,
+            S3UploadFailedError,
+        )
+
         try:
             yield
         except (BotoCoreError, ClientError, S3UploadFailedError, RetriesExceededError) as e:

@@ -90,6 +90,7 @@ from resumequal.train.sharding import (
     shard_model,
     shard_units,
 )
+from resumequal.train.startup import resume_gc, thaw_gc
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import PositionalDataset, WorkloadContext
 
@@ -388,9 +389,11 @@ class Trainer:
         if self.spec.parallelism.kind == "ddp" and self.spec.ddp.reducer_prime:
             prime_reducer(live, self.precision)
             self.recorder.reset()
+        resume_gc()  # start-up is over (resumequal.train.startup)
         t = self.spec.training
         for step in range(live.counters.step + 1, t.steps + 1):
             self._step(live, step)
+            thaw_gc()  # the first step is done (resumequal.train.startup)
             if self.spec.checkpoint.saves_after(step, t.steps):
                 self._save(live, hold_step=step)
         self.ckpt.poll(wait=True)  # the last background save, if any

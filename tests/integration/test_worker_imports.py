@@ -1,0 +1,57 @@
+"""What a worker process loads before its first collective.
+
+A resumed leg pays its imports on every restart (kill -> first resumed step,
+``bench/restart_latency.py``), so the leg's entry point (``python -m resumequal leg``,
+under torchrun) must not load what only the runner, the comparator, the reports or an S3
+store use. Each check runs in a fresh interpreter: this test process has imported
+everything already.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+# Loaded for other commands or other stores, never needed by a leg on a folder store.
+NOT_IN_A_WORKER = (
+    "rich",  # the terminal summary (resumequal run)
+    "boto3",  # an S3 store's client: loads with the first S3Store
+    "s3transfer",
+    "prometheus_client",  # metrics: the runner and the operator
+    "kubernetes",
+    "resumequal.report",
+    "resumequal.compare",
+    "resumequal.local",
+    "resumequal.qualify",
+    "resumequal.results",
+    "resumequal.metrics",
+    "resumequal.verdict",  # read by the runner and the operator, never written by a worker
+)
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, timeout=120, check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPROFILEIMPORTTIME"},
+    )
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_the_leg_entry_point_loads_nothing_the_leg_does_not_use() -> None:
+    loaded = _modules_after("import resumequal.cli, resumequal.train.worker")
+    assert "torch" in loaded  # the import really reached the worker
+    found = sorted(m for m in loaded
+                   if any(m == name or m.startswith(name + ".") for name in NOT_IN_A_WORKER))
+    assert found == []
+
+
+def test_a_folder_store_opens_without_boto3() -> None:
+    loaded = _modules_after(
+        "import tempfile\n"
+        "from resumequal.runstore import RunLocation\n"
+        "RunLocation.open(tempfile.mkdtemp()).leg('control').failure()")
+    assert "resumequal.store.s3" in loaded  # the registry found every store class
+    assert "boto3" not in loaded
