@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import io
@@ -106,6 +107,14 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
         _exit_now(EXIT_ERROR)
     finally:
         resume_gc(freeze=False)  # a start-up that failed (the leg resumed it otherwise)
+    from resumequal.train.preemption import EXIT_PREEMPTED
+
+    if code == EXIT_PREEMPTED:
+        # The emergency checkpoint is committed and the trace flushed: interpreter teardown
+        # (1-2.5 s of it, with a peer that may be gone already) would only delay the
+        # restart, or hang it. What we registered to run at exit still runs.
+        atexit._run_exitfuncs()
+        _exit_now(code)
     sys.exit(code)
 
 
