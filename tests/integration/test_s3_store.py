@@ -416,3 +416,92 @@ def test_fixture_credentials_do_not_leak_either(
     assert secret not in caplog.text
     assert secret not in str(info.value)
     assert key_id not in str(info.value)
+
+
+# --- streamed writes and hashed ranged downloads ------------------------------------------
+
+
+def _parts_store(server: MotoServer, **fields: object) -> S3Store:
+    """5 MiB parts (S3's smallest), so a few MiB make a multipart object."""
+    config = s3_config(server, multipart_threshold_mb=5, multipart_chunk_mb=5, **fields)
+    return S3Store(f"s3://{server.new_bucket()}/parts", config)
+
+
+def test_a_streamed_object_goes_up_in_parts_and_exists_only_once_closed(
+    moto_server: MotoServer,
+) -> None:
+    store = _parts_store(moto_server, max_concurrency=2)
+    data = os.urandom(12 * MiB + 3)
+    writer = store.writer("shard.bin")
+    for start in range(0, len(data), 3 * MiB + 1):  # writes that straddle parts
+        writer.write(memoryview(data)[start : start + 3 * MiB + 1])
+    assert writer.tell() == len(data)
+    raw = moto_server.client()
+    assert store.list() == []  # parts are going up, the object does not exist yet
+    assert len(raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])) == 1
+    assert writer.close() == hashlib.sha256(data).hexdigest()
+    head = raw.head_object(Bucket=store.bucket, Key="parts/shard.bin")
+    assert head["ETag"].strip('"').endswith("-3")  # 5 + 5 + 2 MiB
+    assert store.get_bytes("shard.bin") == data
+    assert not raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
+
+
+def test_a_small_streamed_object_is_one_put_and_an_empty_one_round_trips(
+    moto_server: MotoServer, tmp_path: Path,
+) -> None:
+    store = _parts_store(moto_server)
+    for key, data in (("small", os.urandom(1000)), ("empty", b"")):
+        writer = store.writer(key)
+        writer.write(data)
+        assert writer.close() == hashlib.sha256(data).hexdigest()
+        head = moto_server.client().head_object(Bucket=store.bucket, Key=f"parts/{key}")
+        assert "-" not in head["ETag"].strip('"')  # a plain PUT, no multipart upload
+        # A range of an empty object is unsatisfiable (416): the download still works.
+        digest = store.get_file(key, tmp_path / key, expect_sha256=hashlib.sha256(data).hexdigest())
+        assert digest == hashlib.sha256(data).hexdigest()
+        assert (tmp_path / key).read_bytes() == data
+
+
+def test_an_aborted_stream_leaves_no_object_and_no_upload(moto_server: MotoServer) -> None:
+    store = _parts_store(moto_server)
+    store.put_bytes("shard.bin", b"the committed one")
+    writer = store.writer("shard.bin")
+    writer.write(os.urandom(11 * MiB))  # two parts sent, one buffered
+    writer.abort()
+    raw = moto_server.client()
+    assert not raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
+    assert store.get_bytes("shard.bin") == b"the committed one"
+    with pytest.raises(ValueError, match="after close or abort"):
+        writer.write(b"x")
+
+
+def test_a_stream_to_a_dead_endpoint_fails_as_unavailable_and_leaves_nothing(
+    moto_servers: Callable[[], MotoServer],
+) -> None:
+    server = moto_servers()
+    store = _parts_store(server, max_attempts=2)
+    writer = store.writer("shard.bin")
+    writer.write(os.urandom(6 * MiB))  # one part on its way
+    server.stop()
+    with pytest.raises(StoreUnavailable, match=f"cannot reach {server.endpoint} to upload"):
+        writer.write(os.urandom(5 * MiB))
+        writer.close()
+
+
+def test_the_sha256_taken_while_uploading_catches_a_corrupted_object_on_download(
+    moto_server: MotoServer, tmp_path: Path,
+) -> None:
+    store = _parts_store(moto_server, max_concurrency=3)
+    data = bytearray(os.urandom(17 * MiB))  # four ranged GETs, three at a time
+    writer = store.writer("shard.bin")
+    writer.write(data)
+    digest = writer.close()
+    dest = tmp_path / "out" / "shard.bin"
+    assert store.get_file("shard.bin", dest, expect_sha256=digest) == digest
+    assert dest.read_bytes() == data  # every part landed at its offset
+    data[16 * MiB + 5] ^= 0x01  # in the last part, hashed last
+    moto_server.client().put_object(Bucket=store.bucket, Key="parts/shard.bin", Body=bytes(data))
+    with pytest.raises(StoreIntegrityError, match="does not match"):
+        store.get_file("shard.bin", dest, expect_sha256=digest)
+    assert not dest.exists()  # the earlier verified copy is gone too
+    assert os.listdir(dest.parent) == []

@@ -5,6 +5,7 @@ tests run it against moto over HTTP)."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from typing_extensions import Buffer
 
 from resumequal.checkpoint import (
     CheckpointManager,
@@ -25,7 +27,7 @@ from resumequal.checkpoint.manifest import Manifest
 from resumequal.errors import CheckpointError
 from resumequal.spec import QualificationSpec, S3Spec, SpecError, parse_spec
 from resumequal.store import FileStore, StoreUnavailable
-from resumequal.store.base import LocalPath
+from resumequal.store.base import LocalPath, ObjectWriter
 from tests.unit.rank_states import Plain
 
 PREFIX = "control/checkpoints"
@@ -35,14 +37,43 @@ pytestmark = pytest.mark.usefixtures("single_process_group")
 
 
 class FlakyStore(FileStore):
-    """A FileStore whose uploads fail (as after botocore's retries) while ``down``."""
+    """A FileStore whose uploads fail (as after botocore's retries) while ``down``; with
+    ``shards_down`` only the streamed ones (DCP's shards) fail."""
 
     down = False
+    shards_down = False
 
     def put_file(self, key: str, local_path: LocalPath) -> str:
         if self.down:
             raise StoreUnavailable(f"cannot reach the endpoint to upload {self.uri(key)}")
         return super().put_file(key, local_path)
+
+    def writer(self, key: str) -> ObjectWriter:
+        return _FlakyWriter(self, key, super().writer(key))
+
+
+class _FlakyWriter:
+    """Fails where an S3 stream fails when the endpoint is gone: at the request that
+    carries the bytes (a small object's one PUT at ``close``)."""
+
+    def __init__(self, store: FlakyStore, key: str, inner: ObjectWriter) -> None:
+        self.store, self.key, self.inner = store, key, inner
+
+    def write(self, data: Buffer) -> int:
+        return self.inner.write(data)
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+    def close(self) -> str:
+        if self.store.down or self.store.shards_down:
+            self.inner.abort()
+            uri = self.store.uri(self.key)
+            raise StoreUnavailable(f"cannot reach the endpoint to upload {uri}")
+        return self.inner.close()
+
+    def abort(self) -> None:
+        self.inner.abort()
 
 
 def _root(tmp_path: Path) -> RemoteRoot:
@@ -155,6 +186,87 @@ def test_a_failed_upload_fails_the_save_and_keeps_the_committed_one(tmp_path: Pa
     fresh = _manager(root)
     fresh.collect_garbage()
     assert fresh.newest() == "step-00000004"
+
+
+def test_shards_go_to_the_store_while_written_never_to_the_staging_folder(
+    tmp_path: Path,
+) -> None:
+    root = _root(tmp_path)
+    staged: list[set[str]] = []
+
+    def look() -> None:
+        staging = root.local / ".staging" / "step-00000004.attempt-0"
+        staged.append({p.relative_to(staging).as_posix() for p in staging.rglob("*")
+                       if p.is_file()})
+
+    name = _save(_manager(root), 4, before_commit=look)
+    # DCP's .metadata and the rank state are staged, then uploaded; the shard never is.
+    assert staged == [{"dcp/.metadata", "rank-0.json"}]
+    manifest = remote.read_manifest(root, name)
+    shard = tmp_path / "bucket" / PREFIX / name / "dcp" / "__0_0.distcp"
+    # The digest taken on the way up is the one of what the store holds.
+    assert manifest.files["dcp/__0_0.distcp"].sha256 == hashlib.sha256(
+        shard.read_bytes()).hexdigest()
+    assert manifest.files["dcp/__0_0.distcp"].size == shard.stat().st_size
+
+
+def test_a_failed_shard_upload_fails_the_save_and_leaves_no_shard(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    m = _manager(root)
+    _save(m, 4)
+    assert isinstance(root.store, FlakyStore)
+    root.store.shards_down = True
+    with pytest.raises(CheckpointError, match=r"upload of checkpoint step-00000008 to .*"
+                       r"step-00000008 failed; it stays uncommitted: rank 0: cannot reach "
+                       r"the endpoint to upload .*__0_0\.distcp$"):
+        _save(m, 8)
+    assert "dcp/__0_0.distcp" not in _keys(root, "step-00000008")
+    root.store.shards_down = False
+    assert remote.committed(root) == [Position(4)]
+    assert _save(m, 8) == "step-00000008"  # the same manager saves again once it is back
+
+
+def test_a_failed_shard_upload_in_a_background_save_names_the_store_error(
+    tmp_path: Path
+) -> None:
+    root = _root(tmp_path)
+    m = _manager(root, async_save=True)
+    assert isinstance(root.store, FlakyStore)
+    root.store.shards_down = True
+    m.save(Position(4), _state(4), Plain(step=4), background=True)
+    with pytest.raises(CheckpointError, match=r"background write of step-00000004 failed on "
+                       r"rank\(s\) 0; rank 0: cannot reach the endpoint to upload"):
+        m.poll(wait=True)
+    assert remote.committed(root) == []
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_the_zip_crc_is_off_only_while_shards_stream(before: bool, tmp_path: Path) -> None:
+    seen: list[bool] = []
+
+    class Watching(FlakyStore):
+        def writer(self, key: str) -> ObjectWriter:
+            seen.append(torch.serialization.get_crc32_options())
+            return super().writer(key)
+
+    store = Watching(str(tmp_path / "bucket"))
+    root = RemoteRoot(store, PREFIX, tmp_path / "local")
+    m = _manager(root)
+    torch.serialization.set_crc32_options(before)
+    try:
+        _save(m, 4)
+        assert seen == [False]  # the shard's torch.save records carry no CRC32
+        assert torch.serialization.get_crc32_options() is before
+        store.shards_down = True
+        with pytest.raises(CheckpointError):
+            _save(m, 8)
+        assert torch.serialization.get_crc32_options() is before
+    finally:
+        torch.serialization.set_crc32_options(True)
+    loaded = _manager(root).load(_newest(root), _template, Plain)  # torch.load reads them
+    assert loaded.rank_state.model_dump() == {"step": 4}
+    for k, v in _state(4)["model"].items():
+        assert torch.equal(loaded.tensors["model"][k], v)
 
 
 def test_retention_keeps_the_newest_committed(tmp_path: Path) -> None:

@@ -282,3 +282,22 @@ def test_put_new_on_s3_is_a_conditional_put_and_looks_first_only_where_there_is_
         assert s3.put_new("run.json", b"second") is False
         assert s3.put_new("run.json", b"third") is True
         stub.assert_no_pending_responses()
+
+
+def test_a_streamed_object_appears_whole_at_close_and_not_at_all_on_abort(
+    store: FileStore,
+) -> None:
+    store.put_bytes("c/shard", b"old")
+    writer = store.writer("c/shard")
+    for piece in (b"ab", memoryview(b"cdef"), bytearray(b"g")):
+        writer.write(piece)
+    assert writer.tell() == 7
+    assert store.get_bytes("c/shard") == b"old"  # readers see the old object meanwhile
+    assert writer.close() == hashlib.sha256(b"abcdefg").hexdigest()
+    assert store.get_bytes("c/shard") == b"abcdefg"
+    aborted = store.writer("c/shard")
+    aborted.write(b"never")
+    aborted.abort()
+    assert store.get_bytes("c/shard") == b"abcdefg"
+    assert [o.key for o in store.list()] == ["c/shard"]
+    assert os.listdir(os.path.join(store.root, "c")) == ["shard"]  # no temporary left

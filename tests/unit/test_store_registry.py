@@ -33,6 +33,28 @@ from resumequal.trace.records import StepRecord, TraceWriter, parse_records
 from tests.unit.test_compare import step_record
 
 
+class MemoryWriter:
+    """A streamed object of a MemoryStore: kept aside until ``close`` stores it whole."""
+
+    def __init__(self, store: MemoryStore, key: str) -> None:
+        self.store, self.key, self.data = store, key, bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        self.data += view
+        return len(view)
+
+    def tell(self) -> int:
+        return len(self.data)
+
+    def close(self) -> str:
+        self.store.put_bytes(self.key, bytes(self.data))
+        return hashlib.sha256(self.data).hexdigest()
+
+    def abort(self) -> None:
+        self.data = bytearray()
+
+
 class MemoryStore:
     """Objects in a dict shared by every store of one bucket: ``mem://bucket/prefix``."""
 
@@ -73,6 +95,9 @@ class MemoryStore:
         data = Path(local_path).read_bytes()
         self.put_bytes(key, data)
         return hashlib.sha256(data).hexdigest()
+
+    def writer(self, key: str) -> MemoryWriter:
+        return MemoryWriter(self, key)
 
     def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         try:

@@ -25,6 +25,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch.distributed.checkpoint as dcp
+
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import (
@@ -67,7 +69,12 @@ class FolderRoot:
     def prepare(self, name: str) -> None:
         """Nothing to remove: the commit replaces an earlier checkpoint of that name."""
 
-    def publish(self, name: str, staging: Path, rank: int) -> dict[str, FileEntry]:
+    def writer(self, name: str, staging: Path) -> dcp.FileSystemWriter:
+        """DCP's own writer into the staging folder, fsyncing: the files are the checkpoint."""
+        return dcp.FileSystemWriter(str(staging / layout.DCP_DIR), sync_files=True)
+
+    def publish(self, name: str, staging: Path, rank: int,
+                writer: dcp.FileSystemWriter) -> dict[str, FileEntry]:
         """Nothing to send: every rank wrote into the shared staging folder."""
         return {}
 

@@ -131,6 +131,7 @@ class _Pending:
     staging: Path
     info: CheckpointInfo
     future: Future[Any]
+    writer: dcp.FileSystemWriter
 
 
 def _broadcast(value: Any, group: dist.ProcessGroup | None = None) -> Any:
@@ -141,6 +142,15 @@ def _broadcast(value: Any, group: dist.ProcessGroup | None = None) -> Any:
 
 # One rank's upload: the entries of the files it uploaded, or why it could not.
 _Upload = tuple[dict[str, FileEntry], str | None]
+
+
+def _store_failures(error: BaseException) -> list[str]:
+    """``"rank N: ..."`` for every rank whose DCP write failed on the store (an upload of a
+    shard sent while written), from DCP's exception, which carries every rank's."""
+    if not isinstance(error, CheckpointException):
+        return []
+    return [f"rank {r}: {exc}" for r, (exc, _) in sorted(error.failures.items())
+            if isinstance(exc, StoreError)]
 
 
 def _gather_errors(error: str | None, world_size: int,
@@ -214,8 +224,7 @@ class CheckpointManager:
             ) from e
         group = self._commit_group if background else None
         staging = self._prepare(position, group=group)
-        writer = dcp.FileSystemWriter(str(staging / layout.DCP_DIR),
-                                      sync_files=self.root.durable_staging)
+        writer = self.root.writer(position.name, staging)
         future = None
         try:
             if background:
@@ -223,6 +232,9 @@ class CheckpointManager:
             else:
                 dcp.save(tensors, storage_writer=writer)
         except DCP_ERRORS as e:  # DCP raises CheckpointException on every rank
+            failed = _store_failures(e)
+            if failed:  # a shard sent while written did not make it
+                raise CheckpointError(self._upload_failed(position, failed)) from e
             what = "async save" if background else "save"
             raise CheckpointError(
                 f"rank {self.rank}: DCP {what} of {position.name} failed"
@@ -231,15 +243,19 @@ class CheckpointManager:
         _write_durably(staging / layout.rank_state_file(self.rank), state_json,
                        sync=self.root.durable_staging)
         if future is not None:
-            self._pending = _Pending(position, staging, info or {}, future)
+            self._pending = _Pending(position, staging, info or {}, future, writer)
             if before_commit is not None:
                 before_commit()
             return None
-        published = self._publish(staging, position)
+        published = self._publish(staging, position, writer)
         if before_commit is not None:
             before_commit()
         return self._commit_everywhere(staging, position, info or {}, group=None,
                                        published=published)
+
+    def _upload_failed(self, position: Position, failed: Sequence[str]) -> str:
+        return (f"upload of checkpoint {position.name} to {self.root.uri(position.name)} "
+                f"failed; it stays uncommitted: {'; '.join(failed)}")
 
     def _start_background(self, tensors: dict[str, Any],
                           writer: dcp.FileSystemWriter) -> Future[Any]:
@@ -269,11 +285,12 @@ class CheckpointManager:
         staging.mkdir(parents=True, exist_ok=True)  # another node's local disk
         return staging
 
-    def _publish(self, staging: Path, position: Position) -> _Upload:
-        """Publish this rank's staged files; failures are reported, not raised, so that
-        every rank still joins the commit's collectives."""
+    def _publish(self, staging: Path, position: Position,
+                 writer: dcp.FileSystemWriter) -> _Upload:
+        """Publish this rank's files; failures are reported, not raised, so that every
+        rank still joins the commit's collectives."""
         try:
-            return self.root.publish(position.name, staging, self.rank), None
+            return self.root.publish(position.name, staging, self.rank, writer), None
         except (StoreError, OSError) as e:
             log.error("rank %d: upload of %s failed: %s", self.rank, position.name, e)
             return {}, str(e)
@@ -309,14 +326,16 @@ class CheckpointManager:
             ready = commit_decision([int(s.item()) for s in states], pending.position.name)
         except CheckpointError as e:
             self._pending = None
-            cause = f"; rank {self.rank}: {error}" if error is not None else ""
+            failed = _store_failures(error) if error is not None else []
+            cause = (f"; {'; '.join(failed)}" if failed
+                     else f"; rank {self.rank}: {error}" if error is not None else "")
             raise CheckpointError(f"{e}{cause}") from error
         if not ready:
             return None
         self._pending = None
         return self._commit_everywhere(
             pending.staging, pending.position, pending.info, group=self._commit_group,
-            published=self._publish(pending.staging, pending.position),
+            published=self._publish(pending.staging, pending.position, pending.writer),
         )
 
     # -- commit -------------------------------------------------------------------------
@@ -337,8 +356,7 @@ class CheckpointManager:
                   if g is not None and g[1] is not None]
         error = None
         if failed:
-            error = (f"upload of checkpoint {position.name} to {self.root.uri(position.name)} "
-                     f"failed; it stays uncommitted: {'; '.join(failed)}")
+            error = self._upload_failed(position, failed)
         elif self.rank == 0:
             files: dict[str, FileEntry] = {}
             for g in gathered:

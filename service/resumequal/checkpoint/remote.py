@@ -7,13 +7,16 @@ Object layout under the leg's prefix (``<store>/<leg>/checkpoints/``)::
     step-00000004/manifest.hmac     the manifest's MAC under the checkpoint key
     step-00000004/COMMITTED         written last: only a prefix holding it is a checkpoint
 
-Every rank writes its DCP files into a local staging folder exactly as on a file store,
-uploads the files it wrote itself and reports their sizes and digests; rank 0 uploads the
-manifest, then ``COMMITTED``. A kill or an endpoint failure anywhere before the marker
+Every rank sends its DCP shards to the store while DCP writes them
+(:mod:`resumequal.checkpoint.streaming`: hashed and uploaded in parallel parts, no local
+copy), then uploads the few other files it wrote into a local staging folder (DCP's
+``.metadata``, its rank state) and reports every file's size and digest; rank 0 uploads
+the manifest, then ``COMMITTED``. A kill or an endpoint failure anywhere before the marker
 leaves a prefix without one: never listed as committed, deleted at the next start.
-Loading downloads a committed checkpoint into a local folder, checking every object's
-sha256 against the manifest, then reads it like a local one. The manifest itself is
-authenticated (:func:`resumequal.checkpoint.manifest.authenticate`) before anything it
+Loading downloads a committed checkpoint into a local folder (files side by side, each in
+parallel ranged parts hashed as they arrive), checking every object's sha256 against the
+manifest before anything reads it, then reads it like a local one. The manifest itself
+is authenticated (:func:`resumequal.checkpoint.manifest.authenticate`) before anything it
 lists is listed, downloaded or read.
 
 This module does the store side; :mod:`resumequal.checkpoint.manager` runs the
@@ -31,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch.distributed.checkpoint as dcp
+
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.checkpoint.manifest import (
@@ -43,14 +48,16 @@ from resumequal.checkpoint.manifest import (
     signed,
     write_manifest_file,
 )
+from resumequal.checkpoint.streaming import StreamingWriter
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
 from resumequal.store import ObjectInfo, Store, StoreIntegrityError, StoreNotFound
 
 log = logging.getLogger(__name__)
 
 COMMITTED = "COMMITTED"
-# Files of one rank uploaded at once; each large file also uses S3Config.max_concurrency.
-_UPLOAD_FILES = 4
+# Files of one rank uploaded or downloaded at once; each large file also moves
+# S3Config.max_concurrency parts at once.
+_FILES_AT_ONCE = 4
 CACHE_DIR = ".cache"
 # The objects of a checkpoint that are not listed in its manifest.
 _UNLISTED = frozenset({MANIFEST, MANIFEST_MAC, COMMITTED})
@@ -87,9 +94,16 @@ class RemoteRoot:
         """Remove an earlier checkpoint called ``name``: objects cannot be renamed over."""
         clear(self, name)
 
-    def publish(self, name: str, staging: Path, rank: int) -> dict[str, FileEntry]:
-        """Upload this rank's staged files; their entries for the manifest."""
-        return upload(self, name, staging, rank)
+    def writer(self, name: str, staging: Path) -> StreamingWriter:
+        """A DCP writer that sends this rank's shards of ``name`` while writing them."""
+        return StreamingWriter(staging, self.store, lambda rel: self.key(name, rel))
+
+    def publish(self, name: str, staging: Path, rank: int,
+                writer: dcp.FileSystemWriter) -> dict[str, FileEntry]:
+        """Upload this rank's staged files; with the shards ``writer`` sent, their
+        entries for the manifest."""
+        sent = writer.sent if isinstance(writer, StreamingWriter) else {}
+        return upload(self, name, staging, rank, sent)
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
                world_size: int, attempt: int, info: CheckpointInfo) -> None:
@@ -141,11 +155,13 @@ def own_files(staging: Path, rank: int) -> list[str]:
     return mine
 
 
-def upload(root: RemoteRoot, name: str, staging: Path, rank: int) -> dict[str, FileEntry]:
-    """Upload this rank's files of ``staging`` under checkpoint ``name``; their entries.
+def upload(root: RemoteRoot, name: str, staging: Path, rank: int,
+           sent: dict[str, FileEntry] | None = None) -> dict[str, FileEntry]:
+    """Upload this rank's files of ``staging`` under checkpoint ``name``; their entries,
+    with those of the files ``sent`` already (streamed while DCP wrote them).
 
     Files go up side by side (each large one in parallel parts as well), so the small
-    ones — rank state, DCP's ``.metadata`` — cost no round trips after the shard's.
+    ones — rank state, DCP's ``.metadata`` — cost no round trips after one another.
     """
 
     def one(rel: str) -> tuple[str, FileEntry]:
@@ -153,11 +169,14 @@ def upload(root: RemoteRoot, name: str, staging: Path, rank: int) -> dict[str, F
         size = path.stat().st_size
         return rel, FileEntry(size=size, sha256=root.store.put_file(root.key(name, rel), path))
 
-    files = own_files(staging, rank)
+    entries = dict(sent or {})
+    files = [rel for rel in own_files(staging, rank) if rel not in entries]
     if len(files) <= 1:
-        return dict(one(rel) for rel in files)
-    with ThreadPoolExecutor(max_workers=min(_UPLOAD_FILES, len(files))) as pool:
-        return dict(pool.map(one, files))
+        entries.update(one(rel) for rel in files)
+    else:
+        with ThreadPoolExecutor(max_workers=min(_FILES_AT_ONCE, len(files))) as pool:
+            entries.update(pool.map(one, files))
+    return entries
 
 
 def clear(root: RemoteRoot, name: str) -> None:
@@ -283,13 +302,23 @@ def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
     manifest = read_manifest(root, name)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    for rel, entry in sorted(manifest.files.items()):
+
+    def one(item: tuple[str, FileEntry]) -> None:
+        rel, entry = item
         try:
             root.store.get_file(root.key(name, rel), dest / rel, expect_sha256=entry.sha256)
         except StoreIntegrityError as e:
             raise CheckpointError(
                 f"checkpoint {name} fails verification: {e} (manifest sha256 {entry.sha256})"
             ) from e
+
+    # Side by side, so the small files cost no round trips after the shard's. Each file
+    # is checked against the manifest before it is renamed into ``dest``; nothing reads
+    # ``dest`` before every file is there and checked.
+    items = sorted(manifest.files.items())
+    with ThreadPoolExecutor(max_workers=max(1, min(_FILES_AT_ONCE, len(items)))) as pool:
+        for done in [pool.submit(one, item) for item in items]:
+            done.result()
     write_manifest_file(dest, manifest)
     return manifest
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+import torch.distributed.checkpoint as dcp
+
 from resumequal.checkpoint.folder import FolderRoot
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
@@ -39,8 +41,15 @@ class CheckpointRoot(Protocol):
         """Rank 0, before a save: make room for a new checkpoint called ``name``."""
         ...
 
-    def publish(self, name: str, staging: Path, rank: int) -> dict[str, FileEntry]:
-        """Put this rank's staged files where the commit finds them; their entries."""
+    def writer(self, name: str, staging: Path) -> dcp.FileSystemWriter:
+        """The DCP writer of this rank's files of checkpoint ``name``, staged in ``staging``
+        (or sent on to the store as they are written)."""
+        ...
+
+    def publish(self, name: str, staging: Path, rank: int,
+                writer: dcp.FileSystemWriter) -> dict[str, FileEntry]:
+        """Put this rank's files (staged, or sent by ``writer``) where the commit finds
+        them; their entries."""
         ...
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,

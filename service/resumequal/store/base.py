@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from typing_extensions import Buffer
+
 from resumequal.store.errors import StoreIntegrityError
 
 CHUNK = 1 << 20
@@ -33,6 +35,30 @@ class ObjectInfo:
 
     key: str
     size: int
+
+
+class ObjectWriter(Protocol):
+    """One object written as a stream: hashed as it is written, visible only once closed.
+
+    ``close`` makes the object exist (as a whole, atomically) and returns the sha256 (hex)
+    of every byte written; ``abort`` (or an error) leaves no object and no partial one.
+    """
+
+    def write(self, data: Buffer) -> int:
+        """Append ``data`` (copied before this returns); its length."""
+        ...
+
+    def tell(self) -> int:
+        """Bytes written so far."""
+        ...
+
+    def close(self) -> str:
+        """Make the object exist; the sha256 (hex) of its bytes."""
+        ...
+
+    def abort(self) -> None:
+        """Drop what was written; the object is left as it was. Never raises."""
+        ...
 
 
 class Store(Protocol):
@@ -64,6 +90,11 @@ class Store(Protocol):
 
         A file that already is ``key`` (a folder store's own file) is left as it is.
         """
+        ...
+
+    def writer(self, key: str) -> ObjectWriter:
+        """A stream that writes ``key`` (replacing it once closed), for content produced
+        piece by piece: no local copy first, and the sha256 taken on the way."""
         ...
 
     def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:

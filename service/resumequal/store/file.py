@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, BinaryIO, ClassVar, TypeVar
 from urllib.parse import urlparse
 
+from typing_extensions import Buffer
+
 from resumequal.errors import StoreError
 from resumequal.store.base import (
     CHUNK,
@@ -73,6 +75,57 @@ def _copy_hashing(src: BinaryIO, dst: BinaryIO) -> str:
         h.update(chunk)
         dst.write(chunk)
     return h.hexdigest()
+
+
+class _FileWriter:
+    """An :class:`~resumequal.store.base.ObjectWriter` into a temporary sibling of the
+    object's file, renamed over it (after an fsync) at ``close``."""
+
+    def __init__(self, store: FileStore, key: str) -> None:
+        self._store, self._key = store, key
+        self._path = store._path(key)
+        with store._errors("write", key):
+            os.makedirs(os.path.dirname(self._path), exist_ok=True)
+            self._tmp = tmp_sibling(self._path)
+            self._file: BinaryIO | None = open(self._tmp, "wb")  # noqa: SIM115 (closed below)
+        self._hash = hashlib.sha256()
+        self._size = 0
+
+    def write(self, data: Buffer) -> int:
+        if self._file is None:
+            raise ValueError(f"{self._store.uri(self._key)}: write after close or abort")
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        with self._store._errors("write", self._key):
+            self._file.write(view)
+        self._size += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self._size
+
+    def close(self) -> str:
+        if self._file is None:
+            raise ValueError(f"{self._store.uri(self._key)}: closed or aborted already")
+        f, self._file = self._file, None
+        try:
+            with self._store._errors("write", self._key):
+                with f:
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(self._tmp, self._path)
+                _fsync_dir(os.path.dirname(self._path))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+        return self._hash.hexdigest()
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._tmp)
 
 
 @register
@@ -165,6 +218,9 @@ class FileStore:
             digest = self._write_atomic(key, lambda dst: _copy_hashing(src, dst))
         log.debug("put %s sha256 %s", self.uri(key), digest)
         return digest
+
+    def writer(self, key: str) -> _FileWriter:
+        return _FileWriter(self, key)
 
     def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         path = self._path(key)

@@ -20,7 +20,6 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
@@ -44,12 +43,12 @@ from resumequal.errors import StoreError
 from resumequal.redact import redact
 from resumequal.spec import S3Spec
 from resumequal.store.base import (
+    CHUNK,
     LocalPath,
     ObjectInfo,
     check_key,
     download_verified,
     folder,
-    sha256_file,
 )
 from resumequal.store.errors import (
     StoreAccessDenied,
@@ -57,6 +56,7 @@ from resumequal.store.errors import (
     StoreUnavailable,
     too_large,
 )
+from resumequal.store.multipart import PartWriter, copy_file, download
 from resumequal.store.registry import register
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ class S3Config(BaseModel):
     """``adaptive`` also rate-limits the client after throttling; useful when many ranks
     write one bucket at once."""
     multipart_threshold_mb: int = Field(16, ge=1)
-    """Files from this size (MiB) up are uploaded and downloaded in parallel parts."""
+    """Objects over this size (MiB), and over one part, are uploaded and downloaded in
+    parallel parts; smaller ones in one request."""
     multipart_chunk_mb: int = Field(16, ge=_MIN_PART_MB, le=_MAX_PART_MB)
     """Part size (MiB). S3 wants 5 MiB to 5 GiB; 16 MiB keeps at most
     ``max_concurrency`` x 16 MiB in flight and a 100 GiB shard under the 10 000-part limit."""
@@ -140,19 +141,6 @@ def _code(e: ClientError) -> str:
 def _status(e: ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
-
-def _unwrap(e: Exception) -> Exception:
-    """The botocore error under boto3's transfer wrappers."""
-    from boto3.exceptions import (  # type: ignore[import-untyped]
-        RetriesExceededError,
-        S3UploadFailedError,
-    )
-
-    if isinstance(e, S3UploadFailedError) and isinstance(e.__context__, Exception):
-        return e.__context__
-    if isinstance(e, RetriesExceededError) and isinstance(e.last_exception, Exception):
-        return e.last_exception
-    return e
 
 
 
@@ -203,7 +191,6 @@ class S3Store:
         self.config = config or S3Config()
         c = self.config
         import boto3.session  # type: ignore[import-untyped]
-        from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
         from botocore.config import Config as BotoConfig  # type: ignore[import-untyped]
 
         # A session of our own: boto3's default session is shared and not thread-safe.
@@ -220,13 +207,11 @@ class S3Store:
                 max_pool_connections=max(10, c.max_concurrency),
             ),
         )
-        self._transfer = TransferConfig(
-            multipart_threshold=c.multipart_threshold_mb * MiB,
-            multipart_chunksize=c.multipart_chunk_mb * MiB,
-            max_concurrency=c.max_concurrency,
-            num_download_attempts=c.max_attempts,
-            preferred_transfer_client="classic",
-        )
+        # Parts carry the checksum botocore computes by default, as boto3's uploads do.
+        self._checksums = (
+            self._client.meta.config.request_checksum_calculation == "when_supported")
+        # Objects up to the threshold (or one part, if that is larger) go in one request.
+        self._first_part = max(c.multipart_threshold_mb, c.multipart_chunk_mb) * MiB
 
     def __repr__(self) -> str:
         return f"S3Store({self.uri()!r})"
@@ -259,8 +244,7 @@ class S3Store:
             f"bucket {self.bucket!r} does not exist (at {self.endpoint}); cannot {op} {uri}"
         )
 
-    def _translate(self, error: Exception, op: str, uri: str) -> StoreError:
-        e = _unwrap(error)
+    def _translate(self, e: Exception, op: str, uri: str) -> StoreError:
         attempts = self.config.max_attempts
         if isinstance(e, ClientError):
             code, status = _code(e), _status(e)
@@ -292,34 +276,31 @@ class S3Store:
 
     @contextlib.contextmanager
     def _call(self, op: str, key: str = "") -> Iterator[None]:
-        # Loaded with the client (__init__): a lookup in sys.modules here.
-        from boto3.exceptions import (  # type: ignore[import-untyped]
-            RetriesExceededError,
-            S3UploadFailedError,
-        )
-
         try:
             yield
-        except (BotoCoreError, ClientError, S3UploadFailedError, RetriesExceededError) as e:
-            cause = _unwrap(e)
-            raise self._translate(cause, op, self.uri(key)) from cause
+        except (BotoCoreError, ClientError) as e:
+            raise self._translate(e, op, self.uri(key)) from e
 
     def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
         # An acknowledged PUT is durable: ``sync`` changes nothing here.
         with self._call("write", key):
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
+    def writer(self, key: str) -> PartWriter:
+        c = self.config
+        return PartWriter(
+            self._client, self.bucket, self._key(key), first_part=self._first_part,
+            part_size=c.multipart_chunk_mb * MiB, concurrency=c.max_concurrency,
+            checksums=self._checksums,
+            errors=lambda: self._call("upload", key))
+
     def put_file(self, key: str, local_path: LocalPath) -> str:
         path = os.fspath(local_path)
         start = time.perf_counter()
-        # Hash while the parts go out (hashlib releases the GIL): on a machine with a core
-        # to spare the digest adds no wall time. The file must not change meanwhile, as
-        # checkpoint files do not once they are closed.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            hashing = pool.submit(sha256_file, path)
-            with self._call("upload", key):
-                self._client.upload_file(path, self.bucket, self._key(key), Config=self._transfer)
-            digest = hashing.result()
+        # Hashed as the parts go out: one read of the file, not a second one for sha256.
+        # The source is opened outside the store's error mapping: a missing local file is
+        # the caller's FileNotFoundError, not a missing object.
+        digest = copy_file(self.writer(key), path, CHUNK)
         elapsed = time.perf_counter() - start
         log.debug("uploaded %s in %.2fs, sha256 %s", self.uri(key), elapsed, digest)
         return digest
@@ -339,11 +320,14 @@ class S3Store:
         return data
 
     def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
-        full = self._key(key)
+        full, c = self._key(key), self.config
 
-        def fetch(tmp: str) -> None:
+        def fetch(tmp: str) -> str:
             with self._call("download", key):
-                self._client.download_file(self.bucket, full, tmp, Config=self._transfer)
+                return download(self._client, self.bucket, full, tmp,
+                                first_part=self._first_part,
+                                part_size=c.multipart_chunk_mb * MiB,
+                                concurrency=c.max_concurrency, attempts=c.max_attempts)
 
         return download_verified(self.uri(key), local_path, expect_sha256, fetch)
 
