@@ -56,10 +56,14 @@ def _no_zip_crc() -> Iterator[None]:
     """``torch.save`` writes no CRC32 meanwhile; the setting before is restored after the
     last of overlapping writes."""
     global _crc_off, _crc_before
+    ser = torch.serialization
+    if not hasattr(ser, "set_crc32_options"):  # a torch before the option: CRCs stay on
+        yield
+        return
     with _crc_lock:
         if _crc_off == 0:
-            _crc_before = torch.serialization.get_crc32_options()
-            torch.serialization.set_crc32_options(False)
+            _crc_before = ser.get_crc32_options()
+            ser.set_crc32_options(False)
         _crc_off += 1
     try:
         yield
@@ -67,7 +71,7 @@ def _no_zip_crc() -> Iterator[None]:
         with _crc_lock:
             _crc_off -= 1
             if _crc_off == 0:
-                torch.serialization.set_crc32_options(_crc_before)
+                ser.set_crc32_options(_crc_before)
 
 
 class _ShardStream:
