@@ -213,3 +213,28 @@ def validate_qualificationrun(obj: Obj) -> None:
                              f"{obj.get('kind')}")
     _validate_crd_object(obj, QUALIFICATIONRUN_CRD, what)
     _metadata(obj, what)
+
+
+def validate_trainer(obj: Obj) -> None:
+    """A Kubeflow Trainer v2 object (TrainJob, TrainingRuntime, ClusterTrainingRuntime) or a
+    JobSet against the kubeflow-trainer-api models, strictly (an unknown field fails, as
+    the Go types' strict decoding does); a runtime's or JobSet's Job templates also as
+    batch/v1 Jobs under Kubernetes' strict schemas."""
+    from tests.kubeapi.trainer import webhook
+
+    what = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')!r}"
+    problem = webhook(obj)
+    if problem is not None:
+        raise AssertionError(f"{what}: {problem}")
+    _metadata(obj, what)
+    spec = obj.get("spec") or {}
+    jobset = spec if obj.get("kind") == "JobSet" else (spec.get("template") or {}).get("spec")
+    for i, rjob in enumerate((jobset or {}).get("replicatedJobs") or []):
+        job = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": f"{obj['metadata']['name']}-{rjob['name']}-0",
+                            **(rjob["template"].get("metadata") or {})},
+               "spec": rjob["template"].get("spec") or {}}
+        try:
+            validate_core(job)
+        except AssertionError as e:
+            raise AssertionError(f"{what}: replicatedJobs[{i}].template as a Job: {e}") from None

@@ -1,4 +1,5 @@
-"""KubernetesBackend: the legs of one QualificationRun as PyTorchJobs, its comparator a Job.
+"""KubernetesBackend: the legs of one QualificationRun as PyTorchJobs or TrainJobs
+(``spec.backend``, :mod:`.legjobs`), its comparator a Job.
 
 The same interface as the local torchrun backend, so :class:`resumequal.qualify.Qualification`
 drives both. The backend keeps no memory of its own: every answer is read from the cluster
@@ -57,12 +58,10 @@ from resumequal_operator.kube import (
     NotFound,
     Obj,
 )
+from resumequal_operator.legjobs import LegJobs, PyTorchJobLegs, job_kinds
 from resumequal_operator.resource import QualificationRunSpec, ZoomStatus, is_object_name
 
 log = logging.getLogger(__name__)
-
-# Set by the training operator on every pod of a PyTorchJob.
-REPLICA_INDEX = "training.kubeflow.org/replica-index"
 
 
 class ComparatorFailed(ResumequalError):
@@ -115,8 +114,11 @@ class KubernetesBackend:
 
     def __init__(self, kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
                  spec: QualificationSpec, plan: Plan, location: RunLocation, *,
-                 reads: CachedReads | None = None) -> None:
+                 reads: CachedReads | None = None, legs: LegJobs | None = None,
+                 kinds: tuple[Kind, ...] = job_kinds(None)) -> None:
         self.kube, self.run, self.run_spec = kube, run, run_spec
+        self.legs: LegJobs = legs or PyTorchJobLegs()
+        self.kinds = kinds  # every kind of job a run can own here (cleanup lists them)
         # The legs' and the comparator's jobs as watched (a GET when not cached).
         self.reads = reads or CachedReads(kube, {})
         self.spec, self.plan, self.location = spec, plan, location
@@ -154,27 +156,29 @@ class KubernetesBackend:
         if not self._prepared:
             self.ensure_checkpoint_key()
             self._prepared = True
-        r = self.run
-        body = pytorchjob.leg_job(r.name, r.namespace, r.uid, self.run_spec, plan,
+        r, label = self.run, self.legs.label
+        body = self.legs.manifest(r.name, r.namespace, r.uid, self.run_spec, plan,
                                   self.location.uri)
         try:
-            self.kube.create(PYTORCHJOBS, self.run.namespace, body)
+            self.kube.create(self.legs.kind, self.run.namespace, body)
         except Conflict:
-            log.debug("%s: PyTorchJob %s exists already", self.run.name, self.job_name(plan.name))
+            log.debug("%s: %s %s exists already", self.run.name, label,
+                      self.job_name(plan.name))
             return
-        log.info("%s/%s: launched the %s leg (PyTorchJob %s)", self.run.namespace,
-                 self.run.name, plan.name, self.job_name(plan.name))
+        log.info("%s/%s: launched the %s leg (%s %s)", self.run.namespace,
+                 self.run.name, plan.name, label, self.job_name(plan.name))
 
     def observe_leg(self, leg: str) -> LegObservation:
         """A leg is done when every rank has marked it done in the store: an elastic
         PyTorchJob is Succeeded as soon as its first worker succeeds, while other ranks
-        may still be writing their last trace segments and checkpoint."""
-        name = self.job_name(leg)
+        may still be writing their last trace segments and checkpoint (a TrainJob is
+        Complete only once every node's pod succeeded; the markers serve both)."""
+        name, label = self.job_name(leg), self.legs.label
         try:
-            job = self.reads.get(PYTORCHJOBS, self.run.namespace, name)
+            job = self.reads.get(self.legs.kind, self.run.namespace, name)
         except NotFound:
             return LegObservation(state=LegState.FAILED,
-                                  message=f"its PyTorchJob {name} no longer exists")
+                                  message=f"its {label} {name} no longer exists")
         plan = self.plan.leg(leg)
         # Markers first: progress read after them includes every rank's last step.
         done = self.location.ranks_done(leg) >= set(range(plan.final_world_size))
@@ -186,13 +190,13 @@ class KubernetesBackend:
             state = LegState.FAILED
         else:
             state = LegState.RUNNING
-        if state == LegState.RUNNING:
+        if state == LegState.RUNNING and self.legs.kind == PYTORCHJOBS:
             self._maybe_grow(plan, job)
         message = None
         if state == LegState.FAILED:
             why = self.location.leg_failure(leg)
             detail = (failed or {}).get("message") or (failed or {}).get("reason")
-            message = why or f"PyTorchJob {name} failed: {detail or 'no detail'}"
+            message = why or f"{label} {name} failed: {detail or 'no detail'}"
         return LegObservation(state=state, steps_done=progress.steps_done,
                               attempts=progress.attempts, resumed_at=progress.resumed_at,
                               message=message)
@@ -284,15 +288,13 @@ class KubernetesBackend:
     def _check_target(self, pod: Obj, plan: LegPlan) -> None:
         meta = pod["metadata"]
         jobs = {self.job_name(p.name) for p in self.plan.legs}
-        owners = [r for r in meta.get("ownerReferences") or []
-                  if r.get("kind") == "PyTorchJob" and r.get("controller")]
-        if not owners or owners[0].get("name") not in jobs:
+        if self.legs.job_of(pod) not in jobs:
             raise KillRefused(f"pod {meta['name']} does not belong to a leg of "
                               f"{self.run.namespace}/{self.run.name}; not deleting it")
-        index = (meta.get("labels") or {}).get(REPLICA_INDEX)
-        worker0 = index == "0" or (index is None and meta["name"].endswith("-worker-0"))
-        if worker0 and not self.run_spec.allow_rendezvous_host_kill:
-            raise KillRefused(f"pod {meta['name']} is worker-0, which hosts the c10d "
+        index = self.legs.node_index(pod)
+        if index == "0" and not self.run_spec.allow_rendezvous_host_kill:
+            node = "worker-0" if self.legs.kind == PYTORCHJOBS else "node 0"
+            raise KillRefused(f"pod {meta['name']} is {node}, which hosts the c10d "
                               "rendezvous; set allow_rendezvous_host_kill to cut there")
         last = str(plan.spec.world.nnodes - 1)
         if plan.resize is not None and index is not None and index != last:
@@ -377,7 +379,7 @@ class KubernetesBackend:
         """Delete every job this run started (pods go with them: Background propagation).
         When the watch holds every job the run can have (its legs' and its comparator's),
         they are deleted by name, each on the uid seen; else the run's jobs are listed."""
-        wanted = [*((PYTORCHJOBS, self.job_name(p.name)) for p in self.plan.legs),
+        wanted = [*((self.legs.kind, self.job_name(p.name)) for p in self.plan.legs),
                   (JOBS, self.comparator_name)]
         held: list[tuple[Kind, Obj]] = []
         for kind, name in wanted:
@@ -391,7 +393,7 @@ class KubernetesBackend:
             except Conflict:  # a job replaced under the same name since it was seen
                 deleted = None
         if deleted is None:
-            deleted = delete_run_jobs(self.kube, self.run)
+            deleted = delete_run_jobs(self.kube, self.run, self.kinds)
         if deleted:
             log.info("%s/%s: deleted %d job(s)", self.run.namespace, self.run.name, deleted)
 
@@ -455,11 +457,12 @@ def observe_zoom(kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
     return status
 
 
-def delete_run_jobs(kube: Kube, ref: RunRef) -> int:
-    """Delete the PyTorchJobs and Jobs a run owns (Background: pods follow); how many."""
+def delete_run_jobs(kube: Kube, ref: RunRef, kinds: tuple[Kind, ...] = job_kinds(None)) -> int:
+    """Delete the jobs of ``kinds`` (PyTorchJobs, TrainJobs, Jobs) a run owns (Background:
+    pods follow); how many."""
     selector = f"{pytorchjob.UID_LABEL}={ref.uid},{pytorchjob.MANAGED_BY}={pytorchjob.OPERATOR}"
     return _delete_owned(kube, ref, [
-        (kind, obj) for kind in (PYTORCHJOBS, JOBS)
+        (kind, obj) for kind in kinds
         for obj in kube.list(kind, ref.namespace, labels=selector).get("items") or []],
         precondition=False)
 

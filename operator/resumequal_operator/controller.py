@@ -53,8 +53,10 @@ from resumequal_operator.backend import (
 from resumequal_operator.cache import CachedReads, ObjectCache, key_of
 from resumequal_operator.events import EventRecorder
 from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, Obj
+from resumequal_operator.legjobs import TrainerSettings, job_kinds, leg_jobs
 from resumequal_operator.opmetrics import OperatorMetrics
 from resumequal_operator.resource import (
+    Backend,
     QualificationRunSpec,
     QualificationRunStatus,
     RunSpecError,
@@ -89,6 +91,7 @@ class _Run:
     qspec: QualificationSpec
     uri: str  # the run location
     pinned: dict[str, Any] | None  # the spec it started with, once started
+    raw: dict[str, Any]  # the spec it runs: pinned, or the object's with its backend filled
 
 
 class Reconciler:
@@ -98,8 +101,12 @@ class Reconciler:
                  cache: ObjectCache, reads: CachedReads | None = None,
                  poll_seconds: float = 2.0, cleanup_seconds: float = 300.0,
                  clock: Callable[[], float] = time.time,
-                 allowlist: Allowlist | None = None) -> None:
+                 allowlist: Allowlist | None = None, default_backend: Backend = "pytorchjob",
+                 trainer: TrainerSettings | None = None) -> None:
         self.kube, self.metrics, self.events = kube, metrics, events
+        self.default_backend = default_backend
+        self.trainer = trainer  # None: TrainJobs are not run here
+        self.kinds = job_kinds(trainer)
         self.cache = cache
         self.reads = reads or CachedReads(kube, {})
         self.allowlist = allowlist or Allowlist()
@@ -133,10 +140,19 @@ class Reconciler:
         previous = read_status(obj)
         generation = meta.get("generation")
         pinned = pinned_spec(previous)
+        if pinned is not None and pinned.get("backend") is None:
+            pinned = {**pinned, "backend": "pytorchjob"}  # started before there were two
+        raw = pinned if pinned is not None else self._with_backend(obj.get("spec"))
         try:
-            spec = parse_run_spec(pinned if pinned is not None else obj.get("spec"))
+            spec = parse_run_spec(raw)
         except RunSpecError as e:
             self._invalid(obj, previous, generation, str(e))
+            return None
+        if spec.backend == "trainjob" and self.trainer is None:
+            self._invalid(obj, previous, generation, (
+                "spec.backend: trainjob: this operator does not run TrainJobs (enable it "
+                "with the chart value trainjob.enabled, which installs the runtime legs "
+                "need)"), reason=NOT_ALLOWED)
             return None
         refused = self.allowlist.refusals(spec)
         if refused:
@@ -151,7 +167,7 @@ class Reconciler:
             if machine is not None:
                 # Stopped for good: a wider allowlist later must not start it again over
                 # what it already wrote in its run location.
-                delete_run_jobs(self.kube, RunRef.of(obj))
+                delete_run_jobs(self.kube, RunRef.of(obj), self.kinds)
                 machine.phase, machine.reason, machine.message = \
                     Phase.FAILED, Reason.INVALID, message
                 machine.history.append(PhaseEvent(phase=Phase.FAILED.value, at=self.clock(),
@@ -170,16 +186,24 @@ class Reconciler:
                 f"generation {generation}: the spec of a started qualification does not "
                 "change; create a new QualificationRun to qualify another spec"),
                 warning=True)
-        run = self._run(obj, spec, pinned)
+        run = self._run(obj, spec, pinned, raw)
         return self._drive(key, run, previous, generation)
+
+    def _with_backend(self, raw: Any) -> Any:
+        """A new run's spec with its backend (the operator's default when unset): part of
+        the spec the run is pinned to, so a changed default never moves a started run."""
+        if isinstance(raw, dict) and raw.get("backend") is None:
+            return {**raw, "backend": self.default_backend}
+        return raw
 
     # -- one tick ------------------------------------------------------------------------
 
     def _run(self, obj: Obj, spec: QualificationRunSpec,
-             pinned: dict[str, Any] | None = None) -> _Run:
+             pinned: dict[str, Any] | None = None, raw: Any = None) -> _Run:
         ref = RunRef.of(obj)
         uri = run_uri(spec.store.uri, ref.namespace, ref.name, ref.uid)
-        return _Run(obj, ref, spec, qualification_spec(spec, uri), uri, pinned)
+        body = pinned if pinned is not None else (raw if isinstance(raw, dict) else obj["spec"])
+        return _Run(obj, ref, spec, qualification_spec(spec, uri), uri, pinned, body)
 
     def _location(self, run: _Run) -> RunLocation:
         """The run's location, opened once per run while it is running (an S3 client, and
@@ -203,7 +227,10 @@ class Reconciler:
                                                             generation, zoom))
             return self._concluded(key, run, machine, zoom, obj)
         backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
-                                    self._location(run), reads=self.reads)
+                                    self._location(run), reads=self.reads,
+                                    legs=leg_jobs(run.spec.backend or self.default_backend,
+                                                  self.trainer),
+                                    kinds=self.kinds)
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
                           clock=self.clock)
         seen = len(q.status.history)
@@ -282,8 +309,9 @@ class Reconciler:
             comparator_job=pytorchjob.comparator_job_name(ref.name, ref.uid) if compared
             else None,
             preemption_mode=run.spec.preemption.mode,
-            run_spec=run.obj["spec"] if run.pinned is None else run.pinned,
+            run_spec=run.raw,
             zoom=zoom,
+            backend=run.spec.backend,
         )
 
     def _announce(self, run: _Run, plan: Plan, machine: QualificationStatus, seen: int,
@@ -408,7 +436,7 @@ class Reconciler:
         if FINALIZER not in (meta.get("finalizers") or []):
             return
         ref = RunRef.of(obj)
-        delete_run_jobs(self.kube, ref)
+        delete_run_jobs(self.kube, ref, self.kinds)
         pinned = pinned_spec(read_status(obj))
         try:
             spec: QualificationRunSpec | None = parse_run_spec(

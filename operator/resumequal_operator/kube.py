@@ -80,6 +80,7 @@ class Kind:
 
 QUALIFICATION_RUNS = Kind("resumequal.dev", "v1alpha1", "qualificationruns")
 PYTORCHJOBS = Kind("kubeflow.org", "v1", "pytorchjobs")
+TRAINJOBS = Kind("trainer.kubeflow.org", "v1alpha1", "trainjobs")
 JOBS = Kind("batch", "v1", "jobs")
 PODS = Kind("", "v1", "pods")
 SECRETS = Kind("", "v1", "secrets")

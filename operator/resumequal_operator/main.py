@@ -30,15 +30,27 @@ def crd() -> None:
 @click.argument("file", type=click.File("r"))
 @click.option("--namespace", default=None, metavar="NS",
               help="Namespace of the run; default: metadata.namespace, else 'default'.")
-def render(file: TextIO, namespace: str | None) -> None:
+@click.option("--default-backend", type=click.Choice(["pytorchjob", "trainjob"]),
+              default="pytorchjob", show_default=True,
+              help="The operator's default, for a run whose spec.backend is unset.")
+@click.option("--trainjob-runtime", default="resumequal-leg", show_default=True,
+              metavar="NAME", help="The runtime TrainJob legs name.")
+@click.option("--trainjob-runtime-kind", default="ClusterTrainingRuntime", show_default=True,
+              type=click.Choice(["ClusterTrainingRuntime", "TrainingRuntime"]))
+def render(file: TextIO, namespace: str | None, default_backend: str, trainjob_runtime: str,
+           trainjob_runtime_kind: str) -> None:
     """Print, as YAML, every object the QualificationRun(s) in FILE ('-': stdin) would
-    create (checkpoint key Secret with a placeholder key, leg PyTorchJobs, comparator Job),
-    without a cluster. Exit 2 on a bad spec."""
+    create (checkpoint key Secret with a placeholder key, leg PyTorchJobs or TrainJobs,
+    comparator Job), without a cluster. Exit 2 on a bad spec."""
+    from resumequal_operator.legjobs import TrainerSettings
     from resumequal_operator.render import render_yaml
     from resumequal_operator.resource import RunSpecError
 
+    trainer = TrainerSettings(trainjob_runtime, trainjob_runtime_kind)  # type: ignore[arg-type]
     try:
-        click.echo(render_yaml(file.read(), namespace=namespace), nl=False)
+        click.echo(render_yaml(file.read(), namespace=namespace,
+                               default_backend=default_backend,  # type: ignore[arg-type]
+                               trainer=trainer), nl=False)
     except RunSpecError as e:
         click.echo(f"error: {file.name}: invalid QualificationRun:\n{e}", err=True)
         sys.exit(2)
@@ -81,16 +93,34 @@ def render(file: TextIO, namespace: str | None) -> None:
               help="store.endpointUrl values runs may name (repeatable, exact "
               "http(s)://host[:port]); none given: runs may name none, and use the "
               "operator's own S3 endpoint.")
+@click.option("--default-backend", type=click.Choice(["pytorchjob", "trainjob"]),
+              default="pytorchjob", show_default=True,
+              help="What runs the legs of a run whose spec.backend is unset.")
+@click.option("--trainjob/--no-trainjob", default=False, show_default=True,
+              help="Run TrainJob legs (Kubeflow Trainer v2 must be installed, and the "
+              "runtime below).")
+@click.option("--trainjob-runtime", default="resumequal-leg", show_default=True,
+              metavar="NAME", help="The runtime TrainJob legs name (the chart installs it).")
+@click.option("--trainjob-runtime-kind", default="ClusterTrainingRuntime", show_default=True,
+              type=click.Choice(["ClusterTrainingRuntime", "TrainingRuntime"]),
+              help="TrainingRuntime: one in each watched namespace.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_elect: bool,
         lease_name: str, lease_namespace: str | None, resync_seconds: float, workers: int,
         poll_seconds: float, crd_policy: str, allow_images: tuple[str, ...],
         allow_service_accounts: tuple[str, ...], allow_buckets: tuple[str, ...],
-        allow_endpoints: tuple[str, ...], log_level: str) -> None:
+        allow_endpoints: tuple[str, ...], default_backend: str, trainjob: bool,
+        trainjob_runtime: str, trainjob_runtime_kind: str, log_level: str) -> None:
     """Run the controller until SIGTERM."""
     from resumequal_operator.crdsync import CRDMismatch
+    from resumequal_operator.legjobs import TrainerSettings
     from resumequal_operator.service import ServiceOptions, serve
+
+    if default_backend == "trainjob" and not trainjob:
+        raise click.BadParameter("needs --trainjob", param_hint="--default-backend")
+    trainer = TrainerSettings(trainjob_runtime,
+                              trainjob_runtime_kind) if trainjob else None  # type: ignore[arg-type]
 
     allowlist = allowlist_of(allow_images, allow_service_accounts, allow_buckets,
                              allow_endpoints)
@@ -102,7 +132,9 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
                              lease_namespace=lease_namespace, resync_seconds=resync_seconds,
                              workers=workers, poll_seconds=poll_seconds,
                              crd_policy=crd_policy,  # type: ignore[arg-type]
-                             allowlist=allowlist))
+                             allowlist=allowlist,
+                             default_backend=default_backend,  # type: ignore[arg-type]
+                             trainer=trainer))
     except CRDMismatch as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

@@ -27,9 +27,11 @@ from resumequal_operator.cache import CachedReads, ObjectCache
 from resumequal_operator.controller import Reconciler
 from resumequal_operator.events import EventRecorder
 from resumequal_operator.health import HealthServer
-from resumequal_operator.kube import JOBS, PYTORCHJOBS, Kube
+from resumequal_operator.kube import Kube
 from resumequal_operator.leader import LeaderElector, LeaseSettings
+from resumequal_operator.legjobs import TrainerSettings, job_kinds
 from resumequal_operator.opmetrics import OperatorMetrics
+from resumequal_operator.resource import Backend
 from resumequal_operator.watching import Watcher
 from resumequal_operator.workqueue import ShutDown, WorkQueue
 
@@ -66,6 +68,10 @@ class Settings:
     cleanup_seconds: float = 300.0
     # What runs may name (images, service accounts, buckets, endpoints); see allowlist.
     allowlist: Allowlist = field(default_factory=Allowlist)
+    # What runs a run's legs when its spec.backend is unset; TrainJobs only with ``trainer``
+    # (the runtime they name), where Kubeflow Trainer v2 is installed.
+    default_backend: Backend = "pytorchjob"
+    trainer: TrainerSettings | None = None
 
 
 class Operator:
@@ -80,13 +86,15 @@ class Operator:
         self.metrics.watch_queue(lambda: len(self.queue))
         self.cache = ObjectCache()
         # The jobs it created, by the label it gives them: read by the backend every tick.
-        owned = {kind: ObjectCache() for kind in (PYTORCHJOBS, JOBS)}
+        owned = {kind: ObjectCache() for kind in job_kinds(settings.trainer)}
         self.reconciler = Reconciler(kube, self.metrics,
                                      EventRecorder(kube, settings.identity), cache=self.cache,
                                      reads=CachedReads(kube, owned),
                                      poll_seconds=settings.poll_seconds,
                                      cleanup_seconds=settings.cleanup_seconds,
-                                     allowlist=settings.allowlist)
+                                     allowlist=settings.allowlist,
+                                     default_backend=settings.default_backend,
+                                     trainer=settings.trainer)
         namespaces: Sequence[str | None] = settings.namespaces or (None,)
         self.watchers = [Watcher(kube, ns, self.queue.add, cache=self.cache,
                                  timeout_seconds=settings.watch_timeout_seconds)

@@ -192,7 +192,8 @@ def _env(spec: QualificationRunSpec, run_name: str, uid: str) -> list[Obj]:
     return env
 
 
-def _resources(spec: QualificationRunSpec, gpus: bool) -> Obj:
+def resources(spec: QualificationRunSpec, gpus: bool) -> Obj:
+    """The container's requests and limits (without GPUs where ``gpus`` is false)."""
     out: Obj = {}
     for kind in ("requests", "limits"):
         values = {k: v for k, v in getattr(spec.resources, kind).items()
@@ -215,7 +216,8 @@ CONTAINER_SECURITY_CONTEXT: Obj = {
 }
 
 
-def _merged(default: Obj, override: Obj) -> Obj:
+def merged(default: Obj, override: Obj) -> Obj:
+    """``override`` over ``default``, key by key (a security context over ours)."""
     return {**default, **override}
 
 
@@ -223,10 +225,10 @@ def _pod_spec(spec: QualificationRunSpec, container: Obj,
               restart_policy: str | None) -> Obj:
     # Workers and the comparator never call the Kubernetes API (IRSA and workload identity
     # bring their own token), so the pods carry no API credentials.
-    container["securityContext"] = _merged(CONTAINER_SECURITY_CONTEXT,
+    container["securityContext"] = merged(CONTAINER_SECURITY_CONTEXT,
                                            spec.security.security_context)
     pod: Obj = {"containers": [container], "automountServiceAccountToken": False,
-                "securityContext": _merged(POD_SECURITY_CONTEXT,
+                "securityContext": merged(POD_SECURITY_CONTEXT,
                                            spec.security.pod_security_context)}
     if restart_policy is not None:
         pod["restartPolicy"] = restart_policy
@@ -248,9 +250,9 @@ def _container(spec: QualificationRunSpec, command: list[str], args: list[str], 
               "env": env}
     if spec.stack.image_pull_policy:
         c["imagePullPolicy"] = spec.stack.image_pull_policy
-    resources = _resources(spec, gpus)
-    if resources:
-        c["resources"] = resources
+    needs = resources(spec, gpus)
+    if needs:
+        c["resources"] = needs
     return c
 
 
@@ -263,6 +265,20 @@ def leg_args(leg: LegPlan, run_uri: str) -> list[str]:
 def launch_command(leg: LegPlan) -> list[str]:
     """The leg container's command: our launcher around torchrun (module docstring)."""
     return ["resumequal", "launch", "--mode", leg.spec.preemption.mode, "--"]
+
+
+def leg_env(spec: QualificationRunSpec, run_name: str, uid: str, threads: int) -> list[Obj]:
+    """The env of a leg's container (either backend): the store's and the checkpoint key's,
+    the pod's identity, and what torchrun needs beyond its ``PET_*`` flags."""
+    return [*_env(spec, run_name, uid),
+            {"name": "OMP_NUM_THREADS", "value": str(threads)},
+            # A recreated pod (a replaced one, or a resize's grown one) never rejoins
+            # otherwise: with the rendezvous store shared with the workers, the surviving
+            # rank-0 agent keeps its first round's store address and never publishes it in
+            # the new round, where the new agent waits for it
+            # (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, next_rendezvous).
+            # Each round then gets a store of its own.
+            {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"}]
 
 
 def leg_deadline_seconds(leg: LegPlan) -> int:
@@ -292,15 +308,7 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
     w = leg.spec.world
     name = leg_job_name(run_name, uid, leg.name)
     meta_labels = labels(run_name, uid, leg.name)
-    env = [*_env(spec, run_name, uid),
-           {"name": "OMP_NUM_THREADS", "value": str(w.threads_per_rank)},
-           # A recreated pod (a replaced one, or a resize's grown one) never rejoins
-           # otherwise: with the rendezvous store shared with the workers, the surviving
-           # rank-0 agent keeps its first round's store address and never publishes it in
-           # the new round, where the new agent waits for it
-           # (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, next_rendezvous).
-           # Each round then gets a store of its own.
-           {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"}]
+    env = leg_env(spec, run_name, uid, w.threads_per_rank)
     container = _container(spec, launch_command(leg), leg_args(leg, run_uri), env, gpus=True)
     container["ports"] = [{"name": RDZV_PORT_NAME, "containerPort": RDZV_PORT,
                            "protocol": "TCP"}]

@@ -1,7 +1,8 @@
 """``resumequal-operator render``: every object a QualificationRun would create, offline.
 
 A platform team reviews (or a policy tool checks) exactly what the operator would submit —
-the run's checkpoint key Secret, each leg's PyTorchJob and the comparator Job — before
+the run's checkpoint key Secret, each leg's PyTorchJob or TrainJob (``spec.backend``, or
+the operator's default) and the comparator Job — before
 applying a run. The objects are the ones :class:`~resumequal_operator.backend.KubernetesBackend`
 builds, from the same functions; only the run's uid, which the API server assigns, is a
 stand-in unless the manifest carries one (``kubectl get qr NAME -o yaml |
@@ -21,9 +22,11 @@ from resumequal.results import run_uri
 from resumequal.yamlread import YAMLInputError, load_yaml_all
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import Obj
+from resumequal_operator.legjobs import TrainerSettings, leg_jobs
 from resumequal_operator.resource import (
     API_VERSION,
     KIND,
+    Backend,
     Problem,
     RunSpecError,
     parse_run_spec,
@@ -48,10 +51,12 @@ def _bad(pattern: re.Pattern[str], value: Any, limit: int) -> bool:
     return not (isinstance(value, str) and len(value) <= limit and pattern.match(value))
 
 
-def render_objects(run: Any, *, namespace: str | None = None) -> list[Obj]:
-    """The checkpoint key Secret (with :data:`PLACEHOLDER_KEY`), the leg PyTorchJobs (in
-    launch order) and the comparator Job of one QualificationRun, in the order the operator
-    creates them."""
+def render_objects(run: Any, *, namespace: str | None = None,
+                   default_backend: Backend = "pytorchjob",
+                   trainer: TrainerSettings | None = None) -> list[Obj]:
+    """The checkpoint key Secret (with :data:`PLACEHOLDER_KEY`), the legs' PyTorchJobs or
+    TrainJobs (in launch order) and the comparator Job of one QualificationRun, in the order
+    the operator creates them; ``default_backend`` where the spec names none."""
     if not isinstance(run, dict):
         raise RunSpecError([Problem(path="(document)", message="must be a mapping")])
     problems = []
@@ -79,18 +84,24 @@ def render_objects(run: Any, *, namespace: str | None = None) -> list[Obj]:
                                 "digits and '-')"))
     if problems or not isinstance(name, str):
         raise RunSpecError(problems)
-    spec = parse_run_spec(run.get("spec"))
+    raw = run.get("spec")
+    if isinstance(raw, dict) and raw.get("backend") is None:
+        raw = {**raw, "backend": default_backend}
+    spec = parse_run_spec(raw)
     uri = run_uri(spec.store.uri, ns, name, uid)
     plan = qualification_plan(qualification_spec(spec, uri))
+    legs = leg_jobs(spec.backend or default_backend, trainer)
     objects = [pytorchjob.checkpoint_key_secret(name, ns, uid, PLACEHOLDER_KEY)]
-    objects += [pytorchjob.leg_job(name, ns, uid, spec, leg, uri) for leg in plan.legs]
+    objects += [legs.manifest(name, ns, uid, spec, leg, uri) for leg in plan.legs]
     objects.append(pytorchjob.comparator_job(name, ns, uid, spec, uri))
     if spec.zoom == "onFail":  # created only when the verdict is FAIL
         objects.append(pytorchjob.zoom_job(name, ns, uid, spec, uri))
     return objects
 
 
-def render_yaml(text: str, *, namespace: str | None = None) -> str:
+def render_yaml(text: str, *, namespace: str | None = None,
+                default_backend: Backend = "pytorchjob",
+                trainer: TrainerSettings | None = None) -> str:
     """Every object of every QualificationRun in a YAML stream, as one YAML stream."""
     try:
         docs = [d for d in load_yaml_all(text) if d is not None]
@@ -101,7 +112,8 @@ def render_yaml(text: str, *, namespace: str | None = None) -> str:
     out: list[Obj] = []
     for i, doc in enumerate(docs):
         try:
-            out += render_objects(doc, namespace=namespace)
+            out += render_objects(doc, namespace=namespace, default_backend=default_backend,
+                                  trainer=trainer)
         except RunSpecError as e:
             if len(docs) == 1:
                 raise

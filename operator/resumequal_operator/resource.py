@@ -265,11 +265,25 @@ class RetentionSpec(_Section):
     )
 
 
+Backend = Literal["pytorchjob", "trainjob"]
+# How long the Job controller waits before it replaces a failed (a deleted) pod of a
+# TrainJob's Job: its pod failure backoff after a first failure.
+TRAINJOB_REPLACEMENT_S = 10.0
+BACKENDS: tuple[Backend, ...] = ("pytorchjob", "trainjob")
+
+
 class QualificationRunSpec(_Section):
     """A qualification on a cluster: the spec's sections plus image, store and placement."""
 
     stack: StackSpec
     store: StoreSpec
+    backend: Backend | None = Field(
+        default=None,
+        description="What runs each leg: pytorchjob (a Kubeflow training operator v1 "
+        "PyTorchJob) or trainjob (a Kubeflow Trainer v2 TrainJob on the runtime the chart "
+        "installs). Unset: the operator's default (chart value backend), fixed when the run "
+        "starts.",
+    )
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     world: WorldSpec = Field(default_factory=WorldSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
@@ -408,6 +422,25 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
         out.append(Problem(path="spec.matrix.seeds", message=(
             "the seed matrix runs with `resumequal run` on one machine; the operator runs one "
             "seed per QualificationRun (create one run per seed with training.seed)")))
+    if spec.backend == "trainjob":
+        # Trainer v2 has no elastic policy (removed in v2.2): a TrainJob's node count is
+        # fixed, so its world cannot shrink or grow.
+        if p.resize is not None:
+            out.append(Problem(path="spec.preemption.resize", message=(
+                "a resize needs an elastic job, and a TrainJob has a fixed number of nodes: "
+                "use backend: pytorchjob")))
+        # The Job controller replaces a deleted pod only after its pod failure backoff
+        # (pkg/controller/job backoff_utils.go: 10 s after the first failure).
+        if p.target == "pod" and spec.timeouts.restart_seconds <= TRAINJOB_REPLACEMENT_S:
+            out.append(Problem(path="spec.timeouts.restartSeconds", message=(
+                f"{spec.timeouts.restart_seconds:g}s is not longer than the "
+                f"{TRAINJOB_REPLACEMENT_S:g}s the Job controller waits before it replaces a "
+                "TrainJob's deleted pod: the leg could never resume in time")))
+        # Neither spec.trainer nor a runtime patch can set a container's pull policy.
+        if spec.stack.image_pull_policy is not None:
+            out.append(Problem(path="spec.stack.imagePullPolicy", message=(
+                "a TrainJob cannot set the pull policy of its image (trainer.image only); "
+                "set it in the training runtime, or leave it unset")))
     if spec.store.credentials_secret and not spec.store.is_s3:
         out.append(Problem(path="spec.store.credentialsSecret",
                            message="only used with an s3:// store.uri"))
@@ -503,7 +536,7 @@ class Condition(_Status):
 
 
 class LegStatus(_Status):
-    job: str | None = Field(default=None, description="the leg's PyTorchJob")
+    job: str | None = Field(default=None, description="the leg's PyTorchJob or TrainJob")
     attempts: int = 0
     steps: int = 0
     launched_at: Time | None = None
@@ -560,6 +593,7 @@ class QualificationRunStatus(_Status):
     phase: Phase | None = None
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    backend: Backend | None = Field(default=None, description="what runs the legs")
     pin: str | None = None
     run_uri: str | None = None
     report_url: str | None = None

@@ -18,7 +18,9 @@ from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.crdsync import Policy, ensure_crd
 from resumequal_operator.kube import Kube
 from resumequal_operator.leader import LeaseSettings
+from resumequal_operator.legjobs import TrainerSettings
 from resumequal_operator.manager import Operator, Settings, default_identity
+from resumequal_operator.resource import Backend
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class ServiceOptions:
     poll_seconds: float = 2.0
     crd_policy: Policy = "apply"
     allowlist: Allowlist = field(default_factory=Allowlist)
+    default_backend: Backend = "pytorchjob"
+    trainer: TrainerSettings | None = None
 
 
 def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Settings:
@@ -53,6 +57,7 @@ def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Se
         identity=env.get("POD_NAME") or default_identity(),
         resync_seconds=opts.resync_seconds, workers=opts.workers,
         poll_seconds=opts.poll_seconds, allowlist=opts.allowlist,
+        default_backend=opts.default_backend, trainer=opts.trainer,
     )
 
 

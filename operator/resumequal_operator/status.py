@@ -146,6 +146,7 @@ def run_status(
     preemption_mode: Literal["hard", "graceful"],
     run_spec: dict[str, Any],
     zoom: ZoomStatus | None = None,
+    backend: str | None = None,
 ) -> QualificationRunStatus:
     """The whole status of a run from its machine (see the module docstring)."""
     legs = {}
@@ -175,6 +176,7 @@ def run_status(
     return QualificationRunStatus.model_validate({
         "phase": machine.phase,
         "observedGeneration": generation,
+        "backend": backend,
         "conditions": conditions(previous, machine.phase,
                                  machine.reason.value if machine.reason else None,
                                  machine.message, verdict, generation),

@@ -18,6 +18,7 @@ import yaml
 from resumequal_operator import main as operator_main
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.resource import parse_run_spec
+from resumequal_operator.trainjob import leg_runtime
 from tests import k8s_schemas
 from tests.chart.monitoring import validate_monitoring
 from tests.tools import require
@@ -73,6 +74,9 @@ def validate(obj: Obj) -> None:
     if obj["apiVersion"].startswith("monitoring.coreos.com/"):
         validate_monitoring(obj)
         return
+    if obj["apiVersion"].startswith("trainer.kubeflow.org/"):
+        k8s_schemas.validate_trainer(obj)
+        return
     try:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as e:
@@ -118,6 +122,7 @@ def test_default_render(chart: helm.Chart) -> None:
         "--workers=2",
         "--log-level=INFO",
         "--crd=apply",
+        "--default-backend=pytorchjob",
     ]
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "ghcr.io/resumequal/resumequal-operator:0.1.0"
@@ -157,6 +162,19 @@ def test_all_values_render(chart: helm.Chart) -> None:
     ]
     assert "--leader-elect" in args and "--lease-name=resumequal-leader" in args
     assert "--port=9090" in args and "--workers=4" in args
+    at = args.index("--default-backend=trainjob")
+    assert args[at:at + 4] == ["--default-backend=trainjob", "--trainjob",
+                               "--trainjob-runtime=rq-leg",
+                               "--trainjob-runtime-kind=TrainingRuntime"]
+    # A TrainingRuntime in each watched namespace, the operator's own runtime object.
+    runtimes = by_kind(objs, "TrainingRuntime")
+    assert [r["metadata"]["namespace"] for r in runtimes] == ["training", "research", "ci"]
+    for r in runtimes:
+        labels = {k: v for k, v in r["metadata"]["labels"].items()
+                  if k != "trainer.kubeflow.org/framework"}
+        assert r == leg_runtime("rq-leg", kind="TrainingRuntime",
+                                namespace=r["metadata"]["namespace"], backoff_limit=12,
+                                labels=labels)
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == (
         "ghcr.io/resumequal/resumequal-operator:0.1.0-rc1@sha256:" + "0123456789abcdef" * 4
@@ -204,6 +222,11 @@ OPERATOR_RULES = (
 )
 
 
+# With TrainJob legs (trainjob.enabled): the same for TrainJobs, never patched (no resize).
+TRAINJOB_RULES = {("trainer.kubeflow.org", "trainjobs", v)
+                  for v in ("get", "list", "watch", "create", "delete")}
+
+
 def test_rbac_is_least_privilege_per_watched_namespace(chart: helm.Chart) -> None:
     objs = render(chart, values_all())
     roles = {o["metadata"]["name"]: o for o in by_kind(objs, "Role")}
@@ -211,7 +234,7 @@ def test_rbac_is_least_privilege_per_watched_namespace(chart: helm.Chart) -> Non
     run_roles = [o for o in by_kind(objs, "Role") if o["metadata"]["name"] == "rq-resumequal"]
     assert {r["metadata"]["namespace"] for r in run_roles} == watched
     for role in run_roles:
-        assert _rules(role) == OPERATOR_RULES
+        assert _rules(role) == OPERATOR_RULES | TRAINJOB_RULES
     bindings = [b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["name"] == "rq-resumequal"]
     assert {b["metadata"]["namespace"] for b in bindings} == watched
     for b in bindings:
@@ -445,6 +468,10 @@ def test_lint(variant: str) -> None:
         ({"serviceMonitor": {"enabled": "yes"}}, "/serviceMonitor/enabled"),
         ({"leaderElection": {"enable": True}}, "/leaderElection"),
         ({"replica": 2}, "'replica'"),
+        ({"backend": "mpijob"}, "/backend"),
+        ({"trainjob": {"runtime": {"kind": "Runtime"}}}, "/trainjob/runtime/kind"),
+        ({"trainjob": {"runtime": {"name": "Not A Name"}}}, "/trainjob/runtime/name"),
+        ({"trainjob": {"runtime": {"backoffLimit": -1}}}, "/trainjob/runtime/backoffLimit"),
     ],
 )
 def test_schema_rejects_bad_values(chart: helm.Chart, values: Obj, field: str) -> None:
@@ -474,6 +501,7 @@ def test_the_operator_accepts_the_arguments(chart: helm.Chart, variant: str) -> 
         assert ctx.params["port"] == container["containers"][0]["ports"][0]["containerPort"]
         assert ctx.params["leader_elect"] is (variant != "noLeader")
         assert ctx.params["all_namespaces"] is (variant == "allNamespaces")
+        assert ctx.params["trainjob"] is (variant == "all")
 
 
 def _allowlist(chart: helm.Chart, values: Obj | None) -> Allowlist:
@@ -519,3 +547,27 @@ def test_the_schema_rejects_bad_allowlists(chart: helm.Chart, values: Obj, field
     with pytest.raises(helm.HelmValuesError) as e:
         render(chart, values)
     assert field in str(e.value)
+
+
+def test_the_trainjob_runtime_is_the_one_the_operator_names(chart: helm.Chart) -> None:
+    objs = render(chart, {"trainjob": {"enabled": True}})
+    [runtime] = by_kind(objs, "ClusterTrainingRuntime")
+    labels = {k: v for k, v in runtime["metadata"]["labels"].items()
+              if k != "trainer.kubeflow.org/framework"}
+    # The chart's template and the function the operator's tests run legs on are one object.
+    assert runtime == leg_runtime(labels=labels)
+    args = args_of(one(objs, "Deployment"))
+    assert args[-4:] == ["--default-backend=pytorchjob", "--trainjob",
+                         "--trainjob-runtime=resumequal-leg",
+                         "--trainjob-runtime-kind=ClusterTrainingRuntime"]
+    [role] = [o for o in by_kind(objs, "Role") if o["metadata"]["name"] == "rq-resumequal"]
+    assert _rules(role) == OPERATOR_RULES | TRAINJOB_RULES
+    own = render(chart, {"trainjob": {"enabled": True, "runtime": {"install": False}}})
+    assert by_kind(own, "ClusterTrainingRuntime") == []
+    assert "--trainjob" in args_of(one(own, "Deployment"))
+    with pytest.raises(helm.HelmRenderError, match=r"backend: trainjob needs trainjob\.enabled"):
+        render(chart, {"backend": "trainjob"})
+    with pytest.raises(helm.HelmRenderError, match=r"with watch\.allNamespaces use "
+                       r"ClusterTrainingRuntime"):
+        render(chart, {"trainjob": {"enabled": True, "runtime": {"kind": "TrainingRuntime"}},
+                       "watch": {"allNamespaces": True}})

@@ -12,7 +12,10 @@ Opt-in (``pytest -m cluster``) and skipped unless the cluster is named. What it 
   own AWS environment, set through the chart's ``operator.extraEnv``, and may send it only
   to an endpoint in the chart's ``allowlist.endpoints``, which must list this one);
 - ``RESUMEQUAL_CLUSTER_IMAGE``: the worker image loaded into the cluster (default
-  ``resumequal-worker:dev``); ``RESUMEQUAL_CLUSTER_TIMEOUT``: seconds to wait (default 1800).
+  ``resumequal-worker:dev``); ``RESUMEQUAL_CLUSTER_TIMEOUT``: seconds to wait (default 1800);
+- ``RESUMEQUAL_CLUSTER_BACKEND``: ``pytorchjob`` (default) or ``trainjob``: the legs as
+  Kubeflow Trainer v2 TrainJobs (Trainer v2 installed, the chart with
+  ``trainjob.enabled=true``).
 
 It applies a QualificationRun (2 nodes x 1 rank on CPU, the cut on rank 1, pod worker-1)
 for each preemption users face — a hard pod kill (deleted with grace 0), a graceful pod
@@ -40,6 +43,7 @@ IMAGE = os.environ.get("RESUMEQUAL_CLUSTER_IMAGE", "resumequal-worker:dev")
 ENDPOINT = os.environ.get("RESUMEQUAL_CLUSTER_STORE_ENDPOINT")
 SECRET = os.environ.get("RESUMEQUAL_CLUSTER_STORE_SECRET")
 TIMEOUT = float(os.environ.get("RESUMEQUAL_CLUSTER_TIMEOUT", "1800"))
+BACKEND = os.environ.get("RESUMEQUAL_CLUSTER_BACKEND", "pytorchjob")
 
 GROUP, VERSION, PLURAL = "resumequal.dev", "v1alpha1", "qualificationruns"
 
@@ -79,8 +83,10 @@ def _manifest(name: str, preemption: dict[str, Any]) -> dict[str, Any]:
         "kind": "QualificationRun",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "stack": {"image": IMAGE, "pin": f"e2e-{name}", "imagePullPolicy": "IfNotPresent"},
+            "stack": {"image": IMAGE, "pin": f"e2e-{name}",
+                      **({"imagePullPolicy": "IfNotPresent"} if BACKEND == "pytorchjob" else {})},
             "store": store,
+            "backend": BACKEND,
             "workload": {"name": "tiny-gpt"},
             "world": {"nnodes": 2, "nprocPerNode": 1, "backend": "gloo"},
             "training": {"steps": 8, "accumulationSteps": 2},
@@ -145,7 +151,8 @@ def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
         assert status["reportUrl"].endswith("/report.html")
         reported = status["preemption"]
         assert reported["rank"] == 1 and reported["mode"] == preemption["mode"]
-        assert reported["pod"].endswith("-worker-1"), reported
+        node1 = "-worker-1" if BACKEND == "pytorchjob" else "-node-0-1-"
+        assert node1 in reported["pod"], reported
         assert status["legs"]["preempted"]["attempts"] >= 2
         assert status["legs"]["preempted"]["restartSeconds"] > 0
         events = client.CoreV1Api(api).list_namespaced_event(
@@ -157,7 +164,8 @@ def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
         while _get(objects, name) is not None:
             assert time.monotonic() < gone_by, "the run's finalizer did not finish"
             time.sleep(2)
+    group, version, plural = (("kubeflow.org", "v1", "pytorchjobs") if BACKEND == "pytorchjob"
+                              else ("trainer.kubeflow.org", "v1alpha1", "trainjobs"))
     jobs = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "kubeflow.org", "v1", NAMESPACE, "pytorchjobs",
-        label_selector=f"resumequal.dev/run={name}")
+        group, version, NAMESPACE, plural, label_selector=f"resumequal.dev/run={name}")
     assert [j for j in jobs["items"] if not j["metadata"].get("deletionTimestamp")] == []

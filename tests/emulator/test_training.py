@@ -14,6 +14,8 @@ import pytest
 
 from tests.k8s_schemas import validate_core, validate_pytorchjob
 from tests.kubeapi import KubeAPI
+from tests.kubeapi.job_controller import BACKOFF_S
+from tests.kubeapi.objects import parse_rfc3339
 from tests.kubeapi.scripted import Container
 from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.waiting import eventually
@@ -520,8 +522,9 @@ def test_a_batch_job_runs_a_pod_and_completes_or_fails(kubeapi: KubeAPI) -> None
     with sim:
         kubeapi.create("jobs", comparator("good"), namespace=NS)
         kubeapi.create("jobs", comparator("bad", backoff=1), namespace=NS)
+        # The retry waits out the pod failure backoff (10 s after the first failure).
         kubeapi.wait_for(lambda: last(kubeapi, "good", "jobs").get("type") == "Complete"
-                         and last(kubeapi, "bad", "jobs").get("type") == "Failed", 5)
+                         and last(kubeapi, "bad", "jobs").get("type") == "Failed", 25)
     good = (kubeapi.get("jobs", NS, "good") or {})["status"]
     assert [c["type"] for c in good["conditions"]] == ["SuccessCriteriaMet", "Complete"]
     assert good["succeeded"] == 1 and good["completionTime"]
@@ -529,6 +532,10 @@ def test_a_batch_job_runs_a_pod_and_completes_or_fails(kubeapi: KubeAPI) -> None
     assert [(c["type"], c["reason"]) for c in bad["conditions"]] == [
         ("FailureTarget", "BackoffLimitExceeded"), ("Failed", "BackoffLimitExceeded")]
     assert bad["failed"] == 2 and len(sim.pods(NS, "bad")) == 2  # one retry, then no more
+    first, retry = sorted(sim.pods(NS, "bad"), key=lambda p: p["metadata"]["creationTimestamp"])
+    ended = first["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"]
+    assert parse_rfc3339(retry["metadata"]["creationTimestamp"]) - parse_rfc3339(ended) \
+        >= BACKOFF_S - 1  # whole seconds both
     assert script.started[0].command == ["resumequal", "compare", "x"]
     assert all(p["metadata"]["name"].startswith(("good-", "bad-"))
                and p["metadata"]["labels"]["resumequal.dev/role"] == "comparator"

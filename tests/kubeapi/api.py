@@ -137,6 +137,14 @@ class KubeAPI:
         """Serve kubeflow.org/v1 PyTorchJob from the training operator v1.9.0 CRD."""
         return self.register_crd(PYTORCHJOB_CRD)
 
+    def register_trainer_crds(self) -> list[Kind]:
+        """Serve Kubeflow Trainer v2's TrainJob, TrainingRuntime and ClusterTrainingRuntime
+        and JobSet (their webhook, :func:`.trainer.webhook`, checks them against the
+        kubeflow-trainer-api models)."""
+        from .trainer import CRDS
+
+        return [k for crd in CRDS for k in self.register_crd(crd)]
+
     def add_validator(self, fn: Validator) -> None:
         """Admission: ``fn(obj)`` sees every object about to be stored (create, update, patch,
         status); raising or returning a non-empty message rejects the write with 422."""

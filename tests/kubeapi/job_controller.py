@@ -1,12 +1,34 @@
-"""The batch/v1 Job controller for what the comparator Job uses (kubernetes/kubernetes
-pkg/controller/job/job_controller.go, k8s 1.31): one pod at a time (parallelism and
-completions 1), ``<job>-<random>``; a pod that fails, or vanishes before it finished (job
-tracking finalizers), counts as failed and is replaced while ``status.failed <=
-backoffLimit``, else ``FailureTarget`` + ``Failed`` (``BackoffLimitExceeded``); a pod that
-succeeds gives ``SuccessCriteriaMet`` + ``Complete`` (``CompletionsReached``);
-``activeDeadlineSeconds`` (a real timer there) deletes the active pod and fails the Job
-with ``DeadlineExceeded``; ``ttlSecondsAfterFinished`` (pkg/controller/ttlafterfinished)
-deletes a finished Job. Not simulated: suspend, podFailurePolicy, successPolicy, indexes.
+"""The batch/v1 Job controller (kubernetes/kubernetes pkg/controller/job, k8s 1.31), for the
+comparator's and zoom's Jobs (one pod) and a JobSet's node Job (Indexed, one pod per node).
+
+- Pods: ``<job>-<random>``; Indexed (``completionMode: Indexed``) ``<job>-<index>-<random>``
+  with host name ``<job>-<index>``, the index as annotation and label
+  ``batch.kubernetes.io/job-completion-index`` and ``JOB_COMPLETION_INDEX`` in the container
+  (indexed_job_utils.go podGenerateNameWithIndex, addCompletionIndexAnnotation,
+  addCompletionIndexLabel, addCompletionIndexEnvVariables; job_controller.go sets
+  ``Hostname``). Every pod carries the ``batch.kubernetes.io/job-tracking`` finalizer
+  (appendJobCompletionFinalizerIfNotFound), removed once the pod is counted, or once its Job
+  is gone (syncOrphanPod): a pod deleted with grace 0 stays until its exit is counted.
+- A pod is failed when its phase is Failed or, unless only failed pods are replaced
+  (``podReplacementPolicy: Failed``, which a ``podFailurePolicy`` forces), when it is
+  terminating (isPodFailed; controller_utils.go IsPodActive). Each is counted once, matched
+  against the ``podFailurePolicy`` rules in order (pod_failure_policy.go
+  matchPodFailurePolicy: ``onExitCodes`` over non-zero terminated containers, ``onPodConditions``):
+  ``FailJob`` fails the Job (reason PodFailurePolicy), ``Ignore`` is not counted, ``Count``
+  (and no rule, and no policy) adds to ``status.failed``.
+- Missing pods (indexes) are created while ``status.failed <= backoffLimit``, but only after
+  the pod failure backoff: 10 s after the last failure, doubling per failure, at most 10 min
+  (backoff_utils.go DefaultJobPodFailureBackOff, MaxJobPodFailureBackOff). A terminating
+  pod's index waits for it only when only failed pods are replaced (manageJob: ``diff :=
+  wantActive - terminating - active``).
+- Success: every index (or the one completion) succeeded and none is active:
+  ``SuccessCriteriaMet`` then ``Complete``. Failure (backoffLimit exceeded, a FailJob rule,
+  ``activeDeadlineSeconds``, a real timer there): ``FailureTarget``, the active pods deleted,
+  then ``Failed`` once none is terminating (enactJobFinished).
+- ``ttlSecondsAfterFinished`` (pkg/controller/ttlafterfinished) deletes a finished Job.
+
+Not simulated (refused): suspend, successPolicy, backoffLimitPerIndex (FailIndex),
+parallelism other than completions, a NonIndexed Job of more than one completion.
 """
 
 from __future__ import annotations
@@ -22,12 +44,20 @@ from .store import Store
 
 Obj = dict[str, Any]
 CAUSE = "job-controller"
+TRACKING = "batch.kubernetes.io/job-tracking"
+INDEX = "batch.kubernetes.io/job-completion-index"
+INDEX_ENV = "JOB_COMPLETION_INDEX"
+BACKOFF_S, MAX_BACKOFF_S = 10.0, 600.0
 
 
 @dataclass
 class _Job:
-    launched: set[str] = field(default_factory=set)  # uids of pods it created
-    failed: set[str] = field(default_factory=set)
+    counted: set[str] = field(default_factory=set)  # uids of pods counted
+    launched: dict[str, int] = field(default_factory=dict)  # uid -> index, pods it created
+    succeeded: set[int] = field(default_factory=set)  # indexes
+    failed: int = 0
+    last_failure: float | None = None
+    failure: tuple[str, str] | None = None  # reason and message, once FailureTarget is set
     finished_at: float | None = None
 
 
@@ -35,11 +65,59 @@ def _phase(pod: Obj) -> str:
     return str((pod.get("status") or {}).get("phase", "Pending"))
 
 
+def _index(pod: Obj) -> int:
+    return int((pod["metadata"].get("annotations") or {}).get(INDEX, 0))
+
+
 def _condition(status: Obj, ctype: str, reason: str, message: str) -> None:
     now = now_rfc3339()
     status["conditions"] = [*(status.get("conditions") or []), {
         "type": ctype, "status": "True", "reason": reason, "message": message,
         "lastProbeTime": now, "lastTransitionTime": now}]
+
+
+def _compressed(indexes: set[int]) -> str:
+    """``completedIndexes``: ``"0-2,5"`` (indexed_job_utils.go succeededIndexes.String)."""
+    out, run = [], []
+    for i in sorted(indexes):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def match_failure_policy(policy: Obj, pod: Obj) -> tuple[str, str | None]:
+    """The action of the first rule matching a failed pod, with the FailJob message
+    (pod_failure_policy.go matchPodFailurePolicy, getFailJobMessage); ``Count`` when none."""
+    meta = pod["metadata"]
+    where = f"{meta['namespace']}/{meta['name']}"
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for i, rule in enumerate(policy.get("rules") or []):
+        action = rule["action"]
+        codes = rule.get("onExitCodes")
+        if codes is not None:
+            for s in statuses:
+                terminated = (s.get("state") or {}).get("terminated")
+                if terminated is None or int(terminated.get("exitCode", 0)) == 0:
+                    continue
+                if codes.get("containerName") not in (None, s["name"]):
+                    continue
+                code = int(terminated["exitCode"])
+                if (code in codes["values"]) == (codes["operator"] == "In"):
+                    return action, (f"Container {s['name']} for pod {where} failed with exit "
+                                    f"code {code} matching {action} rule at index {i}")
+        for pattern in rule.get("onPodConditions") or []:
+            for c in (pod.get("status") or {}).get("conditions") or []:
+                if c.get("type") == pattern["type"] and c.get("status") == pattern.get(
+                        "status", "True"):
+                    return action, (f"Pod {where} has condition {c['type']} matching "
+                                    f"{action} rule at index {i}")
+    return "Count", None
 
 
 class JobController:
@@ -54,76 +132,194 @@ class JobController:
     def reconcile(self, job: Obj) -> None:
         """One pass over one Job."""
         meta, spec = job["metadata"], job["spec"]
-        if meta.get("deletionTimestamp") or spec.get("suspend"):
+        if meta.get("deletionTimestamp"):
             return
+        self._check_supported(job)
         state = self._jobs.setdefault(meta["uid"], _Job())
         status = clone(job.get("status") or {})
+        pods = [p for p in self.store.select(self.pods_kind, meta["namespace"])[0]
+                if any(r.get("uid") == meta["uid"] and r.get("controller")
+                       for r in p["metadata"].get("ownerReferences") or [])]
         if is_true(status, "Complete") or is_true(status, "Failed"):
+            self._release(pods, ended_only=True)
             state.finished_at = state.finished_at or time.time()
             ttl = spec.get("ttlSecondsAfterFinished")
             if ttl is not None and time.time() >= state.finished_at + float(ttl):
                 self._delete(self.jobs_kind, job)
             return
         status.setdefault("startTime", now_rfc3339())
-        pods = [p for p in self.store.select(self.pods_kind, meta["namespace"])[0]
-                if any(r.get("uid") == meta["uid"] for r in p["metadata"].get(
-                    "ownerReferences") or [])]
-        present = {p["metadata"]["uid"] for p in pods}
-        state.failed |= {p["metadata"]["uid"] for p in pods if _phase(p) == "Failed"}
-        state.failed |= state.launched - present
-        active = [p for p in pods if _phase(p) in ("Pending", "Running")
+        policy = spec.get("podFailurePolicy")
+        only_failed = policy is not None or spec.get("podReplacementPolicy") == "Failed"
+        fail_job = self._count(state, pods, policy, only_failed)
+        self._release([p for p in pods if p["metadata"]["uid"] in state.counted])
+        completions = int(spec.get("completions", 1))
+        indexed = spec.get("completionMode") == "Indexed"
+        active = [p for p in pods if _phase(p) not in ("Succeeded", "Failed")
                   and not p["metadata"].get("deletionTimestamp")]
+        terminating = [p for p in pods if _phase(p) not in ("Succeeded", "Failed")
+                       and p["metadata"].get("deletionTimestamp")]
         if state.failed:
-            status["failed"] = len(state.failed)
-        if any(_phase(p) == "Succeeded" for p in pods):
-            done = "Reached expected number of succeeded pods"
-            _condition(status, "SuccessCriteriaMet", "CompletionsReached", done)
-            _condition(status, "Complete", "CompletionsReached", done)
-            status.update(active=0, ready=0, succeeded=1, completionTime=now_rfc3339())
-            return self._write(job, status)
-        failure = None
-        deadline = spec.get("activeDeadlineSeconds")
-        if deadline is not None and time.time() >= parse_rfc3339(status["startTime"]) + deadline:
-            failure = ("DeadlineExceeded", "Job was active longer than specified deadline")
-        elif len(state.failed) > int(spec.get("backoffLimit", 6)):
-            failure = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-        if failure is not None:
+            status["failed"] = state.failed
+        status["succeeded"] = len(state.succeeded)
+        if indexed:
+            status["completedIndexes"] = _compressed(state.succeeded)
+        status["terminating"] = len(terminating)
+        if state.failure is None:
+            if len(state.succeeded) >= completions and not active:
+                done = "Reached expected number of succeeded pods"
+                _condition(status, "SuccessCriteriaMet", "CompletionsReached", done)
+                _condition(status, "Complete", "CompletionsReached", done)
+                status.update(active=0, ready=0, completionTime=now_rfc3339())
+                return self._write(job, status)
+            deadline = spec.get("activeDeadlineSeconds")
+            if deadline is not None and time.time() >= parse_rfc3339(
+                    status["startTime"]) + deadline:
+                state.failure = ("DeadlineExceeded", "Job was active longer than specified "
+                                 "deadline")
+            elif state.failed > int(spec.get("backoffLimit", 6)):
+                state.failure = ("BackoffLimitExceeded", "Job has reached the specified "
+                                 "backoff limit")
+            elif fail_job is not None:
+                state.failure = ("PodFailurePolicy", fail_job)
+            if state.failure is not None:
+                _condition(status, "FailureTarget", *state.failure)
+        if state.failure is not None:
             for pod in active:
                 self._delete(self.pods_kind, pod)
-            _condition(status, "FailureTarget", *failure)
-            _condition(status, "Failed", *failure)
+            if not terminating and not active:
+                _condition(status, "Failed", *state.failure)
             status.update(active=0, ready=0)
             return self._write(job, status)
-        if not active:
-            created = self._create_pod(job)
-            if created is not None:
-                state.launched.add(created["metadata"]["uid"])
-                active = [created]
+        self._create_missing(job, state, active, terminating if only_failed else [],
+                             completions, indexed)
         status.update(active=len(active), ready=sum(_phase(p) == "Running" for p in active))
         self._write(job, status)
 
     def forget(self, live: set[str]) -> None:
-        """Drop what is remembered of Jobs that are gone."""
+        """Drop what is remembered of Jobs that are gone; let go of their pods (syncOrphanPod:
+        a pod whose Job is gone loses its tracking finalizer once it ended or is deleted)."""
         for uid in set(self._jobs) - live:
             del self._jobs[uid]
+        orphans = [p for p in self.store.select(self.pods_kind, None)[0]
+                   if TRACKING in (p["metadata"].get("finalizers") or [])
+                   and not any(r.get("uid") in live
+                               for r in p["metadata"].get("ownerReferences") or [])]
+        self._release(orphans, ended_only=True)
 
-    def _create_pod(self, job: Obj) -> Obj | None:
+    # ----------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _check_supported(job: Obj) -> None:
+        spec, name = job["spec"], job["metadata"]["name"]
+        refused = [k for k in ("suspend", "successPolicy", "backoffLimitPerIndex",
+                               "maxFailedIndexes") if spec.get(k)]
+        if spec.get("completionMode") == "Indexed":
+            if int(spec.get("parallelism", 1)) != int(spec.get("completions", 1)):
+                refused.append("parallelism other than completions")
+        elif int(spec.get("completions", 1)) != 1 or int(spec.get("parallelism", 1)) != 1:
+            refused.append("a NonIndexed Job of more than one pod")
+        if refused:
+            raise NotImplementedError(f"Job {name}: {', '.join(refused)} not simulated")
+
+    def _count(self, state: _Job, pods: list[Obj], policy: Obj | None,
+               only_failed: bool) -> str | None:
+        """Count every pod that ended since the last pass; the message of a FailJob match."""
+        fail_job = None
+        present = set()
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            present.add(uid)
+            if uid in state.counted:
+                continue
+            phase = _phase(pod)
+            if phase == "Succeeded":
+                state.counted.add(uid)
+                state.succeeded.add(_index(pod))
+                continue
+            if phase != "Failed" and not (pod["metadata"].get("deletionTimestamp")
+                                          and not only_failed):
+                continue
+            state.counted.add(uid)
+            action, message = ("Count", None)
+            if policy is not None:
+                action, message = match_failure_policy(policy, pod)
+            if action == "FailJob":
+                fail_job = fail_job or message
+            elif action != "Ignore":
+                state.failed += 1
+                state.last_failure = time.time()
+        # Finalizers keep counted pods: one gone uncounted was force-deleted (still a failure).
+        for uid in set(state.launched) - present - state.counted:
+            state.counted.add(uid)
+            state.failed += 1
+            state.last_failure = time.time()
+        return fail_job
+
+    def _create_missing(self, job: Obj, state: _Job, active: list[Obj],
+                        waiting: list[Obj], completions: int, indexed: bool) -> None:
+        if state.last_failure is not None:
+            backoff = min(BACKOFF_S * 2 ** max(state.failed - 1, 0), MAX_BACKOFF_S)
+            if time.time() < state.last_failure + backoff:
+                return
+        if not indexed:
+            if not active and not waiting and not state.succeeded:
+                self._create_pod(job, state, None)
+            return
+        taken = state.succeeded | {_index(p) for p in [*active, *waiting]}
+        for index in range(completions):
+            if index not in taken:
+                self._create_pod(job, state, index)
+
+    def _create_pod(self, job: Obj, state: _Job, index: int | None) -> None:
+        meta = job["metadata"]
         template = job["spec"].get("template") or {}
         tmeta = template.get("metadata") or {}
+        pod_meta: Obj = {
+            "generateName": f"{meta['name']}-",
+            "namespace": meta["namespace"],
+            "labels": dict(tmeta.get("labels") or {}),
+            "annotations": dict(tmeta.get("annotations") or {}),
+            "ownerReferences": [owner_reference(job)],
+            "finalizers": [TRACKING],
+        }
+        pod_spec = clone(template.get("spec") or {})
+        if index is not None:
+            pod_meta["generateName"] = f"{meta['name']}-{index}-"
+            pod_meta["annotations"][INDEX] = str(index)
+            pod_meta["labels"][INDEX] = str(index)
+            pod_spec["hostname"] = f"{meta['name']}-{index}"
+            for c in pod_spec.get("containers") or []:
+                if not any(e.get("name") == INDEX_ENV for e in c.get("env") or []):
+                    c.setdefault("env", []).append({"name": INDEX_ENV, "valueFrom": {
+                        "fieldRef": {"fieldPath": f"metadata.labels['{INDEX}']"}}})
         try:
             created: Obj = self.store.create(self.pods_kind, None, {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {
-                    "generateName": f"{job['metadata']['name']}-",
-                    "namespace": job["metadata"]["namespace"],
-                    "labels": dict(tmeta.get("labels") or {}),
-                    "annotations": dict(tmeta.get("annotations") or {}),
-                    "ownerReferences": [owner_reference(job)]},
-                "spec": clone(template.get("spec") or {})})
-            return created
+                "apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec})
         except ApiError as e:
             if e.code in (409, 422):
-                return None
+                return
             raise
+        state.launched[created["metadata"]["uid"]] = index or 0
+
+    def _release(self, pods: list[Obj], *, ended_only: bool = False) -> None:
+        """Remove the tracking finalizer of ``pods`` (with ``ended_only``: of those that
+        ended or are being deleted)."""
+        for pod in pods:
+            finalizers = pod["metadata"].get("finalizers") or []
+            if TRACKING not in finalizers:
+                continue
+            if ended_only and _phase(pod) not in ("Succeeded", "Failed") \
+                    and not pod["metadata"].get("deletionTimestamp"):
+                continue
+            meta = pod["metadata"]
+            try:
+                self.store.patch(self.pods_kind, meta["namespace"], meta["name"], {
+                    "metadata": {"finalizers": [f for f in finalizers if f != TRACKING],
+                                 "resourceVersion": meta["resourceVersion"]}},
+                    "application/merge-patch+json")
+            except ApiError as e:
+                if e.code not in (404, 409):
+                    raise
 
     def _delete(self, kind: Any, obj: Obj) -> None:
         meta = obj["metadata"]

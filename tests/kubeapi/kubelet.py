@@ -2,8 +2,8 @@
 end as the kubelet ends them (paths in kubernetes/kubernetes).
 
 - Pending → Running ``start_delay`` s after the kubelet first sees the pod; the container
-  gets its env with ``valueFrom`` resolved (fieldRef metadata.name/namespace/uid,
-  status.podIP; secretKeyRef from a Secret: a missing one keeps the pod Pending with
+  gets its env with ``valueFrom`` resolved (fieldRef metadata.name/namespace/uid, a label
+  or annotation, status.podIP; secretKeyRef from a Secret: a missing one keeps the pod Pending with
   ``CreateContainerConfigError``, pkg/kubelet/kubelet_pods.go makeEnvironmentVariables).
 - Deletion, whatever its grace (0 included): SIGTERM to the container's main process, and
   SIGKILL to every process of the container only after max(grace, 2 s)
@@ -235,7 +235,7 @@ class Kubelet:
             if source is None:
                 out[item["name"]] = str(item.get("value", ""))
             elif "fieldRef" in source:
-                out[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+                out[item["name"]] = self._field(pod, fields, source["fieldRef"]["fieldPath"])
             elif "secretKeyRef" in source:
                 value = self._secret(meta["namespace"], source["secretKeyRef"])
                 if value is not None:
@@ -243,6 +243,17 @@ class Kubelet:
             else:
                 raise NotImplementedError(f"env valueFrom {sorted(source)} is not simulated")
         return out
+
+    @staticmethod
+    def _field(pod: Obj, fields: dict[str, str], path: str) -> str:
+        """A downward API field: the fixed ones, or one label or annotation
+        (pkg/fieldpath ExtractFieldPathAsString: ``metadata.labels['k']``, empty when
+        absent)."""
+        for where in ("labels", "annotations"):
+            prefix = f"metadata.{where}['"
+            if path.startswith(prefix) and path.endswith("']"):
+                return str((pod["metadata"].get(where) or {}).get(path[len(prefix):-2], ""))
+        return fields[path]
 
     def _secret(self, namespace: str, ref: Obj) -> str | None:
         kind = self.store.registry.lookup("", "v1", "secrets")

@@ -3,14 +3,16 @@
 The process gets the container's ``command`` + ``args`` (looked up on the env's PATH, which
 starts with the Python environment's bin), the image env (PATH, PYTHONPATH, HOME, ... of
 the test process), ``node_env`` (what a node would supply: credentials for the object
-store, say, when the test does not put them in a Secret), ``HOSTNAME`` = the pod name, then
+store, say, when the test does not put them in a Secret), ``HOSTNAME`` = the pod's host
+name, then
 the pod's env as the kubelet resolved it. It runs in a session of its own, cwd a fresh
 directory, stdout and stderr to ``<root>/<namespace>_<pod>_<uid8>.log``.
 
-Networking: every pod shares the loopback address, so the rendezvous host the training
-operator injects (``PET_RDZV_ENDPOINT`` ``<job>-worker-0:<port>``) becomes
-``127.0.0.1:<a free port chosen per job>``. On a cluster only worker-0's agent finds its
-own host name in that endpoint and hosts the c10d store; on loopback every agent would, so
+Networking: every pod shares the loopback address, so the rendezvous host of node 0 (the
+training operator's ``PET_RDZV_ENDPOINT`` ``<job>-worker-0:<port>``, or a TrainJob's
+``<trainjob>-node-0-0.<trainjob>:<port>``) becomes ``127.0.0.1:<a free port chosen per
+job>``. On a cluster only node 0's agent finds its own host name in that endpoint and
+hosts the c10d store; on loopback every agent would, so
 ``PET_RDZV_CONF`` gets ``is_host=1`` on index 0 and ``is_host=0`` elsewhere (torch's
 c10d_rendezvous_backend.py ``_create_tcp_store`` honours is_host before its host-name match),
 and ``PET_LOCAL_ADDR`` is ``127.0.0.<index + 1>``, an address of the pod's own that sorts
@@ -36,6 +38,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from resumequal.local.processes import tagged
 
@@ -43,12 +46,29 @@ from .kubelet import ContainerSpec
 
 MARKER = "KUBEAPI_CONTAINER"
 IMAGE_ENV = ("PYTHONPATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
+Obj = dict[str, Any]
 NOT_FOUND_EXIT = 128  # a container whose command cannot start ends with StartError, 128
 
 
 def container_pids(marker: str) -> list[int]:
     """Every process whose environment carries ``KUBEAPI_CONTAINER=<marker>``."""
     return tagged(marker, MARKER)
+
+
+def _rendezvous_host(pod: Obj) -> tuple[str | None, str, str | None]:
+    """The job a leg pod belongs to, the host name of its node 0 (where the c10d store
+    lives: ``<job>-worker-0`` for a PyTorchJob, ``<trainjob>-node-0-0.<trainjob>`` for a
+    TrainJob's JobSet) and the pod's node index."""
+    meta = pod["metadata"]
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    job = labels.get("training.kubeflow.org/job-name")
+    if job:
+        return job, f"{job}-worker-0", labels.get("training.kubeflow.org/replica-index")
+    jobset = labels.get("jobset.sigs.k8s.io/jobset-name")
+    if jobset:
+        return (jobset, f"{jobset}-node-0-0.{jobset}",
+                annotations.get("batch.kubernetes.io/job-completion-index"))
+    return None, "", None
 
 
 def _free_port() -> int:
@@ -134,14 +154,16 @@ class ProcessRuntime:
     def _env(self, spec: ContainerSpec) -> dict[str, str]:
         meta = spec.pod["metadata"]
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        # The host name is spec.hostname when set (an Indexed Job's pod), else the pod's
+        # name (kubelet_pods.go GeneratePodHostNameAndDomain).
+        host = spec.pod["spec"].get("hostname") or meta["name"]
         env = {"PATH": path, **{k: os.environ[k] for k in IMAGE_ENV if k in os.environ},
-               **self.node_env, "HOSTNAME": meta["name"], **spec.env, MARKER: meta["uid"]}
-        job = meta.get("labels", {}).get("training.kubeflow.org/job-name")
+               **self.node_env, "HOSTNAME": host, **spec.env, MARKER: meta["uid"]}
+        job, host0, index = _rendezvous_host(spec.pod)
         endpoint = env.get("PET_RDZV_ENDPOINT", "")
-        if job and endpoint.rpartition(":")[0] == f"{job}-worker-0":
+        if job and endpoint.rpartition(":")[0] == host0:
             port = self._ports.setdefault((meta["namespace"], job), _free_port())
             env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
-            index = meta["labels"].get("training.kubeflow.org/replica-index")
             conf = [c for c in env.get("PET_RDZV_CONF", "").split(",") if c]
             env["PET_RDZV_CONF"] = ",".join([*conf, f"is_host={int(index == '0')}"])
             # The rendezvous ranks nodes by their address, sorted (dynamic_rendezvous.py,

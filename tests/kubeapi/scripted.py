@@ -159,8 +159,11 @@ class Container:
 
     @property
     def index(self) -> int:
-        """The replica index (0 for a batch Job's pod)."""
-        return int(self.pod["metadata"]["labels"].get("training.kubeflow.org/replica-index", 0))
+        """The replica index, or an Indexed Job's completion index (0 for another pod)."""
+        meta = self.pod["metadata"]
+        return int((meta.get("labels") or {}).get(
+            "training.kubeflow.org/replica-index",
+            (meta.get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", 0)))
 
     def rendezvous(self, timeout: float = 30.0) -> Round | None:
         """Join the next round as torchrun's agent would; None when the agent gives up

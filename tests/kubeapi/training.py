@@ -1,5 +1,6 @@
-"""The simulated cluster side: Kubeflow training operator v1.9 (PyTorchJob), batch/v1 Job
-controller and kubelet, on one thread against a :class:`KubeAPI`.
+"""The simulated cluster side: Kubeflow training operator v1.9 (PyTorchJob), Kubeflow Trainer
+v2 with JobSet (TrainJob), batch/v1 Job controller and kubelet, on one thread against a
+:class:`KubeAPI`.
 
     SimulatedTrainingOperator(api, run_container=fn)          # scripted containers
     SimulatedTrainingOperator(api, runtime=ProcessRuntime(dir)) # real processes
@@ -7,8 +8,10 @@ controller and kubelet, on one thread against a :class:`KubeAPI`.
 Each pass looks at what changed in the emulator since the last one. PyTorchJobs are
 reconciled only when an event about them or one of their pods arrived (see
 :mod:`.training_operator`: no timed requeues upstream); Jobs and the kubelet run every pass
-(``tick`` s at most apart), their timers being real. What each part does, and the upstream
-file it follows: :mod:`.training_operator` and :mod:`.kubeflow` (PyTorchJob),
+(``tick`` s at most apart), their timers being real; so do TrainJobs and JobSets (the
+TrainJob's deadline is a real timer; both are otherwise idempotent on events). What each
+part does, and the upstream file it follows: :mod:`.training_operator` and :mod:`.kubeflow`
+(PyTorchJob), :mod:`.trainer` (TrainJob, JobSet),
 :mod:`.job_controller` (Job), :mod:`.kubelet` (pods and signals), :mod:`.scripted` and
 :mod:`.processes` (what runs in a container).
 """
@@ -19,7 +22,7 @@ import logging
 import threading
 from typing import Any
 
-from . import kubeflow
+from . import kubeflow, trainer
 from .api import KubeAPI
 from .errors import ApiError
 from .job_controller import JobController
@@ -54,6 +57,8 @@ class SimulatedTrainingOperator:
         store = api.store
         self.pytorchjobs = PyTorchJobController(store, Recorder(store, "pytorchjob-controller"))
         self.jobs = JobController(store)
+        self.trainjobs = trainer.TrainJobController(store)
+        self.jobsets = trainer.JobSetController(store)
         self.kubelet = Kubelet(store, self.runtime, self._wake, start_delay=start_delay)
         self._seen = -1
         self._retry: set[str] = set()
@@ -64,7 +69,7 @@ class SimulatedTrainingOperator:
 
     def _webhook(self, obj: Obj) -> str | None:
         if obj.get("kind") != "PyTorchJob":
-            return None
+            return trainer.webhook(obj)
         error, warnings = kubeflow.webhook(obj)
         self.warnings += [w for w in warnings if w not in self.warnings]
         return error
@@ -99,9 +104,11 @@ class SimulatedTrainingOperator:
         self.stop()
 
     def pods(self, namespace: str, job: str) -> list[Obj]:
-        """The pods of a PyTorchJob or Job (by its controller's labels) as they are now."""
+        """The pods of a PyTorchJob, TrainJob or Job (by its controllers' labels) as they
+        are now."""
         return [p for p in self.api.list("pods", namespace)
                 if job in (p["metadata"]["labels"].get(kubeflow.JOB_NAME),
+                           p["metadata"]["labels"].get(trainer.JOBSET_NAME),
                            p["metadata"]["labels"].get("batch.kubernetes.io/job-name"))]
 
     # ----------------------------------------------------------------- the loop
@@ -139,11 +146,23 @@ class SimulatedTrainingOperator:
         for job in self.api.list(PTJ_KIND):
             if relist or job["metadata"]["uid"] in dirty:
                 self._guarded(self.pytorchjobs.reconcile, job)
+        if self._serves(trainer.TRAINJOB_KIND):
+            for tj in self.api.list(trainer.TRAINJOB_KIND):
+                self._guarded(self.trainjobs.reconcile, tj)
+            for js in self.api.list(trainer.JOBSET_KIND):
+                self._guarded(self.jobsets.reconcile, js)
         jobs = self.api.list(JOB_KIND)
         for job in jobs:
             self._guarded(self.jobs.reconcile, job)
         self.jobs.forget({j["metadata"]["uid"] for j in jobs})
         self.kubelet.sync()
+
+    def _serves(self, kind: str) -> bool:
+        try:
+            self.api.kind(kind)
+        except KeyError:
+            return False
+        return True
 
     def _guarded(self, fn: Any, job: Obj) -> None:
         try:

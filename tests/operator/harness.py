@@ -19,7 +19,12 @@ from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.leader import LeaseSettings
 from resumequal_operator.manager import Operator, Settings
-from tests.k8s_schemas import validate_core, validate_pytorchjob, validate_qualificationrun
+from tests.k8s_schemas import (
+    validate_core,
+    validate_pytorchjob,
+    validate_qualificationrun,
+    validate_trainer,
+)
 from tests.kubeapi import KubeAPI
 
 NAMESPACE = "quals"
@@ -45,6 +50,8 @@ class Admission:
             validate_qualificationrun(obj)
         elif kind in ("Job", "Lease", "Event"):
             validate_core(obj)
+        elif kind in ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime", "JobSet"):
+            validate_trainer(obj)
         else:
             return
         self.validated[kind] += 1

@@ -122,11 +122,12 @@ def bound_rules(objs: list[dict[str, Any]]) -> list[Rule]:
     return out
 
 
-def chart_rules() -> list[Rule]:
-    """The RBAC of the chart installed in the test namespace, watching it."""
+def chart_rules(values: dict[str, Any] | None = None) -> list[Rule]:
+    """The RBAC of the chart installed in the test namespace, watching it (``values``
+    added)."""
     with helm.Chart.load(CHART) as chart:
-        out = chart.render({"watch": {"namespaces": [NAMESPACE]}}, name=RELEASE,
-                           namespace=NAMESPACE)
+        out = chart.render({"watch": {"namespaces": [NAMESPACE]}, **(values or {})},
+                           name=RELEASE, namespace=NAMESPACE)
     objs = [d for name, text in sorted(out.items()) if not name.endswith("NOTES.txt")
             for d in yaml.safe_load_all(text) if d]
     return bound_rules(objs)

@@ -92,6 +92,22 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
+{{/* The operator's backend options (values backend, trainjob). */}}
+{{- define "resumequal.backendArgs" -}}
+{{- if and (eq .Values.backend "trainjob") (not .Values.trainjob.enabled) }}
+{{- fail "backend: trainjob needs trainjob.enabled: true" }}
+{{- end }}
+{{- if and .Values.trainjob.enabled .Values.watch.allNamespaces (eq .Values.trainjob.runtime.kind "TrainingRuntime") }}
+{{- fail "trainjob.runtime.kind: TrainingRuntime is one per watched namespace; with watch.allNamespaces use ClusterTrainingRuntime" }}
+{{- end }}
+- --default-backend={{ .Values.backend }}
+{{- if .Values.trainjob.enabled }}
+- --trainjob
+- --trainjob-runtime={{ .Values.trainjob.runtime.name }}
+- --trainjob-runtime-kind={{ .Values.trainjob.runtime.kind }}
+{{- end }}
+{{- end }}
+
 {{/* What the operator does to the objects of the runs it serves, in one namespace or all:
 exactly the requests it makes (tests/operator/test_rbac.py holds the two to each other). */}}
 {{- define "resumequal.runRules" -}}
@@ -114,6 +130,12 @@ exactly the requests it makes (tests/operator/test_rbac.py holds the two to each
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
+{{- if .Values.trainjob.enabled }}
+# The same for TrainJob legs (no patch: a TrainJob is never resized).
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+{{- end }}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "delete"]
