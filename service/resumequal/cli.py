@@ -109,10 +109,10 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
         resume_gc(freeze=False)  # a start-up that failed (the leg resumed it otherwise)
     from resumequal.train.preemption import EXIT_PREEMPTED
 
-    if code == EXIT_PREEMPTED:
+    if code == EXIT_PREEMPTED and os.environ.get("TORCHELASTIC_RUN_ID") is not None:
         # The emergency checkpoint is committed and the trace flushed: interpreter teardown
         # (1-2.5 s of it, with a peer that may be gone already) would only delay the
-        # restart, or hang it. What we registered to run at exit still runs.
+        # restart, or hang it. What was registered to run at exit still runs first.
         atexit._run_exitfuncs()
         _exit_now(code)
     sys.exit(code)
