@@ -232,6 +232,12 @@ def _pod_spec(spec: QualificationRunSpec, container: Obj,
                                            spec.security.pod_security_context)}
     if restart_policy is not None:
         pod["restartPolicy"] = restart_policy
+    return pod | placement(spec)
+
+
+def placement(spec: QualificationRunSpec) -> Obj:
+    """The pod fields of where and as whom a run's pods run (those the run sets)."""
+    pod: Obj = {}
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:

@@ -108,16 +108,8 @@ def _pod_patch(spec: QualificationRunSpec, leg: LegPlan, meta_labels: dict[str, 
         "volumes": [{"name": "dshm", "emptyDir": {
             "medium": "Memory", "sizeLimit": spec.security.shm_size_limit}}],
         "terminationGracePeriodSeconds": math.ceil(leg.spec.preemption.grace_seconds),
+        **pytorchjob.placement(spec),
     }
-    if spec.node_selector:
-        pod["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod["tolerations"] = [t.model_dump(mode="json", exclude_none=True)
-                              for t in spec.tolerations]
-    if spec.stack.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": n} for n in spec.stack.image_pull_secrets]
-    if spec.service_account_name:
-        pod["serviceAccountName"] = spec.service_account_name
     return {"metadata": {"labels": meta_labels}, "spec": pod}
 
 

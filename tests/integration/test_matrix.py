@@ -35,9 +35,10 @@ CELLS = [
 ]
 # fsdp2 fp32 eager graceful runs by default as the main leg of the pending_grads control's
 # test (test_fsdp2.py), which requires the same exact PASS.
+# One compiled cell (DDP, whose compile runs in the reducer prime) keeps the default run
+# within its time; the FSDP2 compiled cells run with -m matrix.
 DEFAULT = {
     ("fsdp2", "bf16", False, "hard"),
-    ("fsdp2", "bf16", True, "graceful"),
     ("ddp", "bf16", False, "hard"),
     ("ddp", "fp32", True, "hard"),
 }

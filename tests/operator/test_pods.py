@@ -320,52 +320,6 @@ def test_a_resize_shrinks_the_world_and_grows_it_back(
     _check_resize_verdict(done, location)
 
 
-@pytest.fixture
-def pods_with_tests(kubeapi: KubeAPI, tmp_path: Path, aws_env: dict[str, str]
-                    ) -> Iterator[tuple[SimulatedTrainingOperator, ProcessRuntime]]:
-    """As ``pods``, with this repository's ``tests`` package importable in the containers
-    (the test workload of a resume that is not exact)."""
-    repo = str(Path(__file__).resolve().parents[2])
-    runtime = ProcessRuntime(tmp_path / "pods", node_env={**aws_env, "PYTHONPATH": repo})
-    sim = SimulatedTrainingOperator(kubeapi, runtime=runtime).start()
-    try:
-        yield sim, runtime
-    finally:
-        try:
-            sim.stop()
-        finally:
-            print(runtime.logs())
-
-
-def test_a_failing_run_is_zoomed_by_a_real_zoom_job(
-    api: KubeAPI, operators: Operators, store: dict[str, str],
-    pods_with_tests: tuple[SimulatedTrainingOperator, ProcessRuntime],
-) -> None:
-    _, runtime = pods_with_tests
-    operators.start()
-    api.create(QUALIFICATION_RUNS.plural, run_manifest(
-        "zoom-pods", store, **{**SPEC, "workload": {"name": "tests.history_workload:build"}},
-        zoom="onFail"))
-    done = wait_phase(api, "zoom-pods", ("Succeeded", "Failed"), timeout=400)
-    assert done["status"]["phase"] == "Succeeded", (condition(done, "Ready"), runtime.logs())
-    assert done["status"]["verdict"]["result"] == "FAIL"
-    # The zoom Job replays both legs in its pod, from the bucket, with the run's key.
-    obj = eventually(lambda: (o := api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "zoom-pods"))
-                     and o["status"].get("zoom", {}).get("state") in ("Succeeded", "Failed")
-                     and o, timeout=300, what="the zoom Job to conclude")
-    zoom = obj["status"]["zoom"]
-    assert zoom["state"] == "Succeeded", (zoom, runtime.logs())
-    assert zoom["originKind"] == "module" and zoom["origins"] == ["mix"], zoom
-    location = RunLocation.open(done["status"]["runUri"], S3Spec(
-        endpoint_url=store["endpointUrl"], region=store["region"], addressing_style="path"))
-    report = Report.model_validate_json(location.store.get_bytes("report.json", 1 << 26))
-    assert report.zoom is not None and all(r.reproduced for r in report.zoom.replays)
-    assert report.zoom.step == report.verdict.first_divergence.step  # type: ignore[union-attr]
-    assert b'id="zoom"' in location.store.get_bytes("report.html", 1 << 26)
-    reasons = [r for r, _ in _events(api, "zoom-pods")]
-    assert reasons.count("ZoomStarted") == 1 and reasons.count("Zoomed") == 1
-
-
 # -- TrainJob legs (Kubeflow Trainer v2) ----------------------------------------------------
 
 
@@ -453,7 +407,7 @@ def test_a_trainjob_graceful_pod_kill_resumes_from_the_emergency_checkpoint(
     _comparator_timeline(location, f"deleted pod {kill.name} (graceful, grace 30s)")
 
 
-def test_a_trainjob_resume_that_is_not_exact_fails(
+def test_a_trainjob_resume_that_is_not_exact_fails_and_is_zoomed_by_a_real_zoom_job(
     api: KubeAPI, operators: Operators, store: dict[str, str],
     trainjob_pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
 ) -> None:
@@ -461,7 +415,8 @@ def test_a_trainjob_resume_that_is_not_exact_fails(
     operators.start(trainer=TrainerSettings())
     api.create(QUALIFICATION_RUNS.plural, run_manifest(
         "tj-fail", store, **{**SPEC, "workload": {"name": "tests.history_workload:build"}},
-        backend="trainjob", preemption={"step": 4, "microstep": 1, "rank": 1}))
+        backend="trainjob", preemption={"step": 4, "microstep": 1, "rank": 1},
+        zoom="onFail"))
     done = wait_phase(api, "tj-fail", ("Succeeded", "Failed"), timeout=400)
     assert done["status"]["phase"] == "Succeeded", (condition(done, "Ready"), runtime.logs())
     verdict = done["status"]["verdict"]
@@ -471,6 +426,22 @@ def test_a_trainjob_resume_that_is_not_exact_fails(
     assert "after the resume from step-00000002" in verdict["reason"]
     assert condition(done, "Qualified")["status"] == "False"
     assert [j["metadata"]["name"] for j in api.list(TRAINJOBS.plural, NAMESPACE)] == []
+    # The zoom Job (the same batch Job for either backend) replays both legs in its pod,
+    # from the bucket, with the run's key, and names the module.
+    obj = eventually(lambda: (o := api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "tj-fail"))
+                     and o["status"].get("zoom", {}).get("state") in ("Succeeded", "Failed")
+                     and o, timeout=300, what="the zoom Job to conclude")
+    zoom = obj["status"]["zoom"]
+    assert zoom["state"] == "Succeeded", (zoom, runtime.logs())
+    assert zoom["originKind"] == "module" and zoom["origins"] == ["mix"], zoom
+    location = RunLocation.open(done["status"]["runUri"], S3Spec(
+        endpoint_url=store["endpointUrl"], region=store["region"], addressing_style="path"))
+    report = Report.model_validate_json(location.store.get_bytes("report.json", 1 << 26))
+    assert report.zoom is not None and all(r.reproduced for r in report.zoom.replays)
+    assert report.zoom.step == report.verdict.first_divergence.step  # type: ignore[union-attr]
+    assert b'id="zoom"' in location.store.get_bytes("report.html", 1 << 26)
+    reasons = [r for r, _ in _events(api, "tj-fail")]
+    assert reasons.count("ZoomStarted") == 1 and reasons.count("Zoomed") == 1
 
 
 @pytest.mark.usefixtures("trainjob_pods")
