@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: env tools run test test-fast lint images images-build images-smoke bench clean
+.PHONY: env tools run test test-serial test-fast lint images images-build images-smoke bench clean
 
 env: $(VENV)/.installed
 
@@ -34,7 +34,22 @@ tools:
 run: env
 	$(VENV)/bin/resumequal run
 
+# The tests marked slow (real torchrun legs: CPU-bound, or waiting on their processes)
+# run one after another; the others run beside them in a second session, in the slow
+# tests' idle CPU, their output shown after. Both must pass.
+SELECT := not cluster and not matrix
 test: env tools
+	@mkdir -p build
+	@$(PY) -m pytest -m '$(SELECT) and not slow' $(PYTEST_ARGS) >build/test-fast.log 2>&1 & \
+	fast=$$!; \
+	$(PY) -m pytest -m '$(SELECT) and slow' $(PYTEST_ARGS); slow_rc=$$?; \
+	wait $$fast; fast_rc=$$?; \
+	echo "==== the tests not marked slow (run beside the slow ones) ===="; \
+	cat build/test-fast.log; \
+	echo "make test: slow tests exited $$slow_rc, the others $$fast_rc"; \
+	[ $$slow_rc = 0 ] && [ $$fast_rc = 0 ]
+
+test-serial: env tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: env tools
