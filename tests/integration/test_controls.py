@@ -10,8 +10,7 @@ import pytest
 
 from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, new_key
-from tests.exposition import value
-from tests.integration.test_run import _processes_mentioning, _resumequal
+from tests.integration.test_run import _resumequal
 
 pytestmark = pytest.mark.slow
 
@@ -24,54 +23,6 @@ def _report(run_dir: Path) -> dict[str, Any]:
 
 def _controls(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["omission"]: c for c in report["verdict"]["controls"]}
-
-
-@pytest.mark.timeout(900)
-def test_default_controls_are_all_detected_with_their_mechanism(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir), *MLP, timeout=840)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = _report(run_dir)
-    controls = _controls(report)
-    assert set(controls) == {"rng", "data_cursor", "scheduler", "optimizer",
-                             "model_optimizer_only", "pending_grads", "scaler", "loader_state",
-                             "rank_cursor", "rank_rng"}
-    # fp32 has no GradScaler, nor this workload a StatefulDataLoader, nor this run a resize:
-    # no leg runs for their controls, and the report says why.
-    scaler, loader = controls.pop("scaler"), controls.pop("loader_state")
-    assert (scaler["status"], scaler["leg"]) == ("not_applicable", None)
-    assert scaler["evidence"].startswith("training.precision is fp32: there is no GradScaler")
-    assert (loader["status"], loader["leg"]) == ("not_applicable", None)
-    assert loader["evidence"].startswith("workload.loader is not set")
-    for name in ("rank_cursor", "rank_rng"):
-        keyed = controls.pop(name)
-        assert (keyed["status"], keyed["leg"]) == ("not_applicable", None)
-        assert keyed["evidence"].startswith("preemption.resize is not set")
-    assert all(c["status"] == "detected" for c in controls.values()), controls
-    # Resumed from step 4: fresh RNGs show at the start of step 5, immediately.
-    rng = controls["rng"]["first_divergence"]
-    assert (rng["step"], rng["boundary"]) == (5, "rng")
-    # The optimizer's saved lr is right for step 5; the fresh scheduler's lr is used from
-    # step 6 on: a delayed divergence, learning rate first, then the parameters it moved.
-    sched = controls["scheduler"]
-    assert (sched["first_divergence"]["step"], sched["first_divergence"]["boundary"]) == (6, "lr")
-    assert sched["mechanism"].startswith("learning rate differed from step 6")
-    assert "parameters from step 6" in sched["mechanism"]
-    assert sched["max_param_diff"] > 0
-    # A fresh optimizer: no Adam moments, and the initial lr in its param groups where the
-    # saved ones held the scheduled one (the scheduler's own state was restored).
-    optim = controls["optimizer"]
-    assert (optim["first_divergence"]["step"], optim["first_divergence"]["boundary"]) == (5, "lr")
-    assert "parameters from step 5" in optim["mechanism"]
-    # Dropping pending gradients needs them to exist: that leg is killed gracefully.
-    pending = controls["pending_grads"]
-    assert "graceful" in pending["method"]
-    assert (pending["first_divergence"]["step"],
-            pending["first_divergence"]["boundary"]) == (6, "local_grads")
-    metrics = (run_dir / "metrics.prom").read_text()
-    assert value(metrics, "resumequal_negative_controls_detected", namespace="local") == len(
-        [c for c in controls.values() if c["status"] == "detected"])
-    assert not _processes_mentioning(str(run_dir))
 
 
 def test_a_blind_comparator_makes_the_qualification_invalid(tmp_path: Path) -> None:
@@ -174,11 +125,11 @@ def _steps(leg_dir: Path, rank: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(1200)
-def test_seed_matrix_over_three_seeds_for_the_default_workload(tmp_path: Path) -> None:
+def test_seed_matrix_over_two_seeds_for_the_default_workload(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    # Three seeds and two of the four scenarios keep CI short; each is a real kill and
+    # Two seeds and two of the four scenarios keep CI short; each is a real kill and
     # restart per seed.
-    seeds, scenarios = (11, 29, 83), ["boundary-graceful", "mid-hard"]
+    seeds, scenarios = (11, 83), ["boundary-graceful", "mid-hard"]
     proc = _resumequal("run", "--run-dir", str(run_dir), "--set", "controls.enabled=false",
                        "--set", f"matrix.seeds=[{', '.join(map(str, seeds))}]",
                        "--set", f"matrix.scenarios=[{', '.join(scenarios)}]", timeout=1100)

@@ -47,7 +47,8 @@ def _report(run_dir: Path) -> dict:  # type: ignore[type-arg]
 @pytest.mark.timeout(900)
 def test_default_qualification_passes_and_leaves_reports(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    # The default runs eight legs (control, preempted, six negative controls).
+    # The default runs eight legs (control, preempted, six negative controls); the same run
+    # checks the verdict, the reports and every control's mechanism.
     proc = _resumequal("run", "--run-dir", str(run_dir), timeout=840)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS" in proc.stdout
@@ -64,7 +65,51 @@ def test_default_qualification_passes_and_leaves_reports(tmp_path: Path) -> None
     assert "<svg" in html and "PASS" in html
     metrics = (run_dir / "metrics.prom").read_text()
     assert value(metrics, "resumequal_qualification_passed", namespace="local") == 1.0
+    _assert_default_controls(report, metrics)
     assert not _processes_mentioning(str(run_dir))
+
+
+def _assert_default_controls(report: dict, metrics: str) -> None:  # type: ignore[type-arg]
+    """The default run's negative controls: each detected by the mechanism it breaks, or
+    not applicable with the reason; checked on the same run as the verdict."""
+    controls = {c["omission"]: c for c in report["verdict"]["controls"]}
+    assert set(controls) == {"rng", "data_cursor", "scheduler", "optimizer",
+                             "model_optimizer_only", "pending_grads", "scaler", "loader_state",
+                             "rank_cursor", "rank_rng"}
+    # fp32 has no GradScaler, nor this workload a StatefulDataLoader, nor this run a resize:
+    # no leg runs for their controls, and the report says why.
+    scaler, loader = controls.pop("scaler"), controls.pop("loader_state")
+    assert (scaler["status"], scaler["leg"]) == ("not_applicable", None)
+    assert scaler["evidence"].startswith("training.precision is fp32: there is no GradScaler")
+    assert (loader["status"], loader["leg"]) == ("not_applicable", None)
+    assert loader["evidence"].startswith("workload.loader is not set")
+    for name in ("rank_cursor", "rank_rng"):
+        keyed = controls.pop(name)
+        assert (keyed["status"], keyed["leg"]) == ("not_applicable", None)
+        assert keyed["evidence"].startswith("preemption.resize is not set")
+    assert all(c["status"] == "detected" for c in controls.values()), controls
+    # Resumed from step 4: fresh RNGs show at the start of step 5, immediately.
+    rng = controls["rng"]["first_divergence"]
+    assert (rng["step"], rng["boundary"]) == (5, "rng")
+    # The optimizer's saved lr is right for step 5; the fresh scheduler's lr is used from
+    # step 6 on: a delayed divergence, learning rate first, then the parameters it moved.
+    sched = controls["scheduler"]
+    assert (sched["first_divergence"]["step"], sched["first_divergence"]["boundary"]) == (6, "lr")
+    assert sched["mechanism"].startswith("learning rate differed from step 6")
+    assert "parameters from step 6" in sched["mechanism"]
+    assert sched["max_param_diff"] > 0
+    # A fresh optimizer: no Adam moments, and the initial lr in its param groups where the
+    # saved ones held the scheduled one (the scheduler's own state was restored).
+    optim = controls["optimizer"]
+    assert (optim["first_divergence"]["step"], optim["first_divergence"]["boundary"]) == (5, "lr")
+    assert "parameters from step 5" in optim["mechanism"]
+    # Dropping pending gradients needs them to exist: that leg is killed gracefully.
+    pending = controls["pending_grads"]
+    assert "graceful" in pending["method"]
+    assert (pending["first_divergence"]["step"],
+            pending["first_divergence"]["boundary"]) == (6, "local_grads")
+    assert value(metrics, "resumequal_negative_controls_detected", namespace="local") == len(
+        [c for c in controls.values() if c["status"] == "detected"])
 
 
 def test_resume_without_scheduler_state_fails_at_the_learning_rate(tmp_path: Path) -> None:

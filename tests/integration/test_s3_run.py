@@ -43,11 +43,12 @@ def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     # The run's checkpoint key, kept for the zoom at the end.
     env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint, KEY_ENV: new_key()}
     run_dir = tmp_path / "q1"
-    # The default spec (tiny-gpt, 2 ranks, a hard kill mid-accumulation) with two of its
-    # controls, a hard and a graceful one: every control leg takes the same path through
-    # the store (the default six run in tests/integration/test_run.py, on a folder).
+    # The default spec (tiny-gpt, 2 ranks, a hard kill mid-accumulation) with one of its
+    # controls, killed gracefully (the preempted leg is the hard kill): every control leg
+    # takes the same path through the store (the default six run in
+    # tests/integration/test_run.py, on a folder).
     proc = _resumequal("run", "--run-dir", str(run_dir), "--store", f"s3://{bucket}/rq",
-                       "--set", "controls.omissions=[rng, pending_grads]",
+                       "--set", "controls.omissions=[pending_grads]",
                        env=env, timeout=840)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
@@ -57,7 +58,7 @@ def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     base = f"rq/local/q1/{uid}"
     uri = f"s3://{bucket}/{base}"
     rel = {k.removeprefix(base + "/") for k in keys}
-    legs_run = ["control", "preempted", "nc-rng", "nc-pending-grads"]
+    legs_run = ["control", "preempted", "nc-pending-grads"]
     expected = {"run.json", "spec.json", "verdict.json", "report.json", "report.html",
                 "metrics.prom", "preempted/beacons/attempt-0-rank-1.json"}
     for leg in legs_run:
@@ -85,8 +86,7 @@ def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     assert (progress.steps_done, progress.attempts) == (12, 2)
     assert progress.resumed_at is not None
     assert [(c.omission, c.status) for c in verdict.controls
-            if c.status != "not_applicable"] == [("rng", "detected"),
-                                                 ("pending_grads", "detected")]
+            if c.status != "not_applicable"] == [("pending_grads", "detected")]
     report = json.loads(moto_server.client().get_object(
         Bucket=bucket, Key=f"{base}/report.json")["Body"].read())
     assert report["verdict"]["result"] == "PASS"
