@@ -25,6 +25,7 @@ from resumequal.trace.digest import (
     optimizer_state_digest,
     rng_digests,
     tensor_digest,
+    value_digest,
 )
 from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
@@ -120,6 +121,22 @@ def test_requires_grad_tensors_are_digested() -> None:
 
 
 # -------------------------------------------------------------------- named digests
+
+
+def test_a_mapping_digests_by_its_keys_in_sorted_order_whatever_it_was_built_in() -> None:
+    t = torch.arange(4.0)
+    forward = value_digest({"exp_avg": t, "step": torch.tensor(3.0)})
+    # Digested twice: the second feed of these keys comes from the cache of key feeds.
+    assert value_digest({"step": torch.tensor(3.0), "exp_avg": t}) == forward
+    assert value_digest({"step": torch.tensor(3.0), "exp_avg": t}) == forward
+    assert value_digest({"exp_avg": t, "step": torch.tensor(4.0)}) != forward
+
+
+def test_keys_that_compare_equal_across_types_still_digest_apart() -> None:
+    # 1 == True == 1.0 and they hash alike, but their reprs differ: so must the digests.
+    digests = {value_digest({key: 0}) for key in (1, True, 1.0, "1")}
+    assert len(digests) == 4
+    assert value_digest({1: 0}) == value_digest({1: 0})
 
 
 def test_name_and_order_are_part_of_named_digest() -> None:

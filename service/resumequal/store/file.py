@@ -176,18 +176,25 @@ class FileStore:
         path = self._path(key)
         with self._errors("write", key):
             parent = os.path.dirname(path)
-            os.makedirs(parent, exist_ok=True)
             tmp = tmp_sibling(path)
+            # Most writes go to a folder that exists (a trace segment per step): create it
+            # only when the open says it is missing.
             try:
-                with open(tmp, "wb") as f:
+                f = open(tmp, "wb")  # noqa: SIM115 (closed below, before the rename)
+            except FileNotFoundError:
+                os.makedirs(parent, exist_ok=True)
+                f = open(tmp, "wb")  # noqa: SIM115
+            try:
+                with f:
                     result = write(f)
                     f.flush()
                     if sync:
                         os.fsync(f.fileno())
                 os.replace(tmp, path)
-            finally:
+            except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+                raise
             if sync:
                 _fsync_dir(parent)
         return result

@@ -95,21 +95,47 @@ def sharding(t: DTensor) -> str:
 def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
     # Per-tensor Python overhead, not hashing, dominates for models of many small tensors,
     # so this path keeps the number of torch calls low.
-    t = t.detach()
     if isinstance(t, DTensor):
+        t = t.detach()
         _feed_bytes(h, b"S", sharding(t).encode())
         t = t.to_local()
+    if t.requires_grad:
+        t = t.detach()
     # Lazy conjugate/negative views keep a flag instead of rewriting memory; resolve them
     # so the digest sees the values the tensor stands for.
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
-    t = t.contiguous().cpu()
+    if not (t.is_cpu and t.is_contiguous()):
+        t = t.contiguous().cpu()
     h.update(_tensor_prefix(t.dtype, t.shape, t.nbytes))
     # Zero-copy: the ndarray shares the tensor's memory and exports it as a buffer.
     if t.dtype in _NUMPY_DTYPES:
         h.update(t.numpy().data)
     else:
         h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
+# The fed order and bytes of a mapping's keys, by its keys in insertion order: each
+# parameter's optimizer state has the same few keys, and sorting and encoding them again
+# for every parameter costs more than hashing its tensors. Only all-str keys are kept (a
+# str never equals another builtin type, so a tuple of them names one feed); bounded, so a
+# caller digesting mappings of ever new keys cannot grow it without end.
+_KEY_FEEDS: dict[tuple[object, ...], tuple[tuple[object, bytes], ...]] = {}
+_KEY_FEEDS_MAX: Final = 1024
+
+
+def _key_feeds(value: Mapping[Any, object]) -> tuple[tuple[object, bytes], ...]:
+    keys = tuple(value)
+    feeds = _KEY_FEEDS.get(keys)
+    if feeds is None:
+        feeds = tuple(
+            (key, b"K" + _U64.pack(len(r)) + r)
+            for key in sorted(keys, key=repr)
+            for r in (repr(key).encode(),)
+        )
+        if len(_KEY_FEEDS) < _KEY_FEEDS_MAX and all(type(k) is str for k in keys):
+            _KEY_FEEDS[keys] = feeds
+    return feeds
 
 
 def _feed_value(h: xxhash.xxh3_128, value: object) -> None:
@@ -121,8 +147,8 @@ def _feed_value(h: xxhash.xxh3_128, value: object) -> None:
         h.update(np.ascontiguousarray(value).data)
     elif isinstance(value, Mapping):
         h.update(b"D" + _U32.pack(len(value)))
-        for key in sorted(value, key=repr):
-            _feed_bytes(h, b"K", repr(key).encode())
+        for key, fed in _key_feeds(value):
+            h.update(fed)
             _feed_value(h, value[key])
     elif isinstance(value, list | tuple):
         h.update(b"L" + _U32.pack(len(value)))
