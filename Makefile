@@ -34,17 +34,18 @@ tools:
 run: env
 	$(VENV)/bin/resumequal run
 
-# The tests marked slow (real torchrun legs: CPU-bound, or waiting on their processes)
-# run one after another; the others run beside them in a second session, in the slow
-# tests' idle CPU, their output shown after. Both must pass.
+# The tests marked slow (real torchrun legs, CPU-bound) run one after another; the others,
+# and the slow ones that mostly wait (marked waits), run beside them in a second session,
+# in the slow tests' idle CPU, their output shown after. Both must pass.
 SELECT := not cluster and not matrix
 test: env tools
 	@mkdir -p build
-	@$(PY) -m pytest -m '$(SELECT) and not slow' $(PYTEST_ARGS) >build/test-fast.log 2>&1 & \
+	@$(PY) -m pytest -m '$(SELECT) and (not slow or waits)' $(PYTEST_ARGS) \
+	  >build/test-fast.log 2>&1 & \
 	fast=$$!; \
-	$(PY) -m pytest -m '$(SELECT) and slow' $(PYTEST_ARGS); slow_rc=$$?; \
+	$(PY) -m pytest -m '$(SELECT) and slow and not waits' $(PYTEST_ARGS); slow_rc=$$?; \
 	wait $$fast; fast_rc=$$?; \
-	echo "==== the tests not marked slow (run beside the slow ones) ===="; \
+	echo "==== the tests not marked slow, and those marked waits (run beside the others) ===="; \
 	cat build/test-fast.log; \
 	echo "make test: slow tests exited $$slow_rc, the others $$fast_rc"; \
 	[ $$slow_rc = 0 ] && [ $$fast_rc = 0 ]

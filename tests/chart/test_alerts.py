@@ -115,6 +115,7 @@ def test_alerts_use_only_metrics_that_exist() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 @pytest.mark.timeout(120)
 def test_prometheus_fires_qualification_failed(tmp_path: Path) -> None:
     require("prometheus")

@@ -140,6 +140,7 @@ def _as_grafana_sends(expr: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 @pytest.mark.timeout(120)
 def test_every_query_runs_in_prometheus(board: dict[str, Any], tmp_path: Path) -> None:
     require("prometheus")

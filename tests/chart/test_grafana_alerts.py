@@ -340,6 +340,7 @@ def _grafana_outcome(prometheus: Any, rules: dict[str, Obj]) -> dict[str, Instan
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 @pytest.mark.timeout(180)
 def test_both_renderings_fire_on_the_same_series(chart: helm.Chart, tmp_path: Path) -> None:
     require("prometheus")

@@ -44,6 +44,13 @@ def test_resume_without_scheduler_fails_at_the_next_lr(
     spec = legs.write_spec(tmp_path / "spec.yaml",
                            spec_for("dropout-mlp", preemption={"mode": "graceful"}))
     legs.preempt(spec, tmp_path, signal.SIGTERM, omit=("scheduler",))
+    (restore,) = legs.restores(tmp_path, "preempted", 0)
+    assert restore.omitted == ["scheduler"]
+    # Resumed from the emergency checkpoint in step 6: the optimizer keeps the lr it saved,
+    # so step 6 is still right; the fresh scheduler then sets the lr of its own step 1 for
+    # step 7. The traces alone say so (the other omissions: test_omissions.py).
+    divergence = legs.first_divergence(control_run("dropout-mlp"), tmp_path)
+    assert divergence is not None and divergence[:2] == (7, "lr")
     v = compare_run(_with_control(control_run("dropout-mlp"), tmp_path))
     assert v.result == Result.FAIL, v.reason
     d = v.first_divergence

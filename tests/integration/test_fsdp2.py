@@ -41,37 +41,34 @@ def _steps(run_dir: Path, leg: str, rank: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)
-def test_fsdp2_graceful_mid_accumulation_carries_pending_grads_and_their_control_is_caught(
+def test_fsdp2_graceful_mid_accumulation_resumes_exactly_and_its_controls_are_caught(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    verdict = _run(run_dir, "preemption.mode=graceful", "controls.omissions=[pending_grads]")
+    # One run, two controls: the pending gradients the emergency checkpoint carries, and
+    # the sharded optimizer state.
+    verdict = _run(run_dir, "preemption.mode=graceful",
+                   "controls.omissions=[pending_grads, optimizer]")
     _exact(verdict, "graceful")
-    (control,) = verdict["controls"]
-    assert (control["omission"], control["status"]) == ("pending_grads", "detected")
+    controls = {c["omission"]: c for c in verdict["controls"]}
+    assert {(name, c["leg"], c["status"]) for name, c in controls.items()} == {
+        ("pending_grads", "nc-pending-grads", "detected"),
+        ("optimizer", "nc-optimizer", "detected")}
     # Seen first at the rank-local gradients fed into the reduce-scatter of the cut step.
-    assert (control["first_divergence"]["step"],
-            control["first_divergence"]["boundary"]) == (6, "local_grads")
-
-
-@pytest.mark.timeout(300)
-def test_a_resume_without_the_sharded_optimizer_state_is_caught(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    verdict = _run(run_dir, "controls.omissions=[optimizer]")
-    _exact(verdict, "hard")
-    (control,) = verdict["controls"]
-    assert (control["omission"], control["leg"], control["status"]) == (
-        "optimizer", "nc-optimizer", "detected")
+    pending = controls["pending_grads"]["first_divergence"]
+    assert (pending["step"], pending["boundary"]) == (6, "local_grads")
     # The model's shards were restored (the restore check passed); a fresh optimizer's param
     # groups hold the initial learning rate, where the scheduler had moved the saved one:
-    # the first resumed step updates with another lr, then with no Adam moments.
-    assert (control["first_divergence"]["step"],
-            control["first_divergence"]["boundary"]) == (5, "lr")
-    assert "parameters from step 5" in control["mechanism"]
+    # the update that ends the resumed step 6 uses another lr, then has no Adam moments.
+    optimizer = controls["optimizer"]
+    assert (optimizer["first_divergence"]["step"],
+            optimizer["first_divergence"]["boundary"]) == (6, "lr")
+    assert "parameters from step 6" in optimizer["mechanism"]
     restores = [r for rank in (0, 1)
                 for r in RunLocation.open(str(run_dir)).trace_records("nc-optimizer", rank)
                 if r["kind"] == "restore"]
-    assert [r["omitted"] for r in restores] == [["optimizer"], ["optimizer"]]
+    assert [(r["omitted"], r["checkpoint"]) for r in restores] == [
+        (["optimizer"], "step-00000005+1")] * 2
 
 
 @pytest.mark.matrix

@@ -19,9 +19,7 @@ EXPECTED = {
     "rng": (6, "loss"),
     # The cursor restarts at the beginning of the epoch: other sample ids.
     "data_cursor": (6, "inputs"),
-    # The optimizer keeps the lr it saved, so step 6 is still right; the fresh scheduler
-    # then sets the lr of its own step 1 for step 7.
-    "scheduler": (7, "lr"),
+    # The scheduler's (7, "lr"): with compare_run on the same legs, in test_compare_run.py.
     # Cursor and RNG both fresh: the sample ids differ first.
     "model_optimizer_only": (6, "inputs"),
     # Microbatch 0's gradients are gone: the accumulated local gradients differ.

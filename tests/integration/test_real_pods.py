@@ -171,6 +171,7 @@ def test_a_container_process_gets_its_env_signals_and_exit_codes(
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("grace", [0, 5])
 def test_deleting_a_plain_torchrun_pod_fails_the_job(
@@ -214,6 +215,7 @@ def test_deleting_a_plain_torchrun_pod_fails_the_job(
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 @pytest.mark.timeout(240)
 def test_a_launcher_exiting_143_gets_its_pod_recreated_and_the_group_restarted(
         kubeapi: KubeAPI, real_pods: SimulatedTrainingOperator, pod_runtime: ProcessRuntime,

@@ -197,23 +197,14 @@ def test_a_process_kill_restarts_the_group_in_its_pods(
     order = location.leg("preempted").read_kill_order(1, 0)
     assert order is not None and order.mode == "hard" and order.pod_uid
     assert _resumed_from(location) == "step-00000002"
+    # What the operator's worker-0 rule rests on: with nprocPerNode 1, rank r runs on pod
+    # worker-r, as the rendezvous orders nodes by host name: the beacon of the armed rank 1
+    # names worker-1 (so rank 0 is worker-0's, of two).
+    beacon = location.read_beacon("preempted", 1, 0)
+    assert beacon is not None and str(beacon["pod"]).endswith("-worker-1"), beacon
     injected = next(m for r, m in _events(api, "process") if r == "PreemptionInjected")
     assert "ordered the kill of pid" in injected and "hard process kill" in injected
     _comparator_timeline(location, f"killed pid {order.pid} (hard)")
-
-
-def test_ranks_follow_the_pods_as_on_a_cluster(
-    api: KubeAPI, operators: Operators, store: dict[str, str],
-    pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
-) -> None:
-    # What the operator's worker-0 rule rests on: with nprocPerNode 1, rank r runs on pod
-    # worker-r, as the rendezvous orders nodes by host name: the beacon of rank 0 names
-    # its pod.
-    _, runtime = pods
-    _, _, location = _qualify(api, operators, store, "ranks", runtime,
-                                 mode="hard", target="process", rank=0)
-    beacon = location.read_beacon("preempted", 0, 0)
-    assert beacon is not None and str(beacon["pod"]).endswith("-worker-0"), beacon
 
 
 # -- elastic resize -----------------------------------------------------------------------
