@@ -96,9 +96,8 @@ def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
     # Per-tensor Python overhead, not hashing, dominates for models of many small tensors,
     # so this path keeps the number of torch calls low.
     if isinstance(t, DTensor):
-        t = t.detach()
         _feed_bytes(h, b"S", sharding(t).encode())
-        t = t.to_local()
+        t = t.to_local().detach()
     if t.requires_grad:
         t = t.detach()
     # Lazy conjugate/negative views keep a flag instead of rewriting memory; resolve them
