@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: env tools run test test-serial test-fast lint images images-build images-smoke bench clean
+.PHONY: env tools bytecode run test test-serial test-fast lint images images-build images-smoke bench clean
 
 env: $(VENV)/.installed
 
@@ -31,14 +31,21 @@ tools:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q kubectl >/dev/null || \
 	  echo "make tools: kubectl could not be installed; tests/operator/test_kubectl.py needs it"; }
 
-run: env
+# Our own modules' bytecode, written ahead: the editable install compiles none, and where
+# PYTHONDONTWRITEBYTECODE is set (as on these machines) every worker, launcher and comparator
+# process would compile them again from source (about 0.2 s of CPU each). Only stale files
+# are rewritten: 0.2 s when nothing changed.
+bytecode: env
+	@$(PY) -m compileall -q -j 0 service operator tests >/dev/null
+
+run: env bytecode
 	$(VENV)/bin/resumequal run
 
 # The tests marked slow (real torchrun legs, CPU-bound) run one after another; the others,
 # and the slow ones that mostly wait (marked waits), run beside them in a second session,
 # in the slow tests' idle CPU, their output shown after. Both must pass.
 SELECT := not cluster and not matrix
-test: env tools
+test: env tools bytecode
 	@mkdir -p build
 	@$(PY) -m pytest -m '$(SELECT) and (not slow or waits)' $(PYTEST_ARGS) \
 	  >build/test-fast.log 2>&1 & \
@@ -50,10 +57,10 @@ test: env tools
 	echo "make test: slow tests exited $$slow_rc, the others $$fast_rc"; \
 	[ $$slow_rc = 0 ] && [ $$fast_rc = 0 ]
 
-test-serial: env tools
+test-serial: env tools bytecode
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: env tools
+test-fast: env tools bytecode
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 lint: env
