@@ -46,7 +46,6 @@ from resumequal.trace.digest import (
     tensor_digests,
 )
 from resumequal.trace.records import (
-    BucketRecord,
     MicrostepRecord,
     StepRecord,
     TensorDigests,
@@ -91,40 +90,23 @@ DIGEST_LABELS = ("rng", "local grads", "reduced grads", "clipped grads", "params
                  "optimizer", "record")
 
 
-class _HookTimer:
-    """Seconds the comm hook spent digesting local gradients in the current step."""
+class _TimedRecorder(loop._GradRecorder):
+    """The loop's comm hook, its digests of each bucket timed; ``per_bucket``: one digest
+    per bucket, as the hook did before per-tensor digests."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: dict[int, str], per_bucket: bool) -> None:
+        super().__init__(names)
+        self.per_bucket = per_bucket
         self.seconds = 0.0
 
-    def timed(self, fn: Callable[..., str]) -> Callable[..., str]:
-        def wrapper(*args: Any, **kwargs: Any) -> str:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-        return wrapper
-
-
-class _BoundaryRecorder(loop._GradRecorder):
-    """The comm hook as it was with a digest per boundary: one digest per bucket."""
-
-    timer: _HookTimer
-
-    def hook(self, group: dist.ProcessGroup | None,
-             bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        params = [self.names[id(p)] for p in bucket.parameters()]
+    def digest(self, params: list[str], grads: list[torch.Tensor]) -> None:
         t0 = time.perf_counter()
-        self.local[f"bucket-{bucket.index()}"] = named_tensors_digest(
-            list(zip(params, bucket.gradients(), strict=True)))
-        self.timer.seconds += time.perf_counter() - t0
-        self.buckets.append(
-            BucketRecord(index=bucket.index(), params=params, numel=bucket.buffer().numel()))
-        buffer = bucket.buffer()
-        work = dist.all_reduce(buffer, async_op=True)
-        assert work is not None
-        return work.get_future().then(lambda fut: fut.value()[0])
+        if self.per_bucket:
+            self.local[f"bucket-{len(self.local)}"] = named_tensors_digest(
+                list(zip(params, grads, strict=True)))
+        else:
+            super().digest(params, grads)
+        self.seconds += time.perf_counter() - t0
 
 
 def run_steps(steps: int, trace_dir: Path, *, per_tensor: bool) -> tuple[Stopwatch, int]:
@@ -141,15 +123,7 @@ def run_steps(steps: int, trace_dir: Path, *, per_tensor: bool) -> tuple[Stopwat
     names = {id(p): n for n, p in params}
     numel = sum(p.numel() for _, p in params)
     ddp = DDP(model, bucket_cap_mb=DDPSpec().bucket_cap_mb)
-    timer = _HookTimer()
-    recorder: loop._GradRecorder
-    if per_tensor:
-        # The loop's own hook, its digest calls timed where it makes them.
-        recorder = loop._GradRecorder(dict(names))
-        loop.named_tensors_digest = timer.timed(named_tensors_digest)  # type: ignore[assignment]
-    else:
-        recorder = _BoundaryRecorder(dict(names))
-        recorder.timer = timer
+    recorder = _TimedRecorder(dict(names), per_bucket=not per_tensor)
     ddp.register_comm_hook(None, lambda state, bucket: recorder.hook(state, bucket))
     acc = training.accumulation_steps
     clip = training.grad_clip_norm or float("inf")
@@ -157,91 +131,88 @@ def run_steps(steps: int, trace_dir: Path, *, per_tensor: bool) -> tuple[Stopwat
 
     # The sink a worker writes through: one segment object per record in a run folder.
     sink = RunLocation.open(str(trace_dir)).trace_sink("control", rank=0, attempt=0)
-    try:
-        with TraceWriter(sink) as writer:
-            for step in range(1, steps + WARMUP_STEPS + 1):
-                watch.measuring = step > WARMUP_STEPS
-                started_at = time.time()
-                watch.lap("between steps")
-                rng = rng_digests()
-                watch.lap("rng")
+    with TraceWriter(sink) as writer:
+        for step in range(1, steps + WARMUP_STEPS + 1):
+            watch.measuring = step > WARMUP_STEPS
+            started_at = time.time()
+            watch.lap("between steps")
+            rng = rng_digests()
+            watch.lap("rng")
 
-                recorder.reset()
-                timer.seconds = 0.0
-                microsteps = []
-                for index in range(acc):
-                    mb = w.dataset.next_microbatch()
-                    # Only the last microbatch reduces (and so runs the hook), as in the loop.
-                    with contextlib.nullcontext() if index == acc - 1 else ddp.no_sync():
-                        loss = w.loss_fn(ddp, mb)
-                        (loss / acc).backward()
-                    microsteps.append(
-                        MicrostepRecord(index=index, sample_ids=mb.sample_ids, loss=loss.item())
-                    )
-                watch.lap("forward/backward")
-                watch.move(timer.seconds, "forward/backward", "local grads")
-
-                grads = [(n, p.grad) for n, p in params]
-                tensors = TensorDigests()
-                if per_tensor:
-                    local = recorder.local_digest()
-                    tensors.local_grads.update(loop._local_digests(model, recorder.local))
-                else:
-                    local = "sha256:" + hashlib.sha256("\n".join(
-                        d for _, d in sorted(recorder.local.items())).encode()).hexdigest()
-                buckets = recorder.layout()
-                watch.lap("local grads")
-                # One rank: the reduced gradients are the local ones, digested again.
-                reduced = _boundary(grads, tensors.reduced_grads, per_tensor)
-                watch.lap("reduced grads")
-
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
-                watch.lap("clip")
-                clipped = _boundary([(n, p.grad) for n, p in params], tensors.clipped_grads,
-                                    per_tensor)
-                watch.lap("clipped grads")
-                lr = [float(g["lr"]) for g in opt.param_groups]
-                opt.step()
-                if w.scheduler is not None:
-                    w.scheduler.step()
-                opt.zero_grad(set_to_none=True)
-                watch.lap("optimizer step")
-
-                params_digest = _boundary(
-                    list(itertools.chain(model.named_parameters(), model.named_buffers())),
-                    tensors.params, per_tensor)
-                watch.lap("params+buffers")
-                if per_tensor:
-                    digests = optimizer_digests(opt, names)
-                    optimizer_digest = digests.whole
-                    tensors.optimizer_state.update(digests.tensors)
-                else:
-                    optimizer_digest = optimizer_state_digest(opt)
-                watch.lap("optimizer")
-                writer.write(
-                    StepRecord(
-                        rank=0,
-                        attempt=0,
-                        step=step,
-                        microsteps=microsteps,
-                        rng=rng,
-                        local_grads=local,
-                        bucket_layout=bucket_layout_digest(buckets),
-                        buckets=buckets,
-                        reduced_grads=reduced,
-                        grad_norm=grad_norm,
-                        clipped_grads=clipped,
-                        lr=lr,
-                        params=params_digest,
-                        optimizer_state=optimizer_digest,
-                        started_at=started_at,
-                        finished_at=time.time(),
-                        tensors=tensors if per_tensor else None,
-                    )
+            recorder.reset()
+            recorder.seconds = 0.0
+            microsteps = []
+            for index in range(acc):
+                mb = w.dataset.next_microbatch()
+                # Only the last microbatch reduces (and so runs the hook), as in the loop.
+                with contextlib.nullcontext() if index == acc - 1 else ddp.no_sync():
+                    loss = w.loss_fn(ddp, mb)
+                    (loss / acc).backward()
+                microsteps.append(
+                    MicrostepRecord(index=index, sample_ids=mb.sample_ids, loss=loss.item())
                 )
-                watch.lap("record")
-    finally:
-        loop.named_tensors_digest = named_tensors_digest  # type: ignore[assignment]
+            watch.lap("forward/backward")
+            watch.move(recorder.seconds, "forward/backward", "local grads")
+
+            grads = [(n, p.grad) for n, p in params]
+            tensors = TensorDigests()
+            if per_tensor:
+                local = recorder.local_digest()
+                tensors.local_grads.update(loop._local_digests(model, recorder.local))
+            else:
+                local = "sha256:" + hashlib.sha256("\n".join(
+                    d for _, d in sorted(recorder.local.items())).encode()).hexdigest()
+            buckets = recorder.layout()
+            watch.lap("local grads")
+            # One rank: the reduced gradients are the local ones, digested again.
+            reduced = _boundary(grads, tensors.reduced_grads, per_tensor)
+            watch.lap("reduced grads")
+
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            watch.lap("clip")
+            clipped = _boundary([(n, p.grad) for n, p in params], tensors.clipped_grads,
+                                per_tensor)
+            watch.lap("clipped grads")
+            lr = [float(g["lr"]) for g in opt.param_groups]
+            opt.step()
+            if w.scheduler is not None:
+                w.scheduler.step()
+            opt.zero_grad(set_to_none=True)
+            watch.lap("optimizer step")
+
+            params_digest = _boundary(
+                list(itertools.chain(model.named_parameters(), model.named_buffers())),
+                tensors.params, per_tensor)
+            watch.lap("params+buffers")
+            if per_tensor:
+                digests = optimizer_digests(opt, names)
+                optimizer_digest = digests.whole
+                tensors.optimizer_state.update(digests.tensors)
+            else:
+                optimizer_digest = optimizer_state_digest(opt)
+            watch.lap("optimizer")
+            writer.write(
+                StepRecord(
+                    rank=0,
+                    attempt=0,
+                    step=step,
+                    microsteps=microsteps,
+                    rng=rng,
+                    local_grads=local,
+                    bucket_layout=bucket_layout_digest(buckets),
+                    buckets=buckets,
+                    reduced_grads=reduced,
+                    grad_norm=grad_norm,
+                    clipped_grads=clipped,
+                    lr=lr,
+                    params=params_digest,
+                    optimizer_state=optimizer_digest,
+                    started_at=started_at,
+                    finished_at=time.time(),
+                    tensors=tensors if per_tensor else None,
+                )
+            )
+            watch.lap("record")
     return watch, numel
 
 

@@ -56,9 +56,12 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
 
+def _framed(tag: bytes, data: bytes) -> bytes:
+    return tag + _U64.pack(len(data)) + data
+
+
 def _feed_bytes(h: xxhash.xxh3_128, tag: bytes, data: bytes) -> None:
-    h.update(tag + _U64.pack(len(data)))
-    h.update(data)
+    h.update(_framed(tag, data))
 
 
 # dtypes whose tensors .numpy() can view directly; others are viewed as raw uint8 first.
@@ -127,11 +130,8 @@ def _key_feeds(value: Mapping[Any, object]) -> tuple[tuple[object, bytes], ...]:
     keys = tuple(value)
     feeds = _KEY_FEEDS.get(keys)
     if feeds is None:
-        feeds = tuple(
-            (key, b"K" + _U64.pack(len(r)) + r)
-            for key in sorted(keys, key=repr)
-            for r in (repr(key).encode(),)
-        )
+        feeds = tuple((key, _framed(b"K", repr(key).encode()))
+                      for key in sorted(keys, key=repr))
         if len(_KEY_FEEDS) < _KEY_FEEDS_MAX and all(type(k) is str for k in keys):
             _KEY_FEEDS[keys] = feeds
     return feeds

@@ -118,10 +118,7 @@ class _GradRecorder:
         self, group: dist.ProcessGroup | None, bucket: dist.GradBucket
     ) -> torch.futures.Future[torch.Tensor]:
         params = [self.names[id(p)] for p in bucket.parameters()]
-        for name, grad in zip(params, bucket.gradients(), strict=True):
-            self.local[name] = named_tensors_digest([(name, grad)])
-            if self.keep:
-                self.tensors[name] = grad.detach().to("cpu", copy=True)
+        self.digest(params, bucket.gradients())
         self.buckets.append(
             BucketRecord(index=bucket.index(), params=params, numel=bucket.buffer().numel())
         )
@@ -136,6 +133,13 @@ class _GradRecorder:
             lambda fut: fut.value()[0]
         )
         return reduced
+
+    def digest(self, params: list[str], grads: list[torch.Tensor]) -> None:
+        """Digest one bucket's rank-local gradients, each by its parameter's name."""
+        for name, grad in zip(params, grads, strict=True):
+            self.local[name] = named_tensors_digest([(name, grad)])
+            if self.keep:
+                self.tensors[name] = grad.detach().to("cpu", copy=True)
 
     def local_digest(self) -> str:
         joined = "\n".join(f"{n}={d}" for n, d in sorted(self.local.items()))
