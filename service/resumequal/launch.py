@@ -28,7 +28,7 @@ import uuid
 from types import FrameType
 from typing import Literal
 
-from resumequal.local.processes import alive, send_signal, tagged
+from resumequal.local.processes import Tagged, send_signal
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class Launcher:
         self.mode = mode
         self.cmd = [python, "-m", "torch.distributed.run", *torchrun_args]
         self.tag = uuid.uuid4().hex
+        self._tagged = Tagged(self.tag, TAG_VAR)
         self.signalled: int | None = None
         self._acted = False
         self.child: subprocess.Popen[bytes] | None = None
@@ -112,14 +113,13 @@ class Launcher:
             send_signal(self.child.pid, signal.SIGKILL)
         deadline = time.monotonic() + KILL_WAIT_SECONDS
         while time.monotonic() < deadline:
-            left = [p for p in tagged(self.tag, TAG_VAR) if alive(p)]
+            left = self._tagged.live()
             if not left:
                 return
             for pid in left:
                 send_signal(pid, signal.SIGKILL)
             time.sleep(0.01)
-        log.error("processes still alive after SIGKILL: %s",
-                  [p for p in tagged(self.tag, TAG_VAR) if alive(p)])
+        log.error("processes still alive after SIGKILL: %s", self._tagged.live())
 
 
 def launch(mode: Mode, torchrun_args: list[str]) -> int:

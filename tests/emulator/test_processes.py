@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from resumequal.local.processes import ProcessTree, alive
+from resumequal.local.processes import ProcessTree, alive, tagged
 from tests.waiting import eventually
 
 # A launcher that, like torchrun, starts its worker in a session of its own.
@@ -58,3 +58,28 @@ def test_another_tree_is_left_alone(tmp_path: Path) -> None:
         assert len(theirs.pids()) == 2
     finally:
         theirs.stop_all(grace_seconds=1)
+
+
+# Stands for a process that has lost its environment but still runs, as an exiting one
+# has for a moment: it drops the tag by exec'ing itself (same pid, same start time).
+DROPS_TAG = (
+    "import os, sys, time\n"
+    "from pathlib import Path\n"
+    "go = Path(sys.argv[1])\n"
+    "while not go.exists(): time.sleep(0.02)\n"
+    "env = {k: v for k, v in os.environ.items() if k != 'RESUMEQUAL_LAUNCH_TAG'}\n"
+    "os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)'], env)\n"
+)
+
+
+def test_a_process_seen_once_is_followed_until_it_exits(tmp_path: Path) -> None:
+    tree = ProcessTree()
+    go = tmp_path / "go"
+    proc = tree.spawn([sys.executable, "-c", DROPS_TAG, str(go)], tmp_path / "p.log",
+                      dict(os.environ))
+    eventually(lambda: tree.pids() == [proc.pid], 30, "the process to carry its tag")
+    go.touch()
+    eventually(lambda: proc.pid not in tagged(tree.tag), 30, "the tag to be gone")
+    assert alive(proc.pid) and tree.pids() == [proc.pid]
+    assert tree.stop_all(grace_seconds=2) == [proc.pid]
+    assert proc.poll() is not None and tree.pids() == []

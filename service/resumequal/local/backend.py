@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resumequal.errors import ResumequalError
-from resumequal.local.processes import ProcessTree, alive, send_signal, tagged
+from resumequal.local.processes import ProcessTree, Tagged, send_signal
 from resumequal.plan import (
     NODE_KEEP_ALIVE,
     RESIZE_LAST_CALL,
@@ -87,9 +87,13 @@ class _Node:
     index: int
     proc: subprocess.Popen[bytes]
     tag: str
+    _tagged: Tagged = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._tagged = Tagged(self.tag, NODE_TAG_VAR)
 
     def pids(self) -> list[int]:
-        return [p for p in tagged(self.tag, NODE_TAG_VAR) if alive(p)]
+        return self._tagged.live()
 
 
 @dataclass

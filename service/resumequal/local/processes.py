@@ -4,6 +4,10 @@ torchrun starts each worker in a session of its own, so killing the launcher's p
 group does not reach the workers, and a SIGKILLed launcher leaves them orphaned. Every
 process we start therefore carries a tag in its environment, inherited by its children;
 cleanup finds tagged processes through /proc, whoever their parent is now.
+
+A process that is exiting has already lost its environment, though it still runs for a
+moment (closing files, releasing ports), so a tag is only seen on a live process; what
+was seen once is followed by pid and start time until it has exited.
 """
 
 from __future__ import annotations
@@ -54,12 +58,42 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _start_time(pid: int) -> int | None:
+    """``pid``'s start time in clock ticks, or None once it has exited (zombies included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        # Field 3 (state) comes first after the name; field 22 is the start time.
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Tagged:
+    """The running processes carrying one tag, followed until they exit."""
+
+    def __init__(self, tag: str, var: str = TAG_VAR) -> None:
+        self.tag, self.var = tag, var
+        self._seen: dict[int, int] = {}  # pid -> start time, which tells a reused pid apart
+
+    def live(self) -> list[int]:
+        """Pids that carry the tag, or carried it when last seen and have not exited."""
+        for pid in tagged(self.tag, self.var):
+            started = _start_time(pid)
+            if started is not None:
+                self._seen[pid] = started
+        for pid, started in list(self._seen.items()):
+            if _start_time(pid) != started:
+                del self._seen[pid]
+        return sorted(self._seen)
+
+
 class ProcessTree:
     """Launches tagged processes and stops all of them, orphans included."""
 
     def __init__(self) -> None:
         self.tag = uuid.uuid4().hex
         self.children: list[subprocess.Popen[bytes]] = []
+        self._tagged = Tagged(self.tag)
 
     def spawn(self, cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Start ``cmd`` in a new session with our tag, output appended to ``log_path``."""
@@ -74,7 +108,7 @@ class ProcessTree:
 
     def pids(self) -> list[int]:
         """Every live process we started, directly or through a launcher."""
-        return [p for p in tagged(self.tag) if alive(p)]
+        return self._tagged.live()
 
     def stop_all(self, grace_seconds: float = 5.0) -> list[int]:
         """SIGTERM every tagged process, SIGKILL what is left after the grace; returns pids."""
@@ -82,7 +116,7 @@ class ProcessTree:
         for pid in victims:
             send_signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and any(alive(p) for p in self.pids()):
+        while time.monotonic() < deadline and self.pids():
             self._reap()
             time.sleep(0.05)
         leftovers = self.pids()
