@@ -101,6 +101,12 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentiles(values: list[float]) -> str:
     qs = statistics.quantiles(values, n=100, method="inclusive")
     return f"p50 {qs[49]:.3f}s  p90 {qs[89]:.3f}s  p99 {qs[98]:.3f}s"
@@ -204,6 +210,7 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
                     time.sleep(0.1)
             created: dict[str, float] = {}
             start = time.monotonic()
+            bench_cpu_start = time.process_time()
             finished: dict[str, tuple[float, str]] = {}
             while len(finished) < args.runs:
                 while len(created) < min(args.runs, len(finished) + args.concurrency):
@@ -229,6 +236,8 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
             wall = time.monotonic() - start
             metrics = scrape(port)
             rss = peak_rss_mib(proc.pid)
+            operator_cpu = cpu_seconds(proc.pid)
+            bench_cpu = time.process_time() - bench_cpu_start
             requests = api.requests
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -254,6 +263,12 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
         f"p{round(q * 100)} {histogram_quantile(q, metrics, family) * 1000:.1f}ms"
         for q in (0.5, 0.9, 0.99)) + f"  (mean {mean_ms:.1f}ms)")
     print(f"apply to verdict:   {percentiles(verdicts)}")
+    # Wall time in a reconcile is its CPU plus waiting: on the API (served by this
+    # process, which also plays the training operator and every pod) and for a core.
+    print(f"CPU:                operator {operator_cpu:.1f}s "
+          f"({operator_cpu / reconciles * 1000:.2f}ms/reconcile, whole process), this "
+          f"process (API, training operator, pods) {bench_cpu:.1f}s, in {wall:.1f}s on "
+          f"{os.cpu_count()} CPUs")
     print(f"operator peak RSS:  {rss:.0f} MiB")
     runs_path = QUALIFICATION_RUNS.path(NAMESPACE)
     run_gets = sum(1 for m, p in requests if m == "GET" and p.startswith(runs_path + "/"))

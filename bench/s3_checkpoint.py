@@ -29,6 +29,7 @@ absolute figures are far below a real endpoint; the ratios are what this measure
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import shutil
@@ -137,6 +138,12 @@ def transfer_config() -> Any:
 
 
 def timed(fn: Callable[[], Any]) -> float:
+    """``fn``'s wall time, started from the same quiet state for every side: the local
+    files the step before wrote flushed (their writeback would otherwise land on whoever
+    comes next; a resume writes 300 MB to disk), garbage collected, moto idle."""
+    os.sync()
+    gc.collect()
+    time.sleep(0.3)
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start

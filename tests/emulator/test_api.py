@@ -363,6 +363,26 @@ def test_watch_delivers_live_events_and_honours_timeout(core: k8s.CoreV1Api,
     assert 0.9 <= time.monotonic() - t0 < 5
 
 
+def test_a_watch_woken_by_other_kinds_still_gets_its_own_events(core: k8s.CoreV1Api,
+                                                                kubeapi: KubeAPI) -> None:
+    rv = core.list_namespaced_pod(NS).metadata.resource_version
+
+    def later() -> None:  # each secret wakes the pod watch, which finds nothing of its kind
+        for i in range(20):
+            kubeapi.create("secrets", {"metadata": {"name": f"s{i}"}}, namespace=NS)
+            time.sleep(0.01)
+        kubeapi.create("pods", pod("after"), namespace=NS)
+        kubeapi.create("secrets", {"metadata": {"name": "last"}}, namespace=NS)
+        kubeapi.create("pods", pod("then"), namespace=NS)
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    seen = _stream(core.list_namespaced_pod, NS, resource_version=rv, count=2,
+                   timeout_seconds=5)
+    thread.join()
+    assert seen == [("ADDED", "after"), ("ADDED", "then")]
+
+
 def test_watch_from_a_compacted_resource_version_raises_410(core: k8s.CoreV1Api,
                                                             kubeapi: KubeAPI) -> None:
     old = core.create_namespaced_pod(NS, pod("p")).metadata.resource_version

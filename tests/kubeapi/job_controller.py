@@ -137,9 +137,7 @@ class JobController:
         self._check_supported(job)
         state = self._jobs.setdefault(meta["uid"], _Job())
         status = clone(job.get("status") or {})
-        pods = [p for p in self.store.select(self.pods_kind, meta["namespace"])[0]
-                if any(r.get("uid") == meta["uid"] and r.get("controller")
-                       for r in p["metadata"].get("ownerReferences") or [])]
+        pods, _ = self.store.select(self.pods_kind, meta["namespace"], controller=meta["uid"])
         if is_true(status, "Complete") or is_true(status, "Failed"):
             self._release(pods, ended_only=True)
             state.finished_at = state.finished_at or time.time()

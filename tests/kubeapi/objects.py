@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import random
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -52,6 +52,12 @@ def _clone(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_clone(v) for v in value)
     return value
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether ``obj``'s controller ownerReference names ``uid`` (metav1.GetControllerOf)."""
+    return any(r.get("uid") == uid and r.get("controller")
+               for r in obj["metadata"].get("ownerReferences") or [])
 
 
 def generate_name(prefix: str, taken: Collection[str]) -> str:

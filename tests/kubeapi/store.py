@@ -48,6 +48,7 @@ from .objects import (
     CRD_KEY,
     apply_defaults,
     clone,
+    controlled_by,
     generate_name,
     parse_rfc3339,
     rfc3339,
@@ -262,14 +263,17 @@ class Store:
         with self.lock:
             return clone(self._as_version(kind, self._get(kind, namespace, name)))
 
-    def select(self, kind: Kind, namespace: str | None,
-               selector: Selector | None = None) -> tuple[list[Obj], int]:
-        """Copies of the matching objects (by namespace, name) and the list's resourceVersion."""
+    def select(self, kind: Kind, namespace: str | None, selector: Selector | None = None,
+               *, controller: str | None = None) -> tuple[list[Obj], int]:
+        """Copies of the matching objects (by namespace, name) and the list's resourceVersion;
+        with ``controller``, only those whose controller ownerReference has that uid (the
+        controllers' owner lookup, done before the copies: most objects are someone else's)."""
         with self.lock:
             table = self._objects.get(kind.key, {})
             items = [self._as_version(kind, obj) for (ns, _), obj in sorted(table.items())
                      if (namespace is None or not kind.namespaced or ns == namespace)
-                     and (selector is None or selector.matches(obj))]
+                     and (selector is None or selector.matches(obj))
+                     and (controller is None or controlled_by(obj, controller))]
             return clone(items), self._rv
 
     # ----------------------------------------------------------------- create
@@ -578,20 +582,25 @@ class Store:
         Raises 410 Gone when ``after`` is older than the retained history.
         """
         deadline = time.monotonic() + timeout
+        scanned = after
         with self.changed:
             while True:
                 if after < self._compacted:
                     raise ApiError.gone(
                         f"too old resource version: {after} ({self._compacted})")
                 found: list[WatchEvent] = []
+                newest = scanned
                 for event in reversed(self._history):
-                    if event.rv <= after:
+                    if event.rv <= scanned:
                         break
+                    newest = max(newest, event.rv)
                     if event.kind_key == kind.key:
                         found.append(event)
                 if found or self.closed:
                     found.reverse()
                     return found
+                # Other kinds' events: the next wake-up scans only what came after them.
+                scanned = newest
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []

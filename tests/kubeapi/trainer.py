@@ -376,9 +376,7 @@ class JobSetController(_Controller):
             return
         self._check_supported(js)
         status = clone(js.get("status") or {})
-        owned = [j for j in self.store.select(self.jobs_kind, meta["namespace"])[0]
-                 if any(r.get("uid") == meta["uid"] and r.get("controller")
-                        for r in j["metadata"].get("ownerReferences") or [])]
+        owned, _ = self.store.select(self.jobs_kind, meta["namespace"], controller=meta["uid"])
         active = [j for j in owned if not (is_true(j.get("status") or {}, "Complete")
                                            or is_true(j.get("status") or {}, "Failed"))]
         if status.get("terminalState"):

@@ -51,9 +51,7 @@ class PyTorchJobController:
         run_policy = spec["runPolicy"]
         status = clone(job.get("status") or {})
         status.setdefault("replicaStatuses", {})
-        pods = [p for p in self.store.select(self.pods_kind, meta["namespace"])[0]
-                if any(r.get("uid") == meta["uid"] and r.get("controller")
-                       for r in p["metadata"].get("ownerReferences") or [])]
+        pods, _ = self.store.select(self.pods_kind, meta["namespace"], controller=meta["uid"])
         if not any(c["type"] == "Created" for c in status.get("conditions") or []):
             # onOwnerCreateFunc (pytorchjob_controller.go)
             kubeflow.set_condition(status, "Created", "PyTorchJobCreated",
