@@ -116,7 +116,7 @@ def hold_finished(api: KubeAPI, store: dict[str, str], count: int) -> None:
     """``count`` runs that finished before the operator started: each with the finalizer
     and the status a finished run keeps (its machine in Succeeded, the verdict summary) and
     its verdict.json in the store, written through the emulator's in-process accessors (no
-    HTTP)."""
+    HTTP). The operator finds nothing to change in them: it writes none of their statuses."""
     body = verdict(Result.PASS).model_dump_json().encode()
     for i in range(count):
         name = f"held-{i:05d}"
@@ -124,7 +124,9 @@ def hold_finished(api: KubeAPI, store: dict[str, str], count: int) -> None:
         manifest["metadata"]["finalizers"] = [FINALIZER]  # added when it was first seen
         obj = api.create(QUALIFICATION_RUNS.plural, manifest)
         meta = obj["metadata"]
-        spec = parse_run_spec(obj["spec"])
+        # The spec a run keeps in its status as it started: the backend pinned in it.
+        run_spec = {**obj["spec"], "backend": "pytorchjob"}
+        spec = parse_run_spec(run_spec)
         uri = run_uri(spec.store.uri, NAMESPACE, name, meta["uid"])
         plan = qualification_plan(qualification_spec(spec, uri))
         t = time.time() - 3600
@@ -144,7 +146,7 @@ def hold_finished(api: KubeAPI, store: dict[str, str], count: int) -> None:
             leg_jobs={p.name: pytorchjob.leg_job_name(name, meta["uid"], p.name)
                       for p in plan.legs},
             comparator_job=pytorchjob.comparator_job_name(name, meta["uid"]),
-            preemption_mode=spec.preemption.mode, run_spec=obj["spec"])
+            preemption_mode=spec.preemption.mode, run_spec=run_spec, backend="pytorchjob")
         # Written whole, as the operator writes it (a merge patch would drop its nulls).
         api.replace(QUALIFICATION_RUNS.plural, NAMESPACE, name,
                     {**obj, "status": status.to_k8s()}, subresource="status")
@@ -272,10 +274,11 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
     print(f"operator peak RSS:  {rss:.0f} MiB")
     runs_path = QUALIFICATION_RUNS.path(NAMESPACE)
     run_gets = sum(1 for m, p in requests if m == "GET" and p.startswith(runs_path + "/"))
-    status_writes = sum(1 for m, p in requests if m == "PUT" and p.endswith("/status"))
+    status_writes = [p for m, p in requests if m == "PUT" and p.endswith("/status")]
+    held_writes = sum(1 for p in status_writes if p.startswith(runs_path + "/held-"))
     print(f"API requests:       {len(requests)} ({len(requests) / reconciles:.2f}/reconcile); "
           f"GETs of a run {run_gets} ({run_gets / reconciles:.2f}/reconcile), "
-          f"status writes {status_writes}")
+          f"status writes {len(status_writes)} ({held_writes} of runs held finished)")
     for name in failed[:5]:
         print(f"not Succeeded: {name}: {finished[name][1]}")
     return {"p99": histogram_quantile(0.99, metrics, family), "rss": rss}
