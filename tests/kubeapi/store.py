@@ -266,8 +266,16 @@ class Store:
     def select(self, kind: Kind, namespace: str | None, selector: Selector | None = None,
                *, controller: str | None = None) -> tuple[list[Obj], int]:
         """Copies of the matching objects (by namespace, name) and the list's resourceVersion;
-        with ``controller``, only those whose controller ownerReference has that uid (the
-        controllers' owner lookup, done before the copies: most objects are someone else's)."""
+        with ``controller``, only those whose controller ownerReference has that uid.
+
+        That is how the controllers find what they own, filtered before anything is copied:
+        the Job controller claims the namespace's pods by controllerRef
+        (kubernetes pkg/controller/job/job_controller.go getPodsForJob, ClaimPods; the
+        operator leaves no orphans to adopt), JobSet lists its Jobs through an index on
+        metav1.GetControllerOf (jobset pkg/controllers/jobset_controller.go getChildJobs),
+        and the training operator lists the pods labelled for the job, which are the ones
+        it made and controls (pkg/controller.v1/pytorch/pytorchjob_controller.go
+        GetPodsForJob)."""
         with self.lock:
             table = self._objects.get(kind.key, {})
             items = [self._as_version(kind, obj) for (ns, _), obj in sorted(table.items())

@@ -51,21 +51,26 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie still answers kill(0); it has exited for every purpose of ours.
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from field 3 (the state) on, or None when it is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return state != "Z"
+        return None
+    return fields or None
 
 
 def _start_time(pid: int) -> int | None:
-    """``pid``'s start time in clock ticks, or None once it has exited (zombies included)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        # Field 3 (state) comes first after the name; field 22 is the start time.
-        return None if fields[0] in ("Z", "X") else int(fields[19])
-    except (OSError, IndexError, ValueError):
+    """``pid``'s start time in clock ticks (field 22), or None once it has exited (zombies
+    included)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] in ("Z", "X") or len(fields) < 20:
         return None
+    return int(fields[19])
 
 
 class Tagged:
@@ -77,14 +82,16 @@ class Tagged:
 
     def live(self) -> list[int]:
         """Pids that carry the tag, or carried it when last seen and have not exited."""
+        now = {}
         for pid in tagged(self.tag, self.var):
             started = _start_time(pid)
             if started is not None:
-                self._seen[pid] = started
-        for pid, started in list(self._seen.items()):
-            if _start_time(pid) != started:
-                del self._seen[pid]
-        return sorted(self._seen)
+                now[pid] = started
+        for pid, started in self._seen.items():
+            if pid not in now and _start_time(pid) == started:
+                now[pid] = started
+        self._seen = now
+        return sorted(now)
 
 
 class ProcessTree:
