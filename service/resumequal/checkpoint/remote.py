@@ -91,8 +91,13 @@ class RemoteRoot:
         return self.store.uri(self.key(name, rel))
 
     def prepare(self, name: str) -> None:
-        """Remove an earlier checkpoint called ``name``: objects cannot be renamed over."""
-        clear(self, name)
+        """Remove an earlier checkpoint called ``name``: objects cannot be renamed over.
+
+        One listing finds none, as at almost every save; only one that is there costs
+        the deletes (marker first, see :func:`clear`).
+        """
+        if self.store.list(self.key(name)):
+            clear(self, name)
 
     def writer(self, name: str, staging: Path) -> StreamingWriter:
         """A DCP writer that sends this rank's shards of ``name`` while writing them."""
@@ -187,10 +192,14 @@ def clear(root: RemoteRoot, name: str) -> None:
 
 
 def commit(root: RemoteRoot, manifest: Manifest) -> None:
-    """Upload the manifest and its MAC, then the marker that makes the checkpoint exist."""
+    """Upload the manifest and its MAC side by side, then, once both are stored, the
+    marker that makes the checkpoint exist."""
     data, mac = signed(manifest)
-    root.store.put_bytes(root.key(manifest.name, MANIFEST), data)
-    root.store.put_bytes(root.key(manifest.name, MANIFEST_MAC), mac)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        mac_sent = pool.submit(root.store.put_bytes, root.key(manifest.name, MANIFEST_MAC),
+                               mac)
+        root.store.put_bytes(root.key(manifest.name, MANIFEST), data)
+        mac_sent.result()
     root.store.put_bytes(root.key(manifest.name, COMMITTED), b"")
 
 
