@@ -276,7 +276,10 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
     run_gets = sum(1 for m, p in requests if m == "GET" and p.startswith(runs_path + "/"))
     status_writes = [p for m, p in requests if m == "PUT" and p.endswith("/status")]
     held_writes = sum(1 for p in status_writes if p.startswith(runs_path + "/held-"))
-    print(f"API requests:       {len(requests)} ({len(requests) / reconciles:.2f}/reconcile); "
+    # Events are written by the operator's recorder thread, off the reconcile path.
+    events = sum(1 for m, p in requests if m == "POST" and p.split("?")[0].endswith("/events"))
+    print(f"API requests:       {len(requests)}, of which {events} Events written apart; "
+          f"the rest {(len(requests) - events) / reconciles:.2f}/reconcile; "
           f"GETs of a run {run_gets} ({run_gets / reconciles:.2f}/reconcile), "
           f"status writes {len(status_writes)} ({held_writes} of runs held finished)")
     for name in failed[:5]:
