@@ -150,11 +150,16 @@ class KubernetesBackend:
                  body["metadata"]["name"])
 
     def launch_leg(self, plan: LegPlan) -> None:
-        if not self._prepared:
-            self.location.write_spec(self.spec)
-        self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-        if not self._prepared:
-            self.ensure_checkpoint_key()
+        if self._prepared:
+            self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
+        else:
+            # The key Secret's POST goes while the store is written: neither needs the
+            # other, and both are done before the job whose pods read them is created.
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                key = pool.submit(self.ensure_checkpoint_key)
+                self.location.write_spec(self.spec)
+                self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
+                key.result()
             self._prepared = True
         r, label = self.run, self.legs.label
         body = self.legs.manifest(r.name, r.namespace, r.uid, self.run_spec, plan,
