@@ -182,6 +182,11 @@ class EventRecorder:
                 self._sending += 1
             try:
                 self._write(event)
+            except Exception:  # a bug must not end the thread: later Events still go out
+                log.exception("event %s for %s/%s not recorded", event["reason"],
+                              event["involvedObject"]["namespace"],
+                              event["involvedObject"]["name"])
+                self._dropped(WRITE_FAILED)
             finally:
                 with self._cond:
                     self._sending -= 1

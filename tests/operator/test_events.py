@@ -148,3 +148,21 @@ def test_logs_name_the_event_never_its_message(caplog: pytest.LogCaptureFixture)
     assert "HTTP 403 Forbidden" in caplog.text
     assert "s3cr3t" not in caplog.text
     assert [e["message"] for e in kube.created] == ["s3cr3t"]
+
+
+def test_an_unexpected_error_loses_that_event_only() -> None:
+    kube, drops = Kube(), []
+    original = kube.create
+
+    def create(kind: Kind, namespace: str, obj: Obj) -> Obj:
+        if obj["reason"] == "Broken":
+            raise RuntimeError("a bug")
+        return original(kind, namespace, obj)
+
+    kube.create = create  # type: ignore[method-assign]
+    recorder = _recorder(kube, drops)
+    recorder.record(RUN, "Broken", "m")
+    recorder.record(RUN, "Written", "m")
+    assert recorder.flush(5)
+    assert [e["reason"] for e in kube.created] == ["Written"] and drops == [WRITE_FAILED]
+    recorder.stop()
