@@ -150,11 +150,16 @@ class KubernetesBackend:
                  body["metadata"]["name"])
 
     def launch_leg(self, plan: LegPlan) -> None:
-        if not self._prepared:
-            self.location.write_spec(self.spec)
-        self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-        if not self._prepared:
-            self.ensure_checkpoint_key()
+        if self._prepared:
+            self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
+        else:
+            # The key Secret's POST goes while the store is written: neither needs the
+            # other, and both are done before the job whose pods read them is created.
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                key = pool.submit(self.ensure_checkpoint_key)
+                self.location.write_spec(self.spec)
+                self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
+                key.result()
             self._prepared = True
         r, label = self.run, self.legs.label
         body = self.legs.manifest(r.name, r.namespace, r.uid, self.run_spec, plan,
@@ -344,19 +349,18 @@ class KubernetesBackend:
 
     def compare(self) -> Verdict | None:
         name = self.comparator_name
-        try:
-            job = self.reads.get(JOBS, self.run.namespace, name)
-        except NotFound:
-            r = self.run
-            self.ensure_checkpoint_key()  # there since the legs; a conflict then
-            body = pytorchjob.comparator_job(r.name, r.namespace, r.uid, self.run_spec,
-                                             self.location.uri)
+        job = self.reads.cached(JOBS, self.run.namespace, name)
+        if job is None:
+            # Not in the watch's cache: almost always not started yet. Where the run's Jobs
+            # are watched it is created without a GET first; a 409 says it exists (the
+            # watch has not delivered it yet), and only then is it read.
+            if self.reads.watches(JOBS) and self._start_comparator():
+                return None
             try:
-                self.kube.create(JOBS, self.run.namespace, body)
-                log.info("%s: started the comparator Job %s", self.run.name, name)
-            except Conflict:
-                pass
-            return None
+                job = self.kube.get(JOBS, self.run.namespace, name)
+            except NotFound:
+                self._start_comparator()
+                return None
         complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
         if complete is None and failed is None:
             return None
@@ -374,6 +378,26 @@ class KubernetesBackend:
                                    f"{self.location.url('verdict.json')}")
         detail = (failed or {}).get("message") or (failed or {}).get("reason") or "no detail"
         raise ComparatorFailed(f"the comparator Job {name} failed without a verdict: {detail}")
+
+    def _start_comparator(self) -> bool:
+        """Create the comparator Job; whether it was created (False: it existed). The run's
+        key Secret, which its pod mounts, is ensured beside it, in parallel: it is there
+        since the legs (a conflict, then), and a pod whose Secret is missing waits for it
+        (the kubelet retries CreateContainerConfigError)."""
+        r = self.run
+        body = pytorchjob.comparator_job(r.name, r.namespace, r.uid, self.run_spec,
+                                         self.location.uri)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            key = pool.submit(self.ensure_checkpoint_key)
+            try:
+                self.kube.create(JOBS, r.namespace, body)
+            except Conflict:
+                created = False
+            else:
+                created = True
+                log.info("%s: started the comparator Job %s", r.name, self.comparator_name)
+            key.result()
+        return created
 
     def cleanup(self) -> None:
         """Delete every job this run started (pods go with them: Background propagation).

@@ -144,6 +144,10 @@ class CachedReads:
         obj = self.cached(kind, namespace, name)
         return obj if obj is not None else self.kube.get(kind, namespace, name)
 
+    def watches(self, kind: Kind) -> bool:
+        """Whether objects of ``kind`` are watched into a cache here."""
+        return kind in self.caches
+
     def cached(self, kind: Kind, namespace: str, name: str) -> Obj | None:
         """The object as watched, or None (not watched, or not seen)."""
         cache = self.caches.get(kind)

@@ -87,8 +87,11 @@ class Operator:
         self.cache = ObjectCache()
         # The jobs it created, by the label it gives them: read by the backend every tick.
         owned = {kind: ObjectCache() for kind in job_kinds(settings.trainer)}
-        self.reconciler = Reconciler(kube, self.metrics,
-                                     EventRecorder(kube, settings.identity), cache=self.cache,
+        # Events are written by a thread of the recorder's own, never on a reconcile's path.
+        self.events = EventRecorder(
+            kube, settings.identity,
+            dropped=lambda cause: self.metrics.events_dropped.labels(cause=cause).inc())
+        self.reconciler = Reconciler(kube, self.metrics, self.events, cache=self.cache,
                                      reads=CachedReads(kube, owned),
                                      poll_seconds=settings.poll_seconds,
                                      cleanup_seconds=settings.cleanup_seconds,
@@ -137,11 +140,13 @@ class Operator:
         self._threads.append(t)
 
     def stop(self) -> None:
-        """Stop taking work, finish the reconciles in flight, release the Lease."""
+        """Stop taking work, finish the reconciles in flight, write the Events they
+        recorded, release the Lease."""
         self._stop.set()
         self.queue.shutdown()
         for t in self._threads:
             t.join(timeout=30)
+        self.events.stop()
         for w in [*self.watchers, *self.owned_watchers]:
             w.stop()
         if self.elector is not None:

@@ -18,6 +18,8 @@ RECONCILE_BUCKETS: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 )  # fmt: skip
 RESULTS: tuple[str, ...] = ("success", "requeue", "error")
+# Why an Event was not written (see events.EventRecorder).
+EVENT_DROP_CAUSES: tuple[str, ...] = ("queue-full", "write-failed")
 
 
 def build_version() -> str:
@@ -52,6 +54,14 @@ class OperatorMetrics:
             "resumequal_operator_reconcile_duration_seconds", "Time one reconcile took.",
             buckets=RECONCILE_BUCKETS, registry=registry,
         )
+        self.events_dropped = Counter(
+            "resumequal_operator_events_dropped",
+            "Events about QualificationRuns not written, by cause: queue-full (more queued "
+            "than the recorder holds), write-failed (refused, or unanswered after retries).",
+            ["cause"], registry=registry,
+        )
+        for cause in EVENT_DROP_CAUSES:
+            self.events_dropped.labels(cause=cause)
         self.leader = Gauge(
             "resumequal_operator_leader", "1 when this replica holds the leader Lease.",
             registry=registry,

@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import eventually
+
 pytestmark = pytest.mark.cluster
 
 KUBECONFIG = os.environ.get("RESUMEQUAL_CLUSTER_KUBECONFIG") or os.environ.get("KUBECONFIG")
@@ -155,9 +157,11 @@ def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
         assert node1 in reported["pod"], reported
         assert status["legs"]["preempted"]["attempts"] >= 2
         assert status["legs"]["preempted"]["restartSeconds"] > 0
-        events = client.CoreV1Api(api).list_namespaced_event(
-            NAMESPACE, field_selector=f"involvedObject.name={name}")
-        assert any(e.reason == "PreemptionInjected" for e in events.items)
+        # The operator writes Events from a thread of its own, after the status at times.
+        eventually(lambda: any(e.reason == "PreemptionInjected" for e in client.CoreV1Api(
+            api).list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}"
+                                       ).items), 30, "the PreemptionInjected Event",
+                   interval=1.0)
     finally:
         objects.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
         gone_by = time.monotonic() + 120

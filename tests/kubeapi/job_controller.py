@@ -198,7 +198,8 @@ class JobController:
         a pod whose Job is gone loses its tracking finalizer once it ended or is deleted)."""
         for uid in set(self._jobs) - live:
             del self._jobs[uid]
-        orphans = [p for p in self.store.select(self.pods_kind, None)[0]
+        # Read as stored, not copied (a controller's informer cache); _release only reads.
+        orphans = [p for p in self.store.snapshot(self.pods_kind, None, None)[0]
                    if TRACKING in (p["metadata"].get("finalizers") or [])
                    and not any(r.get("uid") in live
                                for r in p["metadata"].get("ownerReferences") or [])]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import ApiError
-from .objects import now_rfc3339, parse_rfc3339
+from .objects import clone, now_rfc3339, parse_rfc3339
 from .patch import MERGE
 from .store import Store
 
@@ -106,9 +106,11 @@ class Kubelet:
         self._pods: dict[str, _Pod] = {}
 
     def sync(self) -> None:
-        """One pass over every pod: start, stop, record, remove."""
+        """One pass over every pod: start, stop, record, remove. The pods are read as
+        stored, not copied (the kubelet's pod manager holds the informer's objects,
+        pkg/kubelet/pod/pod_manager.go): only what a container is started with is a copy."""
         now = time.monotonic()
-        live = {p["metadata"]["uid"]: p for p in self.store.select(self.kind, None)[0]}
+        live = {p["metadata"]["uid"]: p for p in self.store.snapshot(self.kind, None, None)[0]}
         for uid in [u for u in self._pods if u not in live]:
             state = self._pods[uid]
             if state.handle is None or state.handle.exit_code() is not None:
@@ -176,8 +178,8 @@ class Kubelet:
                 "reason": "CreateContainerConfigError", "message": str(e)}})]})
             return
         stamp = now_rfc3339()
-        spec = ContainerSpec(pod, [*(container.get("command") or []),
-                                   *(container.get("args") or [])], env)
+        spec = ContainerSpec(clone(pod), [*(container.get("command") or []),
+                                          *(container.get("args") or [])], env)
         state.handle = self.runtime.start(spec, self.wake)
         state.started_at = stamp
         self._patch(pod, {
@@ -214,9 +216,9 @@ class Kubelet:
         """Merge into the status of this pod (not of a new one with the same name)."""
         meta = pod["metadata"]
         with self.store.lock:
+            current = self.store.current(self.kind, meta["namespace"], meta["name"])
             try:
-                if self.store.get(self.kind, meta["namespace"], meta["name"])["metadata"][
-                        "uid"] == meta["uid"]:
+                if current is not None and current["metadata"]["uid"] == meta["uid"]:
                     self.store.patch(self.kind, meta["namespace"], meta["name"],
                                      {"status": status}, MERGE, subresource="status")
             except ApiError as e:

@@ -76,6 +76,7 @@ class Rendezvous:
             self.waiting.append(member)
             if self.members:
                 self.changed.set()  # num_nodes_waiting > 0: the running round restarts
+                self.cond.notify_all()  # its members' workers see it (Container.hold)
             if len(self.waiting) >= self.nodes:
                 self._form()
             ok = self.cond.wait_for(lambda: member in self.members or self.closed
@@ -185,6 +186,17 @@ class Container:
         joined.restart_count = self._restarts
         self._round = joined
         return joined
+
+    def hold(self, group: Round, timeout: float) -> bool:
+        """The workers of ``group`` wait (a collective that does not return) until SIGTERM
+        or until their agent restarts them (the round changed), ``timeout`` seconds at
+        most; whether one of those happened. Woken by the rendezvous, which every change
+        of a round and every signal to a member notifies, rather than by polling."""
+        if self._store is None:
+            return self.killed.wait(timeout) or group.changed.is_set()
+        with self._store.cond:
+            return self._store.cond.wait_for(
+                lambda: self.killed.is_set() or group.changed.is_set(), timeout)
 
     def exit_barrier(self, timeout: float | None = None) -> bool:
         """After its workers succeeded, wait for the other agents of the round as torchrun

@@ -140,6 +140,11 @@ class Store:
         self._objects: dict[str, dict[tuple[str, str], Obj]] = {}
         self._kinds: dict[str, Kind] = {}
         self._by_uid: dict[str, tuple[str, str, str]] = {}
+        # owner uid -> (kind key, namespace, name) of the objects whose ownerReferences name
+        # it, in the order they got that reference: the garbage collector's dependency graph
+        # (kubernetes pkg/controller/garbagecollector/graph_builder.go keeps each node's
+        # dependents from the informers' events rather than scanning every object).
+        self._owned: dict[str, dict[tuple[str, str, str], None]] = {}
         self._history: deque[WatchEvent] = deque()
         self._created: dict[str, list[Obj]] = {}
         self._validators: list[Validator] = []
@@ -191,12 +196,14 @@ class Store:
         table = self._objects.setdefault(kind.key, {})
         self._kinds.setdefault(kind.key, kind)
         key = (meta.get("namespace", ""), meta["name"])
+        before = table.get(key)
         if event == "DELETED":
             table.pop(key, None)
             self._by_uid.pop(meta["uid"], None)
         else:
             table[key] = obj
             self._by_uid[meta["uid"]] = (kind.key, *key)
+        self._index_owners((kind.key, *key), before, None if event == "DELETED" else obj)
         self._history.append(WatchEvent(self._rv, kind.key, event, obj, old))
         while len(self._history) > self._history_limit:
             self._compacted = self._history.popleft().rv
@@ -258,6 +265,14 @@ class Store:
             return obj
         return {**obj, "apiVersion": kind.api_version}
 
+    def current(self, kind: Kind, namespace: str, name: str) -> Obj | None:
+        """The stored object itself, or None: for the simulated controllers, which read
+        without copying as upstream controllers read their informers' caches (client-go
+        tools/cache: objects shared, never to be modified); they must not change it."""
+        with self.lock:
+            return self._objects.get(kind.key, {}).get(
+                (namespace if kind.namespaced else "", name))
+
     def get(self, kind: Kind, namespace: str, name: str) -> Obj:
         """A copy of one object; 404 ApiError when absent."""
         with self.lock:
@@ -275,10 +290,17 @@ class Store:
         metav1.GetControllerOf (jobset pkg/controllers/jobset_controller.go getChildJobs),
         and the training operator lists the pods labelled for the job, which are the ones
         it made and controls (pkg/controller.v1/pytorch/pytorchjob_controller.go
-        GetPodsForJob)."""
+        GetPodsForJob). The candidates come from the owner index (``_owned``), as those
+        lookups go through informer indexes, not through every object of the kind."""
         with self.lock:
             table = self._objects.get(kind.key, {})
-            items = [self._as_version(kind, obj) for (ns, _), obj in sorted(table.items())
+            if controller is None:
+                candidates = sorted(table.items())
+            else:
+                candidates = sorted((ref[1:], table[ref[1:]])
+                                    for ref in self._owned.get(controller, ())
+                                    if ref[0] == kind.key)
+            items = [self._as_version(kind, obj) for (ns, _), obj in candidates
                      if (namespace is None or not kind.namespaced or ns == namespace)
                      and (selector is None or selector.matches(obj))
                      and (controller is None or controlled_by(obj, controller))]
@@ -531,14 +553,30 @@ class Store:
         self._collect(gone["metadata"]["uid"])
         return gone
 
+    @staticmethod
+    def _owner_uids(obj: Obj | None) -> set[str]:
+        refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
+        return {str(r.get("uid")) for r in refs if r.get("uid")}
+
+    def _index_owners(self, ref: tuple[str, str, str], before: Obj | None,
+                      after: Obj | None) -> None:
+        """Keep ``_owned`` current as ``ref`` goes from ``before`` to ``after`` (None:
+        absent)."""
+        was, now = self._owner_uids(before), self._owner_uids(after)
+        for uid in was - now:
+            dependents = self._owned.get(uid)
+            if dependents is not None:
+                dependents.pop(ref, None)
+                if not dependents:
+                    del self._owned[uid]
+        for uid in now - was:
+            self._owned.setdefault(uid, {})[ref] = None
+
     def _dependents(self, uid: str) -> list[tuple[str, str, str]]:
-        found = []
-        for key, table in self._objects.items():
-            for (ns, name), obj in table.items():
-                refs = obj["metadata"].get("ownerReferences") or []
-                if any(ref.get("uid") == uid for ref in refs):
-                    found.append((key, ns, name))
-        return found
+        """The objects whose ownerReferences name ``uid``, kind by kind in the order the
+        kinds were first stored, each kind's in the order they got the reference."""
+        order = {key: i for i, key in enumerate(self._objects)}
+        return sorted(self._owned.get(uid, ()), key=lambda ref: order[ref[0]])
 
     def _set_owner_refs(self, key: str, ns: str, name: str, refs: list[Any]) -> None:
         old = self._objects[key][(ns, name)]

@@ -110,6 +110,9 @@ CRDS = (crd(TRAINER_GROUP, "TrainJob", "trainjobs"),
         crd(JOBSET_GROUP, "JobSet", "jobsets"))
 
 
+WEBHOOK_KINDS = ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime", "JobSet")
+
+
 def _models() -> dict[str, type[BaseModel]]:
     from kubeflow_trainer_api import models as m
 
@@ -154,9 +157,12 @@ def _unknown_in(annotation: Any, value: Any, path: str) -> list[str]:
 def webhook(obj: Obj) -> str | None:
     """The trainer's and jobset's validating webhooks (module docstring): a message or None."""
     kind = obj.get("kind")
-    model = _models().get(str(kind))
-    if model is None:
+    # Called for these kinds only, as the webhooks' configurations name them (rules of the
+    # trainer's and JobSet's ValidatingWebhookConfigurations): other objects do not load
+    # the generated models (seconds of import, the emulator stalled meanwhile).
+    if kind not in WEBHOOK_KINDS:
         return None
+    model = _models()[str(kind)]
     name = (obj.get("metadata") or {}).get("name", "")
     unknown = unknown_fields(model, obj)
     if unknown:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,11 @@ def run_manifest(name: str, store: dict[str, str], namespace: str = NAMESPACE,
             "metadata": {"name": name, "namespace": namespace}, "spec": body}
 
 
+# The replicas started in this process and not stopped yet, whose Events ``events`` waits
+# for (a replica's recorder writes them from a thread of its own).
+_RUNNING: weakref.WeakSet[Operator] = weakref.WeakSet()
+
+
 class Operators:
     """Starts operator replicas against the emulator; stops them all at the end.
     ``endpoints``: the store endpoints the replicas' allowlist admits (the test's moto)."""
@@ -97,12 +103,14 @@ class Operators:
         op = Operator(kube, settings, CollectorRegistry())
         op.start()
         self.started.append((op, kube))
+        _RUNNING.add(op)
         return op
 
     def stop(self, op: Operator) -> None:
         for i, (o, kube) in enumerate(self.started):
             if o is op:
-                o.stop()
+                o.stop()  # writes the Events it recorded
+                _RUNNING.discard(o)
                 kube.close()
                 del self.started[i]
                 return
@@ -160,8 +168,20 @@ def write_kubeconfig(api: KubeAPI, path: Path, namespace: str = NAMESPACE) -> Pa
     return path
 
 
+def flush_events(timeout: float = 10.0) -> None:
+    """Wait until every replica running here has written the Events it recorded so far:
+    a reconcile queues its Events before it writes the status, so those of every phase a
+    test has seen are then in the API server."""
+    for op in list(_RUNNING):
+        assert op.events.flush(timeout), (
+            f"{op.settings.identity}: {op.events.pending} Event(s) still unwritten after "
+            f"{timeout:g}s")
+
+
 def events(api: KubeAPI, name: str) -> list[tuple[str, str, str]]:
-    """(reason, type, message) of the Events about run ``name``, oldest first."""
+    """(reason, type, message) of the Events about run ``name``, oldest first, once every
+    replica running here has written the Events it recorded (``flush_events``)."""
+    flush_events()
     found = sorted(api.list("events", NAMESPACE),
                    key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [(e["reason"], e["type"], e["message"]) for e in found

@@ -7,13 +7,21 @@ import time
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS
 from tests.kubeapi import KubeAPI
-from tests.operator.harness import NAMESPACE, Operators, condition, run_manifest, wait_phase
+from tests.operator.harness import (
+    NAMESPACE,
+    Operators,
+    condition,
+    flush_events,
+    run_manifest,
+    wait_phase,
+)
 from tests.s3server import free_port
 
 BOUND_S = 2.0  # timeouts.backendErrorSeconds of these runs
 
 
 def _events(api: KubeAPI, run: str) -> list[tuple[str, str]]:
+    flush_events()
     return [(e["reason"], e["message"]) for e in api.list("events", NAMESPACE)
             if e["involvedObject"]["name"] == run]
 

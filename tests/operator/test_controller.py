@@ -12,6 +12,7 @@ from tests.operator.harness import (
     Admission,
     Operators,
     condition,
+    events,
     qr,
     run_manifest,
     wait_phase,
@@ -40,9 +41,7 @@ def test_an_invalid_spec_fails_naming_the_field_while_a_valid_run_proceeds(
     assert bad["status"]["verdict"]["result"] == "INVALID"
     assert "spec.preemption.step" in bad["status"]["verdict"]["reason"]
     assert _jobs(api, "bad") == []  # nothing started for it
-    reasons = [e["reason"] for e in api.list("events", NAMESPACE)
-               if e["involvedObject"]["name"] == "bad"]
-    assert reasons == ["InvalidSpec"]
+    assert [reason for reason, _, _ in events(api, "bad")] == ["InvalidSpec"]
 
     good = wait_phase(api, "good", "LegsRunning")
     assert condition(good, "Ready")["status"] == "Unknown"
@@ -241,6 +240,5 @@ def test_a_started_run_keeps_the_spec_it_started_with(
     assert obj["status"]["phase"] == "LegsRunning"
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"] == 2
     assert "timeouts" not in obj["status"]["machine"]["runSpec"]  # the spec it started with
-    reasons = [e["reason"] for e in api.list("events", NAMESPACE)
-               if e["involvedObject"]["name"] == "pinned"]
+    reasons = [reason for reason, _, _ in events(api, "pinned")]
     assert reasons.count("SpecChangeIgnored") == 1

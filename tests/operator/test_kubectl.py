@@ -24,7 +24,14 @@ import yaml
 from resumequal.verdict import Result
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import SimulatedTrainingOperator
-from tests.operator.harness import NAMESPACE, Operators, run_manifest, wait_phase, write_kubeconfig
+from tests.operator.harness import (
+    NAMESPACE,
+    Operators,
+    flush_events,
+    run_manifest,
+    wait_phase,
+    write_kubeconfig,
+)
 from tests.tools import require
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qualificationrun.yaml"
@@ -195,6 +202,7 @@ def test_get_and_watch_follow_a_run_then_describe_and_delete(
     wide = words(kubectl("get", "qr", "nightly", "-o", "wide").stdout)
     assert wide[0] == HEADER
 
+    flush_events()  # the replica's recorder writes the Events from a thread of its own
     described = kubectl("describe", "qr", "nightly").stdout
     assert "Nproc Per Node:" in described and "First Divergence Summary:" in described
     assert "Launched At:" in described  # the machine's state, camelCase too

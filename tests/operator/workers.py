@@ -96,9 +96,10 @@ class Workers:
             return self._locations[uri]
 
     def run_rank(self, uri: str, leg: str, rank: int, attempt: int, pod: str,
-                 stopped: Callable[[], bool]) -> bool:
+                 stopped: Callable[[float], bool]) -> bool:
         """One rank's workers for one group attempt; True when they finished, False when
-        they stopped (SIGTERM, or the elastic agent restarts the group)."""
+        they stopped (SIGTERM, or the elastic agent restarts the group). ``stopped(t)``
+        waits up to ``t`` seconds for that stop and says whether it came (0: at once)."""
         loc = self.location(uri)
         leg_file = loc.read_leg_spec(leg)
         assert leg_file is not None, f"{uri}: no legs/{leg}.spec.json (the operator writes it)"
@@ -109,7 +110,7 @@ class Workers:
         first = 1
         if attempt > 0:
             if not self.resume:
-                _hold(stopped, self.hold_timeout)
+                stopped(self.hold_timeout)
                 return False
             every = spec.checkpoint.every_steps or 1
             first = (p.step - 1) // every * every + 1
@@ -127,10 +128,9 @@ class Workers:
                 leg_files = loc.leg(leg)
                 loc.store.put_bytes(leg_files.beacon_key(rank, 0), json.dumps(beacon).encode())
             # Every rank is stuck at the cut: the armed one holds, the others wait for it.
-            _hold(stopped, self.hold_timeout)
+            stopped(self.hold_timeout)
             return False
-        _hold(stopped, self.finish_seconds.get(rank, 0.0))
-        if stopped():
+        if stopped(self.finish_seconds.get(rank, 0.0)):
             return False
         # As `resumequal leg` does once its trace is closed and its last checkpoint committed.
         loc.leg(leg).mark_rank_done(rank, attempt, steps)
@@ -174,15 +174,10 @@ class Workers:
                 return SIGTERM_EXIT if container.killed.is_set() else 1
             done = self.run_rank(uri, leg, container.index * nproc, group.number,
                                  container.pod_name,
-                                 lambda g=group: g.changed.is_set() or container.killed.is_set())
+                                 lambda t, g=group: container.hold(g, t))
             if done:
                 container.exit_barrier()
                 return 0
             if container.killed.is_set():
                 return SIGTERM_EXIT
 
-
-def _hold(stopped: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not stopped() and time.monotonic() < deadline:
-        time.sleep(0.02)

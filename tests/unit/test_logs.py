@@ -174,6 +174,8 @@ def test_events_carry_no_userinfo() -> None:
 
     obj = {"apiVersion": "resumequal.dev/v1alpha1", "kind": "QualificationRun",
            "metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
-    EventRecorder(Kube(), "op-0").record(  # type: ignore[arg-type]
-        obj, "BackendError", "cannot reach http://user:s3cr3t@minio:9000", warning=True)
+    recorder = EventRecorder(Kube(), "op-0")  # type: ignore[arg-type]
+    recorder.record(obj, "BackendError", "cannot reach http://user:s3cr3t@minio:9000",
+                    warning=True)
+    recorder.stop()  # writes what is queued
     assert created[0]["message"] == "cannot reach http://***@minio:9000"
