@@ -142,8 +142,9 @@ class Store:
         self._by_uid: dict[str, tuple[str, str, str]] = {}
         # owner uid -> (kind key, namespace, name) of the objects whose ownerReferences name
         # it, in the order they got that reference: the garbage collector's dependency graph
-        # (kubernetes pkg/controller/garbagecollector/graph_builder.go keeps each node's
-        # dependents from the informers' events rather than scanning every object).
+        # (kubernetes pkg/controller/garbagecollector: graph.go's node.dependents, kept by
+        # graph_builder.go's processGraphChanges from the informers' events, never found by
+        # scanning every object).
         self._owned: dict[str, dict[tuple[str, str, str], None]] = {}
         self._history: deque[WatchEvent] = deque()
         self._created: dict[str, list[Obj]] = {}
@@ -277,6 +278,14 @@ class Store:
         """A copy of one object; 404 ApiError when absent."""
         with self.lock:
             return clone(self._as_version(kind, self._get(kind, namespace, name)))
+
+    def with_uids(self, kind: Kind, uids: Iterable[str]) -> list[Obj]:
+        """Copies of the objects of ``kind`` with these uids that exist, in the order a list
+        gives them (namespace, name): what a controller reconciles of the keys it queued."""
+        with self.lock:
+            refs = sorted(ref for ref in map(self._by_uid.get, uids)
+                          if ref is not None and ref[0] == kind.key)
+            return [self.get(kind, ns, name) for _, ns, name in refs]
 
     def select(self, kind: Kind, namespace: str | None, selector: Selector | None = None,
                *, controller: str | None = None) -> tuple[list[Obj], int]:

@@ -145,7 +145,8 @@ class SimulatedTrainingOperator:
         dirty, self._retry = dirty | self._retry, set()
         # Only those with news are read (copies, as the reconcile may keep them): a
         # controller-runtime reconcile gets one key from its queue, not a list of all.
-        jobs = self.api.list(PTJ_KIND) if relist else self._by_uid(PTJ_KIND, dirty)
+        jobs = (self.api.list(PTJ_KIND) if relist
+                else self.api.store.with_uids(self.api.kind(PTJ_KIND), dirty))
         for job in jobs:
             if relist or job["metadata"]["uid"] in dirty:
                 self._guarded(self.pytorchjobs.reconcile, job)
@@ -161,16 +162,6 @@ class SimulatedTrainingOperator:
             self._guarded(self.jobs.reconcile, job)
         self.jobs.forget({j["metadata"]["uid"] for j in jobs})
         self.kubelet.sync()
-
-    def _by_uid(self, kind: str, uids: set[str]) -> list[Obj]:
-        """Copies of the objects of ``kind`` with these uids that still exist, in the order
-        a list gives them (namespace, name)."""
-        store, key = self.api.store, self.api.kind(kind).key
-        with store.lock:
-            refs = sorted(ref for ref in (store._by_uid.get(uid) for uid in uids)
-                          if ref is not None and ref[0] == key)
-            found = (self.api.get(kind, ns, name) for _, ns, name in refs)
-            return [obj for obj in found if obj is not None]
 
     def _serves(self, kind: str) -> bool:
         try:
