@@ -9,7 +9,10 @@ tests' simulated workers writing traces, beacons and verdicts into a ``file://``
 
 Printed: reconcile latency percentiles (from the operator's own
 ``resumequal_operator_reconcile_duration_seconds`` histogram, interpolated within buckets as
-``histogram_quantile`` does), apply-to-verdict latency percentiles, reconciles per second,
+``histogram_quantile`` does), how long runs waited in the operator's work queue before a
+reconcile (``resumequal_operator_queue_wait_seconds``: changes and requeues at normal
+priority, listings and resyncs at low), apply-to-verdict latency percentiles, reconciles
+per second,
 the operator process's peak resident memory (VmHWM), and the API requests the operator
 made (per reconcile; Events, which its recorder writes apart from the reconciles, GETs of
 a QualificationRun and status writes counted apart).
@@ -22,7 +25,8 @@ resyncing them), so it ends holding all of them. ``--held N`` runs the same load
 one go, first alone, then with N more runs already finished when the operator starts (as
 after a restart of an operator that has held them for weeks: the status a finished run
 keeps, its verdict.json in the store), and prints the ratios of the second to the first:
-reconcile p99 and peak memory with ``runs + N`` held against ``runs``.
+reconcile p99, peak memory and the queue wait p99 of changes with ``runs + N`` held
+against ``runs``.
 """
 
 from __future__ import annotations
@@ -78,10 +82,13 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def histogram_quantile(q: float, metrics: dict[str, float], family: str) -> float:
-    """Prometheus' histogram_quantile over one unlabelled histogram family."""
-    buckets = sorted((float(k.split('le="')[1].rstrip('"}')), v) for k, v in metrics.items()
-                     if k.startswith(f"{family}_bucket{{"))
+def histogram_quantile(q: float, metrics: dict[str, float], family: str,
+                       labels: str = "") -> float:
+    """Prometheus' histogram_quantile over one histogram family (the series whose labels
+    after ``le`` are ``labels``, e.g. ``,priority="normal"``)."""
+    buckets = sorted((float(k.split('le="')[1].split('"')[0]), v)
+                     for k, v in metrics.items()
+                     if k.startswith(f"{family}_bucket{{le=") and k.endswith(f'"{labels}}}'))
     total = buckets[-1][1]
     rank = q * total
     lower_bound, lower_count = 0.0, 0.0
@@ -178,7 +185,9 @@ def main() -> None:
         print(f"held {args.runs + args.held} / {args.runs}: reconcile p99 "
               f"{second['p99'] / first['p99']:.2f}x ({second['p99'] * 1000:.1f}ms / "
               f"{first['p99'] * 1000:.1f}ms), peak RSS {second['rss'] / first['rss']:.2f}x "
-              f"({second['rss']:.0f} / {first['rss']:.0f} MiB)")
+              f"({second['rss']:.0f} / {first['rss']:.0f} MiB), queue wait p99 of changes "
+              f"{second['wait_p99'] / first['wait_p99']:.2f}x ({second['wait_p99'] * 1000:.0f}"
+              f"ms / {first['wait_p99'] * 1000:.0f}ms)")
 
 
 def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
@@ -267,6 +276,19 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
     print("reconcile latency:  " + "  ".join(
         f"p{round(q * 100)} {histogram_quantile(q, metrics, family) * 1000:.1f}ms"
         for q in (0.5, 0.9, 0.99)) + f"  (mean {mean_ms:.1f}ms)")
+    # What a change waits for a worker before its reconcile starts: with the reconcile,
+    # how late the operator acts on it (a kill is delivered, a leg launched). Listings and
+    # resyncs (low priority) wait behind changes.
+    waits = "resumequal_operator_queue_wait_seconds"
+    for priority in ("normal", "low"):
+        labels = f',priority="{priority}"'
+        count = metrics.get(f"{waits}_count{{{labels[1:]}}}", 0)
+        total = metrics.get(f"{waits}_sum{{{labels[1:]}}}", 0)
+        if count:
+            print(f"queue wait, {priority + ':':8s}" + "  ".join(
+                f"p{round(q * 100)} {histogram_quantile(q, metrics, waits, labels) * 1000:.1f}ms"
+                for q in (0.5, 0.9, 0.99)) + f"  (mean {total / count * 1000:.1f}ms, "
+                f"{count:.0f} keys)")
     print(f"apply to verdict:   {percentiles(verdicts)}")
     # Wall time in a reconcile is its CPU plus waiting: on the API (served by this
     # process, which also plays the training operator and every pod) and for a core.
@@ -287,7 +309,8 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
           f"status writes {len(status_writes)} ({held_writes} of runs held finished)")
     for name in failed[:5]:
         print(f"not Succeeded: {name}: {finished[name][1]}")
-    return {"p99": histogram_quantile(0.99, metrics, family), "rss": rss}
+    return {"p99": histogram_quantile(0.99, metrics, family), "rss": rss,
+            "wait_p99": histogram_quantile(0.99, metrics, waits, ',priority="normal"')}
 
 
 if __name__ == "__main__":

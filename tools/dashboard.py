@@ -305,14 +305,24 @@ def _operator() -> Section:
                 span=8,
             ),
             _series(
-                "Reconcile duration p95, leader",
-                "95th percentile reconcile time, and which replica leads.",
+                "Reconcile duration and queue wait p95, leader",
+                "95th percentile reconcile time; how long a changed run waited for a worker "
+                "before it (the two add up to how late the operator acts on a change; "
+                "listings and resyncs, at low priority, are not counted); and which replica "
+                "leads.",
                 [
                     _query(
                         "histogram_quantile(0.95, sum by (le, pod) (rate("
                         "resumequal_operator_reconcile_duration_seconds_bucket"
                         "[$__rate_interval])))",
                         "p95 · {{pod}}",
+                    ),
+                    _query(
+                        "histogram_quantile(0.95, sum by (le, pod) (rate("
+                        'resumequal_operator_queue_wait_seconds_bucket{priority="normal"}'
+                        "[$__rate_interval])))",
+                        "queue wait p95 · {{pod}}",
+                        "C",
                     ),
                     _query("resumequal_operator_leader", "leader · {{pod}}", "B"),
                 ],

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -115,8 +116,12 @@ class KubernetesBackend:
     def __init__(self, kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
                  spec: QualificationSpec, plan: Plan, location: RunLocation, *,
                  reads: CachedReads | None = None, legs: LegJobs | None = None,
-                 kinds: tuple[Kind, ...] = job_kinds(None)) -> None:
+                 kinds: tuple[Kind, ...] = job_kinds(None),
+                 store_ready: Callable[[], object] | None = None) -> None:
         self.kube, self.run, self.run_spec = kube, run, run_spec
+        # Called before the first write to the store: a new run's finalizer is added while
+        # its key Secret is created, and its cleanup must cover whatever is stored.
+        self.store_ready = store_ready
         self.legs: LegJobs = legs or PyTorchJobLegs()
         self.kinds = kinds  # every kind of job a run can own here (cleanup lists them)
         # The legs' and the comparator's jobs as watched (a GET when not cached).
@@ -149,29 +154,49 @@ class KubernetesBackend:
         log.info("%s/%s: created the checkpoint key Secret %s", r.namespace, r.name,
                  body["metadata"]["name"])
 
-    def launch_leg(self, plan: LegPlan) -> None:
-        if self._prepared:
-            self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-        else:
-            # The key Secret's POST goes while the store is written: neither needs the
-            # other, and both are done before the job whose pods read them is created.
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                key = pool.submit(self.ensure_checkpoint_key)
-                self.location.write_spec(self.spec)
-                self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-                key.result()
+    def launch_legs(self, plans: Sequence[LegPlan]) -> None:
+        """Create the jobs of ``plans``, side by side; a 409 is a leg launched before.
+
+        Before any job: the run's spec and these legs' specs are in the store and its key
+        Secret exists (its POST goes while the store is written: neither needs the other)."""
+        if not plans:
+            return
+        with ThreadPoolExecutor(max_workers=len(plans) + 1) as pool:
+            key = None if self._prepared else pool.submit(self.ensure_checkpoint_key)
+            try:
+                if self.store_ready is not None:
+                    self.store_ready()
+                writes = [pool.submit(self.location.write_leg_spec, p.name, p.spec, p.omit)
+                          for p in plans]
+                if not self._prepared:
+                    self.location.write_spec(self.spec)
+                for w in writes:
+                    w.result()
+            finally:
+                if key is not None:
+                    key.result()
             self._prepared = True
+        if len(plans) == 1:
+            self._create_leg(plans[0])
+            return
+        # One request's latency rather than one per leg (side by side: the control leg and
+        # the preempted one start together).
+        with ThreadPoolExecutor(max_workers=len(plans)) as pool:
+            futures = [pool.submit(self._create_leg, plan) for plan in plans]
+        for future in futures:
+            future.result()
+
+    def _create_leg(self, plan: LegPlan) -> None:
         r, label = self.run, self.legs.label
         body = self.legs.manifest(r.name, r.namespace, r.uid, self.run_spec, plan,
                                   self.location.uri)
         try:
-            self.kube.create(self.legs.kind, self.run.namespace, body)
+            self.kube.create(self.legs.kind, r.namespace, body)
         except Conflict:
-            log.debug("%s: %s %s exists already", self.run.name, label,
-                      self.job_name(plan.name))
+            log.debug("%s: %s %s exists already", r.name, label, self.job_name(plan.name))
             return
-        log.info("%s/%s: launched the %s leg (%s %s)", self.run.namespace,
-                 self.run.name, plan.name, label, self.job_name(plan.name))
+        log.info("%s/%s: launched the %s leg (%s %s)", r.namespace, r.name, plan.name, label,
+                 self.job_name(plan.name))
 
     def observe_leg(self, leg: str) -> LegObservation:
         """A leg is done when every rank has marked it done in the store: an elastic

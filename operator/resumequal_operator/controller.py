@@ -24,6 +24,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -94,6 +95,15 @@ class _Run:
     raw: dict[str, Any]  # the spec it runs: pinned, or the object's with its backend filled
 
 
+def _in_background(fn: Callable[[Obj], Obj], obj: Obj) -> Future[Obj]:
+    """``fn(obj)`` on a thread of its own, which ends with it."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finalizer")
+    try:
+        return pool.submit(fn, obj)
+    finally:
+        pool.shutdown(wait=False)
+
+
 class Reconciler:
     """Reconciles QualificationRuns by key (``namespace/name``); safe for one key per thread."""
 
@@ -135,8 +145,20 @@ class Reconciler:
         if meta.get("deletionTimestamp"):
             self._finalize(key, obj)
             return None
+        adding: Future[Obj] | None = None
         if FINALIZER not in (meta.get("finalizers") or []):
-            obj = self._add_finalizer(obj)
+            if read_status(obj) is None:
+                # A new run, nothing of it stored yet: its finalizer goes on while it starts
+                # (its key Secret is created meanwhile); whatever writes the object, or the
+                # store, waits for it first.
+                adding = _in_background(self._add_finalizer, obj)
+            else:
+                obj = self._add_finalizer(obj)
+
+        def finalized() -> Obj:
+            """The object as it is with the finalizer on (the PATCH's answer)."""
+            return obj if adding is None else adding.result()
+
         previous = read_status(obj)
         generation = meta.get("generation")
         pinned = pinned_spec(previous)
@@ -146,10 +168,10 @@ class Reconciler:
         try:
             spec = parse_run_spec(raw)
         except RunSpecError as e:
-            self._invalid(obj, previous, generation, str(e))
+            self._invalid(finalized(), previous, generation, str(e))
             return None
         if spec.backend == "trainjob" and self.trainer is None:
-            self._invalid(obj, previous, generation, (
+            self._invalid(finalized(), previous, generation, (
                 "spec.backend: trainjob: this operator does not run TrainJobs (enable it "
                 "with the chart value trainjob.enabled, which installs the runtime legs "
                 "need)"), reason=NOT_ALLOWED)
@@ -161,7 +183,7 @@ class Reconciler:
             # under it keeps its status (its metrics wait: they would read the store).
             machine = machine_of(previous)
             if machine is not None and machine.done:
-                self._settle(obj)
+                self._settle(finalized())
                 return None
             message = "\n".join(map(str, refused))
             if machine is not None:
@@ -172,7 +194,7 @@ class Reconciler:
                     Phase.FAILED, Reason.INVALID, message
                 machine.history.append(PhaseEvent(phase=Phase.FAILED.value, at=self.clock(),
                                                   reason=Reason.INVALID, message=message))
-            self._invalid(obj, previous, generation, message, reason=NOT_ALLOWED,
+            self._invalid(finalized(), previous, generation, message, reason=NOT_ALLOWED,
                           machine=None if machine is None else stored_machine(
                               machine, pinned if pinned is not None else obj["spec"]))
             return None
@@ -187,7 +209,8 @@ class Reconciler:
                 "change; create a new QualificationRun to qualify another spec"),
                 warning=True)
         run = self._run(obj, spec, pinned, raw)
-        return self._drive(key, run, previous, generation)
+        return self._drive(key, run, previous, generation,
+                           finalized=finalized if adding is not None else None)
 
     def _with_backend(self, raw: Any) -> Any:
         """A new run's spec with its backend (the operator's default when unset): part of
@@ -216,7 +239,11 @@ class Reconciler:
             return location
 
     def _drive(self, key: str, run: _Run, previous: QualificationRunStatus | None,
-               generation: int | None) -> float | None:
+               generation: int | None, *,
+               finalized: Callable[[], Obj] | None = None) -> float | None:
+        """One tick of the run's machine and its status written; with ``finalized``, a new
+        run's finalizer PATCH in flight, waited for before the store or the object is
+        written (its answer is the object the status is written on)."""
         plan = qualification_plan(run.qspec)
         machine = machine_of(previous)
         if machine is not None and machine.done:
@@ -230,7 +257,7 @@ class Reconciler:
                                     self._location(run), reads=self.reads,
                                     legs=leg_jobs(run.spec.backend or self.default_backend,
                                                   self.trainer),
-                                    kinds=self.kinds)
+                                    kinds=self.kinds, store_ready=finalized)
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
                           clock=self.clock)
         seen = len(q.status.history)
@@ -243,6 +270,8 @@ class Reconciler:
             q.fail(Reason.ERROR, str(e))
         except ResumequalError as e:  # API or store trouble: write progress, then retry
             error = e
+        if finalized is not None:
+            run.obj = finalized()  # its error, if it failed, is this reconcile's
         self._announce(run, plan, q.status, seen, killed, backend.notices)
         streak = q.status.errors
         if streak is not None and streak.message != prior_error:

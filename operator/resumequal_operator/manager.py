@@ -4,7 +4,9 @@ Every replica watches into its :class:`~.cache.ObjectCache`, which reconciles re
 (so a standby's cache is warm), but only the leader's workers take keys from the queue; a
 replica that becomes leader enqueues every run it knows. Runs that are not finished are
 looked at again every ``poll_seconds`` (progress lives in the store, which sends no
-events), every run every ``resync_seconds``.
+events), every run every ``resync_seconds``. A concluded run that a listing, a resync or a
+new leadership enqueues waits behind every change and requeue (low priority, see
+:mod:`.workqueue`); one in flight or being deleted does not.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class Operator:
         self.kube, self.settings = kube, settings
         self.registry = registry or CollectorRegistry()
         self.metrics = OperatorMetrics(self.registry)
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(on_wait=self.metrics.queue_waited)
         self.metrics.watch_queue(lambda: len(self.queue))
         self.cache = ObjectCache()
         # The jobs it created, by the label it gives them: read by the backend every tick.
@@ -99,7 +101,8 @@ class Operator:
                                      default_backend=settings.default_backend,
                                      trainer=settings.trainer)
         namespaces: Sequence[str | None] = settings.namespaces or (None,)
-        self.watchers = [Watcher(kube, ns, self.queue.add, cache=self.cache,
+        self.watchers = [Watcher(kube, ns, self.queue.add, enqueue_low=self._enqueue_known,
+                                 cache=self.cache,
                                  timeout_seconds=settings.watch_timeout_seconds)
                          for ns in namespaces]
         managed = f"{pytorchjob.MANAGED_BY}={pytorchjob.OPERATOR}"
@@ -174,9 +177,19 @@ class Operator:
             self._leading.set()
             for w in self.watchers:
                 for key in w.runs():
-                    self.queue.add(key)
+                    self._enqueue_known(key)
         else:
             self._leading.clear()
+
+    def _enqueue_known(self, key: str) -> None:
+        """A run a listing, a resync or a new leadership brings, not a change: behind the
+        changes if it has concluded; as a change if not (a poll, a kill, a deletion may be
+        due, and the requeues that would bring them live in another replica or process)."""
+        obj = self.cache.get(key)
+        meta, status = (obj or {}).get("metadata") or {}, (obj or {}).get("status") or {}
+        concluded = obj is not None and not meta.get("deletionTimestamp") and \
+            status.get("phase") in ("Succeeded", "Failed")
+        self.queue.add(key, low=concluded)
 
     def _healthy(self) -> str | None:
         dead = [w.where for w in [*self.watchers, *self.owned_watchers] if not w.alive]
@@ -242,4 +255,4 @@ class Operator:
                 continue
             for w in self.watchers:
                 for key in w.runs():
-                    self.queue.add(key)
+                    self._enqueue_known(key)

@@ -18,6 +18,7 @@ RECONCILE_BUCKETS: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 )  # fmt: skip
 RESULTS: tuple[str, ...] = ("success", "requeue", "error")
+PRIORITIES: tuple[str, ...] = ("normal", "low")  # of a key in the work queue
 # Why an Event was not written (see events.EventRecorder).
 EVENT_DROP_CAUSES: tuple[str, ...] = ("queue-full", "write-failed")
 
@@ -54,6 +55,15 @@ class OperatorMetrics:
             "resumequal_operator_reconcile_duration_seconds", "Time one reconcile took.",
             buckets=RECONCILE_BUCKETS, registry=registry,
         )
+        self.queue_wait = Histogram(
+            "resumequal_operator_queue_wait_seconds",
+            "Time a QualificationRun waited in the work queue for a worker: from the change "
+            "that queued it (or its requeue coming due) to its reconcile starting; by "
+            "priority: normal (a change, a requeue) or low (a listing's, a resync's).",
+            ["priority"], buckets=RECONCILE_BUCKETS, registry=registry,
+        )
+        for priority in PRIORITIES:
+            self.queue_wait.labels(priority=priority)
         self.events_dropped = Counter(
             "resumequal_operator_events_dropped",
             "Events about QualificationRuns not written, by cause: queue-full (more queued "
@@ -71,6 +81,10 @@ class OperatorMetrics:
             ["version"], registry=registry,
         )
         self.build_info.labels(version=build_version()).set(1)
+
+    def queue_waited(self, seconds: float, low: bool) -> None:
+        """A key waited ``seconds`` in the work queue (``low``: at low priority)."""
+        self.queue_wait.labels(priority="low" if low else "normal").observe(seconds)
 
     def watch_queue(self, depth: Callable[[], int]) -> None:
         self.queue_depth.set_function(lambda: float(depth()))

@@ -6,8 +6,10 @@ A watcher lists (which gives a resourceVersion), puts every run into its
 version, each event updating the cache. When the server says 410 Gone (the version was
 compacted away) it lists again and enqueues every run, including those that disappeared
 meanwhile, so their metrics and store references are dropped (see :mod:`.cache` for why
-the cache stays correct). A status-only change does not enqueue (the operator wrote it;
-its own requeue follows the run), so status writes do not feed back into reconciles.
+the cache stays correct). What a listing shows unchanged (everything, the first time) goes
+at low priority (``enqueue_low``): behind the changes. A status-only change does not
+enqueue (the operator wrote it; its own requeue follows the run), so status writes do not
+feed back into reconciles.
 
 The same watcher, given another kind and a label selector, keeps the PyTorchJobs and Jobs
 the operator created in caches of their own, enqueuing nothing: the backend reads them
@@ -29,6 +31,10 @@ from resumequal_operator.kube import QUALIFICATION_RUNS, Gone, Kind, Kube, Obj
 log = logging.getLogger(__name__)
 
 
+def _version(obj: Obj | None) -> str | None:
+    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
+
+
 def _trigger(obj: Obj) -> tuple[Any, ...]:
     """What a reconcile must see change: not the status, which the operator writes."""
     m = obj.get("metadata") or {}
@@ -43,10 +49,13 @@ class Watcher:
 
     def __init__(self, kube: Kube, namespace: str | None,
                  enqueue: Callable[[str], None] | None, *, cache: ObjectCache,
+                 enqueue_low: Callable[[str], None] | None = None,
                  kind: Kind = QUALIFICATION_RUNS, labels: str | None = None,
                  timeout_seconds: int = 60, retry_seconds: float = 1.0) -> None:
         self.kube, self.namespace = kube, namespace
         self.enqueue: Callable[[str], None] = enqueue or (lambda key: None)
+        # A listing's runs that it shows unchanged (all of the first one): behind changes.
+        self.enqueue_low: Callable[[str], None] = enqueue_low or self.enqueue
         self.cache, self.kind, self.labels = cache, kind, labels
         self.timeout_seconds, self.retry_seconds = timeout_seconds, retry_seconds
         self.synced = threading.Event()
@@ -113,10 +122,22 @@ class Watcher:
     def _list(self) -> str:
         listing = self.kube.list(self.kind, self.namespace, labels=self.labels)
         items = listing.get("items") or []
+        first = not self.synced.is_set()
+        # What the cache held before: a relist (after a 410) enqueues what changed or went
+        # meanwhile as a watch event would, the rest at low priority.
+        held = {} if first else {key_of(o): _version(self.cache.get(key_of(o)))
+                                 for o in items}
         gone = self.cache.replace(self.namespace, items)
-        if self.synced.is_set():
+        if not first:
             self.relists += 1
-        for key in [*map(key_of, items), *gone]:
+        for obj in items:
+            key = key_of(obj)
+            before = held.get(key)  # None: not held (new since the watch broke)
+            if first or (before is not None and before == _version(obj)):
+                self.enqueue_low(key)
+            else:
+                self.enqueue(key)
+        for key in gone:
             self.enqueue(key)
         self.synced.set()
         log.info("listed %d %s in %s", len(items), self.kind.plural,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -124,8 +124,9 @@ class LegObservation(BaseModel):
 class Backend(Protocol):
     """Where legs run: torchrun processes on this machine, or PyTorchJobs on a cluster."""
 
-    def launch_leg(self, plan: LegPlan) -> None:
-        """Start a leg with its own spec; must be idempotent for a leg already started."""
+    def launch_legs(self, plans: Sequence[LegPlan]) -> None:
+        """Start these legs, each with its own spec; must be idempotent for a leg already
+        started."""
 
     def observe_leg(self, leg: str) -> LegObservation:
         """The leg's current state, progress and attempts."""
@@ -391,13 +392,14 @@ class Qualification:
         running = [p for p in self.plan.legs
                    if s.legs[p.name].launched_at is not None and s.legs[p.name].finished_at is None]
         limit = 2 if self.side_by_side else 1
-        for plan in self.plan.legs:
-            if len(running) >= limit:
-                return
-            if s.legs[plan.name].launched_at is None:
-                self.backend.launch_leg(plan)
-                s.legs[plan.name].launched_at = self.clock()
-                running.append(plan)
+        waiting = [p for p in self.plan.legs if s.legs[p.name].launched_at is None]
+        starting = waiting[:max(limit - len(running), 0)]
+        if not starting:
+            return
+        self.backend.launch_legs(starting)
+        now = self.clock()
+        for plan in starting:
+            s.legs[plan.name].launched_at = now
 
     def _entered(self, phase: Phase) -> float | None:
         """When the machine last entered ``phase``, from its history."""

@@ -126,6 +126,7 @@ OPERATOR_FAMILIES = {
     "resumequal_operator_reconcile_errors_total",
     "resumequal_operator_queue_depth",
     "resumequal_operator_reconcile_duration_seconds",
+    "resumequal_operator_queue_wait_seconds",
     "resumequal_operator_events_dropped_total",
     "resumequal_operator_leader",
     "resumequal_operator_build_info",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -145,10 +145,11 @@ class KubeAPI:
 
         return [k for crd in CRDS for k in self.register_crd(crd)]
 
-    def add_validator(self, fn: Validator) -> None:
-        """Admission: ``fn(obj)`` sees every object about to be stored (create, update, patch,
-        status); raising or returning a non-empty message rejects the write with 422."""
-        self.store.add_validator(fn)
+    def add_validator(self, fn: Validator, kinds: Collection[str] | None = None) -> None:
+        """Admission: ``fn(obj)`` sees every object (of ``kinds``, if given: the kinds its
+        webhook's rules name) about to be stored (create, update, patch, status); raising or
+        returning a non-empty message rejects the write with 422."""
+        self.store.add_validator(fn, kinds)
 
     def inject_fault(self, *, method: str = "*", kind: str | Kind = "*", name: str | None = None,
                      subresource: str | None = None, code: int = 500, times: int = 1,

@@ -137,7 +137,9 @@ class JobController:
         self._check_supported(job)
         state = self._jobs.setdefault(meta["uid"], _Job())
         status = clone(job.get("status") or {})
-        pods, _ = self.store.select(self.pods_kind, meta["namespace"], controller=meta["uid"])
+        # Read as stored (its informer's cache): nothing here changes a pod in place.
+        pods, _ = self.store.select(self.pods_kind, meta["namespace"], controller=meta["uid"],
+                                    copy=False)
         if is_true(status, "Complete") or is_true(status, "Failed"):
             self._release(pods, ended_only=True)
             state.finished_at = state.finished_at or time.time()

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +148,7 @@ class Store:
         self._owned: dict[str, dict[tuple[str, str, str], None]] = {}
         self._history: deque[WatchEvent] = deque()
         self._created: dict[str, list[Obj]] = {}
-        self._validators: list[Validator] = []
+        self._validators: list[tuple[Validator, frozenset[str] | None]] = []
         self.deletions: list[Deletion] = []
         # With a kubelet (the simulated one sets this), deleting a running pod with a grace
         # period only marks it; the kubelet removes it once its containers have stopped.
@@ -165,11 +165,16 @@ class Store:
         with self.lock:
             return self._rv
 
-    def add_validator(self, fn: Validator) -> None:
-        """Run ``fn(obj)`` on every object before it is stored; raising or returning a message
-        rejects the write with 422 Invalid."""
+    def add_validator(self, fn: Validator, kinds: Collection[str] | None = None) -> None:
+        """Run ``fn(obj)`` on every object (of ``kinds``, by ``kind`` name, if given) before
+        it is stored; raising or returning a message rejects the write with 422 Invalid.
+
+        ``kinds`` are what a webhook configuration's rules name: the API server calls a
+        webhook only for the resources its rules match (k8s.io/apiserver
+        pkg/admission/plugin/webhook/generic/webhook.go ShouldCallHook), so nothing else is
+        copied for it."""
         with self.lock:
-            self._validators.append(fn)
+            self._validators.append((fn, None if kinds is None else frozenset(kinds)))
 
     def created(self, kind: Kind) -> list[Obj]:
         """Every object of ``kind`` ever created, as it was stored at creation."""
@@ -229,7 +234,9 @@ class Store:
 
     def _admit(self, kind: Kind, obj: Obj) -> None:
         validate_metadata(kind, obj["metadata"])
-        for fn in self._validators:
+        for fn, kinds in self._validators:
+            if kinds is not None and kind.kind not in kinds:
+                continue
             try:
                 verdict = fn(clone(obj))
             except ApiError:
@@ -280,17 +287,20 @@ class Store:
             return clone(self._as_version(kind, self._get(kind, namespace, name)))
 
     def with_uids(self, kind: Kind, uids: Iterable[str]) -> list[Obj]:
-        """Copies of the objects of ``kind`` with these uids that exist, in the order a list
-        gives them (namespace, name): what a controller reconciles of the keys it queued."""
+        """The objects of ``kind`` with these uids that exist, as stored (not copied: see
+        :meth:`current`), in the order a list gives them (namespace, name): what a
+        controller reconciles of the keys it queued."""
         with self.lock:
             refs = sorted(ref for ref in map(self._by_uid.get, uids)
                           if ref is not None and ref[0] == kind.key)
-            return [self.get(kind, ns, name) for _, ns, name in refs]
+            return [self._as_version(kind, self._get(kind, ns, name)) for _, ns, name in refs]
 
     def select(self, kind: Kind, namespace: str | None, selector: Selector | None = None,
-               *, controller: str | None = None) -> tuple[list[Obj], int]:
+               *, controller: str | None = None, copy: bool = True) -> tuple[list[Obj], int]:
         """Copies of the matching objects (by namespace, name) and the list's resourceVersion;
-        with ``controller``, only those whose controller ownerReference has that uid.
+        with ``controller``, only those whose controller ownerReference has that uid; with
+        ``copy=False``, the stored objects themselves, for the simulated controllers (see
+        :meth:`current`).
 
         That is how the controllers find what they own, filtered before anything is copied:
         the Job controller claims the namespace's pods by controllerRef
@@ -313,7 +323,7 @@ class Store:
                      if (namespace is None or not kind.namespaced or ns == namespace)
                      and (selector is None or selector.matches(obj))
                      and (controller is None or controlled_by(obj, controller))]
-            return clone(items), self._rv
+            return (clone(items) if copy else items), self._rv
 
     # ----------------------------------------------------------------- create
 

@@ -65,7 +65,7 @@ class SimulatedTrainingOperator:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         if webhook:
-            api.add_validator(self._webhook)
+            api.add_validator(self._webhook, {"PyTorchJob", *trainer.WEBHOOK_KINDS})
 
     def _webhook(self, obj: Obj) -> str | None:
         if obj.get("kind") != "PyTorchJob":
@@ -134,7 +134,12 @@ class SimulatedTrainingOperator:
         """One pass: PyTorchJobs with news, every Job, the kubelet."""
         store = self.api.store
         with store.lock:
-            history = [e for e in store._history if e.rv > self._seen]
+            # Newest first, back to the last pass: not the whole retained history.
+            history = []
+            for e in reversed(store._history):
+                if e.rv <= self._seen:
+                    break
+                history.append(e)
             relist = self._seen < store._compacted
             self._seen = store.resource_version
         dirty = {e.object["metadata"]["uid"] for e in history if e.kind_key == PTJ_KIND}
@@ -143,8 +148,9 @@ class SimulatedTrainingOperator:
                   for r in obj["metadata"].get("ownerReferences") or []
                   if r.get("kind") == "PyTorchJob" and r.get("controller")}
         dirty, self._retry = dirty | self._retry, set()
-        # Only those with news are read (copies, as the reconcile may keep them): a
-        # controller-runtime reconcile gets one key from its queue, not a list of all.
+        # Only those with news are read, as stored (the reconcile reads them as from its
+        # informer's cache, and copies what it defaults): a controller-runtime reconcile
+        # gets one key from its queue, not a list of all.
         jobs = (self.api.list(PTJ_KIND) if relist
                 else self.api.store.with_uids(self.api.kind(PTJ_KIND), dirty))
         for job in jobs:

@@ -51,7 +51,9 @@ class PyTorchJobController:
         run_policy = spec["runPolicy"]
         status = clone(job.get("status") or {})
         status.setdefault("replicaStatuses", {})
-        pods, _ = self.store.select(self.pods_kind, meta["namespace"], controller=meta["uid"])
+        # Read as stored (its informer's cache): nothing here changes a pod in place.
+        pods, _ = self.store.select(self.pods_kind, meta["namespace"], controller=meta["uid"],
+                                    copy=False)
         if not any(c["type"] == "Created" for c in status.get("conditions") or []):
             # onOwnerCreateFunc (pytorchjob_controller.go)
             kubeflow.set_condition(status, "Created", "PyTorchJobCreated",

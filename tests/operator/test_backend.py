@@ -75,8 +75,8 @@ def _api_deletions(api: KubeAPI) -> list[Any]:
 def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
     api: KubeAPI, backend: KubernetesBackend
 ) -> None:
-    backend.launch_leg(backend.plan.leg("preempted"))
-    backend.launch_leg(backend.plan.leg("preempted"))  # idempotent: 409 is "launched"
+    backend.launch_legs([backend.plan.leg("preempted")])
+    backend.launch_legs([backend.plan.leg("preempted")])  # idempotent: 409 is "launched"
     assert len(api.created(PYTORCHJOBS.plural)) == 1
     job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
     assert job is not None
@@ -111,7 +111,7 @@ def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
 def test_a_beacon_without_a_pod_uid_falls_back_to_the_creation_time(
     api: KubeAPI, backend: KubernetesBackend
 ) -> None:
-    backend.launch_leg(backend.plan.leg("preempted"))
+    backend.launch_legs([backend.plan.leg("preempted")])
     job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
     assert job is not None
     name = job["metadata"]["name"]
@@ -125,7 +125,7 @@ def test_a_beacon_without_a_pod_uid_falls_back_to_the_creation_time(
 def test_a_process_kill_is_an_order_in_the_store_and_deletes_nothing(
     api: KubeAPI, backend: KubernetesBackend
 ) -> None:
-    backend.launch_leg(backend.plan.leg("preempted"))
+    backend.launch_legs([backend.plan.leg("preempted")])
     beacon = _beacon("unit-preempted-worker-0", "uid-0")
     beacon = beacon.model_copy(update={"rank": 0})
     # rank 0 runs on worker-0: a process kill leaves its torchrun agent, and the
@@ -193,8 +193,7 @@ def test_a_resize_kill_lowers_the_replicas_first_and_once(
     api: KubeAPI, tmp_path: Path
 ) -> None:
     backend = _backend(api, tmp_path, **RESIZE)
-    for plan in backend.plan.legs:
-        backend.launch_leg(plan)
+    backend.launch_legs(backend.plan.legs)
     job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
     assert job is not None
     name = job["metadata"]["name"]
@@ -215,7 +214,7 @@ def test_a_resize_kill_is_refused_on_a_pod_that_lowering_the_replicas_keeps(
     backend = _backend(api, tmp_path, **{
         **RESIZE, "world": {"nnodes": 3, "nprocPerNode": 1},
         "preemption": {**RESIZE["preemption"], "rank": 2, "resize": {"toNodes": 2}}})
-    backend.launch_leg(backend.plan.leg("preempted"))
+    backend.launch_legs([backend.plan.leg("preempted")])
     job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
     assert job is not None
     name = job["metadata"]["name"]
@@ -230,7 +229,7 @@ def test_the_shrunk_world_grows_back_once_its_rank_0_waits_for_it(
     api: KubeAPI, tmp_path: Path
 ) -> None:
     backend = _backend(api, tmp_path, **RESIZE)
-    backend.launch_leg(backend.plan.leg("preempted"))
+    backend.launch_legs([backend.plan.leg("preempted")])
     api.patch(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"),
               {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1}}}})
     files = backend.location.leg("preempted")
@@ -255,8 +254,7 @@ def test_without_a_grow_the_leg_is_done_when_the_shrunk_world_is(
 ) -> None:
     backend = _backend(api, tmp_path, **{
         **RESIZE, "preemption": {**RESIZE["preemption"], "resize": {"toNodes": 1}}})
-    for plan in backend.plan.legs:
-        backend.launch_leg(plan)
+    backend.launch_legs(backend.plan.legs)
     for leg in ("preempted", "control"):
         backend.location.leg(leg).mark_rank_done(0, 1, 6)
     # The preempted leg finishes on worker-0 alone; the reference leg was never shrunk.
@@ -264,3 +262,26 @@ def test_without_a_grow_the_leg_is_done_when_the_shrunk_world_is(
     assert backend.observe_leg("control").state == LegState.RUNNING
     backend.location.leg("control").mark_rank_done(1, 0, 6)
     assert backend.observe_leg("control").state == LegState.SUCCEEDED
+
+
+def test_legs_launched_together_find_their_specs_and_key_before_their_jobs(
+    api: KubeAPI, tmp_path: Path
+) -> None:
+    backend = _backend(api, tmp_path)
+    seen: list[str] = []
+
+    def admission(obj: dict[str, Any]) -> None:
+        # What a leg's pods read exists once its job does: the store is written and the key
+        # Secret created before either job is.
+        location = backend.location
+        legs = [location.read_leg_spec(p.name) is not None for p in backend.plan.legs]
+        seen.append(f"{obj['metadata']['name']}: spec {location.has_spec()}, legs {legs}, "
+                    f"secrets {len(api.list('secrets', NAMESPACE))}")
+
+    api.add_validator(admission, {"PyTorchJob"})
+    backend.launch_legs(backend.plan.legs)
+    names = sorted(backend.job_name(p.name) for p in backend.plan.legs)
+    assert sorted(seen) == [f"{n}: spec True, legs [True, True], secrets 1" for n in names]
+    # Launching them again is a no-op (409s), as after a status write that was lost.
+    backend.launch_legs(backend.plan.legs)
+    assert sorted(j["metadata"]["name"] for j in api.created(PYTORCHJOBS.plural)) == names

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import boto3
+from prometheus_client import CollectorRegistry
+
 from resumequal_operator.cache import ObjectCache
 from resumequal_operator.kube import LEASES, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.leader import LeaseSettings
+from resumequal_operator.manager import Operator, Settings
 from resumequal_operator.watching import Watcher
 from tests.kubeapi import KubeAPI
 from tests.operator.harness import (
@@ -104,6 +108,62 @@ def test_a_run_deleted_while_the_watch_was_down_leaves_the_cache_after_the_410(
                    .get("generation") == 2, what="the watch resumed from the listing")
     finally:
         watcher.stop()
+        kube.close()
+
+
+def test_a_listing_enqueues_what_it_shows_unchanged_at_low_priority(
+    api: KubeAPI, store: dict[str, str]
+) -> None:
+    for name in ("kept", "edited", "deleted"):
+        api.create(QUALIFICATION_RUNS.plural, run_manifest(name, store))
+    kube, cache = Kube(api.api_client()), ObjectCache()
+    normal: list[str] = []
+    low: list[str] = []
+    watcher = Watcher(kube, NAMESPACE, normal.append, enqueue_low=low.append, cache=cache,
+                      timeout_seconds=1, retry_seconds=0.1)
+    watcher.start()
+    try:
+        # Start-up: every run listed is old news, behind any change to come.
+        eventually(lambda: watcher.synced.is_set(), what="the first listing")
+        assert (sorted(low), normal) == ([f"{NAMESPACE}/{n}" for n in (
+            "deleted", "edited", "kept")], [])
+        api.stop()
+        api.patch(QUALIFICATION_RUNS.plural, NAMESPACE, "edited", {"spec": {"controls": {
+            "enabled": True}}})
+        api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "deleted")
+        api.create(QUALIFICATION_RUNS.plural, run_manifest("new", store))
+        api.compact()
+        low.clear()
+        api.start()
+        eventually(lambda: watcher.relists >= 1, timeout=10, what="a listing after 410 Gone")
+        # What changed, went or came meanwhile is a change; the rest is old news again.
+        assert sorted(set(normal)) == [f"{NAMESPACE}/{n}" for n in ("deleted", "edited",
+                                                                   "new")]
+        assert low == [f"{NAMESPACE}/kept"]
+    finally:
+        watcher.stop()
+        kube.close()
+
+
+def test_at_start_up_runs_in_flight_go_before_concluded_ones(
+    api: KubeAPI, store: dict[str, str]
+) -> None:
+    for name, phase in (("done-1", "Succeeded"), ("flying", "LegsRunning"),
+                        ("done-2", "Failed"), ("new", None)):
+        obj = api.create(QUALIFICATION_RUNS.plural, run_manifest(name, store))
+        if phase is not None:
+            api.replace(QUALIFICATION_RUNS.plural, NAMESPACE, name,
+                        {**obj, "status": {"phase": phase}}, subresource="status")
+    kube = Kube(api.api_client())
+    op = Operator(kube, Settings(namespaces=(NAMESPACE,), port=0, host="127.0.0.1",
+                                 identity="start-up"), CollectorRegistry())
+    try:
+        op.watchers[0]._list()  # what its watcher does first when started
+        taken = [op.queue.get(0) for _ in range(5)]
+        # A concluded run waits behind every other; the rest keep the listing's order.
+        assert taken == [f"{NAMESPACE}/{n}" for n in ("flying", "new", "done-1", "done-2")
+                         ] + [None]
+    finally:
         kube.close()
 
 
@@ -242,3 +302,39 @@ def test_a_started_run_keeps_the_spec_it_started_with(
     assert "timeouts" not in obj["status"]["machine"]["runSpec"]  # the spec it started with
     reasons = [reason for reason, _, _ in events(api, "pinned")]
     assert reasons.count("SpecChangeIgnored") == 1
+
+
+def test_a_new_run_stores_and_creates_nothing_before_its_finalizer_is_on(
+    api: KubeAPI, operators: Operators, store: dict[str, str]
+) -> None:
+    # The finalizer's PATCH goes while the run starts; until it is answered nothing the
+    # finalizer cleans up (its store artifacts, its jobs) may exist.
+    api.inject_fault(method="PATCH", kind=QUALIFICATION_RUNS.plural + ".resumequal.dev",
+                     code=503, times=10**6, message="the API server is busy")
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("guarded", store))
+    path = QUALIFICATION_RUNS.path(NAMESPACE, "guarded")
+
+    def patches() -> list[int]:
+        return [i for i, (m, p) in enumerate(list(api.requests))
+                if m == "PATCH" and p.split("?")[0] == path]
+
+    eventually(lambda: len(patches()) >= 3, what="the finalizer's PATCH retried")
+    assert _jobs(api, "guarded") == []
+    assert _stored(store) == []
+    assert "status" not in qr(api, "guarded")
+    api._server.faults.clear()  # type: ignore[union-attr]
+    wait_phase(api, "guarded", "LegsRunning")
+    assert "resumequal.dev/cleanup" in qr(api, "guarded")["metadata"]["finalizers"]
+    first_job = min(i for i, (m, p) in enumerate(list(api.requests))
+                    if m == "POST" and p.split("?")[0].endswith("/pytorchjobs"))
+    assert max(patches()) < first_job
+    assert any(key.endswith("/spec.json") for key in _stored(store))
+
+
+def _stored(store: dict[str, str]) -> list[str]:
+    """Every key in the run store's bucket."""
+    bucket = store["uri"].removeprefix("s3://").split("/", 1)[0]
+    s3 = boto3.client("s3", endpoint_url=store["endpointUrl"], region_name=store["region"])
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]

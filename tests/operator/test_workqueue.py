@@ -78,3 +78,62 @@ def test_shutdown_wakes_waiting_workers() -> None:
     q.shutdown()
     t.join(timeout=2)
     assert raised.is_set()
+
+
+def test_each_get_reports_how_long_its_key_waited_from_its_first_add() -> None:
+    clock, waits = Clock(), []
+    q = WorkQueue(clock=clock, on_wait=lambda seconds, low: waits.append(seconds))
+    q.add("ns/a")
+    clock.now += 0.25
+    q.add("ns/a")  # already queued: still timed from the first add
+    clock.now += 0.5
+    assert q.get(0) == "ns/a"
+    # Added again while processed: it waits for done() too, and that counts.
+    q.add("ns/a")
+    clock.now += 2.0
+    q.done("ns/a")
+    clock.now += 0.125
+    assert q.get(0) == "ns/a"
+    q.done("ns/a")
+    # A delayed key is timed from when it came due, not from the add_after.
+    q.add_after("ns/b", 10.0)
+    clock.now += 10.5
+    assert q.get(0) == "ns/b"
+    assert waits == [0.75, 2.125, 0.5]
+
+
+def test_low_priority_keys_wait_behind_every_normal_one() -> None:
+    clock, waits = Clock(), []
+    q = WorkQueue(clock=clock, on_wait=lambda seconds, low: waits.append((seconds, low)))
+    for name in ("held-1", "held-2", "held-3"):
+        q.add_low(f"ns/{name}")  # a start-up listing of finished runs
+    q.add("ns/new")
+    q.add_after("ns/polled", 1.0)
+    clock.now += 1.0
+    assert len(q) == 4
+    # A low key added again at normal priority is raised, and keeps its place's time.
+    q.add("ns/held-2")
+    q.add_low("ns/new")  # a normal key stays normal
+    assert [q.get(0) for _ in range(6)] == [
+        "ns/new", "ns/held-2", "ns/polled", "ns/held-1", "ns/held-3", None]
+    assert waits == [(1.0, False), (1.0, False), (0.0, False), (1.0, True), (1.0, True)]
+
+
+def test_a_low_key_re_added_while_processed_comes_back_at_the_priority_asked() -> None:
+    q = WorkQueue()
+    q.add_low("ns/a")
+    assert q.get(0) == "ns/a"
+    q.add_low("ns/a")
+    q.add_low("ns/b")
+    q.add("ns/c")
+    q.done("ns/a")
+    assert [q.get(0), q.get(0), q.get(0)] == ["ns/c", "ns/b", "ns/a"]
+    for key in ("ns/a", "ns/b", "ns/c"):
+        q.done(key)
+    q.add_low("ns/a")
+    assert q.get(0) == "ns/a"
+    q.add_low("ns/a")
+    q.add("ns/a")  # raised while processed: back at normal priority after done()
+    q.add_low("ns/b")
+    q.done("ns/a")
+    assert [q.get(0), q.get(0)] == ["ns/a", "ns/b"]

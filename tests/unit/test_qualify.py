@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -51,9 +52,10 @@ class ScriptedBackend:
     compares: int = 0
     refused: set[str] = field(default_factory=set)
 
-    def launch_leg(self, plan: LegPlan) -> None:
-        self.launched.append(plan.name)
-        self.legs[plan.name] = LegObservation(state=LegState.RUNNING)
+    def launch_legs(self, plans: Sequence[LegPlan]) -> None:
+        for plan in plans:
+            self.launched.append(plan.name)
+            self.legs[plan.name] = LegObservation(state=LegState.RUNNING)
 
     def observe_leg(self, leg: str) -> LegObservation:
         if leg in self.refused:
@@ -337,10 +339,10 @@ class _Unreachable(ScriptedBackend):
             raise self.error
         return super().observe_leg(leg)
 
-    def launch_leg(self, plan: LegPlan) -> None:
+    def launch_legs(self, plans: Sequence[LegPlan]) -> None:
         if self.down:
             raise self.error
-        super().launch_leg(plan)
+        super().launch_legs(plans)
 
 
 def _down_machine(**timeouts: float) -> tuple[Qualification, _Unreachable, Clock]:

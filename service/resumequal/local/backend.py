@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,7 +146,11 @@ class LocalBackend:
 
     # -- Backend ------------------------------------------------------------------------
 
-    def launch_leg(self, plan: LegPlan) -> None:
+    def launch_legs(self, plans: Sequence[LegPlan]) -> None:
+        for plan in plans:
+            self._launch(plan)
+
+    def _launch(self, plan: LegPlan) -> None:
         if plan.name in self.procs or plan.name in self.nodes:
             return
         w = plan.spec.world
