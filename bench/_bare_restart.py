@@ -41,20 +41,27 @@ def publish(path: Path, body: dict[str, object]) -> None:
     tmp.rename(path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path)
-    out: Path = parser.parse_args().out
-
+def join_group(namespace: str) -> tuple[int, int]:
+    """Join this attempt's gloo group through torchrun's store, namespaced by the attempt;
+    this rank and the attempt."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     timeout = timedelta(seconds=120)
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                          world_size=None, is_master=False, timeout=timeout,
                          wait_for_workers=False)
-    store = dist.PrefixStore(f"bare/attempt-{attempt}", base)
+    store = dist.PrefixStore(f"{namespace}/attempt-{attempt}", base)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
+    return rank, attempt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path)
+    out: Path = parser.parse_args().out
+
+    rank, attempt = join_group("bare")
     dist.all_reduce(torch.ones(1))
     joined_at = time.time()
     publish(out / f"attempt-{attempt}-rank-{rank}.json", {

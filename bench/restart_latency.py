@@ -1,12 +1,17 @@
-"""From the kill to the first resumed step, phase by phase, next to a bare torchrun restart.
+"""From the kill to the first resumed step, phase by phase, next to the same resume with
+torch alone and a bare torchrun restart.
 
-Both sides run under torchrun as LocalBackend launches legs (c10d rendezvous on loopback,
-2 ranks, ``--max-restarts 1``, ``--monitor-interval 0.1``, OMP_NUM_THREADS=1) and lose
-rank 1 to a SIGKILL on attempt 0:
+All three sides run under torchrun as LocalBackend launches legs (c10d rendezvous on
+loopback, 2 ranks, ``--max-restarts 1``, ``--monitor-interval 0.1``, OMP_NUM_THREADS=1) and
+lose rank 1 to a SIGKILL on attempt 0:
 
 - resumequal: the preempted leg of the default spec (hard cut at step 6, microstep 1, on
   rank 1). The bench waits for the beacon, kills the pid it names, and reads the phases of
   attempt 1 from torchrun's log and the leg's trace;
+- torch alone: ``bench/_torch_resume.py``, the same training (tiny-gpt's size, DDP, AdamW,
+  deterministic algorithms, DCP) resumed as a torch user would without resumequal: no
+  spec, trace, beacon or checkpoint verification. What torch itself must load and run to
+  resume, so the floor under the first side;
 - bare: ``bench/_bare_restart.py``, which only joins a per-attempt gloo group and
   all-reduces once; rank 1 publishes its pid and sleeps until killed.
 
@@ -20,9 +25,13 @@ Phases, each a timestamp on this machine's clock, measured from the kill:
     restored          the last rank has loaded the checkpoint (RestoreRecord.restored_at)
     first step        the last rank has finished its first resumed step
 
-The bare side stops at "group joined". Runs alternate sides; figures are medians.
+The bare side stops at "group joined". Runs rotate the order of the sides; figures are
+medians. Printed ratios (each the median over rounds of one run per side): resumequal to
+bare (kill -> first step against kill -> group joined), torch alone to bare (what torch
+itself adds, the floor of the first ratio), and resumequal to torch alone (kill -> first
+step on both: what resumequal adds to a resume).
 
-    python bench/restart_latency.py [--repeats 2]
+    python bench/restart_latency.py [--repeats 3]
 
 Temporary run directories are deleted at the end and every process started is stopped.
 """
@@ -53,6 +62,7 @@ from resumequal.signing import KEY_ENV, new_key
 from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord, parse_records
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")
+TORCH_SCRIPT = Path(__file__).with_name("_torch_resume.py")
 NPROC = 2
 TARGET_RANK = 1
 PHASES = ("failure detected", "processes up", "group joined", "built", "restored",
@@ -159,42 +169,56 @@ def resumequal_run(tree: ProcessTree, spec_path: Path, run_dir: Path, timeout: f
     })
 
 
-def bare_run(tree: ProcessTree, out: Path, timeout: float) -> Timeline:
+def script_run(tree: ProcessTree, script: Path, out: Path, timeout: float,
+               phases: dict[str, str]) -> Timeline:
+    """Launch ``script`` (a bench worker writing ``attempt-1-rank-R.json``), kill rank 1 on
+    its published pid; ``phases`` maps a phase to the field that times it in every rank's
+    file (the earliest process start, the latest of the others)."""
     out.mkdir(parents=True)
     log = out.with_suffix(".log")
-    cmd = torchrun([str(BARE_SCRIPT), "--out", str(out)])
+    cmd = torchrun([str(script), "--out", str(out)])
     killed_at = kill_and_wait(tree, cmd, log, out / f"pid-rank-{TARGET_RANK}.json", timeout)
     bodies: list[dict[str, Any]] = [
         json.loads((out / f"attempt-1-rank-{rank}.json").read_text()) for rank in range(NPROC)
     ]
-    return since(killed_at, {
-        "failure detected": failure_logged_at(log),
-        "processes up": min(b["process_started_at"] for b in bodies),
-        "group joined": max(b["joined_at"] for b in bodies),
-    })
+    stamps = {"failure detected": failure_logged_at(log)}
+    for phase, field in phases.items():
+        pick = min if phase == "processes up" else max
+        stamps[phase] = pick(b[field] for b in bodies)
+    return since(killed_at, stamps)
+
+
+BARE_FIELDS = {"processes up": "process_started_at", "group joined": "joined_at"}
+TORCH_FIELDS = {**BARE_FIELDS, "built": "built_at", "restored": "restored_at",
+                "first step": "first_step_at"}
+
+
+SIDES = ("resumequal", "torch alone", "bare")
 
 
 def measure(spec_path: Path, root: Path, repeats: int,
-            timeout: float) -> tuple[list[Timeline], list[Timeline]]:
+            timeout: float) -> dict[str, list[Timeline]]:
     tree = ProcessTree()
-    rq: list[Timeline] = []
-    bare: list[Timeline] = []
+    runs: dict[str, list[Timeline]] = {side: [] for side in SIDES}
     try:
         for i in range(repeats):
-            order = ("resumequal", "bare") if i % 2 == 0 else ("bare", "resumequal")
-            for side in order:
+            # Each side goes first, second and last in turn: none always follows another.
+            for side in SIDES[i % 3:] + SIDES[:i % 3]:
                 if side == "resumequal":
                     timeline = resumequal_run(tree, spec_path, root / f"rq-{i}", timeout)
-                    rq.append(timeline)
+                elif side == "torch alone":
+                    timeline = script_run(tree, TORCH_SCRIPT, root / f"torch-{i}", timeout,
+                                          TORCH_FIELDS)
                 else:
-                    timeline = bare_run(tree, root / f"bare-{i}", timeout)
-                    bare.append(timeline)
+                    timeline = script_run(tree, BARE_SCRIPT, root / f"bare-{i}", timeout,
+                                          BARE_FIELDS)
+                runs[side].append(timeline)
                 last = list(timeline)[-1]
-                print(f"  run {i + 1}/{repeats} {side:<10}: kill -> {last} "
+                print(f"  run {i + 1}/{repeats} {side:<12}: kill -> {last} "
                       f"{timeline[last] * 1e3:6.0f} ms", flush=True)
     finally:
         tree.stop_all()
-    return rq, bare
+    return runs
 
 
 def phase_ms(runs: list[Timeline], phases: Sequence[str]) -> tuple[list[float], list[float]]:
@@ -208,43 +232,59 @@ def phase_ms(runs: list[Timeline], phases: Sequence[str]) -> tuple[list[float], 
     return durations, cumulative
 
 
-def report(rq: list[Timeline], bare: list[Timeline]) -> None:
+def pair_ratios(top: list[Timeline], bottom: list[Timeline], top_phase: str,
+                bottom_phase: str) -> tuple[float, str]:
+    """The median of ``top[top_phase] / bottom[bottom_phase]`` over rounds, and each."""
+    ratios = [t[top_phase] / b[bottom_phase] for t, b in zip(top, bottom, strict=True)]
+    return statistics.median(ratios), ", ".join(f"{r:.2f}" for r in ratios)
+
+
+def report(runs: dict[str, list[Timeline]]) -> None:
+    rq, alone, bare = runs["resumequal"], runs["torch alone"], runs["bare"]
     rq_phase, rq_cum = phase_ms(rq, PHASES)
+    torch_phase, torch_cum = phase_ms(alone, PHASES)
     bare_phase, bare_cum = phase_ms(bare, BARE_PHASES)
     print()
     print(f"restart latency, {NPROC} ranks on gloo; medians of {len(rq)} runs per side "
           "(ms; 'since kill' is its own median)")
     print()
-    print(f"{'':<18}{'resumequal':>22}{'bare torchrun':>24}")
-    print(f"{'phase':<18}{'phase':>10}{'since kill':>12}{'phase':>12}{'since kill':>12}")
+    print(f"{'':<18}{'resumequal':>22}{'torch alone':>24}{'bare torchrun':>24}")
+    print(f"{'phase':<18}{'phase':>10}{'since kill':>12}"
+          + 2 * f"{'phase':>12}{'since kill':>12}")
     for i, phase in enumerate(PHASES):
         row = f"{phase:<18}{rq_phase[i]:>10.0f}{rq_cum[i]:>12.0f}"
+        row += f"{torch_phase[i]:>12.0f}{torch_cum[i]:>12.0f}"
         if i < len(BARE_PHASES):
             row += f"{bare_phase[i]:>12.0f}{bare_cum[i]:>12.0f}"
         else:
             row += f"{'-':>12}{'-':>12}"
         print(row)
-    rq_total, bare_total = rq_cum[-1], bare_cum[-1]
-    ratio = statistics.median(r["first step"] / b["group joined"]
-                              for r, b in zip(rq, bare, strict=True))
-    pair_ratios = ", ".join(f"{r['first step'] / b['group joined']:.2f}"
-                            for r, b in zip(rq, bare, strict=True))
-    worst = max(range(len(PHASES)), key=lambda i: rq_phase[i])
+    rq_total, torch_total, bare_total = rq_cum[-1], torch_cum[-1], bare_cum[-1]
+    to_bare, to_bare_pairs = pair_ratios(rq, bare, "first step", "group joined")
+    floor, floor_pairs = pair_ratios(alone, bare, "first step", "group joined")
+    to_torch, to_torch_pairs = pair_ratios(rq, alone, "first step", "first step")
+    worst = max(range(len(PHASES)), key=lambda i: rq_phase[i] - torch_phase[i])
     print()
-    print(f"kill -> first resumed step {rq_total:.0f} ms; bare kill -> group joined "
-          f"{bare_total:.0f} ms; ratio {ratio:.2f}x (median of pairs: {pair_ratios})")
-    print(f"dominant resumequal phase: {PHASES[worst]} ({rq_phase[worst]:.0f} ms, "
-          f"{100 * rq_phase[worst] / rq_total:.0f}% of the total)")
-    beyond = rq_total - bare_total
+    print(f"kill -> first resumed step: resumequal {rq_total:.0f} ms, torch alone "
+          f"{torch_total:.0f} ms; bare kill -> group joined {bare_total:.0f} ms")
+    print(f"resumequal / bare        {to_bare:.2f}x (pairs: {to_bare_pairs})")
+    print(f"torch alone / bare       {floor:.2f}x (pairs: {floor_pairs}): the floor of the "
+          "ratio above")
+    print(f"resumequal / torch alone {to_torch:.2f}x (pairs: {to_torch_pairs}): what "
+          "resumequal adds to a resume")
+    print(f"largest phase beyond torch alone: {PHASES[worst]} "
+          f"(+{rq_phase[worst] - torch_phase[worst]:.0f} ms)")
     print()
     print(f"summary: resumequal resumes {rq_total / 1e3:.2f} s after the kill, "
-          f"{ratio:.2f}x a bare torchrun restart ({bare_total / 1e3:.2f} s); "
-          f"{PHASES[worst]} dominates; {beyond / 1e3:.2f} s is beyond the bare restart")
+          f"{to_torch:.2f}x the same resume with torch alone ({torch_total / 1e3:.2f} s) and "
+          f"{to_bare:.2f}x a bare torchrun restart ({bare_total / 1e3:.2f} s), whose floor "
+          f"with torch's own loads is {floor:.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2, help="runs per side, alternating")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs per side, in rotating order")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per launch")
     args = parser.parse_args()
     os.environ.setdefault(KEY_ENV, new_key())  # checkpoints are signed, as in a run
@@ -257,12 +297,12 @@ def main() -> None:
             "world": {"nprocPerNode": NPROC, "backend": "gloo", "threadsPerRank": 1},
             "preemption": {"step": 6, "microstep": 1, "rank": TARGET_RANK, "mode": "hard"},
         }))
-        print(f"restart latency: {args.repeats} runs per side, alternating", flush=True)
+        print(f"restart latency: {args.repeats} runs per side, in rotating order", flush=True)
         try:
-            rq, bare = measure(spec_path, root, args.repeats, args.timeout)
+            runs = measure(spec_path, root, args.repeats, args.timeout)
         except BenchError as e:
             sys.exit(f"restart_latency: {e}")
-    report(rq, bare)
+    report(runs)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 
 from pydantic import ValidationError
 
@@ -46,7 +47,7 @@ from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.verdict import Verdict, Zoom
 from resumequal.words import clip
-from resumequal_operator import pytorchjob, resize
+from resumequal_operator import fanout, pytorchjob, resize
 from resumequal_operator.cache import CachedReads
 from resumequal_operator.kube import (
     JOBS,
@@ -161,30 +162,22 @@ class KubernetesBackend:
         Secret exists (its POST goes while the store is written: neither needs the other)."""
         if not plans:
             return
-        with ThreadPoolExecutor(max_workers=len(plans) + 1) as pool:
-            key = None if self._prepared else pool.submit(self.ensure_checkpoint_key)
-            try:
-                if self.store_ready is not None:
-                    self.store_ready()
-                writes = [pool.submit(self.location.write_leg_spec, p.name, p.spec, p.omit)
-                          for p in plans]
-                if not self._prepared:
-                    self.location.write_spec(self.spec)
-                for w in writes:
-                    w.result()
-            finally:
-                if key is not None:
-                    key.result()
-            self._prepared = True
-        if len(plans) == 1:
-            self._create_leg(plans[0])
-            return
+        key = None if self._prepared else fanout.submit(self.ensure_checkpoint_key)
+        try:
+            if self.store_ready is not None:
+                self.store_ready()
+            writes = [partial(self.location.write_leg_spec, p.name, p.spec, p.omit)
+                      for p in plans]
+            if not self._prepared:
+                writes.append(partial(self.location.write_spec, self.spec))
+            fanout.together(writes)
+        finally:
+            if key is not None:
+                key.result()
+        self._prepared = True
         # One request's latency rather than one per leg (side by side: the control leg and
         # the preempted one start together).
-        with ThreadPoolExecutor(max_workers=len(plans)) as pool:
-            futures = [pool.submit(self._create_leg, plan) for plan in plans]
-        for future in futures:
-            future.result()
+        fanout.together([partial(self._create_leg, plan) for plan in plans])
 
     def _create_leg(self, plan: LegPlan) -> None:
         r, label = self.run, self.legs.label
@@ -412,16 +405,18 @@ class KubernetesBackend:
         r = self.run
         body = pytorchjob.comparator_job(r.name, r.namespace, r.uid, self.run_spec,
                                          self.location.uri)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            key = pool.submit(self.ensure_checkpoint_key)
-            try:
-                self.kube.create(JOBS, r.namespace, body)
-            except Conflict:
-                created = False
-            else:
-                created = True
-                log.info("%s: started the comparator Job %s", r.name, self.comparator_name)
-            key.result()
+        key = fanout.submit(self.ensure_checkpoint_key)
+        try:
+            self.kube.create(JOBS, r.namespace, body)
+        except Conflict:
+            created = False
+        except BaseException:
+            wait([key])  # ended with this reconcile; the Job's error is the one raised
+            raise
+        else:
+            created = True
+            log.info("%s: started the comparator Job %s", r.name, self.comparator_name)
+        key.result()
         return created
 
     def cleanup(self) -> None:
@@ -533,12 +528,10 @@ def _delete_owned(kube: Kube, ref: RunRef, objs: list[tuple[Kind, Obj]], *,
             return 0
         return 1
 
-    if len(doomed) <= 1:
-        return sum(delete(kind, obj) for kind, obj in doomed)
+    if not doomed:
+        return 0
     # One request's latency rather than one per job: a run has a job per leg and one more.
-    with ThreadPoolExecutor(max_workers=len(doomed)) as pool:
-        futures = [pool.submit(delete, kind, obj) for kind, obj in doomed]
-    return sum(f.result() for f in futures)
+    return sum(fanout.together([partial(delete, kind, obj) for kind, obj in doomed]))
 
 
 __all__ = [

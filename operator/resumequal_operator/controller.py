@@ -24,7 +24,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -40,7 +40,7 @@ from resumequal.runstore import RESULT_BYTES, ZOOM_JSON, RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Zoom
 from resumequal.words import clip
-from resumequal_operator import pytorchjob
+from resumequal_operator import fanout, pytorchjob
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.backend import (
     ComparatorFailed,
@@ -95,15 +95,6 @@ class _Run:
     raw: dict[str, Any]  # the spec it runs: pinned, or the object's with its backend filled
 
 
-def _in_background(fn: Callable[[Obj], Obj], obj: Obj) -> Future[Obj]:
-    """``fn(obj)`` on a thread of its own, which ends with it."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finalizer")
-    try:
-        return pool.submit(fn, obj)
-    finally:
-        pool.shutdown(wait=False)
-
-
 class Reconciler:
     """Reconciles QualificationRuns by key (``namespace/name``); safe for one key per thread."""
 
@@ -151,7 +142,7 @@ class Reconciler:
                 # A new run, nothing of it stored yet: its finalizer goes on while it starts
                 # (its key Secret is created meanwhile); whatever writes the object, or the
                 # store, waits for it first.
-                adding = _in_background(self._add_finalizer, obj)
+                adding = fanout.submit(self._add_finalizer, obj)
             else:
                 obj = self._add_finalizer(obj)
 

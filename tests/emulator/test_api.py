@@ -367,7 +367,7 @@ def test_a_watch_woken_by_other_kinds_still_gets_its_own_events(core: k8s.CoreV1
                                                                 kubeapi: KubeAPI) -> None:
     rv = core.list_namespaced_pod(NS).metadata.resource_version
 
-    def later() -> None:  # each secret wakes the pod watch, which finds nothing of its kind
+    def later() -> None:  # secrets in between: the pod watch waits through them
         for i in range(20):
             kubeapi.create("secrets", {"metadata": {"name": f"s{i}"}}, namespace=NS)
             time.sleep(0.01)
@@ -381,6 +381,31 @@ def test_a_watch_woken_by_other_kinds_still_gets_its_own_events(core: k8s.CoreV1
                    timeout_seconds=5)
     thread.join()
     assert seen == [("ADDED", "after"), ("ADDED", "then")]
+
+
+def test_a_kinds_waiters_wake_for_that_kind_only(kubeapi: KubeAPI) -> None:
+    store = kubeapi.store
+    pods, anything = store.changed_for({"pods"}), store.changed
+    woken: list[str] = []
+
+    def wait(name: str, condition: threading.Condition) -> None:
+        with condition:
+            if condition.wait(timeout=5):
+                woken.append(name)
+
+    waiters = [threading.Thread(target=wait, args=("pods", pods)),
+               threading.Thread(target=wait, args=("any", anything))]
+    for t in waiters:
+        t.start()
+    time.sleep(0.2)  # both waiting
+    kubeapi.create("secrets", {"metadata": {"name": "s", "namespace": NS}})
+    waiters[1].join(timeout=5)
+    time.sleep(0.2)
+    assert woken == ["any"]  # a secret wakes what waits for any change, not the pods' waiters
+    kubeapi.create("pods", pod("p", namespace=NS))
+    waiters[0].join(timeout=5)
+    assert woken == ["any", "pods"]
+    assert store.changed_for(["pods"]) is pods  # one condition per set of kinds
 
 
 def test_watch_from_a_compacted_resource_version_raises_410(core: k8s.CoreV1Api,

@@ -165,8 +165,7 @@ class KubeAPI:
         """End every open watch stream cleanly; clients resume from their last resourceVersion."""
         if self._server is not None:
             self._server.watch_generation += 1
-            with self.store.changed:
-                self.store.changed.notify_all()
+            self.store.wake()
 
     def compact(self) -> int:
         """Drop the watch history; watches from an older resourceVersion get 410 Gone."""

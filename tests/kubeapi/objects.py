@@ -4,6 +4,8 @@ validation, and the few defaults of built-in kinds the operator can observe."""
 from __future__ import annotations
 
 import base64
+import io
+import pickle
 import random
 import re
 from collections.abc import Collection, Mapping
@@ -39,19 +41,18 @@ def parse_rfc3339(stamp: str) -> float:
 
 
 def clone(value: T) -> T:
-    """A deep copy of JSON-shaped data (dicts, lists, tuples, scalars), several times faster
-    than ``copy.deepcopy``, which matters for CRDs whose schemas run to thousands of nodes."""
-    return cast(T, _clone(value))
-
-
-def _clone(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_clone(v) for v in value)
-    return value
+    """A deep copy of JSON-shaped data (dicts, lists, tuples, scalars): a pickle round trip
+    in C, about twice as fast as a copy in Python and several times ``copy.deepcopy``, which
+    matters for CRDs whose schemas run to thousands of nodes and for every object the
+    emulator hands out. Without the pickler's memo (``fast``) a container reached twice is
+    copied twice, as JSON would, so no two parts of a copy share anything."""
+    if isinstance(value, str | int | float | bool | None):
+        return value
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+    pickler.fast = True
+    pickler.dump(value)
+    return cast(T, pickle.loads(buffer.getbuffer()))
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:

@@ -1,7 +1,9 @@
 """Object state: resourceVersion, generation, status subresource, finalizers, garbage collection.
 
 One re-entrant lock guards everything; ``changed`` (a condition on that lock) is notified
-on every commit so watch streams and ``wait_for`` wake up. Stored objects are never
+on every commit so ``wait_for`` wakes up, and the condition of :meth:`changed_for` on a
+commit of one of its kinds only, so a watch stream or a simulated controller wakes for its
+own kinds' events. Stored objects are never
 mutated in place: every write stores a new dict, and the watch history keeps references
 to them, so readers copy only what they hand out.
 
@@ -133,6 +135,11 @@ class Store:
         self.registry = registry
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
+        # Waiters on some kinds only: kube-apiserver keeps a watch cache per resource and
+        # hands an event to that resource's watchers alone
+        # (k8s.io/apiserver pkg/storage/cacher/cacher.go, Cacher.dispatchEvent), and a
+        # controller wakes for the informers of the kinds it watches, not for every write.
+        self._changed_for: dict[frozenset[str], threading.Condition] = {}
         self.auto_namespaces = auto_namespaces
         self._history_limit = history
         self._rv = 0
@@ -176,6 +183,23 @@ class Store:
         with self.lock:
             self._validators.append((fn, None if kinds is None else frozenset(kinds)))
 
+    def changed_for(self, kinds: Collection[str]) -> threading.Condition:
+        """A condition on the store's lock, notified on every commit of one of ``kinds``
+        (kind keys, e.g. ``pods``, ``jobs.batch``), on compaction and on close."""
+        keys = frozenset(kinds)
+        with self.lock:
+            condition = self._changed_for.get(keys)
+            if condition is None:
+                condition = self._changed_for[keys] = threading.Condition(self.lock)
+            return condition
+
+    def wake(self) -> None:
+        """Wake every waiter, whatever it waits for (e.g. watch streams told to end)."""
+        with self.lock:
+            self.changed.notify_all()
+            for condition in self._changed_for.values():
+                condition.notify_all()
+
     def created(self, kind: Kind) -> list[Obj]:
         """Every object of ``kind`` ever created, as it was stored at creation."""
         with self.lock:
@@ -186,14 +210,14 @@ class Store:
         with self.lock:
             self._history.clear()
             self._compacted = self._rv
-            self.changed.notify_all()
+            self.wake()
             return self._rv
 
     def close(self) -> None:
         """Wake every waiter for good (the server is stopping)."""
         with self.lock:
             self.closed = True
-            self.changed.notify_all()
+            self.wake()
 
     def _commit(self, kind: Kind, obj: Obj, old: Obj | None, event: str) -> Obj:
         self._rv += 1
@@ -214,6 +238,9 @@ class Store:
         while len(self._history) > self._history_limit:
             self._compacted = self._history.popleft().rv
         self.changed.notify_all()
+        for keys, condition in self._changed_for.items():
+            if kind.key in keys:
+                condition.notify_all()
         return obj
 
     def _prune(self, kind: Kind, obj: Obj, validation: FieldValidation | None = None,
@@ -648,7 +675,8 @@ class Store:
         """
         deadline = time.monotonic() + timeout
         scanned = after
-        with self.changed:
+        changed = self.changed_for((kind.key,))
+        with changed:
             while True:
                 if after < self._compacted:
                     raise ApiError.gone(
@@ -669,15 +697,18 @@ class Store:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
-                self.changed.wait(remaining)
+                changed.wait(remaining)
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Block until ``predicate()`` (evaluated under the lock after each change) holds."""
+    def wait_for(self, predicate: Callable[[], bool], timeout: float,
+                 kinds: Collection[str] | None = None) -> bool:
+        """Block until ``predicate()`` (evaluated under the lock after each change, of one
+        of ``kinds`` if given) holds."""
         deadline = time.monotonic() + timeout
-        with self.changed:
+        changed = self.changed if kinds is None else self.changed_for(kinds)
+        with changed:
             while not predicate():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self.closed:
                     return False
-                self.changed.wait(min(remaining, 0.5))
+                changed.wait(min(remaining, 0.5))
             return True

@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 JOB_KIND = "jobs.batch"
+# What wakes a pass before its tick: the kinds these controllers' informers watch (the
+# training operator: PyTorchJobs and their pods, pytorchjob_controller.go SetupWithManager;
+# the Job controller: Jobs and pods; JobSet: JobSets and Jobs; the Trainer: TrainJobs and
+# JobSets; the kubelet: pods). Events, Secrets, QualificationRuns and Leases wake none of
+# them; what the kubelet reads of a Secret it retries on its own timer.
+WATCHED = frozenset({PTJ_KIND, "pods", JOB_KIND, trainer.TRAINJOB_KIND, trainer.JOBSET_KIND})
 
 __all__ = ["Container", "Round", "SimulatedTrainingOperator"]
 
@@ -63,6 +69,7 @@ class SimulatedTrainingOperator:
         self._seen = -1
         self._retry: set[str] = set()
         self._stopping = threading.Event()
+        self._changed = store.changed_for(WATCHED)
         self._thread: threading.Thread | None = None
         if webhook:
             api.add_validator(self._webhook, {"PyTorchJob", *trainer.WEBHOOK_KINDS})
@@ -114,8 +121,8 @@ class SimulatedTrainingOperator:
     # ----------------------------------------------------------------- the loop
 
     def _wake(self) -> None:
-        with self.api.store.changed:
-            self.api.store.changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
 
     def _loop(self) -> None:
         store = self.api.store
@@ -128,7 +135,8 @@ class SimulatedTrainingOperator:
                 self.errors.append(e)
                 return
             store.wait_for(lambda last=seen: (  # type: ignore[misc]
-                self._stopping.is_set() or store.resource_version != last), self.tick)
+                self._stopping.is_set() or store.resource_version != last), self.tick,
+                kinds=WATCHED)
 
     def reconcile(self) -> None:
         """One pass: PyTorchJobs with news, every Job, the kubelet."""
