@@ -31,8 +31,7 @@ against ``runs``.
 ``--pin`` puts the operator on one CPU and this process (the API, the simulated cluster,
 every pod) on another, as far as a 2-core machine can stand for an API server on machines
 of its own: the operator's requests no longer wait for the pods' CPU on its core, and
-neither process's threads hand the interpreter lock from core to core (each runs one
-thread at a time anyway).
+neither process's threads (which run one at a time anyway) move between the cores.
 """
 
 from __future__ import annotations
