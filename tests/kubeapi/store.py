@@ -3,9 +3,9 @@
 One re-entrant lock guards everything; ``changed`` (a condition on that lock) is notified
 on every commit so ``wait_for`` wakes up, and the condition of :meth:`changed_for` on a
 commit of one of its kinds only, so a watch stream or a simulated controller wakes for its
-own kinds' events. Stored objects are never
-mutated in place: every write stores a new dict, and the watch history keeps references
-to them, so readers copy only what they hand out.
+own kinds' events. Stored objects are never mutated in place: every write stores a new
+dict, and the watch history keeps references to them, so readers copy only what they hand
+out.
 
 Semantics worth knowing when a test depends on them:
 
