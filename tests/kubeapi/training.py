@@ -36,11 +36,16 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 JOB_KIND = "jobs.batch"
-# What wakes a pass before its tick: the kinds these controllers' informers watch (the
-# training operator: PyTorchJobs and their pods, pytorchjob_controller.go SetupWithManager;
-# the Job controller: Jobs and pods; JobSet: JobSets and Jobs; the Trainer: TrainJobs and
-# JobSets; the kubelet: pods). Events, Secrets, QualificationRuns and Leases wake none of
-# them; what the kubelet reads of a Secret it retries on its own timer.
+# What wakes a pass before its tick: the kinds these controllers' informers watch. The
+# training operator: PyTorchJobs, their pods and Services (training-operator
+# pkg/controller.v1/pytorch/pytorchjob_controller.go SetupWithManager; this double makes no
+# Services); the Job controller: Jobs and pods (kubernetes pkg/controller/job/
+# job_controller.go NewController); JobSet: JobSets and the Jobs they own (jobset
+# pkg/controllers/jobset_controller.go SetupWithManager); the Trainer: TrainJobs, and
+# JobSets through its JobSet plugin's EventHandlerRegistrars (trainer
+# pkg/controller/trainjob_controller.go SetupWithManager); the kubelet: pods. Events,
+# Secrets, QualificationRuns and Leases wake none of them; what the kubelet reads of a
+# Secret it retries on its own timer.
 WATCHED = frozenset({PTJ_KIND, "pods", JOB_KIND, trainer.TRAINJOB_KIND, trainer.JOBSET_KIND})
 
 __all__ = ["Container", "Round", "SimulatedTrainingOperator"]
