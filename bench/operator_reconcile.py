@@ -7,6 +7,12 @@ tests' simulated workers writing traces, beacons and verdicts into a ``file://``
 (no S3 endpoint in the way: what is measured is the operator). Every run has 2 legs of
 2 nodes x 1 rank, a hard kill on rank 1, and a comparator Job.
 
+The pods run in a process of their own (:class:`tests.kubeapi.node.NodeRuntime`: the
+kubelet stays with the API and signals them there), as on nodes apart from the control
+plane, at the lowest CPU priority: on two cores they get what the operator and the API
+leave, as training processes on other machines would take none of it.
+``--pods-with-api`` runs them on threads of the API's process instead, at its priority.
+
 Printed: reconcile latency percentiles (from the operator's own
 ``resumequal_operator_reconcile_duration_seconds`` histogram, interpolated within buckets as
 ``histogram_quantile`` does), how long runs waited in the operator's work queue before a
@@ -19,6 +25,7 @@ a QualificationRun and status writes counted apart).
 
     python bench/operator_reconcile.py [--runs 200] [--concurrency 50] [--workers 4]
                                        [--poll-seconds 1] [--held 1800] [--pin]
+                                       [--pods-with-api]
 
 At most ``--concurrency`` runs are in flight; finished ones stay (the operator keeps
 resyncing them), so it ends holding all of them. ``--held N`` runs the same load twice in
@@ -28,8 +35,8 @@ keeps, its verdict.json in the store), and prints the ratios of the second to th
 reconcile p99, peak memory and the queue wait p99 of changes with ``runs + N`` held
 against ``runs``.
 
-``--pin`` puts the operator on one CPU and this process (the API, the simulated cluster,
-every pod) on another, as far as a 2-core machine can stand for an API server on machines
+``--pin`` puts the operator on one CPU and this process (the API, the simulated cluster)
+and the pods' on another, as far as a 2-core machine can stand for an API server on machines
 of its own: the operator's requests no longer wait for the pods' CPU on its core, and
 neither process's threads (which run one at a time anyway) move between the cores.
 """
@@ -55,6 +62,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.kubeapi import KubeAPI  # noqa: E402 - the repository root is on the path now
 from tests.kubeapi.fixtures import QUALIFICATIONRUN_CRD  # noqa: E402
+from tests.kubeapi.node import NodeRuntime  # noqa: E402
 from tests.kubeapi.training import SimulatedTrainingOperator  # noqa: E402
 from tests.operator.harness import run_manifest, write_kubeconfig  # noqa: E402
 from tests.operator.workers import Workers, verdict  # noqa: E402
@@ -72,6 +80,8 @@ from resumequal_operator.resource import parse_run_spec, qualification_spec  # n
 from resumequal_operator.status import run_status  # noqa: E402
 
 NAMESPACE = "quals"
+# The pods' process runs at the lowest CPU priority (see measure).
+NODE_NICE = 19
 # Timeouts sized for many runs' pods simulated on 2 cores.
 TIMEOUTS = {"armSeconds": 900, "restartSeconds": 900, "processGroupSeconds": 1000,
             "legSeconds": 1800}
@@ -186,7 +196,10 @@ def main() -> None:
                         help="also run with this many more runs finished beforehand, and "
                              "print the ratios")
     parser.add_argument("--pin", action="store_true",
-                        help="the operator on one CPU, this process on another")
+                        help="the operator on one CPU, this process (and the pods) on another")
+    parser.add_argument("--pods-with-api", action="store_true",
+                        help="the pods on threads of this process, beside the API (their CPU "
+                             "then holds the API's interpreter lock), at the same priority")
     args = parser.parse_args()
     args.cpus = None
     if args.pin:
@@ -221,7 +234,16 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
         api.register_crd(QUALIFICATIONRUN_CRD)
         store = {"uri": f"file://{tmp}/store"}
         hold_finished(api, store, held)
-        sim = SimulatedTrainingOperator(api, run_container=Workers(hold_timeout=args.timeout))
+        workers = Workers(hold_timeout=args.timeout)
+        if args.pods_with_api:
+            sim = SimulatedTrainingOperator(api, run_container=workers)
+        else:
+            node = NodeRuntime(workers)
+            assert node.pid is not None
+            # The pods stand for training processes on nodes of their own: here they get
+            # the CPU that the operator and the control plane leave.
+            os.setpriority(os.PRIO_PROCESS, node.pid, NODE_NICE)
+            sim = SimulatedTrainingOperator(api, runtime=node)
         sim.start()
         port = free_port()
         env = dict(os.environ, KUBECONFIG=str(write_kubeconfig(api, Path(tmp) / "kubeconfig")),
@@ -250,6 +272,7 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
             runs_kind = api.kind(QUALIFICATION_RUNS.plural)
             start = time.monotonic()
             bench_cpu_start = time.process_time()
+            pods_cpu_start = 0.0 if args.pods_with_api else cpu_seconds(node.pid)
             finished: dict[str, tuple[float, str]] = {}
             while len(finished) < args.runs:
                 while len(created) < min(args.runs, len(finished) + args.concurrency):
@@ -278,6 +301,7 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
             rss = peak_rss_mib(proc.pid)
             operator_cpu = cpu_seconds(proc.pid)
             bench_cpu = time.process_time() - bench_cpu_start
+            pods_cpu = None if args.pods_with_api else cpu_seconds(node.pid) - pods_cpu_start
             requests = api.requests
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -296,8 +320,10 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
     print(json.dumps({"runs": args.runs, "held": held, "succeeded": args.runs - len(failed),
                       "concurrency": args.concurrency, "workers": args.workers,
                       "poll_seconds": args.poll_seconds,
+                      "pods": "with the API" if args.pods_with_api else
+                      f"a process of their own, nice {NODE_NICE}",
                       "cpus": None if args.cpus is None else
-                      {"operator": args.cpus[0], "api and cluster": args.cpus[1]}}))
+                      {"operator": args.cpus[0], "api, cluster and pods": args.cpus[1]}}))
     print(f"reconciles: {reconciles:.0f} in {wall:.1f}s ({reconciles / wall:.0f}/s), "
           f"errors {metrics.get('resumequal_operator_reconcile_errors_total', 0):.0f}")
     mean_ms = metrics[f"{family}_sum"] / reconciles * 1000
@@ -319,10 +345,13 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
                 f"{count:.0f} keys)")
     print(f"apply to verdict:   {percentiles(verdicts)}")
     # Wall time in a reconcile is its CPU plus waiting: on the API (served by this
-    # process, which also plays the training operator and every pod) and for a core.
+    # process, which also plays the training operator, the Job controller and the kubelet)
+    # and for a core.
+    here = "API, controllers, kubelet" + (", pods" if pods_cpu is None else "")
+    pods = "" if pods_cpu is None else f", the pods' process {pods_cpu:.1f}s"
     print(f"CPU:                operator {operator_cpu:.1f}s "
           f"({operator_cpu / reconciles * 1000:.2f}ms/reconcile, whole process), this "
-          f"process (API, training operator, pods) {bench_cpu:.1f}s, in {wall:.1f}s on "
+          f"process ({here}) {bench_cpu:.1f}s{pods}, in {wall:.1f}s on "
           f"{os.cpu_count()} CPUs")
     print(f"operator peak RSS:  {rss:.0f} MiB")
     runs_path = QUALIFICATION_RUNS.path(NAMESPACE)

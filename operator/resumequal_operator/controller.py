@@ -271,8 +271,11 @@ class Reconciler:
                 f"{streak.message}; retrying until timeouts.backendErrorSeconds="
                 f"{run.qspec.timeouts.backend_error_seconds:g} have passed"), warning=True)
         zoom = self._zoom(run, q.status, previous) if error is None and q.status.done else None
-        obj = self._write_status(run.obj, self._status(run, plan, q.status, previous,
-                                                        generation, zoom))
+        try:
+            obj = self._write_status(run.obj, self._status(run, plan, q.status, previous,
+                                                            generation, zoom))
+        finally:
+            backend.wait_side_writes()  # nothing of this reconcile is left running
         if error is not None:
             raise error
         if q.status.done:

@@ -3,7 +3,8 @@
 Owns: the emulated cluster state and its semantics, served to the official ``kubernetes``
 client and ``kubectl``, and the cluster side as upstream behaves: the Kubeflow training
 operator v1.9 (PyTorchJob), the batch/v1 Job controller and a kubelet whose containers are
-scripted threads or real processes (:mod:`.training`). Must not: import the operator
+scripted threads, here or on a node process of their own (:mod:`.node`), or real processes
+(:mod:`.training`). Must not: import the operator
 under test, or talk to anything but loopback.
 
     with KubeAPI() as api:                          # or the ``kubeapi`` fixture

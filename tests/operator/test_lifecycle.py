@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from resumequal.runstore import RunLocation
+from resumequal.runstore import LegFiles, PodKill, RunLocation
 from resumequal.signing import KEY_ENV
 from resumequal.spec import S3Spec
 from resumequal_operator import pytorchjob
@@ -389,6 +390,41 @@ def test_a_leg_that_does_not_resume_times_out(
                run_manifest("stuck", store, timeouts={"restartSeconds": 1}))
     message = _failed_with_timeout(api, "stuck")
     assert "preempted leg did not resume within timeouts.restartSeconds=1" in message
+
+
+def test_the_kill_is_recorded_in_the_store_while_the_status_says_so(
+    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator, workers: Workers,
+    store: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After the pod's deletion, the record the comparator's timeline reads and the status
+    # that records the kill go side by side: one round trip, not two. Each waits here until
+    # the other has started; written one after the other, the first would wait alone.
+    record_started, status_started = threading.Event(), threading.Event()
+    overlapped: dict[str, bool] = {}
+    write_pod_kill = LegFiles.write_pod_kill
+
+    def recording(self: LegFiles, kill: PodKill) -> str:
+        record_started.set()
+        overlapped["the record saw the status"] = status_started.wait(10)
+        return write_pod_kill(self, kill)
+
+    def admit(obj: Obj) -> None:
+        phase = (obj.get("status") or {}).get("phase")
+        if obj.get("kind") == "QualificationRun" and phase == "Preempted" \
+                and not status_started.is_set():
+            status_started.set()
+            overlapped["the status saw the record"] = record_started.wait(10)
+
+    monkeypatch.setattr(LegFiles, "write_pod_kill", recording)
+    api.add_validator(admit)
+    operators.start()
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("recorded", store))
+    run = wait_phase(api, "recorded", ("Succeeded", "Failed"), timeout=30)
+    assert run["status"]["phase"] == "Succeeded", condition(run, "Ready")
+    assert overlapped == {"the record saw the status": True, "the status saw the record": True}
+    record = RunLocation.open(run["status"]["runUri"], workers.s3).leg("preempted") \
+        .read_pod_kill(1, 0)
+    assert record is not None and record.pod == run["status"]["preemption"]["pod"]
 
 
 def test_a_huge_failure_reason_is_truncated_everywhere_it_is_shown(

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
+from resumequal_operator import service
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import LEASES, QUALIFICATION_RUNS
 from resumequal_operator.main import main
-from resumequal_operator.service import ServiceOptions, settings_from
+from resumequal_operator.service import ServiceOptions, freeze_startup, settings_from
 from tests.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
@@ -54,6 +60,47 @@ def _get(url: str) -> int:
         return int(e.code)
     except OSError:
         return 0
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_start_up_is_frozen_and_the_collector_still_collects_what_comes_after() -> None:
+    gc.unfreeze()
+    try:
+        freeze_startup()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        # Garbage in cycles made afterwards is still found by the collector.
+        cycle = _Cycle()
+        gone = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        assert gone() is None
+    finally:
+        gc.unfreeze()
+
+
+def test_serve_freezes_start_up_before_the_operator_runs(
+    api: KubeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frozen: list[int] = []
+
+    def run_until(self: Any, stop: threading.Event) -> None:
+        frozen.append(gc.get_freeze_count())
+        self.health.server.server_close()  # bound, never started
+
+    monkeypatch.setattr(service, "cluster_configuration", api.configuration)
+    monkeypatch.setattr(service.Operator, "run_until", run_until)
+    monkeypatch.setattr(service.signal, "signal", lambda *args: None)  # pytest's stay
+    gc.unfreeze()
+    try:
+        service.serve(ServiceOptions(namespaces=(NAMESPACE,), port=0, leader_elect=False,
+                                     crd_policy="skip"))
+    finally:
+        gc.unfreeze()
+    assert len(frozen) == 1 and frozen[0] > 0
 
 
 def test_the_operator_process_reconciles_and_stops_on_sigterm(

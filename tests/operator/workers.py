@@ -89,6 +89,14 @@ class Workers:
     _locations: dict[str, RunLocation] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __getstate__(self) -> dict[str, object]:
+        """What a node process (:class:`tests.kubeapi.node.NodeRuntime`) is sent: the
+        script's settings, not the locations opened here or the lock."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_locations", "_lock")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state, _locations={}, _lock=threading.Lock())
+
     def location(self, uri: str) -> RunLocation:
         with self._lock:
             if uri not in self._locations:
