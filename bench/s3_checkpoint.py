@@ -142,16 +142,26 @@ def transfer_config() -> Any:
     )
 
 
-def timed(fn: Callable[[], Any]) -> float:
+# The CPU time this process spent in each timed step, by the step's name: both sides run
+# here, moto apart, so this is what each side's client costs (moto's share is the same
+# bytes for both).
+CPU: dict[str, list[float]] = {}
+
+
+def timed(fn: Callable[[], Any], name: str = "") -> float:
     """``fn``'s wall time, started from the same quiet state for every side: the local
     files the step before wrote flushed (their writeback would otherwise land on whoever
-    comes next; a resume writes 300 MB to disk), garbage collected, moto idle."""
+    comes next; a resume writes 300 MB to disk), garbage collected, moto idle. Its CPU time
+    goes to ``CPU[name]``."""
     os.sync()
     gc.collect()
     time.sleep(0.3)
+    cpu = time.process_time()
     start = time.perf_counter()
     fn()
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    CPU.setdefault(name, []).append(time.process_time() - cpu)
+    return wall
 
 
 def quiet() -> None:
@@ -253,12 +263,13 @@ def main() -> None:
             # first alternates, and rounds are compared in pairs (see the docstring).
             s_local = timed(local_write)
             if r % 2 == 0:
-                s_ours, s_raw = timed(ours_save), timed(raw_upload)
-                l_ours, l_raw = timed(ours_load), timed(raw_download)
+                s_ours, s_raw = timed(ours_save, "save"), timed(raw_upload, "upload")
+                l_ours, l_raw = timed(ours_load, "load"), timed(raw_download, "download")
             else:
-                s_raw, s_ours = timed(raw_upload), timed(ours_save)
-                l_raw, l_ours = timed(raw_download), timed(ours_load)
+                s_raw, s_ours = timed(raw_upload, "upload"), timed(ours_save, "save")
+                l_raw, l_ours = timed(raw_download, "download"), timed(ours_load, "load")
             if r < 0:
+                CPU.clear()  # the warm-up's CPU (imports, first connections) is not counted
                 continue
             saves.append((s_ours, s_raw, s_local))
             loads.append((l_ours, l_raw))
@@ -276,6 +287,10 @@ def main() -> None:
                " MB/s, not in either)")
         report("resume (newest+verify+load)", total_mb, [x[0] for x in loads],
                [x[1] for x in loads], "boto3 download_file")
+        cpu = {name: statistics.median(values) for name, values in CPU.items()}
+        print(f"  client CPU (this process, median s): save {cpu['save']:.2f} / boto3 upload "
+              f"{cpu['upload']:.2f}; resume {cpu['load']:.2f} / boto3 download "
+              f"{cpu['download']:.2f}")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ from resumequal.plan import (
     rdzv_conf,
 )
 from resumequal.signing import KEY_ENV
-from resumequal.store import ADDRESSING_STYLE_ENV
+from resumequal.store import ADDRESSING_STYLE_ENV, SIGN_PAYLOADS_ENV
 from resumequal_operator.resource import (
     API_VERSION,
     GPU_RESOURCES,
@@ -189,6 +189,8 @@ def _env(spec: QualificationRunSpec, run_name: str, uid: str) -> list[Obj]:
     if store.addressing_style != "auto":
         # botocore has no variable of its own for it; a worker reads this before it has a spec.
         env.append({"name": ADDRESSING_STYLE_ENV, "value": store.addressing_style})
+    if store.sign_payloads:
+        env.append({"name": SIGN_PAYLOADS_ENV, "value": "1"})  # the same: no spec yet
     return env
 
 

@@ -175,6 +175,8 @@ class StoreSpec(_Section):
     addressing_style: Literal["path", "virtual", "auto"] = Field(
         default="auto", description="'path' for MinIO and RGW without wildcard DNS."
     )
+    sign_payloads: bool = Field(
+        default=False, description=S3Spec.model_fields["sign_payloads"].description)
 
     @field_validator("uri")
     @classmethod
@@ -206,7 +208,7 @@ class StoreSpec(_Section):
         if not self.is_s3:
             return None
         return S3Spec(endpoint_url=self.endpoint_url, region=self.region,
-                      addressing_style=self.addressing_style)
+                      addressing_style=self.addressing_style, sign_payloads=self.sign_payloads)
 
 
 class ResourceRequirements(_Section):

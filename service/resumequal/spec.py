@@ -304,6 +304,13 @@ class S3Spec(_Section):
         description="Attempts per request (exponential backoff); 5 ride out ~15 s of "
         "endpoint trouble before a save fails.",
     )
+    sign_payloads: bool = Field(
+        default=False,
+        description="Sign request bodies (SigV4's payload sha256) over http too, for a "
+        "store that refuses UNSIGNED-PAYLOAD. Off: bodies go unsigned with a CRC32 the "
+        "store checks, as botocore sends them over https; a checkpoint's own sha256 is in "
+        "its authenticated manifest, so nothing is hashed twice.",
+    )
 
     @field_validator("endpoint_url")
     @classmethod

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -425,6 +425,62 @@ def _parts_store(server: MotoServer, **fields: object) -> S3Store:
     """5 MiB parts (S3's smallest), so a few MiB make a multipart object."""
     config = s3_config(server, multipart_threshold_mb=5, multipart_chunk_mb=5, **fields)
     return S3Store(f"s3://{server.new_bucket()}/parts", config)
+
+
+def _bodies_sent(store: S3Store) -> list[tuple[str, bytes, dict[str, str]]]:
+    """(operation, body, headers) of every request with a body ``store`` sends from now on,
+    as botocore hands it to the connection (signed, checksummed)."""
+    sent: list[tuple[str, bytes, dict[str, str]]] = []
+
+    def record(request: Any, event_name: str, **_: Any) -> None:
+        body = request.body
+        if body is not None and not isinstance(body, bytes | bytearray):
+            position = body.tell()
+            body, _ = body.read(), body.seek(position)
+        if body:
+            sent.append((event_name.rsplit(".", 1)[-1], bytes(body), {
+                k.lower(): v.decode() if isinstance(v, bytes) else v
+                for k, v in request.headers.items()}))
+
+    store._client.meta.events.register("before-send.s3", record)
+    return sent
+
+
+def _upload_small_and_in_parts(store: S3Store) -> None:
+    store.put_bytes("small", b"x" * 1000)
+    writer = store.writer("shard.bin")
+    writer.write(os.urandom(7 * MiB))
+    writer.close()
+
+
+def test_bodies_go_unsigned_beside_a_checksum_the_store_checks(moto_server: MotoServer) -> None:
+    # Over plain http botocore would hash every body once more (SigV4's payload sha256)
+    # after the sha256 a checkpoint's manifest keeps: the body goes UNSIGNED-PAYLOAD with
+    # its CRC32, as botocore sends it over https.
+    store = _parts_store(moto_server)
+    sent = _bodies_sent(store)
+    _upload_small_and_in_parts(store)
+    data = [(op, h) for op, _, h in sent if op in ("PutObject", "UploadPart")]
+    assert [op for op, _ in data] == ["PutObject", "UploadPart", "UploadPart"]
+    for _, headers in data:
+        assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
+        assert "x-amz-checksum-crc32" in headers
+    assert len(store.get_bytes("shard.bin")) == 7 * MiB
+
+
+def test_bodies_are_signed_for_a_store_that_wants_them_or_without_checksums(
+    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signed = _parts_store(moto_server, sign_payloads=True)
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+    unchecked = _parts_store(moto_server)
+    for store in (signed, unchecked):
+        sent = _bodies_sent(store)
+        _upload_small_and_in_parts(store)
+        assert [op for op, _, _ in sent][:3] == ["PutObject", "UploadPart", "UploadPart"]
+        for _, body, headers in sent:
+            assert headers["x-amz-content-sha256"] == hashlib.sha256(body).hexdigest()
+    assert len(unchecked.get_bytes("shard.bin")) == 7 * MiB
 
 
 def test_a_streamed_object_goes_up_in_parts_and_exists_only_once_closed(

@@ -296,6 +296,7 @@ def test_leg_job_shape() -> None:
     assert "AWS_ENDPOINT_URL" not in env  # STS (web identity) must keep its own endpoint
     # A worker reads the run location before it has a spec: path-style MinIO needs this.
     assert env["RESUMEQUAL_S3_ADDRESSING_STYLE"]["value"] == "path"
+    assert "RESUMEQUAL_S3_SIGN_PAYLOADS" not in env  # unsigned bodies, the default
     assert pod["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Equal",
                                    "value": "training", "effect": "NoSchedule"}]
@@ -409,6 +410,17 @@ def test_without_a_secret_the_pods_use_their_own_aws_chain() -> None:
             assert not names & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                 "AWS_ENDPOINT_URL_S3", "RESUMEQUAL_S3_ADDRESSING_STYLE"}
             assert "AWS_REGION" in names
+
+
+def test_a_store_that_wants_signed_payloads_says_so_to_every_pod() -> None:
+    cr, _, jobs, comparator = _manifests({"store": {
+        "uri": "s3://acme-runs/q", "endpointUrl": "http://rgw.storage.svc:7480",
+        "signPayloads": True}})
+    assert cr.store.s3_spec() is not None and cr.store.s3_spec().sign_payloads  # type: ignore[union-attr]
+    for obj in [*jobs, comparator]:
+        for c in _containers(obj):
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["RESUMEQUAL_S3_SIGN_PAYLOADS"] == "1"
 
 
 def test_graceful_pods_get_the_grace_period() -> None:

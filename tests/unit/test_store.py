@@ -227,6 +227,22 @@ def test_s3_config_from_a_spec_or_the_environment(monkeypatch: pytest.MonkeyPatc
         s3_config(None)
 
 
+def test_whether_payloads_are_signed_from_a_spec_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumequal.spec import S3Spec
+    from resumequal.store import SIGN_PAYLOADS_ENV, StoreError, s3_config
+
+    monkeypatch.delenv(SIGN_PAYLOADS_ENV, raising=False)
+    assert s3_config(None).sign_payloads is False
+    assert s3_config(S3Spec(sign_payloads=True)).sign_payloads is True
+    monkeypatch.setenv(SIGN_PAYLOADS_ENV, "1")
+    assert s3_config(None).sign_payloads is True
+    assert s3_config(S3Spec()).sign_payloads is False  # a spec says it all
+    monkeypatch.setenv(SIGN_PAYLOADS_ENV, "yes")
+    with pytest.raises(StoreError, match=f"{SIGN_PAYLOADS_ENV}='yes': expected 0 or 1"):
+        s3_config(None)
+
+
 def test_put_new_writes_only_once(store: FileStore) -> None:
     assert store.put_new("run.json", b"first") is True
     assert store.put_new("run.json", b"second") is False

@@ -32,10 +32,17 @@ from resumequal.store.errors import (
 )
 from resumequal.store.file import FileStore
 from resumequal.store.registry import register, schemes, store_class, supported
-from resumequal.store.s3 import ADDRESSING_STYLE_ENV, S3Config, S3Store, s3_config
+from resumequal.store.s3 import (
+    ADDRESSING_STYLE_ENV,
+    SIGN_PAYLOADS_ENV,
+    S3Config,
+    S3Store,
+    s3_config,
+)
 
 __all__ = [
     "ADDRESSING_STYLE_ENV",
+    "SIGN_PAYLOADS_ENV",
     "FileStore",
     "ObjectInfo",
     "S3Config",
