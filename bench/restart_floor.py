@@ -1,10 +1,14 @@
-"""CPU time a restarted worker spends loading code before its first step, stage by stage,
-next to the bare worker's: the floor under ``bench/restart_latency.py``.
+"""CPU time a worker started afresh spends loading code before its first step, stage by
+stage, next to the bare worker's.
 
-Both workers of a restart start at once and each keeps one of this machine's cores busy
-from its start to its first step (a leg's rank, or the bare script's), so on two cores
-the restart's wall time follows each rank's CPU time. This script measures the part of
-it that is loading code, in fresh interpreters (the figure per stage is the median over
+A leg's workers are forked from the agent's forkserver (``resumequal.agent``), which loads
+this code once, before the first attempt (``resumequal.train.preload``): a restart loads
+none of it. What it costs is paid there, once per agent: at a leg's start, and by the new
+agent of a replaced node or pod. A worker started as a fresh interpreter (plain torchrun,
+the torch-alone and bare sides of ``bench/restart_latency.py``) pays it at every start:
+both workers of a restart start at once and each keeps one of this machine's cores busy
+until its first step, so their wall time follows each rank's CPU time. This script
+measures that loading, in fresh interpreters (the figure per stage is the median over
 ``--repeats``; CPU is user + system, in the 10 ms ticks ``os.times`` counts), in the
 order a leg loads it:
 

@@ -1,23 +1,25 @@
 """From the kill to the first resumed step, phase by phase, next to the same resume with
 torch alone and a bare torchrun restart.
 
-All three sides run under torchrun as LocalBackend launches legs (c10d rendezvous on
-loopback, 2 ranks, ``--max-restarts 1``, ``--monitor-interval 0.1``, OMP_NUM_THREADS=1) and
-lose rank 1 to a SIGKILL on attempt 0:
+All three sides run with LocalBackend's launch options (c10d rendezvous on loopback, 2
+ranks, ``--max-restarts 1``, ``--monitor-interval 0.1``, OMP_NUM_THREADS=1) and lose rank 1
+to a SIGKILL on attempt 0:
 
 - resumequal: the preempted leg of the default spec (hard cut at step 6, microstep 1, on
-  rank 1). The bench waits for the beacon, kills the pid it names, and reads the phases of
-  attempt 1 from torchrun's log and the leg's trace;
-- torch alone: ``bench/_torch_resume.py``, the same training (tiny-gpt's size, DDP, AdamW,
-  deterministic algorithms, DCP) resumed as a torch user would without resumequal: no
-  spec, trace, beacon or checkpoint verification. What torch itself must load and run to
-  resume, so the floor under the first side;
-- bare: ``bench/_bare_restart.py``, which only joins a per-attempt gloo group and
-  all-reduces once; rank 1 publishes its pid and sleeps until killed.
+  rank 1), launched as LocalBackend launches it: under torchrun's agent with its workers
+  forked from a process that loaded their code once (``resumequal.agent``). The bench
+  waits for the beacon, kills the pid it names, and reads the phases of attempt 1 from the
+  agent's log and the leg's trace;
+- torch alone: ``bench/_torch_resume.py`` under torchrun itself, the same training
+  (tiny-gpt's size, DDP, AdamW, deterministic algorithms, DCP) resumed as a torch user
+  would without resumequal: no spec, trace, beacon or checkpoint verification, every
+  worker a fresh interpreter that loads torch, DCP and dynamo;
+- bare: ``bench/_bare_restart.py`` under torchrun itself, which only joins a per-attempt
+  gloo group and all-reduces once; rank 1 publishes its pid and sleeps until killed.
 
 Phases, each a timestamp on this machine's clock, measured from the kill:
 
-    failure detected  torchrun logs "failed (exitcode: -9)" (it logs this once it has also
+    failure detected  the agent logs "failed (exitcode: N)" (it logs this once it has also
                       stopped the surviving ranks)
     processes up      earliest process creation of attempt 1 (/proc), over ranks
     group joined      the last rank of attempt 1 has joined its process group
@@ -27,9 +29,8 @@ Phases, each a timestamp on this machine's clock, measured from the kill:
 
 The bare side stops at "group joined". Runs rotate the order of the sides; figures are
 medians. Printed ratios (each the median over rounds of one run per side): resumequal to
-bare (kill -> first step against kill -> group joined), torch alone to bare (what torch
-itself adds, the floor of the first ratio), and resumequal to torch alone (kill -> first
-step on both: what resumequal adds to a resume).
+bare (kill -> first step against kill -> group joined), torch alone to bare, and
+resumequal to torch alone (kill -> first step on both).
 
     python bench/restart_latency.py [--repeats 3]
 
@@ -80,10 +81,15 @@ class BenchError(Exception):
     """A launch failed or left nothing to measure."""
 
 
-def torchrun(args: Sequence[str]) -> list[str]:
-    """LocalBackend's launch options."""
+# The torch-alone and bare sides run under torchrun itself, as a torch user would: their
+# workers start as fresh interpreters (resumequal's legs run under its agent, TORCHRUN).
+PLAIN_TORCHRUN = ("-m", "torch.distributed.run")
+
+
+def torchrun(args: Sequence[str], agent: Sequence[str] = TORCHRUN) -> list[str]:
+    """LocalBackend's launch options, under ``agent``."""
     return [
-        sys.executable, *TORCHRUN,
+        sys.executable, *agent,
         *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=NPROC,
                              max_restarts=1),
         *args,
@@ -176,7 +182,7 @@ def script_run(tree: ProcessTree, script: Path, out: Path, timeout: float,
     file (the earliest process start, the latest of the others)."""
     out.mkdir(parents=True)
     log = out.with_suffix(".log")
-    cmd = torchrun([str(script), "--out", str(out)])
+    cmd = torchrun([str(script), "--out", str(out)], PLAIN_TORCHRUN)
     killed_at = kill_and_wait(tree, cmd, log, out / f"pid-rank-{TARGET_RANK}.json", timeout)
     bodies: list[dict[str, Any]] = [
         json.loads((out / f"attempt-1-rank-{rank}.json").read_text()) for rank in range(NPROC)
@@ -268,8 +274,8 @@ def report(runs: dict[str, list[Timeline]]) -> None:
     print(f"kill -> first resumed step: resumequal {rq_total:.0f} ms, torch alone "
           f"{torch_total:.0f} ms; bare kill -> group joined {bare_total:.0f} ms")
     print(f"resumequal / bare        {to_bare:.2f}x (pairs: {to_bare_pairs})")
-    print(f"torch alone / bare       {floor:.2f}x (pairs: {floor_pairs}): the floor of the "
-          "ratio above")
+    print(f"torch alone / bare       {floor:.2f}x (pairs: {floor_pairs}): a resume whose "
+          "workers load torch, DCP and dynamo afresh")
     print(f"resumequal / torch alone {to_torch:.2f}x (pairs: {to_torch_pairs}): what "
           "resumequal adds to a resume")
     print(f"largest phase beyond torch alone: {PHASES[worst]} "
@@ -277,8 +283,8 @@ def report(runs: dict[str, list[Timeline]]) -> None:
     print()
     print(f"summary: resumequal resumes {rq_total / 1e3:.2f} s after the kill, "
           f"{to_torch:.2f}x the same resume with torch alone ({torch_total / 1e3:.2f} s) and "
-          f"{to_bare:.2f}x a bare torchrun restart ({bare_total / 1e3:.2f} s), whose floor "
-          f"with torch's own loads is {floor:.2f}x")
+          f"{to_bare:.2f}x a bare torchrun restart ({bare_total / 1e3:.2f} s); torch alone "
+          f"is {floor:.2f}x that")
 
 
 def main() -> None:

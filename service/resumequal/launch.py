@@ -1,5 +1,8 @@
 """``resumequal launch``: the main process of a leg's pod, a thin parent of torchrun.
 
+"torchrun" here is :mod:`resumequal.agent`: torchrun's own agent, options and exits, with
+its workers forked from a process that loaded their code once.
+
 torchrun as a container's main process answers SIGTERM by re-raising it and exiting 1,
 which the training operator's ExitCode policy takes for a permanent failure of the whole
 job; and it forwards the SIGTERM to its workers, so every pod deletion would be a graceful
@@ -11,9 +14,10 @@ stop. The launcher runs torchrun as its child and decides instead:
   (they commit an emergency checkpoint and exit 143), and waits for torchrun. In ``hard``
   mode it SIGKILLs torchrun and every worker at once, so nothing is saved.
 
-torchrun starts each worker in a session of its own; the launcher finds them by a tag in
-their environment, inherited from torchrun. It must stay light: no torch, nothing of the
-training side. As a pod's PID 1 it also reaps the orphans re-parented to it.
+The launcher finds torchrun's processes by a tag in their environment, which all of them
+inherit from torchrun (its workers, and the forkserver they are forked from). It must
+stay light: no torch, nothing of the training side. As a pod's PID 1 it also reaps the
+orphans re-parented to it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from resumequal.local.processes import Tagged, send_signal
 log = logging.getLogger(__name__)
 
 TAG_VAR = "RESUMEQUAL_LAUNCHER_TAG"
+# What it runs, after the interpreter: resumequal.plan.TORCHRUN (torchrun's agent with its
+# workers forked, :mod:`resumequal.agent`), spelled here so the launcher imports no spec.
+AGENT = ("-m", "resumequal.agent")
 Mode = Literal["hard", "graceful"]
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # SIGKILLed processes are gone within milliseconds; this only bounds a kernel that stalls.
@@ -51,7 +58,7 @@ class Launcher:
     def __init__(self, mode: Mode, torchrun_args: list[str], *,
                  python: str = sys.executable) -> None:
         self.mode = mode
-        self.cmd = [python, "-m", "torch.distributed.run", *torchrun_args]
+        self.cmd = [python, *AGENT, *torchrun_args]
         self.tag = uuid.uuid4().hex
         self._tagged = Tagged(self.tag, TAG_VAR)
         self.signalled: int | None = None

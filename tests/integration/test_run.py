@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -21,21 +22,34 @@ pytestmark = pytest.mark.slow
 FAST = ["--set", "workload.name=dropout-mlp", "--set", "controls.enabled=false"]
 
 
+# Every process a run starts inherits its environment, this variable with it: its legs'
+# agents, the forkserver they fork workers from, the workers, whose command lines are the
+# forkserver's and name no run.
+RUN_MARK = "RESUMEQUAL_TEST_RUN"
+
+
 def _resumequal(*args: str, timeout: float = 280,
                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return legs.resumequal(*args, timeout=timeout, env=env)
+    return legs.resumequal(*args, timeout=timeout, env={**(env or {}), **_marked(args)})
 
 
-def _processes_mentioning(text: str) -> list[int]:
+def _marked(args: Sequence[str]) -> dict[str, str]:
+    """The environment that marks the processes of a run started with ``args``."""
+    return {RUN_MARK: args[args.index("--run-dir") + 1]} if "--run-dir" in args else {}
+
+
+def _processes_of(run_dir: Path) -> list[int]:
+    """The processes still alive that a run of ``run_dir`` started."""
+    mark = f"{RUN_MARK}={run_dir}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if text in cmdline:
+        if mark in environ:
             found.append(int(entry.name))
     return found
 
@@ -66,7 +80,7 @@ def test_default_qualification_passes_and_leaves_reports(tmp_path: Path) -> None
     metrics = (run_dir / "metrics.prom").read_text()
     assert value(metrics, "resumequal_qualification_passed", namespace="local") == 1.0
     _assert_default_controls(report, metrics)
-    assert not _processes_mentioning(str(run_dir))
+    assert not _processes_of(run_dir)
 
 
 def _assert_default_controls(report: dict, metrics: str) -> None:  # type: ignore[type-arg]
@@ -124,7 +138,7 @@ def test_resume_without_scheduler_state_fails_at_the_learning_rate(tmp_path: Pat
     assert (first["step"], first["boundary"]) == (6, "lr")
     assert first["before_cut"] is False
     assert verdict["exact_through_step"] == 5
-    assert not _processes_mentioning(str(run_dir))
+    assert not _processes_of(run_dir)
 
 
 def test_armed_rank_never_killed_times_out_and_leaves_no_process(tmp_path: Path) -> None:
@@ -141,7 +155,7 @@ def test_armed_rank_never_killed_times_out_and_leaves_no_process(tmp_path: Path)
     assert failed["at"] - armed["at"] < 4 + 3
     assert report["verdict"]["result"] == "INVALID"
     assert time.monotonic() - started < 120
-    assert not _processes_mentioning(str(run_dir))
+    assert not _processes_of(run_dir)
 
 
 @pytest.mark.parametrize(
@@ -171,16 +185,16 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # SIGINT as a terminal delivers it: a suite started in the background (nohup, `&`) has
     # it ignored, and a child would inherit that and rightly keep running.
-    proc = subprocess.Popen([sys.executable, "-m", "resumequal", "run", "--run-dir",
-                             str(run_dir), "--no-kill", *FAST,
-                             "--set", "timeouts.armSeconds=100"],
+    args = ["run", "--run-dir", str(run_dir), "--no-kill", *FAST,
+            "--set", "timeouts.armSeconds=100"]
+    proc = subprocess.Popen([sys.executable, "-m", "resumequal", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=_default_sigint, env=dict(os.environ, **_marked(args)))
     beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
     eventually(beacon.exists, 180, "the preempted leg to arm", interval=0.1,
                abort=lambda: None if proc.poll() is None else f"the run exited {proc.returncode}")
-    workers = _processes_mentioning(str(run_dir))
-    assert len(workers) >= 3  # torchrun and two workers
+    processes = _processes_of(run_dir)
+    assert len(processes) >= 5  # the run, the leg's agent, its forkserver and two workers
     proc.send_signal(signal.SIGINT)
     try:
         out, _ = proc.communicate(timeout=60)
@@ -192,7 +206,7 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
         raise AssertionError("the interrupted run did not end within 60 s:\n"
                              + out.decode(errors="replace")[-6000:]) from None
     assert proc.returncode == 130, out
-    assert not _processes_mentioning(str(run_dir))
+    assert not _processes_of(run_dir)
 
 
 def test_the_comparators_report_dates_the_kill_and_the_restart_as_the_run_did(

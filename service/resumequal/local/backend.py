@@ -1,4 +1,5 @@
-"""LocalBackend: each leg is a torchrun elastic launch on this machine.
+"""LocalBackend: each leg is a torchrun elastic launch on this machine (torchrun's agent
+with its workers forked from a process that loaded their code once, :mod:`resumequal.agent`).
 
 Legs use a c10d rendezvous on a free loopback port, the spec's max restarts and rendezvous
 timeouts from the spec (:func:`resumequal.plan.rdzv_conf`). The backend reads what workers
@@ -12,8 +13,8 @@ the local ``run_dir``.
 A leg of ``world.nnodes`` > 1, or one whose preemption kills a node (``preemption.target:
 pod``), runs one torchrun agent per node, as a cluster runs one per pod, against a
 rendezvous store in a process of its own (:mod:`resumequal.local.rdzv_store`) so that any
-node can die. A node kill takes the armed rank's whole node — its agent and every worker,
-which torchrun starts in sessions of their own: SIGKILL to all of them, or SIGTERM to the
+node can die. A node kill takes the armed rank's whole node — its agent, its forkserver and
+every worker (all carry the node's tag): SIGKILL to all of them, or SIGTERM to the
 agent (what a pod deletion sends the pod's main process) and SIGKILL after the grace — and
 once they are gone starts a new agent in its place, as a training operator recreates a
 deleted pod. Every agent of such a leg sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the

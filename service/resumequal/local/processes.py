@@ -1,9 +1,11 @@
 """Processes we start, and how to find and stop every one of them.
 
-torchrun starts each worker in a session of its own, so killing the launcher's process
-group does not reach the workers, and a SIGKILLed launcher leaves them orphaned. Every
-process we start therefore carries a tag in its environment, inherited by its children;
-cleanup finds tagged processes through /proc, whoever their parent is now.
+torchrun starts each worker it runs as a program in a session of its own, so killing the
+launcher's process group does not reach the workers, and a SIGKILLed launcher leaves them
+orphaned (as it leaves those a forkserver forked, :mod:`resumequal.agent`, and the
+forkserver itself). Every process we start therefore carries a tag in its environment,
+inherited by its children; cleanup finds tagged processes through /proc, whoever their
+parent is now.
 
 A process that is exiting has already lost its environment, though it still runs for a
 moment (closing files, releasing ports), so a tag is only seen on a live process; what

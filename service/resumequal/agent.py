@@ -1,0 +1,133 @@
+"""``python -m resumequal.agent``: torchrun, with its workers forked from a warm process.
+
+torchrun starts every worker of every attempt as a fresh interpreter, and a resumed
+worker then spends most of its restart loading code: torch, DCP (which loads DTensor, FX
+and sympy), dynamo (which DDP's constructor loads), our CLI and worker modules, about
+1.7 s of CPU before its first collective, against 0.95 s for a worker that only imports
+torch and joins its group. This agent is torchrun itself (its argument parser, its
+elastic agent, rendezvous, restarts, signals and exit codes, unchanged) run with
+``--start-method forkserver``: the training module (``-m MODULE``) runs as a function in
+workers that a forkserver forks, and that forkserver loads all of the above once, before
+the first attempt (:mod:`resumequal.train.preload`). A restart forks again: its workers
+start with that code loaded, so a restart costs what the training itself does.
+
+What a worker sees is what torchrun gives it: the same environment variables (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_RESTART_COUNT, ...), its own pid, the
+agent's stdout and stderr, ``sys.argv`` as ``python -m MODULE ARGS`` would set it, and its
+exit code as the agent's verdict on it. A pod's main process is still the launcher
+(:mod:`resumequal.launch`), with this agent as its child instead of torchrun's CLI.
+
+Only ``-m MODULE`` scripts run this way; anything else (a path, ``--no-python``) runs as
+torchrun runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import runpy
+import sys
+import uuid
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Imported once in the forkserver, before it forks the first worker.
+PRELOAD = "resumequal.train.preload"
+
+
+def run_module(module: str, *args: str) -> None:
+    """A worker: ``python -m module args`` in this (forked) interpreter."""
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+class _TracebackText(logging.Filter):
+    """Formats a record's traceback before torch's formatter does.
+
+    torch's log formatter (torch/_logging/_internal.py ``TorchLogsFormatter.format``) imports
+    ``torch._dynamo.config`` to format any record that carries a traceback, and the agent
+    logs one as soon as a worker of a function entrypoint fails
+    (torch/distributed/elastic/multiprocessing/api.py ``MultiprocessContext._poll``): 0.9 s
+    of loading dynamo between the failure and the restart. Here the traceback becomes text
+    as ``logging.Formatter`` would make it, which that formatter appends as it is.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            if not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        return True
+
+
+def _log_every_exit_code() -> None:
+    """Have the agent log every worker's exit code when a worker of a function fails.
+
+    For such workers torchrun names one failure: the lowest local rank among those already
+    ended when it looks (torch/multiprocessing/spawn.py ``ProcessContext.join``), often a
+    survivor whose collective failed after its peer was killed, not the peer. (For workers
+    it starts as programs it names the earliest, torch/distributed/elastic/multiprocessing/
+    api.py ``SubprocessContext._poll``.) The codes of all of them say which was killed, and
+    by what.
+    """
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    poll = MultiprocessContext._poll
+
+    def _poll(self: Any) -> Any:
+        result = poll(self)
+        processes = getattr(getattr(self, "_pc", None), "processes", None)
+        if result is not None and result.is_failed() and processes is not None:
+            log.error("worker exit codes: %s", ", ".join(
+                f"local_rank {rank}: {process.exitcode}"
+                for rank, process in enumerate(processes)))
+        return result
+
+    MultiprocessContext._poll = _poll  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun's ``main`` with ``-m`` scripts run as :func:`run_module` in forked workers."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    from resumequal.logs import configure_logging
+
+    # Our own lines; torch's loggers keep their handlers (they do not propagate).
+    configure_logging(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    # torch sets its handlers on several loggers of its own (torch, torch.distributed, ...).
+    tracebacks = _TracebackText()
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name.split(".")[0] == "torch":
+            for handler in logger.handlers:
+                handler.addFilter(tracebacks)
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.module or args.no_python or args.run_path or args.rdzv_backend == "static":
+        from torch.distributed.run import run
+
+        record(run)(args)
+        return
+    # What torch/distributed/run.py run() does before it builds its config.
+    if args.standalone:
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    args.start_method = "forkserver"
+    config, _, _ = config_from_args(args)
+    _log_every_exit_code()
+    # torchrun runs a module's workers as ``python -u``; forked ones take the forkserver's
+    # streams, unbuffered this way (nothing a worker printed is lost to its SIGKILL).
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    multiprocessing.set_forkserver_preload([PRELOAD])
+    record(elastic_launch(config=config, entrypoint=run_module))(
+        args.training_script, *args.training_script_args)
+
+
+if __name__ == "__main__":
+    main()
