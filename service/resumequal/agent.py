@@ -62,6 +62,16 @@ class _TracebackText(logging.Filter):
         return True
 
 
+def format_tracebacks_first() -> None:
+    """:class:`_TracebackText` on every handler torch set up (it sets them on several
+    loggers of its own: torch, torch.distributed, ...)."""
+    tracebacks = _TracebackText()
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name.split(".")[0] == "torch":
+            for handler in logger.handlers:
+                handler.addFilter(tracebacks)
+
+
 def _log_every_exit_code() -> None:
     """Have the agent log every worker's exit code when a worker of a function fails.
 
@@ -99,12 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     # Our own lines; torch's loggers keep their handlers (they do not propagate).
     configure_logging(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    # torch sets its handlers on several loggers of its own (torch, torch.distributed, ...).
-    tracebacks = _TracebackText()
-    for name, logger in list(logging.Logger.manager.loggerDict.items()):
-        if isinstance(logger, logging.Logger) and name.split(".")[0] == "torch":
-            for handler in logger.handlers:
-                handler.addFilter(tracebacks)
+    format_tracebacks_first()
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if not args.module or args.no_python or args.run_path or args.rdzv_backend == "static":

@@ -1,0 +1,119 @@
+"""``python -m resumequal.agent``: torchrun's agent with ``-m`` workers forked from a
+forkserver that loaded their code once. Real agents on loopback, 2 workers, real SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resumequal.local.processes import ProcessTree
+from resumequal.plan import TORCHRUN, local_torchrun_args
+from tests.integration import legs
+from tests.waiting import eventually
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+WORKER = "tests.integration.agent_worker"
+MARK = "AGENT_TEST_MARK"
+
+
+@pytest.fixture
+def tree() -> Iterator[ProcessTree]:
+    t = ProcessTree()
+    yield t
+    t.stop_all(grace_seconds=1)
+
+
+def _agent(tree: ProcessTree, tmp_path: Path, script: list[str], what: str,
+           max_restarts: int = 1) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    out = tmp_path / "out"
+    out.mkdir()
+    log = tmp_path / "agent.log"
+    cmd = [sys.executable, *TORCHRUN,
+           *local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=2,
+                                max_restarts=max_restarts),
+           *script, str(out), what]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(), **{MARK: "yes"})
+    return tree.spawn(cmd, log, env), out, log
+
+
+def _records(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    return {(r["attempt"], r["rank"]): r for r in (
+        json.loads(p.read_text()) for p in out.glob("attempt-*-rank-*.json"))}
+
+
+def test_module_workers_are_forked_with_their_code_loaded_and_a_kill_restarts_them(
+    tree: ProcessTree, tmp_path: Path
+) -> None:
+    agent, out, log = _agent(tree, tmp_path, ["-m", WORKER], "kill")
+    eventually(lambda: (out / "pid").exists(), 120, "rank 1 of attempt 0 to wait",
+               abort=lambda: None if agent.poll() is None else log.read_text()[-3000:])
+    os.kill(int((out / "pid").read_text()), signal.SIGKILL)
+    assert agent.wait(120) == 0, log.read_text()[-3000:]
+    records = _records(out)
+    assert sorted(records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # Every worker of both attempts was forked by one process, which is not the agent,
+    # and found torch, DCP, dynamo and the leg's modules loaded when it started.
+    (forkserver,) = {r["ppid"] for r in records.values()}
+    assert forkserver != agent.pid
+    for r in records.values():
+        assert all(r["loaded"].values()), r["loaded"]
+        # What torchrun gives a worker of ``python -u -m MODULE ARGS``.
+        assert r["argv"][0].endswith("agent_worker.py")
+        assert r["argv"][1:] == [str(out), "kill"]
+        assert r["env"]["LOCAL_RANK"] == str(r["rank"]) and r["env"]["WORLD_SIZE"] == "2"
+        assert r["env"]["MASTER_ADDR"] and r["env"]["PYTHONUNBUFFERED"] == "1"
+        assert r["env"][MARK] == "yes"  # the agent's environment, inherited
+    assert len({r["pid"] for r in records.values()}) == 4
+    assert "worker exit codes: " in log.read_text() and "local_rank 1: -9" in log.read_text()
+
+
+def test_a_failing_worker_fails_the_agent_once_its_restarts_are_spent(
+    tree: ProcessTree, tmp_path: Path
+) -> None:
+    agent, out, log = _agent(tree, tmp_path, ["-m", WORKER], "exit 3", max_restarts=0)
+    assert agent.wait(120) == 1, log.read_text()[-3000:]
+    assert "local_rank 1: 3" in log.read_text()
+    assert sorted(_records(out)) == [(0, 0), (0, 1)]
+
+
+def test_a_script_path_runs_as_torchrun_runs_it(tree: ProcessTree, tmp_path: Path) -> None:
+    script = str(Path(__file__).with_name("agent_worker.py"))
+    agent, out, log = _agent(tree, tmp_path, [script], "ok")
+    assert agent.wait(120) == 0, log.read_text()[-3000:]
+    for r in _records(out).values():
+        assert r["ppid"] == agent.pid  # started by the agent, as programs
+        assert not any(r["loaded"].values())
+
+
+def test_a_traceback_is_logged_without_loading_dynamo(tmp_path: Path) -> None:
+    # torch's formatter loads dynamo to format a traceback; the agent's filter formats it
+    # first. Without it, the same record loads dynamo: what the filter saves.
+    probe = textwrap.dedent("""
+        import logging, sys
+        import torch.distributed.run  # torch's log handlers, as in the agent
+        from resumequal.agent import format_tracebacks_first
+        if sys.argv[1] == "filtered":
+            format_tracebacks_first()
+        try:
+            raise ValueError("a worker failed")
+        except ValueError:
+            logging.getLogger("torch.distributed.elastic.x").exception("failed (exitcode: 1)")
+        print("dynamo loaded:", "torch._dynamo" in sys.modules)
+    """)
+    runs = {how: subprocess.run([sys.executable, "-c", probe, how], capture_output=True,
+                                text=True, timeout=120) for how in ("filtered", "plain")}
+    for how, run in runs.items():
+        assert run.returncode == 0, run.stderr
+        assert "ValueError: a worker failed" in run.stderr, how  # the traceback is logged
+    assert "dynamo loaded: False" in runs["filtered"].stdout
+    assert "dynamo loaded: True" in runs["plain"].stdout
