@@ -24,7 +24,7 @@ made (per reconcile; Events, which its recorder writes apart from the reconciles
 a QualificationRun and status writes counted apart).
 
     python bench/operator_reconcile.py [--runs 200] [--concurrency 50] [--workers 4]
-                                       [--poll-seconds 1] [--held 1800] [--pin]
+                                       [--poll-seconds 1] [--held 1800] [--shared]
                                        [--pods-with-api]
 
 At most ``--concurrency`` runs are in flight; finished ones stay (the operator keeps
@@ -35,10 +35,14 @@ keeps, its verdict.json in the store), and prints the ratios of the second to th
 reconcile p99, peak memory and the queue wait p99 of changes with ``runs + N`` held
 against ``runs``.
 
-``--pin`` puts the operator on one CPU and this process (the API, the simulated cluster)
-and the pods' on another, as far as a 2-core machine can stand for an API server on machines
-of its own: the operator's requests no longer wait for the pods' CPU on its core, and
+The operator runs on one CPU and this process (the API, the simulated cluster) and the
+pods' on another, as far as a machine of two cores can stand for a cluster, where the
+operator's pod and the API server run on machines of their own: the operator's requests
+do not wait for the API's CPU on its core, nor the API's answers for the operator's, and
 neither process's threads (which run one at a time anyway) move between the cores.
+``--shared`` lets the scheduler place both on both cores (what the bench did by default
+before it placed them; ``--pin`` was then the placement above): the two processes then
+take turns on the cores, each waiting for the other's threads.
 """
 
 from __future__ import annotations
@@ -195,17 +199,18 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=0,
                         help="also run with this many more runs finished beforehand, and "
                              "print the ratios")
-    parser.add_argument("--pin", action="store_true",
-                        help="the operator on one CPU, this process (and the pods) on another")
+    parser.add_argument("--shared", action="store_true",
+                        help="both processes on both CPUs, placed by the scheduler (default: "
+                             "the operator on one CPU, this process and the pods on another)")
     parser.add_argument("--pods-with-api", action="store_true",
                         help="the pods on threads of this process, beside the API (their CPU "
                              "then holds the API's interpreter lock), at the same priority")
     args = parser.parse_args()
     args.cpus = None
-    if args.pin:
+    if not args.shared:
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2:
-            parser.error("--pin needs two CPUs")
+            parser.error("placing the operator apart needs two CPUs; with one, use --shared")
         args.cpus = (cpus[0], cpus[1])  # the operator's, this process's
         pin_threads(os.getpid(), args.cpus[1])  # before any thread of the emulator starts
     # This process serves the API and plays the training operator, the kubelet and every

@@ -1,10 +1,12 @@
 """What a worker process loads before its first collective.
 
-A resumed leg pays its imports on every restart (kill -> first resumed step,
-``bench/restart_latency.py``), so the leg's entry point (``python -m resumequal leg``,
-under torchrun) must not load what only the runner, the comparator, the reports or an S3
-store use. Each check runs in a fresh interpreter: this test process has imported
-everything already.
+A leg's workers are forked from a process that loaded the leg's code once
+(``resumequal.agent``, ``resumequal.train.preload``), and a leg started by plain torchrun
+pays its imports at every start; either way the leg's entry point (``python -m resumequal
+leg``) must not load what only the runner, the comparator, the reports or an S3 store
+use: the forkserver loads it before a leg's first attempt, and a replaced node or pod
+again. Each check runs in a fresh interpreter: this test process has imported everything
+already.
 """
 
 from __future__ import annotations
