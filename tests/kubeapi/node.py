@@ -5,10 +5,13 @@ On a cluster the pods run on nodes, not in the API server's process. With every 
 many runs on threads of the process that also serves the API, the containers' CPU holds
 that process's interpreter lock while requests wait for it, and the API answers late for
 reasons no API server has. :class:`NodeRuntime` keeps the kubelet (which decides what
-runs, and signals it) in the emulator's process, as the kubelet talks to its container
-runtime over a socket (CRI), and runs the containers in a process of their own: the
-kubelet's start, SIGTERM and SIGKILL go to it, and each exit comes back. The rendezvous
-of a job's agents lives in that process too, as on one node.
+runs, and signals it) in the emulator's process, as the kubelet drives its container
+runtime over a socket (the CRI, k8s.io/cri-api pkg/apis/runtime/v1/api.proto
+``RuntimeService``: StartContainer, StopContainer, ContainerStatus), and runs the
+containers in a process of their own: the kubelet's start, SIGTERM and SIGKILL go to it,
+and each exit comes back. When to escalate to SIGKILL stays the kubelet's decision
+(:mod:`.kubelet`), as in kuberuntime_container.go killContainer. The rendezvous of a
+job's agents lives in that process too, as on one node.
 
 A SIGKILL is final at once, as with :class:`~.scripted.ScriptedRuntime`: the handle says
 137 from the moment the kubelet sends it, whatever the script still does. An exception in
