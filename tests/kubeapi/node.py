@@ -9,9 +9,11 @@ runs, and signals it) in the emulator's process, as the kubelet drives its conta
 runtime over a socket (the CRI, k8s.io/cri-api pkg/apis/runtime/v1/api.proto
 ``RuntimeService``: StartContainer, StopContainer, ContainerStatus), and runs the
 containers in a process of their own: the kubelet's start, SIGTERM and SIGKILL go to it,
-and each exit comes back. When to escalate to SIGKILL stays the kubelet's decision
-(:mod:`.kubelet`), as in kuberuntime_container.go killContainer. The rendezvous of a
-job's agents lives in that process too, as on one node.
+and each exit comes back. Upstream the kubelet passes the grace to StopContainer
+(kuberuntime_container.go ``killContainer``) and the runtime sends SIGKILL once it has
+passed; the double's kubelet sends both signals itself (:mod:`.kubelet`), so this process
+only delivers them. The rendezvous of a job's agents lives in that process too, as on one
+node.
 
 A SIGKILL is final at once, as with :class:`~.scripted.ScriptedRuntime`: the handle says
 137 from the moment the kubelet sends it, whatever the script still does. An exception in
