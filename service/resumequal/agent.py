@@ -23,6 +23,7 @@ torchrun runs it.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import os
@@ -37,10 +38,37 @@ log = logging.getLogger(__name__)
 PRELOAD = "resumequal.train.preload"
 
 
+# What a worker's module raised: kept until the process ends (see run_module).
+_FAILURES: list[BaseException] = []
+
+
 def run_module(module: str, *args: str) -> None:
-    """A worker: ``python -m module args`` in this (forked) interpreter."""
+    """A worker: ``python -m module args`` in this (forked) interpreter, ended as that
+    interpreter ends.
+
+    A forked worker ends with ``os._exit`` (multiprocessing/forkserver.py ``main``), where
+    ``python -m`` ends by finalizing, so two things that interpreter does are done here:
+
+    - what the module registered with :mod:`atexit` runs (a checkpoint store removes its
+      verified copies that way);
+    - what the module raised is kept until the process exits, with every frame it holds.
+      ``python -m`` prints an uncaught error and exits with it still referenced
+      (Python/pythonrun.c ``_PyErr_PrintEx``). Released here instead, once torch's
+      wrapper has turned it into ``sys.exit(1)`` (torch/multiprocessing/spawn.py
+      ``_wrap``), it would free the failed attempt's DDP reducer with the GIL held, whose
+      gloo group waits for its worker thread (``~ProcessGroupGloo``) while that thread
+      waits for the GIL to release the failed collective's tensors
+      (``ProcessGroupGloo::runLoop``; pytorch/pytorch#56297): a survivor of a killed peer
+      that never exits, and a restart that never comes.
+    """
     sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except BaseException as e:
+        _FAILURES.append(e)
+        raise
+    finally:
+        atexit._run_exitfuncs()
 
 
 class _TracebackText(logging.Filter):

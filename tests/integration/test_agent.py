@@ -75,6 +75,24 @@ def test_module_workers_are_forked_with_their_code_loaded_and_a_kill_restarts_th
         assert r["env"][MARK] == "yes"  # the agent's environment, inherited
     assert len({r["pid"] for r in records.values()}) == 4
     assert "worker exit codes: " in log.read_text() and "local_rank 1: -9" in log.read_text()
+    # What each worker registered to run at exit ran, as at the end of ``python -m``;
+    # nothing of the SIGKILLed one.
+    assert sorted(p.name for p in out.glob("atexit-*")) == ["atexit-0-0", "atexit-1-0",
+                                                           "atexit-1-1"]
+
+
+def test_a_raising_worker_exits_with_its_failure_held_and_its_exit_functions_run(
+    tree: ProcessTree, tmp_path: Path
+) -> None:
+    # ``python -m`` exits with what the module raised still referenced; a forked worker
+    # that released it would tear its training state down first, which with a DDP
+    # reducer over gloo can deadlock the worker that should be restarted.
+    agent, out, log = _agent(tree, tmp_path, ["-m", WORKER], "raise")
+    assert agent.wait(120) == 0, log.read_text()[-3000:]
+    assert "local_rank 1: 1" in log.read_text()
+    assert sorted(_records(out)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert not list(out.glob("torn-down-*"))
+    assert (out / "atexit-0-1").exists()
 
 
 def test_a_failing_worker_fails_the_agent_once_its_restarts_are_spent(
@@ -84,6 +102,7 @@ def test_a_failing_worker_fails_the_agent_once_its_restarts_are_spent(
     assert agent.wait(120) == 1, log.read_text()[-3000:]
     assert "local_rank 1: 3" in log.read_text()
     assert sorted(_records(out)) == [(0, 0), (0, 1)]
+    assert (out / "atexit-0-1").exists()  # sys.exit(3) runs them too
 
 
 def test_a_script_path_runs_as_torchrun_runs_it(tree: ProcessTree, tmp_path: Path) -> None:
