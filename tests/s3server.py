@@ -1,4 +1,5 @@
-"""A real S3 endpoint for tests: moto's server as a subprocess on 127.0.0.1.
+"""A real S3 endpoint for tests: moto's server as a subprocess on 127.0.0.1 (with S3's
+atomic conditional writes, :mod:`tests.moto_s3`).
 
 A subprocess, not moto's in-process mock, so that requests cross real HTTP and a test can
 kill the endpoint (SIGKILL, like a gateway pod dying) and start it again on the same port.
@@ -37,6 +38,7 @@ ACCESS_KEY = "AKIARQTESTDUMMYKEY00"
 SECRET_KEY = "rq-dummy-secret-for-moto-only"
 REGION = "us-east-1"
 READY_TIMEOUT_S = 30.0
+REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -47,12 +49,15 @@ def free_port() -> int:
 
 
 class MotoServer:
-    """One ``python -m moto.server`` process; its state lives in memory and dies with it."""
+    """One moto server process; its state lives in memory and dies with it. ``env`` adds
+    to its environment."""
 
-    def __init__(self, log_path: Path, port: int | None = None) -> None:
+    def __init__(self, log_path: Path, port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -63,10 +68,11 @@ class MotoServer:
         assert not self.running, "already running"
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                [sys.executable, "-m", "tests.moto_s3", "-H", "127.0.0.1", "-p", str(self.port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=dict(os.environ, PYTHONPATH=str(REPO), **self.env),
             )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
