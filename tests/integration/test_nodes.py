@@ -53,12 +53,8 @@ def test_a_killed_node_is_replaced_and_the_leg_resumes_exactly(
     restores = legs.records(run_dir, "preempted", "restore")
     assert sorted((r["rank"], r["attempt"]) for r in restores) == [(0, 1), (1, 1)]
     assert [r["rank"] for r in legs.records(run_dir, "preempted", "arm")] == [1]
-    # The armed rank's node was replaced: a fresh agent (restart count 0) joined attempt 1,
-    # its worker numbering it from the run location. The survivor's agent restarted its
-    # worker either for its failure (a restart it counts: its count is 1, as the attempt)
-    # or for the new agent's arrival, if that came first (a membership change, which it
-    # does not count): then its worker numbers it from the run location too.
-    fresh = "attempt 1 from the run location (this agent's restart count is 0)"
-    node = {i: (run_dir / f"preempted.node-{i}.log").read_text() for i in (0, 1)}
-    assert node[1].count(fresh) == 1, node[1][-3000:]
-    assert node[0].count(fresh) <= 1 and "attempt 2" not in node[0], node[0][-3000:]
+    # The armed rank's node was replaced: a fresh agent (restart count 0) joined attempt 1
+    # beside the survivor (restart count 1).
+    logs = "".join((run_dir / f"preempted.node-{i}.log").read_text() for i in (0, 1))
+    assert logs.count("attempt 1 from the run location (this agent's restart count is 0)") \
+        == 1, logs[-3000:]
