@@ -42,11 +42,11 @@ def until_sigterm(c: Container) -> int:
 
 
 def ignores_sigterm(c: Container) -> int:
-    """worker-1's first container ignores SIGTERM: only SIGKILL ends it."""
-    first = c.index == 1 and not _notes(Path(c.env["OUT"]), c.pod_name)
+    """The container the test marked (``$OUT/ignore-<pod uid>``) ignores SIGTERM: only
+    SIGKILL ends it."""
     _note(c, "started")
     c.killed.wait()
-    if first:
+    if (Path(c.env["OUT"]) / f"ignore-{c.pod['metadata']['uid']}").exists():
         time.sleep(6)
         _note(c, "returned")
     return 143
@@ -99,13 +99,17 @@ def test_sigkill_is_final_at_once_whatever_the_script_still_does(
         kubeapi.create("pytorchjobs", _job("leg", tmp_path))
         kubeapi.wait_for(lambda: running(kubeapi, "leg-worker-0", "leg-worker-1"), 10)
         uid = kubeapi.get("pods", NS, "leg-worker-1")["metadata"]["uid"]  # type: ignore[index]
+        (tmp_path / f"ignore-{uid}").touch()
+        kubeapi.wait_for(lambda: any(n["uid"] == uid for n in _notes(tmp_path, "leg-worker-1")),
+                         10)
         t0 = time.monotonic()
         kubeapi.delete("pods", NS, "leg-worker-1", grace_period_seconds=0)
         # SIGKILL after the 2 s minimum grace ends it for the kubelet at once, though the
         # script sleeps on.
         kubeapi.wait_for(lambda: uid not in sim.kubelet._pods, 15)
-        assert time.monotonic() - t0 >= 1.9
-        assert "returned" not in [n["what"] for n in _notes(tmp_path, "leg-worker-1")]
+        notes = _notes(tmp_path, "leg-worker-1")
+        assert time.monotonic() - t0 >= 1.9, notes
+        assert "returned" not in [n["what"] for n in notes if n["uid"] == uid], notes
 
 
 def test_a_script_that_raises_is_reported_by_the_runtime_and_exits_1(
