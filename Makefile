@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: env tools bytecode run test test-serial test-fast lint images images-build images-smoke bench clean
+.PHONY: env tools bytecode run test test-serial test-fast lint images images-build images-smoke bench gpu-check compat clean
 
 env: $(VENV)/.installed
 
@@ -66,7 +66,8 @@ test-fast: env tools bytecode
 lint: env
 	$(VENV)/bin/ruff check service operator tests bench tools
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict tools/dashboard.py tools/grafana_alerts.py tools/images.py
+	$(VENV)/bin/mypy --strict tools/dashboard.py tools/grafana_alerts.py tools/images.py \
+	  tools/gpu_check.py tools/compat.py
 	$(VENV)/bin/lint-imports
 
 # Both images built with podman from bases made here (no registry needed), then run:
@@ -86,6 +87,21 @@ bench: env
 	$(PY) bench/harness_overhead.py
 	$(PY) bench/restart_latency.py
 	$(PY) bench/compare_drift.py
+
+# The NCCL cells (DDP fp32, DDP bf16, FSDP2 bf16, compile) on this machine's GPUs with the
+# default launcher, in under ten minutes on one GPU; a Markdown table. TORCH_SPEC should be
+# a CUDA build there (e.g. TORCH_SPEC=torch==2.14.1).
+gpu-check: env bytecode
+	$(PY) tools/gpu_check.py
+
+# The project on other torch pins: a venv per pin under build/compat/venvs (kept and
+# reused), the default qualification and one run per feature, a pin x feature table in
+# build/compat/compat.md (docs/compatibility.md). Each pin but 2.13.0 is a CUDA build of
+# several GB. FEATURES: all, or some of default,fsdp2-bf16,compile,loader,resize,async-save,fp16.
+PINS ?= 2.6.0 2.9.1 2.14.1
+FEATURES ?= all
+compat:
+	python3 tools/compat.py --features '$(FEATURES)' $(PINS)
 
 clean:
 	rm -rf $(VENV) runs build/images .pytest_cache .mypy_cache .ruff_cache

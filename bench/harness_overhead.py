@@ -39,9 +39,10 @@ from pathlib import Path
 
 import yaml
 
+from resumequal.launchers import TORCHRUN
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import TORCHRUN, local_torchrun_args
+from resumequal.plan import local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import QualificationSpec, load_spec

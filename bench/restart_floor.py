@@ -1,11 +1,12 @@
 """CPU time a worker started afresh spends loading code before its first step, stage by
 stage, next to the bare worker's.
 
-A leg's workers are forked from the agent's forkserver (``resumequal.agent``), which loads
-this code once, before the first attempt (``resumequal.train.preload``): a restart loads
-none of it. What it costs is paid there, once per agent: at a leg's start, and by the new
-agent of a replaced node or pod. A worker started as a fresh interpreter (plain torchrun,
-the torch-alone and bare sides of ``bench/restart_latency.py``) pays it at every start:
+Under the default launcher (stock torchrun) every worker is a fresh interpreter and pays
+this at every start. Under ``world.launcher: forked`` a leg's workers are forked from the
+agent's forkserver (``resumequal.agent``), which loads this code once, before the first
+attempt (``resumequal.train.preload``): a restart loads none of it, and what it costs is
+paid there, once per agent (at a leg's start, and by the new agent of a replaced node or
+pod). A worker started as a fresh interpreter pays it at every start:
 both workers of a restart start at once and each keeps one of this machine's cores busy
 until its first step, so their wall time follows each rank's CPU time. This script
 measures that loading, in fresh interpreters (the figure per stage is the median over

@@ -1,20 +1,24 @@
 """From the kill to the first resumed step, phase by phase, next to the same resume with
-torch alone and a bare torchrun restart.
+torch alone under the same launcher, and a bare torchrun restart.
 
-All three sides run with LocalBackend's launch options (c10d rendezvous on loopback, 2
-ranks, ``--max-restarts 1``, ``--monitor-interval 0.1``, OMP_NUM_THREADS=1) and lose rank 1
-to a SIGKILL on attempt 0:
+Every side runs with LocalBackend's launch options (c10d rendezvous on loopback, 2 ranks,
+``--max-restarts 1``, ``--monitor-interval 0.1``, OMP_NUM_THREADS=1) and loses rank 1 to a
+SIGKILL on attempt 0. For each launcher (``world.launcher``: stock torchrun, the default,
+every worker a fresh interpreter; forked, workers forked from a process that loaded their
+code once, :mod:`resumequal.agent`):
 
 - resumequal: the preempted leg of the default spec (hard cut at step 6, microstep 1, on
-  rank 1), launched as LocalBackend launches it: under torchrun's agent with its workers
-  forked from a process that loaded their code once (``resumequal.agent``). The bench
-  waits for the beacon, kills the pid it names, and reads the phases of attempt 1 from the
-  agent's log and the leg's trace;
-- torch alone: ``bench/_torch_resume.py`` under torchrun itself, the same training
-  (tiny-gpt's size, DDP, AdamW, deterministic algorithms, DCP) resumed as a torch user
-  would without resumequal: no spec, trace, beacon or checkpoint verification, every
-  worker a fresh interpreter that loads torch, DCP and dynamo;
-- bare: ``bench/_bare_restart.py`` under torchrun itself, which only joins a per-attempt
+  rank 1), launched as LocalBackend launches it under that launcher. The bench waits for
+  the beacon, kills the pid it names, and reads the phases of attempt 1 from the agent's
+  log and the leg's trace;
+- torch alone: ``bench/_torch_resume.py`` (run as a module, ``-m _torch_resume``, so that
+  the forked launcher forks it too) under the same launcher: the same training (tiny-gpt's
+  size, DDP, AdamW, deterministic algorithms, DCP) resumed as a torch user would without
+  resumequal: no spec, trace, beacon or checkpoint verification.
+
+and once, as the floor of any restart:
+
+- bare: ``bench/_bare_restart.py`` under stock torchrun, which only joins a per-attempt
   gloo group and all-reduces once; rank 1 publishes its pid and sleeps until killed.
 
 Phases, each a timestamp on this machine's clock, measured from the kill:
@@ -28,11 +32,11 @@ Phases, each a timestamp on this machine's clock, measured from the kill:
     first step        the last rank has finished its first resumed step
 
 The bare side stops at "group joined". Runs rotate the order of the sides; figures are
-medians. Printed ratios (each the median over rounds of one run per side): resumequal to
-bare (kill -> first step against kill -> group joined), torch alone to bare, and
-resumequal to torch alone (kill -> first step on both).
+medians. Printed ratios (each the median over rounds of one run per side), per launcher:
+resumequal to torch alone under that launcher (kill -> first step on both; the target is
+1.1x), and each to bare (kill -> first step against kill -> group joined).
 
-    python bench/restart_latency.py [--repeats 3]
+    python bench/restart_latency.py [--repeats 3] [--launcher torchrun|forked|both]
 
 Temporary run directories are deleted at the end and every process started is stopped.
 """
@@ -55,9 +59,10 @@ from typing import Any
 
 import yaml
 
+from resumequal.launchers import LAUNCHERS, TORCHRUN, command
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import TORCHRUN, local_torchrun_args
+from resumequal.plan import local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, new_key
 from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord, parse_records
@@ -81,9 +86,8 @@ class BenchError(Exception):
     """A launch failed or left nothing to measure."""
 
 
-# The torch-alone and bare sides run under torchrun itself, as a torch user would: their
-# workers start as fresh interpreters (resumequal's legs run under its agent, TORCHRUN).
-PLAIN_TORCHRUN = ("-m", "torch.distributed.run")
+TORCH_MODULE = ["-m", TORCH_SCRIPT.stem]
+TARGET = 1.1  # resumequal / torch alone, under the same launcher
 
 
 def torchrun(args: Sequence[str], agent: Sequence[str] = TORCHRUN) -> list[str]:
@@ -104,7 +108,10 @@ def kill_and_wait(
     tree: ProcessTree, cmd: list[str], log: Path, pid_file: Path, timeout: float
 ) -> float:
     """Launch, SIGKILL the pid published in ``pid_file``, wait for a clean exit; kill time."""
-    proc = tree.spawn(cmd, log, dict(os.environ, OMP_NUM_THREADS="1"))
+    # The bench's folder on the path: the torch-alone side runs as a module.
+    path = os.pathsep.join(p for p in (str(BARE_SCRIPT.parent),
+                                       os.environ.get("PYTHONPATH")) if p)
+    proc = tree.spawn(cmd, log, dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path))
     deadline = time.monotonic() + timeout
     while not pid_file.exists():
         if proc.poll() is not None:
@@ -144,10 +151,11 @@ def since(killed_at: float, stamps: dict[str, float]) -> Timeline:
     return {phase: at - killed_at for phase, at in stamps.items()}
 
 
-def resumequal_run(tree: ProcessTree, spec_path: Path, run_dir: Path, timeout: float) -> Timeline:
+def resumequal_run(tree: ProcessTree, spec_path: Path, run_dir: Path, timeout: float,
+                   launcher: str) -> Timeline:
     log = run_dir.with_suffix(".log")
     cmd = torchrun(["-m", "resumequal", "leg", "--spec", str(spec_path), "--leg", "preempted",
-                    "--run-dir", str(run_dir)])
+                    "--run-dir", str(run_dir)], command(launcher))
     beacon = run_dir / "preempted" / "beacons" / f"attempt-0-rank-{TARGET_RANK}.json"
     killed_at = kill_and_wait(tree, cmd, log, beacon, timeout)
 
@@ -175,14 +183,14 @@ def resumequal_run(tree: ProcessTree, spec_path: Path, run_dir: Path, timeout: f
     })
 
 
-def script_run(tree: ProcessTree, script: Path, out: Path, timeout: float,
-               phases: dict[str, str]) -> Timeline:
-    """Launch ``script`` (a bench worker writing ``attempt-1-rank-R.json``), kill rank 1 on
-    its published pid; ``phases`` maps a phase to the field that times it in every rank's
-    file (the earliest process start, the latest of the others)."""
+def script_run(tree: ProcessTree, script: Sequence[str], out: Path, timeout: float,
+               phases: dict[str, str], agent: Sequence[str] = TORCHRUN) -> Timeline:
+    """Launch ``script`` (a bench worker writing ``attempt-1-rank-R.json``) under ``agent``,
+    kill rank 1 on its published pid; ``phases`` maps a phase to the field that times it in
+    every rank's file (the earliest process start, the latest of the others)."""
     out.mkdir(parents=True)
     log = out.with_suffix(".log")
-    cmd = torchrun([str(script), "--out", str(out)], PLAIN_TORCHRUN)
+    cmd = torchrun([*script, "--out", str(out)], agent)
     killed_at = kill_and_wait(tree, cmd, log, out / f"pid-rank-{TARGET_RANK}.json", timeout)
     bodies: list[dict[str, Any]] = [
         json.loads((out / f"attempt-1-rank-{rank}.json").read_text()) for rank in range(NPROC)
@@ -199,28 +207,35 @@ TORCH_FIELDS = {**BARE_FIELDS, "built": "built_at", "restored": "restored_at",
                 "first step": "first_step_at"}
 
 
-SIDES = ("resumequal", "torch alone", "bare")
+def sides(launchers: Sequence[str]) -> list[str]:
+    """``resumequal/L`` and ``torch alone/L`` for each launcher L, then ``bare``."""
+    return [f"{side}/{launcher}" for launcher in launchers
+            for side in ("resumequal", "torch alone")] + ["bare"]
 
 
-def measure(spec_path: Path, root: Path, repeats: int,
-            timeout: float) -> dict[str, list[Timeline]]:
+def measure(spec_path: Path, root: Path, repeats: int, timeout: float,
+            launchers: Sequence[str]) -> dict[str, list[Timeline]]:
     tree = ProcessTree()
-    runs: dict[str, list[Timeline]] = {side: [] for side in SIDES}
+    order = sides(launchers)
+    runs: dict[str, list[Timeline]] = {side: [] for side in order}
     try:
         for i in range(repeats):
             # Each side goes first, second and last in turn: none always follows another.
-            for side in SIDES[i % 3:] + SIDES[:i % 3]:
-                if side == "resumequal":
-                    timeline = resumequal_run(tree, spec_path, root / f"rq-{i}", timeout)
-                elif side == "torch alone":
-                    timeline = script_run(tree, TORCH_SCRIPT, root / f"torch-{i}", timeout,
-                                          TORCH_FIELDS)
+            shift = i % len(order)
+            for side in order[shift:] + order[:shift]:
+                kind, _, launcher = side.partition("/")
+                where = root / f"{kind.replace(' ', '-')}-{launcher or 'torchrun'}-{i}"
+                if kind == "resumequal":
+                    timeline = resumequal_run(tree, spec_path, where, timeout, launcher)
+                elif kind == "torch alone":
+                    timeline = script_run(tree, TORCH_MODULE, where, timeout, TORCH_FIELDS,
+                                          command(launcher))
                 else:
-                    timeline = script_run(tree, BARE_SCRIPT, root / f"bare-{i}", timeout,
+                    timeline = script_run(tree, [str(BARE_SCRIPT)], where, timeout,
                                           BARE_FIELDS)
                 runs[side].append(timeline)
                 last = list(timeline)[-1]
-                print(f"  run {i + 1}/{repeats} {side:<12}: kill -> {last} "
+                print(f"  run {i + 1}/{repeats} {side:<21}: kill -> {last} "
                       f"{timeline[last] * 1e3:6.0f} ms", flush=True)
     finally:
         tree.stop_all()
@@ -245,46 +260,46 @@ def pair_ratios(top: list[Timeline], bottom: list[Timeline], top_phase: str,
     return statistics.median(ratios), ", ".join(f"{r:.2f}" for r in ratios)
 
 
-def report(runs: dict[str, list[Timeline]]) -> None:
-    rq, alone, bare = runs["resumequal"], runs["torch alone"], runs["bare"]
-    rq_phase, rq_cum = phase_ms(rq, PHASES)
-    torch_phase, torch_cum = phase_ms(alone, PHASES)
+def report(runs: dict[str, list[Timeline]], launchers: Sequence[str]) -> None:
+    bare = runs["bare"]
     bare_phase, bare_cum = phase_ms(bare, BARE_PHASES)
     print()
-    print(f"restart latency, {NPROC} ranks on gloo; medians of {len(rq)} runs per side "
+    print(f"restart latency, {NPROC} ranks on gloo; medians of {len(bare)} runs per side "
           "(ms; 'since kill' is its own median)")
+    summary = []
+    for launcher in launchers:
+        rq, alone = runs[f"resumequal/{launcher}"], runs[f"torch alone/{launcher}"]
+        rq_phase, rq_cum = phase_ms(rq, PHASES)
+        torch_phase, torch_cum = phase_ms(alone, PHASES)
+        print()
+        print(f"launcher {launcher}")
+        print(f"{'':<18}{'resumequal':>22}{'torch alone':>24}{'bare torchrun':>24}")
+        print(f"{'phase':<18}{'phase':>10}{'since kill':>12}"
+              + 2 * f"{'phase':>12}{'since kill':>12}")
+        for i, phase in enumerate(PHASES):
+            row = f"{phase:<18}{rq_phase[i]:>10.0f}{rq_cum[i]:>12.0f}"
+            row += f"{torch_phase[i]:>12.0f}{torch_cum[i]:>12.0f}"
+            if i < len(BARE_PHASES):
+                row += f"{bare_phase[i]:>12.0f}{bare_cum[i]:>12.0f}"
+            else:
+                row += f"{'-':>12}{'-':>12}"
+            print(row)
+        to_torch, to_torch_pairs = pair_ratios(rq, alone, "first step", "first step")
+        to_bare, to_bare_pairs = pair_ratios(rq, bare, "first step", "group joined")
+        floor, floor_pairs = pair_ratios(alone, bare, "first step", "group joined")
+        worst = max(range(len(PHASES)), key=lambda i: rq_phase[i] - torch_phase[i])
+        print(f"resumequal / torch alone {to_torch:.2f}x (pairs: {to_torch_pairs}; target "
+              f"{TARGET:.1f}x): what resumequal adds to a resume under this launcher")
+        print(f"resumequal / bare        {to_bare:.2f}x (pairs: {to_bare_pairs})")
+        print(f"torch alone / bare       {floor:.2f}x (pairs: {floor_pairs})")
+        print(f"largest phase beyond torch alone: {PHASES[worst]} "
+              f"(+{rq_phase[worst] - torch_phase[worst]:.0f} ms)")
+        summary.append(f"{launcher}: resumequal {rq_cum[-1] / 1e3:.2f} s, torch alone "
+                       f"{torch_cum[-1] / 1e3:.2f} s, {to_torch:.2f}x "
+                       f"({'meets' if to_torch <= TARGET else 'misses'} {TARGET:.1f}x)")
     print()
-    print(f"{'':<18}{'resumequal':>22}{'torch alone':>24}{'bare torchrun':>24}")
-    print(f"{'phase':<18}{'phase':>10}{'since kill':>12}"
-          + 2 * f"{'phase':>12}{'since kill':>12}")
-    for i, phase in enumerate(PHASES):
-        row = f"{phase:<18}{rq_phase[i]:>10.0f}{rq_cum[i]:>12.0f}"
-        row += f"{torch_phase[i]:>12.0f}{torch_cum[i]:>12.0f}"
-        if i < len(BARE_PHASES):
-            row += f"{bare_phase[i]:>12.0f}{bare_cum[i]:>12.0f}"
-        else:
-            row += f"{'-':>12}{'-':>12}"
-        print(row)
-    rq_total, torch_total, bare_total = rq_cum[-1], torch_cum[-1], bare_cum[-1]
-    to_bare, to_bare_pairs = pair_ratios(rq, bare, "first step", "group joined")
-    floor, floor_pairs = pair_ratios(alone, bare, "first step", "group joined")
-    to_torch, to_torch_pairs = pair_ratios(rq, alone, "first step", "first step")
-    worst = max(range(len(PHASES)), key=lambda i: rq_phase[i] - torch_phase[i])
-    print()
-    print(f"kill -> first resumed step: resumequal {rq_total:.0f} ms, torch alone "
-          f"{torch_total:.0f} ms; bare kill -> group joined {bare_total:.0f} ms")
-    print(f"resumequal / bare        {to_bare:.2f}x (pairs: {to_bare_pairs})")
-    print(f"torch alone / bare       {floor:.2f}x (pairs: {floor_pairs}): a resume whose "
-          "workers load torch, DCP and dynamo afresh")
-    print(f"resumequal / torch alone {to_torch:.2f}x (pairs: {to_torch_pairs}): what "
-          "resumequal adds to a resume")
-    print(f"largest phase beyond torch alone: {PHASES[worst]} "
-          f"(+{rq_phase[worst] - torch_phase[worst]:.0f} ms)")
-    print()
-    print(f"summary: resumequal resumes {rq_total / 1e3:.2f} s after the kill, "
-          f"{to_torch:.2f}x the same resume with torch alone ({torch_total / 1e3:.2f} s) and "
-          f"{to_bare:.2f}x a bare torchrun restart ({bare_total / 1e3:.2f} s); torch alone "
-          f"is {floor:.2f}x that")
+    print(f"summary (kill -> first resumed step; bare kill -> group joined "
+          f"{bare_cum[-1] / 1e3:.2f} s): " + "; ".join(summary))
 
 
 def main() -> None:
@@ -292,7 +307,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per side, in rotating order")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per launch")
+    parser.add_argument("--launcher", choices=[*LAUNCHERS, "both"], default="both",
+                        help="the launcher(s) to measure resumequal and torch alone under")
     args = parser.parse_args()
+    launchers = LAUNCHERS if args.launcher == "both" else (args.launcher,)
     os.environ.setdefault(KEY_ENV, new_key())  # checkpoints are signed, as in a run
 
     with tempfile.TemporaryDirectory(prefix="rq-bench-restart-") as tmp:
@@ -305,10 +323,10 @@ def main() -> None:
         }))
         print(f"restart latency: {args.repeats} runs per side, in rotating order", flush=True)
         try:
-            runs = measure(spec_path, root, args.repeats, args.timeout)
+            runs = measure(spec_path, root, args.repeats, args.timeout, launchers)
         except BenchError as e:
             sys.exit(f"restart_latency: {e}")
-    report(runs)
+    report(runs, launchers)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,18 @@ SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
                 "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes"}
 
 
+# check_seLinuxOptions.go: the types a pod may set (user and role never).
+SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t",
+                 "container_engine_t"}
+
+
+def _selinux(ctx: Obj) -> bool:
+    """Whether ``ctx``'s seLinuxOptions break check_seLinuxOptions.go."""
+    se = ctx.get("seLinuxOptions") or {}
+    return bool(se.get("user") or se.get("role")
+                or (se.get("type") or "") not in SELINUX_TYPES)
+
+
 def _containers(pod: Obj) -> list[Obj]:
     return [*(pod.get("initContainers") or []), *(pod.get("containers") or []),
             *(pod.get("ephemeralContainers") or [])]
@@ -49,6 +61,13 @@ def restricted_violations(pod: Obj) -> list[str]:
     pod_seccomp = (psc.get("seccompProfile") or {}).get("type")
     if psc.get("runAsUser") == 0:  # check_runAsUser.go
         out.append("runAsUser=0 (pod)")
+    # check_seccompProfile_restricted.go: a pod-level profile, when set, must be one too.
+    if pod_seccomp is not None and pod_seccomp not in ("RuntimeDefault", "Localhost"):
+        out.append(f"seccompProfile (pod: {pod_seccomp})")
+    if (psc.get("appArmorProfile") or {}).get("type") == "Unconfined":  # check_appArmorProfile.go
+        out.append("appArmorProfile Unconfined (pod)")
+    if _selinux(psc):
+        out.append("seLinuxOptions (pod)")
     for c in _containers(pod):
         name = c.get("name", "?")
         sc = c.get("securityContext") or {}
@@ -78,4 +97,8 @@ def restricted_violations(pod: Obj) -> list[str]:
         # check_procMount.go
         if sc.get("procMount") not in (None, "Default"):
             out.append(f"procMount ({name})")
+        if (sc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+            out.append(f"appArmorProfile Unconfined ({name})")  # check_appArmorProfile.go
+        if _selinux(sc):
+            out.append(f"seLinuxOptions ({name})")  # check_seLinuxOptions.go
     return out

@@ -19,6 +19,13 @@ run's store with *its own* credentials. The allowlists, set by whoever installs 
   its store requests with its own credentials: a run naming any URL would have it send
   signed requests (with its session token) wherever the run creator likes, a server-side
   request forgery that hands out what the run creator could not otherwise reach.
+- ``security``: what of the Pod Security "restricted" profile a run's ``spec.security``
+  may leave (:mod:`.podsecurity`): ``privileged``, ``runAsRoot``,
+  ``allowPrivilegeEscalation``, ``unconfined`` (seccomp or AppArmor) each a yes or no;
+  ``capabilities`` a run may add (``*``: any, and keeping the runtime's defaults) and
+  ``sysctls`` (globs) it may set. Default: none — every pod restricted. Closed by default
+  because a privileged or root pod on a node is the node, and whoever may create a
+  QualificationRun need not be who may own nodes.
 
 Must not: talk to the cluster or the store, or echo a credential (a refused endpoint is
 shown as scheme://host:port only).
@@ -32,7 +39,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from resumequal_operator.resource import Problem, QualificationRunSpec
+from resumequal_operator.podsecurity import ANY_CAPABILITY, capability, departures
+from resumequal_operator.resource import Problem, QualificationRunSpec, SecuritySpec
 
 DEFAULT_SERVICE_ACCOUNT = "default"
 _MAX_PATTERN = 1024
@@ -88,9 +96,54 @@ def qualified_image(image: str) -> str:
     return f"docker.io/{image}"
 
 
+def _capability(value: str) -> str:
+    return value if value == ANY_CAPABILITY else capability(value)
+
+
+Capability = Annotated[str, Field(pattern=r"^(\*|[A-Za-z_]{1,64})$"),
+                       AfterValidator(_capability)]
+
+
+class SecurityAllowlist(BaseModel):
+    """What of the restricted profile runs may leave (module docstring); all closed by
+    default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    privileged: bool = False
+    run_as_root: bool = False
+    allow_privilege_escalation: bool = False
+    unconfined: bool = False
+    capabilities: tuple[Capability, ...] = Field(default=(), max_length=_MAX_ENTRIES)
+    sysctls: tuple[Pattern, ...] = Field(default=(), max_length=_MAX_ENTRIES)
+
+    def refusals(self, security: SecuritySpec) -> list[Problem]:
+        """Each departure from the restricted profile no entry permits, naming the field."""
+        granted = {"privileged": self.privileged, "runAsRoot": self.run_as_root,
+                   "unconfined": self.unconfined,
+                   # A privileged container escalates by definition (and the API server
+                   # refuses privileged with allowPrivilegeEscalation false).
+                   "allowPrivilegeEscalation": self.allow_privilege_escalation
+                   or self.privileged}
+        out: list[Problem] = []
+        for d in departures(security):
+            if d.entry == "capabilities":
+                ok = ANY_CAPABILITY in self.capabilities or d.item in self.capabilities
+                rule = f"allowlist.security.capabilities {_shown(self.capabilities)}"
+            elif d.entry == "sysctls":
+                ok = d.item is not None and _matches(self.sysctls, d.item)
+                rule = f"allowlist.security.sysctls {_shown(self.sysctls)}"
+            else:
+                ok = granted[d.entry]
+                rule = f"allowlist.security.{d.entry} (false)"
+            if not ok:
+                out.append(Problem(path=d.path, message=f"{d.what} is not allowed by {rule}"))
+        return out
+
+
 class Allowlist(BaseModel):
     """The operator's allowlists (see the module docstring); empty ones restrict nothing,
-    except ``endpoints``."""
+    except ``endpoints`` and ``security``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -98,6 +151,7 @@ class Allowlist(BaseModel):
     service_accounts: tuple[Pattern, ...] = Field(default=(), max_length=_MAX_ENTRIES)
     endpoints: tuple[Endpoint, ...] = Field(default=(), max_length=_MAX_ENTRIES)
     buckets: tuple[Pattern, ...] = Field(default=(), max_length=_MAX_ENTRIES)
+    security: SecurityAllowlist = Field(default_factory=SecurityAllowlist)
 
     def refusals(self, spec: QualificationRunSpec) -> list[Problem]:
         """Each rule the run breaks, naming the field, the value and the rule."""
@@ -112,6 +166,7 @@ class Allowlist(BaseModel):
             out.append(Problem(path="spec.serviceAccountName", message=(
                 f"service account {account}{unset} is not allowed by "
                 f"allowlist.serviceAccounts {_shown(self.service_accounts)}")))
+        out += self.security.refusals(spec.security)
         out += self._store_refusals(spec)
         return out
 

@@ -47,10 +47,11 @@ from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.verdict import Verdict, Zoom
 from resumequal.words import clip
-from resumequal_operator import fanout, pytorchjob, resize
+from resumequal_operator import fanout, netpolicy, pytorchjob, resize
 from resumequal_operator.cache import CachedReads
 from resumequal_operator.kube import (
     JOBS,
+    NETWORK_POLICIES,
     PODS,
     PYTORCHJOBS,
     SECRETS,
@@ -118,11 +119,19 @@ class KubernetesBackend:
                  spec: QualificationSpec, plan: Plan, location: RunLocation, *,
                  reads: CachedReads | None = None, legs: LegJobs | None = None,
                  kinds: tuple[Kind, ...] = job_kinds(None),
-                 store_ready: Callable[[], object] | None = None) -> None:
+                 store_ready: Callable[[], object] | None = None,
+                 key_secret: str | None = None,
+                 record_key_secret: Callable[[str], object] | None = None,
+                 network_policies: bool = True) -> None:
         self.kube, self.run, self.run_spec = kube, run, run_spec
         # Called before the first write to the store: a new run's finalizer is added while
         # its key Secret is created, and its cleanup must cover whatever is stored.
         self.store_ready = store_ready
+        # The run's key Secret as its status records it (None: none yet), and how a new
+        # one's name is recorded before any pod names it (see ensure_checkpoint_key).
+        self.key_secret = key_secret
+        self.record_key_secret = record_key_secret
+        self.network_policies = network_policies  # one per leg (and zoom): netpolicy
         self.legs: LegJobs = legs or PyTorchJobLegs()
         self.kinds = kinds  # every kind of job a run can own here (cleanup lists them)
         # The legs' and the comparator's jobs as watched (a GET when not cached).
@@ -146,18 +155,33 @@ class KubernetesBackend:
 
     # -- Backend -------------------------------------------------------------------------
 
-    def ensure_checkpoint_key(self) -> None:
-        """Create the run's Secret with a fresh random checkpoint key, unless an earlier
-        reconcile did (the name is the run's: a conflict is that Secret). The key is never
-        logged, nor read back: only the pods read it."""
+    def ensure_checkpoint_key(self) -> str:
+        """The name of the run's Secret holding its checkpoint key: the one its status
+        records, else a new one, recorded before anything names it."""
+        if self.key_secret is None:
+            self._record_key_secret(self._create_key_secret())
+        assert self.key_secret is not None
+        return self.key_secret
+
+    def _create_key_secret(self) -> str:
+        """Create a Secret with a fresh random checkpoint key under a name the API server
+        generates; its name. Never one found under a name of the run's: whoever may create
+        Secrets in the namespace could have made that one, and chosen its key. The key is
+        never logged, nor read back: only the pods read it."""
         r = self.run
         body = pytorchjob.checkpoint_key_secret(r.name, r.namespace, r.uid, new_key())
-        try:
-            self.kube.create(SECRETS, r.namespace, body)
-        except Conflict:
-            return
-        log.info("%s/%s: created the checkpoint key Secret %s", r.namespace, r.name,
-                 body["metadata"]["name"])
+        name = str(self.kube.create(SECRETS, r.namespace, body)["metadata"]["name"])
+        log.info("%s/%s: created the checkpoint key Secret %s", r.namespace, r.name, name)
+        return name
+
+    def _record_key_secret(self, name: str) -> None:
+        """Record ``name`` (the run's status) before any job names it. A crash before the
+        record leaves a Secret that nothing names and the run owns (it goes with the run);
+        the next reconcile makes another, so each Secret is named by all of the run's pods
+        or by none."""
+        if self.record_key_secret is not None:
+            self.record_key_secret(name)
+        self.key_secret = name
 
     def launch_legs(self, plans: Sequence[LegPlan]) -> None:
         """Create the jobs of ``plans``, side by side; a 409 is a leg launched before.
@@ -166,7 +190,8 @@ class KubernetesBackend:
         Secret exists (its POST goes while the store is written: neither needs the other)."""
         if not plans:
             return
-        key = None if self._prepared else fanout.submit(self.ensure_checkpoint_key)
+        # The Secret's POST is a leaf; its record (a status write) waits for both.
+        key = None if self.key_secret is not None else fanout.submit(self._create_key_secret)
         try:
             if self.store_ready is not None:
                 self.store_ready()
@@ -176,8 +201,9 @@ class KubernetesBackend:
                 writes.append(partial(self.location.write_spec, self.spec))
             fanout.together(writes)
         finally:
-            if key is not None:
-                key.result()
+            created = key.result() if key is not None else None
+        if created is not None:
+            self._record_key_secret(created)
         self._prepared = True
         # One request's latency rather than one per leg (side by side: the control leg and
         # the preempted one start together).
@@ -186,7 +212,11 @@ class KubernetesBackend:
     def _create_leg(self, plan: LegPlan) -> None:
         r, label = self.run, self.legs.label
         body = self.legs.manifest(r.name, r.namespace, r.uid, self.run_spec, plan,
-                                  self.location.uri)
+                                  self.location.uri, key_secret=self.key_secret)
+        if self.network_policies:
+            # Before the job: none of its pods is ever up without it.
+            create_network_policy(self.kube, netpolicy.leg_network_policy(
+                r.name, r.namespace, r.uid, plan.name))
         try:
             self.kube.create(self.legs.kind, r.namespace, body)
         except Conflict:
@@ -414,26 +444,18 @@ class KubernetesBackend:
         raise ComparatorFailed(f"the comparator Job {name} failed without a verdict: {detail}")
 
     def _start_comparator(self) -> bool:
-        """Create the comparator Job; whether it was created (False: it existed). The run's
-        key Secret, which its pod mounts, is ensured beside it, in parallel: it is there
-        since the legs (a conflict, then), and a pod whose Secret is missing waits for it
-        (the kubelet retries CreateContainerConfigError)."""
+        """Create the comparator Job; whether it was created (False: it existed). Its pod
+        reads the run's key Secret, recorded since the legs started."""
         r = self.run
         body = pytorchjob.comparator_job(r.name, r.namespace, r.uid, self.run_spec,
-                                         self.location.uri)
-        key = fanout.submit(self.ensure_checkpoint_key)
+                                         self.location.uri,
+                                         key_secret=self.ensure_checkpoint_key())
         try:
             self.kube.create(JOBS, r.namespace, body)
         except Conflict:
-            created = False
-        except BaseException:
-            wait([key])  # ended with this reconcile; the Job's error is the one raised
-            raise
-        else:
-            created = True
-            log.info("%s: started the comparator Job %s", r.name, self.comparator_name)
-        key.result()
-        return created
+            return False
+        log.info("%s: started the comparator Job %s", r.name, self.comparator_name)
+        return True
 
     def cleanup(self) -> None:
         """Delete every job this run started (pods go with them: Background propagation).
@@ -476,11 +498,14 @@ def _zoom_concluded(location: RunLocation, name: str) -> ZoomStatus:
 
 def observe_zoom(kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
                  location: RunLocation, previous: ZoomStatus | None,
-                 notices: list[Notice]) -> ZoomStatus:
+                 notices: list[Notice], *, key_secret: str | None = None,
+                 network_policies: bool = True) -> ZoomStatus:
     """Start the zoom Job of a FAIL (``spec.zoom: onFail``) or follow it to its end.
 
     A concluded zoom is not looked at again; the Job's own conditions say when it ended,
-    and ``zoom.json`` what it found. Events are appended to ``notices``.
+    and ``zoom.json`` what it found. Events are appended to ``notices``. Its pod reads the
+    checkpoint key from the run's Secret ``key_secret``; with ``network_policies`` it
+    admits connections only from itself, as a leg's pods (:mod:`.netpolicy`).
     """
     if previous is not None and previous.state != "Running":
         return previous
@@ -488,7 +513,11 @@ def observe_zoom(kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
     try:
         job = kube.get(JOBS, run.namespace, name)
     except NotFound:
-        body = pytorchjob.zoom_job(run.name, run.namespace, run.uid, run_spec, location.uri)
+        body = pytorchjob.zoom_job(run.name, run.namespace, run.uid, run_spec, location.uri,
+                                   key_secret=key_secret)
+        if network_policies:
+            create_network_policy(kube, netpolicy.zoom_network_policy(
+                run.name, run.namespace, run.uid))
         try:
             kube.create(JOBS, run.namespace, body)
             log.info("%s: started the zoom Job %s", run.name, name)
@@ -515,6 +544,18 @@ def observe_zoom(kube: Kube, run: RunRef, run_spec: QualificationRunSpec,
     else:
         notices.append(Notice("ZoomFailed", status.summary or ""))
     return status
+
+
+def create_network_policy(kube: Kube, body: Obj) -> None:
+    """Create a NetworkPolicy of :mod:`.netpolicy`; one of its name is one made before
+    (policies only add what they admit: whoever could have made it first may admit any
+    traffic with a policy of their own anyway)."""
+    meta = body["metadata"]
+    try:
+        kube.create(NETWORK_POLICIES, meta["namespace"], body)
+    except Conflict:
+        return
+    log.debug("%s: created NetworkPolicy %s", meta["namespace"], meta["name"])
 
 
 def delete_run_jobs(kube: Kube, ref: RunRef, kinds: tuple[Kind, ...] = job_kinds(None)) -> int:

@@ -68,6 +68,7 @@ from resumequal_operator.resource import (
 from resumequal_operator.status import (
     INVALID_SPEC,
     NOT_ALLOWED,
+    NOT_SUPPORTED,
     invalid_status,
     machine_of,
     pinned_spec,
@@ -75,6 +76,7 @@ from resumequal_operator.status import (
     run_status,
     stored_machine,
 )
+from resumequal_operator.support import unsupported
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,20 @@ class _Run:
     uri: str  # the run location
     pinned: dict[str, Any] | None  # the spec it started with, once started
     raw: dict[str, Any]  # the spec it runs: pinned, or the object's with its backend filled
+    key_secret: str | None = None  # its checkpoint key Secret, once recorded
+
+
+def _key_secret(ref: RunRef, previous: QualificationRunStatus | None,
+                machine: QualificationStatus | None) -> str | None:
+    """The run's checkpoint key Secret: as its status records it; for a run started by an
+    operator that named the Secret after the run and recorded no name, that name (its
+    Secret exists: its legs were launched after it); else None (a new one is made)."""
+    if previous is not None and previous.checkpoint_key_secret is not None:
+        return previous.checkpoint_key_secret
+    if machine is not None and any(leg.launched_at is not None
+                                   for leg in machine.legs.values()):
+        return pytorchjob.checkpoint_key_secret_name(ref.name, ref.uid)
+    return None
 
 
 class Reconciler:
@@ -103,8 +119,9 @@ class Reconciler:
                  poll_seconds: float = 2.0, cleanup_seconds: float = 300.0,
                  clock: Callable[[], float] = time.time,
                  allowlist: Allowlist | None = None, default_backend: Backend = "pytorchjob",
-                 trainer: TrainerSettings | None = None) -> None:
+                 trainer: TrainerSettings | None = None, network_policies: bool = True) -> None:
         self.kube, self.metrics, self.events = kube, metrics, events
+        self.network_policies = network_policies
         self.default_backend = default_backend
         self.trainer = trainer  # None: TrainJobs are not run here
         self.kinds = job_kinds(trainer)
@@ -189,6 +206,13 @@ class Reconciler:
                           machine=None if machine is None else stored_machine(
                               machine, pinned if pinned is not None else obj["spec"]))
             return None
+        missing = unsupported(spec) if machine_of(previous) is None else []
+        if missing:
+            # Its image's torch lacks a feature the spec needs: refused before anything is
+            # created, rather than legs that each fail on it.
+            self._invalid(finalized(), previous, generation, "\n".join(map(str, missing)),
+                          reason=NOT_SUPPORTED)
+            return None
         if previous is not None and previous.phase in (Phase.SUCCEEDED, Phase.FAILED) \
                 and not previous.machine:
             # Failed before it started (an invalid spec, since corrected): start afresh.
@@ -237,6 +261,7 @@ class Reconciler:
         written (its answer is the object the status is written on)."""
         plan = qualification_plan(run.qspec)
         machine = machine_of(previous)
+        run.key_secret = _key_secret(run.ref, previous, machine)
         if machine is not None and machine.done:
             # Finished: only the status (a new generation), the zoom of a FAIL and the
             # metrics may need writing.
@@ -244,11 +269,26 @@ class Reconciler:
             obj = self._write_status(run.obj, self._status(run, plan, machine, previous,
                                                             generation, zoom))
             return self._concluded(key, run, machine, zoom, obj)
+
+        def record_key_secret(name: str) -> None:
+            """Write the new key Secret's name into the status before any pod names it
+            (on the object with its finalizer, which is then this reconcile's)."""
+            nonlocal finalized
+            if finalized is not None:
+                run.obj, finalized = finalized(), None
+            status = (previous or QualificationRunStatus()).model_copy(
+                update={"checkpoint_key_secret": name})
+            run.obj = self._write_status(run.obj, status)
+            run.key_secret = name
+
         backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
                                     self._location(run), reads=self.reads,
                                     legs=leg_jobs(run.spec.backend or self.default_backend,
                                                   self.trainer),
-                                    kinds=self.kinds, store_ready=finalized)
+                                    kinds=self.kinds, store_ready=finalized,
+                                    key_secret=run.key_secret,
+                                    record_key_secret=record_key_secret,
+                                    network_policies=self.network_policies)
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
                           clock=self.clock)
         seen = len(q.status.history)
@@ -307,7 +347,8 @@ class Reconciler:
         notices: list[Notice] = []
         try:
             zoom = observe_zoom(self.kube, run.ref, run.spec, self._location(run), before,
-                                notices)
+                                notices, key_secret=run.key_secret,
+                                network_policies=self.network_policies)
         except ResumequalError as e:  # API trouble: the next look tries again
             log.warning("%s: the zoom Job: %s", run.ref.name, e)
             return before or ZoomStatus(
@@ -335,6 +376,8 @@ class Reconciler:
             run_spec=run.raw,
             zoom=zoom,
             backend=run.spec.backend,
+            launcher=run.spec.world.launcher,
+            checkpoint_key_secret=run.key_secret,
         )
 
     def _announce(self, run: _Run, plan: Plan, machine: QualificationStatus, seen: int,
@@ -385,8 +428,9 @@ class Reconciler:
                  generation: int | None, message: str, reason: str = INVALID_SPEC,
                  machine: dict[str, Any] | None = None) -> None:
         """Failed before it started (or stopped: ``machine``, its ended machine): a spec
-        that cannot run (InvalidSpec) or that the allowlists refuse (NotAllowed); the
-        condition and a Warning Event say why."""
+        that cannot run (InvalidSpec), that the allowlists refuse (NotAllowed) or that
+        its image's torch cannot run (NotSupported); the condition and a Warning Event say
+        why."""
         status = invalid_status(previous, generation, message, reason=reason)
         if machine is not None:
             status = status.model_copy(update={"machine": machine})

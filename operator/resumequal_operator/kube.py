@@ -10,13 +10,19 @@ most :data:`MESSAGE_LIMIT` characters of the Status message, never the response 
     ClusterError
     ├── NotFound     404
     ├── Conflict     409 (AlreadyExists, or a stale resourceVersion)
-    └── Gone         410 (a watch's resourceVersion is too old: list again)
+    ├── Gone         410 (a watch's resourceVersion is too old: list again)
+    └── InvalidName  a namespace, name or kind that is no path segment: never sent
+
+Names become segments of the request's path; some come from places others write (a pod
+name in a beacon, a name in a manifest), so :meth:`Kind.path` checks every segment itself
+rather than trusting each caller to have: ``../secrets/x`` must not become another path.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,7 +55,31 @@ class Gone(ClusterError):
     """The resourceVersion a watch started from is no longer available (410)."""
 
 
+class InvalidName(ClusterError):
+    """A namespace, name or kind that cannot be a segment of an API path; no request is
+    sent for it."""
+
+
 _BY_STATUS: dict[int, type[ClusterError]] = {404: NotFound, 409: Conflict, 410: Gone}
+
+# What the API server accepts for each segment (k8s.io/apimachinery/pkg/util/validation):
+# object names a DNS-1123 subdomain (every kind the operator touches), namespaces a
+# DNS-1123 label; groups, versions, plurals and subresources are lowercase words. None
+# admits '/', '..', '%' or an empty segment.
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_WORD = re.compile(r"[a-z][a-z0-9]*")
+_MAX_NAME, _MAX_NAMESPACE = 253, 63
+
+
+def _segment(what: str, value: object, pattern: re.Pattern[str], limit: int) -> str:
+    if not isinstance(value, str) or len(value) > limit or not pattern.fullmatch(value):
+        # Cut: the value may come from a file anyone with store access wrote.
+        shown = repr(value)[:80]
+        raise InvalidName(f"{what} {shown} is not a valid path segment (DNS-1123, at most "
+                          f"{limit} characters); no request sent", status=400,
+                          reason="Invalid")
+    return value
 
 
 @dataclass(frozen=True)
@@ -61,20 +91,27 @@ class Kind:
     plural: str
     namespaced: bool = True
 
+    def __post_init__(self) -> None:
+        if self.group:
+            _segment("API group", self.group, _SUBDOMAIN, _MAX_NAME)
+        _segment("API version", self.version, _WORD, _MAX_NAMESPACE)
+        _segment("resource", self.plural, _WORD, _MAX_NAMESPACE)
+
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     def path(self, namespace: str | None = None, name: str | None = None,
              sub: str | None = None) -> str:
+        """The request path; InvalidName when a segment is not one."""
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         if self.namespaced and namespace is not None:
-            base += f"/namespaces/{namespace}"
+            base += f"/namespaces/{_segment('namespace', namespace, _LABEL, _MAX_NAMESPACE)}"
         base += f"/{self.plural}"
         if name is not None:
-            base += f"/{name}"
+            base += f"/{_segment(f'{self.plural} name', name, _SUBDOMAIN, _MAX_NAME)}"
         if sub is not None:
-            base += f"/{sub}"
+            base += f"/{_segment('subresource', sub, _WORD, _MAX_NAMESPACE)}"
         return base
 
 
@@ -86,6 +123,7 @@ PODS = Kind("", "v1", "pods")
 SECRETS = Kind("", "v1", "secrets")
 EVENTS = Kind("", "v1", "events")
 LEASES = Kind("coordination.k8s.io", "v1", "leases")
+NETWORK_POLICIES = Kind("networking.k8s.io", "v1", "networkpolicies")
 
 
 def _error(e: ApiException, what: str) -> ClusterError:

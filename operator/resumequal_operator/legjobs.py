@@ -38,8 +38,8 @@ class LegJobs(Protocol):
     label: str  # the kind as messages name it
 
     def manifest(self, run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
-                 leg: LegPlan, run_uri: str) -> Obj:
-        """The leg's job."""
+                 leg: LegPlan, run_uri: str, *, key_secret: str | None = None) -> Obj:
+        """The leg's job; its pods read the checkpoint key from Secret ``key_secret``."""
         ...
 
     def job_of(self, pod: Obj) -> str | None:
@@ -67,8 +67,9 @@ class PyTorchJobLegs:
     label = "PyTorchJob"
 
     def manifest(self, run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
-                 leg: LegPlan, run_uri: str) -> Obj:
-        return pytorchjob.leg_job(run_name, namespace, uid, spec, leg, run_uri)
+                 leg: LegPlan, run_uri: str, *, key_secret: str | None = None) -> Obj:
+        return pytorchjob.leg_job(run_name, namespace, uid, spec, leg, run_uri,
+                                  key_secret=key_secret)
 
     def job_of(self, pod: Obj) -> str | None:
         return _controller_owner(pod, "PyTorchJob")
@@ -93,10 +94,11 @@ class TrainJobLegs:
         self.settings = settings or TrainerSettings()
 
     def manifest(self, run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
-                 leg: LegPlan, run_uri: str) -> Obj:
+                 leg: LegPlan, run_uri: str, *, key_secret: str | None = None) -> Obj:
         return trainjob.leg_trainjob(run_name, namespace, uid, spec, leg, run_uri,
                                      runtime=self.settings.runtime,
-                                     runtime_kind=self.settings.runtime_kind)
+                                     runtime_kind=self.settings.runtime_kind,
+                                     key_secret=key_secret)
 
     def job_of(self, pod: Obj) -> str | None:
         # Pod -> Job <trainjob>-node-0 -> JobSet <trainjob> -> TrainJob <trainjob>.

@@ -12,7 +12,7 @@ from resumequal.logs import configure_logging
 from resumequal_operator.crd import crd_yaml
 
 if TYPE_CHECKING:
-    from resumequal_operator.allowlist import Allowlist
+    from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 
 
 @click.group()
@@ -93,6 +93,23 @@ def render(file: TextIO, namespace: str | None, default_backend: str, trainjob_r
               help="store.endpointUrl values runs may name (repeatable, exact "
               "http(s)://host[:port]); none given: runs may name none, and use the "
               "operator's own S3 endpoint.")
+@click.option("--allow-privileged", is_flag=True,
+              help="Runs may set securityContext.privileged (also escalation, an unmasked "
+              "/proc, SELinux options of their own).")
+@click.option("--allow-run-as-root", is_flag=True,
+              help="Runs may set runAsUser 0 or runAsNonRoot false.")
+@click.option("--allow-privilege-escalation", is_flag=True,
+              help="Runs may set allowPrivilegeEscalation true.")
+@click.option("--allow-unconfined", is_flag=True,
+              help="Runs may set an Unconfined seccomp or AppArmor profile.")
+@click.option("--allow-capability", "allow_capabilities", multiple=True, metavar="CAP",
+              help="A capability runs may add (repeatable; '*': any, and keeping the "
+              "runtime's defaults); none given: none.")
+@click.option("--allow-sysctl", "allow_sysctls", multiple=True, metavar="GLOB",
+              help="Sysctls runs may set (repeatable); none given: none.")
+@click.option("--network-policies/--no-network-policies", default=True, show_default=True,
+              help="Give each leg a NetworkPolicy admitting only its own pods (the "
+              "rendezvous store runs what it is sent).")
 @click.option("--default-backend", type=click.Choice(["pytorchjob", "trainjob"]),
               default="pytorchjob", show_default=True,
               help="What runs the legs of a run whose spec.backend is unset.")
@@ -110,7 +127,10 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
         lease_name: str, lease_namespace: str | None, resync_seconds: float, workers: int,
         poll_seconds: float, crd_policy: str, allow_images: tuple[str, ...],
         allow_service_accounts: tuple[str, ...], allow_buckets: tuple[str, ...],
-        allow_endpoints: tuple[str, ...], default_backend: str, trainjob: bool,
+        allow_endpoints: tuple[str, ...], allow_privileged: bool, allow_run_as_root: bool,
+        allow_privilege_escalation: bool, allow_unconfined: bool,
+        allow_capabilities: tuple[str, ...], allow_sysctls: tuple[str, ...],
+        network_policies: bool, default_backend: str, trainjob: bool,
         trainjob_runtime: str, trainjob_runtime_kind: str, log_level: str) -> None:
     """Run the controller until SIGTERM."""
     from resumequal_operator.crdsync import CRDMismatch
@@ -122,8 +142,11 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
     trainer = TrainerSettings(trainjob_runtime,
                               trainjob_runtime_kind) if trainjob else None  # type: ignore[arg-type]
 
+    security = security_allowlist_of(allow_privileged, allow_run_as_root,
+                                     allow_privilege_escalation, allow_unconfined,
+                                     allow_capabilities, allow_sysctls)
     allowlist = allowlist_of(allow_images, allow_service_accounts, allow_buckets,
-                             allow_endpoints)
+                             allow_endpoints, security=security)
     configure_logging(logging.getLevelName(log_level),
                       "%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -132,7 +155,7 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
                              lease_namespace=lease_namespace, resync_seconds=resync_seconds,
                              workers=workers, poll_seconds=poll_seconds,
                              crd_policy=crd_policy,  # type: ignore[arg-type]
-                             allowlist=allowlist,
+                             allowlist=allowlist, network_policies=network_policies,
                              default_backend=default_backend,  # type: ignore[arg-type]
                              trainer=trainer))
     except CRDMismatch as e:
@@ -140,17 +163,39 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
         sys.exit(1)
 
 
+def security_allowlist_of(privileged: bool, run_as_root: bool, escalation: bool,
+                          unconfined: bool, capabilities: tuple[str, ...],
+                          sysctls: tuple[str, ...]) -> SecurityAllowlist:
+    """The ``--allow-*`` options of ``allowlist.security``; a bad entry is a usage error
+    naming its option."""
+    from pydantic import ValidationError
+
+    from resumequal_operator.allowlist import SecurityAllowlist
+
+    try:
+        return SecurityAllowlist(privileged=privileged, run_as_root=run_as_root,
+                                 allow_privilege_escalation=escalation, unconfined=unconfined,
+                                 capabilities=capabilities, sysctls=sysctls)
+    except ValidationError as e:
+        first = e.errors()[0]
+        option = {"capabilities": "--allow-capability", "sysctls": "--allow-sysctl"}.get(
+            str(first["loc"][0]), "--allow-*")
+        raise click.BadParameter(str(first["msg"]).removeprefix("Value error, "),
+                                 param_hint=option) from None
+
+
 def allowlist_of(images: tuple[str, ...], service_accounts: tuple[str, ...],
-                 buckets: tuple[str, ...], endpoints: tuple[str, ...]) -> Allowlist:
+                 buckets: tuple[str, ...], endpoints: tuple[str, ...], *,
+                 security: SecurityAllowlist | None = None) -> Allowlist:
     """The ``--allow-*`` options as an Allowlist; a bad entry is a usage error naming its
     option (never echoing it: an endpoint may hold user:password)."""
     from pydantic import ValidationError
 
-    from resumequal_operator.allowlist import Allowlist
+    from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 
     try:
         return Allowlist(images=images, service_accounts=service_accounts, buckets=buckets,
-                         endpoints=endpoints)
+                         endpoints=endpoints, security=security or SecurityAllowlist())
     except ValidationError as e:
         first = e.errors()[0]
         option = f"--allow-{str(first['loc'][0]).replace('_', '-').removesuffix('s')}"

@@ -70,6 +70,9 @@ class Settings:
     cleanup_seconds: float = 300.0
     # What runs may name (images, service accounts, buckets, endpoints); see allowlist.
     allowlist: Allowlist = field(default_factory=Allowlist)
+    # A NetworkPolicy per leg admitting only the leg's own pods: the c10d rendezvous store
+    # unpickles what it is sent, so whoever reaches a leg's pods could run code in them.
+    network_policies: bool = True
     # What runs a run's legs when its spec.backend is unset; TrainJobs only with ``trainer``
     # (the runtime they name), where Kubeflow Trainer v2 is installed.
     default_backend: Backend = "pytorchjob"
@@ -98,6 +101,7 @@ class Operator:
                                      poll_seconds=settings.poll_seconds,
                                      cleanup_seconds=settings.cleanup_seconds,
                                      allowlist=settings.allowlist,
+                                     network_policies=settings.network_policies,
                                      default_backend=settings.default_backend,
                                      trainer=settings.trainer)
         namespaces: Sequence[str | None] = settings.namespaces or (None,)

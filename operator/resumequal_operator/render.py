@@ -8,6 +8,10 @@ builds, from the same functions; only the run's uid, which the API server assign
 stand-in unless the manifest carries one (``kubectl get qr NAME -o yaml |
 resumequal-operator render -``), and the checkpoint key, which the operator draws at random
 when it creates the Secret, is a fixed placeholder: no key is ever drawn or printed here.
+The Secret's name, which the API server generates from its ``generateName``, is shown in
+the pods' references as that prefix and :data:`PLACEHOLDER_NAME_SUFFIX`. Each leg's
+NetworkPolicy precedes its job, and the zoom Job's precedes it, as the operator creates
+them with ``--network-policies`` (its default).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import yaml
 from resumequal.plan import qualification_plan
 from resumequal.results import run_uri
 from resumequal.yamlread import YAMLInputError, load_yaml_all
-from resumequal_operator import pytorchjob
+from resumequal_operator import netpolicy, pytorchjob
 from resumequal_operator.kube import Obj
 from resumequal_operator.legjobs import TrainerSettings, leg_jobs
 from resumequal_operator.resource import (
@@ -39,6 +43,9 @@ PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 # Stands in for the checkpoint key, drawn at random by the operator when it creates the
 # run's Secret (as base64 in the Secret's data, like the real key).
 PLACEHOLDER_KEY = "<drawn at random by the operator when it creates this Secret>"
+# Stands in for the five characters the API server appends to the Secret's generateName
+# (from its alphabet, k8s.io/apimachinery/pkg/util/rand).
+PLACEHOLDER_NAME_SUFFIX = "xxxxx"
 
 # What the API server would accept as metadata.name (a DNS subdomain), namespace (a DNS
 # label) and uid; each becomes a segment of the run location.
@@ -54,9 +61,10 @@ def _bad(pattern: re.Pattern[str], value: Any, limit: int) -> bool:
 def render_objects(run: Any, *, namespace: str | None = None,
                    default_backend: Backend = "pytorchjob",
                    trainer: TrainerSettings | None = None) -> list[Obj]:
-    """The checkpoint key Secret (with :data:`PLACEHOLDER_KEY`), the legs' PyTorchJobs or
-    TrainJobs (in launch order) and the comparator Job of one QualificationRun, in the order
-    the operator creates them; ``default_backend`` where the spec names none."""
+    """The checkpoint key Secret (with :data:`PLACEHOLDER_KEY`), the legs' NetworkPolicies
+    and PyTorchJobs or TrainJobs (in launch order) and the comparator Job of one
+    QualificationRun, in the order the operator creates them; ``default_backend`` where
+    the spec names none."""
     if not isinstance(run, dict):
         raise RunSpecError([Problem(path="(document)", message="must be a mapping")])
     problems = []
@@ -91,11 +99,16 @@ def render_objects(run: Any, *, namespace: str | None = None,
     uri = run_uri(spec.store.uri, ns, name, uid)
     plan = qualification_plan(qualification_spec(spec, uri))
     legs = leg_jobs(spec.backend or default_backend, trainer)
-    objects = [pytorchjob.checkpoint_key_secret(name, ns, uid, PLACEHOLDER_KEY)]
-    objects += [legs.manifest(name, ns, uid, spec, leg, uri) for leg in plan.legs]
-    objects.append(pytorchjob.comparator_job(name, ns, uid, spec, uri))
+    secret = pytorchjob.checkpoint_key_secret(name, ns, uid, PLACEHOLDER_KEY)
+    key = secret["metadata"]["generateName"] + PLACEHOLDER_NAME_SUFFIX
+    objects = [secret]
+    for leg in plan.legs:
+        objects += [netpolicy.leg_network_policy(name, ns, uid, leg.name),
+                    legs.manifest(name, ns, uid, spec, leg, uri, key_secret=key)]
+    objects.append(pytorchjob.comparator_job(name, ns, uid, spec, uri, key_secret=key))
     if spec.zoom == "onFail":  # created only when the verdict is FAIL
-        objects.append(pytorchjob.zoom_job(name, ns, uid, spec, uri))
+        objects += [netpolicy.zoom_network_policy(name, ns, uid),
+                    pytorchjob.zoom_job(name, ns, uid, spec, uri, key_secret=key)]
     return objects
 
 

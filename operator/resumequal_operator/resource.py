@@ -16,6 +16,7 @@ spec's own (a cut after the last step, a rank outside the world, ...) and the cl
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from datetime import UTC, datetime
@@ -36,9 +37,11 @@ from pydantic.alias_generators import to_camel
 from resumequal.qualify import Phase
 from resumequal.redact import redact, redact_tree
 from resumequal.results import run_uri as run_uri  # the run location, spelled once
+from resumequal.runstore import MAX_EPOCH_SECONDS
 from resumequal.spec import (
     MAX_SECONDS,
     MAX_URI,
+    PIN_PATTERN,
     SECTION_CONFIG,
     CheckpointSpec,
     ComparisonSpec,
@@ -59,6 +62,8 @@ from resumequal.spec import (
     store_uri,
 )
 from resumequal.verdict import Result
+
+log = logging.getLogger(__name__)
 
 GROUP = "resumequal.dev"
 VERSION = "v1alpha1"
@@ -124,14 +129,24 @@ class StackSpec(_Section):
         default=None,
         min_length=1,
         max_length=128,
+        pattern=PIN_PATTERN,
         description="The label this qualification is reported under (metrics, status, "
-        "report); default: the image's last path segment with its tag or short digest.",
+        "report); default: the image's last path segment with its tag or short digest. "
+        "Letters, digits and . _ + : @ = - only: alert templates query by it.",
     )
     image_pull_secrets: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN, max_length=_NAME)]] \
         = Field(default_factory=list, max_length=MAX_ENTRIES,
                 description="Names of Secrets to pull the image with.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Kubernetes' default when unset (Always for :latest)."
+    )
+    torch_version: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?([A-Za-z0-9.+_-]*)$",
+        description="The torch version the image carries, e.g. \"2.6.0\"; when set, "
+        "features the spec needs that this version lacks are refused before anything "
+        "is created. Unset: the legs themselves refuse them, once started.",
     )
 
     @property
@@ -237,9 +252,32 @@ KubeObject = Annotated[
 ]
 
 
+# The fields of core/v1 PodSecurityContext and SecurityContext (k8s.io/api/core/v1
+# types.go). Any other key is refused rather than passed on: a custom resource's pod
+# template would prune it silently (hostNetwork here would read as set and do nothing).
+POD_SECURITY_FIELDS = frozenset({
+    "appArmorProfile", "fsGroup", "fsGroupChangePolicy", "runAsGroup", "runAsNonRoot",
+    "runAsUser", "seLinuxChangePolicy", "seLinuxOptions", "seccompProfile",
+    "supplementalGroups", "supplementalGroupsPolicy", "sysctls", "windowsOptions"})
+CONTAINER_SECURITY_FIELDS = frozenset({
+    "allowPrivilegeEscalation", "appArmorProfile", "capabilities", "privileged",
+    "procMount", "readOnlyRootFilesystem", "runAsGroup", "runAsNonRoot", "runAsUser",
+    "seLinuxOptions", "seccompProfile", "windowsOptions"})
+
+
+def _known_fields(value: dict[str, Any], known: frozenset[str], kind: str) -> dict[str, Any]:
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)[:200]}: not a field of a {kind} (host "
+                         "namespaces, volumes and the like are not settable here)")
+    return value
+
+
 class SecuritySpec(_Section):
     """How locked down the run's pods are. The defaults meet the Pod Security "restricted"
-    profile; each object given here is merged over its default, key by key."""
+    profile; each object given here is merged over its default, key by key. What leaves
+    the profile (privileged, root, added capabilities, ...) runs only where the operator's
+    allowlist.security permits it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True,
                               validate_by_alias=True, serialize_by_alias=True)
@@ -247,15 +285,29 @@ class SecuritySpec(_Section):
     pod_security_context: KubeObject = Field(
         default_factory=dict, alias="podSecurityContext",
         description="Merged over the default pod securityContext: runAsNonRoot, "
-        "runAsUser/runAsGroup/fsGroup 65532 (the images' user), seccomp RuntimeDefault.")
+        "runAsUser/runAsGroup/fsGroup 65532 (the images' user), seccomp RuntimeDefault. "
+        "runAsUser 0, runAsNonRoot false, an Unconfined profile and sysctls need the "
+        "operator's allowlist.security.")
     security_context: KubeObject = Field(
         default_factory=dict, alias="securityContext",
         description="Merged over the default container securityContext: no privilege "
-        "escalation, every capability dropped, read-write root filesystem.")
+        "escalation, every capability dropped, read-write root filesystem. privileged, "
+        "allowPrivilegeEscalation, added capabilities, root and an Unconfined profile "
+        "need the operator's allowlist.security.")
     shm_size_limit: Quantity = Field(
         default="2Gi", alias="shmSizeLimit",
         description="sizeLimit of the memory-backed /dev/shm of training pods (NCCL and "
         "DataLoader workers use it); it counts against the pod's memory.")
+
+    @field_validator("pod_security_context")
+    @classmethod
+    def _pod_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _known_fields(value, POD_SECURITY_FIELDS, "PodSecurityContext")
+
+    @field_validator("security_context")
+    @classmethod
+    def _container_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _known_fields(value, CONTAINER_SECURITY_FIELDS, "SecurityContext")
 
 
 class RetentionSpec(_Section):
@@ -443,6 +495,11 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
             out.append(Problem(path="spec.stack.imagePullPolicy", message=(
                 "a TrainJob cannot set the pull policy of its image (trainer.image only); "
                 "set it in the training runtime, or leave it unset")))
+    if spec.stack.pin is None and not re.match(PIN_PATTERN, spec.stack.effective_pin):
+        # The pin of an unpinned run is the image's; stack.image admits more characters.
+        out.append(Problem(path="spec.stack.pin", message=(
+            "unset, and the image's last path segment is no pin (letters, digits and "
+            ". _ + : @ = - only, at most 128): set stack.pin")))
     if spec.store.credentials_secret and not spec.store.is_s3:
         out.append(Problem(path="spec.store.credentialsSecret",
                            message="only used with an s3:// store.uri"))
@@ -511,8 +568,16 @@ class _Status(BaseModel):
 
 
 def _time(value: Any) -> Any:
-    """Epoch seconds (what the qualification machine records) become UTC datetimes."""
+    """Epoch seconds (what the qualification machine records) become UTC datetimes. The
+    machine also keeps times read from the store (a resume's, from a trace record): one no
+    timestamp can hold is clamped into range with a warning rather than raised, which
+    would fail every reconcile of the run."""
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if not 0 <= value <= MAX_EPOCH_SECONDS:  # NaN too
+            clamped = MAX_EPOCH_SECONDS if value > 0 else 0.0
+            log.warning("a status time of %.6g epoch seconds is out of range; shown as %s",
+                        value, datetime.fromtimestamp(clamped, tz=UTC).isoformat())
+            value = clamped
         return datetime.fromtimestamp(value, tz=UTC)
     return value
 
@@ -596,12 +661,22 @@ class QualificationRunStatus(_Status):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     backend: Backend | None = Field(default=None, description="what runs the legs")
+    launcher: str | None = Field(
+        default=None, description="what started the legs' workers (spec.world.launcher): "
+        "torchrun, every worker a fresh interpreter; or forked from one warm process")
+    launcher_caveats: list[str] | None = Field(
+        default=None,
+        description="what a verdict under this launcher cannot see (none for torchrun)")
     pin: str | None = None
     run_uri: str | None = None
     report_url: str | None = None
     legs: dict[str, LegStatus] = Field(default_factory=dict)
     preemption: PreemptionStatus | None = None
     comparator_job: str | None = None
+    checkpoint_key_secret: str | None = Field(
+        default=None, max_length=253,
+        description="The Secret holding the run's checkpoint key, named by the API server "
+        "when the run started (recorded before any pod names it)")
     verdict: VerdictStatus | None = None
     zoom: ZoomStatus | None = None
     started_at: Time | None = None

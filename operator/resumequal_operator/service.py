@@ -41,6 +41,7 @@ class ServiceOptions:
     poll_seconds: float = 2.0
     crd_policy: Policy = "apply"
     allowlist: Allowlist = field(default_factory=Allowlist)
+    network_policies: bool = True
     default_backend: Backend = "pytorchjob"
     trainer: TrainerSettings | None = None
 
@@ -58,6 +59,7 @@ def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Se
         identity=env.get("POD_NAME") or default_identity(),
         resync_seconds=opts.resync_seconds, workers=opts.workers,
         poll_seconds=opts.poll_seconds, allowlist=opts.allowlist,
+        network_policies=opts.network_policies,
         default_backend=opts.default_backend, trainer=opts.trainer,
     )
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from resumequal.launchers import caveats
 from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus
 from resumequal.redact import redact
 from resumequal.results import failed_reason, restart_seconds
@@ -32,6 +33,7 @@ from resumequal_operator.resource import (
 ConditionStatus = Literal["True", "False", "Unknown"]
 INVALID_SPEC = "InvalidSpec"
 NOT_ALLOWED = "NotAllowed"  # refused by the operator's allowlists
+NOT_SUPPORTED = "NotSupported"  # needs a feature its stack.torchVersion lacks
 
 
 def machine_of(status: QualificationRunStatus | None) -> QualificationStatus | None:
@@ -147,6 +149,8 @@ def run_status(
     run_spec: dict[str, Any],
     zoom: ZoomStatus | None = None,
     backend: str | None = None,
+    launcher: str | None = None,
+    checkpoint_key_secret: str | None = None,
 ) -> QualificationRunStatus:
     """The whole status of a run from its machine (see the module docstring)."""
     legs = {}
@@ -177,6 +181,9 @@ def run_status(
         "phase": machine.phase,
         "observedGeneration": generation,
         "backend": backend,
+        "launcher": launcher,
+        "launcherCaveats": (caveats(launcher) if launcher is not None else []) or None,
+        "checkpointKeySecret": checkpoint_key_secret,
         "conditions": conditions(previous, machine.phase,
                                  machine.reason.value if machine.reason else None,
                                  machine.message, verdict, generation),
@@ -211,4 +218,6 @@ def invalid_status(previous: QualificationRunStatus | None, generation: int | No
         "startedAt": previous.started_at if previous and previous.started_at else now,
         "completedAt": now if previous is None or previous.completed_at is None
         else previous.completed_at,
+        # A run stopped after it started keeps naming its Secret (deleted with the run).
+        "checkpointKeySecret": previous.checkpoint_key_secret if previous else None,
     })

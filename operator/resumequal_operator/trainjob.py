@@ -115,7 +115,8 @@ def _pod_patch(spec: QualificationRunSpec, leg: LegPlan, meta_labels: dict[str, 
 
 def leg_trainjob(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
                  leg: LegPlan, run_uri: str, *, runtime: str = DEFAULT_RUNTIME,
-                 runtime_kind: RuntimeKind = DEFAULT_RUNTIME_KIND) -> Obj:
+                 runtime_kind: RuntimeKind = DEFAULT_RUNTIME_KIND,
+                 key_secret: str | None = None) -> Obj:
     """The trainer.kubeflow.org/v1alpha1 TrainJob of one leg (its own spec is in the run
     location), on the runtime the chart installs."""
     w = leg.spec.world
@@ -127,7 +128,7 @@ def leg_trainjob(run_name: str, namespace: str, uid: str, spec: QualificationRun
         "args": pytorchjob.leg_args(leg, run_uri),
         "numNodes": w.nnodes,
         "numProcPerNode": w.nproc_per_node,
-        "env": [*pytorchjob.leg_env(spec, run_name, uid, w.threads_per_rank),
+        "env": [*pytorchjob.leg_env(spec, run_name, uid, w.threads_per_rank, key_secret),
                 *_rdzv_env(leg, name)],
     }
     resources = pytorchjob.resources(spec, gpus=True)

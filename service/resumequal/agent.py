@@ -18,19 +18,35 @@ exit code as the agent's verdict on it. A pod's main process is still the launch
 (:mod:`resumequal.launch`), with this agent as its child instead of torchrun's CLI.
 
 Only ``-m MODULE`` scripts run this way; anything else (a path, ``--no-python``) runs as
-torchrun runs it.
+torchrun runs it, and so does everything when a torch internal the agent relies on is
+missing from the installed torch (with a warning).
+
+This is an opt-in launcher (``world.launcher: forked``): a forked worker inherits what the
+forkserver had, its str-hash secret, its memory layout, what its imports drew or read
+(:data:`resumequal.launchers.FORKED_BLIND_SPOTS`). Everything else is made as torchrun
+makes it: each worker runs in a session of its own and is stopped by process group (its
+loader workers with it), gets the platform's default start method back, and ends as
+``python -m`` ends (non-daemon threads joined, then ``atexit``, then open files flushed).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
+import io
 import logging
 import multiprocessing
 import os
 import runpy
+import signal
 import sys
+import threading
+import time
 import uuid
 from typing import Any
+
+from resumequal.launchers import FORKED_ENV
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +77,7 @@ def run_module(module: str, *args: str) -> None:
       (``ProcessGroupGloo::runLoop``; pytorch/pytorch#56297): a survivor of a killed peer
       that never exits, and a restart that never comes.
     """
+    _as_torchrun_starts_it()
     sys.argv = [module, *args]
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -68,7 +85,37 @@ def run_module(module: str, *args: str) -> None:
         _FAILURES.append(e)
         raise
     finally:
-        atexit._run_exitfuncs()
+        _end_as_python_ends()
+
+
+def _as_torchrun_starts_it() -> None:
+    """What a worker torchrun starts has from its start that a forked one must be given.
+
+    - A session of its own (torchrun's ``SubprocessHandler`` starts workers with
+      ``start_new_session=True``), so that stopping it by process group stops what it
+      started (its DataLoader workers) too.
+    - The platform's default start method: a forkserver's child inherits its parent's
+      (multiprocessing/forkserver.py ``main`` → spawn.py ``prepare``), so its DataLoader
+      workers would start from a nested forkserver, where a fresh interpreter's fork.
+    """
+    os.setsid()
+    multiprocessing.set_start_method(None, force=True)  # type: ignore[arg-type]
+    os.environ[FORKED_ENV] = "1"
+
+
+def _end_as_python_ends() -> None:
+    """Do what ``Py_FinalizeEx`` does before a forked worker's ``os._exit``: join the
+    non-daemon threads, run the ``atexit`` functions, then flush files still open (a file
+    never closed is flushed when finalization frees it: its data is not lost)."""
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except (OSError, ValueError):
+                continue
 
 
 class _TracebackText(logging.Filter):
@@ -126,16 +173,75 @@ def _log_every_exit_code() -> None:
     MultiprocessContext._poll = _poll  # type: ignore[method-assign]
 
 
+def _stop_by_process_group() -> None:
+    """Stop each worker as torchrun stops the workers it starts: the death signal to its
+    process group, SIGKILL to what is left of the group after the timeout
+    (torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py
+    ``close``, api.py ``SubprocessContext._close``). torch's ``MultiprocessContext._close``
+    signals each worker's pid alone, which leaves the DataLoader workers it started."""
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    def _close(self: Any, death_sig: signal.Signals, timeout: int = 30) -> None:
+        processes = getattr(getattr(self, "_pc", None), "processes", None) or []
+        groups = [p.pid for p in processes if p.pid is not None]
+        for pgid in groups:
+            _signal_group(pgid, death_sig)
+        end = time.monotonic() + timeout
+        for p in processes:
+            p.join(max(0.0, end - time.monotonic()))
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGKILL)
+        for p in processes:
+            p.join(timeout)
+            if p.is_alive():
+                log.error("worker %s did not exit after SIGKILL within %ss", p.pid, timeout)
+
+    MultiprocessContext._close = _close  # type: ignore[method-assign]
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    # Gone already: nothing of the group is left (a zombie leader is reaped by its join).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _missing_internals() -> str | None:
+    """The first torch internal this agent patches or calls that the installed torch lacks
+    (they are private and move between releases), or None."""
+    try:
+        from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+        from torch.distributed.elastic.multiprocessing.errors import record  # noqa: F401
+        from torch.distributed.launcher.api import elastic_launch  # noqa: F401
+        from torch.distributed.run import config_from_args, parse_args  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    for name in ("_poll", "_close"):
+        # Its own: the base class's raise NotImplementedError.
+        if not callable(vars(MultiprocessContext).get(name)):
+            return f"torch.distributed.elastic.multiprocessing.api.MultiprocessContext.{name}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """torchrun's ``main`` with ``-m`` scripts run as :func:`run_module` in forked workers."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args, parse_args
-
     from resumequal.logs import configure_logging
 
     # Our own lines; torch's loggers keep their handlers (they do not propagate).
     configure_logging(logging.INFO, "%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    missing = _missing_internals()
+    if missing is not None:
+        import torch
+        from torch.distributed.run import main as torchrun_main
+
+        log.warning("launcher forked: torch %s lacks %s; running stock torchrun instead "
+                    "(every worker a fresh interpreter)", torch.__version__, missing)
+        torchrun_main(sys.argv[1:] if argv is None else argv)
+        return
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
 
     format_tracebacks_first()
 
@@ -154,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     args.start_method = "forkserver"
     config, _, _ = config_from_args(args)
     _log_every_exit_code()
+    _stop_by_process_group()
     # torchrun runs a module's workers as ``python -u``; forked ones take the forkserver's
     # streams, unbuffered this way (nothing a worker printed is lost to its SIGKILL).
     os.environ["PYTHONUNBUFFERED"] = "1"

@@ -16,6 +16,7 @@ from typing import NoReturn, cast
 import click
 
 from resumequal.errors import ResumequalError
+from resumequal.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from resumequal.logs import configure_logging
 from resumequal.redact import printable
 from resumequal.spec import (
@@ -25,6 +26,7 @@ from resumequal.spec import (
     SpecError,
     apply_overrides,
     check_leg_name,
+    check_pin,
     load_spec,
     store_uri,
 )
@@ -61,6 +63,16 @@ def _uri(ctx: click.Context, param: click.Parameter, value: str | None) -> str |
         return value
     try:
         return store_uri(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
+
+
+def _pin(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A pin: it becomes a metrics label that alert templates query by."""
+    if value is None:
+        return value
+    try:
+        return check_pin(value)
     except ValueError as e:
         raise click.BadParameter(str(e)) from e
 
@@ -124,8 +136,12 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
               help="On SIGTERM/SIGINT: hard kills torchrun and its workers at once (nothing "
               "is saved); graceful forwards the signal (the workers write an emergency "
               "checkpoint).")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default=DEFAULT_LAUNCHER,
+              show_default=True,
+              help="torchrun: stock torchrun, every worker a fresh interpreter. forked: "
+              "workers forked from a process that loaded their code once (world.launcher).")
 @click.argument("torchrun_args", nargs=-1, type=click.UNPROCESSED, metavar="-- TORCHRUN_ARGS")
-def launch(mode: str, torchrun_args: tuple[str, ...]) -> None:
+def launch(mode: str, launcher: str, torchrun_args: tuple[str, ...]) -> None:
     """Run torchrun as a child: a leg pod's main process.
 
     Exits with torchrun's code, or with 128+signal when this process was signalled
@@ -134,7 +150,7 @@ def launch(mode: str, torchrun_args: tuple[str, ...]) -> None:
     from resumequal.launch import Mode
     from resumequal.launch import launch as launch_torchrun
 
-    sys.exit(launch_torchrun(cast(Mode, mode), list(torchrun_args)))
+    sys.exit(launch_torchrun(cast(Mode, mode), list(torchrun_args), launcher))
 
 
 def _exit_now(code: int) -> NoReturn:
@@ -176,8 +192,11 @@ def _leg_spec(
 @click.argument("spec_path", type=str)
 def validate(spec_path: str) -> None:
     """Check a spec file and print it with every default filled in."""
+    from resumequal.train.probes import check_installed
+
     try:
         spec = load_spec(spec_path)
+        check_installed(spec)  # NotSupported (a SpecError) when this torch lacks a feature
     except SpecError as e:
         click.echo(f"error: {printable(str(e))}", err=True)
         sys.exit(EXIT_ERROR)
@@ -191,7 +210,8 @@ def validate(spec_path: str) -> None:
               help="Override one spec field, e.g. --set preemption.mode=graceful (repeatable).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where legs, traces, checkpoints and reports go (default: runs/qual-<time>).")
-@click.option("--pin", default=None, help="Label of the stack under qualification "
+@click.option("--pin", default=None, callback=_pin,
+              help="Label of the stack under qualification "
               "(default: the installed torch version).")
 @click.option("--side-by-side", is_flag=True, help="Run both legs at once instead of in turn.")
 @click.option("--no-kill", is_flag=True, hidden=True,
@@ -204,6 +224,11 @@ def validate(spec_path: str) -> None:
 @click.option("--store", default=None, metavar="s3://BUCKET/PREFIX", callback=_uri,
               help="Keep traces, beacons, checkpoints and reports in this store, under "
               "<store>/local/<run>/<uid> (logs and staging stay in --run-dir).")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default=None,
+              help="What starts the workers (world.launcher; default: the spec's, else "
+              "torchrun). torchrun: stock torchrun, every worker a fresh interpreter, as a "
+              "production restart. forked: faster restarts from one warm process, blind to "
+              "what a fresh process changes (the report says what).")
 def run(
     spec_path: str | None,
     overrides: tuple[str, ...],
@@ -215,6 +240,7 @@ def run(
     metrics_file: Path | None,
     pushgateway: str | None,
     store: str | None,
+    launcher: str | None,
 ) -> None:
     """Qualify this machine's stack: control and preempted legs, kill, compare, report."""
     from rich.console import Console
@@ -226,10 +252,13 @@ def run(
 
     from resumequal.local.runner import RunOptions, default_run_dir, exit_code, qualify_here
     from resumequal.report.terminal import print_summary
+    from resumequal.train.probes import check_installed
 
     console = Console(stderr=False)
     try:
-        spec = _load(spec_path, overrides)
+        launched_by = (f"world.launcher={launcher}",) if launcher is not None else ()
+        spec = _load(spec_path, (*overrides, *launched_by))
+        check_installed(spec)  # refused before anything launches
         opts = RunOptions(
             run_dir=run_dir or default_run_dir(),
             pin=pin or _default_pin(),
@@ -259,7 +288,8 @@ def run(
 @click.argument("uri", metavar="RUN", callback=_uri)
 @click.option("--write", is_flag=True,
               help="Write verdict.json, report.json, report.html and metrics.prom into RUN.")
-@click.option("--pin", default=None, help="Label of the stack (default: the installed torch).")
+@click.option("--pin", default=None, callback=_pin,
+              help="Label of the stack (default: the installed torch).")
 @click.option("--namespace", default=None,
               help="Metrics label (default: from s3://.../<namespace>/<run>/<uid>, or local).")
 @click.option("--name", default=None, help="Run name in the report (default: from RUN).")

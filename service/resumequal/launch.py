@@ -1,7 +1,8 @@
 """``resumequal launch``: the main process of a leg's pod, a thin parent of torchrun.
 
-"torchrun" here is :mod:`resumequal.agent`: torchrun's own agent, options and exits, with
-its workers forked from a process that loaded their code once.
+"torchrun" here is the leg's launcher (:mod:`resumequal.launchers`): stock torchrun by
+default, or with ``--launcher forked`` torchrun's own agent, options and exits with its
+workers forked from a process that loaded their code once (:mod:`resumequal.agent`).
 
 torchrun as a container's main process answers SIGTERM by re-raising it and exiting 1,
 which the training operator's ExitCode policy takes for a permanent failure of the whole
@@ -15,7 +16,7 @@ stop. The launcher runs torchrun as its child and decides instead:
   mode it SIGKILLs torchrun and every worker at once, so nothing is saved.
 
 The launcher finds torchrun's processes by a tag in their environment, which all of them
-inherit from torchrun (its workers, and the forkserver they are forked from). It must
+inherit from torchrun (its workers, and a forked leg's forkserver). It must
 stay light: no torch, nothing of the training side. As a pod's PID 1 it also reaps the
 orphans re-parented to it.
 """
@@ -32,14 +33,12 @@ import uuid
 from types import FrameType
 from typing import Literal
 
+from resumequal.launchers import DEFAULT_LAUNCHER, command
 from resumequal.local.processes import Tagged, send_signal
 
 log = logging.getLogger(__name__)
 
 TAG_VAR = "RESUMEQUAL_LAUNCHER_TAG"
-# What it runs, after the interpreter: resumequal.plan.TORCHRUN (torchrun's agent with its
-# workers forked, :mod:`resumequal.agent`), spelled here so the launcher imports no spec.
-AGENT = ("-m", "resumequal.agent")
 Mode = Literal["hard", "graceful"]
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # SIGKILLed processes are gone within milliseconds; this only bounds a kernel that stalls.
@@ -56,9 +55,9 @@ class Launcher:
     """Runs ``torchrun ARGS`` as a child and answers SIGTERM/SIGINT as ``mode`` says."""
 
     def __init__(self, mode: Mode, torchrun_args: list[str], *,
-                 python: str = sys.executable) -> None:
+                 launcher: str = DEFAULT_LAUNCHER, python: str = sys.executable) -> None:
         self.mode = mode
-        self.cmd = [python, *AGENT, *torchrun_args]
+        self.cmd = [python, *command(launcher), *torchrun_args]
         self.tag = uuid.uuid4().hex
         self._tagged = Tagged(self.tag, TAG_VAR)
         self.signalled: int | None = None
@@ -129,6 +128,7 @@ class Launcher:
         log.error("processes still alive after SIGKILL: %s", self._tagged.live())
 
 
-def launch(mode: Mode, torchrun_args: list[str]) -> int:
-    """Run torchrun with ``torchrun_args`` under a launcher; the exit status to exit with."""
-    return Launcher(mode, torchrun_args).run()
+def launch(mode: Mode, torchrun_args: list[str], launcher: str = DEFAULT_LAUNCHER) -> int:
+    """Run torchrun (as ``launcher`` starts it) with ``torchrun_args`` under a launcher; the
+    exit status to exit with."""
+    return Launcher(mode, torchrun_args, launcher=launcher).run()

@@ -205,10 +205,6 @@ NODE_KEEP_ALIVE = {"keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
 RESIZE_LAST_CALL = {"last_call_timeout": "1"}
 
 
-# torchrun, after the interpreter: ``[sys.executable, *TORCHRUN, ...]``: torchrun's own
-# agent with ``-m`` scripts forked from a process that loaded their code once
-# (:mod:`resumequal.agent`); its options are torchrun's.
-TORCHRUN: tuple[str, ...] = ("-m", "resumequal.agent")
 
 
 def local_torchrun_args(*, endpoint: str, nproc: int, max_restarts: int,

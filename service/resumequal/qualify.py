@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -23,6 +23,7 @@ from pydantic.alias_generators import to_camel
 from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
 from resumequal.redact import redact
+from resumequal.runstore import MAX_EPOCH_SECONDS
 from resumequal.runstore import KillOrder as KillOrder  # kept with the store code that reads it
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Verdict
@@ -61,21 +62,28 @@ _STATE_CONFIG = ConfigDict(alias_generator=to_camel, validate_by_name=True,
                            validate_by_alias=True)
 
 
+# A beacon is read from the store, and its numbers go into a run's status: bounded as the
+# status holds them (int32 counts, a finite time a timestamp can hold), so that whoever can
+# write the store gets a refused beacon naming the field, not a status that no longer
+# writes (1e30 is no int64; Infinity is no JSON) on every reconcile after.
+Count = Annotated[int, Field(ge=0, lt=2**31)]
+
+
 class Beacon(BaseModel):
     """What an armed worker publishes: who to kill and where it stands."""
 
     model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
                               validate_by_alias=True)
-    pid: int
+    pid: Count
     host: str
     pod: str | None = None
     pod_uid: str | None = None
-    rank: int
-    attempt: int
-    step: int
-    microstep: int
+    rank: Count
+    attempt: Count
+    step: Count
+    microstep: Count
     at: str = "microbatch"
-    armed_at: float
+    armed_at: float = Field(ge=0, le=MAX_EPOCH_SECONDS, allow_inf_nan=False)
 
 
 class InvalidBeacon(StoreError):

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 
 from resumequal.errors import StoreError
+from resumequal.launchers import caveats
 from resumequal.metrics import QualificationMetrics, push, write_textfile
 from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus, Reason
 from resumequal.report.files import write_reports
@@ -360,6 +361,8 @@ def build_report(
         kill_at=timeline.kill_at,
         restart_seconds=timeline.restart_seconds,
         inventory=inventory(location) if location is not None else {},
+        launcher=spec.world.launcher,
+        caveats=caveats(spec.world.launcher),
         matrix=matrix,
     )
 

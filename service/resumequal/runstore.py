@@ -197,6 +197,18 @@ def _count(value: Any) -> int | None:
     return value if ok else None
 
 
+# The last second a status timestamp can hold (9999-12-31T23:59:59Z, RFC 3339's last year
+# and datetime's): a time past it is no time a worker recorded.
+MAX_EPOCH_SECONDS = 253402300799.0
+
+
+def _epoch(value: Any) -> float | None:
+    """``value`` if it is a time a status can hold (epoch seconds), else None."""
+    ok = (isinstance(value, int | float) and not isinstance(value, bool)
+          and math.isfinite(value) and 0 <= value <= MAX_EPOCH_SECONDS)
+    return float(value) if ok else None
+
+
 def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> LegProgress:
     """Progress from each rank's trace records (as JSON objects, in write order)."""
     per_rank_steps: list[int] = []
@@ -218,10 +230,11 @@ def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> L
             if step is None:
                 continue
             done = max(done, step)
-            at = rec.get("finished_at")
-            if attempt >= 1 and first_resumed is None and isinstance(at, int | float) \
-                    and math.isfinite(at):
-                first_resumed = float(at)
+            # Whoever writes the store writes these: 1e300 would overflow every
+            # timestamp made of it (the operator's status, on every reconcile).
+            at = _epoch(rec.get("finished_at"))
+            if attempt >= 1 and first_resumed is None and at is not None:
+                first_resumed = at
         per_rank_steps.append(done)
         if first_resumed is not None:
             resumed.append(first_resumed)

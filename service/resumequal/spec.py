@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ResumequalError
+from resumequal.launchers import DEFAULT_LAUNCHER, Launcher
 from resumequal.redact import redact
 from resumequal.yamlread import MAX_CHARS, YAMLInputError, load_yaml
 
@@ -87,6 +88,20 @@ MAX_LIST = 1000  # checkpoint.atSteps and other lists
 MAX_SEEDS = 64
 MAX_PARAMS = 64  # workload.params entries
 MAX_URI = 2048
+# A pin labels metrics, the status and reports, and alert templates put it into PromQL:
+# label-safe characters only, as image tags and versions are spelled (train:2026-11-29,
+# train@sha256:0123abcd4567, pt-2.6-cu124, torch==2.13.0+cpu).
+PIN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+:@=-]{0,127}$"
+_PIN = re.compile(PIN_PATTERN)
+
+
+def check_pin(value: str) -> str:
+    """``value`` if it can be a pin, else ValueError saying what a pin is (not echoing it:
+    what is not label-safe is not printed either)."""
+    if not _PIN.match(value):
+        raise ValueError("a pin is 1-128 of letters, digits and . _ + : @ = -, starting "
+                         "with a letter or digit (e.g. torch==2.13.0+cpu, train:2026-11-29)")
+    return value
 
 
 class SpecError(ResumequalError, ValueError):
@@ -196,6 +211,14 @@ class WorldSpec(_Section):
     max_restarts: int = Field(
         default=1, ge=1, le=100,
         description="Elastic restarts the launcher may make (the kill needs 1).",
+    )
+    launcher: Launcher = Field(
+        default=DEFAULT_LAUNCHER,
+        description="What starts each attempt's workers. torchrun (the default): stock "
+        "torchrun, every worker a fresh interpreter, as a production restart. forked "
+        "(opt-in, faster restarts): workers forked from one process that loaded their code "
+        "once; they share its hash secret, memory layout and import-time state, so a resume "
+        "that depends on those is not seen (the report says so).",
     )
 
     @property
@@ -755,6 +778,8 @@ class QualificationSpec(_Section):
             del data["compile"]  # likewise for specs from before compile
         if data["workload"].get("loader") is None:
             del data["workload"]["loader"]  # likewise for specs from before workload.loader
+        if self.world.launcher == DEFAULT_LAUNCHER:
+            del data["world"]["launcher"]  # likewise for specs from before world.launcher
         if self.preemption.resize is not None:
             # Every leg of a resize run draws its data globally, the reference leg too.
             data["data"] = "global"

@@ -426,6 +426,10 @@ class Report(_Model):
     )
     inventory: dict[str, Any] = Field(default_factory=dict)
     inventory_differences: dict[str, Any] = Field(default_factory=dict)
+    launcher: str = Field(default="torchrun", description="what started the legs' workers "
+                          "(world.launcher): torchrun (fresh interpreters) or forked")
+    caveats: list[str] = Field(default_factory=list,
+                               description="what this verdict cannot see, and why")
     matrix: Matrix | None = None
     zoom: Zoom | None = Field(default=None, description="resumequal zoom's replay of the "
                               "first divergent step, once it has run")

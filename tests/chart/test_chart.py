@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from resumequal_operator import main as operator_main
-from resumequal_operator.allowlist import Allowlist
+from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 from resumequal_operator.resource import parse_run_spec
 from resumequal_operator.trainjob import leg_runtime
 from tests import k8s_schemas
@@ -219,6 +219,7 @@ OPERATOR_RULES = (
     | {("", "pods", v) for v in ("get", "delete")}
     | {("", "events", "create")}
     | {("", "secrets", "create")}  # each run's checkpoint key, never read back
+    | {("networking.k8s.io", "networkpolicies", "create")}  # each leg's (networkPolicy)
 )
 
 
@@ -465,6 +466,8 @@ def test_lint(variant: str) -> None:
         ),
         ({"nightly": {"pins": [{"name": "p"}]}}, "/nightly/pins/0"),
         ({"nightly": {"pins": [{"name": "P!", "image": "i:1.0.0"}]}}, "/nightly/pins/0/name"),
+        ({"nightly": {"pins": [{"name": "p", "image": "i:1.0.0", "pin": "x'} or vector(1)"}]}},
+         "/nightly/pins/0/pin"),
         ({"serviceMonitor": {"enabled": "yes"}}, "/serviceMonitor/enabled"),
         ({"leaderElection": {"enable": True}}, "/leaderElection"),
         ({"replica": 2}, "'replica'"),
@@ -511,8 +514,12 @@ def _allowlist(chart: helm.Chart, values: Obj | None) -> Allowlist:
     run = operator_main.main.commands[command]
     with run.make_context(command, list(args)) as ctx:
         p = ctx.params
+        security = operator_main.security_allowlist_of(
+            p["allow_privileged"], p["allow_run_as_root"], p["allow_privilege_escalation"],
+            p["allow_unconfined"], p["allow_capabilities"], p["allow_sysctls"])
         return operator_main.allowlist_of(p["allow_images"], p["allow_service_accounts"],
-                                          p["allow_buckets"], p["allow_endpoints"])
+                                          p["allow_buckets"], p["allow_endpoints"],
+                                          security=security)
 
 
 def test_the_allowlist_values_become_the_operators_allowlist(chart: helm.Chart) -> None:
@@ -522,7 +529,10 @@ def test_the_allowlist_values_become_the_operators_allowlist(chart: helm.Chart) 
         images=("ghcr.io/acme/*", "registry.internal/train@sha256:*"),
         service_accounts=("default", "resumequal-*"),
         buckets=("resumequal-runs", "acme-ci-*"),
-        endpoints=("http://minio.storage.svc:9000",))
+        endpoints=("http://minio.storage.svc:9000",),
+        security=SecurityAllowlist(run_as_root=True, unconfined=True,
+                                   capabilities=("SYS_PTRACE", "IPC_LOCK"),
+                                   sysctls=("net.ipv4.tcp_*",)))
     # Each entry is one argument, whatever it holds.
     odd = {"allowlist": {"images": ["reg.example/a b*"]}}
     with pytest.raises(helm.HelmValuesError, match="/allowlist/images/0"):
@@ -541,6 +551,11 @@ def test_the_allowlist_values_become_the_operators_allowlist(chart: helm.Chart) 
         ({"allowlist": {"images": [""]}}, "/allowlist/images/0"),
         ({"allowlist": {"buckets": "b"}}, "/allowlist/buckets"),
         ({"allowlist": {"image": ["x"]}}, "/allowlist"),
+        ({"allowlist": {"security": {"privileged": "yes"}}}, "/allowlist/security/privileged"),
+        ({"allowlist": {"security": {"capabilities": ["SYS ADMIN"]}}},
+         "/allowlist/security/capabilities/0"),
+        ({"allowlist": {"security": {"hostNetwork": True}}}, "/allowlist/security"),
+        ({"networkPolicy": {"enabled": "no"}}, "/networkPolicy/enabled"),
     ],
 )
 def test_the_schema_rejects_bad_allowlists(chart: helm.Chart, values: Obj, field: str) -> None:
@@ -571,3 +586,41 @@ def test_the_trainjob_runtime_is_the_one_the_operator_names(chart: helm.Chart) -
                        r"ClusterTrainingRuntime"):
         render(chart, {"trainjob": {"enabled": True, "runtime": {"kind": "TrainingRuntime"}},
                        "watch": {"allNamespaces": True}})
+
+
+def test_the_security_allowlist_values_become_arguments_the_operator_reads(
+    chart: helm.Chart,
+) -> None:
+    # Closed by default: no argument, and the operator's allowlist grants nothing.
+    args = args_of(one(render(chart), "Deployment"))
+    assert not [a for a in args if a.startswith(("--allow-priv", "--allow-run-as",
+                                                 "--allow-unconfined", "--allow-capab",
+                                                 "--allow-sysctl"))]
+    assert _allowlist(chart, None).security == SecurityAllowlist()
+    everything = {"allowlist": {"security": {
+        "privileged": True, "runAsRoot": True, "allowPrivilegeEscalation": True,
+        "unconfined": True, "capabilities": ["*"], "sysctls": ["kernel.shm_rmid_forced"]}}}
+    args = args_of(one(render(chart, everything), "Deployment"))
+    assert {"--allow-privileged", "--allow-run-as-root", "--allow-privilege-escalation",
+            "--allow-unconfined", "--allow-capability=*",
+            "--allow-sysctl=kernel.shm_rmid_forced"} <= set(args)
+    assert _allowlist(chart, everything).security == SecurityAllowlist(
+        privileged=True, run_as_root=True, allow_privilege_escalation=True, unconfined=True,
+        capabilities=("*",), sysctls=("kernel.shm_rmid_forced",))
+
+
+def test_network_policies_are_on_by_default_and_can_be_turned_off(chart: helm.Chart) -> None:
+    rule = ("networking.k8s.io", "networkpolicies", "create")
+    on = render(chart)
+    assert "--no-network-policies" not in args_of(one(on, "Deployment"))
+    [role] = [o for o in by_kind(on, "Role") if o["metadata"]["name"] == "rq-resumequal"]
+    assert rule in _rules(role)
+    off = render(chart, {"networkPolicy": {"enabled": False}})
+    dep = one(off, "Deployment")
+    assert "--no-network-policies" in args_of(dep)
+    [role] = [o for o in by_kind(off, "Role") if o["metadata"]["name"] == "rq-resumequal"]
+    assert _rules(role) == OPERATOR_RULES - {rule}
+    command, *args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    run = operator_main.main.commands[command]
+    with run.make_context(command, list(args)) as ctx:
+        assert ctx.params["network_policies"] is False

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import yaml
 
-from resumequal import plan
+from resumequal import launchers
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.spec import BOUNDARIES
@@ -30,7 +30,7 @@ from resumequal.trace.records import (
 )
 from tests.waiting import eventually
 
-TORCHRUN = [sys.executable, *plan.TORCHRUN]
+TORCHRUN = [sys.executable, *launchers.TORCHRUN]
 
 
 def free_port() -> int:

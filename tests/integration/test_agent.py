@@ -9,14 +9,15 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from resumequal.launchers import command
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import TORCHRUN, local_torchrun_args
+from resumequal.plan import local_torchrun_args
 from tests.integration import legs
 from tests.waiting import eventually
 
@@ -34,16 +35,32 @@ def tree() -> Iterator[ProcessTree]:
 
 
 def _agent(tree: ProcessTree, tmp_path: Path, script: list[str], what: str,
-           max_restarts: int = 1) -> tuple[subprocess.Popen[bytes], Path, Path]:
+           max_restarts: int = 1, agent: Sequence[str] = command("forked"),
+           ) -> tuple[subprocess.Popen[bytes], Path, Path]:
     out = tmp_path / "out"
     out.mkdir()
     log = tmp_path / "agent.log"
-    cmd = [sys.executable, *TORCHRUN,
+    cmd = [sys.executable, *agent,
            *local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=2,
                                 max_restarts=max_restarts),
            *script, str(out), what]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(), **{MARK: "yes"})
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(), **{MARK: "yes"})
     return tree.spawn(cmd, log, env), out, log
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: it only waits to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _fresh_start_method() -> str:
+    return subprocess.run([sys.executable, "-c", "import multiprocessing as m; "
+                           "print(m.get_start_method())"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
 
 
 def _records(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
@@ -73,7 +90,15 @@ def test_module_workers_are_forked_with_their_code_loaded_and_a_kill_restarts_th
         assert r["env"]["LOCAL_RANK"] == str(r["rank"]) and r["env"]["WORLD_SIZE"] == "2"
         assert r["env"]["MASTER_ADDR"] and r["env"]["PYTHONUNBUFFERED"] == "1"
         assert r["env"][MARK] == "yes"  # the agent's environment, inherited
+        # As torchrun starts a worker: a session of its own, the platform's default start
+        # method (not the forkserver's), nothing the forkserver's imports set.
+        assert r["own_session"] and r["start_method"] == _fresh_start_method(), r
+        assert r["env"]["TORCHINDUCTOR_CACHE_DIR"] is None
     assert len({r["pid"] for r in records.values()}) == 4
+    # The children the cut attempt's workers started (the killed worker's among them) were
+    # stopped with their workers' process groups, as torchrun stops a worker's.
+    children = [records[(0, rank)]["child"] for rank in (0, 1)]
+    assert all(children) and not any(_alive(pid) for pid in children), children
     assert "worker exit codes: " in log.read_text() and "local_rank 1: -9" in log.read_text()
     # What each worker registered to run at exit ran, as at the end of ``python -m``;
     # nothing of the SIGKILLed one.
@@ -103,6 +128,31 @@ def test_a_failing_worker_fails_the_agent_once_its_restarts_are_spent(
     assert "local_rank 1: 3" in log.read_text()
     assert sorted(_records(out)) == [(0, 0), (0, 1)]
     assert (out / "atexit-0-1").exists()  # sys.exit(3) runs them too
+
+
+def test_a_worker_ends_as_python_ends_threads_then_exit_functions_then_open_files(
+    tree: ProcessTree, tmp_path: Path
+) -> None:
+    agent, out, log = _agent(tree, tmp_path, ["-m", WORKER], "ok")
+    assert agent.wait(120) == 0, log.read_text()[-3000:]
+    for rank in (0, 1):
+        assert (out / f"late-0-{rank}.thread").read_text() == "done"
+        assert (out / f"late-0-{rank}.atexit").read_text() == "after the thread"
+        assert (out / f"late-0-{rank}.unclosed").read_text() == "8 bytes!"
+
+
+def test_a_torch_without_the_internals_it_patches_runs_stock_torchrun_with_a_warning(
+    tree: ProcessTree, tmp_path: Path
+) -> None:
+    # A torch whose MultiprocessContext has no _poll: the agent cannot work there.
+    without = ("import sys; import torch.distributed.elastic.multiprocessing.api as api; "
+               "del api.MultiprocessContext._poll; import resumequal.agent as agent; "
+               "agent.main(sys.argv[1:])")
+    agent, out, log = _agent(tree, tmp_path, ["-m", WORKER], "ok", agent=("-c", without))
+    assert agent.wait(120) == 0, log.read_text()[-3000:]
+    assert "MultiprocessContext._poll; running stock torchrun instead" in log.read_text()
+    for r in _records(out).values():
+        assert r["ppid"] == agent.pid and not any(r["loaded"].values())
 
 
 def test_a_script_path_runs_as_torchrun_runs_it(tree: ProcessTree, tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from resumequal.plan import TORCHRUN, leg_module_args, local_torchrun_args
+from resumequal.launchers import TORCHRUN
+from resumequal.plan import leg_module_args, local_torchrun_args
 from tests.integration import legs
 from tests.waiting import eventually
 

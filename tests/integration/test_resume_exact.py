@@ -48,7 +48,7 @@ def test_hard_mode_sigterm_resumes_from_the_periodic_checkpoint(
     spec = legs.write_spec(tmp_path / "spec.yaml", spec_for("tiny-gpt"))
     legs.preempt(spec, tmp_path, signal.SIGTERM)
     log = (tmp_path / "preempted.log").read_text()
-    assert "local_rank 1: -15" in log  # the agent saw rank 1 die of SIGTERM
+    assert "failed (exitcode: -15) local_rank: 1" in log  # torchrun saw a death by SIGTERM
     assert "emergency checkpoint" not in log
     root = tmp_path / "preempted" / "checkpoints"
     assert not [p.name for p in root.iterdir() if "+" in p.name]

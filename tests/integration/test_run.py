@@ -23,8 +23,8 @@ FAST = ["--set", "workload.name=dropout-mlp", "--set", "controls.enabled=false"]
 
 
 # Every process a run starts inherits its environment, this variable with it: its legs'
-# agents, the forkserver they fork workers from, the workers, whose command lines are the
-# forkserver's and name no run.
+# torchrun agents and their workers (and, for a forked leg, the forkserver the workers are
+# forked from, whose command line the workers keep and which names no run).
 RUN_MARK = "RESUMEQUAL_TEST_RUN"
 
 
@@ -194,7 +194,7 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
     eventually(beacon.exists, 180, "the preempted leg to arm", interval=0.1,
                abort=lambda: None if proc.poll() is None else f"the run exited {proc.returncode}")
     processes = _processes_of(run_dir)
-    assert len(processes) >= 5  # the run, the leg's agent, its forkserver and two workers
+    assert len(processes) >= 4  # the run, the leg's torchrun and two workers
     proc.send_signal(signal.SIGINT)
     try:
         out, _ = proc.communicate(timeout=60)

@@ -16,7 +16,8 @@ real_pods. :class:`KubeAPI` has the lifecycle, set-up (CRDs, admission validator
 faults, compaction, ended watches), in-process accessors that keep every semantic, and
 records (deletions, created objects, watch history, pruned fields, HTTP requests).
 
-Served: namespaces, pods, events, secrets, batch/v1 jobs, leases, CRDs and the custom
+Served: namespaces, pods, events, secrets, batch/v1 jobs, leases, network policies (stored,
+not enforced), CRDs and the custom
 resources they define; discovery and what ``kubectl`` reads (:mod:`.kubectl`). Semantics in
 :mod:`.store`, :mod:`.patch`, :mod:`.selectors`, :mod:`.schema` and :mod:`.server`, each
 saying what it does not emulate (answered with an error, never approximated): among them

@@ -66,6 +66,12 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     _core("Secret", "secrets"),
     Kind("batch", "v1", "Job", "jobs", True, True, "job", default_propagation="Orphan"),
     Kind("coordination.k8s.io", "v1", "Lease", "leases", True, False, "lease"),
+    # pkg/registry/networking/networkpolicy/storage/storage.go: a plain generic store (no
+    # ReturnDeletedObject: a DELETE answers a Status) and, since 1.28 removed
+    # NetworkPolicyStatus, no status subresource. Served as objects only: nothing here
+    # enforces a policy on traffic (the kubelet's pods do not talk over a network).
+    Kind("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, False,
+         "networkpolicy", ("netpol",)),
     Kind("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions",
          False, True, "customresourcedefinition", ("crd", "crds"), delete_returns_object=True),
 )

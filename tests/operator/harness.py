@@ -2,7 +2,8 @@
 
 Every object written to the emulator passes admission by the schemas in
 ``tests/k8s_schemas.py``: PyTorchJobs against Kubeflow's CRD, QualificationRuns (status
-included) against the chart's CRD, Jobs, Leases and Events against Kubernetes' own.
+included) against the chart's CRD, Jobs, Leases, Events and NetworkPolicies against
+Kubernetes' own.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Admission:
             validate_pytorchjob(obj)
         elif kind == "QualificationRun":
             validate_qualificationrun(obj)
-        elif kind in ("Job", "Lease", "Event"):
+        elif kind in ("Job", "Lease", "Event", "NetworkPolicy"):
             validate_core(obj)
         elif kind in ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime", "JobSet"):
             validate_trainer(obj)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from resumequal_operator.allowlist import Allowlist
+from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from tests.kubeapi import KubeAPI
 from tests.operator.harness import (
@@ -102,12 +102,27 @@ def _assert_refused(api: KubeAPI, name: str, field: str, rule: str,
          "default) is not allowed by allowlist.serviceAccounts [qual-*]"),
         ({"buckets": ("qual-*",)}, {},
          "spec.store.uri", "is not allowed by allowlist.buckets [qual-*]"),
+        ({"security": SecurityAllowlist(capabilities=("SYS_PTRACE",))},
+         {"security": {"securityContext": {"capabilities": {"drop": ["ALL"],
+                                                            "add": ["SYS_ADMIN"]}}}},
+         "spec.security.securityContext.capabilities.add", "capability SYS_ADMIN is not "
+         "allowed by allowlist.security.capabilities [SYS_PTRACE]"),
+        ({"security": SecurityAllowlist()},
+         {"security": {"securityContext": {"privileged": True,
+                                           "allowPrivilegeEscalation": True}}},
+         "spec.security.securityContext.privileged", "is not allowed by "
+         "allowlist.security.privileged (false)"),
+        ({"security": SecurityAllowlist()},
+         {"security": {"podSecurityContext": {"runAsUser": 0, "runAsNonRoot": False}}},
+         "spec.security.podSecurityContext.runAsUser", "uid 0 (root) is not allowed by "
+         "allowlist.security.runAsRoot (false)"),
     ],
-    ids=["image", "service-account", "default-service-account", "bucket"],
+    ids=["image", "service-account", "default-service-account", "bucket", "capability",
+         "privileged", "root"],
 )
 def test_each_rule_refuses_a_run_naming_itself_while_an_allowed_run_proceeds(
     api: KubeAPI, operators: Operators, store: dict[str, str], aws_env: dict[str, str],
-    moto_server: MotoServer, rules: dict[str, tuple[str, ...]], spec: dict[str, Any],
+    moto_server: MotoServer, rules: dict[str, Any], spec: dict[str, Any],
     field: str, says: str,
 ) -> None:
     bucket = store["uri"].removeprefix("s3://").split("/")[0]
@@ -120,7 +135,11 @@ def test_each_rule_refuses_a_run_naming_itself_while_an_allowed_run_proceeds(
 
     admitted = f"qual-{uuid.uuid4().hex[:12]}"  # a bucket the allowlist admits
     allowed = {"images": {"stack": {"image": "ghcr.io/trusted/train:1"}},
-               "service_accounts": {"serviceAccountName": "qual-runner"}, "buckets": {}}
+               "service_accounts": {"serviceAccountName": "qual-runner"}, "buckets": {},
+               # What the capability rule admits; a restricted run under the others.
+               "security": {"security": {"securityContext": {"capabilities": {
+                   "drop": ["ALL"], "add": ["SYS_PTRACE"]}}}}
+               if rules.get("security") and rules["security"].capabilities else {}}
     [rule] = rules
     if rule == "buckets":
         moto_server.client("s3").create_bucket(Bucket=admitted)
@@ -187,3 +206,22 @@ def test_a_started_run_that_a_narrower_allowlist_refuses_is_stopped(
     eventually(lambda: wide.reconciles >= 1 or None, what="a reconcile of the stopped run")
     assert qr(api, "narrowed")["status"]["phase"] == "Failed"
     assert len(api.created(PYTORCHJOBS.plural)) == 2
+
+
+def test_a_run_the_security_allowlist_permits_gets_its_pods_as_asked(
+    api: KubeAPI, operators: Operators, store: dict[str, str], moto_server: MotoServer,
+) -> None:
+    operators.start(allowlist=Allowlist(endpoints=(moto_server.endpoint,),
+                                        security=SecurityAllowlist(privileged=True,
+                                                                   run_as_root=True)))
+    security = {"podSecurityContext": {"runAsUser": 0, "runAsNonRoot": False},
+                "securityContext": {"privileged": True, "allowPrivilegeEscalation": True,
+                                    "runAsNonRoot": False}}
+    api.create(QUALIFICATION_RUNS.plural, run_manifest("root", store, security=security))
+    wait_phase(api, "root", "LegsRunning")
+    jobs = eventually(lambda: api.list(PYTORCHJOBS.plural, NAMESPACE) or None,
+                      what="the run's PyTorchJobs")
+    for job in jobs:
+        pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        assert pod["securityContext"]["runAsUser"] == 0
+        assert pod["containers"][0]["securityContext"]["privileged"] is True

@@ -23,13 +23,13 @@ from tests.operator.harness import NAMESPACE, run_manifest
 DEADLINE_S = 2
 
 
-def _leg_job(name: str) -> dict[str, object]:
+def _leg_job(name: str, key_secret: str) -> dict[str, object]:
     """The control leg's PyTorchJob as the operator builds it, deadlines shortened."""
     manifest = run_manifest(name, {"uri": "s3://bucket/runs"})
     spec = parse_run_spec(manifest["spec"])
     uri = f"s3://bucket/runs/{NAMESPACE}/{name}/uid-1"
     leg = qualification_plan(qualification_spec(spec, uri)).leg("control")
-    job = pytorchjob.leg_job(name, NAMESPACE, "uid-1", spec, leg, uri)
+    job = pytorchjob.leg_job(name, NAMESPACE, "uid-1", spec, leg, uri, key_secret=key_secret)
     job["metadata"].pop("ownerReferences")
     job["spec"]["runPolicy"]["activeDeadlineSeconds"] = DEADLINE_S
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -42,12 +42,12 @@ def test_a_hung_leg_is_stopped_by_its_pod_deadlines_without_the_operator(
     kubeapi: KubeAPI, training_operator: SimulatedTrainingOperator
 ) -> None:
     # The containers hang (they run until a signal); no operator is running.
-    job = _leg_job("hung")
-    name = job["metadata"]["name"]  # type: ignore[index]
     # The run's checkpoint key, which the operator would have created with the legs.
     secret = pytorchjob.checkpoint_key_secret("hung", NAMESPACE, "uid-1", new_key())
     secret["metadata"].pop("ownerReferences")
-    kubeapi.create("secrets", secret)
+    created = kubeapi.create("secrets", secret)
+    job = _leg_job("hung", created["metadata"]["name"])
+    name = job["metadata"]["name"]  # type: ignore[index]
     kubeapi.create("pytorchjobs", job)
     kubeapi.wait_for(lambda: len([p for p in training_operator.pods(NAMESPACE, name)
                                   if p["status"].get("phase") == "Running"]) == 2,

@@ -194,13 +194,14 @@ def test_run_refuses_a_run_dir_another_run_holds(runner: CliRunner, tmp_path: Pa
 
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
-    """Replace the launcher so no torchrun starts; record its calls."""
+    """Replace the launcher so no torchrun starts; record its calls (the launcher's name
+    appended to the mode where it is not stock torchrun's)."""
     from resumequal import launch
 
     calls: list[tuple[str, list[str]]] = []
 
-    def fake_launch(mode: str, args: list[str]) -> int:
-        calls.append((mode, args))
+    def fake_launch(mode: str, args: list[str], launcher: str) -> int:
+        calls.append((mode if launcher == "torchrun" else f"{mode}/{launcher}", args))
         return 143
 
     monkeypatch.setattr(launch, "launch", fake_launch)
@@ -225,6 +226,17 @@ def test_launch_is_hard_by_default_and_refuses_another_mode(
     result = runner.invoke(cli.main, ["launch", "--mode", "soft", "--", "x"])
     assert result.exit_code == 2
     assert "'soft'" in result.stderr and "'graceful'" in result.stderr
+    assert len(launches) == 1
+
+
+def test_launch_runs_stock_torchrun_unless_forked_is_asked_for(
+    runner: CliRunner, launches: list[tuple[str, list[str]]]
+) -> None:
+    assert runner.invoke(cli.main, ["launch", "--launcher", "forked", "--", "x"]).exit_code \
+        == 143
+    assert launches == [("hard/forked", ["x"])]
+    result = runner.invoke(cli.main, ["launch", "--launcher", "warm", "--", "x"])
+    assert result.exit_code == 2 and "'warm'" in result.stderr
     assert len(launches) == 1
 
 

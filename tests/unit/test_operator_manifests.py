@@ -279,7 +279,7 @@ def test_leg_job_shape() -> None:
     assert c["name"] == "pytorch" and c["image"] == cr.stack.image
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert [*c["command"], *c["args"]] == [
-        "resumequal", "launch", "--mode", "hard", "--",
+        "resumequal", "launch", "--mode", "hard", "--launcher", "torchrun", "--",
         "-m", "resumequal", "leg", "--leg", "nc-data-cursor", "--run-dir",
         f"s3://resumequal-runs/qualifications/{NS}/{RUN}/{UID}", "--omit", "data_cursor"]
     assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400,
@@ -386,20 +386,32 @@ def test_credentials_only_by_secret_reference() -> None:
 def test_the_checkpoint_key_is_a_secret_of_the_run_referenced_by_every_pod() -> None:
     secret = pytorchjob.checkpoint_key_secret(RUN, NS, UID, "k" * 64)
     validate_core(secret)
-    name = pytorchjob.checkpoint_key_secret_name(RUN, UID)
-    assert secret["metadata"]["name"] == name and secret["metadata"]["namespace"] == NS
+    # Named by the API server: no name anyone could take first.
+    assert "name" not in secret["metadata"] and secret["metadata"]["namespace"] == NS
+    prefix = secret["metadata"]["generateName"]
+    assert prefix.startswith(RUN) and len(prefix) <= pytorchjob.MAX_GENERATE_NAME
+    assert len(pytorchjob.checkpoint_key_secret_prefix("r" * 253)) <= 58
     assert secret["metadata"]["ownerReferences"] == [pytorchjob.owner_reference(RUN, UID)]
     assert secret["metadata"]["labels"][pytorchjob.UID_LABEL] == UID
     assert base64.b64decode(secret["data"][pytorchjob.CHECKPOINT_KEY]) == b"k" * 64
-    assert name != pytorchjob.checkpoint_key_secret_name(RUN, "another-uid")
-    assert len(name) <= 63
-    _, _, jobs, comparator = _manifests({})
+    name = prefix + "x7k2q"  # as generated
+    spec = parse_run_spec(example_spec())
+    uri = run_uri(spec.store.uri, NS, RUN, UID)
+    jobs = [pytorchjob.leg_job(RUN, NS, UID, spec, leg, uri, key_secret=name)
+            for leg in all_legs(qualification_spec(spec, uri))]
+    comparator = pytorchjob.comparator_job(RUN, NS, UID, spec, uri, key_secret=name)
     for obj in [*jobs, comparator]:
         for c in _containers(obj):
             env = {e["name"]: e for e in c["env"]}
             assert env[KEY_ENV] == {"name": KEY_ENV, "valueFrom": {"secretKeyRef": {
                 "name": name, "key": pytorchjob.CHECKPOINT_KEY}}}
         assert "k" * 64 not in json.dumps(obj)
+    # A run started before names were generated keeps naming its Secret as it did.
+    legacy = pytorchjob.checkpoint_key_secret_name(RUN, UID)
+    assert legacy != pytorchjob.checkpoint_key_secret_name(RUN, "another-uid")
+    [c] = _containers(pytorchjob.comparator_job(RUN, NS, UID, spec, uri))
+    assert {e["name"]: e for e in c["env"]}[KEY_ENV]["valueFrom"]["secretKeyRef"][
+        "name"] == legacy
 
 
 def test_without_a_secret_the_pods_use_their_own_aws_chain() -> None:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from resumequal_operator import pytorchjob
 from resumequal_operator.main import main
-from resumequal_operator.render import PLACEHOLDER_KEY, PLACEHOLDER_UID
+from resumequal_operator.render import PLACEHOLDER_KEY, PLACEHOLDER_NAME_SUFFIX, PLACEHOLDER_UID
 from tests.k8s_schemas import validate_core, validate_pytorchjob
 from tests.pod_security import restricted_violations
 
@@ -28,14 +28,15 @@ def test_the_example_renders_every_leg_and_the_comparator() -> None:
     assert code == 0, err
     objects = list(yaml.safe_load_all(out))
     kinds = [o["kind"] for o in objects]
-    # the checkpoint key, control, preempted, six negative controls, then the comparator
-    assert kinds == ["Secret"] + ["PyTorchJob"] * 8 + ["Job"]
+    # the checkpoint key; control, preempted, six negative controls, each its NetworkPolicy
+    # first; then the comparator
+    assert kinds == ["Secret"] + ["NetworkPolicy", "PyTorchJob"] * 8 + ["Job"]
     legs = [o["metadata"]["labels"]["resumequal.dev/leg"] for o in objects[1:-1]]
-    assert legs[:2] == ["control", "preempted"]
+    assert legs[:4] == ["control", "control", "preempted", "preempted"]
     for obj in objects:
         assert obj["metadata"]["namespace"] == "training"
         assert obj["metadata"]["labels"]["resumequal.dev/run-uid"] == PLACEHOLDER_UID
-        if obj["kind"] == "Secret":
+        if obj["kind"] in ("Secret", "NetworkPolicy"):
             validate_core(obj)
             continue
         if obj["kind"] == "PyTorchJob":
@@ -54,9 +55,13 @@ def test_a_run_that_zooms_on_fail_renders_its_zoom_job_too() -> None:
     code, out, err = _render("-", stdin=yaml.safe_dump(run))
     assert code == 0, err
     objects = list(yaml.safe_load_all(out))
-    zoom = objects[-1]
+    policy, zoom = objects[-2:]
     assert zoom["kind"] == "Job" and zoom["metadata"]["name"] == pytorchjob.zoom_job_name(
         run["metadata"]["name"], PLACEHOLDER_UID)
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["podSelector"] == {
+        "matchLabels": {"resumequal.dev/run-uid": PLACEHOLDER_UID,
+                        "app.kubernetes.io/component": "zoom"}}
+    validate_core(policy)
     assert zoom["metadata"]["labels"]["app.kubernetes.io/component"] == "zoom"
     validate_core(zoom)
     pod = zoom["spec"]["template"]["spec"]
@@ -72,7 +77,7 @@ def test_a_stored_run_renders_with_its_own_uid_and_namespace_override(tmp_path: 
     assert code == 0, err
     objects = list(yaml.safe_load_all(out))
     assert {o["metadata"]["namespace"] for o in objects} == {"qa"}
-    args = objects[1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+    args = objects[2]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
         "containers"][0]["args"]
     assert args[-1].endswith("/qa/nightly-2026-11-29/3f1c9a0e-5b7d-4c1e-9a55-1e2f3a4b5c6d")
 
@@ -88,15 +93,19 @@ def test_the_checkpoint_key_secret_is_rendered_with_a_placeholder_never_a_key(
     code, out, err = _render(str(EXAMPLES / "qualificationrun.yaml"))
     assert code == 0, err
     secret, *jobs = yaml.safe_load_all(out)
-    name = secret["metadata"]["name"]
-    assert name == pytorchjob.checkpoint_key_secret_name("nightly-2026-11-29", PLACEHOLDER_UID)
+    # Named by the API server: the pods' references show the prefix and a placeholder.
+    assert "name" not in secret["metadata"]
+    prefix = secret["metadata"]["generateName"]
+    assert prefix == "nightly-2026-11-29-checkpoint-key-"
+    name = prefix + PLACEHOLDER_NAME_SUFFIX
     assert base64.b64decode(secret["data"][pytorchjob.CHECKPOINT_KEY]).decode() \
         == PLACEHOLDER_KEY
     assert secret["immutable"] is True
     assert secret["metadata"]["ownerReferences"][0]["kind"] == "QualificationRun"
     # The pods read the key from exactly this Secret.
     for job in jobs:
-        assert {"name": name, "key": pytorchjob.CHECKPOINT_KEY} in _secret_refs(job)
+        if job["kind"] != "NetworkPolicy":
+            assert {"name": name, "key": pytorchjob.CHECKPOINT_KEY} in _secret_refs(job)
 
 
 def _secret_refs(value: object) -> list[object]:
@@ -116,7 +125,7 @@ def test_several_runs_in_one_stream(tmp_path: Path) -> None:
     code, out, err = _render("-", stdin=text + "\n---\n" + yaml.safe_dump(second))
     assert code == 0, err
     runs = [o["metadata"]["labels"]["resumequal.dev/run"] for o in yaml.safe_load_all(out)]
-    assert runs.count("nightly-2026-11-29") == 10 and runs.count("other") == 4
+    assert runs.count("nightly-2026-11-29") == 18 and runs.count("other") == 6
 
 
 def test_a_bad_spec_exits_2_naming_the_field() -> None:

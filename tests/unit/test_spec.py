@@ -419,7 +419,7 @@ def test_set_takes_either_spelling_and_writes_one_key() -> None:
     both = apply_overrides(spec, ["world.nproc_per_node=3", "world.nprocPerNode=4"])
     assert both.world.nproc_per_node == 4
     with pytest.raises(SpecError, match=r"--set: world.nprocs: unknown field; allowed: "
-                                        r"backend, maxRestarts, nnodes, nprocPerNode"):
+                                        r"backend, launcher, maxRestarts, nnodes, nprocPerNode"):
         apply_overrides(spec, ["world.nprocs=3"])
 
 

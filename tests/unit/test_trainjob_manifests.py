@@ -58,7 +58,8 @@ def test_every_leg_is_a_trainjob_on_the_runtime_that_validates() -> None:
         assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 2)
         # The launcher, in the leg's kill mode (pending_grads' control leg is graceful).
         assert trainer["command"][:3] == ["resumequal", "launch", "--mode"]
-        assert trainer["command"][3:] in (["hard", "--"], ["graceful", "--"])
+        assert trainer["command"][3:] in (["hard", "--launcher", "torchrun", "--"],
+                                          ["graceful", "--launcher", "torchrun", "--"])
         assert trainer["args"][:3] == ["-m", "resumequal", "leg"]
         assert spec["activeDeadlineSeconds"] == 1860  # legSeconds + 60
         assert tj["metadata"]["ownerReferences"][0]["kind"] == "QualificationRun"
@@ -122,8 +123,9 @@ def test_render_prints_trainjobs_for_the_trainjob_backend() -> None:
                                 input=text)
     assert result.exit_code == 0, result.stderr
     objects = list(yaml.safe_load_all(result.stdout))
-    assert [o["kind"] for o in objects] == ["Secret"] + ["TrainJob"] * 8 + ["Job"]
-    for tj in objects[1:-1]:
+    assert [o["kind"] for o in objects] == (["Secret"] + ["NetworkPolicy", "TrainJob"] * 8
+                                            + ["Job"])
+    for tj in objects[2:-1:2]:
         validate_trainer(tj)
         assert tj["spec"]["runtimeRef"]["name"] == "legs"
         assert tj["spec"]["runtimeRef"]["kind"] == "TrainingRuntime"
@@ -132,8 +134,8 @@ def test_render_prints_trainjobs_for_the_trainjob_backend() -> None:
     result = CliRunner().invoke(main, ["render", "--default-backend", "trainjob", "-"],
                                 input=yaml.safe_dump(doc))
     assert result.exit_code == 0, result.stderr
-    assert {o["kind"] for o in yaml.safe_load_all(result.stdout)} == {"Secret", "PyTorchJob",
-                                                                       "Job"}
+    assert {o["kind"] for o in yaml.safe_load_all(result.stdout)} == {
+        "Secret", "NetworkPolicy", "PyTorchJob", "Job"}
 
 
 def test_leg_pods_and_their_node_index_by_backend() -> None:

@@ -100,6 +100,9 @@ seccompProfile:
 {{- if and .Values.trainjob.enabled .Values.watch.allNamespaces (eq .Values.trainjob.runtime.kind "TrainingRuntime") }}
 {{- fail "trainjob.runtime.kind: TrainingRuntime is one per watched namespace; with watch.allNamespaces use ClusterTrainingRuntime" }}
 {{- end }}
+{{- if not .Values.networkPolicy.enabled }}
+- --no-network-policies
+{{- end }}
 - --default-backend={{ .Values.backend }}
 {{- if .Values.trainjob.enabled }}
 - --trainjob
@@ -151,4 +154,11 @@ exactly the requests it makes (tests/operator/test_rbac.py holds the two to each
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
+{{- if .Values.networkPolicy.enabled }}
+# Each leg's (and a zoom's) NetworkPolicy: created once, owned by the run, so the garbage
+# collector deletes it with the run.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create"]
+{{- end }}
 {{- end }}

@@ -72,7 +72,6 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
@@ -262,10 +261,12 @@ class CheckpointManager:
         # A FileSystemWriter is its own stager: async_save copies every tensor into new
         # CPU memory (CPU tensors too) before it returns.
         response = dcp.async_save(tensors, storage_writer=writer, process_group=self._io_group)
-        if isinstance(response, AsyncSaveResponse):
-            response.staging_completion.result()
-            return response.upload_completion
-        return response
+        # torch < 2.9 returns the write's Future itself and has no AsyncSaveResponse to
+        # import; later ones return a Future unless a stager makes the copy asynchronous.
+        if isinstance(response, Future):
+            return response
+        response.staging_completion.result()
+        return response.upload_completion
 
     def _prepare(self, position: Position, group: dist.ProcessGroup | None) -> Path:
         """Rank 0 makes a fresh staging folder and makes room for the checkpoint; then

@@ -17,6 +17,7 @@ imaginary parts.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import struct
@@ -168,6 +169,12 @@ def values_equal(a: object, b: object) -> bool:
 # --------------------------------------------------------------------------- checkpoints
 
 
+# The comparator loads in its one process. A torch without dcp.load's ``no_dist`` (2.6)
+# does so by itself where no process group is up, as in the comparator.
+_NO_DIST: dict[str, bool] = (
+    {"no_dist": True} if "no_dist" in inspect.signature(dcp.load).parameters else {})
+
+
 class _Checkpoint:
     """One DCP checkpoint: its metadata, and loads of chosen keys only."""
 
@@ -190,7 +197,7 @@ class _Checkpoint:
                                                       "single process")
             try:
                 dcp.load(state, storage_reader=dcp.FileSystemReader(str(self.path)),
-                         planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
+                         planner=DefaultLoadPlanner(allow_partial_load=True), **_NO_DIST)
             except DCP_ERRORS as e:  # DCP wraps read failures in CheckpointException
                 raise CheckpointError(f"{self.path}: cannot load {len(state)} item(s): "
                                       f"{e}") from e

@@ -1,5 +1,6 @@
-"""LocalBackend: each leg is a torchrun elastic launch on this machine (torchrun's agent
-with its workers forked from a process that loaded their code once, :mod:`resumequal.agent`).
+"""LocalBackend: each leg is a torchrun elastic launch on this machine: stock torchrun, or
+with ``world.launcher: forked`` torchrun's agent with its workers forked from a process
+that loaded their code once (:mod:`resumequal.launchers`, :mod:`resumequal.agent`).
 
 Legs use a c10d rendezvous on a free loopback port, the spec's max restarts and rendezvous
 timeouts from the spec (:func:`resumequal.plan.rdzv_conf`). The backend reads what workers
@@ -13,8 +14,8 @@ the local ``run_dir``.
 A leg of ``world.nnodes`` > 1, or one whose preemption kills a node (``preemption.target:
 pod``), runs one torchrun agent per node, as a cluster runs one per pod, against a
 rendezvous store in a process of its own (:mod:`resumequal.local.rdzv_store`) so that any
-node can die. A node kill takes the armed rank's whole node — its agent, its forkserver and
-every worker (all carry the node's tag): SIGKILL to all of them, or SIGTERM to the
+node can die. A node kill takes the armed rank's whole node — its agent, every worker
+(and a forked leg's forkserver: all carry the node's tag): SIGKILL to all of them, or SIGTERM to the
 agent (what a pod deletion sends the pod's main process) and SIGKILL after the grace — and
 once they are gone starts a new agent in its place, as a training operator recreates a
 deleted pod. Every agent of such a leg sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the
@@ -51,11 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resumequal.errors import ResumequalError
+from resumequal.launchers import command
 from resumequal.local.processes import ProcessTree, Tagged, send_signal
 from resumequal.plan import (
     NODE_KEEP_ALIVE,
     RESIZE_LAST_CALL,
-    TORCHRUN,
     LegPlan,
     leg_module_args,
     local_torchrun_args,
@@ -165,7 +166,7 @@ class LocalBackend:
         leg_args = leg_module_args(plan.name, self.location.uri, scratch=str(self.run_dir))
         if w.nnodes == 1 and plan.spec.preemption.target == "process":
             cmd = [
-                self.python, *TORCHRUN,
+                self.python, *command(w.launcher),
                 *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}",
                                      nproc=w.nproc_per_node, max_restarts=w.max_restarts,
                                      rdzv=rdzv_conf(plan.spec)),
@@ -190,7 +191,7 @@ class LocalBackend:
             nnodes = f"{resize.to_nodes}:{w.nnodes}"
             rdzv.update(RESIZE_LAST_CALL)
         cmd = [
-            self.python, *TORCHRUN, f"--nnodes={nnodes}",
+            self.python, *command(w.launcher), f"--nnodes={nnodes}",
             *local_torchrun_args(endpoint=f"127.0.0.1:{port}", nproc=w.nproc_per_node,
                                  max_restarts=w.max_restarts, rdzv=rdzv),
             *leg_args,

@@ -33,8 +33,8 @@ from pydantic import ValidationError
 from resumequal.compare.files import LegTrace
 from resumequal.compare.zoom import Capture, compare_captures, load_capture
 from resumequal.errors import ReportError
+from resumequal.launchers import TORCHRUN
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import TORCHRUN
 from resumequal.results import publish, run_names
 from resumequal.runstore import REPORT_JSON, RESULT_BYTES, ZOOM_JSON, RunLocation
 from resumequal.signing import key_from_env

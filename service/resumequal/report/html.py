@@ -179,6 +179,13 @@ def render_html(report: Report) -> str:
     )
 
 
+def _launcher_words(launcher: str) -> str:
+    """The launcher, with how it started the workers."""
+    how = {"torchrun": "stock torchrun: every worker a fresh interpreter",
+           "forked": "workers forked from one warm process"}
+    return f"{launcher} ({how[launcher]})" if launcher in how else launcher
+
+
 def _header(report: Report, color: str, resume_step: int | None) -> str:
     v = report.verdict
     cut = v.cut
@@ -198,6 +205,8 @@ def _header(report: Report, color: str, resume_step: int | None) -> str:
             + (escape(f" (state after step {resume_step})") if resume_step is not None else ""),
         ),
         ("restart", escape(_seconds(report.restart_seconds) + " (kill → first resumed step)")),
+        ("launcher", escape(_launcher_words(report.launcher))
+         + "".join(f'<br><span class="bad">{escape(c)}</span>' for c in report.caveats)),
         ("exact through step", escape(str(v.exact_through_step))),
         ("compared", escape(f"{count(v.steps_compared, 'step')} on "
                             f"{count(v.ranks_compared, 'rank')}")),

@@ -92,6 +92,9 @@ def _facts(report: Report) -> Table:
     fact("resumed from", v.resumed_from or "-")
     if report.restart_seconds is not None:
         fact("restart", f"{report.restart_seconds:.1f} s")
+    fact("launcher", report.launcher if not report.caveats else
+         Text(f"{report.launcher} (cannot see what a fresh process changes: see the report)",
+              style="yellow"))
     fact("exact through", f"step {v.exact_through_step}")
     skipped = _not_compared(v)
     if skipped:

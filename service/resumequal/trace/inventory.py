@@ -15,6 +15,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from resumequal.launchers import FORKED_ENV
 from resumequal.trace.records import CompileRecord, InventoryRecord
 
 __all__ = ["collect_inventory", "relevant_env"]
@@ -78,5 +79,6 @@ def collect_inventory(rank: int, attempt: int,
         cudnn_allow_tf32=bool(torch.backends.cudnn.allow_tf32),
         env=relevant_env(),
         compile=compile,
+        launcher="forked" if os.environ.get(FORKED_ENV) == "1" else "torchrun",
     )
 

@@ -226,6 +226,10 @@ class InventoryRecord(_Record):
     env: dict[str, str]
     # None where the model runs eagerly, and in traces written before compile existed.
     compile: CompileRecord | None = None
+    # How this process was started: a fresh interpreter (torchrun) or forked from a warm
+    # one (the forked launcher).
+    launcher: Literal["torchrun", "forked"] = Field(
+        default="torchrun", description="how this worker process was started")
 
     def comparable(self) -> dict[str, Any]:
         """The fields two legs must agree on: drops pid, host, rank and attempt, and where

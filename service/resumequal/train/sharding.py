@@ -14,8 +14,9 @@ optimizer at the sharded parameters, by name.
 The rank-local gradients before the reduce-scatter are observed by a custom reduce-scatter
 (FSDP2's ``set_custom_reduce_scatter``) that digests each group's input buffer (this rank's
 unsharded, accumulated gradients laid out per destination rank, zero-padded) and then runs
-the same ``reduce_scatter_single`` FSDP2's default does. The interface it implements lives
-in a private torch module: its absence is reported as a TrainingError naming the setting.
+the same collective FSDP2's default does (``reduce_scatter_single``, or in an older torch
+``reduce_scatter_tensor``). The interface it implements lives in a private torch module
+(torch >= 2.9): :mod:`resumequal.capabilities` refuses fsdp2 on a torch without it.
 """
 
 from __future__ import annotations
@@ -36,12 +37,17 @@ from resumequal.trace.digest import tensor_digest
 
 
 def _reduce_scatter_base() -> type | None:
-    """FSDP2's custom reduce-scatter interface (torch >= 2.8), from a private module."""
+    """FSDP2's custom reduce-scatter interface (torch >= 2.9), from a private module."""
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
     except ImportError:  # pragma: no cover - depends on the torch build
         return None
     return ReduceScatter
+
+
+# What FSDP2's default reduce-scatter calls in this torch: ``reduce_scatter_single`` where
+# it exists, else ``reduce_scatter_tensor`` (the same collective under its older name).
+_reduce_scatter: Any = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
 def shard_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -92,7 +98,7 @@ def _recording_comm(recorder: ReduceScatterRecorder, group_name: str) -> Any:
                      group: dist.ProcessGroup, op: Any,
                      async_op: bool = False) -> dist.Work | None:
             recorder.local[group_name] = tensor_digest(input_tensor)
-            work: dist.Work | None = dist.reduce_scatter_single(
+            work: dist.Work | None = _reduce_scatter(
                 output_tensor, input_tensor, group=group, op=op, async_op=async_op)
             return work
 

@@ -24,6 +24,7 @@ from resumequal.train.preemption import (
     check_not_failed,
     hold_for_full_world,
 )
+from resumequal.train.probes import check_installed
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ def run_leg(
     a local folder for staging (default: a temporary folder per run location). Each rank
     writes a trace segment every ``trace_every`` records.
     """
+    # A spec that reached a torch lacking one of its features (an image's, when the
+    # operator was not told its stack.torchVersion) stops here naming it, before any
+    # request or collective, rather than at a missing API halfway through.
+    check_installed(spec)
     location = RunLocation.open(run, spec.checkpoint.s3)
     spec = location.leg_spec(spec)
     scratch = scratch or location.scratch()
