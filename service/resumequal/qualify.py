@@ -434,10 +434,20 @@ class Qualification:
         poll_seconds: float = 0.2,
         on_tick: Callable[[QualificationStatus], None] | None = None,
     ) -> QualificationStatus:
-        """Tick until done; any exception or Ctrl-C stops everything the backend started."""
+        """Tick until done; any exception or Ctrl-C stops everything the backend started.
+
+        An API or store error is retried on the next tick, as the operator retries its
+        handler, until :meth:`tick` ends the run after ``timeouts.backendErrorSeconds``."""
         try:
             while not self.status.done:
-                self.tick()
+                try:
+                    self.tick()
+                except (ClusterError, StoreError):
+                    streak = self.status.errors
+                    assert streak is not None  # tick re-raises only while it counts one
+                    log.warning("tick failed (attempt %d, retrying until timeouts."
+                                "backendErrorSeconds=%g): %s", streak.attempts,
+                                self.spec.timeouts.backend_error_seconds, streak.message)
                 if on_tick is not None:
                     on_tick(self.status)
                 if not self.status.done:

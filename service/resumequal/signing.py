@@ -24,8 +24,13 @@ from resumequal.errors import CheckpointError
 KEY_ENV = "RESUMEQUAL_CHECKPOINT_KEY"
 # Bytes of randomness in a generated key (hex-encoded: twice as many characters).
 KEY_BYTES = 32
-# A shorter key is refused: it could be guessed.
-MIN_KEY_CHARS = 32
+# A shorter key is refused: it could be guessed. 64 characters hold 256 bits as hex.
+MIN_KEY_CHARS = 64
+# A key that a person typed, or a placeholder, repeats itself: a generated one of 64 hex
+# characters uses ten or more of them and none more than a quarter of the time, except
+# with a probability below 1e-9.
+MIN_DISTINCT_CHARS = 10
+MAX_SHARE_OF_ONE_CHAR = 0.25
 
 
 def new_key() -> str:
@@ -46,7 +51,15 @@ def key_from_env(environ: Mapping[str, str] | None = None) -> bytes:
     if len(raw) < MIN_KEY_CHARS:
         raise CheckpointError(
             f"the checkpoint key in {KEY_ENV} has {len(raw)} characters; at least "
-            f"{MIN_KEY_CHARS} are required"
+            f"{MIN_KEY_CHARS} are required (resumequal makes one: {KEY_BYTES} random bytes "
+            "as hex)"
+        )
+    commonest = max(raw.count(c) for c in set(raw))
+    if len(set(raw)) < MIN_DISTINCT_CHARS or commonest > MAX_SHARE_OF_ONE_CHAR * len(raw):
+        raise CheckpointError(
+            f"the checkpoint key in {KEY_ENV} is not random: {len(set(raw))} distinct "
+            f"characters, one of them {commonest} times in {len(raw)}; use a generated key "
+            f"({KEY_BYTES} random bytes as hex)"
         )
     return raw.encode()
 

@@ -259,16 +259,26 @@ def _fsdp_params(model: FSDPModule) -> dict[str, Any]:
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
-        groups = getattr(module._get_fsdp_state(), "_fsdp_param_groups", None)
-        if groups is None:
-            raise CheckpointError(
-                f"pending gradients under parallelism.kind=fsdp2 read FSDP2's per-parameter "
-                f"state, which torch {torch.__version__} keeps elsewhere")
-        for group in groups:
+        for group in _fsdp_param_groups(module):
             for fsdp_param in group.fsdp_params:
                 info = fsdp_param._module_info
                 out[prefixes[id(info.module)] + info.param_name] = fsdp_param
     return out
+
+
+def _fsdp_param_groups(module: FSDPModule) -> list[Any]:
+    """The parameter groups of one sharded module: a list in a recent torch, a single
+    group (or None) under ``_fsdp_param_group`` in an older one (2.9)."""
+    state = module._get_fsdp_state()
+    groups: list[Any] | None = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return groups
+    if not hasattr(state, "_fsdp_param_group"):
+        raise CheckpointError(
+            f"pending gradients under parallelism.kind=fsdp2 read FSDP2's per-parameter "
+            f"state, which torch {torch.__version__} keeps elsewhere")
+    group = state._fsdp_param_group
+    return [] if group is None else [group]
 
 
 def _fsdp_pending(fsdp_param: Any) -> torch.Tensor | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from resumequal.runstore import RunLocation, default_scratch
 from resumequal.train.compiling import CACHE_FOLDER
 from tests.integration import legs
 
@@ -56,7 +57,8 @@ def test_per_rank_caches_are_warm_for_the_same_rank_of_a_later_leg(tmp_path: Pat
     run_dir = tmp_path / "run"
     _run(run_dir, "compile.cache=per-rank")
     for rank in (0, 1):
-        folder = str((run_dir / CACHE_FOLDER / f"rank-{rank}").resolve())
+        folder = str((default_scratch(RunLocation.open(str(run_dir)).uri) / CACHE_FOLDER
+                      / f"rank-{rank}").resolve())
         control = legs.records(run_dir, "control", "inventory", (rank,))
         preempted = legs.records(run_dir, "preempted", "inventory", (rank,))
         assert all(r["compile"]["cache_dir"] == folder for r in control + preempted)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from resumequal.runstore import RunLocation, default_scratch
 from resumequal.train.compiling import CACHE_FOLDER
 from tests.integration import legs
 
@@ -84,8 +85,10 @@ def test_the_cell_resumes_exactly_mid_accumulation(
             legs.records(run_dir, "control", "step", (1,))[-1]["params"]
 
     if compiled:
-        shared = str((run_dir / CACHE_FOLDER / "shared").resolve())
-        assert (Path(shared) / "fxgraph").is_dir()  # inductor wrote its graphs where we said
+        # In the run's private scratch, never the run folder; it goes with the run.
+        shared = str((default_scratch(RunLocation.open(str(run_dir)).uri) / CACHE_FOLDER
+                      / "shared").resolve())
+        assert not (run_dir / CACHE_FOLDER).exists() and not Path(shared).exists()
         for rank in (0, 1):
             control = legs.records(run_dir, "control", "inventory", (rank,))
             preempted = legs.records(run_dir, "preempted", "inventory", (rank,))

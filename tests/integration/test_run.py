@@ -126,6 +126,19 @@ def _assert_default_controls(report: dict, metrics: str) -> None:  # type: ignor
         [c for c in controls.values() if c["status"] == "detected"])
 
 
+def test_a_run_leaves_nothing_in_the_temporary_folder(tmp_path: Path) -> None:
+    """torchrun's error files and inductor's caches live in the run's private scratch, in
+    the temporary folder, and go with the run: no torchelastic_* folder per launch."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FAST, env={"TMPDIR": str(tmp)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in tmp.glob("torchelastic_*")) == []
+    assert list((tmp / f"resumequal-{os.getuid()}").iterdir()) == []
+    assert not (run_dir / "compile-cache").exists()
+
+
 def test_resume_without_scheduler_state_fails_at_the_learning_rate(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = _resumequal("run", "--run-dir", str(run_dir), *FAST, "--omit", "scheduler")

@@ -619,3 +619,36 @@ def test_a_dcp_failure_on_load_is_a_checkpoint_error(tmp_path: Path) -> None:
     shard.write_bytes(shard.read_bytes()[:16])  # the verified copy, past the manifest check
     with pytest.raises(CheckpointError, match="DCP load of step-00000001 failed"):
         mgr.load(name, _template(_live(seed=2)), RankState)
+
+
+@pytest.mark.parametrize("failure", [
+    OSError(28, "No space left on device"),
+    # What torch's zip writer says of the same short write (caffe2 inline_container.cc).
+    RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598"),
+], ids=["enospc", "unexpected-pos"])
+def test_a_save_that_runs_out_of_space_says_so_with_the_free_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: Exception) -> None:
+    def full_disk(*_args: object, **_kw: object) -> None:
+        raise failure
+
+    live = _trained(steps=1)
+    monkeypatch.setattr(torch, "save", full_disk)  # DCP writes each tensor through it
+    with pytest.raises(CheckpointError) as info:
+        _save(_manager(tmp_path), live, Position(1))
+    staging = layout.staging_path(tmp_path, Position(1), 0)
+    match = re.search(rf"no space left on device: {re.escape(str(staging))} has (\d+) bytes "
+                      r"free: ", str(info.value))
+    assert match is not None, str(info.value)
+    assert int(match.group(1)) > 0  # this disk is not full: the figure is statvfs's
+
+
+def test_a_save_that_fails_otherwise_does_not_blame_the_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: object, **_kw: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    live = _trained(steps=1)
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(CheckpointError, match="Input/output error") as info:
+        _save(_manager(tmp_path), live, Position(1))
+    assert "no space" not in str(info.value)

@@ -210,7 +210,10 @@ def test_a_save_without_a_key_is_not_committed(
 
 
 @pytest.mark.parametrize(("value", "why"), [
-    ("", "is not set"), ("short", "has 5 characters; at least 32 are required"),
+    ("", "is not set"), ("short", "has 5 characters; at least 64 are required"),
+    ("k" * 64, "is not random: 1 distinct characters, one of them 64 times in 64"),
+    ("password" * 8, "is not random: 7 distinct characters"),
+    ("0123456789abcdef" * 2, "has 32 characters"),
 ])
 def test_an_unusable_key_is_refused(value: str, why: str) -> None:
     with pytest.raises(CheckpointError, match=why):
@@ -218,7 +221,8 @@ def test_an_unusable_key_is_refused(value: str, why: str) -> None:
 
 
 def test_a_generated_key_is_usable_and_fresh() -> None:
-    assert key_from_env({KEY_ENV: new_key()})
+    for _ in range(2000):  # a generated key is never taken for a weak one
+        assert key_from_env({KEY_ENV: new_key()})
     assert new_key() != new_key()
 
 

@@ -4,6 +4,7 @@ of it. Nothing here compiles (the integration tests do)."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from torch._dynamo import utils as dynamo_utils
 from torch._inductor import select_algorithm
 
+from resumequal.errors import TrainingError
 from resumequal.spec import CompileSpec
 from resumequal.trace.inventory import collect_inventory
 from resumequal.train.compiling import CACHE_FOLDER, CompileWatch, place_cache
@@ -35,6 +37,31 @@ def test_a_shared_cache_is_one_folder_for_every_rank_and_warm_once_filled(
     (Path(first.cache_dir) / "fxgraph").mkdir()
     other = place_cache(spec, tmp_path, rank=1)
     assert (other.cache_dir, other.warm) == (first.cache_dir, True)
+
+
+@pytest.mark.parametrize("where", [CACHE_FOLDER, f"{CACHE_FOLDER}/shared"])
+def test_a_cache_folder_others_can_write_to_is_refused(tmp_path: Path, where: str) -> None:
+    # Inductor runs the code it finds in its cache: whoever can write there could plant it.
+    (tmp_path / where).mkdir(parents=True)
+    (tmp_path / where).chmod(0o777)
+    with pytest.raises(TrainingError, match=r"compile cache folder .* mode 777"):
+        place_cache(CompileSpec(enabled=True), tmp_path, rank=0)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+def test_a_cache_folder_planted_as_a_link_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "scratch" / CACHE_FOLDER).mkdir(parents=True, mode=0o700)
+    (tmp_path / "scratch" / CACHE_FOLDER / "shared").symlink_to(elsewhere)
+    with pytest.raises(TrainingError, match="not a folder"):
+        place_cache(CompileSpec(enabled=True), tmp_path / "scratch", rank=0)
+
+
+def test_a_new_cache_folder_is_private(tmp_path: Path) -> None:
+    place_cache(CompileSpec(enabled=True), tmp_path, rank=0)
+    for folder in (tmp_path / CACHE_FOLDER, tmp_path / CACHE_FOLDER / "shared"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
 
 def test_a_per_rank_cache_is_one_folder_per_rank(tmp_path: Path) -> None:

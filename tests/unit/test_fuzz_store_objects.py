@@ -34,12 +34,12 @@ from resumequal.checkpoint.remote import COMMITTED, RemoteRoot, download, newest
 from resumequal.errors import CheckpointError, ResumequalError
 from resumequal.qualify import beacon_from
 from resumequal.runstore import FAILED_MARKER, RunLocation, segment_bytes
-from resumequal.signing import KEY_ENV, sign
+from resumequal.signing import KEY_ENV, new_key, sign
 from resumequal.store import FileStore
 
 EXAMPLES = 200
 DEADLINE = timedelta(seconds=5)
-KEY = "k" * 64
+KEY = new_key()
 
 fuzz = settings(max_examples=EXAMPLES, deadline=DEADLINE, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

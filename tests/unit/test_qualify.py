@@ -422,6 +422,46 @@ def test_errors_that_are_not_the_api_or_the_store_are_not_retried_as_such() -> N
     assert q.status.errors is None
 
 
+@dataclass
+class _Outage:
+    """An ``on_tick`` for ``run`` in which every tick takes 10 s: the store is down after
+    the first tick, for ``ticks`` ticks (None: for good); once it is back, every launched
+    leg finishes (the preempted one through its cut)."""
+
+    b: _Unreachable
+    clock: Clock
+    ticks: int | None
+    streaks: list[int] = field(default_factory=list)
+
+    def __call__(self, status: QualificationStatus) -> None:
+        self.streaks.append(0 if status.errors is None else status.errors.attempts)
+        self.clock.now += 10
+        self.b.down = self.ticks is None or len(self.streaks) <= self.ticks
+        if not self.b.down:
+            self.b.beacon = _beacon()
+            for leg in self.b.legs:
+                _succeed(self.b, leg, resumed_at=self.clock.now)
+
+
+def test_run_rides_out_a_store_outage_shorter_than_backend_error_seconds() -> None:
+    q, b, clock = _down_machine(backend_error_seconds=120)
+    outage = _Outage(b, clock, ticks=3)
+    status = q.run(poll_seconds=0, on_tick=outage)
+    assert status.phase == Phase.SUCCEEDED, status.message
+    assert outage.streaks[:5] == [0, 1, 2, 3, 0]  # three failed ticks retried, then clean
+    assert b.kills and status.errors is None
+
+
+def test_run_ends_when_the_store_stays_down_for_backend_error_seconds() -> None:
+    q, b, clock = _down_machine(backend_error_seconds=120)
+    status = q.run(poll_seconds=0, on_tick=_Outage(b, clock, ticks=None))
+    assert status.phase == Phase.FAILED and status.reason == Reason.ERROR
+    message = status.message or ""
+    assert "endpoint unreachable" in message and "failing for 120s" in message
+    assert "timeouts.backendErrorSeconds=120" in message
+    assert b.cleanups == 1
+
+
 def test_a_refused_beacon_met_while_observing_a_leg_ends_the_run_at_once() -> None:
     """A resize's grow beacon is read while the leg is observed: one that is not a beacon
     is written once and never gets better, so it ends the run rather than being retried."""

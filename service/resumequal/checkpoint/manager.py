@@ -76,6 +76,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
+from resumequal.checkpoint.space import no_space
 from resumequal.checkpoint.storage import CheckpointRoot
 from resumequal.errors import CheckpointError, StoreError
 
@@ -235,9 +236,10 @@ class CheckpointManager:
             if failed:  # a shard sent while written did not make it
                 raise CheckpointError(self._upload_failed(position, failed)) from e
             what = "async save" if background else "save"
+            full = no_space(e, staging)
             raise CheckpointError(
                 f"rank {self.rank}: DCP {what} of {position.name} failed"
-                f"{' to start' if background else ''}: {e}"
+                f"{' to start' if background else ''}: {f'{full}: ' if full else ''}{e}"
             ) from e
         _write_durably(staging / layout.rank_state_file(self.rank), state_json,
                        sync=self.root.durable_staging)
@@ -328,8 +330,10 @@ class CheckpointManager:
         except CheckpointError as e:
             self._pending = None
             failed = _store_failures(error) if error is not None else []
+            full = None if error is None else no_space(error, pending.staging)
             cause = (f"; {'; '.join(failed)}" if failed
-                     else f"; rank {self.rank}: {error}" if error is not None else "")
+                     else f"; rank {self.rank}: {f'{full}: ' if full else ''}{error}"
+                     if error is not None else "")
             raise CheckpointError(f"{e}{cause}") from error
         if not ready:
             return None

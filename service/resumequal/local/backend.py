@@ -2,26 +2,29 @@
 with ``world.launcher: forked`` torchrun's agent with its workers forked from a process
 that loaded their code once (:mod:`resumequal.launchers`, :mod:`resumequal.agent`).
 
-Legs use a c10d rendezvous on a free loopback port, the spec's max restarts and rendezvous
-timeouts from the spec (:func:`resumequal.plan.rdzv_conf`). The backend reads what workers
+Legs use a c10d rendezvous on a free loopback port, served by a store process of the leg's
+own that listens on loopback alone (:mod:`resumequal.local.rdzv_store`: torch's rendezvous
+state is pickled there), the spec's max restarts and rendezvous timeouts from the spec
+(:func:`resumequal.plan.rdzv_conf`). The backend reads what workers
 write (traces, beacons, completion and failure markers) through the run location — a
 folder, or an ``s3://`` prefix, the way the operator reads them — to observe them, kills
 the armed worker by pid (a process kill: SIGKILL, or SIGTERM then SIGKILL after the
 grace), and on cleanup stops every process it started. A leg succeeded when torchrun
-exited 0 and every rank left its completion marker. Logs and checkpoint staging stay in
-the local ``run_dir``.
+exited 0 and every rank left its completion marker. Logs stay in the local ``run_dir``;
+the legs' local files (inductor's caches, torchrun's error files, an object store's
+checkpoint staging) go to a private scratch folder
+(:func:`resumequal.runstore.default_scratch`), removed on cleanup.
 
 A leg of ``world.nnodes`` > 1, or one whose preemption kills a node (``preemption.target:
-pod``), runs one torchrun agent per node, as a cluster runs one per pod, against a
-rendezvous store in a process of its own (:mod:`resumequal.local.rdzv_store`) so that any
-node can die. A node kill takes the armed rank's whole node — its agent, every worker
-(and a forked leg's forkserver: all carry the node's tag): SIGKILL to all of them, or SIGTERM to the
-agent (what a pod deletion sends the pod's main process) and SIGKILL after the grace — and
-once they are gone starts a new agent in its place, as a training operator recreates a
-deleted pod. Every agent of such a leg sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the
-store shared, a surviving rank 0 publishes no MASTER_ADDR for a round a new agent joins,
-and both wait until the read timeout (torch 2.13, dynamic_rendezvous.py
-``next_rendezvous``).
+pod``), runs one torchrun agent per node, as a cluster runs one per pod, against that
+store, so that any node can die. A node kill takes the armed rank's whole node — its
+agent, every worker (and a forked leg's forkserver: all carry the node's tag): SIGKILL to
+all of them, or SIGTERM to the agent (what a pod deletion sends the pod's main process)
+and SIGKILL after the grace — and once they are gone starts a new agent in its place, as
+a training operator recreates a deleted pod. Every agent of such a leg sets
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared, a surviving rank 0 publishes
+no MASTER_ADDR for a round a new agent joins, and both wait until the read timeout (torch
+2.13, dynamic_rendezvous.py ``next_rendezvous``).
 
 A resize (``preemption.resize``) runs the agents with ``--nnodes=toNodes:nnodes``: the
 killed node is not replaced, the survivors' agents re-rendezvous at the smaller size once
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,7 +67,7 @@ from resumequal.plan import (
     rdzv_conf,
 )
 from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
-from resumequal.runstore import GROW, RunLocation
+from resumequal.runstore import GROW, RunLocation, default_scratch
 from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
@@ -140,10 +144,16 @@ class LocalBackend:
         self.tree = ProcessTree()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.nodes: dict[str, _Nodes] = {}
+        self.stores: dict[str, subprocess.Popen[bytes]] = {}  # each leg's rendezvous store
         self.plans: dict[str, LegPlan] = {}
         os.environ.setdefault(KEY_ENV, new_key())
         self._escalate: tuple[int, float] | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
+        # The workers' local files (inductor's caches, torchrun's error files, an object
+        # store's staging) go to a folder only this user can enter, never the run folder:
+        # that may be the store, and inductor runs what it finds in its cache.
+        self.scratch = default_scratch(self.location.uri)
+        self.scratch.mkdir(mode=0o700, exist_ok=True)
         self.location.write_spec(self.spec)
 
     # -- Backend ------------------------------------------------------------------------
@@ -163,13 +173,15 @@ class LocalBackend:
         s3 = self.spec.checkpoint.s3
         if s3 is not None and s3.endpoint_url:
             env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
-        leg_args = leg_module_args(plan.name, self.location.uri, scratch=str(self.run_dir))
+        leg_args = leg_module_args(plan.name, self.location.uri, scratch=str(self.scratch))
         if w.nnodes == 1 and plan.spec.preemption.target == "process":
+            port = self._rendezvous_store(plan.name)
             cmd = [
                 self.python, *command(w.launcher),
-                *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}",
+                *local_torchrun_args(endpoint=f"127.0.0.1:{port}",
                                      nproc=w.nproc_per_node, max_restarts=w.max_restarts,
-                                     rdzv=rdzv_conf(plan.spec)),
+                                     rdzv={**rdzv_conf(plan.spec), "is_host": "false"},
+                                     log_dir=self._torchelastic_logs(plan.name)),
                 *leg_args,
             ]
             self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log", env)
@@ -178,12 +190,24 @@ class LocalBackend:
         log.info("launched the %s leg (%d node(s) x %d rank(s))", plan.name, w.nnodes,
                  w.nproc_per_node)
 
+    def _rendezvous_store(self, leg: str) -> int:
+        """Start ``leg``'s rendezvous store on loopback (:mod:`resumequal.local.rdzv_store`);
+        its port. Every agent of the leg is told it is not the host."""
+        port = free_port()
+        self.stores[leg] = self.tree.spawn(
+            [self.python, "-m", "resumequal.local.rdzv_store", f"--port={port}"],
+            self.run_dir / f"{leg}.rdzv-store.log", dict(os.environ))
+        return port
+
+    def _stop_store(self, leg: str) -> None:
+        store = self.stores.get(leg)
+        if store is not None and store.poll() is None:
+            send_signal(store.pid, signal.SIGTERM)
+
     def _launch_nodes(self, plan: LegPlan, env: dict[str, str], leg_args: list[str]) -> None:
         w = plan.spec.world
-        port = free_port()
-        store = self.tree.spawn(
-            [self.python, "-m", "resumequal.local.rdzv_store", f"--port={port}"],
-            self.run_dir / f"{plan.name}.rdzv-store.log", dict(os.environ))
+        port = self._rendezvous_store(plan.name)
+        store = self.stores[plan.name]
         rdzv = {**rdzv_conf(plan.spec), "is_host": "false", **NODE_KEEP_ALIVE}
         resize = plan.spec.preemption.resize
         nnodes = str(w.nnodes)
@@ -193,7 +217,8 @@ class LocalBackend:
         cmd = [
             self.python, *command(w.launcher), f"--nnodes={nnodes}",
             *local_torchrun_args(endpoint=f"127.0.0.1:{port}", nproc=w.nproc_per_node,
-                                 max_restarts=w.max_restarts, rdzv=rdzv),
+                                 max_restarts=w.max_restarts, rdzv=rdzv,
+                                 log_dir=self._torchelastic_logs(plan.name)),
             *leg_args,
         ]
         nodes = self.nodes[plan.name] = _Nodes(
@@ -219,6 +244,8 @@ class LocalBackend:
             if proc is None:
                 return LegObservation(state=LegState.NOT_STARTED)
             code, log_path = proc.poll(), self.run_dir / f"{leg}.log"
+            if code is not None:
+                self._stop_store(leg)
         plan = self.plans.get(leg)
         world_size = self.spec.world.world_size if plan is None else plan.final_world_size
         progress = self.location.leg_progress(
@@ -276,6 +303,13 @@ class LocalBackend:
         stopped = self.tree.stop_all()
         if stopped:
             log.info("stopped %d process(es)", len(stopped))
+        # Nothing there outlives the run: caches and error files are the legs' alone.
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _torchelastic_logs(self, leg: str) -> str:
+        """torchrun's ``--log-dir`` for ``leg``: in the scratch folder, which goes with the
+        run, rather than a ``torchelastic_*`` folder of its own left in the temporary one."""
+        return str(self.scratch / "torchelastic" / leg)
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -15,13 +15,18 @@ was seen once is followed by pid and start time until it has exited.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
+import stat
 import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import BinaryIO
+
+from resumequal.errors import ResumequalError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +113,7 @@ class ProcessTree:
         """Start ``cmd`` in a new session with our tag, output appended to ``log_path``."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = dict(env, **{TAG_VAR: self.tag})
-        with log_path.open("ab") as out:
+        with open_log(log_path) as out:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
             )
@@ -143,6 +148,26 @@ class ProcessTree:
     def _reap(self) -> None:
         for proc in self.children:
             proc.poll()
+
+
+def open_log(path: Path) -> BinaryIO:
+    """``path`` opened for append, created 0600 if absent; ResumequalError if it is a
+    symlink or not a regular file of this user (the run folder may be a store others can
+    write to: a planted link would have our processes append to a file of its choosing)."""
+    # O_NONBLOCK: a planted FIFO is refused below rather than blocking the open.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as e:
+        why = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise ResumequalError(f"refusing to write the log {path}: {why}") from e
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        os.close(fd)
+        raise ResumequalError(f"refusing to write the log {path}: not a regular file of "
+                              f"this user (owner uid {info.st_uid})")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab")
 
 
 def send_signal(pid: int, sig: int) -> None:

@@ -25,19 +25,23 @@ autotuned there).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from resumequal.errors import TrainingError
 from resumequal.spec import CompileSpec
 from resumequal.trace.records import AutotuneChoice, CompiledRecord, CompileRecord
 
 __all__ = ["CACHE_FOLDER", "CompileWatch", "compile_blocks", "compile_model", "place_cache"]
 
-# Under the run's scratch folder.
+# Under the run's scratch folder: a private one, never the run folder (which may be the
+# store, writable by others).
 CACHE_FOLDER = "compile-cache"
 
 
@@ -54,12 +58,30 @@ def cache_dir(spec: CompileSpec, scratch: Path, rank: int) -> Path:
 def place_cache(spec: CompileSpec, scratch: Path, rank: int) -> CompileRecord:
     """Point inductor's (and Triton's) caches at this process's folder and say whether it
     held anything when this process started."""
-    folder = cache_dir(spec, scratch, rank).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = cache_dir(spec, scratch, rank)
+    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for part in (folder.parent, folder):
+        _own_folder(part)
+    folder = folder.resolve()
     warm = any(folder.iterdir())
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
     os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
     return CompileRecord(mode=spec.mode, cache=spec.cache, cache_dir=str(folder), warm=warm)
+
+
+def _own_folder(path: Path) -> None:
+    """Make ``path`` (0700) unless it exists; TrainingError unless it is a folder of this
+    user that no one else can write to: inductor runs the code it finds in its cache."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    mode = stat.S_IMODE(info.st_mode)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or mode & 0o022:
+        raise TrainingError(
+            f"compile cache folder {path} is not a folder of this user that only it can "
+            f"write to (owner uid {info.st_uid}, mode {mode:o}, "
+            f"{'a folder' if stat.S_ISDIR(info.st_mode) else 'not a folder'}): inductor "
+            "would run what others put there")
 
 
 def compile_model(model: nn.Module, spec: CompileSpec) -> None:

@@ -1,0 +1,104 @@
+"""A local leg's rendezvous store listens on loopback alone: torch keeps the rendezvous
+state pickled there, so a peer on the network that reached it would run code in the
+agents. Real store processes; the peer connects from this machine's own non-loopback
+addresses."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resumequal.local.processes import ProcessTree
+from tests.integration import legs
+from tests.waiting import eventually
+
+pytestmark = [pytest.mark.slow, pytest.mark.waits, pytest.mark.timeout(120)]
+
+
+def _own_addresses() -> list[str]:
+    """This machine's addresses that are not loopback (as `hostname -I` lists them)."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except OSError:
+        out = ""
+    found = {a for a in out.split() if not ipaddress.ip_address(a.split("%")[0]).is_loopback}
+    for info in socket.getaddrinfo(socket.gethostname(), None):
+        address = str(info[4][0])
+        if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
+            found.add(address)
+    return sorted(found)
+
+
+def test_the_store_serves_loopback_and_refuses_this_machines_other_addresses(
+        tmp_path: Path) -> None:
+    addresses = _own_addresses()
+    if not addresses:
+        pytest.skip("this machine has no non-loopback address to connect from")
+    port = legs.free_port()
+    tree = ProcessTree()
+    log = tmp_path / "store.log"
+    try:
+        store = tree.spawn([sys.executable, "-m", "resumequal.local.rdzv_store",
+                            f"--port={port}"], log, dict(os.environ))
+        eventually(lambda: "serving on 127.0.0.1" in log.read_text(), 60, "the store",
+                   abort=lambda: None if store.poll() is None else log.read_text())
+        from torch.distributed import TCPStore
+
+        client = TCPStore("127.0.0.1", port, is_master=False,
+                          timeout=datetime.timedelta(seconds=10))
+        client.set("torch.rendezvous.probe", b"state")  # what an agent writes
+        assert client.get("torch.rendezvous.probe") == b"state"
+        for address in addresses:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as peer:
+                peer.settimeout(5)
+                with pytest.raises(ConnectionRefusedError):
+                    peer.connect((address, port))
+    finally:
+        tree.stop_all(grace_seconds=1)
+
+
+def _listening() -> set[tuple[str, int]]:
+    """(address, port) of every IPv4 and IPv6 TCP socket listening on this machine."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A":  # TCP_LISTEN
+                address, port = local.rsplit(":", 1)
+                found.add((address, int(port, 16)))
+    return found
+
+
+def test_a_running_legs_rendezvous_port_listens_on_loopback_alone(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resumequal", "run", "--run-dir", str(run_dir), "--no-kill",
+         "--set", "workload.name=dropout-mlp", "--set", "controls.enabled=false",
+         "--set", "timeouts.armSeconds=60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
+        eventually(beacon.exists, 240, "the preempted leg to arm", interval=0.1,
+                   abort=lambda: None if proc.poll() is None else f"exited {proc.returncode}")
+        store_log = (run_dir / "preempted.rdzv-store.log").read_text()
+        port = int(store_log.rsplit(":", 1)[1])
+        on_port = {address for address, p in _listening() if p == port}
+        # 127.0.0.1 in /proc/net/tcp's little-endian hex; nothing on a wildcard address.
+        assert on_port == {"0100007F"}, on_port
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
