@@ -98,7 +98,7 @@ gpu-check: env bytecode
 # reused), the default qualification and one run per feature, a pin x feature table in
 # build/compat/compat.md (docs/compatibility.md). Each pin but 2.13.0 is a CUDA build of
 # several GB. FEATURES: all, or some of default,fsdp2-bf16,compile,loader,resize,async-save,fp16.
-PINS ?= 2.6.0 2.9.1 2.14.1
+PINS ?= 2.6.0 2.9.1 2.13.0 2.14.1
 FEATURES ?= all
 compat:
 	python3 tools/compat.py --features '$(FEATURES)' $(PINS)

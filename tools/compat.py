@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "compat"
 # What a compat venv installs beside torch: the loader feature needs torchdata.
 EXTRAS = "data"
-RUN_TIMEOUT_S = 1800.0
+RUN_TIMEOUT_S = 1800.0  # a backstop: each leg has its own timeouts (timeouts.legSeconds)
 # What resumequal.capabilities.NotSupported says; how a refusal is told from an error.
 REFUSED_MARK = "is not supported by torch"
 # resize and its tolerances as in tests/integration/test_resize.py (2 nodes x 1 rank).
@@ -80,7 +81,7 @@ def ensure_venv(pin: str, venvs: Path) -> Path:
     if torch_of(python) == pin and (venv / "bin" / "resumequal").exists():
         log.info("torch %s: reusing %s", pin, venv)
         return venv
-    log.info("torch %s: making %s (a CUDA build is several GB to download)", pin, venv)
+    log.info("torch %s: making %s (a CUDA build from PyPI is several GB)", pin, venv)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
     # torch first, so that the project's range is satisfied and pip fetches no other one.
@@ -102,12 +103,16 @@ def qualify(venv: Path, feature: str, run_dir: Path) -> Outcome:
     started = time.monotonic()
     with log_path.open("w") as out:
         # Outside the checkout: what a user's shell would run, not the tree's conftest.
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=run_dir.parent,
-                              timeout=RUN_TIMEOUT_S, check=False)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=run_dir.parent)
+        try:
+            code = proc.wait(RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # As Ctrl-C: the runner stops every process it started before it exits.
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait()
     seconds = time.monotonic() - started
     text = log_path.read_text(errors="replace")
-    return Outcome(_result(proc.returncode, run_dir, text), seconds,
-                   _detail(run_dir, text))
+    return Outcome(_result(code, run_dir, text), seconds, _detail(run_dir, text))
 
 
 def _result(code: int, run_dir: Path, text: str) -> str:

@@ -20,7 +20,7 @@ from resumequal.local.processes import ProcessTree
 from tests.integration import legs
 from tests.waiting import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.waits, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 
 
 def _own_addresses() -> list[str]:
@@ -38,6 +38,7 @@ def _own_addresses() -> list[str]:
     return sorted(found)
 
 
+@pytest.mark.waits
 def test_the_store_serves_loopback_and_refuses_this_machines_other_addresses(
         tmp_path: Path) -> None:
     addresses = _own_addresses()
@@ -101,4 +102,8 @@ def test_a_running_legs_rendezvous_port_listens_on_loopback_alone(tmp_path: Path
         assert on_port == {"0100007F"}, on_port
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise

@@ -54,6 +54,7 @@ sent its part.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -72,6 +73,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
@@ -121,6 +123,27 @@ def commit_decision(states: Sequence[int], name: str) -> bool:
             f"background write of {name} failed on rank(s) {', '.join(map(str, failed))}"
         )
     return all(s == WriteState.WRITTEN for s in states)
+
+
+@functools.cache
+def staging_copies_cpu_tensors() -> bool:
+    """Whether DCP's blocking staging (a FileSystemWriter's) copies a CPU tensor. torch
+    2.6's hands the tensor itself to the background write, which would then read it while
+    later optimizer steps change it."""
+    tensor = torch.zeros(1)
+    staged = BlockingAsyncStager().stage({"t": tensor})
+    return bool(staged["t"].data_ptr() != tensor.data_ptr())
+
+
+def _snapshot(obj: Any) -> Any:
+    """Nested dicts and lists of tensors, every tensor a detached copy."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_snapshot(v) for v in obj)
+    return obj
 
 
 @dataclass(frozen=True)
@@ -261,7 +284,10 @@ class CheckpointManager:
     def _start_background(self, tensors: dict[str, Any],
                           writer: dcp.FileSystemWriter) -> Future[Any]:
         # A FileSystemWriter is its own stager: async_save copies every tensor into new
-        # CPU memory (CPU tensors too) before it returns.
+        # CPU memory (CPU tensors too) before it returns; where its staging passes CPU
+        # tensors through, the copy is made here.
+        if not staging_copies_cpu_tensors():
+            tensors = _snapshot(tensors)
         response = dcp.async_save(tensors, storage_writer=writer, process_group=self._io_group)
         # torch < 2.9 returns the write's Future itself and has no AsyncSaveResponse to
         # import; later ones return a Future unless a stager makes the copy asynchronous.
