@@ -5,15 +5,17 @@ PY := $(VENV)/bin/python
 # already satisfied and pip does not fetch a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# The theme prints an end-of-life notice on every build unless told not to.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: env tools bytecode run test test-serial test-fast lint images images-build images-smoke bench gpu-check compat clean
+.PHONY: env tools bytecode run test test-serial test-fast lint docs chart images images-build images-smoke bench gpu-check compat compat-env clean
 
 env: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[test,lint,operator]'
+	$(PY) -m pip install -q -e '.[test,lint,operator,docs]'
 	touch $@
 
 # promtool (alert rule checks) and prometheus (the end-to-end alert test) come from
@@ -63,16 +65,34 @@ test-serial: env tools bytecode
 test-fast: env tools bytecode
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
+# The tools are held to --strict themselves; our packages they import are checked by the
+# first mypy, under the project's settings, so their errors are not reported twice.
+# The docs site is part of lint: the generated reference must be current (--check writes
+# nothing) and the site must build without a warning.
 lint: env
 	$(VENV)/bin/ruff check service operator tests bench tools
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict tools/dashboard.py tools/grafana_alerts.py tools/images.py \
-	  tools/gpu_check.py tools/compat.py
+	$(VENV)/bin/mypy --strict --follow-imports=silent tools/dashboard.py tools/grafana_alerts.py \
+	  tools/images.py tools/gpu_check.py tools/compat.py tools/spec_docs.py
 	$(VENV)/bin/lint-imports
+	$(PY) tools/spec_docs.py --check
+	$(MKDOCS) build --strict --quiet --site-dir build/site
+
+# The documentation site (mkdocs.yml): the spec reference and the JSON Schemas regenerated
+# from the models, then built into build/site.
+docs: env
+	$(PY) tools/spec_docs.py
+	$(MKDOCS) build --strict --site-dir build/site
+
+# The chart as the archive `helm install` and chart repositories take, in CHART_DIR. Helm's
+# own engine packages it (helm-python-sdk, as the chart tests render it): no helm binary.
+CHART_DIR ?= build/chart
+chart: env
+	@$(PY) -c 'import helm_python; print(helm_python.package("charts/resumequal", destination="$(CHART_DIR)"))'
 
 # Both images built with podman from bases made here (no registry needed), then run:
 # the operator answers --help, the worker passes a real qualification. Installs podman,
-# runc and mmdebstrap from Debian when missing. See the README's "Images".
+# runc and mmdebstrap from Debian when missing. See docs/cluster.md, "Images".
 images:
 	python3 tools/images.py all --torch '$(TORCH_SPEC)'
 
@@ -102,6 +122,10 @@ PINS ?= 2.6.0 2.9.1 2.13.0 2.14.1
 FEATURES ?= all
 compat:
 	python3 tools/compat.py --features '$(FEATURES)' $(PINS)
+
+# The venvs of `make compat` alone (downloads and disk writes, little CPU).
+compat-env:
+	python3 tools/compat.py --venvs-only $(PINS)
 
 clean:
 	rm -rf $(VENV) runs build/images .pytest_cache .mypy_cache .ruff_cache

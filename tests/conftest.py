@@ -9,18 +9,23 @@ from collections.abc import Iterator
 
 import pytest
 
-from resumequal.signing import KEY_ENV
+from resumequal.signing import KEY_ENV, RUN_ID_ENV
 
 pytest_plugins = ("tests.s3server", "tests.kubeapi.fixtures")
 
-# The checkpoint key every test's checkpoints are signed with (workers started by a test
-# inherit it); tests of a missing or wrong key change or remove it.
+# The checkpoint key and run id every test's legs are started with (workers started by a
+# test inherit them; `resumequal run` makes a run id of its own); tests of a missing or
+# wrong key or run change or remove them.
 TEST_CHECKPOINT_KEY = "0123456789abcdef" * 4
+TEST_RUN_ID = "test-run"
 
 
 @pytest.fixture(autouse=True, scope="session")
-def checkpoint_key() -> Iterator[str]:
-    # Session-wide, so that module-scoped fixtures save with it too.
+def checkpoint_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # Session-wide, so that module-scoped fixtures save with it too. The keys `resumequal
+    # run` keeps for its runs go to a folder of the session's, not the user's.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(KEY_ENV, TEST_CHECKPOINT_KEY)
+        mp.setenv(RUN_ID_ENV, TEST_RUN_ID)
+        mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
         yield TEST_CHECKPOINT_KEY

@@ -155,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where each pin's run directories and logs go")
     parser.add_argument("--out", type=Path, default=BUILD / "compat.md",
                         help="the Markdown table is written here too")
+    parser.add_argument("--venvs-only", action="store_true",
+                        help="make (or check) each pin's venv and run nothing: the downloads "
+                        "can then overlap other work")
     args = parser.parse_args(argv)
     features = list(FEATURES) if args.features == "all" else \
         [f.strip() for f in args.features.split(",") if f.strip()]
@@ -168,12 +171,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         venv = ensure_venv(pin, args.venvs.resolve())
         log.info("torch %s: venv ready in %.0f s", pin, time.monotonic() - started)
+        if args.venvs_only:
+            continue
         results[pin] = {}
         for feature in features:
             run_dir = args.runs.resolve() / f"{pin}-{stamp}" / feature
             outcome = qualify(venv, feature, run_dir)
             log.info("torch %s %s: %s (%s)", pin, feature, outcome.cell(), run_dir)
             results[pin][feature] = outcome
+    if args.venvs_only:
+        return 0
     text = table(results, features)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -428,7 +428,7 @@ class KubernetesBackend:
         complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
         if complete is None and failed is None:
             return None
-        # The comparator exits 1 for FAIL and 2 for INVALID after writing its verdict: a
+        # The comparator exits 1, 3 or 4 (FAIL, INVALID, NONDETERMINISTIC) after its verdict: a
         # failed Job with a verdict concluded; without one, it broke.
         try:
             verdict = self.location.read_verdict()

@@ -168,9 +168,10 @@ def open_api_schema() -> Schema:
         "after preemption.",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}"},
+            "kind": {"type": "string", "description": KIND},
+            "metadata": {"type": "object", "description": "The object's name, namespace, "
+                         "labels and the rest of Kubernetes' ObjectMeta."},
             "spec": spec,
             "status": status,
         },

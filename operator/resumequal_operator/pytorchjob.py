@@ -1,7 +1,7 @@
 """The objects a QualificationRun starts: one Kubeflow PyTorchJob per leg, one comparator Job.
 
 Pure functions from the resource to manifests (plain dicts, as the API takes them); no I/O.
-What the training operator v1.9 does with them is in the README's cluster section; the
+What the training operator v1.9 does with them is in docs/cluster.md; the
 choices below follow from it:
 
 - Elastic PyTorchJob, Worker replicas only (one pod per node), c10d rendezvous on pod
@@ -49,6 +49,7 @@ import base64
 import hashlib
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from resumequal.plan import (
@@ -58,11 +59,10 @@ from resumequal.plan import (
     leg_module_args,
     rdzv_conf,
 )
-from resumequal.signing import KEY_ENV
+from resumequal.signing import KEY_ENV, RUN_ID_ENV
 from resumequal.store import ADDRESSING_STYLE_ENV, SIGN_PAYLOADS_ENV
 from resumequal_operator.resource import (
     API_VERSION,
-    GPU_RESOURCES,
     KIND,
     QualificationRunSpec,
 )
@@ -70,6 +70,8 @@ from resumequal_operator.resource import (
 Obj = dict[str, Any]
 
 CONTAINER = "pytorch"  # the training operator finds its port on the container of this name
+COMPARATOR_CONTAINER = "compare"
+ZOOM_CONTAINER = "zoom"
 RDZV_PORT = 29400
 RDZV_PORT_NAME = "pytorchjob-port"
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -189,6 +191,9 @@ def _env(spec: QualificationRunSpec, run_name: str, uid: str,
         {"name": KEY_ENV, "valueFrom": {"secretKeyRef": {
             "name": key_secret or checkpoint_key_secret_name(run_name, uid),
             "key": CHECKPOINT_KEY}}},
+        # What legs write is bound to the run: its uid is the run id of every leg, the
+        # comparator and zoom (resumequal.signing.RunSeal).
+        {"name": RUN_ID_ENV, "value": uid},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE",
          "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -216,15 +221,20 @@ def _env(spec: QualificationRunSpec, run_name: str, uid: str,
     return env
 
 
-def resources(spec: QualificationRunSpec, gpus: bool) -> Obj:
-    """The container's requests and limits (without GPUs where ``gpus`` is false)."""
-    out: Obj = {}
-    for kind in ("requests", "limits"):
-        values = {k: v for k, v in getattr(spec.resources, kind).items()
-                  if gpus or k not in GPU_RESOURCES}
-        if values:
-            out[kind] = values
-    return out
+def resources(spec: QualificationRunSpec) -> Obj:
+    """A training container's requests and limits (``spec.resources``)."""
+    return _requirements(spec.resources.requests, spec.resources.limits)
+
+
+def comparator_resources(spec: QualificationRunSpec) -> Obj:
+    """The comparator container's requests and limits (``spec.comparator.resources``)."""
+    own = spec.comparator.resources
+    return _requirements(own.requests, own.limits)
+
+
+def _requirements(requests: Mapping[str, int | str], limits: Mapping[str, int | str]) -> Obj:
+    return {kind: dict(values) for kind, values in (("requests", requests), ("limits", limits))
+            if values}
 
 
 # The Pod Security "restricted" profile (k8s.io/pod-security-admission policy checks);
@@ -274,13 +284,12 @@ def placement(spec: QualificationRunSpec) -> Obj:
     return pod
 
 
-def _container(spec: QualificationRunSpec, command: list[str], args: list[str], env: list[Obj],
-               gpus: bool) -> Obj:
-    c: Obj = {"name": CONTAINER, "image": spec.stack.image, "command": command, "args": args,
+def _container(spec: QualificationRunSpec, name: str, command: list[str], args: list[str],
+               env: list[Obj], needs: Obj) -> Obj:
+    c: Obj = {"name": name, "image": spec.stack.image, "command": command, "args": args,
               "env": env}
     if spec.stack.image_pull_policy:
         c["imagePullPolicy"] = spec.stack.image_pull_policy
-    needs = resources(spec, gpus)
     if needs:
         c["resources"] = needs
     return c
@@ -342,7 +351,8 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
     name = leg_job_name(run_name, uid, leg.name)
     meta_labels = labels(run_name, uid, leg.name)
     env = leg_env(spec, run_name, uid, w.threads_per_rank, key_secret)
-    container = _container(spec, launch_command(leg), leg_args(leg, run_uri), env, gpus=True)
+    container = _container(spec, CONTAINER, launch_command(leg), leg_args(leg, run_uri), env,
+                           resources(spec))
     container["ports"] = [{"name": RDZV_PORT_NAME, "containerPort": RDZV_PORT,
                            "protocol": "TCP"}]
     # NCCL and DataLoader workers use /dev/shm; a container's default is 64 MiB.
@@ -400,14 +410,14 @@ def comparator_job(run_name: str, namespace: str, uid: str, spec: QualificationR
                    key_secret: str | None = None) -> Obj:
     """The batch/v1 Job that compares the finished legs and writes the verdict and reports.
 
-    backoffLimit 0: the comparator is deterministic, and exit 1 (FAIL) or 2 (INVALID) are
-    verdicts, written to the store before it exits, not failures to retry.
+    backoffLimit 0: the comparator is deterministic, and exit 1 (FAIL), 3 (INVALID) or 4
+    (NONDETERMINISTIC) are verdicts, written to the store before it exits, not failures to
+    retry (:mod:`resumequal.exitcodes`).
     """
     meta_labels = labels(run_name, uid)
-    container = _container(spec, ["resumequal"],
+    container = _container(spec, COMPARATOR_CONTAINER, ["resumequal"],
                            comparator_args(run_name, namespace, spec, run_uri),
-                           _env(spec, run_name, uid, key_secret),
-                           gpus=False)
+                           _env(spec, run_name, uid, key_secret), comparator_resources(spec))
     job_spec: Obj = {
         "backoffLimit": 0,
         "activeDeadlineSeconds": max(COMPARATOR_DEADLINE_S, math.ceil(spec.timeouts.leg_seconds)),
@@ -451,9 +461,9 @@ def zoom_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec
     is deterministic, and one that failed fails again.
     """
     meta_labels = labels(run_name, uid) | {COMPONENT: "zoom"}
-    container = _container(spec, ["resumequal"],
+    container = _container(spec, ZOOM_CONTAINER, ["resumequal"],
                            ["zoom", run_uri, "--namespace", namespace],
-                           _env(spec, run_name, uid, key_secret), gpus=True)
+                           _env(spec, run_name, uid, key_secret), resources(spec))
     job_spec: Obj = {
         "backoffLimit": 0,
         "activeDeadlineSeconds": zoom_deadline_seconds(spec),

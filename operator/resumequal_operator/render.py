@@ -12,10 +12,14 @@ The Secret's name, which the API server generates from its ``generateName``, is 
 the pods' references as that prefix and :data:`PLACEHOLDER_NAME_SUFFIX`. Each leg's
 NetworkPolicy precedes its job, and the zoom Job's precedes it, as the operator creates
 them with ``--network-policies`` (its default).
+
+A manifest is first judged against the CRD's schema as the API server would judge it
+(:mod:`.openapi`), so a field ``kubectl apply`` refuses is refused here too.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -24,7 +28,8 @@ import yaml
 from resumequal.plan import qualification_plan
 from resumequal.results import run_uri
 from resumequal.yamlread import YAMLInputError, load_yaml_all
-from resumequal_operator import netpolicy, pytorchjob
+from resumequal_operator import netpolicy, openapi, pytorchjob
+from resumequal_operator.crd import open_api_schema
 from resumequal_operator.kube import Obj
 from resumequal_operator.legjobs import TrainerSettings, leg_jobs
 from resumequal_operator.resource import (
@@ -92,6 +97,10 @@ def render_objects(run: Any, *, namespace: str | None = None,
                                 "digits and '-')"))
     if problems or not isinstance(name, str):
         raise RunSpecError(problems)
+    run = openapi.admitted(run, _run_schema())
+    problems = openapi.problems(run, _run_schema())
+    if problems:
+        raise RunSpecError(problems)
     raw = run.get("spec")
     if isinstance(raw, dict) and raw.get("backend") is None:
         raw = {**raw, "backend": default_backend}
@@ -110,6 +119,16 @@ def render_objects(run: Any, *, namespace: str | None = None,
         objects += [netpolicy.zoom_network_policy(name, ns, uid),
                     pytorchjob.zoom_job(name, ns, uid, spec, uri, key_secret=key)]
     return objects
+
+
+@functools.cache
+def _run_schema() -> dict[str, Any]:
+    # metadata is the server's own ObjectMeta (checked above), and the server ignores the
+    # status of a run it creates (the status subresource).
+    schema = open_api_schema()
+    opened = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema["properties"] = {**schema["properties"], "metadata": opened, "status": opened}
+    return schema
 
 
 def render_yaml(text: str, *, namespace: str | None = None,

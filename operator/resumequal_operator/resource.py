@@ -229,18 +229,53 @@ class StoreSpec(_Section):
 class ResourceRequirements(_Section):
     """Requests and limits of every training container (one pod per node)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_ENTRIES)
-    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_ENTRIES)
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=MAX_ENTRIES,
+        description="What each training container requests (cpu, memory, nvidia.com/gpu, ...).")
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_ENTRIES,
+                                        description="Limits of each training container.")
+
+
+# The comparator reads both legs' traces and one checkpoint at a time on CPU: a modest pod,
+# wherever the legs ask for GPUs.
+COMPARATOR_REQUESTS: dict[str, int | str] = {"cpu": 1, "memory": "2Gi"}
+
+
+class ComparatorResources(_Section):
+    """Requests and limits of the comparator's container."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: dict(COMPARATOR_REQUESTS), max_length=MAX_ENTRIES,
+        description="What the comparator container requests; replaces the default "
+        "(cpu 1, memory 2Gi) as a whole.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_ENTRIES,
+                                        description="Limits of the comparator container.")
+
+
+class ComparatorSpec(_Section):
+    """The comparator Job, which compares the finished legs and writes the verdict."""
+
+    resources: ComparatorResources = Field(
+        default_factory=ComparatorResources,
+        description="Its container's requests and limits, apart from the legs' (it needs "
+        "no GPU; raise memory for large checkpoints).")
 
 
 class Toleration(_Section):
     """A pod toleration, in Kubernetes' own shape so it can be pasted as is."""
 
-    key: str | None = Field(default=None, max_length=316)  # prefix/name of a label key
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(default=None, max_length=63)
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(default=None, ge=0, le=int(MAX_SECONDS))
+    key: str | None = Field(  # prefix/name of a label key
+        default=None, max_length=316,
+        description="The taint key it tolerates; unset with operator Exists: every key.")
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (unset: Equal, Kubernetes' default).")
+    value: str | None = Field(default=None, max_length=63,
+                              description="The taint value to match (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint effect it tolerates; unset: every effect.")
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=int(MAX_SECONDS),
+        description="NoExecute: how long the pod stays bound once the taint appears.")
 
 
 # A Kubernetes object the API server validates itself (a PodSecurityContext, a
@@ -311,6 +346,8 @@ class SecuritySpec(_Section):
 
 
 class RetentionSpec(_Section):
+    """What becomes of the run's store artifacts when the QualificationRun is deleted."""
+
     policy: Literal["Delete", "Retain"] = Field(
         default="Retain",
         description="What happens to the run's store artifacts (traces, checkpoints, "
@@ -357,6 +394,7 @@ class QualificationRunSpec(_Section):
         "zoom.json and a zoom section to the report; status.zoom says where it starts.",
     )
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    comparator: ComparatorSpec = Field(default_factory=ComparatorSpec)
     node_selector: dict[str, str] = Field(
         default_factory=dict, max_length=MAX_ENTRIES,
         description="nodeSelector of every pod the run starts.",
@@ -594,72 +632,111 @@ Drift = Annotated[float | None, BeforeValidator(_finite)]
 
 
 class Condition(_Status):
-    type: Literal["Ready", "Qualified"]
-    status: Literal["True", "False", "Unknown"]
-    reason: str | None = None
-    message: str | None = None
-    last_transition_time: Time | None = None
-    observed_generation: int | None = None
+    """A Kubernetes condition: Ready (finished?) or Qualified (passed?)."""
+
+    type: Literal["Ready", "Qualified"] = Field(
+        description="Ready: True once finished with a verdict, False when the run failed, "
+        "Unknown meanwhile. Qualified: True for a PASS, False for any other verdict or a "
+        "failure, Unknown before a verdict.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(
+        default=None, description="One word: the phase, the verdict, NoVerdict, or what ended "
+        "the run (Timeout, Error, InvalidSpec, NotAllowed, ...).")
+    message: str | None = Field(default=None, description="The same in words, redacted.")
+    last_transition_time: Time | None = Field(
+        default=None, description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation it was computed from.")
 
 
 class LegStatus(_Status):
+    """One leg's progress: control, preempted, or a negative control's leg."""
+
     job: str | None = Field(default=None, description="the leg's PyTorchJob or TrainJob")
-    attempts: int = 0
-    steps: int = 0
-    launched_at: Time | None = None
-    killed_at: Time | None = None
-    resumed_at: Time | None = None
-    finished_at: Time | None = None
+    attempts: int = Field(default=0, description="Attempts seen in its trace: 1 + restarts.")
+    steps: int = Field(default=0, description="Steps every rank has finished.")
+    launched_at: Time | None = Field(default=None, description="When it was launched.")
+    killed_at: Time | None = Field(default=None, description="When its armed rank was killed.")
+    resumed_at: Time | None = Field(
+        default=None, description="When every rank had finished its first step after the "
+        "restart.")
+    finished_at: Time | None = Field(
+        default=None, description="When the leg was seen done: every rank had written its "
+        "completion marker.")
     restart_seconds: Drift = Field(default=None, description="kill -> first resumed step")
 
 
 class PreemptionStatus(_Status):
-    leg: str
-    pod: str | None = None
-    rank: int
-    mode: Literal["hard", "graceful"]
-    injected_at: Time | None = None
+    """The kill delivered to the preempted leg's armed rank."""
+
+    leg: str = Field(description="The leg that was cut.")
+    pod: str | None = Field(default=None, description="The armed rank's pod, from its beacon.")
+    rank: int = Field(description="The armed rank.")
+    mode: Literal["hard", "graceful"] = Field(description="spec.preemption.mode.")
+    injected_at: Time | None = Field(default=None, description="When the kill was delivered.")
 
 
 class FirstDivergence(_Status):
-    step: int
-    boundary: str
-    rank: int
+    """Where the legs first differ."""
+
+    step: int = Field(description="The optimizer step.")
+    boundary: str = Field(description="The boundary, one of spec.comparison.boundaries.")
+    rank: int = Field(description="The rank.")
 
 
 class VerdictStatus(_Status):
-    result: Result
-    reason: str | None = None
+    """A summary of the verdict.json the comparator wrote into the run location."""
+
+    result: Result = Field(
+        description="PASS, FAIL, NONDETERMINISTIC or INVALID (INVALID too for a run that "
+        "failed before its comparison).")
+    reason: str | None = Field(default=None, description="One sentence a person can act on.")
     first_divergence: FirstDivergence | None = None
     first_divergence_summary: str | None = Field(
         default=None, description="'step 6 lr rank 1', or 'none'")
-    exact_through_step: int | None = None
-    param_max_abs_diff: Drift = None
-    param_rel_l2_diff: Drift = None
-    param_mismatch_fraction: Drift = None
-    loss_max_abs_diff: Drift = None
-    controls_detected: int | None = None
-    controls_total: int | None = None
+    exact_through_step: int | None = Field(
+        default=None, description="The last step up to which every boundary on every rank "
+        "was equal (0: none).")
+    param_max_abs_diff: Drift = Field(
+        default=None, description="Final model parameters: the largest absolute difference.")
+    param_rel_l2_diff: Drift = Field(
+        default=None, description="Final model parameters: ||a-b||_2 / ||a||_2.")
+    param_mismatch_fraction: Drift = Field(
+        default=None, description="Final model parameters: the fraction of elements whose "
+        "bits differ.")
+    loss_max_abs_diff: Drift = Field(
+        default=None, description="The largest difference of a step's loss between the legs.")
+    controls_detected: int | None = Field(default=None,
+                                          description="Negative controls detected.")
+    controls_total: int | None = Field(
+        default=None, description="Negative controls owed a detection (not applicable and "
+        "not judged ones left out).")
 
 
 class ZoomStatus(_Status):
     """The zoom Job of a FAIL (``spec.zoom: onFail``) and what it found."""
 
-    job: str
-    state: Literal["Running", "Succeeded", "Failed"]
+    job: str = Field(description="The zoom Job.")
+    state: Literal["Running", "Succeeded", "Failed"] = Field(
+        description="Running, Succeeded or Failed.")
     origin_kind: str | None = Field(default=None, description="module, reduction, clipping, "
                                     "optimizer, state or none")
-    origins: list[str] = Field(default_factory=list, max_length=8)
-    summary: str | None = None
+    origins: list[str] = Field(default_factory=list, max_length=8,
+                               description="Origin modules, or the stage, in execution order.")
+    summary: str | None = Field(default=None, description="One sentence a person can act on.")
     url: str | None = Field(default=None, description="zoom.json in the run location")
 
 
 class QualificationRunStatus(_Status):
     """What the operator reports; ``machine`` lets a restarted operator continue."""
 
-    phase: Phase | None = None
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    phase: Phase | None = Field(
+        default=None, description="Pending, LegsRunning, Armed, Preempted, Resumed, "
+        "Comparing, then Succeeded or Failed.")
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation the status was computed from.")
+    conditions: list[Condition] = Field(default_factory=list,
+                                        description="Ready and Qualified.")
     backend: Backend | None = Field(default=None, description="what runs the legs")
     launcher: str | None = Field(
         default=None, description="what started the legs' workers (spec.world.launcher): "
@@ -667,20 +744,27 @@ class QualificationRunStatus(_Status):
     launcher_caveats: list[str] | None = Field(
         default=None,
         description="what a verdict under this launcher cannot see (none for torchrun)")
-    pin: str | None = None
-    run_uri: str | None = None
-    report_url: str | None = None
-    legs: dict[str, LegStatus] = Field(default_factory=dict)
+    pin: str | None = Field(default=None,
+                            description="The label it is reported under: spec.stack.pin, or from "
+                            "the image.")
+    run_uri: str | None = Field(
+        default=None, description="The run location: <store.uri>/<namespace>/<name>/<uid>.")
+    report_url: str | None = Field(
+        default=None, description="report.html in the run location, once there is a verdict.")
+    legs: dict[str, LegStatus] = Field(default_factory=dict,
+                                       description="Each leg's progress, by leg name.")
     preemption: PreemptionStatus | None = None
-    comparator_job: str | None = None
+    comparator_job: str | None = Field(default=None, description="The comparator Job.")
     checkpoint_key_secret: str | None = Field(
         default=None, max_length=253,
         description="The Secret holding the run's checkpoint key, named by the API server "
         "when the run started (recorded before any pod names it)")
     verdict: VerdictStatus | None = None
     zoom: ZoomStatus | None = None
-    started_at: Time | None = None
-    completed_at: Time | None = None
+    started_at: Time | None = Field(default=None,
+                                    description="When the qualification started.")
+    completed_at: Time | None = Field(default=None,
+                                      description="When it reached Succeeded or Failed.")
     machine: dict[str, Any] = Field(
         default_factory=dict,
         description="The serialised qualification state machine (resumequal.qualify."

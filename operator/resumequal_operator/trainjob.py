@@ -131,7 +131,7 @@ def leg_trainjob(run_name: str, namespace: str, uid: str, spec: QualificationRun
         "env": [*pytorchjob.leg_env(spec, run_name, uid, w.threads_per_rank, key_secret),
                 *_rdzv_env(leg, name)],
     }
-    resources = pytorchjob.resources(spec, gpus=True)
+    resources = pytorchjob.resources(spec)
     if resources:
         trainer["resourcesPerNode"] = resources
     return {

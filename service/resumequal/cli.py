@@ -16,6 +16,7 @@ from typing import NoReturn, cast
 import click
 
 from resumequal.errors import ResumequalError
+from resumequal.exitcodes import ExitCode, epilog, for_error, for_result
 from resumequal.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from resumequal.logs import configure_logging
 from resumequal.redact import printable
@@ -33,7 +34,11 @@ from resumequal.spec import (
 
 log = logging.getLogger("resumequal")
 
-EXIT_ERROR = 2
+# A worker (leg, replay) that cannot go on: torchrun, and a leg's Job, take any exit from 1
+# to 127 as the leg's own failure; the qualification's verdict says the rest.
+WORKER_ERROR = 2
+VERDICTS = epilog(ExitCode.PASS, ExitCode.FAIL, ExitCode.SPEC_ERROR, ExitCode.INVALID,
+                  ExitCode.NONDETERMINISTIC, ExitCode.INTERRUPTED)
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -77,6 +82,18 @@ def _pin(ctx: click.Context, param: click.Parameter, value: str | None) -> str |
         raise click.BadParameter(str(e)) from e
 
 
+def _fail(e: ResumequalError) -> NoReturn:
+    """Say the error and exit with its status (:func:`resumequal.exitcodes.for_error`)."""
+    click.echo(f"error: {printable(str(e))}", err=True)
+    sys.exit(for_error(e))
+
+
+def _interrupted(what: str = "interrupted") -> NoReturn:
+    # click would print "Aborted!" and exit 1, which is FAIL here.
+    click.echo(what, err=True)
+    sys.exit(ExitCode.INTERRUPTED)
+
+
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.version_option(package_name="resumequal")
@@ -116,7 +133,7 @@ def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
             code = run_leg(spec, leg, run, omissions, scratch=scratch, trace_every=trace_every)
     except (SpecError, ResumequalError) as e:
         click.echo(f"error: {printable(str(e))}", err=True)
-        _exit_now(EXIT_ERROR)
+        _exit_now(WORKER_ERROR)
     finally:
         resume_gc(freeze=False)  # a start-up that failed (the leg resumed it otherwise)
     from resumequal.train.preemption import EXIT_PREEMPTED
@@ -188,22 +205,28 @@ def _leg_spec(
     return found.spec, frozenset(omit) | frozenset(found.omit)
 
 
-@main.command("validate")
+@main.command("validate", epilog=epilog(
+    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INTERRUPTED,
+    says={ExitCode.PASS: "the spec is valid and its workload builds"}))
 @click.argument("spec_path", type=str)
 def validate(spec_path: str) -> None:
-    """Check a spec file and print it with every default filled in."""
+    """Check a spec file, build its workload once (a trial, in a process of its own), and
+    print the spec with every default filled in."""
+    from resumequal.local.trial import trial_build
     from resumequal.train.probes import check_installed
 
     try:
         spec = load_spec(spec_path)
         check_installed(spec)  # NotSupported (a SpecError) when this torch lacks a feature
+        trial_build(spec)
     except SpecError as e:
-        click.echo(f"error: {printable(str(e))}", err=True)
-        sys.exit(EXIT_ERROR)
+        _fail(e)
+    except KeyboardInterrupt:
+        _interrupted()
     click.echo(spec.model_dump_json(indent=2))
 
 
-@main.command()
+@main.command(epilog=VERDICTS)
 @click.option("--spec", "spec_path", type=str, default=None,
               help="Spec file (YAML or JSON); the embedded default qualifies tiny-gpt on 2 ranks.")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
@@ -250,7 +273,7 @@ def run(
     with contextlib.suppress(io.UnsupportedOperation, ValueError, AttributeError):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr.fileno(), all_threads=True)
 
-    from resumequal.local.runner import RunOptions, default_run_dir, exit_code, qualify_here
+    from resumequal.local.runner import RunOptions, default_run_dir, qualify_here
     from resumequal.report.terminal import print_summary
     from resumequal.train.probes import check_installed
 
@@ -270,21 +293,19 @@ def run(
             store=store,
         )
         outcome = qualify_here(spec, opts, console)
-    except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {printable(str(e))}", err=True)
-        sys.exit(EXIT_ERROR)
+    except ResumequalError as e:
+        _fail(e)
     except KeyboardInterrupt:
-        click.echo("interrupted; every process of this run was stopped", err=True)
-        sys.exit(130)
+        _interrupted("interrupted; every process of this run was stopped")
     files: dict[str, Path | str] = {
         "metrics" if name == "metrics.prom" else name: where
         for name, where in outcome.files.items()
     }
     print_summary(outcome.report, console, files=files)
-    sys.exit(exit_code(outcome.report.verdict.result))
+    sys.exit(for_result(outcome.report.verdict.result))
 
 
-@main.command()
+@main.command(epilog=VERDICTS)
 @click.argument("uri", metavar="RUN", callback=_uri)
 @click.option("--write", is_flag=True,
               help="Write verdict.json, report.json, report.html and metrics.prom into RUN.")
@@ -298,14 +319,14 @@ def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name:
             as_json: bool) -> None:
     """Compare the legs of a finished run (a folder or s3:// URI), negative controls included."""
     from resumequal.local.comparator import compare_location
-    from resumequal.local.runner import exit_code
 
     try:
         judged = compare_location(uri, write=write, pin=pin or _default_pin(),
                                   namespace=namespace, name=name)
-    except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {printable(str(e))}", err=True)
-        sys.exit(EXIT_ERROR)
+    except ResumequalError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        _interrupted()
     verdict = judged.verdict
     if as_json:
         click.echo(verdict.model_dump_json(indent=2))
@@ -313,10 +334,13 @@ def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name:
         click.echo(printable(f"{verdict.result}: {verdict.reason}"))
         for file_name, where in judged.files.items():
             click.echo(printable(f"{file_name}: {where}"))
-    sys.exit(exit_code(verdict.result))
+    sys.exit(for_result(verdict.result))
 
 
-@main.command()
+@main.command(epilog=epilog(
+    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INVALID, ExitCode.INTERRUPTED,
+    says={ExitCode.PASS: "zoomed", ExitCode.INVALID: "could not zoom: a replay failed, or a "
+          "checkpoint did not verify"}))
 @click.argument("uri", metavar="RUN", callback=_uri)
 @click.option("--step", type=click.IntRange(min=1), default=None,
               help="The step to replay (default: the verdict's first divergence).")
@@ -336,9 +360,10 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
     try:
         zoomed = zoom_location(uri, step=step, leg=leg_name, write=not no_write,
                                namespace=namespace)
-    except (SpecError, ResumequalError) as e:
-        click.echo(f"error: {printable(str(e))}", err=True)
-        sys.exit(EXIT_ERROR)
+    except ResumequalError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        _interrupted()
     if as_json:
         click.echo(zoomed.zoom.model_dump_json(indent=2))
     else:
@@ -369,7 +394,7 @@ def replay(leg: str, run: str, step: int, start: str | None, attempt: int,
                           out=capture_dir)
     except (SpecError, ResumequalError) as e:
         click.echo(f"error: {printable(str(e))}", err=True)
-        _exit_now(EXIT_ERROR)
+        _exit_now(WORKER_ERROR)
     sys.exit(code)
 
 

@@ -2,10 +2,12 @@
 
     ResumequalError
     ├── SpecError         a spec cannot be loaded or does not validate (resumequal.spec)
+    ├── UsageError        the command line asks for what cannot be done (nothing ran)
     ├── TrainingError     a leg cannot go on (bad workload, restore disagreement, arm timeout)
     ├── CheckpointError   a checkpoint cannot be written, found, verified or loaded
     ├── StoreError        the store (file or object storage) refused an operation
     ├── TraceError        a trace file cannot be read or holds a line that is not a record
+    │   └── TraceNotAuthentic   a trace segment's MAC does not hold for this run
     ├── ReportError       a report file cannot be read: unknown schema version or invalid
     ├── MetricsError      metrics cannot be written to a textfile or pushed to a gateway
     └── ClusterError      the Kubernetes API refused or failed a request
@@ -14,6 +16,11 @@
 
 class ResumequalError(Exception):
     """Base of every error resumequal raises on purpose."""
+
+
+class UsageError(ResumequalError):
+    """The command line asks for what cannot be done here (a run location another run
+    holds); nothing ran."""
 
 
 class TrainingError(ResumequalError):
@@ -34,6 +41,10 @@ class StoreError(ResumequalError):
 
 class TraceError(ResumequalError):
     """A trace file is unreadable or holds a bad line; the message names file and line."""
+
+
+class TraceNotAuthentic(TraceError):
+    """A trace segment carries no MAC, or one that does not hold for this run and name."""
 
 
 class ReportError(ResumequalError):

@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
+from resumequal.signing import RunSeal
 from resumequal.spec import (
     OMISSIONS,
     QualificationSpec,
@@ -259,13 +260,16 @@ class LegFiles:
     # Parsed trace segments, shared by every LegFiles of one run location.
     trace_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False,
                                                          compare=False)
+    # The run's seal: with it, trace segments are written with their MAC and refused
+    # without a valid one.
+    seal: RunSeal | None = field(default=None, repr=False, compare=False)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def traces(self) -> LegTraces:
         """The leg's trace (``<leg>/trace``): how workers write it and how it is read."""
-        return LegTraces(self.store, self.key("trace"), self.trace_cache)
+        return LegTraces(self.store, self.key("trace"), self.trace_cache, self.seal)
 
     @classmethod
     def folder(cls, leg_dir: Path) -> LegFiles:
@@ -393,9 +397,12 @@ class Segment:
     key: str
 
 
-def _verified(store: Store, segments: Sequence[Segment]) -> list[bytes]:
-    """The record lines of one rank's segments (sorted), each checked against its trailer
-    and the sequence checked for gaps; TraceError naming a corrupted or missing segment."""
+def _verified(store: Store, segments: Sequence[Segment], seal: RunSeal | None = None,
+              within: str = "") -> list[bytes]:
+    """The record lines of one rank's segments (sorted), each authenticated with ``seal``
+    (when given) and checked against its trailer, and the sequence checked for gaps;
+    TraceError naming a corrupted, missing or foreign segment. ``within``: the sub-run
+    folder (``seed-11/``) the segments' names are taken relative to, as the seal's are."""
     lines: list[bytes] = []
     expected: tuple[int, int] | None = None
     for s in segments:
@@ -407,7 +414,8 @@ def _verified(store: Store, segments: Sequence[Segment]) -> list[bytes]:
             missing = s.key.rsplit("/", 1)[0] + "/00000000.jsonl"
             raise TraceError(f"{store.uri(missing)}: trace segment missing (the "
                              f"first one present is {s.seq:08d})")
-        lines += parse_segment(store.get_bytes(s.key, SEGMENT_BYTES), store.uri(s.key))
+        lines += parse_segment(store.get_bytes(s.key, SEGMENT_BYTES), store.uri(s.key),
+                               seal, s.key.removeprefix(within))
         expected = (s.attempt, s.seq + 1)
     return lines
 
@@ -428,6 +436,7 @@ class LegTraces:
     # Segments are immutable once written: each one is parsed once per run location.
     cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False,
                                                    compare=False)
+    seal: RunSeal | None = field(default=None, repr=False, compare=False)
 
     def rank_prefix(self, rank: int) -> str:
         return f"{self.prefix}/rank-{rank}"
@@ -439,7 +448,7 @@ class LegTraces:
     def sink(self, rank: int, attempt: int, every: int = 1) -> SegmentSink:
         """Where one rank of one attempt writes: a segment every ``every`` records."""
         return SegmentSink(self.store, f"{self.rank_prefix(rank)}/attempt-{attempt}",
-                           every=every)
+                           every=every, seal=self.seal)
 
     def segments(self, rank: int | None = None) -> list[Segment]:
         """Every segment of the leg (or of one rank), in write order: one LIST."""
@@ -461,7 +470,7 @@ class LegTraces:
         segments = self.segments(rank)
         if not segments:
             raise StoreNotFound(f"{self.uri(rank)}: no trace segments")
-        return _verified(self.store, segments)
+        return _verified(self.store, segments, self.seal)
 
     def records(self, world_size: int) -> dict[int, list[dict[str, Any]]]:
         """Each rank's records so far as JSON objects, leniently: a segment that cannot be
@@ -474,8 +483,13 @@ class LegTraces:
             if records is None:
                 try:
                     data = self.store.get_bytes(s.key, SEGMENT_BYTES)
-                    lines = parse_segment(data, self.store.uri(s.key))
-                except (TraceError, StoreNotFound, StoreObjectTooLarge) as e:
+                    lines = parse_segment(data, self.store.uri(s.key), self.seal, s.key)
+                except (TraceError, StoreObjectTooLarge) as e:
+                    # Immutable once written: said once, and never counted as progress.
+                    log.warning("progress: skipping %s: %s", self.store.uri(s.key), e)
+                    self.cache[s.key] = []
+                    continue
+                except StoreNotFound as e:
                     log.warning("progress: skipping %s: %s", self.store.uri(s.key), e)
                     continue
                 records = self.cache[s.key] = _json_lines(lines)
@@ -503,20 +517,25 @@ class RunLocation:
     store: Store
     s3: S3Spec | None = None
     _trace_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    # The run's seal (key and run id): whoever holds it writes trace segments with their MAC
+    # and reads only segments whose MAC holds for this run.
+    seal: RunSeal | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, uri: str, s3: S3Spec | None = None) -> RunLocation:
+    def open(cls, uri: str, s3: S3Spec | None = None,
+             seal: RunSeal | None = None) -> RunLocation:
         """A path, ``file:///abs/path`` or ``s3://bucket/prefix/...``; nothing is created.
 
         ``s3`` says how to reach an S3 endpoint; without it the standard AWS environment
         applies (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION``, keys).
+        ``seal`` binds what is written and read to the run (see :mod:`resumequal.signing`).
         """
         parsed = urlparse(uri)
         if parsed.netloc and not parsed.path.strip("/"):
             raise StoreError(f"run location {uri!r}: name a prefix under the bucket "
                              "(s3://bucket/prefix/<namespace>/<run>/<uid>)")
         store = open_store(uri, s3_config(s3))
-        return cls(store.uri(), store, s3)
+        return cls(store.uri(), store, s3, seal=seal)
 
     def scratch(self) -> Path:
         """A local folder for what is not kept (checkpoint staging, downloaded copies of an
@@ -529,7 +548,7 @@ class RunLocation:
         return self.store.uri(name)
 
     def leg(self, leg: str) -> LegFiles:
-        return LegFiles(self.store, check_leg_name(leg), self._trace_cache)
+        return LegFiles(self.store, check_leg_name(leg), self._trace_cache, self.seal)
 
     # -- specs ------------------------------------------------------------------------------
 
@@ -670,7 +689,8 @@ class RunLocation:
 
     def child(self, name: str) -> RunLocation:
         """A sub-run under this location (e.g. ``seed-11`` of a seed matrix)."""
-        return RunLocation(self.store.uri(name), self.store.child(name), self.s3)
+        return RunLocation(self.store.uri(name), self.store.child(name), self.s3,
+                           seal=None if self.seal is None else self.seal.child(name))
 
     def trace_sink(self, leg: str, rank: int, attempt: int, every: int = 1) -> SegmentSink:
         """Where a worker writes its trace: a segment every ``every`` records."""
@@ -749,8 +769,18 @@ class RunLocation:
             _write_file(dest / obj.key, data)
         for (leg, rank), segments in sorted(traces.items()):
             _write_file(dest / leg / "trace" / f"rank-{rank}.jsonl",
-                        b"".join(_verified(self.store, sorted(segments))))
+                        b"".join(_verified(self.store, sorted(segments), self._seal_of(leg),
+                                           within=leg.rpartition("/")[0] + "/"
+                                           if "/" in leg else "")))
         return dest
+
+    def _seal_of(self, path: str) -> RunSeal | None:
+        """The seal of the run whose legs live at ``path`` (``<leg>`` or ``seed-N/<leg>``)."""
+        seal = self.seal
+        if seal is not None:
+            for part in path.split("/")[:-1]:
+                seal = seal.child(part)
+        return seal
 
     # -- retention --------------------------------------------------------------------------
 

@@ -199,8 +199,15 @@ class WorkloadSpec(_Section):
 class WorldSpec(_Section):
     """How many processes train and how they talk."""
 
-    nnodes: int = Field(default=1, ge=1, le=MAX_NODES)
-    nproc_per_node: int = Field(default=2, ge=1, le=MAX_NPROC_PER_NODE)
+    nnodes: int = Field(
+        default=1, ge=1, le=MAX_NODES,
+        description="Nodes of the world, one torchrun agent each: a pod on a cluster; locally, "
+        "agents side by side on loopback. The world size is nnodes x nprocPerNode.",
+    )
+    nproc_per_node: int = Field(
+        default=2, ge=1, le=MAX_NPROC_PER_NODE,
+        description="Ranks (worker processes) per node: torchrun's --nproc-per-node.",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         default="auto", description="auto: nccl when CUDA is available, else gloo."
     )
@@ -227,18 +234,41 @@ class WorldSpec(_Section):
 
 
 class OptimizerSpec(_Section):
-    name: Literal["adamw", "adam", "sgd"] = "adamw"
-    lr: float = Field(default=3e-3, gt=0)
-    weight_decay: float = Field(default=0.01, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(default=1e-8, gt=0)
+    """The optimizer the built-in workloads build (``build_optimizer``). A workload factory is
+    handed it as ``ctx.training.optimizer`` and builds its own optimizer, from it or not."""
+
+    name: Literal["adamw", "adam", "sgd"] = Field(
+        default="adamw",
+        description="torch.optim.AdamW, Adam or SGD, on the single-tensor code path "
+        "(foreach=False).",
+    )
+    lr: float = Field(default=3e-3, gt=0,
+                      description="Base learning rate; the schedule multiplies it.")
+    weight_decay: float = Field(
+        default=0.01, ge=0,
+        description="The optimizer's weight_decay (decoupled in AdamW, an L2 term in Adam "
+        "and SGD).",
+    )
+    betas: tuple[float, float] = Field(
+        default=(0.9, 0.95),
+        description="adam, adamw: decay rates of the running means of the gradient and of "
+        "its square.",
+    )
+    eps: float = Field(default=1e-8, gt=0,
+                       description="adam, adamw: added to the denominator for stability.")
     momentum: float = Field(default=0.9, ge=0, description="sgd only")
 
 
 class ScheduleSpec(_Section):
-    """Learning-rate schedule, stepped once per optimizer step."""
+    """Learning-rate schedule, stepped once per optimizer step. The built-in workloads build
+    it (``build_scheduler``); a factory is handed it as ``ctx.training.schedule``."""
 
-    kind: Literal["constant", "step", "warmup-cosine"] = "warmup-cosine"
+    kind: Literal["constant", "step", "warmup-cosine"] = Field(
+        default="warmup-cosine",
+        description="constant: lr throughout; step: lr x gamma every stepSize steps; "
+        "warmup-cosine: linear warmup over warmupSteps, then a cosine down to minLrRatio x lr "
+        "at training.steps.",
+    )
     step_size: int = Field(default=4, ge=1, le=MAX_STEPS,
                            description="step: decay every this many steps")
     gamma: float = Field(default=0.5, gt=0, description="step: multiplicative decay")
@@ -281,12 +311,28 @@ class TrainingSpec(_Section):
     steps: int = Field(default=12, ge=1, le=MAX_STEPS, description="optimizer steps per leg")
     accumulation_steps: int = Field(default=3, ge=1, le=MAX_ACCUMULATION,
                                     description="microbatches per update")
-    microbatch_size: int = Field(default=8, ge=1, le=MAX_MICROBATCH)
-    seed: int = Field(default=1234, ge=0, le=MAX_SEED)
+    microbatch_size: int = Field(
+        default=8, ge=1, le=MAX_MICROBATCH,
+        description="Samples in one microbatch: one forward and backward on one rank.",
+    )
+    seed: int = Field(
+        default=1234, ge=0, le=MAX_SEED,
+        description="Seeds the Python, NumPy and torch RNGs before the workload is built "
+        "(every rank builds the same model), then each rank's from it and its rank; the "
+        "built-in workloads' sample order and augmentation derive from it.",
+    )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
-    grad_clip_norm: float | None = Field(default=1.0, gt=0)
-    deterministic_algorithms: bool = True
+    grad_clip_norm: float | None = Field(
+        default=1.0, gt=0,
+        description="Clip the gradients' total L2 norm to this before the optimizer step; "
+        "null: no clipping (the norm is traced either way).",
+    )
+    deterministic_algorithms: bool = Field(
+        default=True,
+        description="torch.use_deterministic_algorithms(True) in every worker: an op without "
+        "a deterministic implementation raises. false leaves torch's default.",
+    )
     precision: Precision = Field(
         default="fp32",
         description="fp32, or autocast of forward and loss to bf16 or fp16 (with a GradScaler)",
@@ -326,6 +372,17 @@ class S3Spec(_Section):
         default=5, ge=1, le=20,
         description="Attempts per request (exponential backoff); 5 ride out ~15 s of "
         "endpoint trouble before a save fails.",
+    )
+    connect_timeout_seconds: float = Field(
+        default=3.0, gt=0, le=MAX_SECONDS,
+        description="Seconds to open a connection before the attempt fails (and is retried).",
+    )
+    read_timeout_seconds: float = Field(
+        default=8.0, gt=0, le=MAX_SECONDS,
+        description="Seconds without a byte from the endpoint before the attempt fails (and "
+        "is retried). An endpoint that accepts connections and never answers fails a request "
+        "after maxAttempts x readTimeoutSeconds plus backoff (at most 15 s): under a minute "
+        "by default. Raise it for a gateway slow to complete large uploads.",
     )
     sign_payloads: bool = Field(
         default=False,
@@ -386,13 +443,26 @@ def store_uri(value: str) -> str:
 
 
 class CheckpointSpec(_Section):
+    """When each leg commits a checkpoint, how many it keeps, and where they live."""
+
     # ``async`` is a Python keyword, so the field is ``async_save`` with the YAML key as its
     # explicit alias (which wins over the generated ``asyncSave``).
 
-    every_steps: int | None = Field(default=4, ge=1, le=MAX_STEPS)
+    every_steps: int | None = Field(
+        default=4, ge=1, le=MAX_STEPS,
+        description="Commit a checkpoint after every step that is a multiple of this; null: "
+        "no periodic ones. The last step is always saved.",
+    )
     at_steps: list[Annotated[int, Field(ge=1, le=MAX_STEPS)]] = Field(
-        default_factory=list, max_length=MAX_LIST)
-    keep_last: int = Field(default=3, ge=1, le=MAX_LIST)
+        default_factory=list, max_length=MAX_LIST,
+        description="More steps after which a checkpoint is committed (e.g. the one "
+        "preemption.at: checkpoint_commit holds in).",
+    )
+    keep_last: int = Field(
+        default=3, ge=1, le=MAX_LIST,
+        description="Committed checkpoints a leg keeps: after each commit rank 0 deletes "
+        "older ones.",
+    )
     store: str | None = Field(
         default=None, max_length=MAX_URI,
         description="Where checkpoints live: a path, file:///abs/path or s3://bucket/prefix "
@@ -485,14 +555,39 @@ class PreemptionSpec(_Section):
     agent with every worker, dies and a new agent takes its place).
     """
 
-    at: Literal["microbatch", "checkpoint_commit"] = "microbatch"
+    at: Literal["microbatch", "checkpoint_commit"] = Field(
+        default="microbatch",
+        description="microbatch: the rank holds before microbatch microstep of step; "
+        "checkpoint_commit: inside the commit of the checkpoint saved after step (shards "
+        "written, not committed; microstep 0).",
+    )
 
-    step: int = Field(default=6, ge=1, le=MAX_STEPS)
-    microstep: int = Field(default=1, ge=0, le=MAX_ACCUMULATION)
-    rank: int = Field(default=1, ge=0, le=MAX_NODES * MAX_NPROC_PER_NODE)
-    mode: Literal["hard", "graceful"] = "hard"
-    target: Literal["process", "pod"] = "process"
-    grace_seconds: float = Field(default=20.0, gt=0, le=MAX_SECONDS)
+    step: int = Field(default=6, ge=1, le=MAX_STEPS,
+                      description="Optimizer step the cut lands in (1 to training.steps).")
+    microstep: int = Field(
+        default=1, ge=0, le=MAX_ACCUMULATION,
+        description="Microbatch of that step the cut lands before: 0 at the optimizer-step "
+        "boundary, 1 or more mid-accumulation (below training.accumulationSteps).",
+    )
+    rank: int = Field(default=1, ge=0, le=MAX_NODES * MAX_NPROC_PER_NODE,
+                      description="Global rank that arms at the cut and is killed.")
+    mode: Literal["hard", "graceful"] = Field(
+        default="hard",
+        description="hard: SIGKILL, nothing saved (SIGTERM is not handled either); graceful: "
+        "SIGTERM, every rank commits an emergency checkpoint with its pending gradients, "
+        "SIGKILL after graceSeconds.",
+    )
+    target: Literal["process", "pod"] = Field(
+        default="process",
+        description="process: the armed worker dies and torchrun restarts the group in place; "
+        "pod: the armed rank's node dies (its pod is deleted; locally its torchrun agent and "
+        "workers) and a new one takes its place.",
+    )
+    grace_seconds: float = Field(
+        default=20.0, gt=0, le=MAX_SECONDS,
+        description="graceful: how long the killed worker, or the deleted pod, may take to "
+        "stop before SIGKILL.",
+    )
     resize: ResizeSpec | None = Field(
         default=None,
         description="the killed node is not replaced: the leg continues at a smaller world "
@@ -500,7 +595,15 @@ class PreemptionSpec(_Section):
 
 
 class TimeoutSpec(_Section):
-    process_group_seconds: float = Field(default=120.0, gt=0, le=MAX_SECONDS)
+    """Time limits in seconds: the process group's, each phase's (past one the run fails
+    with reason Timeout) and that of an error that persists."""
+
+    process_group_seconds: float = Field(
+        default=120.0, gt=0, le=MAX_SECONDS,
+        description="Timeout of each worker's process group (store, collectives, checkpoint "
+        "barriers) and, with restartSeconds, of torchrun's rendezvous. Above armSeconds: the "
+        "other ranks wait in a collective while the armed rank holds.",
+    )
     arm_seconds: float = Field(default=60.0, gt=0, le=MAX_SECONDS,
                                description="cut reached -> killed")
     restart_seconds: float = Field(default=120.0, gt=0, le=MAX_SECONDS,
@@ -509,10 +612,23 @@ class TimeoutSpec(_Section):
     backend_error_seconds: float = Field(
         default=300.0, gt=0, le=MAX_SECONDS,
         description="an API or store error that persists this long ends the run (Error)")
+    build_seconds: float = Field(
+        default=120.0, gt=0, le=MAX_SECONDS,
+        description="Limit of the trial build resumequal validate and run make before "
+        "anything launches (the factory imported and called once, on the CPU, in a process of "
+        "its own); past it the spec is refused. The operator makes none: it cannot import "
+        "the training image.")
 
 
 class DDPSpec(_Section):
-    bucket_cap_mb: float = Field(default=25.0, gt=0, le=MAX_BUCKET_MB)
+    """DistributedDataParallel's settings: parallelism.kind ddp only (fsdp2 refuses any
+    change)."""
+
+    bucket_cap_mb: float = Field(
+        default=25.0, gt=0, le=MAX_BUCKET_MB,
+        description="DDP's bucket_cap_mb: the size of its gradient buckets, which decides the "
+        "bucket layout the trace compares.",
+    )
     reducer_prime: bool = Field(
         default=True,
         description="Rebuild DDP buckets with a synthetic backward in every fresh process.",
@@ -569,7 +685,14 @@ class CompileSpec(_Section):
 
 
 class ComparisonSpec(_Section):
-    mode: Literal["exact", "tolerance"] = "exact"
+    """How the legs' traces and final checkpoints are compared."""
+
+    mode: Literal["exact", "tolerance"] = Field(
+        default="exact",
+        description="exact: every compared boundary bitwise equal; tolerance: boundaries with "
+        "a declared tolerance may differ within it (inputs, rng, loss_scale and bucket_layout "
+        "stay exact).",
+    )
     tolerances: dict[Boundary, Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict,
         description="tolerance mode: max abs difference per boundary (finite, >= 0)",
@@ -601,7 +724,11 @@ SCENARIOS: tuple[Scenario, ...] = ("boundary-hard", "boundary-graceful", "mid-ha
 class ControlsSpec(_Section):
     """Negative controls: deliberately broken resumes the comparator must catch."""
 
-    enabled: bool = True
+    enabled: bool = Field(
+        default=True,
+        description="Run the negative controls after the main legs; each must be detected "
+        "(or shown not applicable), or the qualification is INVALID.",
+    )
     omissions: list[Omission] = Field(
         default_factory=lambda: list(OMISSIONS), max_length=4 * len(OMISSIONS),
         description="Which broken resumes to run; each is a real preempted-and-restarted leg.",
@@ -612,7 +739,10 @@ class MatrixSpec(_Section):
     """Repeat positive scenarios across seeds (a seed matrix); empty seeds: no matrix."""
 
     seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
-        default_factory=list, max_length=MAX_SEEDS)
+        default_factory=list, max_length=MAX_SEEDS,
+        description="Each seed runs the scenarios with a control leg of its own (folder "
+        "seed-N); empty: no matrix. resumequal run only: a QualificationRun refuses it.",
+    )
     scenarios: list[Scenario] = Field(
         default_factory=lambda: list(SCENARIOS), max_length=4 * len(SCENARIOS),
         description="boundary-*: cut at microstep 0 of preemption.step; mid-*: at "

@@ -5,8 +5,9 @@ against strict models, QualificationRuns against the chart's own CRD."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import helm_python as helm
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from helm_python import _native as helm_native
 
 from resumequal_operator import main as operator_main
 from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
@@ -37,9 +39,27 @@ def chart() -> Iterator[helm.Chart]:
         yield c
 
 
-def render(chart: helm.Chart, values: Obj | None = None) -> list[Obj]:
-    """Every object the chart renders (NOTES.txt left out), in template order."""
-    out = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+# What a cluster with prometheus-operator serves: `--api-versions` of `helm template`.
+MONITORING_APIS = ("monitoring.coreos.com/v1/ServiceMonitor",
+                   "monitoring.coreos.com/v1/PrometheusRule")
+
+
+def render_manifests(chart: helm.Chart, values: Obj | None = None,
+                     api_versions: Sequence[str] = MONITORING_APIS) -> dict[str, str]:
+    """Each template's output, as `helm template --api-versions ...` prints it."""
+    # Chart.render does not pass api_versions on, though the engine takes them.
+    opts = {"name": RELEASE, "namespace": NAMESPACE, "api_versions": list(api_versions)}
+    out: dict[str, str] = json.loads(helm_native.call_string(
+        "helm_render", chart._raw(), json.dumps(values) if values is not None else None,
+        json.dumps(opts)))
+    return out
+
+
+def render(chart: helm.Chart, values: Obj | None = None,
+           api_versions: Sequence[str] = MONITORING_APIS) -> list[Obj]:
+    """Every object the chart renders (NOTES.txt left out), in template order, on a cluster
+    serving ``api_versions`` besides the built-in ones."""
+    out = render_manifests(chart, values, api_versions)
     objs: list[Obj] = []
     for name in sorted(out):
         if name.endswith("NOTES.txt"):
@@ -385,6 +405,28 @@ def test_optional_parts_can_be_turned_off(chart: helm.Chart) -> None:
     assert pod["serviceAccountName"] == "existing"
 
 
+def test_monitoring_objects_need_the_prometheus_operator_apis(chart: helm.Chart) -> None:
+    kinds = {o["kind"] for o in render(chart, api_versions=())}
+    assert kinds.isdisjoint({"ServiceMonitor", "PrometheusRule"})
+    only_monitor = render(chart, api_versions=MONITORING_APIS[:1])
+    assert one(only_monitor, "ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"] is True
+    assert not by_kind(only_monitor, "PrometheusRule")
+    assert {o["kind"] for o in render(chart)} >= {"ServiceMonitor", "PrometheusRule"}
+
+
+def test_notes_say_what_a_plain_cluster_goes_without(chart: helm.Chart) -> None:
+    plain = render_manifests(chart, api_versions=())["resumequal/templates/NOTES.txt"]
+    assert "no PrometheusRule" in plain and "no ServiceMonitor" in plain
+    full = render_manifests(chart)["resumequal/templates/NOTES.txt"]
+    assert "Alerts: PrometheusRule rq-resumequal" in full and "no ServiceMonitor" not in full
+
+
+def test_plain_cluster_render_is_valid(chart: helm.Chart) -> None:
+    for obj in render(chart, api_versions=()):
+        assert not obj["apiVersion"].startswith("monitoring.coreos.com/")
+        validate(obj)
+
+
 def test_prometheus_rule_embeds_the_alert_file(chart: helm.Chart) -> None:
     rule = one(render(chart), "PrometheusRule")
     alerts = yaml.safe_load((CHART / "files/alerts.yaml").read_text())
@@ -624,3 +666,24 @@ def test_network_policies_are_on_by_default_and_can_be_turned_off(chart: helm.Ch
     run = operator_main.main.commands[command]
     with run.make_context(command, list(args)) as ctx:
         assert ctx.params["network_policies"] is False
+
+
+@pytest.mark.timeout(60)
+def test_make_chart_packages_a_chart_that_renders(tmp_path: Path) -> None:
+    make = require("make")
+    # -o: the venv counts as installed, so the target never reinstalls it under a test.
+    # Under `make test` this make is a sub-make: without the parent's flags and with
+    # --no-print-directory its stdout is the target's alone, as a user's would be.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    done = subprocess.run([make, "--no-print-directory", "-o", ".venv/.installed", "chart",
+                           f"CHART_DIR={tmp_path}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (archive,) = tmp_path.glob("resumequal-*.tgz")
+    assert done.stdout.strip() == str(archive)
+    with helm.Chart.load(archive) as packaged:
+        assert len(packaged.crds) == 1
+        objs = render(packaged)
+    assert {"Deployment", "ServiceMonitor", "PrometheusRule"} <= {o["kind"] for o in objs}
+    for obj in objs:
+        validate(obj)

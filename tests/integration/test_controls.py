@@ -10,6 +10,7 @@ import pytest
 
 from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, new_key
+from tests.integration.legs import FORKED
 from tests.integration.test_run import _resumequal
 
 pytestmark = pytest.mark.slow
@@ -28,10 +29,10 @@ def _controls(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_a_blind_comparator_makes_the_qualification_invalid(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # Looking only at the sample ids, a resume with fresh RNGs looks perfect.
-    proc = _resumequal("run", "--run-dir", str(run_dir), *MLP,
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FORKED, *MLP,
                        "--set", "comparison.boundaries=[inputs]",
                        "--set", "controls.omissions=[rng]")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # INVALID
     verdict = _report(run_dir)["verdict"]
     assert verdict["result"] == "INVALID"
     assert "comparator blind to rng" in verdict["reason"]
@@ -43,7 +44,7 @@ def test_a_workload_without_randomness_reports_the_rng_control_not_applicable(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir), *MLP,
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FORKED, *MLP,
                        "--set", "workload.params={dropout: 0.0, augment: false}",
                        "--set", "controls.omissions=[rng, scheduler]")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -65,7 +66,7 @@ def _ddp_spec(prime: bool) -> list[str]:
 @pytest.mark.timeout(600)
 def test_without_the_reducer_prime_three_ranks_fail_at_the_bucket_layout(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=False),
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FORKED, *_ddp_spec(prime=False),
                        "--set", "zoom=onFail", timeout=540, env={KEY_ENV: new_key()})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     verdict = _report(run_dir)["verdict"]
@@ -111,7 +112,8 @@ def test_without_the_reducer_prime_three_ranks_fail_at_the_bucket_layout(tmp_pat
 @pytest.mark.timeout(600)
 def test_with_the_reducer_prime_three_ranks_resume_exactly(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _resumequal("run", "--run-dir", str(run_dir), *_ddp_spec(prime=True), timeout=540)
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FORKED, *_ddp_spec(prime=True),
+                       timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verdict = _report(run_dir)["verdict"]
     assert verdict["result"] == "PASS"
@@ -130,7 +132,7 @@ def test_seed_matrix_over_two_seeds_for_the_default_workload(tmp_path: Path) -> 
     # Two seeds and two of the four scenarios keep CI short; each is a real kill and
     # restart per seed.
     seeds, scenarios = (11, 83), ["boundary-graceful", "mid-hard"]
-    proc = _resumequal("run", "--run-dir", str(run_dir), "--set", "controls.enabled=false",
+    proc = _resumequal("run", "--run-dir", str(run_dir), *FORKED, "--set", "controls.enabled=false",
                        "--set", f"matrix.seeds=[{', '.join(map(str, seeds))}]",
                        "--set", f"matrix.scenarios=[{', '.join(scenarios)}]", timeout=1100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

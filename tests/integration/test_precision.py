@@ -22,7 +22,7 @@ RESUMED_FROM = {"hard": "step-00000004", "graceful": "step-00000005+1"}
 
 def _run(run_dir: Path, *sets: str) -> tuple[dict[str, Any], str]:
     args = [a for s in sets for a in ("--set", s)]
-    proc = legs.resumequal("run", "--run-dir", str(run_dir), *args, timeout=280)
+    proc = legs.resumequal("run", "--run-dir", str(run_dir), *legs.FORKED, *args, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdict = json.loads((run_dir / "report.json").read_text())["verdict"]
     return verdict, proc.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from resumequal.signing import RUN_ID_ENV
 from tests.exposition import value
 from tests.integration import legs
 from tests.waiting import eventually
@@ -159,7 +160,7 @@ def test_armed_rank_never_killed_times_out_and_leaves_no_process(tmp_path: Path)
     started = time.monotonic()
     proc = _resumequal("run", "--run-dir", str(run_dir), *FAST, "--no-kill",
                        "--set", "timeouts.arm_seconds=4")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # INVALID
     report = _report(run_dir)
     failed = report["phases"][-1]
     assert failed["phase"] == "Failed" and failed["reason"] == "Timeout"
@@ -230,7 +231,9 @@ def test_the_comparators_report_dates_the_kill_and_the_restart_as_the_run_did(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ran = _report(run_dir)
     # What a cluster's comparator Job does: judge the location and write the results.
-    again = _resumequal("compare", str(run_dir), "--write", "--pin", "torch==test")
+    # With the run's key and id that `resumequal run` kept (none in the environment).
+    again = _resumequal("compare", str(run_dir), "--write", "--pin", "torch==test",
+                        env={RUN_ID_ENV: ""})
     assert again.returncode == 0, again.stdout + again.stderr
     compared = _report(run_dir)
     assert [p["phase"] for p in compared["phases"]] == [

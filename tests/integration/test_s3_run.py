@@ -17,7 +17,7 @@ import pytest
 
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, new_key
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key
 from resumequal.verdict import Result
 from tests.exposition import value
 from tests.integration import legs
@@ -41,7 +41,8 @@ def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
 ) -> None:
     bucket = moto_server.new_bucket()
     # The run's checkpoint key, kept for the zoom at the end.
-    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint, KEY_ENV: new_key()}
+    # (and its id, kept by `resumequal run` for compare and zoom: none in the environment)
+    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint, KEY_ENV: new_key(), RUN_ID_ENV: ""}
     run_dir = tmp_path / "q1"
     # The default spec (tiny-gpt, 2 ranks, a hard kill mid-accumulation) with one of its
     # controls, killed gracefully (the preempted leg is the hard kill): every control leg

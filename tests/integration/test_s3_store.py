@@ -4,13 +4,16 @@ connections and a server that is killed mid-way."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import socket
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -349,6 +352,68 @@ def test_unreachable_endpoint_is_unavailable_after_retries(
     assert time.monotonic() - start < 15
     retried = [r for r in caplog.records if "Retry needed" in r.getMessage()]
     assert len(retried) == 2  # botocore retried before we gave up
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """An http endpoint on loopback that accepts every connection and never answers."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=32)
+    server.settimeout(0.1)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, name="silent-endpoint", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        for conn in [*held, server]:
+            conn.close()
+
+
+def test_an_endpoint_that_never_answers_fails_within_the_timeouts_warning_per_retry(
+    silent_endpoint: str, caplog: pytest.LogCaptureFixture, aws_env: dict[str, str]
+) -> None:
+    store = S3Store("s3://bucket/runs", S3Config(
+        endpoint_url=silent_endpoint, addressing_style="path", max_attempts=3,
+        connect_timeout_seconds=1, read_timeout_seconds=1))
+    caplog.set_level(logging.WARNING, logger="resumequal.store")
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=rf"cannot reach {silent_endpoint} to read "
+                       r"s3://bucket/runs/k after 3 attempts \(ReadTimeoutError\)"):
+        store.get_bytes("k")
+    # Three attempts of 1 s each, and the backoff between them (at most 1 + 2 s).
+    assert time.monotonic() - start < 3 * 1 + 3 + 2
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "retrying (2/3) GetObject s3://bucket/runs/k: ReadTimeoutError",
+        "retrying (3/3) GetObject s3://bucket/runs/k: ReadTimeoutError",
+    ]
+    assert aws_env["AWS_ACCESS_KEY_ID"] not in caplog.text
+    assert aws_env["AWS_SECRET_ACCESS_KEY"] not in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.waits
+def test_a_default_store_gives_up_on_an_endpoint_that_never_answers_within_a_minute(
+    silent_endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = S3Store("s3://bucket/runs", S3Config(endpoint_url=silent_endpoint,
+                                                 addressing_style="path"))
+    caplog.set_level(logging.WARNING, logger="resumequal.store")
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=r"after 5 attempts \(ReadTimeoutError\)"):
+        store.put_bytes("ckpt/manifest.json", b"{}")
+    assert time.monotonic() - start < 60
+    retries = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert retries == [f"retrying ({n}/5) PutObject s3://bucket/runs/ckpt/manifest.json: "
+                       "ReadTimeoutError" for n in range(2, 6)]
 
 
 def test_endpoint_dying_mid_way_then_coming_back(

@@ -73,7 +73,7 @@ def test_default_level_prints_nothing_of_botocore(moto_server: MotoServer) -> No
 
 def test_an_unreachable_endpoint_is_named_without_its_userinfo(closed_endpoint: str) -> None:
     done = _resumequal("-v", "compare", "s3://bucket/run", endpoint=closed_endpoint)
-    assert done.returncode == 2
+    assert done.returncode == 3  # nothing judged: worth a retry
     assert f"cannot reach {closed_endpoint.replace('://', '://***@')}" in done.stderr
     assert _leaks(done.stdout + done.stderr) == []
 

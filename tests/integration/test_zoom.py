@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from resumequal.signing import KEY_ENV, new_key
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key
 from tests.integration import legs
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,8 @@ def _json(path: Path) -> dict[str, Any]:
 def test_zoom_names_the_one_module_that_computes_differently_after_a_resume(
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    env = {KEY_ENV: new_key()}  # zoom authenticates the run's checkpoints with its key
+    # zoom authenticates the run with its key, and the run id `resumequal run` kept for it.
+    env = {KEY_ENV: new_key(), RUN_ID_ENV: ""}
     # spec.zoom: onFail zooms before the results are published.
     proc = legs.resumequal("run", "--run-dir", str(run_dir), *HISTORY, "--set", "zoom=onFail",
                            env=env)
@@ -37,10 +38,10 @@ def test_zoom_names_the_one_module_that_computes_differently_after_a_resume(
     assert "zoom" in proc.stdout and "mix" in proc.stdout
     (run_dir / "zoom.json").unlink()
 
-    # Without the run's key the resumed attempt's checkpoint is refused, by name.
-    proc = legs.resumequal("zoom", str(run_dir), env={KEY_ENV: new_key()})
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "step-00000004" in proc.stderr and "does not match" in proc.stderr, proc.stderr
+    # Without the run's key nothing of the run authenticates: refused before any replay.
+    proc = legs.resumequal("zoom", str(run_dir), env={**env, KEY_ENV: new_key()})
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # could not zoom
+    assert "cannot be zoomed with this key and run id" in proc.stderr, proc.stderr
     assert not (run_dir / "zoom.json").exists()
 
     # resumequal zoom on the finished run: zoom.json, and the report published again.

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from resumequal.spec import QualificationSpec
 from tests.process_group import single_rank_group
 
 UNIT_TIMEOUT_S = 30  # per test, unless it says otherwise (the fuzz tests do)
@@ -54,3 +55,20 @@ def single_process_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     """A single-process gloo group (rank 0 of 1) over a FileStore; no network."""
     with single_rank_group(tmp_path_factory.mktemp("pg")):
         yield
+
+
+@pytest.fixture
+def trial_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The workload's trial build (a process of its own) stood in for: every workload
+    builds. The names of the workloads it was asked to build."""
+    from resumequal.local import runner, trial
+
+    built: list[str] = []
+
+    def trial_build(spec: QualificationSpec, python: str = "") -> float:
+        built.append(spec.workload.name)
+        return 0.0
+
+    monkeypatch.setattr(trial, "trial_build", trial_build)
+    monkeypatch.setattr(runner, "trial_build", trial_build)
+    return built

@@ -104,7 +104,7 @@ def test_a_missing_api_is_found_missing(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_validate_exits_2_naming_the_feature_this_torch_lacks(
-    old_torch: None, tmp_path: Path
+    old_torch: None, tmp_path: Path, trial_builds: list[str]
 ) -> None:
     path = tmp_path / "spec.yaml"
     path.write_text("parallelism: {kind: fsdp2}\n")

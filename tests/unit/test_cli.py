@@ -46,10 +46,13 @@ def _write(path: Path, data: dict[str, Any]) -> Path:
 # --- validate --------------------------------------------------------------------------------
 
 
-def test_validate_prints_the_spec_with_defaults_filled(runner: CliRunner, tmp_path: Path) -> None:
+def test_validate_prints_the_spec_with_defaults_filled(
+    runner: CliRunner, tmp_path: Path, trial_builds: list[str]
+) -> None:
     path = _write(tmp_path / "spec.yaml", {"training": {"steps": 8}, "preemption": {"step": 7}})
     result = runner.invoke(cli.main, ["validate", str(path)])
     assert result.exit_code == 0, result.output
+    assert trial_builds == ["tiny-gpt"]  # its workload was built once, before it was printed
     printed = json.loads(result.stdout)
     assert printed["training"]["steps"] == 8
     assert printed["preemption"]["step"] == 7
@@ -176,7 +179,9 @@ def test_leg_rejects_unknown_leg(runner: CliRunner, tmp_path: Path, run_leg_call
 # --- run -------------------------------------------------------------------------------------
 
 
-def test_run_refuses_a_run_dir_another_run_holds(runner: CliRunner, tmp_path: Path) -> None:
+def test_run_refuses_a_run_dir_another_run_holds(
+    runner: CliRunner, tmp_path: Path, trial_builds: list[str]
+) -> None:
     """Its traces are there: a second run's legs would append to them."""
     run_dir = tmp_path / "q1"
     run_dir.mkdir()

@@ -26,6 +26,7 @@ from resumequal.compare import checkpoint_drift, compare_run, drift, expected_ch
 from resumequal.compare.drift import tensor_stats, values_equal
 from resumequal.results import leg_summary
 from resumequal.runstore import RunLocation
+from resumequal.signing import RunSeal
 from resumequal.spec import QualificationSpec, SpecError
 from resumequal.trace.records import (
     ArmRecord,
@@ -126,8 +127,9 @@ def save_checkpoint(directory: Path, state: dict[str, Any], step: int = STEPS) -
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(directory / "dcp")), no_dist=True)
     for rank in range(WORLD):
         (directory / f"rank-{rank}.json").write_bytes(b"{}")
+    # Filed as <leg>/checkpoints/<name>: the manifest names that leg, as a worker's does.
     write_manifest(directory, name=directory.name, step=step, microstep=0, world_size=WORLD,
-                   attempt=0)
+                   attempt=0, info={"leg": directory.parent.parent.name})
     return directory
 
 
@@ -212,8 +214,8 @@ class SyntheticRun:
 
 
 def at(root: Path) -> RunLocation:
-    """The run location of a run folder."""
-    return RunLocation.open(str(root))
+    """The run location of a run folder, sealed as the test's legs are (see conftest)."""
+    return RunLocation.open(str(root), seal=RunSeal.from_env())
 
 
 @pytest.fixture

@@ -162,11 +162,19 @@ def test_spec_sections_keep_the_spec_field_names(crd: dict[str, Any]) -> None:
     assert "nprocPerNode" in props["world"]["properties"]
     assert "async" in props["checkpoint"]["properties"]  # the YAML key, not async_save
     assert props["preemption"]["properties"]["mode"]["enum"] == ["hard", "graceful"]
-    assert props["world"]["properties"]["nnodes"] == {"default": 1, "minimum": 1,
-                                                      "maximum": 1024, "type": "integer"}
+    nnodes = props["world"]["properties"]["nnodes"]
+    assert {k: v for k, v in nnodes.items() if k != "description"} == {
+        "default": 1, "minimum": 1, "maximum": 1024, "type": "integer"}
     quantity = props["resources"]["properties"]["limits"]["additionalProperties"]
     assert quantity["x-kubernetes-int-or-string"] is True
     assert props["workload"]["properties"]["params"]["x-kubernetes-preserve-unknown-fields"]
+
+
+def test_every_property_has_a_description(crd: dict[str, Any]) -> None:
+    # What kubectl explain shows for each field.
+    missing = [path for path, node in _nodes(crd_schema(crd))
+               if path and not path.endswith(("[]", "{}")) and not node.get("description")]
+    assert missing == []
 
 
 def test_status_is_camel_case_and_keeps_the_machine(crd: dict[str, Any]) -> None:

@@ -73,7 +73,7 @@ def test_third_party_levels() -> None:
 ])
 def test_resumequal_verbose_never_lets_libraries_log_requests(
         bare_logging: io.StringIO, tmp_path: Path, args: list[str], ours: int,
-        theirs: int) -> None:
+        theirs: int, trial_builds: list[str]) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text("{}")
     _bare()

@@ -361,8 +361,38 @@ def test_comparator_job_shape() -> None:
         "resumequal", "compare", f"s3://resumequal-runs/qualifications/{NS}/{RUN}/{UID}",
         "--write", "--pin", "nightly-2026-11-29", "--namespace", NS, "--name", RUN]
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
-    # The comparator reads checkpoints on CPU: no GPU asked for.
-    assert c["resources"] == {"requests": {"cpu": 8}, "limits": {"memory": "64Gi"}}
+    # Its own container, not the legs' (which ask for 4 GPUs here): a modest CPU pod.
+    assert c["name"] == "compare"
+    assert c["resources"] == {"requests": {"cpu": 1, "memory": "2Gi"}}
+
+
+def test_the_comparator_takes_resources_of_its_own() -> None:
+    own = {"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "48Gi"}}
+    _, _, jobs, job = _manifests({**SPECS["gpu"], "comparator": {"resources": own}})
+    [c] = job["spec"]["template"]["spec"]["containers"]
+    assert c["resources"] == own
+    validate_core(job)
+    for leg in jobs:
+        [worker] = leg["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+        assert worker["resources"]["limits"] == {"nvidia.com/gpu": 4, "memory": "64Gi"}
+
+
+def test_the_comparator_may_ask_for_nothing() -> None:
+    _, _, _, job = _manifests({"comparator": {"resources": {"requests": {}}}})
+    [c] = job["spec"]["template"]["spec"]["containers"]
+    assert "resources" not in c
+
+
+def test_the_zoom_job_runs_on_the_legs_resources_in_a_container_of_its_own() -> None:
+    cr = parse_run_spec(example_spec(**SPECS["gpu"]))
+    uri = run_uri(cr.store.uri, NS, RUN, UID)
+    job = pytorchjob.zoom_job(RUN, NS, UID, cr, uri)
+    [c] = job["spec"]["template"]["spec"]["containers"]
+    # The replay runs on the device the legs ran on.
+    assert c["name"] == "zoom"
+    assert c["resources"] == {"requests": {"cpu": 8},
+                              "limits": {"nvidia.com/gpu": 4, "memory": "64Gi"}}
+    validate_core(job)
 
 
 def test_credentials_only_by_secret_reference() -> None:

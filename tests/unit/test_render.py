@@ -145,3 +145,45 @@ def test_not_a_qualification_run() -> None:
     assert code == 2 and "not valid YAML" in err
     code, _, err = _render("-", stdin="")
     assert code == 2 and "holds no QualificationRun" in err
+
+
+def test_a_field_kubectl_would_refuse_is_refused_with_its_path() -> None:
+    run = yaml.safe_load((EXAMPLES / "qualificationrun.yaml").read_text())
+    # The models take snake_case names too; the API server knows only the CRD's camelCase.
+    run["spec"]["world"]["nproc_per_node"] = run["spec"]["world"].pop("nprocPerNode", 1)
+    code, out, err = _render("-", stdin=yaml.safe_dump(run))
+    assert code == 2 and out == ""
+    assert ("spec.world.nproc_per_node: unknown field; the API server refuses it (fields are "
+            "camelCase: nprocPerNode)") in err
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("spec", "tolerations"), [{"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 1,
+                                "operator": "Exists", "bogus": True}],
+     "spec.tolerations[0].bogus: unknown field"),
+    (("spec", "timeouts", "legSeconds"), "an hour", "spec.timeouts.legSeconds: must be a number"),
+    (("spec", "world", "nnodes"), True, "spec.world.nnodes: must be an integer"),
+    (("spec", "resources", "limits", "cpu"), [1], "spec.resources.limits.cpu: must be an "
+     "integer or a string"),
+    (("specs",), {}, "specs: unknown field"),
+])
+def test_the_crd_schema_is_judged_before_the_models(path: tuple[str, ...], value: object,
+                                                    message: str) -> None:
+    run = yaml.safe_load((EXAMPLES / "qualificationrun.yaml").read_text())
+    node = run
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    code, out, err = _render("-", stdin=yaml.safe_dump(run))
+    assert code == 2 and out == ""
+    assert message in err
+
+
+def test_what_the_server_keeps_or_ignores_is_not_refused() -> None:
+    run = yaml.safe_load((EXAMPLES / "qualificationrun.yaml").read_text())
+    run["metadata"]["annotations"] = {"team": "ml-platform"}
+    run["status"] = {"phase": "Succeeded", "anything": 1}
+    run["spec"]["workload"] = {**run["spec"].get("workload", {}), "params": {"any_key": 1}}
+    run["spec"]["preemption"]["graceSeconds"] = None
+    code, _, err = _render("-", stdin=yaml.safe_dump(run))
+    assert code == 0, err

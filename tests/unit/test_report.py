@@ -613,6 +613,18 @@ def test_leg_progress_prints_plain_lines_without_a_terminal() -> None:
     assert "\x1b" not in out.getvalue()
 
 
+def test_a_progress_line_longer_than_80_columns_stays_one_line_without_a_terminal() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=False)  # as in a CI log
+    legs = ("control", "preempted", "omit-data-cursor", "omit-model-optimizer-only")
+    with ProgressDisplay(console, legs=legs) as progress:
+        progress.update("LegsRunning", dict.fromkeys(legs, 7), 12, 3)
+    line = ("phase=LegsRunning  control 7/12  preempted 7/12  omit-data-cursor 7/12  "
+            "omit-model-optimizer-only 7/12  restarts=3")
+    assert len(line) > 80
+    assert out.getvalue().splitlines() == [line]
+
+
 def test_leg_progress_draws_live_on_a_terminal() -> None:
     out = io.StringIO()
     console = Console(file=out, width=100, force_terminal=True)

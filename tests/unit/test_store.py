@@ -227,6 +227,19 @@ def test_s3_config_from_a_spec_or_the_environment(monkeypatch: pytest.MonkeyPatc
         s3_config(None)
 
 
+def test_s3_timeouts_come_from_the_spec_and_bound_a_silent_endpoint_under_a_minute() -> None:
+    from resumequal.spec import S3Spec
+    from resumequal.store import s3_config
+
+    default = s3_config(S3Spec())
+    assert default == S3Config()
+    # Each attempt at an endpoint that never answers waits out the read timeout; standard
+    # retries back off at most 1 + 2 + 4 + 8 s between five attempts.
+    assert default.max_attempts * default.read_timeout_seconds + 15 < 60
+    tuned = s3_config(S3Spec(connect_timeout_seconds=1.5, read_timeout_seconds=30))
+    assert (tuned.connect_timeout_seconds, tuned.read_timeout_seconds) == (1.5, 30)
+
+
 def test_whether_payloads_are_signed_from_a_spec_or_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from resumequal.spec import S3Spec

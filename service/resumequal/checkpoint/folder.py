@@ -47,6 +47,10 @@ class FolderRoot:
     """One leg's checkpoint folder; staging lives inside it, so the commit is a rename."""
 
     root: Path
+    # The leg whose checkpoints these are: a manifest naming another is refused.
+    leg: str | None = field(default=None, compare=False)
+    # The run they belong to (default: this process's RESUMEQUAL_RUN_ID).
+    run: str | None = field(default=None, compare=False)
     # The staged files are the checkpoint itself once renamed: fsync them.
     durable_staging = True
     _copies: list[Path] = field(default_factory=list, compare=False, repr=False)
@@ -81,9 +85,11 @@ class FolderRoot:
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
                world_size: int, attempt: int, info: CheckpointInfo) -> None:
         """Hash the staged files into the manifest, then rename the folder into place."""
+        if self.leg is not None:
+            info = {**info, "leg": self.leg}  # the manifest names the leg it is filed under
         write_manifest(staging, name=position.name, step=position.step,
                        microstep=position.microstep, world_size=world_size, attempt=attempt,
-                       info=info)
+                       info=info, run=self.run)
         final = self.root / position.name
         if final.exists():
             # Re-saving a position (e.g. after a resume with a planted omission): the new
@@ -119,7 +125,7 @@ class FolderRoot:
         if not positions:
             return None
         newest = positions[-1]
-        manifest = verify(self.root / newest.name)
+        manifest = verify(self.root / newest.name, leg=self.leg, run=self.run)
         if world_size is not None and manifest.world_size != world_size:
             raise CheckpointError(
                 f"{newest.name} was written by {manifest.world_size} ranks; this leg has "
@@ -134,12 +140,13 @@ class FolderRoot:
     def fetch(self, name: str, rank: int) -> None:
         """Copy ``name`` into this rank's private folder, every file checked on the way."""
         shutil.rmtree(self._private() / f"rank-{rank}", ignore_errors=True)
-        copy_verified(self.root / name, self.local_copy(name, rank))
+        copy_verified(self.root / name, self.local_copy(name, rank), leg=self.leg,
+                      run=self.run)
 
     def final_root(self, name: str, dest: Path) -> Path:
         """Copy ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""
         if not (self.root / name).is_dir():
             raise CheckpointMissing(f"{self.root / name} is not a committed checkpoint")
         shutil.rmtree(dest / name, ignore_errors=True)
-        copy_verified(self.root / name, dest / name)
+        copy_verified(self.root / name, dest / name, leg=self.leg, run=self.run)
         return dest

@@ -1,4 +1,4 @@
-"""DCP checkpoints with the barrier-guarded atomic commit of DESIGN.md, on any store.
+"""DCP checkpoints with the barrier-guarded atomic commit of docs/design.md, on any store.
 
 Save: barrier → every rank writes its DCP shards and its rank state into a staging folder
 and publishes them → the ranks gather what each published (the barrier) → rank 0 commits →

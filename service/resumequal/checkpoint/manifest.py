@@ -8,6 +8,11 @@ HMAC-SHA256 in ``manifest.hmac`` beside it) before anything else of the checkpoi
 read, the manifest's own JSON included: whoever can write to the store can recompute the
 sha256s, not the MAC. Every reader (the folder and object-store roots, the comparator)
 goes through :func:`authenticate` here.
+
+A manifest also names the run (``RESUMEQUAL_RUN_ID``), the leg and the position that wrote
+it, and a reader refuses one of another run or leg, or one filed under another position:
+a checkpoint copied from another run or leg (one signed with the same key) is refused by
+name, never resumed from nor compared.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
 
-from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC
+from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.errors import CheckpointError
-from resumequal.signing import authentic, key_from_env, sign
+from resumequal.signing import authentic, key_from_env, run_id_from_env, sign
 
-MANIFEST_FORMAT = 1
+# 2: the manifest names its run.
+MANIFEST_FORMAT = 2
 # What a reader takes of a manifest and of its MAC before refusing them unread: a manifest
 # lists a checkpoint's files (a few hundred bytes each), a MAC is 64 hex characters.
 MANIFEST_BYTES = 16 << 20
@@ -62,6 +68,8 @@ class Manifest(BaseModel):
     created_at: float
     files: dict[str, FileEntry]
     info: CheckpointInfo = {}
+    run: str = ""
+    """The run that wrote it (``RESUMEQUAL_RUN_ID``; empty when it had none)."""
 
 
 def sha256_file(path: Path) -> str:
@@ -95,8 +103,10 @@ def write_manifest(
     world_size: int,
     attempt: int,
     info: CheckpointInfo | None = None,
+    run: str | None = None,
 ) -> Manifest:
-    """Hash every file under ``directory`` and write the manifest durably."""
+    """Hash every file under ``directory`` and write the manifest durably, naming run ``run``
+    (default: this process's run id)."""
     files = {
         str(p.relative_to(directory)): FileEntry(size=p.stat().st_size, sha256=sha256_file(p))
         for p in _files(directory)
@@ -110,6 +120,7 @@ def write_manifest(
         created_at=time.time(),
         files=files,
         info=info or {},
+        run=run if run is not None else run_id_from_env() or "",
     )
     write_manifest_file(directory, manifest)
     return manifest
@@ -127,12 +138,15 @@ def signed(manifest: Manifest, key: bytes | None = None) -> tuple[bytes, bytes]:
 
 
 def authenticate(data: bytes, mac: bytes | None, where: str,
-                 key: bytes | None = None) -> Manifest:
-    """The manifest of checkpoint ``where`` from its stored bytes, once their MAC verifies.
+                 key: bytes | None = None, *, leg: str | None = None,
+                 run: str | None = None) -> Manifest:
+    """The manifest of checkpoint ``where`` from its stored bytes, once their MAC verifies,
+    and once it names this run (``run``, else this process's run id if it has one) and
+    ``leg`` (when given).
 
     Nothing is parsed before the MAC is checked. CheckpointError naming the checkpoint
-    when there is no key, no MAC, or a MAC that does not match (a manifest written
-    without this run's key, or changed since).
+    when there is no key, no MAC, a MAC that does not match (a manifest written without
+    this run's key, or changed since), or a manifest of another run or leg.
     """
     try:
         key = key if key is not None else key_from_env()
@@ -149,9 +163,35 @@ def authenticate(data: bytes, mac: bytes | None, where: str,
             "under this run's checkpoint key (written without the key, or changed since)"
         )
     try:
-        return Manifest.model_validate_json(data)
+        manifest = Manifest.model_validate_json(data)
     except ValidationError as e:
         raise CheckpointError(f"checkpoint {where}: unreadable manifest: {e}") from e
+    return check_bound(manifest, where, leg, run)
+
+
+def check_bound(manifest: Manifest, where: str, leg: str | None = None,
+                run: str | None = None) -> Manifest:
+    """``manifest`` if it names run ``run`` (default: ``RESUMEQUAL_RUN_ID``, when set),
+    ``leg`` (when given) and a position of its own name; CheckpointError naming ``where``."""
+    run = run if run is not None else run_id_from_env()
+    if run is not None and manifest.run != run:
+        theirs = f"run {manifest.run}" if manifest.run else "no run"
+        raise CheckpointError(
+            f"checkpoint {where} is refused: it names {theirs}, not this run ({run}): a "
+            "checkpoint of another run, copied here")
+    if leg is not None and manifest.info.get("leg") != leg:
+        writer = manifest.info.get("leg")
+        raise CheckpointError(
+            f"checkpoint {where} is refused: it was written by "
+            f"{f'the {writer} leg' if writer else 'no leg'}, not the {leg} leg: a checkpoint "
+            "of another leg, copied here")
+    position = Position.parse(manifest.name)
+    if position is None or (position.step, position.microstep) != (manifest.step,
+                                                                 manifest.microstep):
+        raise CheckpointError(
+            f"checkpoint {where} is refused: its manifest names {manifest.name!r} at step "
+            f"{manifest.step}, microbatch {manifest.microstep}, which do not agree")
+    return manifest
 
 
 def write_manifest_file(directory: Path, manifest: Manifest, key: bytes | None = None) -> None:
@@ -167,8 +207,9 @@ def write_manifest_file(directory: Path, manifest: Manifest, key: bytes | None =
     fsync_dir(directory)
 
 
-def read_manifest(directory: Path, key: bytes | None = None) -> Manifest:
-    """The authenticated manifest of checkpoint folder ``directory``."""
+def read_manifest(directory: Path, key: bytes | None = None, *,
+                  leg: str | None = None, run: str | None = None) -> Manifest:
+    """The authenticated manifest of checkpoint folder ``directory`` (of ``leg``, if given)."""
     try:
         data = _read_capped(directory / MANIFEST, MANIFEST_BYTES)
     except FileNotFoundError as e:
@@ -177,7 +218,7 @@ def read_manifest(directory: Path, key: bytes | None = None) -> Manifest:
         mac: bytes | None = _read_capped(directory / MANIFEST_MAC, MAC_BYTES)
     except FileNotFoundError:
         mac = None
-    return authenticate(data, mac, str(directory), key)
+    return authenticate(data, mac, str(directory), key, leg=leg, run=run)
 
 
 def _read_capped(path: Path, max_bytes: int) -> bytes:
@@ -188,10 +229,11 @@ def _read_capped(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def verify(directory: Path, key: bytes | None = None) -> Manifest:
-    """Authenticate the manifest, then check every file against it: presence, size,
-    sha256, and nothing extra. ``key`` defaults to this process's checkpoint key."""
-    manifest = read_manifest(directory, key)
+def verify(directory: Path, key: bytes | None = None, *, leg: str | None = None,
+           run: str | None = None) -> Manifest:
+    """Authenticate the manifest (of ``leg``, if given), then check every file against it:
+    presence, size, sha256, and nothing extra. ``key`` defaults to this process's key."""
+    manifest = read_manifest(directory, key, leg=leg, run=run)
     if manifest.name != directory.name:
         raise CheckpointError(
             f"checkpoint {directory} is refused: its manifest is the one of {manifest.name}"
@@ -218,12 +260,13 @@ def verify(directory: Path, key: bytes | None = None) -> Manifest:
     return manifest
 
 
-def copy_verified(directory: Path, dest: Path, key: bytes | None = None) -> Manifest:
+def copy_verified(directory: Path, dest: Path, key: bytes | None = None, *,
+                  leg: str | None = None, run: str | None = None) -> Manifest:
     """Copy checkpoint folder ``directory`` into ``dest``, each file hashed as it is copied
     and checked against the authenticated manifest; ``dest`` then holds the checkpoint
     with its manifest. What is later read is the copy, so a file changed in ``directory``
     after the check is never read (no window between verifying and loading)."""
-    manifest = read_manifest(directory, key)
+    manifest = read_manifest(directory, key, leg=leg, run=run)
     if manifest.name != directory.name:
         raise CheckpointError(
             f"checkpoint {directory} is refused: its manifest is the one of {manifest.name}"

@@ -31,7 +31,7 @@ import shutil
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
@@ -50,6 +50,7 @@ from resumequal.checkpoint.manifest import (
 )
 from resumequal.checkpoint.streaming import StreamingWriter
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
+from resumequal.signing import run_id_from_env
 from resumequal.store import ObjectInfo, Store, StoreIntegrityError, StoreNotFound
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ class RemoteRoot:
     store: Store
     prefix: str
     local: Path
+    # The leg whose checkpoints these are: a manifest naming another is refused.
+    leg: str | None = field(default=None, compare=False)
+    # The run they belong to (default: this process's RESUMEQUAL_RUN_ID).
+    run: str | None = field(default=None, compare=False)
     # Staged files are scratch: the uploaded objects are the durable copy (a kill before
     # the marker leaves garbage either way), so no fsync of every shard.
     durable_staging = False
@@ -113,8 +118,10 @@ class RemoteRoot:
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
                world_size: int, attempt: int, info: CheckpointInfo) -> None:
         """Upload the manifest of every rank's files, then ``COMMITTED``."""
+        if self.leg is not None:
+            info = {**info, "leg": self.leg}  # the manifest names the leg it is filed under
         commit(self, make_manifest(position, files, world_size=world_size, attempt=attempt,
-                                   info=info))
+                                   info=info, run=self.run))
 
     def retire(self, keep_last: int) -> None:
         retire(self, keep_last)
@@ -254,7 +261,7 @@ def read_manifest(root: RemoteRoot, name: str) -> Manifest:
         mac: bytes | None = root.store.get_bytes(root.key(name, MANIFEST_MAC), MAC_BYTES)
     except StoreNotFound:
         mac = None
-    manifest = authenticate(data, mac, where)
+    manifest = authenticate(data, mac, where, leg=root.leg, run=root.run)
     if manifest.name != name:
         raise CheckpointError(
             f"checkpoint {where} is refused: its manifest is the one of {manifest.name}"
@@ -334,8 +341,11 @@ def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
 
 def make_manifest(
     position: Position, files: dict[str, FileEntry], *, world_size: int, attempt: int,
-    info: CheckpointInfo,
+    info: CheckpointInfo, run: str | None = None,
 ) -> Manifest:
+    """The manifest of a checkpoint at ``position``, naming run ``run`` (default: this
+    process's run id)."""
     return Manifest(name=position.name, step=position.step, microstep=position.microstep,
                     world_size=world_size, attempt=attempt, created_at=time.time(),
-                    files=dict(sorted(files.items())), info=info)
+                    files=dict(sorted(files.items())), info=info,
+                    run=run if run is not None else run_id_from_env() or "")

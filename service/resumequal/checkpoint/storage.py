@@ -85,10 +85,11 @@ class CheckpointRoot(Protocol):
 
 
 def checkpoint_location(
-    store: str | None, s3: S3Spec | None, run_dir: Path, leg: str
+    store: str | None, s3: S3Spec | None, run_dir: Path, leg: str, run: str | None = None
 ) -> CheckpointRoot:
     """A leg's checkpoint root: ``<store>/<leg>/checkpoints`` (the store defaults to the run
-    folder ``run_dir``, which is also where scratch files of an object store go)."""
+    folder ``run_dir``, which is also where scratch files of an object store go). Its
+    manifests must name ``leg`` and run ``run`` (default: this process's run id)."""
     try:
         opened = open_store(str(run_dir) if store is None else store, s3_config(s3))
     except StoreError as e:
@@ -98,5 +99,6 @@ def checkpoint_location(
     # any other store stages here and commits with a COMMITTED marker written last.
     folder = opened.local_folder()
     if folder is not None:
-        return FolderRoot(Path(folder) / leg / "checkpoints")
-    return RemoteRoot(opened, f"{leg}/checkpoints", run_dir / leg / ".ckpt-local")
+        return FolderRoot(Path(folder) / leg / "checkpoints", leg=leg, run=run)
+    return RemoteRoot(opened, f"{leg}/checkpoints", run_dir / leg / ".ckpt-local", leg=leg,
+                      run=run)

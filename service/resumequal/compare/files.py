@@ -47,8 +47,10 @@ def final_checkpoint_root(
     unreachable) is a CheckpointError naming the file. None for a store this process cannot read.
     """
     try:
+        # Its manifest must name this run (the location's seal says which) and this leg.
+        run = location.seal.run if location.seal is not None else None
         where = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
-                                    scratch, leg)
+                                    scratch, leg, run=run)
     except CheckpointError:
         return None
     name = Position(spec.training.steps).name

@@ -125,7 +125,8 @@ def _final_drift(
                         else "fails verification")
                 return ValidityCheck(name=name, ok=False,
                                      detail=f"the {role} leg's final checkpoint {what}: {e}"), None
-        final_check, final = check_final_checkpoints(roots, spec.training.steps)
+        final_check, final = check_final_checkpoints(
+            roots, spec.training.steps, location.seal.run if location.seal else None)
         if final is None:
             return final_check, None
         try:

@@ -249,9 +249,10 @@ class FinalCheckpoints:
 
 
 def check_final_checkpoints(
-    roots: Mapping[str, Path | None], steps: int
+    roots: Mapping[str, Path | None], steps: int, run: str | None = None
 ) -> tuple[ValidityCheck, FinalCheckpoints | None]:
-    """Both legs committed ``step-T`` and each still matches its manifest."""
+    """Both legs committed ``step-T`` and each still matches its manifest, one of run
+    ``run`` (default: this process's run id)."""
     name = "final_checkpoints"
     final = Position(steps).name
     paths: dict[str, Path] = {}
@@ -263,7 +264,7 @@ def check_final_checkpoints(
         if not directory.is_dir():
             return _failed(name, f"the {leg} leg has no final checkpoint {final}"), None
         try:
-            verify(directory)
+            verify(directory, run=run)
         except CheckpointError as e:
             return _failed(name, f"the {leg} leg's final checkpoint fails verification: {e}"), None
         paths[leg] = directory

@@ -68,7 +68,7 @@ from resumequal.plan import (
 )
 from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
 from resumequal.runstore import GROW, RunLocation, default_scratch
-from resumequal.signing import KEY_ENV, new_key
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
 
@@ -147,6 +147,7 @@ class LocalBackend:
         self.stores: dict[str, subprocess.Popen[bytes]] = {}  # each leg's rendezvous store
         self.plans: dict[str, LegPlan] = {}
         os.environ.setdefault(KEY_ENV, new_key())
+        os.environ.setdefault(RUN_ID_ENV, new_run_id())
         self._escalate: tuple[int, float] | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
         # The workers' local files (inductor's caches, torchrun's error files, an object
@@ -169,6 +170,9 @@ class LocalBackend:
         self.plans[plan.name] = plan
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
         env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
+        if self.location.seal is not None:
+            # A sub-run's (a seed of a seed matrix) legs bind what they write to it.
+            env[RUN_ID_ENV] = self.location.seal.run
         # Workers find their leg spec with the standard AWS settings, as on a cluster.
         s3 = self.spec.checkpoint.s3
         if s3 is not None and s3.endpoint_url:

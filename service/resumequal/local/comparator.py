@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumequal.compare import compare_qualification
+from resumequal.local import runkey
 from resumequal.results import build_report, publish, read_timeline, run_names
 from resumequal.runstore import RunLocation
 from resumequal.verdict import Verdict
@@ -43,8 +44,15 @@ def compare_location(
     namespace: str | None = None,
     name: str | None = None,
 ) -> Judged:
-    """Compare the legs at ``uri`` (with the negative controls); publish results if ``write``."""
-    location = RunLocation.open(uri)
+    """Compare the legs at ``uri`` (with the negative controls); publish results if ``write``.
+
+    The run is judged with its seal (:func:`resumequal.local.runkey.seal_for`): without its
+    key and id nothing is judged, and a finished verdict is never replaced by one that could
+    not authenticate the run."""
+    seal = runkey.seal_for(RunLocation.open(uri).uri)
+    runkey.export(seal)
+    location = RunLocation.open(uri, seal=seal)
+    runkey.check_seal(location, "judged")
     ns, run = run_names(uri)
     namespace, name = namespace or ns, name or run
     work = Path(tempfile.mkdtemp(prefix="resumequal-compare-"))
@@ -65,3 +73,4 @@ def compare_location(
         return Judged(verdict, published)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+

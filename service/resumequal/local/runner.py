@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 import uuid
@@ -13,12 +14,15 @@ from types import FrameType
 
 from rich.console import Console
 
-from resumequal.errors import ResumequalError, TrainingError
+from resumequal.errors import ResumequalError, TrainingError, UsageError
+from resumequal.exitcodes import for_result
+from resumequal.local import runkey
 from resumequal.local.backend import LocalBackend
+from resumequal.local.trial import trial_build
 from resumequal.plan import Plan, qualification_plan, scenario_plan
 from resumequal.qualify import Qualification, QualificationStatus
 from resumequal.redact import printable
-from resumequal.report.terminal import ProgressDisplay
+from resumequal.report.terminal import ProgressDisplay, say
 from resumequal.results import (
     Timeline,
     build_report,
@@ -30,7 +34,8 @@ from resumequal.results import (
 )
 from resumequal.results import fold_matrix as fold_matrix  # where tests and callers find it
 from resumequal.runstore import RUN_FILE, RunLocation
-from resumequal.spec import Omission, QualificationSpec, apply_overrides
+from resumequal.signing import KEY_ENV, RunSeal, key_from_env, new_key, new_run_id
+from resumequal.spec import Omission, QualificationSpec, SpecError, apply_overrides
 from resumequal.store import open_store, s3_config
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
@@ -64,29 +69,44 @@ class Outcome:
 
 
 def exit_code(result: Result) -> int:
-    """0 PASS, 1 FAIL or NONDETERMINISTIC, 2 INVALID (errors are 2 as well)."""
-    return {Result.PASS: 0, Result.FAIL: 1, Result.NONDETERMINISTIC: 1}.get(result, 2)
+    """The exit status of a verdict (:mod:`resumequal.exitcodes`)."""
+    return int(for_result(result))
 
 
-def run_location(spec: QualificationSpec, opts: RunOptions) -> RunLocation:
+def run_location(spec: QualificationSpec, opts: RunOptions,
+                 seal: RunSeal | None = None) -> RunLocation:
     """The run folder, or ``<store>/<namespace>/<run>/<uid>`` when the checkpoint store is
     shared (an object store holds the whole run, for whoever reads it elsewhere)."""
     store = opts.store or spec.checkpoint.store
     if store is None or not open_store(store, s3_config(spec.checkpoint.s3)).shared():
-        return RunLocation.open(str(opts.run_dir))
+        return RunLocation.open(str(opts.run_dir), seal=seal)
     uri = run_uri(store, opts.namespace, opts.run_dir.name, uuid.uuid4().hex[:12])
-    return RunLocation.open(uri, spec.checkpoint.s3)
+    return RunLocation.open(uri, spec.checkpoint.s3, seal=seal)
+
+
+def new_seal() -> RunSeal:
+    """This run's seal: a fresh run id, and the environment's key or a fresh one; handed to
+    every process the run starts."""
+    key = key_from_env() if os.environ.get(KEY_ENV) else new_key().encode()
+    seal = RunSeal(key, new_run_id())
+    runkey.export(seal)
+    return seal
 
 
 def check_runs_here(spec: QualificationSpec) -> None:
-    """ResumequalError naming the field when the spec asks for what a local run cannot do."""
+    """SpecError naming the field when the spec asks for what a local run cannot do, or
+    when its workload cannot be built (:func:`~resumequal.local.trial.trial_build`)."""
     if spec.training.precision != "fp32":
         # torch only for this check: an fp32 run starts its legs without importing it here.
         from resumequal.train.distributed import resolve_backend
         from resumequal.train.precision import check_precision
 
         device = "cuda" if resolve_backend(spec.world.backend) == "nccl" else "cpu"
-        check_precision(spec.training, device, spec.parallelism.kind)
+        try:
+            check_precision(spec.training, device, spec.parallelism.kind)
+        except TrainingError as e:
+            raise SpecError(str(e)) from e
+    trial_build(spec)
 
 
 def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Console) -> Report:
@@ -102,7 +122,7 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
     check_runs_here(spec)
     if opts.store is not None:
         spec = apply_overrides(spec, [f"checkpoint.store={opts.store}"])
-    location = run_location(spec, opts)
+    location = run_location(spec, opts, new_seal())
     spec = location.leg_spec(spec)
     plan = qualification_plan(spec)
     if opts.omit:
@@ -110,11 +130,13 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
                     plan.not_run)
     if not location.claim(spec):
         # Another run's traces are there: its legs' and ours would be appended together.
-        raise TrainingError(f"run location {location.uri} is taken: it holds another run "
-                            f"({location.url(RUN_FILE)}); use a new --run-dir")
+        raise UsageError(f"run location {location.uri} is taken: it holds another run "
+                         f"({location.url(RUN_FILE)}); use a new --run-dir")
+    assert location.seal is not None
+    # compare --write and zoom of this run, later, authenticate it with the same seal.
+    runkey.remember(location.uri, location.seal)
     if location.uri != RunLocation.open(str(opts.run_dir)).uri:
-        console.print(f"run location {printable(location.uri)}", markup=False,
-                      highlight=False)
+        say(console, f"run location {printable(location.uri)}")
     matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
     verdict = status.verdict or failed_verdict(spec, status)
@@ -133,14 +155,13 @@ def _with_zoom(report: Report, location: RunLocation, spec: QualificationSpec,
     cannot run is said, and the verdict stands without it."""
     from resumequal.local.zoom import write_zoom, zoom_of
 
-    console.print("zooming into the first divergence (spec.zoom: onFail)", markup=False,
-                  highlight=False)
+    say(console, "zooming into the first divergence (spec.zoom: onFail)")
     try:
         zoom = zoom_of(location, spec, report.verdict)
         write_zoom(location, zoom)
     except ResumequalError as e:
         log.warning("zoom failed: %s", e)
-        console.print(printable(f"zoom: error: {e}"), markup=False, highlight=False)
+        say(console, printable(f"zoom: error: {e}"))
         return report
     return report.model_copy(update={"zoom": zoom})
 
@@ -198,7 +219,7 @@ def run_matrix(
             failing = [v for v in verdicts.values() if v.result != Result.PASS]
             return failing[0] if failing else next(iter(verdicts.values()))
 
-        console.print(f"seed {seed}: {len(plan.legs) - 1} scenario(s)")
+        say(console, f"seed {seed}: {len(plan.legs) - 1} scenario(s)")
         status = _run_plan(seeded, plan, run_dir, opts, console, judge=judge, location=sub)
         why_not = status.message or "the scenario did not finish"
         cells += [matrix_cell(scenario, seed, verdicts.get(scenario), why_not)

@@ -34,10 +34,11 @@ from resumequal.compare.files import LegTrace
 from resumequal.compare.zoom import Capture, compare_captures, load_capture
 from resumequal.errors import ReportError
 from resumequal.launchers import TORCHRUN
+from resumequal.local import runkey
 from resumequal.local.processes import ProcessTree
 from resumequal.results import publish, run_names
 from resumequal.runstore import REPORT_JSON, RESULT_BYTES, ZOOM_JSON, RunLocation
-from resumequal.signing import key_from_env
+from resumequal.signing import RunSeal, key_from_env
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.trace.records import (
@@ -136,9 +137,10 @@ def _replay(start: ReplayStart, step: int, location: RunLocation,
     return {rank: load_capture(out / f"rank-{rank}.pt") for rank in range(start.world_size)}
 
 
-def _reproduced(start: ReplayStart, work: Path, step: int) -> tuple[bool, str]:
+def _reproduced(start: ReplayStart, work: Path, step: int,
+                seal: RunSeal | None) -> tuple[bool, str]:
     """Whether the replay recorded the step as the leg did, boundary by boundary."""
-    local = RunLocation.open(str(work / start.leg / "run"))
+    local = RunLocation.open(str(work / start.leg / "run"), seal=seal)
     traces = local.leg(start.leg).traces()
     differ: dict[str, list[int]] = {}
     for rank, original in sorted(start.records.items()):
@@ -222,7 +224,7 @@ def zoom_run(location: RunLocation, spec: QualificationSpec, *, step: int, rank:
         log.info("replaying step %d of the %s leg (attempt %d, from %s, %d ranks)", step,
                  start.leg, start.attempt, start.start or "the beginning", start.world_size)
         captures.append(_replay(start, step, location, spec, work, python))
-        ok, detail = _reproduced(start, work, step)
+        ok, detail = _reproduced(start, work, step, location.seal)
         replays.append(ZoomReplay(leg=start.leg, attempt=start.attempt, start=start.start,
                                   world_size=start.world_size, reproduced=ok, detail=detail))
     found = compare_captures(captures[0], captures[1])
@@ -285,7 +287,10 @@ def zoom_location(uri: str, *, step: int | None = None, leg: str = MAIN_LEG,
                   python: str = sys.executable) -> Zoomed:
     """Zoom into ``step`` (default: the verdict's first divergence) of the run at ``uri``;
     with ``write``, put ``zoom.json`` (and the report with its zoom section) into it."""
-    location = RunLocation.open(uri)
+    seal = runkey.seal_for(RunLocation.open(uri).uri)
+    runkey.export(seal)  # the replays read the run's checkpoints and write their traces
+    location = RunLocation.open(uri, seal=seal)
+    runkey.check_seal(location, "zoomed")
     location.check_started()
     spec = location.read_spec()
     zoom = zoom_of(location, spec, location.read_verdict(), step=step, leg=leg, python=python)

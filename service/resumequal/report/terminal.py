@@ -309,8 +309,13 @@ class ProgressDisplay:
         now = self._clock()
         if line == self._last_line or not (force or now - self._last_at >= self.interval):
             return
-        self.console.print(line, markup=False, highlight=False)
+        say(self.console, line)
         self._last_line, self._last_at = line, now
+
+
+def say(console: Console, line: str) -> None:
+    """Print one plain line, never wrapped: in a CI log a line cut at 80 columns is two."""
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _short(value: object, limit: int = 60) -> str:

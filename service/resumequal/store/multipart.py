@@ -211,8 +211,8 @@ def _get_part(client: Any, bucket: str, key: str, start: int, end: int,
         except _BODY_ERRORS as e:
             if attempt == attempts:
                 raise
-            log.debug("s3://%s/%s bytes %d-%d broke off (%s); attempt %d of %d", bucket,
-                      key, start, end, type(e).__name__, attempt + 1, attempts)
+            log.warning("retrying (%d/%d) GetObject s3://%s/%s bytes %d-%d: body broke off (%s)",
+                        attempt + 1, attempts, bucket, key, start, end, type(e).__name__)
     raise AssertionError("unreachable")
 
 

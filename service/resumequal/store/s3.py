@@ -120,10 +120,12 @@ class S3Config(BaseModel):
     ``max_concurrency`` x 16 MiB in flight and a 100 GiB shard under the 10 000-part limit."""
     max_concurrency: int = Field(10, ge=1, le=64)
     """Parts transferred at once per file (boto3's default)."""
-    connect_timeout_s: float = Field(10.0, gt=0)
+    connect_timeout_seconds: float = Field(3.0, gt=0)
     """Seconds to open a connection; each timeout is one failed attempt."""
-    read_timeout_s: float = Field(60.0, gt=0)
-    """Seconds without a byte from the server before an attempt fails."""
+    read_timeout_seconds: float = Field(8.0, gt=0)
+    """Seconds without a byte from the server before an attempt fails. With the defaults an
+    endpoint that accepts connections and never answers fails a request after 5 x 8 s plus
+    the backoff between attempts (at most 15 s): under a minute, a warning per retry."""
 
     @field_validator("endpoint_url")
     @classmethod
@@ -150,6 +152,54 @@ def _status(e: ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
+
+
+_URI = "resumequal.uri"
+_FAILED = "resumequal.failed"
+
+
+def _warn_on_retries(client: Any, attempts: int) -> None:
+    """A WARNING for each retry botocore makes, ``retrying (2/5) GetObject s3://b/k:
+    ReadTimeoutError``: its retries are otherwise silent for minutes. The reason is an
+    exception's class or an error code and status, never a message or a body (which may
+    name the endpoint's userinfo or echo a request)."""
+    events = client.meta.events
+
+    def note_uri(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        key = params.get("Key") or params.get("Prefix") or ""
+        context[_URI] = f"s3://{params.get('Bucket', '')}/{key}"
+
+    def note_failure(request_dict: dict[str, Any], attempts: int, response: Any = None,
+                     caught_exception: Exception | None = None, **_: Any) -> None:
+        reason = _retry_reason(response, caught_exception)
+        if reason:
+            request_dict["context"][_FAILED] = (attempts, reason)
+
+    def announce(request: Any, operation_name: str, **_: Any) -> None:
+        # A request made again after a failure noted above is a retry.
+        failed = request.context.pop(_FAILED, None)
+        if failed is not None:
+            done, reason = failed
+            log.warning("retrying (%d/%d) %s %s: %s", done + 1, attempts, operation_name,
+                        request.context.get(_URI, "s3://"), reason)
+
+    events.register("provide-client-params.s3", note_uri)
+    events.register("needs-retry.s3", note_failure)
+    events.register("request-created.s3", announce)
+
+
+def _retry_reason(response: Any, caught: Exception | None) -> str | None:
+    """Why an attempt failed, in words safe to log; None when it did not."""
+    if caught is not None:
+        return type(caught).__name__
+    if response is None:
+        return None
+    http, parsed = response
+    status = int(getattr(http, "status_code", 0) or 0)
+    if status < 400:
+        return None
+    code = str((parsed or {}).get("Error", {}).get("Code", ""))
+    return f"{code} (HTTP {status})" if code else f"HTTP {status}"
 
 
 # botocore reads endpoint, region and credentials from the environment, but has no
@@ -215,8 +265,8 @@ class S3Store:
                 region_name=c.region,
                 config=BotoConfig(
                     retries={"total_max_attempts": c.max_attempts, "mode": c.retry_mode},
-                    connect_timeout=c.connect_timeout_s,
-                    read_timeout=c.read_timeout_s,
+                    connect_timeout=c.connect_timeout_seconds,
+                    read_timeout=c.read_timeout_seconds,
                     # Unset, botocore signs bodies over http and not over https.
                     s3={"addressing_style": c.addressing_style,
                         **({} if sign else {"payload_signing_enabled": False})},
@@ -231,6 +281,7 @@ class S3Store:
         if not self._checksums and not c.sign_payloads:
             # Nothing would check a body on its way: bodies are signed after all.
             self._client = client(True)
+        _warn_on_retries(self._client, c.max_attempts)
         # Objects up to the threshold (or one part, if that is larger) go in one request.
         self._first_part = max(c.multipart_threshold_mb, c.multipart_chunk_mb) * MiB
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from resumequal.checkpoint import checkpoint_location
 from resumequal.errors import TrainingError
 from resumequal.runstore import RunLocation
+from resumequal.signing import RunSeal
 from resumequal.spec import QualificationSpec
 from resumequal.train.capture import StepCapture
 from resumequal.train.distributed import destroy_process_group, init_process_group
@@ -72,16 +73,17 @@ def replay_leg(spec: QualificationSpec, leg: str, run: str, omit: frozenset[str]
                step: int, start: str | None, attempt: int, out: Path) -> int:
     """Replay ``leg`` of the run at ``run`` through ``step`` in this process (under torchrun),
     as attempt ``attempt`` did; the capture and the replay's trace go under ``out``."""
-    location = RunLocation.open(run, spec.checkpoint.s3)
+    seal = RunSeal.from_env()
+    location = RunLocation.open(run, spec.checkpoint.s3, seal=seal)
     spec = location.leg_spec(spec)
     scratch = out / "scratch"
     placement = init_process_group(spec.world.backend, spec.timeouts.process_group_seconds)
     # Records and anything keyed by attempt read as the leg's own attempt did.
     placement = dataclasses.replace(placement, attempt=attempt)
     try:
-        local = RunLocation.open(str(out / "run"))
+        local = RunLocation.open(str(out / "run"), seal=seal)
         ckpt = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
-                                   scratch / f"rank-{placement.rank}", leg)
+                                   scratch / f"rank-{placement.rank}", leg, run=seal.run)
         replayer = Replayer(spec, leg, local.leg(leg), placement, omit=omit,
                             checkpoint_root=ckpt,
                             trace=local.trace_sink(leg, placement.rank, attempt),

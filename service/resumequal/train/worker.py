@@ -15,6 +15,7 @@ import torch.distributed as dist
 from resumequal.checkpoint import CheckpointRoot, checkpoint_location
 from resumequal.runstore import RUN_FILE as RUN_FILE
 from resumequal.runstore import RunLocation
+from resumequal.signing import RunSeal
 from resumequal.spec import QualificationSpec
 from resumequal.train.distributed import destroy_process_group, init_process_group
 from resumequal.train.loop import Trainer
@@ -64,7 +65,10 @@ def run_leg(
     # operator was not told its stack.torchVersion) stops here naming it, before any
     # request or collective, rather than at a missing API halfway through.
     check_installed(spec)
-    location = RunLocation.open(run, spec.checkpoint.s3)
+    # What the leg writes (its trace, its checkpoints' manifests) is bound to its run, and
+    # what it reads back must be bound to it too.
+    seal = RunSeal.from_env()
+    location = RunLocation.open(run, spec.checkpoint.s3, seal=seal)
     spec = location.leg_spec(spec)
     scratch = scratch or location.scratch()
     files = location.leg(leg)
@@ -87,7 +91,7 @@ def run_leg(
         sink = location.trace_sink(leg, placement.rank, placement.attempt, trace_every)
         # Checkpoints default to the run location itself; scratch holds only local copies.
         ckpt = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
-                                   scratch, leg)
+                                   scratch, leg, run=seal.run)
         worker = Trainer(spec, leg, files, placement, omit=omit, checkpoint_root=ckpt, trace=sink,
                          scratch=scratch)
         try:

@@ -1,0 +1,84 @@
+"""What ``resumequal run``, ``compare``, ``validate`` and ``zoom`` exit with: one table for
+the command line, the runner, the ``--help`` epilogs and docs/exit-codes.md.
+
+A verdict gives 0, 1, 3 or 4; an error gives 2 when the input was wrong (the spec, the
+command line, credentials, a location without a run) and 3 otherwise (nothing was judged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+from resumequal.errors import ResumequalError, UsageError
+from resumequal.spec import SpecError
+
+if TYPE_CHECKING:
+    # The verdict's models load where a verdict is made: a worker's entry point (the same
+    # CLI) never loads them.
+    from resumequal.verdict import Result
+
+
+class ExitCode(IntEnum):
+    PASS = 0
+    FAIL = 1
+    SPEC_ERROR = 2
+    INVALID = 3
+    NONDETERMINISTIC = 4
+    INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """What an exit status says, and what a nightly job does about it."""
+
+    says: str
+    then: str
+
+
+MEANINGS: dict[ExitCode, Meaning] = {
+    ExitCode.PASS: Meaning(
+        "PASS: the resume was exact (or within the declared tolerances)",
+        "keep the pin"),
+    ExitCode.FAIL: Meaning(
+        "FAIL: the resumed leg diverged from the control",
+        "block the pin; the report names the first divergence"),
+    ExitCode.SPEC_ERROR: Meaning(
+        "spec or usage error: the message names what to fix; nothing ran",
+        "fix the spec or the job; a retry fails the same way"),
+    ExitCode.INVALID: Meaning(
+        "INVALID: it ran but could not judge (no kill, a timeout, a store error)",
+        "retry; if it repeats, read the report"),
+    ExitCode.NONDETERMINISTIC: Meaning(
+        "NONDETERMINISTIC: the legs differed before the kill",
+        "block the pin until training is reproducible run to run"),
+    ExitCode.INTERRUPTED: Meaning(
+        "interrupted (SIGINT or SIGTERM); every process it started was stopped",
+        "retry"),
+}
+
+def for_result(result: Result) -> ExitCode:
+    """The exit status of a verdict (each result has the status of its name)."""
+    return ExitCode[result.value]
+
+
+def for_error(error: ResumequalError) -> ExitCode:
+    """SPEC_ERROR when what the command was given is wrong, else INVALID (nothing judged)."""
+    # Imported here: the store package loads botocore, which only an error needs.
+    from resumequal.store.errors import StoreAccessDenied, StoreNotFound
+
+    given = (SpecError, UsageError, StoreNotFound, StoreAccessDenied)
+    return ExitCode.SPEC_ERROR if isinstance(error, given) else ExitCode.INVALID
+
+
+def epilog(*codes: ExitCode, says: Mapping[ExitCode, str] | None = None) -> str:
+    """The ``--help`` epilog listing ``codes``, ``says`` overriding what some mean for a
+    command without a verdict (click keeps a ``\\b`` paragraph as it is)."""
+    words = {**{code: MEANINGS[code].says for code in codes}, **(says or {})}
+    rows = [f"  {int(code):>3}  {words[code]}" for code in codes]
+    return "\b\nExit status:\n" + "\n".join(rows)
+
+
+__all__ = ["MEANINGS", "ExitCode", "Meaning", "epilog", "for_error", "for_result"]
