@@ -44,7 +44,7 @@ from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
 from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, new_key
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.spec import QualificationSpec, load_spec
 from resumequal.trace.records import StepRecord, parse_records
 
@@ -236,7 +236,9 @@ def main() -> None:
                         help="which to measure (each against its own bare loop)")
     args = parser.parse_args()
 
-    os.environ.setdefault(KEY_ENV, new_key())  # checkpoints are signed, as in a run
+    # Checkpoints and traces are sealed with the run's key and id, as in a run.
+    os.environ.setdefault(KEY_ENV, new_key())
+    os.environ.setdefault(RUN_ID_ENV, new_run_id())
     ratios: dict[str, float] = {}
     for kind in args.parallelism:
         with tempfile.TemporaryDirectory(prefix="rq-bench-overhead-") as tmp:

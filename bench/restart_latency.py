@@ -64,7 +64,7 @@ from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
 from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, new_key
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord, parse_records
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")
@@ -311,7 +311,9 @@ def main() -> None:
                         help="the launcher(s) to measure resumequal and torch alone under")
     args = parser.parse_args()
     launchers = LAUNCHERS if args.launcher == "both" else (args.launcher,)
-    os.environ.setdefault(KEY_ENV, new_key())  # checkpoints are signed, as in a run
+    # Checkpoints and traces are sealed with the run's key and id, as in a run.
+    os.environ.setdefault(KEY_ENV, new_key())
+    os.environ.setdefault(RUN_ID_ENV, new_run_id())
 
     with tempfile.TemporaryDirectory(prefix="rq-bench-restart-") as tmp:
         root = Path(tmp)

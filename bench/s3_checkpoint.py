@@ -57,7 +57,7 @@ from botocore.config import Config  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict
 
 from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot, checkpoint_location
-from resumequal.signing import KEY_ENV, new_key
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.spec import S3Spec
 from resumequal.store import S3Config
 from s3_upload import moto_server  # the same loopback moto launcher
@@ -204,7 +204,9 @@ def main() -> None:
     args.rounds += args.rounds % 2
     quiet()
     dummy_credentials()
-    os.environ.setdefault(KEY_ENV, new_key())  # checkpoints are signed, as in a run
+    # Checkpoints and traces are sealed with the run's key and id, as in a run.
+    os.environ.setdefault(KEY_ENV, new_key())
+    os.environ.setdefault(RUN_ID_ENV, new_run_id())
 
     state = make_state(args.mb)
     nbytes = state_bytes(state)
