@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import json
 import os
 import signal
@@ -76,11 +77,13 @@ from resumequal.plan import qualification_plan  # noqa: E402
 from resumequal.qualify import LegRun, Phase, QualificationStatus, Reason  # noqa: E402
 from resumequal.results import run_uri  # noqa: E402
 from resumequal.runstore import RunLocation  # noqa: E402
+from resumequal.signing import new_key  # noqa: E402
 from resumequal.verdict import PhaseEvent, Result  # noqa: E402
 from resumequal_operator import pytorchjob  # noqa: E402
 from resumequal_operator.controller import FINALIZER  # noqa: E402
 from resumequal_operator.kube import QUALIFICATION_RUNS  # noqa: E402
 from resumequal_operator.resource import parse_run_spec, qualification_spec  # noqa: E402
+from resumequal_operator.runkeys import MasterKey  # noqa: E402
 from resumequal_operator.status import run_status  # noqa: E402
 
 NAMESPACE = "quals"
@@ -147,7 +150,7 @@ def pin_threads(pid: int, cpu: int) -> None:
             os.sched_setaffinity(int(task.name), {cpu})
 
 
-def hold_finished(api: KubeAPI, store: dict[str, str], count: int) -> None:
+def hold_finished(api: KubeAPI, store: dict[str, str], count: int, master: MasterKey) -> None:
     """``count`` runs that finished before the operator started: each with the finalizer
     and the status a finished run keeps (its machine in Succeeded, the verdict summary) and
     its verdict.json in the store, written through the emulator's in-process accessors (no
@@ -185,7 +188,11 @@ def hold_finished(api: KubeAPI, store: dict[str, str], count: int) -> None:
         # Written whole, as the operator writes it (a merge patch would drop its nulls).
         api.replace(QUALIFICATION_RUNS.plural, NAMESPACE, name,
                     {**obj, "status": status.to_k8s()}, subresource="status")
-        RunLocation.open(uri).store.put_bytes("verdict.json", body, sync=False)
+        # Sealed as the run's comparator seals it: with the key the operator makes for it.
+        location = RunLocation.open(uri, seal=master.seal(meta["uid"]))
+        location.store.put_bytes("verdict.json", body, sync=False)
+        location.store.put_bytes("verdict.json.mac", master.seal(meta["uid"]).digest_mac(
+            "verdict.json", hashlib.sha256(body).hexdigest()).encode(), sync=False)
 
 
 def main() -> None:
@@ -238,7 +245,12 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
         api.register_pytorchjob_crd()
         api.register_crd(QUALIFICATIONRUN_CRD)
         store = {"uri": f"file://{tmp}/store"}
-        hold_finished(api, store, held)
+        # The operator's master key, as the chart mounts it: the held runs' verdicts are
+        # sealed with the run keys it makes.
+        key_file = Path(tmp) / "master-key"
+        key_file.write_text(new_key())
+        key_file.chmod(0o400)
+        hold_finished(api, store, held, MasterKey.from_file(key_file))
         workers = Workers(hold_timeout=args.timeout)
         if args.pods_with_api:
             sim = SimulatedTrainingOperator(api, run_container=workers)
@@ -257,7 +269,8 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from resumequal_operator.main import main; main()", "run",
              "--port", str(port), "--workers", str(args.workers),
-             "--poll-seconds", str(args.poll_seconds), "--log-level", "WARNING"],
+             "--poll-seconds", str(args.poll_seconds), "--key-file", str(key_file),
+             "--log-level", "WARNING"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
         if args.cpus is not None:
             pin_threads(proc.pid, args.cpus[0])  # it starts its threads after its imports

@@ -41,8 +41,7 @@ from resumequal.qualify import (
     beacon_from,
     kill_order,
 )
-from resumequal.runstore import GROW, RESULT_BYTES, ZOOM_JSON, PodKill, RunLocation
-from resumequal.signing import new_key
+from resumequal.runstore import GROW, ZOOM_JSON, PodKill, RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.verdict import Verdict, Zoom
@@ -167,9 +166,14 @@ class KubernetesBackend:
         """Create a Secret with a fresh random checkpoint key under a name the API server
         generates; its name. Never one found under a name of the run's: whoever may create
         Secrets in the namespace could have made that one, and chosen its key. The key is
-        never logged, nor read back: only the pods read it."""
+        never logged, nor read back: only the pods read it; it is the run's key made from the
+        operator's master key, which the location's seal holds (:mod:`.runkeys`)."""
         r = self.run
-        body = pytorchjob.checkpoint_key_secret(r.name, r.namespace, r.uid, new_key())
+        seal = self.location.seal
+        if seal is None or seal.run != r.uid:
+            raise ClusterError(f"{r.namespace}/{r.name}: its run location is not sealed for "
+                               "this run; no key Secret is made")
+        body = pytorchjob.checkpoint_key_secret(r.name, r.namespace, r.uid, seal.key.decode())
         name = str(self.kube.create(SECRETS, r.namespace, body)["metadata"]["name"])
         log.info("%s/%s: created the checkpoint key Secret %s", r.namespace, r.name, name)
         return name
@@ -484,7 +488,7 @@ def _zoom_concluded(location: RunLocation, name: str) -> ZoomStatus:
     """The status of a zoom Job that completed: what its ``zoom.json`` says."""
     where = location.url(ZOOM_JSON)
     try:
-        zoom = Zoom.model_validate_json(location.store.get_bytes(ZOOM_JSON, RESULT_BYTES))
+        zoom = Zoom.model_validate_json(location.read_result(ZOOM_JSON))
     except StoreNotFound:
         return ZoomStatus(job=name, state="Failed",
                           summary=f"the zoom Job {name} completed without writing {where}")

@@ -36,7 +36,7 @@ from resumequal.plan import Plan, qualification_plan
 from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
 from resumequal.redact import redact
 from resumequal.results import Timeline, build_report, failed_verdict, run_uri
-from resumequal.runstore import RESULT_BYTES, ZOOM_JSON, RunLocation
+from resumequal.runstore import ZOOM_JSON, RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import PhaseEvent, Result, Zoom
 from resumequal.words import clip
@@ -65,6 +65,7 @@ from resumequal_operator.resource import (
     parse_run_spec,
     qualification_spec,
 )
+from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.status import (
     INVALID_SPEC,
     NOT_ALLOWED,
@@ -119,8 +120,11 @@ class Reconciler:
                  poll_seconds: float = 2.0, cleanup_seconds: float = 300.0,
                  clock: Callable[[], float] = time.time,
                  allowlist: Allowlist | None = None, default_backend: Backend = "pytorchjob",
-                 trainer: TrainerSettings | None = None, network_policies: bool = True) -> None:
+                 trainer: TrainerSettings | None = None, network_policies: bool = True,
+                 master_key: MasterKey | None = None) -> None:
         self.kube, self.metrics, self.events = kube, metrics, events
+        # Makes each run's key and seal (:mod:`.runkeys`).
+        self.master_key = master_key or MasterKey.generated()
         self.network_policies = network_policies
         self.default_backend = default_backend
         self.trainer = trainer  # None: TrainJobs are not run here
@@ -249,7 +253,8 @@ class Reconciler:
         with self._lock:
             location = self._locations.get(run.ref.uid)
             if location is None:
-                location = RunLocation.open(run.uri, run.spec.store.s3_spec())
+                location = RunLocation.open(run.uri, run.spec.store.s3_spec(),
+                                            seal=self.master_key.seal(run.ref.uid))
                 self._locations[run.ref.uid] = location
             return location
 
@@ -475,8 +480,7 @@ class Reconciler:
     def _read_zoom(self, run: _Run) -> Zoom | None:
         """``zoom.json`` of a run whose zoom Job succeeded; None if it cannot be read."""
         try:
-            raw = self._location(run).store.get_bytes(ZOOM_JSON, RESULT_BYTES)
-            return Zoom.model_validate_json(raw)
+            return Zoom.model_validate_json(self._location(run).read_result(ZOOM_JSON))
         except (ResumequalError, ValidationError) as e:
             log.warning("%s: zoom.json: %s", run.ref.name, type(e).__name__)
             return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import click
@@ -121,6 +122,10 @@ def render(file: TextIO, namespace: str | None, default_backend: str, trainjob_r
 @click.option("--trainjob-runtime-kind", default="ClusterTrainingRuntime", show_default=True,
               type=click.Choice(["ClusterTrainingRuntime", "TrainingRuntime"]),
               help="TrainingRuntime: one in each watched namespace.")
+@click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The master key each run's key is made from (the chart mounts it from "
+              "a Secret); without it, a key for this process's lifetime: runs in flight at "
+              "a restart end INVALID.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_elect: bool,
@@ -131,10 +136,13 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
         allow_privilege_escalation: bool, allow_unconfined: bool,
         allow_capabilities: tuple[str, ...], allow_sysctls: tuple[str, ...],
         network_policies: bool, default_backend: str, trainjob: bool,
-        trainjob_runtime: str, trainjob_runtime_kind: str, log_level: str) -> None:
+        trainjob_runtime: str, trainjob_runtime_kind: str, key_file: Path | None,
+        log_level: str) -> None:
     """Run the controller until SIGTERM."""
+    from resumequal.errors import CheckpointError
     from resumequal_operator.crdsync import CRDMismatch
     from resumequal_operator.legjobs import TrainerSettings
+    from resumequal_operator.runkeys import MasterKey
     from resumequal_operator.service import ServiceOptions, serve
 
     if default_backend == "trainjob" and not trainjob:
@@ -147,6 +155,10 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
                                      allow_capabilities, allow_sysctls)
     allowlist = allowlist_of(allow_images, allow_service_accounts, allow_buckets,
                              allow_endpoints, security=security)
+    try:
+        master_key = None if key_file is None else MasterKey.from_file(key_file)
+    except CheckpointError as e:
+        raise click.BadParameter(str(e), param_hint="--key-file") from None
     configure_logging(logging.getLevelName(log_level),
                       "%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -157,7 +169,7 @@ def run(namespaces: tuple[str, ...], all_namespaces: bool, port: int, leader_ele
                              crd_policy=crd_policy,  # type: ignore[arg-type]
                              allowlist=allowlist, network_policies=network_policies,
                              default_backend=default_backend,  # type: ignore[arg-type]
-                             trainer=trainer))
+                             trainer=trainer, master_key=master_key))
     except CRDMismatch as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

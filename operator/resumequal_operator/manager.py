@@ -34,6 +34,7 @@ from resumequal_operator.leader import LeaderElector, LeaseSettings
 from resumequal_operator.legjobs import TrainerSettings, job_kinds
 from resumequal_operator.opmetrics import OperatorMetrics
 from resumequal_operator.resource import Backend
+from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.watching import Watcher
 from resumequal_operator.workqueue import ShutDown, WorkQueue
 
@@ -77,6 +78,9 @@ class Settings:
     # (the runtime they name), where Kubeflow Trainer v2 is installed.
     default_backend: Backend = "pytorchjob"
     trainer: TrainerSettings | None = None
+    # Makes each run's key (:mod:`.runkeys`); None: one for this process's lifetime, so a
+    # restart leaves the runs in flight unable to authenticate what they wrote.
+    master_key: MasterKey | None = None
 
 
 class Operator:
@@ -103,7 +107,8 @@ class Operator:
                                      allowlist=settings.allowlist,
                                      network_policies=settings.network_policies,
                                      default_backend=settings.default_backend,
-                                     trainer=settings.trainer)
+                                     trainer=settings.trainer,
+                                     master_key=settings.master_key)
         namespaces: Sequence[str | None] = settings.namespaces or (None,)
         self.watchers = [Watcher(kube, ns, self.queue.add, enqueue_low=self._enqueue_known,
                                  cache=self.cache,

@@ -22,6 +22,7 @@ from resumequal_operator.leader import LeaseSettings
 from resumequal_operator.legjobs import TrainerSettings
 from resumequal_operator.manager import Operator, Settings, default_identity
 from resumequal_operator.resource import Backend
+from resumequal_operator.runkeys import MasterKey
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class ServiceOptions:
     network_policies: bool = True
     default_backend: Backend = "pytorchjob"
     trainer: TrainerSettings | None = None
+    master_key: MasterKey | None = None  # None: one for this process's lifetime
 
 
 def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Settings:
@@ -61,6 +63,7 @@ def settings_from(opts: ServiceOptions, env: dict[str, str] | None = None) -> Se
         poll_seconds=opts.poll_seconds, allowlist=opts.allowlist,
         network_policies=opts.network_policies,
         default_backend=opts.default_backend, trainer=opts.trainer,
+        master_key=opts.master_key,
     )
 
 

@@ -192,8 +192,11 @@ def _leg_spec(
     if spec_path is not None:
         return load_spec(spec_path), frozenset(omit)
     from resumequal.runstore import RunLocation
+    from resumequal.signing import RunSeal
 
-    location = RunLocation.open(run)
+    # What the workers run (their module, their store) is read only from a spec file
+    # this run wrote: the run's key and id come with the leg's environment.
+    location = RunLocation.open(run, seal=RunSeal.from_env())
     found = location.read_leg_spec(leg)
     if found is None:
         # A location nobody has set up runs the defaults; one a runner or the operator set

@@ -39,6 +39,11 @@ class StoreError(ResumequalError):
     """The store refused or failed an operation."""
 
 
+class NotAuthentic(StoreError):
+    """An object read back from a store carries no MAC, or one that does not hold for this
+    run and the name it was read under: whoever can write the store wrote it."""
+
+
 class TraceError(ResumequalError):
     """A trace file is unreadable or holds a bad line; the message names file and line."""
 

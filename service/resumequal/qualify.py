@@ -20,7 +20,7 @@ from typing import Annotated, Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from resumequal.errors import ClusterError, StoreError
+from resumequal.errors import ClusterError, NotAuthentic, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
 from resumequal.redact import redact
 from resumequal.runstore import MAX_EPOCH_SECONDS
@@ -359,7 +359,7 @@ class Qualification:
                 continue
             try:
                 obs = self.backend.observe_leg(plan.name)
-            except InvalidBeacon as e:  # a resize's grow beacon, read while observing
+            except (InvalidBeacon, NotAuthentic) as e:  # a resize's grow beacon, while observing
                 self._stop(Reason.ERROR, f"the {plan.name} leg's beacon is refused: {e}")
             run.steps, run.attempts = obs.steps_done, obs.attempts
             if obs.state == LegState.FAILED:
@@ -376,7 +376,7 @@ class Qualification:
         if run.armed_at is None:
             try:
                 beacon = self.backend.read_beacon(plan.name, p.rank)
-            except InvalidBeacon as e:
+            except (InvalidBeacon, NotAuthentic) as e:
                 self._stop(Reason.ERROR, f"the {plan.name} leg's beacon is refused: {e}")
             if beacon is not None:
                 run.beacon, run.armed_at = beacon, now

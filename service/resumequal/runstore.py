@@ -16,12 +16,14 @@ both::
     verdict.json, report.json, report.html, metrics.prom
 
 Everything goes through the location's :class:`~resumequal.store.Store`, the same way on
-every store. A trace is immutable segment objects
-``<leg>/trace/rank-<r>/attempt-<a>/<seq>.jsonl`` (by default one per record), each ending
-in a trailer line with its record count and sha256, so a segment is whole or absent after
-a SIGKILL, and a corrupted or missing one is reported by name (:class:`LegTraces`).
-:meth:`RunLocation.materialize` exports a copy of a run with each rank's trace joined into
-``<leg>/trace/rank-<r>.jsonl``, for people.
+every store. With the run's seal (:class:`~resumequal.signing.RunSeal`) every JSON object
+here carries its MAC in a ``mac`` field and every result file a ``<name>.mac`` beside it;
+a reader with the seal acts only on what holds for this run and name. A trace is immutable
+segment objects ``<leg>/trace/rank-<r>/attempt-<a>/<seq>.jsonl`` (by default one per
+record), each ending in a trailer line with its record count and sha256, so a segment is
+whole or absent after a SIGKILL, and a corrupted or missing one is reported by name
+(:class:`LegTraces`). :meth:`RunLocation.materialize` exports a copy of a run with each
+rank's trace joined into ``<leg>/trace/rank-<r>.jsonl``, for people.
 
 This module is shared with the operator: it must import neither torch nor numpy, nor the
 worker side (``train``, ``checkpoint``, ``trace``), nor ``report``.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import math
@@ -49,8 +52,8 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
-from resumequal.signing import RunSeal
+from resumequal.errors import NotAuthentic, ReportError, StoreError, TraceError, TrainingError
+from resumequal.signing import MAC_FIELD, RunSeal
 from resumequal.spec import (
     OMISSIONS,
     QualificationSpec,
@@ -72,6 +75,7 @@ from resumequal.store.log import (
     parse_segment,
     segment_bytes,
 )
+from resumequal.words import clip
 
 if TYPE_CHECKING:
     # The verdict's models load only where one is read: a worker never reads one.
@@ -90,10 +94,14 @@ METRICS_PROM = "metrics.prom"
 # Written by ``resumequal zoom`` beside the results: the replay of a divergent step.
 ZOOM_JSON = "zoom.json"
 RESULT_FILES = (VERDICT_JSON, REPORT_JSON, REPORT_HTML, METRICS_PROM)
+# A result file's MAC sits beside it: ``verdict.json.mac``.
+RESULT_MAC_SUFFIX = ".mac"
 # How much a reader takes of an object before it refuses it (a planted 150 MiB marker must
 # not cost the operator its memory): markers, beacons, kill orders and spec files hold a
 # few KiB, a trace segment one batch of records, results and reports a run's steps.
 SMALL_OBJECT_BYTES = 1 << 20
+# How much of a failure's reason a FAILED.json keeps (a traceback's worth).
+FAILURE_REASON_BYTES = 64 << 10
 SEGMENT_BYTES = 16 << 20
 RESULT_BYTES = 64 << 20
 
@@ -178,6 +186,41 @@ def _loads(data: bytes) -> Any:
         return json.loads(data)
     except RecursionError as e:
         raise ValueError("nested too deeply") from e
+
+
+def _seal(seal: RunSeal | None, key: str, body: dict[str, Any]) -> bytes:
+    """``body`` as stored under ``key``: sealed with the run's MAC where the writer holds
+    the run's seal (every process of a run does; a bare folder in a test may not)."""
+    return json.dumps(body).encode() if seal is None else seal.seal_json(key, body)
+
+
+def _unseal(seal: RunSeal | None, key: str, data: bytes, uri: str, what: str) -> Any:
+    """The JSON stored under ``key``; with ``seal``, only an object whose MAC holds for this
+    run and this name: NotAuthentic otherwise (a bucket writer's object, one copied from
+    another run or another name). ValueError for what is not JSON."""
+    value = _loads(data)
+    if seal is None:
+        if isinstance(value, dict):
+            value.pop(MAC_FIELD, None)
+        return value
+    body = seal.open_json(key, value)
+    if body is None:
+        raise NotAuthentic(f"{uri}: not {what} of this run: its MAC is missing or does not "
+                           f"hold for run {seal.run} (written by someone without the run's "
+                           "key, or copied from another run or another name)")
+    return body
+
+
+# What was said of objects that are not this run's: each once per process, and a bounded
+# number of them (whoever writes the store chooses how many there are).
+_WARNED: set[str] = set()
+_MAX_WARNED = 256
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED and len(_WARNED) < _MAX_WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
 
 
 def _json_lines(lines: Iterable[bytes]) -> list[dict[str, Any]]:
@@ -306,37 +349,40 @@ class LegFiles:
             "armedAt": time.time(),
         }
         key = self.beacon_key(rank, attempt)
-        self.store.put_bytes(key, json.dumps(body).encode())
+        self.store.put_bytes(key, _seal(self.seal, key, body))
         return self.store.uri(key)
 
     def read_beacon(self, rank: int, attempt: int = 0) -> dict[str, Any] | None:
-        """The beacon as a JSON object, or None while there is none."""
-        try:
-            data = self.store.get_bytes(self.beacon_key(rank, attempt), SMALL_OBJECT_BYTES)
-        except StoreNotFound:
-            return None
-        try:
-            body = _loads(data)
-        except ValueError as e:
-            raise StoreError(
-                f"{self.store.uri(self.beacon_key(rank, attempt))}: not a beacon: {e}"
-            ) from e
-        if not isinstance(body, dict):
-            raise StoreError(f"{self.store.uri(self.beacon_key(rank, attempt))}: not a beacon")
-        return body
-
-    def _put_model(self, key: str, body: BaseModel) -> str:
-        self.store.put_bytes(key, body.model_dump_json().encode())
-        return self.store.uri(key)
-
-    def _get_model(self, key: str, model: type[_M], what: str) -> _M | None:
-        """``key`` validated as ``model``; None while absent, StoreError naming ``what``."""
+        """The beacon as a JSON object, or None while there is none; NotAuthentic for one
+        this run's workers did not write."""
+        key = self.beacon_key(rank, attempt)
         try:
             data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
         except StoreNotFound:
             return None
         try:
-            return model.model_validate_json(data)
+            body = _unseal(self.seal, key, data, self.store.uri(key), "a beacon")
+        except ValueError as e:
+            raise StoreError(f"{self.store.uri(key)}: not a beacon: {e}") from e
+        if not isinstance(body, dict):
+            raise StoreError(f"{self.store.uri(key)}: not a beacon")
+        return body
+
+    def _put_model(self, key: str, body: BaseModel) -> str:
+        self.store.put_bytes(key, _seal(self.seal, key, body.model_dump(mode="json")))
+        return self.store.uri(key)
+
+    def _get_model(self, key: str, model: type[_M], what: str) -> _M | None:
+        """``key`` validated as ``model``; None while absent, StoreError naming ``what``
+        (NotAuthentic for one this run did not write)."""
+        try:
+            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
+        except StoreNotFound:
+            return None
+        try:
+            return model.model_validate(_unseal(self.seal, key, data, self.store.uri(key), what))
+        except ValueError as e:  # not JSON
+            raise StoreError(f"{self.store.uri(key)}: not {what}: {e}") from e
         except ValidationError as e:
             raise StoreError(f"{self.store.uri(key)}: not {what}: "
                              f"{e.errors()[0]['msg']}") from e
@@ -362,24 +408,51 @@ class LegFiles:
         committed); its URI. A leg is done when every rank said so."""
         body = {"rank": rank, "attempt": attempt, "steps": steps, "at": time.time()}
         key = self.done_key(rank)
-        self.store.put_bytes(key, json.dumps(body).encode())
+        self.store.put_bytes(key, _seal(self.seal, key, body))
         return self.store.uri(key)
+
+    def rank_done(self, rank: int) -> bool:
+        """Whether ``rank`` said it finished the leg, in a marker this run wrote (one that
+        is not is said once, and never counts)."""
+        key = self.done_key(rank)
+        try:
+            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
+            body = _unseal(self.seal, key, data, self.store.uri(key), "a completion marker")
+        except StoreNotFound:
+            return False
+        except (NotAuthentic, StoreObjectTooLarge, ValueError) as e:
+            _warn_once(f"done: {self.store.uri(key)}: {e}")
+            return False
+        return isinstance(body, dict) and body.get("rank") == rank
 
     def mark_failed(self, reason: str) -> None:
         """Fail the leg for every later attempt too (the launcher would otherwise restart it)."""
-        body = {"reason": reason, "at": time.time()}
-        self.store.put_bytes(self.key(FAILED_MARKER), json.dumps(body).encode())
+        # Bounded here: the marker must fit what its readers take (SMALL_OBJECT_BYTES);
+        # statuses and Events show 1 KiB of it anyway.
+        body = {"reason": clip(reason, FAILURE_REASON_BYTES), "at": time.time()}
+        key = self.key(FAILED_MARKER)
+        self.store.put_bytes(key, _seal(self.seal, key, body))
 
     def failure(self) -> str | None:
-        """Why the leg failed for good, or None; an unreadable marker still counts."""
+        """Why the leg failed for good, or None. Without the run's seal an unreadable
+        marker still counts; with it, only a marker of this run does (one planted by
+        whoever can write the store is said once, and ignored)."""
+        key = self.key(FAILED_MARKER)
         try:
-            data = self.store.get_bytes(self.key(FAILED_MARKER), SMALL_OBJECT_BYTES)
+            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
         except StoreNotFound:
             return None
         except StoreObjectTooLarge:
+            if self.seal is not None:
+                _warn_once(f"{self.store.uri(key)}: too large to be this run's failure marker")
+                return None
             return "unreadable failure marker (too large to read)"
         try:
-            return str(_loads(data)["reason"])
+            return str(_unseal(self.seal, key, data, self.store.uri(key),
+                               "a failure marker")["reason"])
+        except NotAuthentic as e:
+            _warn_once(str(e))
+            return None
         except (ValueError, KeyError, TypeError):
             return "unreadable failure marker"
 
@@ -517,6 +590,8 @@ class RunLocation:
     store: Store
     s3: S3Spec | None = None
     _trace_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    # Completion markers read and found authentic (they are never rewritten).
+    _done_seen: set[str] = field(default_factory=set, repr=False)
     # The run's seal (key and run id): whoever holds it writes trace segments with their MAC
     # and reads only segments whose MAC holds for this run.
     seal: RunSeal | None = field(default=None, repr=False)
@@ -565,19 +640,24 @@ class RunLocation:
 
     def write_spec(self, spec: QualificationSpec) -> None:
         """``spec.json``: the qualification's spec, for people and the comparator."""
-        self.store.put_bytes(SPEC_FILE, self.leg_spec(spec).model_dump_json(indent=1).encode())
+        self.store.put_bytes(SPEC_FILE, _seal(self.seal, SPEC_FILE,
+                                              self.leg_spec(spec).model_dump(mode="json")))
 
     def has_spec(self) -> bool:
         """Whether a runner or the operator has written the qualification's spec here."""
         return self.store.exists(SPEC_FILE)
 
     def read_spec(self) -> QualificationSpec:
-        """The qualification's spec: ``spec.json``, else the spec in ``run.json``."""
+        """The qualification's spec: ``spec.json``, else the spec in ``run.json``; with the
+        run's seal, only one this run wrote (NotAuthentic otherwise: the comparator's
+        tolerances and the workers' module come from it)."""
         for key, pick in ((SPEC_FILE, False), (RUN_FILE, True)):
             try:
-                data = _loads(self.store.get_bytes(key, SMALL_OBJECT_BYTES))
+                raw = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
             except StoreNotFound:
                 continue
+            try:
+                data = _unseal(self.seal, key, raw, self.url(key), "the run's spec")
             except ValueError as e:
                 raise SpecError(f"{self.url(key)}: not JSON: {e}") from e
             try:
@@ -595,17 +675,23 @@ class RunLocation:
             raise SpecError(f"omit: unknown omission(s) {', '.join(bad)}; allowed: "
                             f"{', '.join(OMISSIONS)}")
         body = LegSpecFile(leg=check_leg_name(leg), spec=self.leg_spec(spec), omit=list(omit))
-        self.store.put_bytes(f"legs/{leg}.spec.json", body.model_dump_json(indent=1).encode())
+        key = f"legs/{leg}.spec.json"
+        self.store.put_bytes(key, _seal(self.seal, key, body.model_dump(mode="json")))
 
     def read_leg_spec(self, leg: str) -> LegSpecFile | None:
-        """The leg's spec file, or None if there is none; SpecError naming it if invalid."""
+        """The leg's spec file, or None if there is none; SpecError naming it if invalid,
+        NotAuthentic (with the run's seal) if this run did not write it."""
         key = f"legs/{check_leg_name(leg)}.spec.json"
         try:
             data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
         except StoreNotFound:
             return None
         try:
-            return LegSpecFile.model_validate_json(data)
+            body = _unseal(self.seal, key, data, self.url(key), "a leg spec")
+        except ValueError as e:
+            raise SpecError(f"{self.url(key)}: not JSON: {e}") from e
+        try:
+            return LegSpecFile.model_validate(body)
         except ValidationError as e:
             raise SpecError(format_validation_error(e, self.url(key), LegSpecFile)) from e
 
@@ -618,9 +704,9 @@ class RunLocation:
         location, one gets it. Legs of one run all claim it (the first one wins) and
         :meth:`check_claim` refuses a different spec.
         """
-        body = json.dumps({"spec_digest": spec.digest(), "spec": spec.model_dump(mode="json"),
-                           "created_at": time.time()}, indent=1).encode()
-        return self.store.put_new(RUN_FILE, body)
+        body = {"spec_digest": spec.digest(), "spec": spec.model_dump(mode="json"),
+                "created_at": time.time()}
+        return self.store.put_new(RUN_FILE, _seal(self.seal, RUN_FILE, body))
 
     def check_started(self) -> None:
         """StoreNotFound naming ``run.json`` unless a leg has claimed this location."""
@@ -633,9 +719,13 @@ class RunLocation:
         """TrainingError when this location was made for a different spec (or for none)."""
         where = self.url(RUN_FILE)
         try:
-            theirs = _loads(self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES))["spec_digest"]
+            theirs = _unseal(self.seal, RUN_FILE,
+                             self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES), where,
+                             "a run file")["spec_digest"]
         except StoreNotFound as e:
             raise TrainingError(f"{self.uri} is not a run directory (no {RUN_FILE})") from e
+        except NotAuthentic as e:
+            raise TrainingError(str(e)) from e
         except (ValueError, KeyError, TypeError) as e:
             raise TrainingError(f"{where}: unreadable run file: {e}") from e
         if not isinstance(theirs, str):
@@ -658,13 +748,21 @@ class RunLocation:
         return self.leg(leg).write_kill_order(order)
 
     def ranks_done(self, leg: str) -> set[int]:
-        """The ranks that have finished ``leg`` (one LIST of ``<leg>/done``)."""
+        """The ranks that have finished ``leg``: one LIST of ``<leg>/done``, and with the
+        run's seal a read of each marker not yet seen authentic (markers are final)."""
         base = f"{check_leg_name(leg)}/done"
+        files = self.leg(leg)
         done = set()
         for obj in self.store.list(base):
             m = _DONE.match(obj.key[len(base) + 1:])
-            if m is not None:
-                done.add(int(m.group(1)))
+            if m is None or _count(int(m.group(1))) is None:
+                continue
+            rank = int(m.group(1))
+            if self.seal is None or obj.key in self._done_seen:
+                done.add(rank)
+            elif files.rank_done(rank):
+                self._done_seen.add(obj.key)
+                done.add(rank)
         return done
 
     def leg_failure(self, leg: str) -> str | None:
@@ -701,13 +799,45 @@ class RunLocation:
     def publish(self, files: dict[str, Path]) -> dict[str, str]:
         """Put local result files (name -> path) into the location; name -> their URI.
 
-        A file already in place (a folder run's own) is left as is.
+        A file already in place (a folder run's own) is left as is. With the run's seal
+        each gets its ``<name>.mac`` (see :meth:`read_result`).
         """
         out = {}
         for name, path in files.items():
-            self.store.put_file(name, path)
+            self._put_result_mac(name, self.store.put_file(name, path))
             out[name] = self.url(name)
         return out
+
+    def put_result(self, name: str, data: bytes) -> str:
+        """Put result file ``name`` (``zoom.json``) with its ``.mac``; its URI."""
+        self.store.put_bytes(name, data)
+        self._put_result_mac(name, hashlib.sha256(data).hexdigest())
+        return self.url(name)
+
+    def _put_result_mac(self, name: str, sha256_hex: str) -> None:
+        # Beside the file, not in it: result files keep the schema people read. Written
+        # after it: a reader looks only once the writer has ended (its Job, its process).
+        if self.seal is not None:
+            self.store.put_bytes(f"{name}{RESULT_MAC_SUFFIX}",
+                                 self.seal.digest_mac(name, sha256_hex).encode())
+
+    def read_result(self, name: str) -> bytes:
+        """Result file ``name`` (at most RESULT_BYTES); StoreNotFound while it is absent.
+        With the run's seal, only a file whose ``.mac`` holds for this run and name:
+        NotAuthentic otherwise (a verdict a bucket writer wrote, or one of another run)."""
+        data = self.store.get_bytes(name, RESULT_BYTES)
+        if self.seal is None:
+            return data
+        try:
+            mac = self.store.get_bytes(f"{name}{RESULT_MAC_SUFFIX}", SMALL_OBJECT_BYTES)
+        except StoreNotFound:
+            mac = b""
+        expected = self.seal.digest_mac(name, hashlib.sha256(data).hexdigest())
+        if not hmac.compare_digest(expected.encode(), mac.strip()):
+            raise NotAuthentic(f"{self.url(name)}: not this run's: its "
+                               f"{name}{RESULT_MAC_SUFFIX} is missing or does not hold for "
+                               f"run {self.seal.run}")
+        return data
 
     def read_verdict(self) -> Verdict | None:
         """``verdict.json``, or None while the comparator has not written it.
@@ -718,9 +848,11 @@ class RunLocation:
 
         where = self.url(VERDICT_JSON)
         try:
-            raw = self.store.get_bytes(VERDICT_JSON, RESULT_BYTES)
+            raw = self.read_result(VERDICT_JSON)
         except StoreNotFound:
             return None
+        except NotAuthentic as e:  # written once: reading it again changes nothing
+            raise ReportError(str(e)) from e
         try:
             data = _loads(raw)
         except ValueError as e:

@@ -4,12 +4,15 @@ A checkpoint's manifest lists every file with its sha256; the manifest's MAC, ma
 this key, sits beside it. Whoever can write to the store can recompute the sha256s but
 not the MAC, so a checkpoint whose MAC verifies was written by a process holding the key.
 
-Everything else the workers write and the comparator judges (trace segments; checkpoint
-manifests name the run too) is bound to the run: a :class:`RunSeal` MACs each object with
-the run's id and the object's name inside the location, so a segment or checkpoint copied
-from another run, another leg or another rank fails to authenticate even under the same
-key. The run's id reaches workers and the comparator as ``RESUMEQUAL_RUN_ID`` (a fresh one
-per ``resumequal run``; the QualificationRun's uid on a cluster).
+Everything else a run writes and reads back (trace segments, checkpoint manifests, spec
+files, beacons, kill orders, markers, result files) is bound to the run: a
+:class:`RunSeal` MACs each object with the run's id and the object's name inside the
+location, so an object copied from another run, another leg or another rank fails to
+authenticate even under the same key. On a cluster each run's key is made from the
+operator's master key (:func:`derive_run_key`), so the operator can seal and check what it
+writes and reads without holding any Secret's content. The run's id reaches workers and
+the comparator as ``RESUMEQUAL_RUN_ID`` (a fresh one per ``resumequal run``; the
+QualificationRun's uid on a cluster).
 
 The key reaches workers and the comparator only through the environment variable
 ``RESUMEQUAL_CHECKPOINT_KEY``: ``resumequal run`` makes a fresh one per run (unless one
@@ -22,12 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import re
 import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from resumequal.errors import CheckpointError
 
@@ -39,6 +44,10 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._
 # What a sealed object's MAC covers before its bytes, so that no MAC of one kind of object
 # (or of a manifest, made over bare bytes) is valid for another.
 _SEAL_CONTEXT = b"resumequal seal 1\0"
+# What a derived run key's MAC covers before the run's id (see derive_run_key).
+_DERIVE_CONTEXT = b"resumequal run key 1\0"
+# The field of a sealed JSON object (a beacon, a marker, a spec file) that holds its MAC.
+MAC_FIELD = "mac"
 # Bytes of randomness in a generated key (hex-encoded: twice as many characters).
 KEY_BYTES = 32
 # A shorter key is refused: it could be guessed. 64 characters hold 256 bits as hex.
@@ -65,20 +74,33 @@ def key_from_env(environ: Mapping[str, str] | None = None) -> bytes:
             "nor authenticated (resumequal run sets it for its legs; on a cluster the "
             "operator's Secret does)"
         )
+    return check_key(raw, f"the checkpoint key in {KEY_ENV}")
+
+
+def check_key(raw: str, what: str) -> bytes:
+    """``raw`` as key bytes if it could be a generated key; CheckpointError naming ``what``
+    (never its value) if it is too short or visibly not random."""
     if len(raw) < MIN_KEY_CHARS:
         raise CheckpointError(
-            f"the checkpoint key in {KEY_ENV} has {len(raw)} characters; at least "
-            f"{MIN_KEY_CHARS} are required (resumequal makes one: {KEY_BYTES} random bytes "
-            "as hex)"
+            f"{what} has {len(raw)} characters; at least {MIN_KEY_CHARS} are required "
+            f"(resumequal makes one: {KEY_BYTES} random bytes as hex)"
         )
     commonest = max(raw.count(c) for c in set(raw))
     if len(set(raw)) < MIN_DISTINCT_CHARS or commonest > MAX_SHARE_OF_ONE_CHAR * len(raw):
         raise CheckpointError(
-            f"the checkpoint key in {KEY_ENV} is not random: {len(set(raw))} distinct "
-            f"characters, one of them {commonest} times in {len(raw)}; use a generated key "
-            f"({KEY_BYTES} random bytes as hex)"
+            f"{what} is not random: {len(set(raw))} distinct characters, one of them "
+            f"{commonest} times in {len(raw)}; use a generated key ({KEY_BYTES} random bytes "
+            "as hex)"
         )
     return raw.encode()
+
+
+def derive_run_key(master: bytes, run_id: str) -> str:
+    """The key of run ``run_id`` (a QualificationRun's uid) made from the operator's master
+    key, as the run's Secret and ``RESUMEQUAL_CHECKPOINT_KEY`` hold it (hex). One-way: a
+    run's pods hold their run's key, never the master or another run's."""
+    message = _DERIVE_CONTEXT + check_run_id(run_id, "run uid").encode()
+    return hmac.new(master, message, hashlib.sha256).hexdigest()
 
 
 def sign(data: bytes, key: bytes) -> str:
@@ -145,3 +167,39 @@ class RunSeal:
     def authentic(self, name: str, data: bytes, mac: bytes) -> bool:
         """Whether ``mac`` (hex) is this run's MAC of ``data`` as object ``name``."""
         return hmac.compare_digest(self.mac(name, data).encode(), mac.strip())
+
+    def seal_json(self, name: str, body: Mapping[str, Any]) -> bytes:
+        """``body`` as stored under ``name``: a JSON object with its MAC in ``mac``, taken
+        over the object's canonical form, so a reader that parses it can check it."""
+        if MAC_FIELD in body:
+            raise ValueError(f"a sealed object cannot have a field {MAC_FIELD!r} of its own")
+        mac = self.mac(name, canonical_json(body))
+        return json.dumps({**body, MAC_FIELD: mac}, indent=1, allow_nan=False).encode()
+
+    def open_json(self, name: str, value: Any) -> dict[str, Any] | None:
+        """``value`` (a JSON object as parsed from ``name``) without its MAC when that MAC
+        holds for this run and ``name``; None otherwise (no MAC, another run's or
+        another object's, or any field changed)."""
+        if not isinstance(value, dict):
+            return None
+        body = dict(value)
+        mac = body.pop(MAC_FIELD, None)
+        if not isinstance(mac, str) or not mac.isascii():
+            return None
+        try:
+            data = canonical_json(body)
+        except ValueError:  # NaN or Infinity: nothing a sealing writer wrote
+            return None
+        return body if self.authentic(name, data, mac.encode()) else None
+
+    def digest_mac(self, name: str, sha256_hex: str) -> str:
+        """The MAC of result file ``name`` whose content has the sha256 ``sha256_hex``: the
+        ``<name>.mac`` beside a result file people read as it is (``verdict.json``)."""
+        return self.mac(name, b"sha256:" + sha256_hex.encode())
+
+
+def canonical_json(body: Mapping[str, Any]) -> bytes:
+    """The one serialisation of a JSON object that its MAC covers: sorted keys, no spaces,
+    ASCII, no NaN (a parsed object gives the bytes its writer MACed)."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode()

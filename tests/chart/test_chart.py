@@ -4,6 +4,7 @@ against strict models, QualificationRuns against the chart's own CRD."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from helm_python import _native as helm_native
 from resumequal_operator import main as operator_main
 from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 from resumequal_operator.resource import parse_run_spec
+from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.trainjob import leg_runtime
 from tests import k8s_schemas
 from tests.chart.monitoring import validate_monitoring
@@ -125,8 +127,8 @@ def test_default_render(chart: helm.Chart) -> None:
     assert kinds == sorted(
         [
             "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
-            "PrometheusRule", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
-            "ServiceAccount", "ServiceMonitor",
+            "PrometheusRule", "Role", "Role", "RoleBinding", "RoleBinding", "Secret",
+            "Service", "ServiceAccount", "ServiceMonitor",
         ]
     )  # fmt: skip
     dep = one(objs, "Deployment")
@@ -142,6 +144,7 @@ def test_default_render(chart: helm.Chart) -> None:
         "--workers=2",
         "--log-level=INFO",
         "--crd=apply",
+        "--key-file=/var/run/resumequal/master-key/key",
         "--default-backend=pytorchjob",
     ]
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == (
@@ -398,9 +401,14 @@ def test_optional_parts_can_be_turned_off(chart: helm.Chart) -> None:
             "grafanaDashboard": {"enabled": False},
             "serviceAccount": {"create": False, "name": "existing"},
             "rbac": {"create": False},
+            "operator": {"masterKeySecret": "my-master-key"},
         },
     )
     assert sorted(o["kind"] for o in objs) == ["Deployment", "Service"]
+    volumes = one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "master-key", "secret": {
+        "secretName": "my-master-key", "defaultMode": 0o440,
+        "items": [{"key": "key", "path": "key"}]}} in volumes
     pod = one(objs, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "existing"
 
@@ -687,3 +695,31 @@ def test_make_chart_packages_a_chart_that_renders(tmp_path: Path) -> None:
     assert {"Deployment", "ServiceMonitor", "PrometheusRule"} <= {o["kind"] for o in objs}
     for obj in objs:
         validate(obj)
+
+
+def test_the_master_key_is_made_at_install_kept_and_read_by_the_operator(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    objs = render(chart)
+    [secret] = by_kind(objs, "Secret")
+    assert secret["metadata"]["name"] == "rq-resumequal-key"
+    # An uninstall keeps it: runs it made keys for may be judged again after a reinstall.
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    key = base64.b64decode(secret["data"]["key"])
+    assert len(key) == 64 and key.isalnum()
+    # Another render (no cluster to look the Secret up in) makes another key: random.
+    [again] = by_kind(render(chart), "Secret")
+    assert again["data"]["key"] != secret["data"]["key"]
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "master-key"]
+    assert mount == {"name": "master-key", "mountPath": "/var/run/resumequal/master-key",
+                     "readOnly": True}
+    assert {"name": "master-key", "secret": {
+        "secretName": "rq-resumequal-key", "defaultMode": 0o440,
+        "items": [{"key": "key", "path": "key"}]}} in pod["volumes"]
+    # What the kubelet would mount, read as the operator reads --key-file.
+    path = tmp_path / "key"
+    path.write_bytes(key)
+    path.chmod(0o440)
+    master = MasterKey.from_file(path)
+    assert master.run_key("uid-1") != master.run_key("uid-2")

@@ -19,6 +19,7 @@ import yaml
 from resumequal import launchers
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.runstore import RunLocation
+from resumequal.signing import RunSeal
 from resumequal.spec import BOUNDARIES
 from resumequal.trace.records import (
     RestoreRecord,
@@ -158,6 +159,12 @@ def trace(run: Path | str, leg: str, rank: int) -> list[TraceRecord]:
     """One rank's whole trace, read from the run location (a folder or a URI)."""
     traces = RunLocation.open(str(run)).leg(leg).traces()
     return parse_records(traces.lines(rank), traces.uri(rank))
+
+
+def location(run: Path | str) -> RunLocation:
+    """The run location sealed as the test's legs seal it (their key and run id come from
+    the test session's environment: see tests/conftest.py)."""
+    return RunLocation.open(str(run), seal=RunSeal.from_env())
 
 
 def records(run: Path | str, leg: str, kind: str, ranks: tuple[int, ...] = (0, 1)

@@ -26,7 +26,16 @@ def test_a_hard_order_for_this_pod_kills_the_process_and_one_for_another_pod_doe
     lp = legs.launch(spec, "preempted", tmp_path, env={"POD_UID": "uid-a"})
     beacon = legs.wait_beacon(lp, rank=1)
     assert beacon["podUid"] == "uid-a"
-    location = RunLocation.open(str(tmp_path))
+    location = legs.location(tmp_path)
+
+    # An order that names this process and pod, written by whoever can write the store
+    # but holds no key of the run: ignored.
+    planted = KillOrder(rank=1, attempt=0, pid=beacon["pid"], pod_uid="uid-a", mode="hard",
+                        grace_seconds=20, issued_at=time.time())
+    RunLocation.open(str(tmp_path)).write_kill_order("preempted", planted)
+    time.sleep(1.5)  # several polls
+    assert alive(beacon["pid"]) and lp.proc.poll() is None
+    assert "not a kill order of this run" in lp.log.read_text()
 
     # An order replayed after the pod was replaced names the old pod's uid: ignored.
     stale = KillOrder(rank=1, attempt=0, pid=beacon["pid"], pod_uid="uid-old", mode="hard",
@@ -60,7 +69,7 @@ def test_a_graceful_order_saves_an_emergency_checkpoint_and_resumes_from_it(
     beacon = legs.wait_beacon(lp, rank=1)
     assert beacon["podUid"] is None
     # No pod uid on either side: the pid alone names the process.
-    RunLocation.open(str(tmp_path)).write_kill_order("preempted", KillOrder(
+    legs.location(tmp_path).write_kill_order("preempted", KillOrder(
         rank=1, attempt=0, pid=beacon["pid"], mode="graceful", grace_seconds=60,
         issued_at=time.time()))
     assert lp.wait(240) == 0, lp.tail()

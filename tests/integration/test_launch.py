@@ -19,6 +19,7 @@ import pytest
 from resumequal.local.processes import ProcessTree, alive
 from resumequal.plan import local_torchrun_args
 from resumequal.runstore import RunLocation
+from resumequal.signing import RunSeal
 from resumequal.spec import parse_spec
 from tests.integration import legs
 from tests.integration.conftest import spec_for
@@ -57,7 +58,7 @@ def _armed_leg(tree: ProcessTree, run_dir: Path, mode: str) -> tuple[subprocess.
                                                                        dict[str, Any]]:
     """A preempted leg started the way a leg pod starts it, held at its cut."""
     spec = parse_spec(spec_for("tiny-gpt", preemption={"mode": mode}))
-    RunLocation.open(str(run_dir)).write_leg_spec("preempted", spec, [])
+    RunLocation.open(str(run_dir), seal=RunSeal.from_env()).write_leg_spec("preempted", spec, [])
     args = ["-m", "resumequal", "leg", "--leg", "preempted", "--run-dir", str(run_dir)]
     proc = _launch(tree, run_dir / "launch.log", mode, args, _pod_env())
     beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"

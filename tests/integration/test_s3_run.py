@@ -17,7 +17,7 @@ import pytest
 
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key
 from resumequal.verdict import Result
 from tests.exposition import value
 from tests.integration import legs
@@ -130,7 +130,7 @@ def _leg_on_s3(server: MotoServer, bucket: str, tmp_path: Path, leg: str,
     """A leg spec written to an S3 run location; the location's URI."""
     uri = f"s3://{bucket}/rq/test/{leg}/uid"
     spec = legs.write_spec(tmp_path / "spec.yaml", spec_for("dropout-mlp", **overrides))
-    location = RunLocation.open(uri)
+    location = RunLocation.open(uri, seal=RunSeal.from_env())  # as the operator seals it
     from resumequal.spec import load_spec
 
     loaded = load_spec(spec)

@@ -17,10 +17,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from resumequal.runstore import RunLocation
+from resumequal.spec import S3Spec
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.leader import LeaseSettings
 from resumequal_operator.manager import Operator, Settings
+from resumequal_operator.runkeys import MasterKey
 from tests.k8s_schemas import (
     validate_core,
     validate_pytorchjob,
@@ -119,6 +122,12 @@ class Operators:
     def stop_all(self) -> None:
         for op, _ in list(self.started):
             self.stop(op)
+
+
+def run_location(uri: str, uid: str, s3: S3Spec | None = None) -> RunLocation:
+    """A run's location sealed as an operator of this process seals it (no --key-file:
+    the process's own master key), to write what the operator or the run's pods would."""
+    return RunLocation.open(uri, s3, seal=MasterKey.generated().seal(uid))
 
 
 def qr(api: KubeAPI, name: str) -> Obj:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from resumequal.errors import NotAuthentic
 from resumequal.plan import qualification_plan
 from resumequal.qualify import Beacon, LegState
 from resumequal.runstore import GROW, RunLocation
@@ -18,8 +19,9 @@ from resumequal.verdict import Result
 from resumequal_operator.backend import ComparatorFailed, KillRefused, KubernetesBackend, RunRef
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
+from resumequal_operator.runkeys import MasterKey
 from tests.kubeapi import KubeAPI
-from tests.operator.harness import NAMESPACE, run_manifest
+from tests.operator.harness import NAMESPACE, run_location, run_manifest
 from tests.operator.workers import verdict
 
 # The run of :func:`run_manifest` shrunk to worker-0 at the kill, grown back after step 4.
@@ -37,7 +39,7 @@ def _backend(api: KubeAPI, tmp_path: Path, name: str = "unit",
     uri = f"{tmp_path}/store/{NAMESPACE}/unit/{ref.uid}"
     qspec = qualification_spec(spec, uri)
     return KubernetesBackend(Kube(api.api_client()), ref, spec, qspec,
-                             qualification_plan(qspec), RunLocation.open(uri))
+                             qualification_plan(qspec), run_location(uri, ref.uid))
 
 
 @pytest.fixture
@@ -159,8 +161,7 @@ def test_the_comparator_job_is_created_once_and_read_when_it_ends(
     with pytest.raises(ComparatorFailed, match="failed without a verdict: Job has reached"):
         backend.compare()
     # Exit 1 (FAIL) fails the Job too, after the verdict was written: that is a verdict.
-    backend.location.store.put_bytes("verdict.json",
-                                     verdict(Result.FAIL).model_dump_json().encode())
+    backend.location.put_result("verdict.json", verdict(Result.FAIL).model_dump_json().encode())
     v = backend.compare()
     assert v is not None and v.result == Result.FAIL
     backend.cleanup()
@@ -285,3 +286,39 @@ def test_legs_launched_together_find_their_specs_and_key_before_their_jobs(
     # Launching them again is a no-op (409s), as after a status write that was lost.
     backend.launch_legs(backend.plan.legs)
     assert sorted(j["metadata"]["name"] for j in api.created(PYTORCHJOBS.plural)) == names
+
+
+def test_what_a_bucket_writer_plants_is_never_acted_on(
+    api: KubeAPI, backend: KubernetesBackend
+) -> None:
+    """Markers, a beacon and a verdict written without the run's key: the operator counts
+    no rank done, fails no leg, kills nothing and concludes nothing from them."""
+    backend.launch_legs(backend.plan.legs)
+    store = backend.location.store
+    for rank in (0, 1):
+        store.put_bytes(f"control/done/rank-{rank}.json", json.dumps(
+            {"rank": rank, "attempt": 0, "steps": 6, "at": 1.0}).encode())
+    store.put_bytes("control/FAILED.json", b'{"reason": "planted", "at": 1.0}')
+    obs = backend.observe_leg("control")
+    assert (obs.state, obs.message) == (LegState.RUNNING, None)
+    # Sealed for another run (its uid): no better.
+    other = RunLocation.open(backend.location.uri, seal=MasterKey.generated().seal("other"))
+    other.leg("control").mark_rank_done(0, 0, 6)
+    assert backend.location.ranks_done("control") == set()
+    store.put_bytes("preempted/beacons/attempt-0-rank-1.json", json.dumps(
+        {"pid": 7, "host": "h", "pod": "victim", "rank": 1, "attempt": 0, "step": 4,
+         "microstep": 1, "armedAt": 1.0}).encode())
+    with pytest.raises(NotAuthentic, match="not a beacon of this run"):
+        backend.read_beacon("preempted", 1)
+    # A PASS put where the comparator's FAIL would go, once its Job has ended.
+    assert backend.compare() is None
+    store.put_bytes("verdict.json", verdict(Result.PASS).model_dump_json().encode())
+    api.patch_status(JOBS.plural, NAMESPACE, backend.comparator_name, {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
+    with pytest.raises(ComparatorFailed, match=r"left no readable verdict: .*verdict\.json"):
+        backend.compare()
+    # What the operator itself wrote for the legs is sealed for them.
+    seal = backend.location.seal
+    assert seal is not None and seal == MasterKey.generated().seal(backend.run.uid)
+    leg_spec = json.loads(store.get_bytes("legs/preempted.spec.json"))
+    assert seal.open_json("legs/preempted.spec.json", leg_spec) is not None

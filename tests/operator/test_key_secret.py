@@ -12,13 +12,19 @@ import pytest
 
 from resumequal.errors import ClusterError
 from resumequal.plan import qualification_plan
-from resumequal.runstore import RunLocation
 from resumequal_operator import pytorchjob
 from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from tests.kubeapi import KubeAPI
-from tests.operator.harness import NAMESPACE, Operators, qr, run_manifest, wait_phase
+from tests.operator.harness import (
+    NAMESPACE,
+    Operators,
+    qr,
+    run_location,
+    run_manifest,
+    wait_phase,
+)
 from tests.waiting import eventually
 
 ATTACKER_KEY = "chosen-by-someone-else-" + "0" * 40
@@ -104,7 +110,7 @@ def test_the_backend_records_a_new_secret_before_any_job_names_it(
 
     def backend(record: Any, key_secret: str | None = None) -> KubernetesBackend:
         return KubernetesBackend(Kube(api.api_client()), ref, spec, qspec,
-                                 qualification_plan(qspec), RunLocation.open(uri),
+                                 qualification_plan(qspec), run_location(uri, ref.uid),
                                  key_secret=key_secret, record_key_secret=record)
 
     def lost(name: str) -> None:

@@ -7,20 +7,22 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
 
+from resumequal.errors import NotAuthentic
 from resumequal.plan import qualification_plan
 from resumequal.qualify import InvalidBeacon, LegRun, Phase, QualificationStatus
-from resumequal.runstore import MAX_EPOCH_SECONDS, RunLocation, progress_of
+from resumequal.runstore import MAX_EPOCH_SECONDS, progress_of
 from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.status import run_status
 from tests.k8s_schemas import validate_qualificationrun
 from tests.kubeapi import KubeAPI
-from tests.operator.harness import NAMESPACE, run_manifest
+from tests.operator.harness import NAMESPACE, run_location, run_manifest
 
 OUT_OF_RANGE = [1e300, -1e300, MAX_EPOCH_SECONDS + 1, float("inf"), float("nan")]
 
@@ -48,7 +50,7 @@ def test_a_trace_record_with_finished_at_1e300_leaves_the_leg_unresumed(
     uri = f"{tmp_path}/store/{NAMESPACE}/huge/{ref.uid}"
     qspec = qualification_spec(spec, uri)
     backend = KubernetesBackend(Kube(api.api_client()), ref, spec, qspec,
-                                qualification_plan(qspec), RunLocation.open(uri))
+                                qualification_plan(qspec), run_location(uri, ref.uid))
     backend.launch_legs([backend.plan.leg("preempted")])
     for rank in (0, 1):  # whoever can write the store wrote these
         sink = backend.location.trace_sink("preempted", rank, 1)
@@ -71,14 +73,26 @@ def test_a_beacon_whose_numbers_no_status_holds_is_refused_naming_the_field(
     uri = f"{tmp_path}/store/{NAMESPACE}/beacon/{ref.uid}"
     qspec = qualification_spec(spec, uri)
     backend = KubernetesBackend(Kube(api.api_client()), ref, spec, qspec,
-                                qualification_plan(qspec), RunLocation.open(uri))
+                                qualification_plan(qspec), run_location(uri, ref.uid))
     body = {"pid": 7, "host": "h", "pod": "p-worker-1", "rank": 1, "attempt": 0, "step": 4,
             "microstep": 1, "armed_at": 100.0, field: value}
     files = backend.location.leg("preempted")
-    # json.dumps writes Infinity and NaN, which json.loads (the store's reader) takes back.
-    files.store.put_bytes(files.beacon_key(1, 0), json.dumps(body).encode())
-    with pytest.raises(InvalidBeacon, match=f"not a beacon: {field}"):
-        backend.read_beacon("preempted", 1)
+    key = files.beacon_key(1, 0)
+    seal = backend.location.seal
+    assert seal is not None
+    if math.isfinite(value):
+        # Sealed with the run's key: a worker of the run (or whoever holds its key) wrote it.
+        files.store.put_bytes(key, seal.seal_json(key, body))
+        with pytest.raises(InvalidBeacon, match=f"not a beacon: {field}"):
+            backend.read_beacon("preempted", 1)
+    else:
+        # No writer that seals can write Infinity or NaN (its MAC covers canonical JSON,
+        # which has neither); json.dumps writes them, and json.loads takes them back.
+        with pytest.raises(ValueError):
+            seal.seal_json(key, body)
+        files.store.put_bytes(key, json.dumps({**body, "mac": "0" * 64}).encode())
+        with pytest.raises(NotAuthentic, match="not a beacon of this run"):
+            backend.read_beacon("preempted", 1)
 
 
 @pytest.mark.parametrize("at", OUT_OF_RANGE)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from resumequal.runstore import RunLocation
+from resumequal.signing import RunSeal
 from resumequal.spec import S3Spec
 from resumequal.verdict import (
     Cut,
@@ -97,18 +98,20 @@ class Workers:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state, _locations={}, _lock=threading.Lock())
 
-    def location(self, uri: str) -> RunLocation:
+    def location(self, uri: str, seal: RunSeal) -> RunLocation:
+        """The run location as the pod's processes open it: sealed with the run's key and
+        id from the pod's env (its Secret, its run's uid)."""
         with self._lock:
             if uri not in self._locations:
-                self._locations[uri] = RunLocation.open(uri, self.s3)
+                self._locations[uri] = RunLocation.open(uri, self.s3, seal=seal)
             return self._locations[uri]
 
     def run_rank(self, uri: str, leg: str, rank: int, attempt: int, pod: str,
-                 stopped: Callable[[float], bool]) -> bool:
+                 stopped: Callable[[float], bool], seal: RunSeal) -> bool:
         """One rank's workers for one group attempt; True when they finished, False when
         they stopped (SIGTERM, or the elastic agent restarts the group). ``stopped(t)``
         waits up to ``t`` seconds for that stop and says whether it came (0: at once)."""
-        loc = self.location(uri)
+        loc = self.location(uri, seal)
         leg_file = loc.read_leg_spec(leg)
         assert leg_file is not None, f"{uri}: no legs/{leg}.spec.json (the operator writes it)"
         spec = leg_file.spec
@@ -133,8 +136,8 @@ class Workers:
                           "rank": rank,
                           "attempt": 0, "step": p.step, "microstep": p.microstep,
                           "at": p.at, "armedAt": time.time()}
-                leg_files = loc.leg(leg)
-                loc.store.put_bytes(leg_files.beacon_key(rank, 0), json.dumps(beacon).encode())
+                key = loc.leg(leg).beacon_key(rank, 0)
+                loc.store.put_bytes(key, seal.seal_json(key, beacon))
             # Every rank is stuck at the cut: the armed one holds, the others wait for it.
             stopped(self.hold_timeout)
             return False
@@ -144,21 +147,21 @@ class Workers:
         loc.leg(leg).mark_rank_done(rank, attempt, steps)
         return True
 
-    def compare(self, uri: str) -> int:
+    def compare(self, uri: str, seal: RunSeal) -> int:
         """The comparator Job: writes verdict.json; exit 0 PASS, 1 FAIL, 2 INVALID."""
         if not self.write_verdict:
             return 2
         v = verdict(self.result)
         body = v.model_dump_json().encode() if self.verdict_bytes is None else self.verdict_bytes
-        self.location(uri).store.put_bytes("verdict.json", body)
+        self.location(uri, seal).put_result("verdict.json", body)
         return {Result.PASS: 0, Result.FAIL: 1}.get(v.result, 2)
 
 
-    def zoom(self, uri: str) -> int:
+    def zoom(self, uri: str, seal: RunSeal) -> int:
         """The zoom Job: writes zoom.json (origin: one module) unless it is to fail."""
         if self.zoom_exit == 0:
-            self.location(uri).store.put_bytes("zoom.json", zoom_result().model_dump_json()
-                                               .encode())
+            self.location(uri, seal).put_result("zoom.json",
+                                                zoom_result().model_dump_json().encode())
         return self.zoom_exit
 
     def __call__(self, container: Container) -> int | None:
@@ -167,13 +170,15 @@ class Workers:
         around torchrun: its agent restarts the workers whenever the group changes, and a
         SIGTERM ends it with 128+15, as a signalled launcher exits."""
         args = container.command
+        # As every process of a run: its key from the run's Secret, its id the run's uid.
+        seal = RunSeal.from_env(container.env)
         if "compare" in args:
-            return self.compare(args[args.index("compare") + 1])
+            return self.compare(args[args.index("compare") + 1], seal)
         if "zoom" in args:
-            return self.zoom(args[args.index("zoom") + 1])
+            return self.zoom(args[args.index("zoom") + 1], seal)
         uri, leg = args[args.index("--run-dir") + 1], args[args.index("--leg") + 1]
         if self.fail_reason is not None and leg == "control":
-            self.location(uri).leg(leg).mark_failed(self.fail_reason)
+            self.location(uri, seal).leg(leg).mark_failed(self.fail_reason)
             return 1
         nproc = int(container.env.get("PET_NPROC_PER_NODE") or 1)
         while True:
@@ -182,7 +187,7 @@ class Workers:
                 return SIGTERM_EXIT if container.killed.is_set() else 1
             done = self.run_rank(uri, leg, container.index * nproc, group.number,
                                  container.pod_name,
-                                 lambda t, g=group: container.hold(g, t))
+                                 lambda t, g=group: container.hold(g, t), seal)
             if done:
                 container.exit_barrier()
                 return 0

@@ -9,7 +9,6 @@ steps 3..6.
 
 from __future__ import annotations
 
-import json
 import math
 import weakref
 from collections.abc import Callable
@@ -188,9 +187,7 @@ class SyntheticRun:
 
     def write(self) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "run.json").write_text(json.dumps(
-            {"spec_digest": self.spec.digest(), "spec": self.spec.model_dump(mode="json")}
-        ))
+        at(self.root).claim(self.spec)
         for leg, ranks in (("control", self.control), ("preempted", self.preempted)):
             for rank, records in ranks.items():
                 # Each attempt's records in that attempt's segments, as workers write them.
@@ -200,9 +197,8 @@ class SyntheticRun:
                             if record.attempt == attempt:
                                 w.write(record)
         if self.beacon:
-            beacons = self.root / "preempted" / "beacons"
-            beacons.mkdir(parents=True)
-            (beacons / "attempt-0-rank-1.json").write_text(json.dumps({"pid": 1001}))
+            key = at(self.root).leg("preempted").beacon_key(1, 0)
+            at(self.root).store.put_bytes(key, RunSeal.from_env().seal_json(key, {"pid": 1001}))
         name = f"step-{STEPS:08d}"
         save_checkpoint(self.root / "control" / "checkpoints" / name, self.control_final)
         save_checkpoint(self.root / "preempted" / "checkpoints" / name, self.preempted_final)

@@ -85,11 +85,12 @@ def test_a_stored_run_renders_with_its_own_uid_and_namespace_override(tmp_path: 
 def test_the_checkpoint_key_secret_is_rendered_with_a_placeholder_never_a_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def no_key() -> str:
-        raise AssertionError("render drew a checkpoint key")
+    def no_key(*args: object) -> str:
+        raise AssertionError("render drew or made a checkpoint key")
 
     monkeypatch.setattr("resumequal.signing.new_key", no_key)
-    monkeypatch.setattr("resumequal_operator.backend.new_key", no_key)
+    monkeypatch.setattr("resumequal_operator.runkeys.new_key", no_key)
+    monkeypatch.setattr("resumequal_operator.runkeys.derive_run_key", no_key)
     code, out, err = _render(str(EXAMPLES / "qualificationrun.yaml"))
     assert code == 0, err
     secret, *jobs = yaml.safe_load_all(out)

@@ -28,11 +28,10 @@ from resumequal.results import (
     run_names,
     run_uri,
 )
-from resumequal.runstore import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.trace.records import StartupRecord
 from resumequal.verdict import PhaseEvent, Result
-from tests.unit.test_compare import STEPS, WORLD, SyntheticRun, make_spec
+from tests.unit.test_compare import STEPS, WORLD, SyntheticRun, at, make_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -62,7 +61,7 @@ def _write_kill_order(root: Path, spec: QualificationSpec) -> None:
     beacon = Beacon(pid=1001, host="node-0", rank=1, attempt=0, step=4, microstep=1,
                     armed_at=10.0)
     order = kill_order(beacon, spec.preemption).model_copy(update={"issued_at": KILLED})
-    RunLocation.open(str(root)).write_kill_order("preempted", order)
+    at(root).write_kill_order("preempted", order)
 
 
 def test_the_comparators_report_has_phases_kill_time_and_restart_time(tmp_path: Path) -> None:
@@ -95,7 +94,7 @@ def test_the_comparators_report_has_phases_kill_time_and_restart_time(tmp_path: 
 def test_a_run_without_a_kill_order_has_no_kill_time(tmp_path: Path) -> None:
     run = _cluster_like_run(tmp_path / "q")
     root = run.write()
-    timeline = read_timeline(RunLocation.open(str(root)), run.spec, compared_at=30.0)
+    timeline = read_timeline(at(root), run.spec, compared_at=30.0)
     assert [p.phase for p in timeline.phases] == ["LegsRunning", "Armed", "Resumed",
                                                   "Comparing"]
     assert (timeline.kill_at, timeline.resumed_at) == (None, RESUMED_STEP_END)
@@ -127,7 +126,7 @@ def test_leg_summary_reads_non_finite_losses(tmp_path: Path) -> None:
     run.change_step("preempted", 0, last.step, microsteps=[
         m.model_copy(update={"loss": math.nan}) for m in last.microsteps])
     root = run.write()
-    summary = leg_summary(RunLocation.open(str(root)), "preempted", run.spec)
+    summary = leg_summary(at(root), "preempted", run.spec)
     assert summary.attempts == 2 and len(summary.losses) == STEPS
     assert math.isnan(summary.losses[-1]) and math.isfinite(summary.losses[0])
 
@@ -140,7 +139,7 @@ def test_publish_writes_every_result_file_and_keeps_a_metrics_file_where_asked(
     report = build_report(spec, failed_verdict(spec, status), Timeline.of(status), run="r",
                           pin="p")
     root = tmp_path / "run"
-    location = RunLocation.open(str(root))
+    location = at(root)
     published = publish(report, location, root, namespace="ns")
     assert list(published) == ["verdict.json", "report.json", "report.html", "metrics.prom"]
     assert json.loads((root / "verdict.json").read_text())["result"] == "INVALID"

@@ -68,7 +68,7 @@ from resumequal.plan import (
 )
 from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
 from resumequal.runstore import GROW, RunLocation, default_scratch
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.verdict import Verdict
 
@@ -136,7 +136,11 @@ class LocalBackend:
         judge: Callable[[], Verdict] | None = None,
         python: str = sys.executable,
     ) -> None:
-        self.location = location or RunLocation.open(str(run_dir))
+        os.environ.setdefault(KEY_ENV, new_key())
+        os.environ.setdefault(RUN_ID_ENV, new_run_id())
+        # What the legs read back (their spec, kill orders) and what they write (beacons,
+        # markers) is sealed with the run's key and id, which the legs inherit.
+        self.location = location or RunLocation.open(str(run_dir), seal=RunSeal.from_env())
         self.spec = self.location.leg_spec(spec)
         self.run_dir = run_dir
         self.judge = judge
@@ -146,8 +150,6 @@ class LocalBackend:
         self.nodes: dict[str, _Nodes] = {}
         self.stores: dict[str, subprocess.Popen[bytes]] = {}  # each leg's rendezvous store
         self.plans: dict[str, LegPlan] = {}
-        os.environ.setdefault(KEY_ENV, new_key())
-        os.environ.setdefault(RUN_ID_ENV, new_run_id())
         self._escalate: tuple[int, float] | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
         # The workers' local files (inductor's caches, torchrun's error files, an object
@@ -171,8 +173,10 @@ class LocalBackend:
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
         env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
         if self.location.seal is not None:
-            # A sub-run's (a seed of a seed matrix) legs bind what they write to it.
+            # A sub-run's (a seed of a seed matrix) legs bind what they write to it, with
+            # the key the location seals with.
             env[RUN_ID_ENV] = self.location.seal.run
+            env[KEY_ENV] = self.location.seal.key.decode()
         # Workers find their leg spec with the standard AWS settings, as on a cluster.
         s3 = self.spec.checkpoint.s3
         if s3 is not None and s3.endpoint_url:

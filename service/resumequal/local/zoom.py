@@ -37,7 +37,7 @@ from resumequal.launchers import TORCHRUN
 from resumequal.local import runkey
 from resumequal.local.processes import ProcessTree
 from resumequal.results import publish, run_names
-from resumequal.runstore import REPORT_JSON, RESULT_BYTES, ZOOM_JSON, RunLocation
+from resumequal.runstore import REPORT_JSON, ZOOM_JSON, RunLocation
 from resumequal.signing import RunSeal, key_from_env
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, QualificationSpec
 from resumequal.store import StoreNotFound
@@ -242,7 +242,7 @@ def zoom_run(location: RunLocation, spec: QualificationSpec, *, step: int, rank:
 def read_report(location: RunLocation) -> Report | None:
     """``report.json`` of the location, or None before the comparator has written it."""
     try:
-        raw = location.store.get_bytes(REPORT_JSON, RESULT_BYTES)
+        raw = location.read_result(REPORT_JSON)
     except StoreNotFound:
         return None
     try:
@@ -278,8 +278,7 @@ def zoom_of(location: RunLocation, spec: QualificationSpec, verdict: Verdict | N
 
 def write_zoom(location: RunLocation, zoom: Zoom) -> str:
     """Put ``zoom.json`` into the run location; its URI."""
-    location.store.put_bytes(ZOOM_JSON, zoom.model_dump_json(indent=1).encode())
-    return location.url(ZOOM_JSON)
+    return location.put_result(ZOOM_JSON, zoom.model_dump_json(indent=1).encode())
 
 
 def zoom_location(uri: str, *, step: int | None = None, leg: str = MAIN_LEG,

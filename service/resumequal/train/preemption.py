@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from resumequal.errors import StoreError, TrainingError
+from resumequal.errors import NotAuthentic, StoreError, TrainingError
 from resumequal.runstore import FAILED_MARKER as FAILED_MARKER
 from resumequal.runstore import GROW, KillOrder, LegFiles
 
@@ -115,6 +115,7 @@ class Arming:
         self.pod_uid = os.environ.get("POD_UID")
         self.watchdog: threading.Timer | None = None
         self._ignored: float | None = None
+        self._refused: str | None = None  # the last kill order refused as not the run's
 
     def armed_at(self, step: int, microstep: int, where: str) -> bool:
         c = self.cut
@@ -159,6 +160,12 @@ class Arming:
     def _poll_order(self) -> None:
         try:
             order = self.files.read_kill_order(self.rank, self.attempt)
+        except NotAuthentic as e:
+            # Not the run's: never obeyed, said once (it is read several times a second).
+            if self._refused != str(e):
+                self._refused = str(e)
+                log.warning("rank %d: ignoring %s", self.rank, e)
+            return
         except StoreError as e:
             # The arm timeout bounds how long a store that keeps failing can be retried.
             log.warning("rank %d: cannot read its kill order: %s", self.rank, e)
