@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # The theme prints an end-of-life notice on every build unless told not to.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: env tools bytecode run test test-serial test-fast lint docs chart images images-build images-smoke bench gpu-check compat compat-env clean
+.PHONY: env tools bytecode run test test-serial test-fast lint docs chart images images-build images-smoke images-push bench gpu-check compat compat-env clean
 
 env: $(VENV)/.installed
 
@@ -92,15 +92,24 @@ chart: env
 
 # Both images built with podman from bases made here (no registry needed), then run:
 # the operator answers --help, the worker passes a real qualification. Installs podman,
-# runc and mmdebstrap from Debian when missing. See docs/cluster.md, "Images".
+# runc and mmdebstrap from Debian when missing. With REGISTRY=host[:port]/path, both are
+# then tagged $(REGISTRY)/resumequal-operator:TAG and $(REGISTRY)/resumequal-worker:TAG
+# (IMAGE_TAG, default the project's version) and pushed; REGISTRY_TLS_VERIFY=false for a
+# registry without TLS. See docs/cluster.md, "Images".
+REGISTRY ?=
+IMAGE_TAG ?=
+PUSH_ARGS = $(if $(REGISTRY),--registry '$(REGISTRY)') $(if $(IMAGE_TAG),--tag '$(IMAGE_TAG)')
 images:
-	python3 tools/images.py all --torch '$(TORCH_SPEC)'
+	python3 tools/images.py all --torch '$(TORCH_SPEC)' $(PUSH_ARGS)
 
 images-build:
 	python3 tools/images.py build --torch '$(TORCH_SPEC)'
 
 images-smoke:
 	python3 tools/images.py smoke
+
+images-push:
+	python3 tools/images.py push $(PUSH_ARGS)
 
 bench: env
 	$(PY) bench/trace_overhead.py

@@ -38,7 +38,8 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from resumequal.store import S3Config, S3Store
+from resumequal.store import S3Config
+from resumequal.store.s3 import S3Store
 
 MiB = 1 << 20
 

@@ -2,7 +2,11 @@
 
     python3 tools/images.py build    # host tools, bases, both images
     python3 tools/images.py smoke    # run the built images: operator --help, a worker qualification
-    python3 tools/images.py all      # both (what `make images` runs)
+    python3 tools/images.py push --registry REGISTRY   # tag both as REGISTRY/NAME:VERSION, push
+    python3 tools/images.py all      # build and smoke (what `make images` runs); with
+                                     # --registry, push too (`make images REGISTRY=...`)
+
+Pushing verifies the registry's TLS certificate unless REGISTRY_TLS_VERIFY is false.
 
 No base image can be pulled on a machine without a registry, so the bases are made here:
 a Python base bootstrapped from Debian packages (mmdebstrap) and a CPU torch base from the
@@ -27,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -58,6 +63,11 @@ PODMAN_NPROC = 32768
 # Nothing is ever pulled; builds share the host's network (pip reaches its index as the
 # host does, with no bridge or NAT to set up); a failed step leaves no container behind.
 BUILD_FLAGS = ("--pull=never", "--network=host", "--force-rm", "--layers")
+TLS_VERIFY_ENV = "REGISTRY_TLS_VERIFY"
+# host[:port] then lowercase path components, as image references name a repository.
+_REGISTRY = re.compile(r"[a-z0-9]+([.-][a-z0-9]+)*(:[0-9]+)?"
+                       r"(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 # The torch base: the wheel comes from the host's folder, bind-mounted read-only, so the
 # multi-GB CUDA build on PyPI is never fetched; its small dependencies come from the index.
@@ -426,6 +436,63 @@ def smoke(phases: Phases) -> None:
             raise ImageBuildError(f"{WORKER_IMAGE} resumequal run exited {code}, not a PASS")
 
 
+# ---------------------------------------------------------------- pushing
+
+
+def project_version(pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """The project's version: the chart's appVersion, so the default image.tag."""
+    return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+
+
+def tls_verify(environ: dict[str, str]) -> bool:
+    """REGISTRY_TLS_VERIFY: on unless false (or 0, no); anything else is refused."""
+    value = environ.get(TLS_VERIFY_ENV, "true").strip().lower()
+    if value in {"true", "1", "yes", ""}:
+        return True
+    if value in {"false", "0", "no"}:
+        return False
+    raise ImageBuildError(f"{TLS_VERIFY_ENV}={value!r}: want true or false")
+
+
+def pushed_name(registry: str, image: str, tag: str) -> str:
+    """``registry/NAME:tag`` for a local image ``localhost/NAME:dev``."""
+    registry = registry.rstrip("/")
+    if not _REGISTRY.fullmatch(registry):
+        raise ImageBuildError(f"registry {registry!r}: want host[:port][/path] in lowercase, "
+                              "no scheme and no tag (e.g. registry.example.com:5000/ml)")
+    if not _TAG.fullmatch(tag):
+        raise ImageBuildError(f"tag {tag!r}: letters, digits, '_', '.' and '-', at most 128")
+    name = image.rsplit("/", 1)[-1].split(":", 1)[0]
+    return f"{registry}/{name}:{tag}"
+
+
+def push_commands(registry: str, tag: str, verify: bool) -> list[list[str]]:
+    """``podman tag`` and ``podman push`` of the operator image, then of the worker image."""
+    commands = []
+    for image in (OPERATOR_IMAGE, WORKER_IMAGE):
+        target = pushed_name(registry, image, tag)
+        commands += [["podman", "tag", image, target],
+                     ["podman", "push", f"--tls-verify={str(verify).lower()}", target]]
+    return commands
+
+
+def helm_values(registry: str, tag: str) -> list[str]:
+    """The `helm install` flags that run the operator image ``push`` pushed."""
+    repository = pushed_name(registry, OPERATOR_IMAGE, tag).rsplit(":", 1)[0]
+    return ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]
+
+
+def push(registry: str, tag: str, phases: Phases) -> None:
+    """Tag both built images into ``registry`` and push them (log in with podman first)."""
+    env = engine_env()
+    commands = push_commands(registry, tag, tls_verify(env))
+    with phases.phase("push"):
+        for cmd in commands:
+            _run(cmd, env=env)
+    log.info("pushed %s and %s; helm install ... %s", pushed_name(registry, OPERATOR_IMAGE, tag),
+             pushed_name(registry, WORKER_IMAGE, tag), " ".join(helm_values(registry, tag)))
+
+
 # ---------------------------------------------------------------- entry point
 
 
@@ -440,19 +507,33 @@ def _torch_version(spec: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the phases, print their timings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["build", "smoke", "all"])
+    parser.add_argument("what", choices=["build", "smoke", "push", "all"])
     parser.add_argument("--torch", type=_torch_version, default=DEFAULT_TORCH,
                         help="the torch of the CPU base (default %(default)s)")
     parser.add_argument("--fresh", action="store_true",
                         help="rebuild the bases even when their inputs did not change")
+    parser.add_argument("--registry", default="",
+                        help="push both images there, as REGISTRY/resumequal-operator:TAG and "
+                             "REGISTRY/resumequal-worker:TAG (push; all: after the smoke tests)")
+    parser.add_argument("--tag", default=None,
+                        help="the pushed images' tag (default: the project's version)")
     opts = parser.parse_args(argv)
+    if opts.what == "push" and not opts.registry:
+        parser.error("push needs --registry")
+    if opts.registry and opts.what in {"build", "smoke"}:
+        parser.error(f"--registry goes with push or all, not {opts.what}")
     logging.basicConfig(level=logging.INFO, format="images: %(message)s", stream=sys.stdout)
     phases = Phases()
     try:
+        tag = opts.tag or project_version()
+        if opts.registry:  # a bad name is refused before anything is built
+            push_commands(opts.registry, tag, tls_verify(dict(os.environ)))
         if opts.what in {"build", "all"}:
             build(opts.torch, opts.fresh, phases)
         if opts.what in {"smoke", "all"}:
             smoke(phases)
+        if opts.registry:
+            push(opts.registry, tag, phases)
     except ImageBuildError as e:
         log.error("FAILED: %s", e)
         log.info("phase timings:\n%s", phases.summary())

@@ -46,8 +46,7 @@ from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.verdict import Verdict, Zoom
 from resumequal.words import clip
-from resumequal_operator import fanout, netpolicy, pytorchjob, resize
-from resumequal_operator.cache import CachedReads
+from resumequal_operator import netpolicy, pytorchjob, resize
 from resumequal_operator.kube import (
     JOBS,
     NETWORK_POLICIES,
@@ -62,6 +61,8 @@ from resumequal_operator.kube import (
 )
 from resumequal_operator.legjobs import LegJobs, PyTorchJobLegs, job_kinds
 from resumequal_operator.resource import QualificationRunSpec, ZoomStatus, is_object_name
+from resumequal_operator.runtime import fanout
+from resumequal_operator.runtime.cache import CachedReads
 
 log = logging.getLogger(__name__)
 

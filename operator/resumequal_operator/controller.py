@@ -38,9 +38,9 @@ from resumequal.redact import redact
 from resumequal.results import Timeline, build_report, failed_verdict, run_uri
 from resumequal.runstore import ZOOM_JSON, RunLocation
 from resumequal.spec import QualificationSpec
-from resumequal.verdict import PhaseEvent, Result, Zoom
+from resumequal.verdict import Result, Zoom
 from resumequal.words import clip
-from resumequal_operator import fanout, pytorchjob
+from resumequal_operator import pytorchjob
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.backend import (
     ComparatorFailed,
@@ -51,7 +51,6 @@ from resumequal_operator.backend import (
     delete_run_jobs,
     observe_zoom,
 )
-from resumequal_operator.cache import CachedReads, ObjectCache, key_of
 from resumequal_operator.events import EventRecorder
 from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, Obj
 from resumequal_operator.legjobs import TrainerSettings, job_kinds, leg_jobs
@@ -66,6 +65,8 @@ from resumequal_operator.resource import (
     qualification_spec,
 )
 from resumequal_operator.runkeys import MasterKey
+from resumequal_operator.runtime import fanout
+from resumequal_operator.runtime.cache import CachedReads, ObjectCache, key_of
 from resumequal_operator.status import (
     INVALID_SPEC,
     NOT_ALLOWED,
@@ -202,10 +203,7 @@ class Reconciler:
                 # Stopped for good: a wider allowlist later must not start it again over
                 # what it already wrote in its run location.
                 delete_run_jobs(self.kube, RunRef.of(obj), self.kinds)
-                machine.phase, machine.reason, machine.message = \
-                    Phase.FAILED, Reason.INVALID, message
-                machine.history.append(PhaseEvent(phase=Phase.FAILED.value, at=self.clock(),
-                                                  reason=Reason.INVALID, message=message))
+                machine.stop(Reason.INVALID, message, self.clock())
             self._invalid(finalized(), previous, generation, message, reason=NOT_ALLOWED,
                           machine=None if machine is None else stored_machine(
                               machine, pinned if pinned is not None else obj["spec"]))

@@ -25,18 +25,18 @@ from prometheus_client import CollectorRegistry
 from resumequal.errors import ResumequalError
 from resumequal_operator import pytorchjob
 from resumequal_operator.allowlist import Allowlist
-from resumequal_operator.cache import CachedReads, ObjectCache
 from resumequal_operator.controller import Reconciler
 from resumequal_operator.events import EventRecorder
-from resumequal_operator.health import HealthServer
 from resumequal_operator.kube import Kube
-from resumequal_operator.leader import LeaderElector, LeaseSettings
 from resumequal_operator.legjobs import TrainerSettings, job_kinds
 from resumequal_operator.opmetrics import OperatorMetrics
 from resumequal_operator.resource import Backend
 from resumequal_operator.runkeys import MasterKey
-from resumequal_operator.watching import Watcher
-from resumequal_operator.workqueue import ShutDown, WorkQueue
+from resumequal_operator.runtime.cache import CachedReads, ObjectCache
+from resumequal_operator.runtime.health import HealthServer
+from resumequal_operator.runtime.leader import LeaderElector, LeaseSettings
+from resumequal_operator.runtime.watching import Watcher
+from resumequal_operator.runtime.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,6 @@ from resumequal.spec import (
     ParallelismSpec,
     PreemptionSpec,
     QualificationSpec,
-    S3Spec,
     SpecError,
     TimeoutSpec,
     TrainingSpec,
@@ -61,6 +60,7 @@ from resumequal.spec import (
     error_lines,
     store_uri,
 )
+from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
 
 log = logging.getLogger(__name__)
@@ -719,8 +719,9 @@ class ZoomStatus(_Status):
     job: str = Field(description="The zoom Job.")
     state: Literal["Running", "Succeeded", "Failed"] = Field(
         description="Running, Succeeded or Failed.")
-    origin_kind: str | None = Field(default=None, description="module, reduction, clipping, "
-                                    "optimizer, state or none")
+    origin_kind: str | None = Field(default=None, description="input (before the model: the "
+                                    "data path or loss_fn), loss_fn, module, reduction, "
+                                    "clipping, optimizer, state or none")
     origins: list[str] = Field(default_factory=list, max_length=8,
                                description="Origin modules, or the stage, in execution order.")
     summary: str | None = Field(default=None, description="One sentence a person can act on.")

@@ -18,11 +18,11 @@ from resumequal.errors import ClusterError
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.crdsync import Policy, ensure_crd
 from resumequal_operator.kube import Kube
-from resumequal_operator.leader import LeaseSettings
 from resumequal_operator.legjobs import TrainerSettings
 from resumequal_operator.manager import Operator, Settings, default_identity
 from resumequal_operator.resource import Backend
 from resumequal_operator.runkeys import MasterKey
+from resumequal_operator.runtime.leader import LeaseSettings
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ scenario whose ``scenario`` label is that scenario's name (``boundary-hard``,
 Forensics: ``resumequal_first_divergence_differing_tensors`` counts the tensors that differ
 at the first divergent boundary (absent without a divergence or per-tensor digests), and
 ``resumequal_zoom_origin_info`` (always 1) carries, once ``resumequal zoom`` has replayed
-the step, ``origin_kind`` (module, reduction, clipping, optimizer, state, none) and
-``origin``: the first origin module or stage, cut to 120 characters. One series per run:
+the step, ``origin_kind`` (input, loss_fn, module, reduction, clipping, optimizer, state,
+none) and ``origin``: the first origin module or stage, cut to 120 characters. One series per run:
 recording the run again replaces it, so the cardinality is that of the runs.
 
 Drift, loss, restart, control and completion figures describe the main comparison only and

@@ -203,6 +203,27 @@ class QualificationStatus(BaseModel):
     def main(self) -> LegRun:
         return self.legs.get(MAIN_LEG, LegRun())
 
+    def enter(self, phase: Phase, at: float, reason: Reason | None = None,
+              message: str | None = None) -> None:
+        """The machine enters ``phase`` at ``at``: the one place its phase, reason, message
+        and history change. :class:`Qualification` drives it; from outside, :meth:`stop`."""
+        self.phase = phase
+        # Messages quote what legs and stores said (a failure reason of any length): they
+        # become status fields and Events, bounded there.
+        message = None if message is None else clip(redact(message))
+        if reason is not None:
+            self.reason = reason
+            self.message = message
+        self.history.append(PhaseEvent(phase=phase.value, at=at, reason=reason,
+                                       message=message))
+
+    def stop(self, reason: Reason, message: str, at: float) -> None:
+        """End the run as Failed from outside the machine (a controller refusing to go on
+        with it), as :meth:`Qualification.fail` would; a run already done keeps its ending.
+        Whoever stops it stops what the run started: there is no backend here."""
+        if not self.done:
+            self.enter(Phase.FAILED, at, reason, message)
+
 
 MAIN_LEG = "preempted"
 
@@ -243,16 +264,8 @@ class Qualification:
         self, phase: Phase, reason: Reason | None = None, message: str | None = None
     ) -> None:
         s = self.status
-        s.phase = phase
-        # Messages quote what legs and stores said (a failure reason of any length): they
-        # become status fields and Events, bounded there.
-        message = None if message is None else clip(redact(message))
-        if reason is not None:
-            s.reason = reason
-            s.message = message
-        s.history.append(PhaseEvent(phase=phase.value, at=self.clock(), reason=reason,
-                                    message=message))
-        log.info("phase %s%s", phase.value, f" ({reason.value}: {message})" if reason else "")
+        s.enter(phase, self.clock(), reason, message)
+        log.info("phase %s%s", phase.value, f" ({reason.value}: {s.message})" if reason else "")
 
     def fail(self, reason: Reason, message: str) -> None:
         """End the qualification as Failed and stop everything the backend started."""

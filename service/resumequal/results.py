@@ -25,8 +25,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from resumequal.built import BuiltOptimizer
 from resumequal.errors import StoreError
 from resumequal.launchers import caveats
 from resumequal.metrics import QualificationMetrics, push, write_textfile
@@ -320,15 +321,48 @@ def _attempt_compiles(records: dict[tuple[int, int], list[dict[str, Any]]]
     return out
 
 
-_NOT_COMPARABLE = frozenset({"pid", "host", "rank", "attempt"})
+# Not the runtime: what differs between processes, and what the workload built (shown apart).
+_NOT_COMPARABLE = frozenset({"pid", "host", "rank", "attempt", "built"})
+
+
+def _inventory_record(location: RunLocation) -> dict[str, Any]:
+    """The reference leg's first inventory record on rank 0; empty when it wrote none."""
+    for rec in location.trace_records(REFERENCE_LEG, 0):
+        if rec.get("kind") == "inventory":
+            return rec
+    return {}
 
 
 def inventory(location: RunLocation) -> dict[str, object]:
     """The reference leg's runtime inventory (rank 0), as the legs must agree on it."""
-    for rec in location.trace_records(REFERENCE_LEG, 0):
-        if rec.get("kind") == "inventory":
-            return {k: v for k, v in rec.items() if k not in _NOT_COMPARABLE}
-    return {}
+    return {k: v for k, v in _inventory_record(location).items() if k not in _NOT_COMPARABLE}
+
+
+def built(location: RunLocation) -> BuiltOptimizer | None:
+    """What the reference leg's workload built (rank 0); None where its trace has none."""
+    raw = _inventory_record(location).get("built")
+    if raw is None:
+        return None
+    try:
+        return BuiltOptimizer.model_validate(raw)
+    except ValidationError as e:
+        # The report stands without it: it only says what was built.
+        log.warning("the inventory's record of the optimizer is refused: %s",
+                    e.errors()[0]["msg"])
+        return None
+
+
+def claimed_spec(spec: QualificationSpec, made: BuiltOptimizer | None) -> dict[str, Any]:
+    """The spec as the report shows it: without ``training.optimizer`` or
+    ``training.schedule`` where the workload built something else (a factory's own)."""
+    out = spec.model_dump(mode="json")
+    if made is not None:
+        training = out["training"]
+        if not made.optimizer_from_spec:
+            training.pop("optimizer", None)
+        if not made.schedule_from_spec:
+            training.pop("schedule", None)
+    return out
 
 
 # --------------------------------------------------------------------------- the report
@@ -346,16 +380,18 @@ def build_report(
     matrix: Matrix | None = None,
 ) -> Report:
     """report.json: the verdict (folded with the seed matrix), the timeline and, from the
-    legs' traces at ``location``, their summaries and runtime inventory."""
+    legs' traces at ``location``, their summaries, runtime inventory and what was built."""
     if matrix is not None:
         verdict = fold_matrix(verdict, matrix)
     legs = [] if location is None else [leg_summary(location, leg, spec, status)
                                         for leg in REPORTED_LEGS]
+    made = built(location) if location is not None else None
     return Report(
         run=run,
         pin=pin,
         verdict=verdict,
-        spec=spec.model_dump(mode="json"),
+        spec=claimed_spec(spec, made),
+        built=made,
         phases=timeline.phases,
         legs=legs,
         kill_at=timeline.kill_at,

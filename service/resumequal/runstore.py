@@ -57,7 +57,6 @@ from resumequal.signing import MAC_FIELD, RunSeal
 from resumequal.spec import (
     OMISSIONS,
     QualificationSpec,
-    S3Spec,
     SpecError,
     check_leg_name,
     format_validation_error,
@@ -75,6 +74,7 @@ from resumequal.store.log import (
     parse_segment,
     segment_bytes,
 )
+from resumequal.store.s3settings import S3Spec
 from resumequal.words import clip
 
 if TYPE_CHECKING:
@@ -660,6 +660,9 @@ class RunLocation:
                 data = _unseal(self.seal, key, raw, self.url(key), "the run's spec")
             except ValueError as e:
                 raise SpecError(f"{self.url(key)}: not JSON: {e}") from e
+            except NotAuthentic as e:
+                # No spec to judge by: as one that does not parse (nothing is judged).
+                raise SpecError(str(e)) from e
             try:
                 return QualificationSpec.model_validate(data["spec"] if pick else data)
             except (KeyError, TypeError) as e:

@@ -30,6 +30,8 @@ from pydantic.alias_generators import to_camel
 from resumequal.errors import ResumequalError
 from resumequal.launchers import DEFAULT_LAUNCHER, Launcher
 from resumequal.redact import redact
+from resumequal.store.registry import store_class, supported
+from resumequal.store.s3settings import S3Spec
 from resumequal.yamlread import MAX_CHARS, YAMLInputError, load_yaml
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
@@ -354,55 +356,6 @@ class TrainingSpec(_Section):
         return self.precision == "fp32" and self.grad_scaler == GradScalerSpec()
 
 
-class S3Spec(_Section):
-    """How workers and the comparator reach an ``s3://`` checkpoint store (AWS S3, MinIO,
-    Ceph RGW). No credentials here: they come from the standard AWS chain (env, profile,
-    web identity, instance role), since specs are written into run files and reports."""
-
-    endpoint_url: str | None = Field(
-        default=None, max_length=MAX_URI,
-        description="http(s)://host:port of MinIO / RGW; None for AWS S3.",
-    )
-    region: str | None = Field(default=None, max_length=64,
-                               description="Signing region; None: AWS_REGION.")
-    addressing_style: Literal["path", "virtual", "auto"] = Field(
-        default="auto", description="'path' for MinIO and RGW without wildcard DNS."
-    )
-    max_attempts: int = Field(
-        default=5, ge=1, le=20,
-        description="Attempts per request (exponential backoff); 5 ride out ~15 s of "
-        "endpoint trouble before a save fails.",
-    )
-    connect_timeout_seconds: float = Field(
-        default=3.0, gt=0, le=MAX_SECONDS,
-        description="Seconds to open a connection before the attempt fails (and is retried).",
-    )
-    read_timeout_seconds: float = Field(
-        default=8.0, gt=0, le=MAX_SECONDS,
-        description="Seconds without a byte from the endpoint before the attempt fails (and "
-        "is retried). An endpoint that accepts connections and never answers fails a request "
-        "after maxAttempts x readTimeoutSeconds plus backoff (at most 15 s): under a minute "
-        "by default. Raise it for a gateway slow to complete large uploads.",
-    )
-    sign_payloads: bool = Field(
-        default=False,
-        description="Sign request bodies (SigV4's payload sha256) over http too, for a "
-        "store that refuses UNSIGNED-PAYLOAD. Off: bodies go unsigned with a CRC32 the "
-        "store checks, as botocore sends them over https; a checkpoint's own sha256 is in "
-        "its authenticated manifest, so nothing is hashed twice.",
-    )
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not re.match(r"^https?://[^/@\s]+(/.*)?$", value):
-            # Not echoed: a URL with user:password would leak a credential into messages.
-            raise ValueError("must be http(s)://host[:port], without user:password")
-        return value.rstrip("/")
-
-
 _URI_CHARS = re.compile(r"^[^\x00-\x20\x7f?#]*$")
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]{0,15}$")
 
@@ -413,10 +366,8 @@ def store_uri(value: str) -> str:
     object keys and folders are made of, so none may be empty, '.' or '..' (``s3://b/x/../y``
     names no one place). Credentials (``s3://key:secret@bucket``) are refused, and the value
     is echoed only redacted."""
-    # The store registry is the one list of schemes. Imported here, when a URI is checked,
-    # so that importing the spec loads no store (nor its SDK).
-    from resumequal.store.registry import store_class, supported
-
+    # The store registry is the one list of schemes; it loads the stores (and their SDKs)
+    # on this first lookup, never when the spec is imported.
     shown = repr(redact(value))
     scheme, sep, rest = value.partition("://")
     found = store_class(scheme) if sep and _SCHEME.match(scheme) else None

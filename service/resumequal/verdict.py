@@ -6,11 +6,13 @@ the operator (into a QualificationRun's status) and by people. Pure data, no I/O
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resumequal.built import BuiltOptimizer
 from resumequal.spec import Boundary
 
 SCHEMA_VERSION = "resumequal.dev/report/v1"
@@ -68,7 +70,8 @@ class Divergence(_Model):
     rank: int
     control: Any = Field(description="the control leg's value at this boundary (summarised)")
     preempted: Any
-    before_cut: bool = Field(description="true when the step ran before the kill in both legs")
+    before_cut: bool = Field(description="true when the step ran before the kill in both "
+                             "legs; false when the resumed attempt ran it")
     # None for boundaries without per-tensor digests, and for traces written before them.
     tensors: TensorDifference | None = None
     step_tensors: dict[str, TensorDifference] = Field(
@@ -77,6 +80,11 @@ class Divergence(_Model):
     buckets: dict[str, list[Bucket]] | None = Field(
         default=None, description="DDP's bucket layout of each leg at this step and rank "
         "(control, preempted), when the layouts differ")
+
+    def when_words(self) -> str:
+        """'before the cut', or 'after the resume' for a step the resumed attempt ran (which
+        may come before the cut's step: the resume restores the checkpoint before it)."""
+        return "before the cut" if self.before_cut else "after the resume"
 
     def tensor_words(self) -> str:
         """'261 of 320 tensors differ (first in backward order: a.b.weight)', or ''."""
@@ -235,23 +243,61 @@ class Verdict(_Model):
     resize: ResizeOutcome | None = None
 
     @property
+    def control_counts(self) -> ControlCounts:
+        """The controls counted once, for every place that shows or exports them."""
+        return ControlCounts.of(self.controls)
+
+    @property
     def controls_detected(self) -> int:
-        return sum(c.status == "detected" for c in self.controls)
+        return self.control_counts.detected
 
     @property
     def controls_total(self) -> int:
         """Controls that had to be detected (not applicable and not judged ones excluded)."""
-        return sum(c.status not in UNCOUNTED for c in self.controls)
+        return self.control_counts.applicable
 
     @property
     def controls_not_judged(self) -> int:
         """Controls left unjudged: the legs differed before the kill (NONDETERMINISTIC)."""
-        return sum(c.status == "not_judged" for c in self.controls)
+        return self.control_counts.not_judged
 
 
 # Control outcomes that are not owed a detection: the state could not matter, or nothing
 # could be judged (the main pair is not run-to-run deterministic).
 UNCOUNTED = frozenset({"not_applicable", "not_judged"})
+
+
+class ControlCounts(_Model):
+    """How many negative controls were detected, owed a detection, not applicable and not
+    judged: the one count the terminal, the HTML and the metrics show."""
+
+    detected: int
+    applicable: int = Field(description="owed a detection: every status but not_applicable "
+                            "and not_judged")
+    not_applicable: int
+    not_judged: int
+
+    @classmethod
+    def of(cls, controls: Sequence[ControlOutcome]) -> ControlCounts:
+        def n(status: str) -> int:
+            return sum(c.status == status for c in controls)
+
+        return cls(detected=n("detected"),
+                   applicable=sum(c.status not in UNCOUNTED for c in controls),
+                   not_applicable=n("not_applicable"), not_judged=n("not_judged"))
+
+    @property
+    def all_detected(self) -> bool:
+        return self.detected == self.applicable
+
+    def words(self) -> str:
+        """'6 of 7 applicable controls detected (3 not applicable)'."""
+        text = f"{self.detected} of {self.applicable} applicable controls detected"
+        if self.not_applicable:
+            text += f" ({self.not_applicable} not applicable)"
+        if self.not_judged:
+            text += f" ({self.not_judged} not judged: the legs differ before the kill)"
+        return text
 
 
 class ControlOutcome(_Model):
@@ -325,7 +371,8 @@ class LegSummary(_Model):
 
 
 ZoomKind = Literal["origin", "propagation", "encloses_origin", "state"]
-ZoomOriginKind = Literal["module", "reduction", "clipping", "optimizer", "state", "none"]
+ZoomOriginKind = Literal["input", "loss_fn", "module", "reduction", "clipping", "optimizer",
+                         "state", "none"]
 
 
 class ZoomTensor(_Model):
@@ -394,10 +441,13 @@ class Zoom(_Model):
     boundary: str | None = Field(description="the verdict's first differing boundary, if any")
     replays: list[ZoomReplay]
     origin_kind: ZoomOriginKind = Field(
-        description="where the difference starts: in a module, in the gradient reduction, "
-                    "in clipping/unscaling, in the optimizer update, in the state the step "
-                    "began with, or nowhere the replays show")
-    origins: list[str] = Field(description="origin modules (or the stage), in execution order")
+        description="where the difference starts: before the model (input: it is called "
+                    "with different inputs, from the data path or loss_fn), in loss_fn "
+                    "(equal outputs, different gradients back), in a module, in the gradient "
+                    "reduction, in clipping/unscaling, in the optimizer update, in the state "
+                    "the step began with, or nowhere the replays show")
+    origins: list[str] = Field(description="origin modules (or the stage; inputs, loss_fn), "
+                               "in execution order")
     summary: str = Field(description="one sentence a person can act on")
     modules_total: int
     modules: list[ZoomModule] = Field(description="every module that differs, in execution "
@@ -426,6 +476,11 @@ class Report(_Model):
     )
     inventory: dict[str, Any] = Field(default_factory=dict)
     inventory_differences: dict[str, Any] = Field(default_factory=dict)
+    # None in reports of traces written before workers recorded it.
+    built: BuiltOptimizer | None = Field(
+        default=None, description="the optimizer and scheduler the workload built (the "
+        "control leg's rank 0); the spec's training.optimizer and training.schedule are left "
+        "out of `spec` where they are not what it built")
     launcher: str = Field(default="torchrun", description="what started the legs' workers "
                           "(world.launcher): torchrun (fresh interpreters) or forked")
     caveats: list[str] = Field(default_factory=list,

@@ -101,9 +101,12 @@ def test_module_workers_are_forked_with_their_code_loaded_and_a_kill_restarts_th
     assert all(children) and not any(_alive(pid) for pid in children), children
     assert "worker exit codes: " in log.read_text() and "local_rank 1: -9" in log.read_text()
     # What each worker registered to run at exit ran, as at the end of ``python -m``;
-    # nothing of the SIGKILLed one.
-    assert sorted(p.name for p in out.glob("atexit-*")) == ["atexit-0-0", "atexit-1-0",
-                                                           "atexit-1-1"]
+    # nothing of the SIGKILLed one. Its peer of the cut attempt runs its own only when
+    # gloo's error (the peer's socket closed) ends its barrier before the agent's SIGTERM
+    # arrives, whose default action ends a process without them: under torchrun too that
+    # is a race, which a loaded machine can lose.
+    ran = sorted(p.name for p in out.glob("atexit-*"))
+    assert ran in (["atexit-0-0", "atexit-1-0", "atexit-1-1"], ["atexit-1-0", "atexit-1-1"])
 
 
 def test_a_raising_worker_exits_with_its_failure_held_and_its_exit_functions_run(

@@ -242,3 +242,26 @@ def test_the_comparators_report_dates_the_kill_and_the_restart_as_the_run_did(
     assert abs(compared["kill_at"] - ran["kill_at"]) < 1
     assert compared["restart_seconds"] > 0
     assert abs(compared["restart_seconds"] - ran["restart_seconds"]) < 1
+
+
+@pytest.mark.timeout(400)
+def test_the_reports_name_the_optimizer_and_schedule_a_factory_built(tmp_path: Path) -> None:
+    """The spec keeps its defaults (adamw, lr 0.003, warmup-cosine); the factory builds SGD
+    and a LambdaLR: every report names those, and none claims the spec's."""
+    run_dir = tmp_path / "run"
+    proc = _resumequal("run", "--run-dir", str(run_dir), *legs.FORKED, "--set",
+                       "workload.name=tests.sgd_workload:build", "--set",
+                       "controls.enabled=false", timeout=380)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = _report(run_dir)
+    built = report["built"]
+    assert (built["optimizer"], built["scheduler"]) == ("SGD", "LambdaLR")
+    assert built["hyperparameters"]["momentum"] == 0.9
+    assert built["hyperparameters"]["initial_lr"] == 0.05
+    assert not built["optimizer_from_spec"] and not built["schedule_from_spec"]
+    assert {"optimizer", "schedule"}.isdisjoint(report["spec"]["training"])
+    words = "SGD (lr 0.05, momentum 0.9, weight_decay 0), schedule LambdaLR"
+    html = (run_dir / "report.html").read_text()
+    assert words in proc.stdout and words in html
+    for shown in ((run_dir / "report.json").read_text(), html, proc.stdout):
+        assert "adamw" not in shown.lower() and "warmup-cosine" not in shown

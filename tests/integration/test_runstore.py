@@ -20,8 +20,9 @@ from resumequal.runstore import (
     parse_segment,
     segment_bytes,
 )
-from resumequal.spec import QualificationSpec, S3Spec, SpecError, parse_spec
+from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.store import StoreAccessDenied, StoreObjectTooLarge, StoreUnavailable
+from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Cut, Result, Verdict
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ import pytest
 from resumequal.checkpoint import Position, RemoteRoot, checkpoint_location, remote
 from resumequal.compare import compare_run
 from resumequal.runstore import RunLocation
-from resumequal.spec import QualificationSpec, S3Spec
+from resumequal.spec import QualificationSpec
+from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
 from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for

@@ -24,13 +24,13 @@ from resumequal.store import (
     FileStore,
     ObjectInfo,
     S3Config,
-    S3Store,
     Store,
     StoreAccessDenied,
     StoreIntegrityError,
     StoreNotFound,
     StoreUnavailable,
 )
+from resumequal.store.s3 import S3Store
 
 if TYPE_CHECKING:
     from tests.s3server import MotoServer

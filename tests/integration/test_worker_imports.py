@@ -57,3 +57,11 @@ def test_a_folder_store_opens_without_boto3() -> None:
         "RunLocation.open(tempfile.mkdtemp()).leg('control').failure()")
     assert "resumequal.store.s3" in loaded  # the registry found every store class
     assert "boto3" not in loaded
+
+
+def test_the_spec_loads_no_store_sdk() -> None:
+    """The spec imports the store's registry and S3 settings; botocore loads with the
+    first lookup of a scheme, not with the spec (every command imports the spec)."""
+    loaded = _modules_after("import resumequal.spec")
+    assert "resumequal.store.s3settings" in loaded
+    assert not {"resumequal.store.s3", "botocore", "boto3"} & loaded

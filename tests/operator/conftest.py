@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from resumequal.spec import S3Spec
+from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.training import SimulatedTrainingOperator

@@ -18,12 +18,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from resumequal.runstore import RunLocation
-from resumequal.spec import S3Spec
+from resumequal.store.s3settings import S3Spec
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
-from resumequal_operator.leader import LeaseSettings
 from resumequal_operator.manager import Operator, Settings
 from resumequal_operator.runkeys import MasterKey
+from resumequal_operator.runtime.leader import LeaseSettings
 from tests.k8s_schemas import (
     validate_core,
     validate_pytorchjob,

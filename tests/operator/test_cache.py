@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resumequal_operator.cache import ObjectCache, newer
+from resumequal_operator.runtime.cache import ObjectCache, newer
 
 
 def run(name: str, rv: str, namespace: str = "quals", **status: Any) -> dict[str, Any]:

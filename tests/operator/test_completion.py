@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from resumequal.runstore import RunLocation
-from resumequal.spec import S3Spec
+from resumequal.store.s3settings import S3Spec
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
 from tests.kubeapi import KubeAPI
 from tests.kubeapi.scripted import ScriptedRuntime

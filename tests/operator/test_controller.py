@@ -5,11 +5,11 @@ from __future__ import annotations
 import boto3
 from prometheus_client import CollectorRegistry
 
-from resumequal_operator.cache import ObjectCache
 from resumequal_operator.kube import LEASES, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
-from resumequal_operator.leader import LeaseSettings
 from resumequal_operator.manager import Operator, Settings
-from resumequal_operator.watching import Watcher
+from resumequal_operator.runtime.cache import ObjectCache
+from resumequal_operator.runtime.leader import LeaseSettings
+from resumequal_operator.runtime.watching import Watcher
 from tests.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from resumequal_operator import fanout
+from resumequal_operator.runtime import fanout
 
 
 def test_calls_run_together_and_results_keep_their_order() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from resumequal_operator.health import HealthServer
+from resumequal_operator.runtime.health import HealthServer
 from tests.waiting import eventually
 
 IDLE = 300

@@ -15,7 +15,7 @@ import pytest
 
 from resumequal.runstore import LegFiles, PodKill, RunLocation
 from resumequal.signing import KEY_ENV
-from resumequal.spec import S3Spec
+from resumequal.store.s3settings import S3Spec
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator

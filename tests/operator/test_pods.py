@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from resumequal.runstore import RunLocation
-from resumequal.spec import S3Spec
+from resumequal.store.s3settings import S3Spec
 from resumequal.trace.records import StepRecord
 from resumequal.verdict import Report
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, TRAINJOBS, Kind

@@ -19,7 +19,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from resumequal.spec import S3Spec
+from resumequal.store.s3settings import S3Spec
 from resumequal_operator.crdsync import CRD_NAME, DIGEST_ANNOTATION, ensure_crd
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from tests.kubeapi import KubeAPI

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from resumequal_operator.workqueue import ShutDown, WorkQueue
+from resumequal_operator.runtime.workqueue import ShutDown, WorkQueue
 
 
 class Clock:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from resumequal.runstore import RunLocation
 from resumequal.signing import RunSeal
-from resumequal.spec import S3Spec
+from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import (
     Cut,
     Divergence,

@@ -14,6 +14,7 @@ import torch
 from resumequal.spec import QualificationSpec, spec_from_text
 from resumequal.workloads import Workload, WorkloadContext, load_workload
 from resumequal.workloads.base import PositionalDataset, StatefulDataset
+from resumequal.workloads.optim import describe_built
 
 PAGE = Path(__file__).resolve().parents[2] / "docs/own-model.md"
 MODULE = "my_model"  # the file name the page tells the reader to save it under
@@ -74,6 +75,9 @@ def test_the_optimizer_and_schedule_are_the_specs(spec: QualificationSpec) -> No
     assert isinstance(workload.optimizer, torch.optim.AdamW)
     assert workload.optimizer.param_groups[0]["lr"] == spec.training.optimizer.lr
     assert workload.optimizer.param_groups[0]["foreach"] is False
+    # So the report keeps the spec's training.optimizer and training.schedule.
+    made = describe_built(workload.optimizer, workload.scheduler, spec.training)
+    assert made.optimizer_from_spec and made.schedule_from_spec
 
 
 def test_ranks_build_the_same_model_and_read_their_own_samples(

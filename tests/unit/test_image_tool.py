@@ -5,6 +5,7 @@ runs the rest (the builds and the smoke tests) for real."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -126,7 +127,8 @@ def test_the_torch_option_takes_the_makefiles_spec(
     assert tool._torch_version(spec) == version
 
 
-@pytest.mark.parametrize("argv", [["push"], ["build", "--torch", "torch>=2.4"]])
+@pytest.mark.parametrize("argv", [["push"], ["build", "--torch", "torch>=2.4"],
+                                  ["deploy"], ["build", "--registry", "r.example"]])
 def test_bad_arguments_exit_2(tool: ModuleType, argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         tool.main(argv)
@@ -142,3 +144,71 @@ def test_phase_timings_add_up(tool: ModuleType) -> None:
     lines = phases.summary().splitlines()
     assert [line.split()[0] for line in lines] == ["python", "worker", "total"]
     assert lines[0].endswith("(cached)")
+
+
+# -- pushing ------------------------------------------------------------------------------
+
+
+def test_push_tags_both_images_into_the_registry_and_pushes_them(tool: ModuleType) -> None:
+    commands = tool.push_commands("registry.example.com:5000/ml/", "0.1.0", True)
+    operator = "registry.example.com:5000/ml/resumequal-operator:0.1.0"
+    worker = "registry.example.com:5000/ml/resumequal-worker:0.1.0"
+    assert commands == [
+        ["podman", "tag", tool.OPERATOR_IMAGE, operator],
+        ["podman", "push", "--tls-verify=true", operator],
+        ["podman", "tag", tool.WORKER_IMAGE, worker],
+        ["podman", "push", "--tls-verify=true", worker],
+    ]
+    insecure = tool.push_commands("localhost:5000", "dev-1", False)
+    assert insecure[1] == ["podman", "push", "--tls-verify=false",
+                           "localhost:5000/resumequal-operator:dev-1"]
+
+
+def test_the_helm_values_name_the_operator_image_as_pushed(tool: ModuleType) -> None:
+    assert tool.helm_values("ghcr.io/acme", "0.1.0") == [
+        "--set", "image.repository=ghcr.io/acme/resumequal-operator",
+        "--set", "image.tag=0.1.0"]
+
+
+def test_the_default_tag_is_the_version_the_chart_runs(tool: ModuleType) -> None:
+    chart = (ROOT / "charts/resumequal/Chart.yaml").read_text()
+    assert f'appVersion: "{tool.project_version()}"' in chart
+
+
+@pytest.mark.parametrize(("value", "verify"), [(None, True), ("true", True), ("1", True),
+                                              ("false", False), ("0", False), ("No", False)])
+def test_tls_verification_is_on_unless_turned_off(
+    tool: ModuleType, value: str | None, verify: bool
+) -> None:
+    env = {} if value is None else {tool.TLS_VERIFY_ENV: value}
+    assert tool.tls_verify(env) is verify
+
+
+@pytest.mark.parametrize(("registry", "tag", "named"), [
+    ("https://registry.example.com", "0.1.0", "registry 'https://registry.example.com'"),
+    ("Registry.Example.com/ml", "0.1.0", "registry 'Registry.Example.com/ml'"),
+    ("registry.example.com/ml:latest", "0.1.0", "registry 'registry.example.com/ml:latest'"),
+    ("", "0.1.0", "registry ''"),
+    ("registry.example.com", "-bad", "tag '-bad'"),
+    ("registry.example.com", "a" * 129, "tag 'aaa"),
+])
+def test_bad_registries_and_tags_are_refused_naming_them(
+    tool: ModuleType, registry: str, tag: str, named: str
+) -> None:
+    with pytest.raises(tool.ImageBuildError, match=re.escape(named)):
+        tool.push_commands(registry, tag, True)
+
+
+def test_a_tls_setting_that_is_not_a_boolean_is_refused(tool: ModuleType) -> None:
+    with pytest.raises(tool.ImageBuildError, match=f"{tool.TLS_VERIFY_ENV}='maybe'"):
+        tool.tls_verify({tool.TLS_VERIFY_ENV: "maybe"})
+
+
+def test_a_bad_registry_is_refused_before_anything_is_built(
+    tool: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def build(*args: object) -> None:
+        raise AssertionError("built with a registry it could not push to")
+
+    monkeypatch.setattr(tool, "build", build)
+    assert tool.main(["all", "--registry", "https://registry.example.com"]) == 1

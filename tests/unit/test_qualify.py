@@ -273,6 +273,28 @@ def test_status_survives_a_round_trip_and_the_machine_continues() -> None:
     assert len(b.kills) == 1  # the kill is not delivered twice
 
 
+def test_a_run_stopped_from_outside_fails_as_the_machine_would_fail_it() -> None:
+    """A controller that refuses to go on with a run (an allowlist narrowed under it) stops
+    its stored machine; the machine then continues from Failed, and a finished run keeps
+    its ending."""
+    q, b, clock = _machine(side_by_side=True)
+    q.tick()
+    stored = QualificationStatus.model_validate_json(q.status.model_dump_json())
+    long = "image x:1 is not allowed; aws_secret_access_key=SECRET " + "why " * 1000
+    stored.stop(Reason.INVALID, long, at=2000.0)
+    assert (stored.phase, stored.reason, stored.done) == (Phase.FAILED, Reason.INVALID, True)
+    assert stored.message is not None and len(stored.message.encode()) <= 1024
+    assert "SECRET" not in stored.message  # bounded and redacted, as the machine's own
+    last = stored.history[-1]
+    assert (last.phase, last.at, last.reason, last.message) == (
+        Phase.FAILED.value, 2000.0, Reason.INVALID, stored.message)
+    assert Qualification(_spec(), b, status=stored, clock=clock).tick() == Phase.FAILED
+    assert b.cleanups == 0  # the caller stops what the run started: no backend here
+
+    stored.stop(Reason.ERROR, "later", at=3000.0)
+    assert (stored.reason, len(stored.history)) == (Reason.INVALID, len(q.status.history) + 1)
+
+
 def test_interrupt_cleans_up_and_reraises() -> None:
     q, b, _ = _machine()
 

@@ -25,9 +25,10 @@ from resumequal.checkpoint import (
 )
 from resumequal.checkpoint.manifest import Manifest
 from resumequal.errors import CheckpointError
-from resumequal.spec import QualificationSpec, S3Spec, SpecError, parse_spec
+from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.store import FileStore, StoreUnavailable
 from resumequal.store.base import LocalPath, ObjectWriter
+from resumequal.store.s3settings import S3Spec
 from tests.unit.rank_states import Plain
 
 PREFIX = "control/checkpoints"

@@ -8,6 +8,7 @@ import math
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -508,8 +509,8 @@ def test_html_boundary_table_shows_not_compared_boundaries() -> None:
 # -- terminal ----------------------------------------------------------------------------
 
 
-def _summary(report: Report, *, styles: bool = False) -> str:
-    console = Console(record=True, width=110, file=io.StringIO(), color_system="standard")
+def _summary(report: Report, *, styles: bool = False, width: int = 110) -> str:
+    console = Console(record=True, width=width, file=io.StringIO(), color_system="standard")
     print_summary(report, console)
     return console.export_text(styles=styles)
 
@@ -517,23 +518,24 @@ def _summary(report: Report, *, styles: bool = False) -> str:
 def test_summary_counts_controls_and_names_the_blind_ones_in_red() -> None:
     report = SAMPLES["controls-blind"]
     text = _summary(report)
-    line = next(ln for ln in text.splitlines() if "controls:" in ln)
-    assert "controls: 3/4 detected (1 not applicable)  blind: data_cursor" in line
+    line = next(ln for ln in text.splitlines() if "controls detected" in ln)
+    assert "3 of 4 applicable controls detected (1 not applicable)  blind: data_cursor" in line
     styled = _summary(report, styles=True)
     # The blind omission is printed bold red (SGR 1;31).
     assert re.search(r"\x1b\[1;31m\s*blind: data_cursor", styled)
     assert "not compared" in text and "inputs" in text
 
     text = _summary(SAMPLES["controls-detected"])
-    assert "controls: 4/4 detected (1 not applicable)" in text and "blind" not in text
-    assert "controls:" not in _summary(make_report(Result.PASS))
+    assert "4 of 4 applicable controls detected (1 not applicable)" in text
+    assert "blind" not in text
+    assert "controls detected" not in _summary(make_report(Result.PASS))
 
 
 def test_summary_names_invalid_controls() -> None:
     report = make_controls_report(blind=False)
     report.verdict.controls[1].status = "invalid"
     text = _summary(report)
-    assert "controls: 3/4 detected (1 not applicable)  invalid: scheduler" in text
+    assert "3 of 4 applicable controls detected (1 not applicable)  invalid: scheduler" in text
 
 
 def test_controls_not_judged_are_neither_owed_nor_not_applicable() -> None:
@@ -542,12 +544,31 @@ def test_controls_not_judged_are_neither_owed_nor_not_applicable() -> None:
     for c in report.verdict.controls:
         if c.status != "not_applicable":
             c.status = "not_judged"
-    text = _summary(report)
-    assert "controls: 0/0 detected (1 not applicable) (4 not judged)" in text
+    text = _summary(report, width=160)
+    sentence = ("0 of 0 applicable controls detected (1 not applicable) (4 not judged: the "
+                "legs differ before the kill)")
+    assert sentence in text
     html = render_html(report)
-    assert "0 of 0 applicable controls detected (1 not applicable) (4 not judged: the legs " \
-           "differ before the kill)" in html
+    assert sentence in html
     assert html.count(">not judged<") == 4
+
+
+def test_the_terminal_and_the_html_give_the_same_count_of_controls() -> None:
+    report = make_controls_report(blind=True)
+    statuses = ["detected", "invalid", "not_applicable", "not_judged", "blind"]
+    for control, status in zip(report.verdict.controls, statuses, strict=True):
+        control.status = status  # type: ignore[assignment]
+    counts = report.verdict.control_counts
+    assert (counts.detected, counts.applicable, counts.not_applicable, counts.not_judged) == (
+        1, 3, 1, 1)
+    sentence = counts.words()
+    assert sentence.startswith("1 of 3 applicable controls detected (1 not applicable)")
+    text = _summary(report, width=200)
+    html = render_html(report)
+    assert sentence in text
+    assert html.count(escape(sentence)) == 2  # the header's fact and the controls section
+    # Nothing else counts them: the metrics' figures are the same numbers.
+    assert (report.verdict.controls_detected, report.verdict.controls_total) == (1, 3)
 
 
 def test_summary_prints_a_compact_seed_matrix() -> None:
@@ -576,7 +597,7 @@ def test_summary_shows_verdict_divergence_checks_and_files(tmp_path: Path) -> No
     print_summary(report, console, files={"report.html": tmp_path / "report.html"})
     text = console.export_text()
     assert "FAIL" in text and report.verdict.reason[:40] in text
-    assert "step 7 · rng · rank 1 (after the cut)" in text
+    assert "step 7 · rng · rank 1 (after the resume)" in text
     assert "model drift" in text and "0.00025" in text
     assert str(tmp_path / "report.html") in text
 
@@ -589,6 +610,22 @@ def test_summary_shows_verdict_divergence_checks_and_files(tmp_path: Path) -> No
     assert "INVALID" in text and "failing checks" in text and "inventories_equal" in text
     # Report text that looks like rich markup is printed as it is, not interpreted.
     assert "no restart [/red] seen" in text and "[bold]nightly[/]" in text
+
+
+def test_a_step_the_resumed_attempt_ran_before_the_cuts_step_is_after_the_resume() -> None:
+    # Cut at step 6, resumed from the checkpoint after step 4: step 5 ran again, resumed.
+    report = make_report(Result.FAIL)
+    report.verdict.cut.step = 6
+    d = report.verdict.first_divergence
+    assert d is not None
+    d.step, d.before_cut = 5, False
+    label = "step 5 · rng · rank 1 (after the resume)"
+    text, html = _summary(report), render_html(report)
+    assert label in text and escape(label) in html
+    for shown in (text, html):
+        assert "after the cut" not in shown
+    d.before_cut = True  # the legs already differed before the kill
+    assert "step 5 · rng · rank 1 (before the cut)" in _summary(report)
 
 
 def test_leg_progress_prints_plain_lines_without_a_terminal() -> None:

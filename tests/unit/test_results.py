@@ -7,16 +7,21 @@ from the legs' records in the store.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
+from resumequal.built import BuiltOptimizer
 from resumequal.local.comparator import compare_location
 from resumequal.qualify import Beacon, LegRun, Phase, QualificationStatus, Reason, kill_order
 from resumequal.report.files import read_report
+from resumequal.report.html import render_html
+from resumequal.report.terminal import print_summary
 from resumequal.results import (
     Timeline,
     build_report,
@@ -28,8 +33,9 @@ from resumequal.results import (
     run_names,
     run_uri,
 )
+from resumequal.runstore import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
-from resumequal.trace.records import StartupRecord
+from resumequal.trace.records import InventoryRecord, StartupRecord
 from resumequal.verdict import PhaseEvent, Result
 from tests.unit.test_compare import STEPS, WORLD, SyntheticRun, at, make_spec
 
@@ -163,3 +169,66 @@ def test_kill_order_names_the_beacons_worker() -> None:
     order = kill_order(beacon, PreemptionSpec(mode="graceful", grace_seconds=3))
     assert (order.pid, order.pod_uid, order.rank, order.mode, order.grace_seconds) == (
         7, "u", 1, "graceful", 3)
+
+
+# -- what the workload built -----------------------------------------------------------
+
+SGD_LAMBDA = BuiltOptimizer(
+    optimizer="SGD", groups=1, scheduler="LambdaLR",
+    hyperparameters={"dampening": 0, "initial_lr": 0.05, "lr": 0.05, "momentum": 0.9,
+                     "nesterov": False, "weight_decay": 0},
+    optimizer_from_spec=False, schedule_from_spec=False)
+
+
+def _built_run(root: Path, built: BuiltOptimizer) -> Path:
+    """A synthetic run whose workers recorded ``built`` in every inventory."""
+    run = SyntheticRun(root, spec=make_spec(controls={"enabled": False}))
+    for records in (*run.control.values(), *run.preempted.values()):
+        for i, record in enumerate(records):
+            if isinstance(record, InventoryRecord):
+                records[i] = record.model_copy(update={"built": built})
+    return run.write()
+
+
+def test_a_factorys_own_optimizer_is_reported_and_the_specs_unused_fields_are_not(
+        tmp_path: Path) -> None:
+    root = _built_run(tmp_path / "q", SGD_LAMBDA)
+    compare_location(str(root), write=True, pin="torch==x")
+    raw = (root / "report.json").read_text()
+    report = read_report(root / "report.json")
+    assert report.built == SGD_LAMBDA
+    # The spec's defaults (adamw, lr 0.003, warmup-cosine) are not claimed anywhere.
+    assert "optimizer" not in report.spec["training"]
+    assert "schedule" not in report.spec["training"]
+    assert "built" not in report.inventory and report.inventory["torch"] == "2.13.0+cpu"
+    words = "SGD (lr 0.05, momentum 0.9, weight_decay 0), schedule LambdaLR"
+    html = (root / "report.html").read_text()
+    console = Console(record=True, width=140, file=io.StringIO())
+    print_summary(report, console)
+    terminal = console.export_text()
+    assert words in html and words in terminal
+    assert "training.optimizer and training.schedule left out" in html
+    for shown in (raw, html, terminal):
+        assert "adamw" not in shown.lower() and "warmup-cosine" not in shown
+        assert "0.003" not in shown
+
+
+def test_the_specs_optimizer_stays_in_the_report_where_the_workload_built_it(
+        tmp_path: Path) -> None:
+    made = SGD_LAMBDA.model_copy(update={"optimizer": "AdamW", "optimizer_from_spec": True,
+                                         "hyperparameters": {"initial_lr": 0.003, "lr": 0.001},
+                                         "schedule_from_spec": True})
+    report = build_report(make_spec(), failed_verdict(make_spec(), QualificationStatus()),
+                          Timeline(), run="q", pin="p",
+                          location=RunLocation.open(str(_built_run(tmp_path / "q", made))))
+    assert report.built == made
+    assert report.spec["training"]["optimizer"]["name"] == "adamw"
+    assert report.spec["training"]["schedule"]["kind"] == "warmup-cosine"
+    assert "left out" not in render_html(report)
+
+
+def test_a_trace_without_a_record_of_the_optimizer_reports_the_spec(tmp_path: Path) -> None:
+    run = SyntheticRun(tmp_path / "q", spec=make_spec(controls={"enabled": False}))
+    report = build_report(run.spec, failed_verdict(run.spec, QualificationStatus()),
+                          Timeline(), run="q", pin="p", location=RunLocation.open(str(run.write())))
+    assert report.built is None and report.spec["training"]["optimizer"]["name"] == "adamw"

@@ -119,7 +119,8 @@ def test_a_leg_spec_a_bucket_writer_changed_is_never_run(tmp_path: Path) -> None
         (tmp_path / key).write_text(json.dumps(body))
     with pytest.raises(NotAuthentic):
         loc.read_leg_spec("control")
-    with pytest.raises(NotAuthentic):
+    # The comparator has no spec to judge by: as one that does not parse.
+    with pytest.raises(SpecError, match="not the run's spec of this run"):
         loc.read_spec()
 
 

@@ -16,13 +16,13 @@ from resumequal.store import (
     FileStore,
     ObjectInfo,
     S3Config,
-    S3Store,
     StoreIntegrityError,
     StoreNotFound,
     StoreObjectTooLarge,
     open_store,
 )
 from resumequal.store import file as file_module
+from resumequal.store.s3 import S3Store
 
 
 @pytest.fixture
@@ -211,8 +211,8 @@ def test_s3_config_rejects_bad_fields_without_echoing_them(
 
 
 def test_s3_config_from_a_spec_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumequal.spec import S3Spec
     from resumequal.store import ADDRESSING_STYLE_ENV, StoreError, s3_config
+    from resumequal.store.s3settings import S3Spec
 
     spec = S3Spec(endpoint_url="http://minio:9000", addressing_style="path")
     assert s3_config(spec).addressing_style == "path"
@@ -228,8 +228,8 @@ def test_s3_config_from_a_spec_or_the_environment(monkeypatch: pytest.MonkeyPatc
 
 
 def test_s3_timeouts_come_from_the_spec_and_bound_a_silent_endpoint_under_a_minute() -> None:
-    from resumequal.spec import S3Spec
     from resumequal.store import s3_config
+    from resumequal.store.s3settings import S3Spec
 
     default = s3_config(S3Spec())
     assert default == S3Config()
@@ -242,8 +242,8 @@ def test_s3_timeouts_come_from_the_spec_and_bound_a_silent_endpoint_under_a_minu
 
 def test_whether_payloads_are_signed_from_a_spec_or_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumequal.spec import S3Spec
     from resumequal.store import SIGN_PAYLOADS_ENV, StoreError, s3_config
+    from resumequal.store.s3settings import S3Spec
 
     monkeypatch.delenv(SIGN_PAYLOADS_ENV, raising=False)
     assert s3_config(None).sign_payloads is False
@@ -254,6 +254,19 @@ def test_whether_payloads_are_signed_from_a_spec_or_the_environment(
     monkeypatch.setenv(SIGN_PAYLOADS_ENV, "yes")
     with pytest.raises(StoreError, match=f"{SIGN_PAYLOADS_ENV}='yes': expected 0 or 1"):
         s3_config(None)
+
+
+def test_the_s3_section_is_spelt_and_bounded_like_every_spec_section() -> None:
+    """S3Spec lives with the store, which the spec imports, so it spells the spec's
+    section convention and ceilings itself: they must stay the spec's."""
+    from resumequal.spec import MAX_SECONDS, MAX_URI, SECTION_CONFIG
+    from resumequal.store.s3settings import S3Spec
+
+    assert S3Spec.model_config == SECTION_CONFIG
+    assert S3Spec.model_fields["endpoint_url"].metadata[0].max_length == MAX_URI
+    for name in ("connect_timeout_seconds", "read_timeout_seconds"):
+        assert [m.le for m in S3Spec.model_fields[name].metadata if hasattr(m, "le")] \
+            == [MAX_SECONDS]
 
 
 def test_put_new_writes_only_once(store: FileStore) -> None:

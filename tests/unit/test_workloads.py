@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
+from resumequal.built import BuiltOptimizer
 from resumequal.errors import TrainingError
 from resumequal.spec import (
     OptimizerSpec,
@@ -22,7 +24,7 @@ from resumequal.spec import (
 )
 from resumequal.workloads import Workload, WorkloadContext, load_workload
 from resumequal.workloads.base import StatefulDataset
-from resumequal.workloads.optim import build_optimizer, build_scheduler
+from resumequal.workloads.optim import build_optimizer, build_scheduler, describe_built
 from resumequal.workloads.stream import ShardedStream
 
 RngStates = tuple[Any, Any, torch.Tensor]
@@ -411,6 +413,66 @@ def test_step_and_constant_schedules() -> None:
     step = _lrs(ScheduleSpec(kind="step", step_size=2, gamma=0.5), total=8, steps=6)
     assert step == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
     assert _lrs(ScheduleSpec(kind="constant"), total=8, steps=4) == [0.1] * 4
+
+
+def test_a_factorys_own_sgd_and_lambdalr_are_described_as_built_not_as_the_specs() -> None:
+    optimizer = torch.optim.SGD(_params(), lr=0.05, momentum=0.9, foreach=False)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** step)
+    made = describe_built(optimizer, scheduler, TrainingSpec())
+    assert (made.optimizer, made.scheduler, made.groups) == ("SGD", "LambdaLR", 1)
+    h = made.hyperparameters
+    assert (h["lr"], h["initial_lr"], h["momentum"], h["nesterov"]) == (0.05, 0.05, 0.9, False)
+    assert not made.optimizer_from_spec and not made.schedule_from_spec
+    # The same class with the spec's hyperparameters is the spec's; a lambda never is.
+    spec = TrainingSpec(optimizer=OptimizerSpec(name="sgd", lr=0.05, momentum=0.9,
+                                                weight_decay=0))
+    assert describe_built(optimizer, scheduler, spec).optimizer_from_spec
+    assert not describe_built(optimizer, scheduler, spec).schedule_from_spec
+
+
+@pytest.mark.parametrize("kind", ["constant", "step", "warmup-cosine"])
+def test_what_build_optimizer_and_build_scheduler_make_is_the_specs(kind: str) -> None:
+    training = TrainingSpec(schedule=ScheduleSpec(kind=kind))
+    optimizer = build_optimizer(_params(), training.optimizer)
+    made = describe_built(optimizer, build_scheduler(optimizer, training.schedule,
+                                                     training.steps), training)
+    assert made.optimizer == "AdamW" and made.base_lr() == training.optimizer.lr
+    assert made.hyperparameters["betas"] == [0.9, 0.95]
+    assert made.optimizer_from_spec and made.schedule_from_spec
+    assert not describe_built(optimizer, None, training).schedule_from_spec
+
+
+@pytest.mark.parametrize("kind", ["step", "warmup-cosine"])
+def test_a_schedule_with_other_settings_is_not_the_specs(kind: str) -> None:
+    training = TrainingSpec(schedule=ScheduleSpec(kind=kind))
+    other = ScheduleSpec(kind=kind, gamma=0.25, warmup_steps=5, step_size=7)
+    optimizer = build_optimizer(_params(), training.optimizer)
+    made = describe_built(optimizer, build_scheduler(optimizer, other, 30), training)
+    assert made.optimizer_from_spec and not made.schedule_from_spec
+
+
+def test_the_record_of_what_was_built_is_bounded_and_reads_back_from_json() -> None:
+    optimizer = build_optimizer(_params(), OptimizerSpec())
+    made = describe_built(optimizer, None, TrainingSpec())
+    assert BuiltOptimizer.model_validate_json(made.model_dump_json()) == made
+    fields = made.model_dump()
+    for bad in ({"optimizer": "x" * 201}, {"groups": -1},
+                {"hyperparameters": {f"k{i}": i for i in range(33)}},
+                {"hyperparameters": {"betas": [0.5] * 9}},
+                {"hyperparameters": {"note": "x" * 201}}):
+        with pytest.raises(ValidationError):
+            BuiltOptimizer.model_validate({**fields, **bad})
+
+
+class _Lion(torch.optim.SGD):
+    """An optimizer class of the user's own."""
+
+
+def test_a_class_outside_torch_optim_is_named_with_its_module() -> None:
+    made = describe_built(_Lion(_params(), lr=0.1), None, TrainingSpec())
+    assert made.optimizer == f"{__name__}._Lion" and made.scheduler is None
+    assert made.words() == f"{__name__}._Lion (lr 0.1, momentum 0, weight_decay 0), " \
+                           "schedule none"
 
 
 @pytest.mark.parametrize("kind", ["constant", "step", "warmup-cosine"])

@@ -8,12 +8,12 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
-from resumequal.compare.zoom import compare_captures, tensor_diff
+from resumequal.compare.zoom import compare_captures, summary, tensor_diff
 from resumequal.metrics import QualificationMetrics
 from resumequal.report.html import render_html
 from resumequal.report.zoom import zoom_lines
 from resumequal.trace.capture import CAPTURE_FORMAT, ROOT
-from resumequal.verdict import Result
+from resumequal.verdict import Result, ZoomReplay
 from tests.unit.report_samples import make_report, make_zoom, with_forensics
 
 T = torch.tensor
@@ -174,3 +174,79 @@ def test_microsteps_only_one_replay_ran_are_not_compared() -> None:
     resumed["calls"] = [dict(c, microstep=1) for c in resumed["calls"]]
     found = compare_captures({0: control}, {0: resumed})
     assert found.modules == [] and found.origin_kind == "none"
+
+
+# -- the headline: where the difference enters ----------------------------------------------
+
+REPLAYS = [ZoomReplay(leg=leg, attempt=a, start=None, world_size=1, reproduced=True,
+                      detail="") for leg, a in (("control", 0), ("preempted", 1))]
+EQUAL = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+
+
+def _headline(resumed: dict[str, Any], control: dict[str, Any] | None = None,
+              replays: list[ZoomReplay] = REPLAYS) -> tuple[str, str]:
+    found = compare_captures({0: control or EQUAL}, {0: resumed})
+    return found.origin_kind, summary(5, found, replays)
+
+
+def test_inputs_that_already_differ_put_the_difference_before_the_model() -> None:
+    # A different batch: the model's (and a's) inputs differ, and everything after them.
+    resumed = _chain(T([3.0, 5.5]), T([6.0, 11.0]), a_in=T([1.0, 2.5]), back=T([0.5, 0.6]))
+    resumed["calls"][0]["outputs"] = [T([2.0, 5.0])]
+    for forward in resumed["calls"][1:3]:
+        forward["inputs"] = [T([2.0, 5.0])]
+    kind, text = _headline(resumed)
+    assert kind == "input"
+    assert "the difference enters before the model" in text
+    assert "data path" in text and "loss_fn" in text
+    assert "equal in every captured tensor" not in text
+    assert not any(name in text for name in ("outer.b", "module (", "origin"))
+
+
+def test_equal_outputs_with_different_gradients_back_put_it_in_loss_fn() -> None:
+    resumed = _chain(T([3.0, 5.0]), T([6.0, 10.0]), back=T([0.5, 0.7]))
+    for backward in resumed["calls"][5:7]:  # the model's and c's: what reaches c's outputs
+        backward["inputs"] = [T([1.5])]
+    kind, text = _headline(resumed)
+    assert kind == "loss_fn"
+    assert "the difference enters in loss_fn" in text and "outputs are equal" in text
+    assert "equal in every captured tensor" not in text
+
+
+def test_a_module_origin_is_named() -> None:
+    kind, text = _headline(_chain(T([3.0, 5.000001]), T([6.0, 10.000002]),
+                                  back=T([0.5, 0.4])))
+    assert kind == "module"
+    assert text.startswith("step 5 first differs in 1 module (outer.b): its inputs were equal")
+
+
+def test_equal_model_and_gradients_with_different_parameters_after_is_the_optimizer() -> None:
+    control = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    resumed = _chain(T([3.0, 5.0]), T([6.0, 10.0]))
+    for capture, after in ((control, 0.8), (resumed, 0.9)):
+        capture["stages"]["clipped_grads"] = dict(capture["stages"]["reduced_grads"])
+        capture["stages"]["params"] = {"a.w": T([after]), "c.w": T([2.0])}
+    kind, text = _headline(resumed, control)
+    assert kind == "optimizer" and "the difference enters in the optimizer" in text
+    assert "the model and the gradients it took are equal" in text
+
+
+def test_equal_replays_say_so_and_unplaced_differences_do_not() -> None:
+    kind, text = _headline(_chain(T([3.0, 5.0]), T([6.0, 10.0])))
+    assert (kind, text) == ("none", "the replays of step 5 are equal in every captured tensor")
+    # Gradients of a parameter no module owns differ from the first stage on: nothing the
+    # replays captured says where that starts, and the headline does not claim equality.
+    control, resumed = (_chain(T([3.0, 5.0]), T([6.0, 10.0])) for _ in range(2))
+    for capture, value in ((control, 1.0), (resumed, 2.0)):
+        for stage in ("local_grads", "reduced_grads", "clipped_grads"):
+            capture["stages"][stage] = {**capture["stages"].get(stage, {}), "x.w": T([value])}
+    kind, text = _headline(resumed, control)
+    assert kind == "none" and "equal in every captured tensor" not in text
+    assert "differ (local_grads 1/3, reduced_grads 1/3, clipped_grads 1/1)" in text
+
+
+def test_a_replay_that_did_not_reproduce_the_step_says_so_first() -> None:
+    replays = [REPLAYS[0], REPLAYS[1].model_copy(update={"reproduced": False})]
+    _, text = _headline(_chain(T([3.0, 5.0]), T([6.0, 10.0])), replays=replays)
+    assert text.startswith("the replay of the preempted leg did not reproduce step 5 as "
+                           "recorded; the replays of step 5 are equal")

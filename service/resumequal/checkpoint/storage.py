@@ -18,8 +18,8 @@ from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
 from resumequal.checkpoint.remote import RemoteRoot
 from resumequal.errors import CheckpointError, StoreError
-from resumequal.spec import S3Spec
 from resumequal.store import open_store, s3_config
+from resumequal.store.s3settings import S3Spec
 
 
 class CheckpointRoot(Protocol):

@@ -12,9 +12,12 @@ that differs is classified by what it received:
   difference arose in the child, not in the parent's own code;
 - ``propagation``: its inputs (or the gradients reaching it) already differed.
 
-When no module is an origin, the first stage that differs while the one before it did
-not names where the difference starts: the reduction (local gradients equal, reduced
-gradients not), clipping and unscaling, or the optimizer update.
+A difference can also enter from outside the model: its inputs already differ (the data
+path, or what loss_fn passes it), or its outputs are equal and the gradients loss_fn sends
+back are not. When neither holds and no module is an origin, the first stage that differs
+while the one before it did not names where the difference starts: the reduction (local
+gradients equal, reduced gradients not), clipping and unscaling, or the optimizer update.
+:func:`summary` says which, in one sentence.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from resumequal.verdict import (
     ZoomKind,
     ZoomModule,
     ZoomOriginKind,
+    ZoomReplay,
     ZoomStage,
     ZoomTensor,
 )
+from resumequal.words import count
 
 MODULE_TENSORS = 8
 STAGE_TENSORS = 32
@@ -285,6 +290,19 @@ def _stage_origin(stages: Sequence[ZoomStage]) -> tuple[ZoomOriginKind, list[str
     return "none", []
 
 
+def _entry(root: _Module | None) -> ZoomOriginKind | None:
+    """Where a difference enters the model from outside: ``input`` when the model is called
+    with different inputs, ``loss_fn`` when its outputs are equal and the gradients that
+    reach them are not; None when neither."""
+    if root is None:
+        return None
+    if root.inputs:
+        return "input"
+    if root.grads_in and not root.outputs:
+        return "loss_fn"
+    return None
+
+
 def _buckets(control: Mapping[int, Capture], preempted: Mapping[int, Capture]
              ) -> dict[str, list[Bucket]] | None:
     for rank in sorted(control):
@@ -315,13 +333,63 @@ def compare_captures(control: Mapping[int, Capture],
         max_abs_diff=m.largest.get(m.phase), tensors=m.tensors) for m in differing]
     origins = [m.module for m in modules if m.kind == "origin"]
     kind: ZoomOriginKind
+    entry = _entry(raw.get(ROOT))
     if any(m.kind == "state" for m in modules):
         kind = "state"
         origins = [m.module for m in modules if m.kind == "state"]
+    elif entry == "input":
+        # Every module the inputs reach differs in turn: none of them is where it started.
+        kind, origins = entry, ["inputs"]
     elif origins:
         kind = "module"
+    elif entry == "loss_fn":
+        kind, origins = entry, ["loss_fn"]
     else:
         kind, origins = _stage_origin(stages)
     return CaptureComparison(modules=modules, modules_total=total, stages=stages,
                              origin_kind=kind, origins=origins,
                              buckets=_buckets(control, preempted))
+
+
+def summary(step: int, found: CaptureComparison, replays: Sequence[ZoomReplay]) -> str:
+    """One sentence: where the difference of ``step`` enters (the data path or loss_fn, a
+    module, the reduction, clipping, the optimizer, restored state), or that there is none."""
+    bad = [r.leg for r in replays if not r.reproduced]
+    lead = (f"the replay of the {' and '.join(bad)} leg did not reproduce step {step} as "
+            "recorded; " if bad else "")
+    return lead + _where(step, found)
+
+
+def _where(step: int, found: CaptureComparison) -> str:
+    kind, origins, differing = found.origin_kind, found.origins, len(found.modules)
+    if kind == "input":
+        return (f"at step {step} the difference enters before the model: the model is "
+                "called with different inputs, from the data path (the batch) or loss_fn; "
+                f"the {count(differing, 'module')} that differ only carry it on")
+    if kind == "loss_fn":
+        return (f"at step {step} the difference enters in loss_fn: the model's outputs are "
+                "equal, the gradients loss_fn sends back are not (its own computation, or "
+                "targets from the data path that the model never sees)")
+    if kind == "module":
+        return (f"step {step} first differs in {count(len(origins), 'module')} "
+                f"({', '.join(origins)}): its inputs were equal and its outputs were not; "
+                f"{differing} of {found.modules_total} modules differ")
+    if kind == "state":
+        return (f"step {step} began from different state ({', '.join(origins)}): the "
+                "difference was restored, not computed in this step")
+    if kind == "reduction":
+        return (f"at step {step} every module and every rank-local gradient is equal; "
+                "the gradients first differ after the reduction across ranks")
+    if kind == "clipping":
+        return (f"at step {step} the reduced gradients are equal; they first differ "
+                "after unscaling and clipping")
+    if kind == "optimizer":
+        return (f"at step {step} the difference enters in the optimizer: the model and the "
+                "gradients it took are equal, the parameters or optimizer state after the "
+                "update are not")
+    stages = [f"{st.name} {st.differ}/{st.total}" for st in found.stages if st.differ]
+    if differing or stages:
+        what = ", ".join([count(differing, "module")] * bool(differing) + stages)
+        return (f"the replays of step {step} differ ({what}), but no captured tensor shows "
+                "where the difference enters")
+    return f"the replays of step {step} are equal in every captured tensor"

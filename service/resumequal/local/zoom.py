@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from resumequal.compare.files import LegTrace
-from resumequal.compare.zoom import Capture, compare_captures, load_capture
+from resumequal.compare.zoom import Capture, compare_captures, load_capture, summary
 from resumequal.errors import ReportError
 from resumequal.launchers import TORCHRUN
 from resumequal.local import runkey
@@ -49,7 +49,6 @@ from resumequal.trace.records import (
     parse_records,
 )
 from resumequal.verdict import Report, Verdict, Zoom, ZoomReplay
-from resumequal.words import count
 
 log = logging.getLogger(__name__)
 
@@ -178,35 +177,6 @@ def _inventory_differences(a: InventoryRecord | None, b: InventoryRecord | None
     return out
 
 
-def _summary(zoom_step: int, kind: str, origins: list[str], modules: int, differing: int,
-             replays: list[ZoomReplay]) -> str:
-    if not all(r.reproduced for r in replays):
-        bad = [r.leg for r in replays if not r.reproduced]
-        lead = (f"the replay of the {' and '.join(bad)} leg did not reproduce step "
-                f"{zoom_step} as recorded; ")
-    else:
-        lead = ""
-    if kind == "module":
-        what = (f"step {zoom_step} first differs in {count(len(origins), 'module')} "
-                f"({', '.join(origins)}): its inputs were equal and its outputs were not; "
-                f"{differing} of {modules} modules differ")
-    elif kind == "state":
-        what = (f"step {zoom_step} began from different state ({', '.join(origins)}): the "
-                "difference was restored, not computed in this step")
-    elif kind == "reduction":
-        what = (f"at step {zoom_step} every module and every rank-local gradient is equal; "
-                "the gradients first differ after the reduction across ranks")
-    elif kind == "clipping":
-        what = (f"at step {zoom_step} the reduced gradients are equal; they first differ "
-                "after unscaling and clipping")
-    elif kind == "optimizer":
-        what = (f"at step {zoom_step} the gradients the optimizer took are equal; the "
-                "parameters or optimizer state first differ after the update")
-    else:
-        what = f"the replays of step {zoom_step} are equal in every captured tensor"
-    return lead + what
-
-
 def zoom_run(location: RunLocation, spec: QualificationSpec, *, step: int, rank: int,
              boundary: str | None, leg: str = MAIN_LEG, work: Path,
              python: str = sys.executable) -> Zoom:
@@ -231,8 +201,7 @@ def zoom_run(location: RunLocation, spec: QualificationSpec, *, step: int, rank:
     return Zoom(
         step=step, boundary=boundary, replays=replays, origin_kind=found.origin_kind,
         origins=found.origins,
-        summary=_summary(step, found.origin_kind, found.origins, found.modules_total,
-                         len(found.modules), replays),
+        summary=summary(step, found, replays),
         modules_total=found.modules_total, modules=found.modules, stages=found.stages,
         buckets=found.buckets,
         inventory_differences=_inventory_differences(starts[0].inventory, starts[1].inventory),

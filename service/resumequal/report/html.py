@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any, TypeVar
 
+from resumequal.built import BuiltOptimizer
 from resumequal.report import svg
 from resumequal.report.resize import resize_markers, resize_section
 from resumequal.report.zoom import zoom_section
@@ -207,18 +208,19 @@ def _header(report: Report, color: str, resume_step: int | None) -> str:
         ("restart", escape(_seconds(report.restart_seconds) + " (kill → first resumed step)")),
         ("launcher", escape(_launcher_words(report.launcher))
          + "".join(f'<br><span class="bad">{escape(c)}</span>' for c in report.caveats)),
+        *([("optimizer", escape(report.built.words()))] if report.built is not None else []),
         ("exact through step", escape(str(v.exact_through_step))),
         ("compared", escape(f"{count(v.steps_compared, 'step')} on "
                             f"{count(v.ranks_compared, 'rank')}")),
     ]
     if v.first_divergence is not None:
         d = v.first_divergence
-        where = "before the cut" if d.before_cut else "after the cut"
         facts.append(
             (
                 "first divergence",
                 f'<a href="#{FIRST_DIVERGENCE_ID}">'
-                f"{escape(f'step {d.step} · {d.boundary} · rank {d.rank} ({where})')}</a>",
+                f"{escape(f'step {d.step} · {d.boundary} · rank {d.rank} ({d.when_words()})')}"
+                "</a>",
             )
         )
     if v.controls:
@@ -226,7 +228,7 @@ def _header(report: Report, color: str, resume_step: int | None) -> str:
         facts.append(
             (
                 "negative controls",
-                f'<a href="#controls">{escape(_controls_sentence(v))}</a>'
+                f'<a href="#controls">{escape(v.control_counts.words())}</a>'
                 + (
                     f' <span class="bad">— comparator blind to {escape(", ".join(blind))}</span>'
                     if blind
@@ -453,16 +455,6 @@ def _drift(drift: Sequence[DriftSummary]) -> str:
     return "".join(parts)
 
 
-def _controls_sentence(v: Verdict) -> str:
-    text = f"{v.controls_detected} of {v.controls_total} applicable controls detected"
-    not_applicable = len(v.controls) - v.controls_total - v.controls_not_judged
-    if not_applicable:
-        text += f" ({not_applicable} not applicable)"
-    if v.controls_not_judged:
-        text += (f" ({v.controls_not_judged} not judged: the legs differ before the kill)")
-    return text
-
-
 def _controls(v: Verdict) -> str:
     if not v.controls:
         return (
@@ -470,7 +462,7 @@ def _controls(v: Verdict) -> str:
             "comparator would see a broken resume.</p>"
         )
     blind = [c for c in v.controls if c.status == "blind"]
-    parts = [f'<p class="reason">{escape(_controls_sentence(v))}</p>']
+    parts = [f'<p class="reason">{escape(v.control_counts.words())}</p>']
     if blind:
         lines = "".join(f"<strong>comparator blind to {escape(c.omission)}</strong>" for c in blind)
         parts.append(
@@ -645,7 +637,17 @@ def _inventory(report: Report) -> str:
         parts.append(_kv_table(report.inventory.items()))
     else:
         parts.append('<p class="note">No runtime inventory was recorded.</p>')
+    if report.built is not None:
+        parts.append(_built(report.built))
     return "".join(parts)
+
+
+def _built(b: BuiltOptimizer) -> str:
+    """The optimizer and scheduler the workload built, every hyperparameter of the first
+    param group."""
+    return (f"<h3>Optimizer and schedule, as the workload built them</h3>"
+            f"<p>{escape(b.optimizer)}, {escape(count(b.groups, 'param group'))}; scheduler "
+            f"{escape(b.scheduler or 'none')}</p>" + _kv_table(b.hyperparameters.items()))
 
 
 def _kv_table(items: Iterable[tuple[str, Any]], *, diff: bool = False) -> str:
@@ -671,8 +673,14 @@ def _kv_table(items: Iterable[tuple[str, Any]], *, diff: bool = False) -> str:
 
 def _spec(report: Report) -> str:
     text = json.dumps(report.spec, indent=2, sort_keys=True, default=str)
+    b = report.built
+    left_out = [] if b is None else [
+        f"training.{name}" for name, used in (("optimizer", b.optimizer_from_spec),
+                                              ("schedule", b.schedule_from_spec)) if not used]
+    note = (f'<p class="note">{escape(" and ".join(left_out))} left out: the workload built '
+            "its own (Runtime inventory).</p>" if left_out else "")
     return (
-        "<details><summary>the spec this run qualified</summary>"
+        f"{note}<details><summary>the spec this run qualified</summary>"
         f"<pre>{escape(text)}</pre></details>"
     )
 

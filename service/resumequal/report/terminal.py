@@ -95,15 +95,16 @@ def _facts(report: Report) -> Table:
     fact("launcher", report.launcher if not report.caveats else
          Text(f"{report.launcher} (cannot see what a fresh process changes: see the report)",
               style="yellow"))
+    if report.built is not None:
+        fact("optimizer", report.built.words())
     fact("exact through", f"step {v.exact_through_step}")
     skipped = _not_compared(v)
     if skipped:
         fact("not compared", Text(", ".join(skipped), style="yellow"))
     if v.first_divergence is not None:
         d = v.first_divergence
-        where = "before the cut" if d.before_cut else "after the cut"
-        fact("first divergence",
-             Text(f"step {d.step} · {d.boundary} · rank {d.rank} ({where})", style="bold red"))
+        fact("first divergence", Text(f"step {d.step} · {d.boundary} · rank {d.rank} "
+                                      f"({d.when_words()})", style="bold red"))
         fact("", f"control {_short(d.control)}  vs  preempted {_short(d.preempted)}")
         if d.tensors is not None:
             t = d.tensors
@@ -140,19 +141,10 @@ def _resize_lines(v: Verdict) -> Table:
 
 
 def _controls_line(v: Verdict) -> Text:
-    """``controls: N/M detected``, then the blind (red) and invalid (orange) omissions."""
-    line = Text.assemble(
-        "controls: ",
-        (
-            f"{v.controls_detected}/{v.controls_total} detected",
-            "green" if v.controls_detected == v.controls_total else "bold",
-        ),
-    )
-    not_applicable = len(v.controls) - v.controls_total - v.controls_not_judged
-    if not_applicable:
-        line.append(f" ({not_applicable} not applicable)", style="dim")
-    if v.controls_not_judged:
-        line.append(f" ({v.controls_not_judged} not judged)", style="dim")
+    """How many controls were detected (as the HTML says it), then the blind (red) and
+    invalid (orange) omissions."""
+    counts = v.control_counts
+    line = Text(counts.words(), style="green" if counts.all_detected else "bold")
     for status, style in (("blind", "bold red"), ("invalid", "dark_orange")):
         names = [c.omission for c in v.controls if c.status == status]
         if names:

@@ -13,6 +13,10 @@ machine (``local_folder``), which allows a rename commit. A new kind of store is
 module here holding one class that declares its scheme and registers itself
 (:mod:`resumequal.store.registry`); :func:`open_store` and the spec find it there.
 
+Importing the package loads no store SDK: the spec imports its S3 settings
+(:mod:`resumequal.store.s3settings`), and :class:`~resumequal.store.s3.S3Store` (with
+botocore) loads when the registry first looks a scheme up.
+
     store = open_store("s3://bucket/runs", S3Config(endpoint_url="http://minio:9000"))
     digest = store.put_file("ns/run/uid/control/checkpoints/step-00000004/dcp/0.distcp", path)
 """
@@ -32,11 +36,10 @@ from resumequal.store.errors import (
 )
 from resumequal.store.file import FileStore
 from resumequal.store.registry import register, schemes, store_class, supported
-from resumequal.store.s3 import (
+from resumequal.store.s3settings import (
     ADDRESSING_STYLE_ENV,
     SIGN_PAYLOADS_ENV,
     S3Config,
-    S3Store,
     s3_config,
 )
 
@@ -46,7 +49,6 @@ __all__ = [
     "FileStore",
     "ObjectInfo",
     "S3Config",
-    "S3Store",
     "Store",
     "StoreAccessDenied",
     "StoreError",

@@ -38,7 +38,7 @@ from resumequal.store.errors import StoreAccessDenied, StoreNotFound, too_large
 from resumequal.store.registry import register
 
 if TYPE_CHECKING:
-    from resumequal.store.s3 import S3Config
+    from resumequal.store.s3settings import S3Config
 
 log = logging.getLogger(__name__)
 

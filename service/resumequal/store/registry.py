@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from resumequal.store.base import Store
-    from resumequal.store.s3 import S3Config
+    from resumequal.store.s3settings import S3Config
 
 log = logging.getLogger(__name__)
 

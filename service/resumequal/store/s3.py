@@ -3,10 +3,10 @@
 Credentials come only from the standard AWS chain — ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` (+ ``AWS_SESSION_TOKEN``), a shared profile (``AWS_PROFILE``),
 web identity (``AWS_WEB_IDENTITY_TOKEN_FILE`` + ``AWS_ROLE_ARN``, as IRSA sets them), the
-container or instance role — never from :class:`S3Config`, which may be written into specs
-and reports. botocore retries throttling, 5xx and connection errors; what still fails is
-raised as one of :mod:`resumequal.store.errors`, naming the bucket or key and never a
-credential or a response body.
+container or instance role — never from the settings (:mod:`resumequal.store.s3settings`),
+which may be written into specs and reports. botocore retries throttling, 5xx and
+connection errors; what still fails is raised as one of :mod:`resumequal.store.errors`,
+naming the bucket or key and never a credential or a response body.
 
 S3 has no rename: a write of one object is atomic (readers see the old or the new
 object), but a group of objects is committed by writing a marker last.
@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 # boto3 ships no type information (no py.typed); its objects are Any here. boto3 itself
@@ -37,11 +37,9 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
     NoCredentialsError,
     PartialCredentialsError,
 )
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from resumequal.errors import StoreError
 from resumequal.redact import redact
-from resumequal.spec import S3Spec
 from resumequal.store.base import (
     CHUNK,
     LocalPath,
@@ -58,13 +56,11 @@ from resumequal.store.errors import (
 )
 from resumequal.store.multipart import PartWriter, copy_file, download
 from resumequal.store.registry import register
+from resumequal.store.s3settings import S3Config
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-# S3 rejects a multipart part under 5 MiB (except the last) and over 5 GiB.
-_MIN_PART_MB = 5
-_MAX_PART_MB = 5 * 1024
 
 _DENIED = frozenset(
     {
@@ -83,65 +79,6 @@ _DENIED = frozenset(
 _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
 _CONDITION_FAILED = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout"})
-
-
-class S3Config(BaseModel):
-    """How to reach the object store. Holds no credentials (see the module docstring)."""
-
-    # Inputs stay out of validation messages: a misplaced secret must not be echoed.
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
-
-    endpoint_url: str | None = None
-    """``http(s)://host:port`` of MinIO, Ceph RGW or another S3 API; ``None`` for AWS."""
-    region: str | None = None
-    """Signing region; ``None`` takes ``AWS_REGION`` / the profile. MinIO accepts any."""
-    addressing_style: Literal["path", "virtual", "auto"] = "auto"
-    """``path`` (``host/bucket/key``) is what MinIO and RGW without wildcard DNS need."""
-    max_attempts: int = Field(5, ge=1, le=20)
-    """Attempts per request, the first included. Standard mode backs off exponentially
-    (random, up to 1, 2, 4, 8 s), so 5 attempts ride out ~15 s of endpoint trouble — a
-    gateway pod restarting — before a leg fails."""
-    sign_payloads: bool = False
-    """Sign every request body (SigV4's ``x-amz-content-sha256``) over http as well, for a
-    store that refuses ``UNSIGNED-PAYLOAD``. Off, a body goes unsigned wherever botocore
-    sends a checksum with it (its default, CRC32, which the store checks), as botocore
-    itself does over https: over plain http it would otherwise hash every byte with
-    sha256 once more after the sha256 a checkpoint's manifest already keeps (0.28 s of a
-    300 MB save's 1 s of CPU). Where checksums are off (``AWS_REQUEST_CHECKSUM_CALCULATION=
-    when_required``) bodies are signed either way."""
-    retry_mode: Literal["standard", "adaptive"] = "standard"
-    """``adaptive`` also rate-limits the client after throttling; useful when many ranks
-    write one bucket at once."""
-    multipart_threshold_mb: int = Field(16, ge=1)
-    """Objects over this size (MiB), and over one part, are uploaded and downloaded in
-    parallel parts; smaller ones in one request."""
-    multipart_chunk_mb: int = Field(16, ge=_MIN_PART_MB, le=_MAX_PART_MB)
-    """Part size (MiB). S3 wants 5 MiB to 5 GiB; 16 MiB keeps at most
-    ``max_concurrency`` x 16 MiB in flight and a 100 GiB shard under the 10 000-part limit."""
-    max_concurrency: int = Field(10, ge=1, le=64)
-    """Parts transferred at once per file (boto3's default)."""
-    connect_timeout_seconds: float = Field(3.0, gt=0)
-    """Seconds to open a connection; each timeout is one failed attempt."""
-    read_timeout_seconds: float = Field(8.0, gt=0)
-    """Seconds without a byte from the server before an attempt fails. With the defaults an
-    endpoint that accepts connections and never answers fails a request after 5 x 8 s plus
-    the backoff between attempts (at most 15 s): under a minute, a warning per retry."""
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parsed = urlparse(value)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL")
-        if parsed.username is not None or parsed.password is not None:
-            # Do not echo the value: it holds what looks like a credential.
-            raise ValueError(
-                "holds user:password; credentials come from the AWS chain "
-                "(env, profile, web identity), never from the endpoint URL"
-            )
-        return value.rstrip("/")
 
 
 def _code(e: ClientError) -> str:
@@ -200,29 +137,6 @@ def _retry_reason(response: Any, caught: Exception | None) -> str | None:
         return None
     code = str((parsed or {}).get("Error", {}).get("Code", ""))
     return f"{code} (HTTP {status})" if code else f"HTTP {status}"
-
-
-# botocore reads endpoint, region and credentials from the environment, but has no
-# variable for the addressing style; workers that start from a bare run location (no spec
-# yet) take it from here, and the operator sets it on every pod.
-ADDRESSING_STYLE_ENV = "RESUMEQUAL_S3_ADDRESSING_STYLE"
-# And whether to sign request bodies (S3Config.sign_payloads): "1" signs them.
-SIGN_PAYLOADS_ENV = "RESUMEQUAL_S3_SIGN_PAYLOADS"
-
-
-def s3_config(spec: S3Spec | None) -> S3Config:
-    """Client settings from a spec's ``checkpoint.s3``; without one, AWS defaults plus
-    ``RESUMEQUAL_S3_ADDRESSING_STYLE`` and ``RESUMEQUAL_S3_SIGN_PAYLOADS`` from the
-    environment."""
-    if spec is not None:
-        return S3Config(**spec.model_dump(by_alias=False))
-    style = os.environ.get(ADDRESSING_STYLE_ENV, "").strip() or "auto"
-    if style not in ("path", "virtual", "auto"):
-        raise StoreError(f"{ADDRESSING_STYLE_ENV}={style!r}: expected path, virtual or auto")
-    sign = os.environ.get(SIGN_PAYLOADS_ENV, "").strip() or "0"
-    if sign not in ("0", "1"):
-        raise StoreError(f"{SIGN_PAYLOADS_ENV}={sign!r}: expected 0 or 1")
-    return S3Config(addressing_style=style, sign_payloads=sign == "1")  # type: ignore[arg-type]
 
 
 @register

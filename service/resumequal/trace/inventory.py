@@ -15,6 +15,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from resumequal.built import BuiltOptimizer
 from resumequal.launchers import FORKED_ENV
 from resumequal.trace.records import CompileRecord, InventoryRecord
 
@@ -55,9 +56,10 @@ def _cudnn_version() -> int | None:
     return version
 
 
-def collect_inventory(rank: int, attempt: int,
-                      compile: CompileRecord | None = None) -> InventoryRecord:
-    """The runtime inventory of this process; ``compile`` where the model is compiled."""
+def collect_inventory(rank: int, attempt: int, compile: CompileRecord | None = None,
+                      built: BuiltOptimizer | None = None) -> InventoryRecord:
+    """The runtime inventory of this process; ``compile`` where the model is compiled,
+    ``built`` what the workload built."""
     return InventoryRecord(
         rank=rank,
         attempt=attempt,
@@ -80,5 +82,6 @@ def collect_inventory(rank: int, attempt: int,
         env=relevant_env(),
         compile=compile,
         launcher="forked" if os.environ.get(FORKED_ENV) == "1" else "torchrun",
+        built=built,
     )
 

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Final, Literal, Protocol, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from resumequal.built import BuiltOptimizer
 from resumequal.errors import TraceError
 from resumequal.spec import BOUNDARIES, Boundary, Omission
 
@@ -230,13 +231,18 @@ class InventoryRecord(_Record):
     # one (the forked launcher).
     launcher: Literal["torchrun", "forked"] = Field(
         default="torchrun", description="how this worker process was started")
+    # None in traces written before it was recorded.
+    built: BuiltOptimizer | None = Field(
+        default=None, description="the optimizer and scheduler the workload built, before "
+        "the first step or restore")
 
     def comparable(self) -> dict[str, Any]:
-        """The fields two legs must agree on: drops pid, host, rank and attempt, and where
+        """The fields two legs must agree on: drops pid, host, rank and attempt, where
         inductor's cache is and whether it was warm (a resumed process may find the folder
-        the first one filled; a fresh cache differs in every process)."""
+        the first one filled; a fresh cache differs in every process), and what the workload
+        built (what the report shows; its numerics are the boundaries' to judge)."""
         return self.model_dump(exclude={"pid": True, "host": True, "rank": True,
-                                        "attempt": True,
+                                        "attempt": True, "built": True,
                                         "compile": {"cache_dir", "warm"}})
 
 

@@ -93,6 +93,7 @@ from resumequal.train.sharding import (
 from resumequal.train.startup import resume_gc, thaw_gc
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import PositionalDataset, WorkloadContext
+from resumequal.workloads.optim import describe_built
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +389,9 @@ class Trainer:
                 built_at=time.time(),
             )
         )
-        self.trace.write(collect_inventory(self.p.rank, self.p.attempt, self.compiled))
+        w = live.workload
+        built = describe_built(w.optimizer, w.scheduler, self.spec.training)
+        self.trace.write(collect_inventory(self.p.rank, self.p.attempt, self.compiled, built))
         self._resume(live)
         if self.spec.parallelism.kind == "ddp" and self.spec.ddp.reducer_prime:
             prime_reducer(live, self.precision)

@@ -2,7 +2,7 @@
 and the work queue.
 
 A watcher lists (which gives a resourceVersion), puts every run into its
-:class:`~resumequal_operator.cache.ObjectCache`, enqueues it, then watches from that
+:class:`~resumequal_operator.runtime.cache.ObjectCache`, enqueues it, then watches from that
 version, each event updating the cache. When the server says 410 Gone (the version was
 compacted away) it lists again and enqueues every run, including those that disappeared
 meanwhile, so their metrics and store references are dropped (see :mod:`.cache` for why
@@ -13,7 +13,7 @@ feed back into reconciles.
 
 The same watcher, given another kind and a label selector, keeps the PyTorchJobs and Jobs
 the operator created in caches of their own, enqueuing nothing: the backend reads them
-from there (:class:`~resumequal_operator.cache.CachedReads`).
+from there (:class:`~resumequal_operator.runtime.cache.CachedReads`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 from resumequal.errors import ClusterError
-from resumequal_operator.cache import ObjectCache, key_of
 from resumequal_operator.kube import QUALIFICATION_RUNS, Gone, Kind, Kube, Obj
+from resumequal_operator.runtime.cache import ObjectCache, key_of
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,172 @@
+"""How an ``s3://`` store is reached: the spec's ``checkpoint.s3`` section
+(:class:`S3Spec`), the client settings it becomes (:class:`S3Config`, :func:`s3_config`)
+and the environment variables that carry them to a worker without a spec.
+
+Settings only: no SDK and no store, as the spec imports this module for its
+``checkpoint.s3`` field and importing the spec must not load botocore. Of resumequal it
+imports only the error base. No credentials here: :mod:`resumequal.store.s3` says where
+they come from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from resumequal.errors import StoreError
+
+# S3Spec is a section of the spec and is spelt like every other one
+# (resumequal.spec.SECTION_CONFIG: camelCase on the wire, unknown keys refused, finite
+# floats, inputs kept out of messages) and bounded by the spec's ceilings (MAX_URI,
+# MAX_SECONDS). Written out here because the spec imports this module; test_store checks
+# that the two agree, and the generated spec reference and CRD would show any difference.
+_SPEC_SECTION = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel,
+                           validate_by_name=True, validate_by_alias=True,
+                           serialize_by_alias=True, allow_inf_nan=False,
+                           hide_input_in_errors=True)
+_MAX_URL = 2048
+_MAX_SECONDS = 7 * 24 * 3600.0
+# S3 rejects a multipart part under 5 MiB (except the last) and over 5 GiB.
+_MIN_PART_MB = 5
+_MAX_PART_MB = 5 * 1024
+
+
+class S3Spec(BaseModel):
+    """How workers and the comparator reach an ``s3://`` checkpoint store (AWS S3, MinIO,
+    Ceph RGW). No credentials here: they come from the standard AWS chain (env, profile,
+    web identity, instance role), since specs are written into run files and reports."""
+
+    model_config = _SPEC_SECTION
+
+    endpoint_url: str | None = Field(
+        default=None, max_length=_MAX_URL,
+        description="http(s)://host:port of MinIO / RGW; None for AWS S3.",
+    )
+    region: str | None = Field(default=None, max_length=64,
+                               description="Signing region; None: AWS_REGION.")
+    addressing_style: Literal["path", "virtual", "auto"] = Field(
+        default="auto", description="'path' for MinIO and RGW without wildcard DNS."
+    )
+    max_attempts: int = Field(
+        default=5, ge=1, le=20,
+        description="Attempts per request (exponential backoff); 5 ride out ~15 s of "
+        "endpoint trouble before a save fails.",
+    )
+    connect_timeout_seconds: float = Field(
+        default=3.0, gt=0, le=_MAX_SECONDS,
+        description="Seconds to open a connection before the attempt fails (and is retried).",
+    )
+    read_timeout_seconds: float = Field(
+        default=8.0, gt=0, le=_MAX_SECONDS,
+        description="Seconds without a byte from the endpoint before the attempt fails (and "
+        "is retried). An endpoint that accepts connections and never answers fails a request "
+        "after maxAttempts x readTimeoutSeconds plus backoff (at most 15 s): under a minute "
+        "by default. Raise it for a gateway slow to complete large uploads.",
+    )
+    sign_payloads: bool = Field(
+        default=False,
+        description="Sign request bodies (SigV4's payload sha256) over http too, for a "
+        "store that refuses UNSIGNED-PAYLOAD. Off: bodies go unsigned with a CRC32 the "
+        "store checks, as botocore sends them over https; a checkpoint's own sha256 is in "
+        "its authenticated manifest, so nothing is hashed twice.",
+    )
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.match(r"^https?://[^/@\s]+(/.*)?$", value):
+            # Not echoed: a URL with user:password would leak a credential into messages.
+            raise ValueError("must be http(s)://host[:port], without user:password")
+        return value.rstrip("/")
+
+
+class S3Config(BaseModel):
+    """How to reach the object store. Holds no credentials (see :mod:`resumequal.store.s3`)."""
+
+    # Inputs stay out of validation messages: a misplaced secret must not be echoed.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    endpoint_url: str | None = None
+    """``http(s)://host:port`` of MinIO, Ceph RGW or another S3 API; ``None`` for AWS."""
+    region: str | None = None
+    """Signing region; ``None`` takes ``AWS_REGION`` / the profile. MinIO accepts any."""
+    addressing_style: Literal["path", "virtual", "auto"] = "auto"
+    """``path`` (``host/bucket/key``) is what MinIO and RGW without wildcard DNS need."""
+    max_attempts: int = Field(5, ge=1, le=20)
+    """Attempts per request, the first included. Standard mode backs off exponentially
+    (random, up to 1, 2, 4, 8 s), so 5 attempts ride out ~15 s of endpoint trouble — a
+    gateway pod restarting — before a leg fails."""
+    sign_payloads: bool = False
+    """Sign every request body (SigV4's ``x-amz-content-sha256``) over http as well, for a
+    store that refuses ``UNSIGNED-PAYLOAD``. Off, a body goes unsigned wherever botocore
+    sends a checksum with it (its default, CRC32, which the store checks), as botocore
+    itself does over https: over plain http it would otherwise hash every byte with
+    sha256 once more after the sha256 a checkpoint's manifest already keeps (0.28 s of a
+    300 MB save's 1 s of CPU). Where checksums are off (``AWS_REQUEST_CHECKSUM_CALCULATION=
+    when_required``) bodies are signed either way."""
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+    """``adaptive`` also rate-limits the client after throttling; useful when many ranks
+    write one bucket at once."""
+    multipart_threshold_mb: int = Field(16, ge=1)
+    """Objects over this size (MiB), and over one part, are uploaded and downloaded in
+    parallel parts; smaller ones in one request."""
+    multipart_chunk_mb: int = Field(16, ge=_MIN_PART_MB, le=_MAX_PART_MB)
+    """Part size (MiB). S3 wants 5 MiB to 5 GiB; 16 MiB keeps at most
+    ``max_concurrency`` x 16 MiB in flight and a 100 GiB shard under the 10 000-part limit."""
+    max_concurrency: int = Field(10, ge=1, le=64)
+    """Parts transferred at once per file (boto3's default)."""
+    connect_timeout_seconds: float = Field(3.0, gt=0)
+    """Seconds to open a connection; each timeout is one failed attempt."""
+    read_timeout_seconds: float = Field(8.0, gt=0)
+    """Seconds without a byte from the server before an attempt fails. With the defaults an
+    endpoint that accepts connections and never answers fails a request after 5 x 8 s plus
+    the backoff between attempts (at most 15 s): under a minute, a warning per retry."""
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parsed = urlparse(value)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL")
+        if parsed.username is not None or parsed.password is not None:
+            # Do not echo the value: it holds what looks like a credential.
+            raise ValueError(
+                "holds user:password; credentials come from the AWS chain "
+                "(env, profile, web identity), never from the endpoint URL"
+            )
+        return value.rstrip("/")
+
+
+# botocore reads endpoint, region and credentials from the environment, but has no
+# variable for the addressing style; workers that start from a bare run location (no spec
+# yet) take it from here, and the operator sets it on every pod.
+ADDRESSING_STYLE_ENV = "RESUMEQUAL_S3_ADDRESSING_STYLE"
+# And whether to sign request bodies (S3Config.sign_payloads): "1" signs them.
+SIGN_PAYLOADS_ENV = "RESUMEQUAL_S3_SIGN_PAYLOADS"
+
+
+def s3_config(spec: S3Spec | None) -> S3Config:
+    """Client settings from a spec's ``checkpoint.s3``; without one, AWS defaults plus
+    ``RESUMEQUAL_S3_ADDRESSING_STYLE`` and ``RESUMEQUAL_S3_SIGN_PAYLOADS`` from the
+    environment."""
+    if spec is not None:
+        return S3Config(**spec.model_dump(by_alias=False))
+    style = os.environ.get(ADDRESSING_STYLE_ENV, "").strip() or "auto"
+    if style not in ("path", "virtual", "auto"):
+        raise StoreError(f"{ADDRESSING_STYLE_ENV}={style!r}: expected path, virtual or auto")
+    sign = os.environ.get(SIGN_PAYLOADS_ENV, "").strip() or "0"
+    if sign not in ("0", "1"):
+        raise StoreError(f"{SIGN_PAYLOADS_ENV}={sign!r}: expected 0 or 1")
+    return S3Config(addressing_style=style, sign_payloads=sign == "1")  # type: ignore[arg-type]
+
+
+__all__ = ["ADDRESSING_STYLE_ENV", "SIGN_PAYLOADS_ENV", "S3Config", "S3Spec", "s3_config"]
