@@ -69,4 +69,4 @@ def test_fp16_resumes_exactly_and_a_resume_without_the_scaler_is_caught(
     assert first["preempted"] == "{'scale': 65536.0, 'growth_tracker': 0}"
     assert control["mechanism"].startswith(
         f"loss scale differed from step {resumed_step} (rank 0); ")
-    assert "controls: 1/1 detected" in out
+    assert "1 of 1 applicable controls detected" in out
