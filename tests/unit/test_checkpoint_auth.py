@@ -226,6 +226,13 @@ def test_a_generated_key_is_usable_and_fresh() -> None:
     assert new_key() != new_key()
 
 
+def test_a_generated_key_that_repeats_one_digit_often_is_still_usable() -> None:
+    # A key secrets.token_hex once made: "a" 17 times in 64 (one key in 40 000 does that).
+    drawn = "c27caa0943c795aa0a77aaa845ac8974b6ae4a0aafa47c904a10b3ab379da344"
+    assert drawn.count("a") == 17
+    assert key_from_env({KEY_ENV: drawn}) == drawn.encode()
+
+
 
 
 def test_a_local_run_makes_a_key_for_its_legs_and_keeps_it_out_of_the_run_folder(
@@ -245,20 +252,26 @@ def test_a_local_run_keeps_the_callers_key(tmp_path: Path, checkpoint_key: str) 
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_files_planted_after_the_check_are_never_read(kind: str, tmp_path: Path) -> None:
-    """Between the check of a checkpoint and its load, whoever can write to the store swaps
-    its files for the payload: the worker loads its private verified copy, and the
-    comparator its own, so the swap is never read."""
+def test_files_planted_after_the_check_are_never_run(kind: str, tmp_path: Path) -> None:
+    """Between the check of a checkpoint's manifest and its load, whoever can write to the
+    store swaps its files for the payload. A folder's files are read where they lie, each
+    byte checked as it is read, so the swap is refused naming the file; an object store's
+    were downloaded at the check, so the swap is never read. The comparator copies
+    (verifying) before it reads: the swapped files are refused."""
     place = Place(kind, tmp_path)
     marker = tmp_path / "payload-ran"
     mgr = _manager(place.root)
-    assert mgr.newest() == NAME  # checked (and copied) here
+    assert mgr.newest() == NAME  # the manifest checked here
     for rel, data in planted_files(marker).items():
         place.write(rel, data)  # then swapped where the checkpoint lies
-    loaded = mgr.load(NAME, _template, Plain)
-    assert torch.equal(loaded.tensors["x"], torch.arange(3.0))
-    assert loaded.rank_state == Plain(step=STEPS)
+    if kind == "folder":
+        with pytest.raises(CheckpointError) as info:
+            mgr.load(NAME, _template, Plain)
+        _refused(str(info.value), f"is refused: {layout.rank_state_file(0)} has ")
+    else:
+        loaded = mgr.load(NAME, _template, Plain)
+        assert torch.equal(loaded.tensors["x"], torch.arange(3.0))
+        assert loaded.rank_state == Plain(step=STEPS)
     assert not marker.exists()
-    # The comparator copies (verifying) before it reads: the swapped files are refused.
     _refused(place.compare(tmp_path), "does not match the manifest's size and sha256")
     assert not marker.exists()
