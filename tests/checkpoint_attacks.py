@@ -2,20 +2,19 @@
 
 The attacker can write anything under the run's prefix but does not hold the checkpoint
 key: it replaces DCP's ``.metadata`` and a rank state with pickles that run a payload
-when loaded, recomputes every sha256 and size in the manifest, signs it with a key of its
+when loaded, recomputes every size and chunk sha256 in the manifest, signs it with a key of its
 own (or keeps the old MAC, or drops it) and writes ``COMMITTED`` again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from resumequal.checkpoint.layout import DCP_DIR, MANIFEST, MANIFEST_MAC, rank_state_file
-from resumequal.checkpoint.manifest import FileEntry, Manifest
+from resumequal.checkpoint.manifest import Manifest, entry_of
 from resumequal.signing import sign
 
 ATTACKER_KEY = b"not-the-run-key-" * 4
@@ -46,13 +45,13 @@ def forge(
     planted: dict[str, bytes],
     mac: str = "attacker",
 ) -> tuple[bytes, bytes | None]:
-    """The tampered manifest (every planted file's size and sha256 recomputed) and the MAC
+    """The tampered manifest (every planted file's size and digests recomputed) and the MAC
     the attacker stores beside it: ``attacker`` (its own key), ``stale`` (the old one is
     left; the caller keeps it) or ``none``."""
     manifest = Manifest.model_validate_json(manifest_bytes)
     files = dict(manifest.files)
     for rel, data in planted.items():
-        files[rel] = FileEntry(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        files[rel] = entry_of(data)
     forged = manifest.model_copy(update={"files": files}).model_dump_json(indent=1).encode()
     if mac == "attacker":
         return forged, sign(forged, ATTACKER_KEY).encode()

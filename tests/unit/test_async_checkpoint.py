@@ -25,6 +25,7 @@ from torch.futures import Future as TorchFuture
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, layout, verify
 from resumequal.checkpoint.manager import WriteState, commit_decision
 from resumequal.checkpoint.manifest import write_manifest
+from resumequal.checkpoint.writing import HashingWriter
 from resumequal.errors import CheckpointError
 from resumequal.spec import SpecError, apply_overrides, parse_spec
 from tests.unit.rank_states import Plain
@@ -45,6 +46,14 @@ class Gate:
         self.open = threading.Event()
         self.fail: Exception | None = None
 
+    def hold(self) -> None:
+        """Where a background write starts: wait for the test, then maybe fail."""
+        self.reached.set()
+        if not self.open.wait(GATE_TIMEOUT):
+            raise TimeoutError("the test never opened the gate")
+        if self.fail is not None:
+            raise self.fail
+
     def writer(self) -> type[dcp.FileSystemWriter]:
         gate = self
 
@@ -52,11 +61,7 @@ class Gate:
             def write_data(
                 self, plan: SavePlan, planner: SavePlanner
             ) -> TorchFuture[Any]:
-                gate.reached.set()
-                if not gate.open.wait(GATE_TIMEOUT):
-                    raise TimeoutError("the test never opened the gate")
-                if gate.fail is not None:
-                    raise gate.fail
+                gate.hold()
                 return super().write_data(plan, planner)
 
         return GatedWriter
@@ -64,9 +69,17 @@ class Gate:
 
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
-    """Every FileSystemWriter made during the test is gated (the manager's too)."""
+    """Every FileSystemWriter made during the test is gated, the manager's (a
+    HashingWriter) too."""
     g = Gate()
     monkeypatch.setattr(dcp, "FileSystemWriter", g.writer())
+    hashing = HashingWriter.write_data
+
+    def gated(self: HashingWriter, plan: SavePlan, planner: SavePlanner) -> TorchFuture[Any]:
+        g.hold()
+        return hashing(self, plan, planner)
+
+    monkeypatch.setattr(HashingWriter, "write_data", gated)
     yield g
     g.open.set()  # never leave a background thread waiting
 

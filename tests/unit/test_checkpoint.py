@@ -20,6 +20,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Loaded, Position, layout, verify
+from resumequal.checkpoint.chunks import CHUNK_BYTES
+from resumequal.checkpoint.manifest import entry_of, read_manifest, write_manifest_file
 from resumequal.errors import CheckpointError
 from resumequal.spec import OMISSIONS
 from resumequal.state import (
@@ -248,7 +250,7 @@ def test_save_commits_under_the_position_name(saved: Path) -> None:
     assert sorted(p.name for p in saved.iterdir()) == [".staging", "step-00000002+1"]
 
 
-def test_manifest_lists_every_file_with_size_and_sha256(saved: Path) -> None:
+def test_manifest_lists_every_file_with_size_and_chunk_sha256s(saved: Path) -> None:
     final = saved / "step-00000002+1"
     manifest = json.loads((final / "manifest.json").read_text())
     on_disk = {str(p.relative_to(final)): p for p in final.rglob("*")
@@ -257,8 +259,9 @@ def test_manifest_lists_every_file_with_size_and_sha256(saved: Path) -> None:
     assert "rank-0.json" in on_disk and "dcp/.metadata" in on_disk
     for rel, path in on_disk.items():
         data = path.read_bytes()
-        assert manifest["files"][rel] == {"size": len(data),
-                                          "sha256": hashlib.sha256(data).hexdigest()}
+        chunks = [hashlib.sha256(data[i:i + CHUNK_BYTES]).hexdigest()
+                  for i in range(0, len(data), CHUNK_BYTES)]
+        assert manifest["files"][rel] == {"size": len(data), "chunks": chunks}
     assert (manifest["name"], manifest["step"], manifest["microstep"]) == ("step-00000002+1", 2, 1)
     assert (manifest["world_size"], manifest["attempt"]) == (1, 0)
     assert verify(final).files.keys() == on_disk.keys()
@@ -332,15 +335,16 @@ def test_newest_orders_emergency_checkpoints_between_steps(tmp_path: Path) -> No
     assert mgr.newest() == "step-00000005"
 
 
-def test_newest_refuses_a_tampered_newest_checkpoint(saved: Path, tmp_path: Path) -> None:
+def test_a_resume_refuses_a_tampered_newest_checkpoint(saved: Path, tmp_path: Path) -> None:
     root = _copy(saved, tmp_path)
     mgr = _manager(root)
     _save(mgr, _trained(steps=1), Position(1))  # an older, intact checkpoint
     shard = _shard(root / "step-00000002+1")
     shard.write_bytes(b"\x00" + shard.read_bytes()[1:])
-    with pytest.raises(CheckpointError,
-                       match=re.escape(f"step-00000002+1: dcp/{shard.name} fails")):
-        mgr.newest()
+    assert mgr.newest() == "step-00000002+1"  # the contents are checked as they are read
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"step-00000002+1 is refused: dcp/{shard.name} fails its sha256 check at chunk 0")):
+        mgr.load("step-00000002+1", _template(_live(seed=2)), RankState)
 
 
 def test_newest_refuses_a_checkpoint_of_another_world_size(saved: Path) -> None:
@@ -589,14 +593,21 @@ def test_a_rank_state_is_json_and_is_read_back_strictly(tmp_path: Path) -> None:
     state = json.loads(path.read_bytes())
     assert state["format"] == 2 and state["counters"]["step"] == 1
     assert RankState.model_validate_json(path.read_bytes()) == rank_state(live)
-    mgr.root.fetch(name, 0)
-    copy = mgr.root.local_copy(name, 0) / layout.rank_state_file(0)
     for bad, why in (({k: v for k, v in state.items() if k != "data_cursor"}, "data_cursor"),
                      ({**state, "sampler": {}}, "sampler"), ({**state, "format": 1}, "format")):
-        copy.write_text(json.dumps(bad))  # the verified copy, past the manifest check
+        _resign(tmp_path / name, layout.rank_state_file(0), json.dumps(bad).encode())
         with pytest.raises(CheckpointError, match=rf"rank-0\.json: unreadable rank state: "
                                                   rf"(?s:.*){why}"):
-            mgr.load(name, _template(_live(seed=2)), RankState)
+            _manager(tmp_path).load(name, _template(_live(seed=2)), RankState)
+
+
+def _resign(checkpoint: Path, rel: str, data: bytes) -> None:
+    """Replace file ``rel`` of a committed checkpoint and sign the manifest anew, with the
+    run's key: what the manifest check lets through, for the checks after it."""
+    (checkpoint / rel).write_bytes(data)
+    manifest = read_manifest(checkpoint)
+    files = {**manifest.files, rel: entry_of(data)}
+    write_manifest_file(checkpoint, manifest.model_copy(update={"files": files}))
 
 
 def test_omitted_parts_unions_and_rejects_unknown_names() -> None:
@@ -614,9 +625,8 @@ def test_a_dcp_failure_on_load_is_a_checkpoint_error(tmp_path: Path) -> None:
     live = _trained(steps=1)
     mgr = _manager(tmp_path)
     name = _save(mgr, live, Position(1))
-    mgr.root.fetch(name, 0)
-    shard = sorted((mgr.root.local_copy(name, 0) / "dcp").glob("*.distcp"))[0]
-    shard.write_bytes(shard.read_bytes()[:16])  # the verified copy, past the manifest check
+    shard = _shard(tmp_path / name)
+    _resign(tmp_path / name, f"dcp/{shard.name}", shard.read_bytes()[:16])  # past the check
     with pytest.raises(CheckpointError, match="DCP load of step-00000001 failed"):
         mgr.load(name, _template(_live(seed=2)), RankState)
 

@@ -8,6 +8,7 @@ from resumequal.checkpoint.folder import FolderRoot
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manager import CheckpointManager, Loaded
 from resumequal.checkpoint.manifest import Manifest, verify
+from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.checkpoint.remote import RemoteRoot
 from resumequal.checkpoint.storage import CheckpointRoot, checkpoint_location
 
@@ -19,6 +20,7 @@ __all__ = [
     "Manifest",
     "Position",
     "RemoteRoot",
+    "VerifiedCheckpoint",
     "checkpoint_location",
     "verify",
 ]

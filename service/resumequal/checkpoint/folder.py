@@ -7,21 +7,22 @@ Layout under the leg's checkpoint folder::
         manifest.json, manifest.hmac       committed (renamed into place)
     .trash/                                a replaced checkpoint, until retention
 
-Rank 0 hashes every staged file into the manifest, signs it, and renames the staging folder into
-place; a kill before the rename leaves only a staging folder, removed at the next start.
-:mod:`resumequal.checkpoint.manager` runs the collectives around it.
+Every rank hashes its files as it writes them (:mod:`resumequal.checkpoint.writing`) and
+fsyncs them; rank 0 writes the manifest of what every rank reported, signs it, and renames
+the staging folder into place; a kill before the rename leaves only a staging folder,
+removed at the next start. :mod:`resumequal.checkpoint.manager` runs the collectives
+around it.
 
-A checkpoint is never loaded where it lies: whoever can write to the folder could change a
-file between its check and its load. Each rank copies it into a private folder of its own,
-checking every file as it is copied, and loads the copy.
+A checkpoint is loaded where it lies, never copied: each rank reads only the byte ranges
+it loads, checks every chunk they touch against the manifest, and hands torch the very
+bytes it checked (:mod:`resumequal.checkpoint.reading`), so whoever can write to the
+folder cannot change a file between its check and its load.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,11 +33,17 @@ from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import (
     CheckpointInfo,
     FileEntry,
+    Manifest,
+    check_listing,
     copy_verified,
+    file_entry,
     fsync_dir,
-    verify,
-    write_manifest,
+    make_manifest,
+    read_manifest,
+    write_manifest_file,
 )
+from resumequal.checkpoint.reading import VerifiedCheckpoint
+from resumequal.checkpoint.writing import HashingWriter
 from resumequal.errors import CheckpointError, CheckpointMissing
 
 log = logging.getLogger(__name__)
@@ -53,15 +60,6 @@ class FolderRoot:
     run: str | None = field(default=None, compare=False)
     # The staged files are the checkpoint itself once renamed: fsync them.
     durable_staging = True
-    _copies: list[Path] = field(default_factory=list, compare=False, repr=False)
-
-    def _private(self) -> Path:
-        """This process's folder for verified copies: mode 0700, removed at exit."""
-        if not self._copies:
-            folder = Path(tempfile.mkdtemp(prefix="resumequal-ckpt-"))
-            atexit.register(shutil.rmtree, folder, ignore_errors=True)
-            self._copies.append(folder)
-        return self._copies[0]
 
     @property
     def scratch(self) -> Path:
@@ -73,23 +71,32 @@ class FolderRoot:
     def prepare(self, name: str) -> None:
         """Nothing to remove: the commit replaces an earlier checkpoint of that name."""
 
-    def writer(self, name: str, staging: Path) -> dcp.FileSystemWriter:
-        """DCP's own writer into the staging folder, fsyncing: the files are the checkpoint."""
-        return dcp.FileSystemWriter(str(staging / layout.DCP_DIR), sync_files=True)
+    def writer(self, name: str, staging: Path) -> HashingWriter:
+        """DCP's writer into the staging folder, hashing and fsyncing each file as it is
+        written: the files are the checkpoint."""
+        return HashingWriter(staging, sync=True)
 
     def publish(self, name: str, staging: Path, rank: int,
                 writer: dcp.FileSystemWriter) -> dict[str, FileEntry]:
-        """Nothing to send: every rank wrote into the shared staging folder."""
-        return {}
+        """Nothing to send (every rank wrote into the shared staging folder): the entries
+        of the files this rank wrote, taken while ``writer`` wrote them."""
+        entries = dict(writer.written) if isinstance(writer, HashingWriter) else {}
+        state = layout.rank_state_file(rank)
+        entries[state] = file_entry(staging / state)  # a few hundred bytes
+        return entries
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
                world_size: int, attempt: int, info: CheckpointInfo) -> None:
-        """Hash the staged files into the manifest, then rename the folder into place."""
+        """Write the manifest of every rank's ``files``, then rename the folder into place."""
         if self.leg is not None:
             info = {**info, "leg": self.leg}  # the manifest names the leg it is filed under
-        write_manifest(staging, name=position.name, step=position.step,
-                       microstep=position.microstep, world_size=world_size, attempt=attempt,
-                       info=info, run=self.run)
+        manifest = make_manifest(position, files, world_size=world_size, attempt=attempt,
+                                 info=info, run=self.run)
+        check_listing(staging, manifest)  # nothing written that no rank reported
+        write_manifest_file(staging, manifest)
+        # The files are synced; their names in dcp/ are made durable here (the staging
+        # folder's own by write_manifest_file), before the rename publishes them.
+        fsync_dir(staging / layout.DCP_DIR)
         final = self.root / position.name
         if final.exists():
             # Re-saving a position (e.g. after a resume with a planted omission): the new
@@ -119,13 +126,25 @@ class FolderRoot:
         shutil.rmtree(self.root / layout.TRASH_DIR, ignore_errors=True)
         return removed
 
+    def _manifest(self, name: str) -> Manifest:
+        """The authenticated manifest of checkpoint ``name``, filed under its own name."""
+        directory = self.root / name
+        manifest = read_manifest(directory, leg=self.leg, run=self.run)
+        if manifest.name != name:
+            raise CheckpointError(
+                f"checkpoint {directory} is refused: its manifest is the one of {manifest.name}"
+            )
+        return manifest
+
     def newest_verified(self, world_size: int | None) -> str | None:
-        """The newest committed checkpoint, every file checked against its manifest."""
+        """The newest committed checkpoint, its manifest authenticated and its files
+        there with their sizes; their contents are checked as they are read."""
         positions = layout.committed(self.root)
         if not positions:
             return None
         newest = positions[-1]
-        manifest = verify(self.root / newest.name, leg=self.leg, run=self.run)
+        manifest = self._manifest(newest.name)
+        check_listing(self.root / newest.name, manifest)
         if world_size is not None and manifest.world_size != world_size:
             raise CheckpointError(
                 f"{newest.name} was written by {manifest.world_size} ranks; this leg has "
@@ -133,15 +152,10 @@ class FolderRoot:
             )
         return newest.name
 
-    def local_copy(self, name: str, rank: int) -> Path:
-        """This rank's private, verified copy of checkpoint ``name``."""
-        return self._private() / f"rank-{rank}" / name
-
-    def fetch(self, name: str, rank: int) -> None:
-        """Copy ``name`` into this rank's private folder, every file checked on the way."""
-        shutil.rmtree(self._private() / f"rank-{rank}", ignore_errors=True)
-        copy_verified(self.root / name, self.local_copy(name, rank), leg=self.leg,
-                      run=self.run)
+    def open(self, name: str, rank: int) -> VerifiedCheckpoint:
+        """Checkpoint ``name`` where it lies, read through its authenticated manifest."""
+        directory = self.root / name
+        return VerifiedCheckpoint(directory, self._manifest(name), str(directory))
 
     def final_root(self, name: str, dest: Path) -> Path:
         """Copy ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""

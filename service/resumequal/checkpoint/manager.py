@@ -6,18 +6,19 @@ rank 0 tells everyone the outcome (which is also the closing barrier).
 
 A rank's own state (counters, RNGs, data cursor...) is a pydantic model written as JSON
 (``rank-<r>.json``) and validated against the model on load: nothing of a checkpoint is
-unpickled by us. Loading starts only from a checkpoint whose manifest was authenticated
-with the checkpoint key and whose every file matched it
-(:mod:`resumequal.checkpoint.manifest`). A kill anywhere in
-between leaves an uncommitted checkpoint behind, never a committed one; leftovers are
-removed at the next start.
+unpickled by us. Loading reads only a checkpoint whose manifest was authenticated with
+the checkpoint key (:mod:`resumequal.checkpoint.manifest`), and only bytes checked against
+it as they are read (:mod:`resumequal.checkpoint.reading`). A kill anywhere in between
+leaves an uncommitted checkpoint behind, never a committed one; leftovers are removed at
+the next start.
 
 What publishing and committing mean is the checkpoint root's (a small commit backend, see
-:mod:`resumequal.checkpoint.storage`): in a folder every rank sees, publishing is nothing
-and the commit hashes the staged files into the manifest and renames the folder into
-place; on an object store every rank uploads the files it wrote and reports their sizes
-and digests, and the commit uploads the manifest, then a ``COMMITTED`` marker. Loading
-reads a verified local copy (downloaded first from an object store).
+:mod:`resumequal.checkpoint.storage`). Every rank hashes its files as it writes them and
+reports their sizes and chunk digests; in a folder every rank sees, the commit writes them
+into the manifest and renames the folder into place; on an object store every rank first
+uploads the files it wrote, and the commit uploads the manifest, then a ``COMMITTED``
+marker. Loading reads the committed folder where it lies (an object store's checkpoint is
+downloaded first).
 
 Decisions that must agree across ranks (which checkpoint to resume, whether it verified)
 are taken by rank 0 and broadcast, so a failure on one rank becomes an error on all ranks
@@ -78,6 +79,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
+from resumequal.checkpoint.reading import VerifiedCheckpoint, VerifiedReader
 from resumequal.checkpoint.space import no_space
 from resumequal.checkpoint.storage import CheckpointRoot
 from resumequal.errors import CheckpointError, StoreError
@@ -170,10 +172,16 @@ _Upload = tuple[dict[str, FileEntry], str | None]
 def _store_failures(error: BaseException) -> list[str]:
     """``"rank N: ..."`` for every rank whose DCP write failed on the store (an upload of a
     shard sent while written), from DCP's exception, which carries every rank's."""
+    return _failures(error, StoreError)
+
+
+def _failures(error: BaseException, kind: type[BaseException]) -> list[str]:
+    """``"rank N: ..."`` for every rank whose part of a DCP save or load failed with a
+    ``kind``, from DCP's exception, which carries every rank's."""
     if not isinstance(error, CheckpointException):
         return []
     return [f"rank {r}: {exc}" for r, (exc, _) in sorted(error.failures.items())
-            if isinstance(exc, StoreError)]
+            if isinstance(exc, kind)]
 
 
 def _gather_errors(error: str | None, world_size: int,
@@ -209,6 +217,7 @@ class CheckpointManager:
         self.attempt = attempt
         self.keep_last = keep_last
         self._pending: _Pending | None = None
+        self._opened: VerifiedCheckpoint | None = None
         self._io_group: dist.ProcessGroup | None = None
         self._commit_group: dist.ProcessGroup | None = None
         if async_save:
@@ -427,8 +436,8 @@ class CheckpointManager:
             return []
 
     def newest(self) -> str | None:
-        """The newest committed checkpoint, verified against its manifest (agreed by all);
-        every rank then holds a verified local copy of it."""
+        """The newest committed checkpoint, its manifest authenticated (agreed by all);
+        every rank then has it open to load."""
         decision: tuple[str | None, str | None] = (None, self._start_error)
         if self.rank == 0 and self._start_error is None:
             try:
@@ -440,14 +449,14 @@ class CheckpointManager:
         if error is not None:
             raise CheckpointError(error)
         if name is not None:
-            self._fetch(name)
+            self._open_everywhere(name)
         return name  # type: ignore[no-any-return]
 
-    def _fetch(self, name: str) -> None:
-        """Every rank fetches ``name``, verified; a failure anywhere fails every rank."""
+    def _open_everywhere(self, name: str) -> None:
+        """Every rank opens ``name``; a failure anywhere fails every rank."""
         error = None
         try:
-            self.root.fetch(name, self.rank)
+            self._opened = self.root.open(name, self.rank)
         except (StoreError, CheckpointError, OSError) as e:
             error = str(e)
         errors = _gather_errors(error, self.world_size)
@@ -456,44 +465,72 @@ class CheckpointManager:
                 f"cannot resume from {self.root.uri(name)}: {'; '.join(errors)}"
             )
 
+    def _checkpoint(self, name: str) -> VerifiedCheckpoint:
+        """``name`` as opened by :meth:`newest`, or opened now."""
+        if self._opened is None or self._opened.name != name:
+            try:
+                self._opened = self.root.open(name, self.rank)
+            except (StoreError, OSError) as e:
+                raise CheckpointError(f"cannot load {self.root.uri(name)}: {e}") from e
+        return self._opened
+
     def load(
         self,
         name: str,
         template: Callable[[RankState], dict[str, Any]],
         state_type: type[RankState],
     ) -> Loaded[RankState]:
-        """Load this rank's part of checkpoint ``name`` from its verified copy (fetched by
-        :meth:`newest`, or here): its
-        rank state validated as ``state_type``, its tensors into those ``template`` builds
-        from that state."""
-        directory = self.root.local_copy(name, self.rank)
+        """Load this rank's part of checkpoint ``name`` (opened by :meth:`newest`, or
+        here), every byte checked against its manifest as it is read: its rank state
+        validated as ``state_type``, its tensors into those ``template`` builds from that
+        state. Collective: a failure on any rank fails every rank."""
         position = Position.parse(name)
         if position is None:
-            raise CheckpointError(f"{directory}: not a checkpoint name")
-        if not directory.is_dir():  # not fetched by newest(): only a verified copy is read
-            try:
-                self.root.fetch(name, self.rank)
-            except (StoreError, OSError) as e:
-                raise CheckpointError(f"cannot load {self.root.uri(name)}: {e}") from e
-        rank_file = directory / layout.rank_state_file(0 if self.resizable else self.rank)
+            raise CheckpointError(f"{self.root.uri(name)}: not a checkpoint name")
+        prepared: tuple[RankState, dict[str, Any], VerifiedReader] | None = None
+        error = None
         try:
-            rank_state = state_type.model_validate_json(rank_file.read_bytes())
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{rank_file}: no state for rank {self.rank}") from e
-        except ValidationError as e:
-            raise CheckpointError(f"{rank_file}: unreadable rank state: {e}") from e
-        tensors = template(rank_state)
-        reader = dcp.FileSystemReader(str(directory / layout.DCP_DIR))
-        self._check_keys(tensors, reader, directory)
+            checkpoint = self._checkpoint(name)
+            prepared = self._prepare_load(checkpoint, template, state_type)
+        except CheckpointError as e:
+            error = str(e)
+        finally:
+            self._opened = None  # opened for this load only: a later save may replace it
+        errors = _gather_errors(error, self.world_size)
+        if errors:
+            raise CheckpointError(f"cannot load {self.root.uri(name)}: {'; '.join(errors)}")
+        assert prepared is not None
+        rank_state, tensors, reader = prepared
         try:
             dcp.load(tensors, storage_reader=reader)
         except DCP_ERRORS as e:  # DCP wraps per-rank failures in CheckpointException
-            raise CheckpointError(f"rank {self.rank}: DCP load of {name} failed: {e}") from e
+            refused = _failures(e, CheckpointError)
+            raise CheckpointError(f"rank {self.rank}: DCP load of {name} failed: "
+                                  f"{'; '.join(refused) if refused else e}") from e
         return Loaded(name=name, position=position, tensors=tensors, rank_state=rank_state)
 
-    def _check_keys(
-        self, tensors: dict[str, Any], reader: dcp.FileSystemReader, directory: Path
-    ) -> None:
+    def _prepare_load(
+        self,
+        checkpoint: VerifiedCheckpoint,
+        template: Callable[[RankState], dict[str, Any]],
+        state_type: type[RankState],
+    ) -> tuple[RankState, dict[str, Any], VerifiedReader]:
+        """This rank's state, the tensors to load into and the reader, once the keys
+        agree."""
+        rel = layout.rank_state_file(0 if self.resizable else self.rank)
+        where = f"{checkpoint.where}/{rel}"
+        if rel not in checkpoint.manifest.files:
+            raise CheckpointError(f"{where}: no state for rank {self.rank}")
+        try:
+            rank_state = state_type.model_validate_json(checkpoint.read(rel))
+        except ValidationError as e:
+            raise CheckpointError(f"{where}: unreadable rank state: {e}") from e
+        tensors = template(rank_state)
+        reader = checkpoint.reader()
+        self._check_keys(tensors, reader, checkpoint.where)
+        return rank_state, tensors, reader
+
+    def _check_keys(self, tensors: dict[str, Any], reader: VerifiedReader, where: str) -> None:
         """Strict restore: every saved key is wanted and every wanted key was saved."""
         wanted = set(flatten_state_dict(tensors)[0])
         saved = {
@@ -504,12 +541,12 @@ class CheckpointManager:
         unexpected = sorted(saved - wanted)
         if missing:
             raise CheckpointError(
-                f"{directory}: missing key(s) in checkpoint: {', '.join(missing[:5])}"
+                f"{where}: missing key(s) in checkpoint: {', '.join(missing[:5])}"
                 + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             )
         if unexpected:
             raise CheckpointError(
-                f"{directory}: unexpected key(s) in checkpoint: {', '.join(unexpected[:5])}"
+                f"{where}: unexpected key(s) in checkpoint: {', '.join(unexpected[:5])}"
                 + (f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else "")
             )
 

@@ -1,7 +1,11 @@
-"""The manifest: every file of a checkpoint with its size and sha256, and its MAC.
+"""The manifest: every file of a checkpoint with its size and chunk sha256s, and its MAC.
 
-Written last before the commit, verified before any byte of a checkpoint is loaded: a
-torn, truncated, tampered or padded checkpoint fails here, naming the file.
+Written last before the commit from the digests each rank took while writing its files
+(:mod:`resumequal.checkpoint.chunks`); every byte of a checkpoint is checked against it
+before it is used: a torn, truncated, tampered or padded checkpoint fails, naming the file
+(and the chunk). A resuming rank checks just the chunks it reads, as it reads them
+(:mod:`resumequal.checkpoint.reading`); :func:`verify` and :func:`copy_verified` check
+whole folders.
 
 The manifest's bytes are authenticated with the checkpoint key (:mod:`resumequal.signing`;
 HMAC-SHA256 in ``manifest.hmac`` beside it) before anything else of the checkpoint is
@@ -17,33 +21,45 @@ name, never resumed from nor compared.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+from typing_extensions import Buffer, TypedDict  # pydantic needs it before Python 3.12
 
+from resumequal.checkpoint.chunks import CHUNK_BYTES, ChunkHasher, chunk_count, chunk_digests
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.errors import CheckpointError
 from resumequal.signing import authentic, key_from_env, run_id_from_env, sign
 
-# 2: the manifest names its run.
-MANIFEST_FORMAT = 2
+# 2: the manifest names its run. 3: a sha256 per chunk of each file instead of per file.
+MANIFEST_FORMAT = 3
 # What a reader takes of a manifest and of its MAC before refusing them unread: a manifest
-# lists a checkpoint's files (a few hundred bytes each), a MAC is 64 hex characters.
+# lists a checkpoint's files and a digest (about 70 bytes) per 4 MiB chunk of them, so
+# this holds checkpoints up to about 900 GB; a MAC is 64 hex characters.
 MANIFEST_BYTES = 16 << 20
 MAC_BYTES = 1024
-_CHUNK = 1 << 20
 # The files of a checkpoint folder that its manifest does not list.
 _UNLISTED = frozenset({MANIFEST, MANIFEST_MAC})
 
 
 class FileEntry(BaseModel):
+    """One file: its size and the sha256 of each of its chunks, in order."""
+
     model_config = ConfigDict(extra="forbid")
-    size: int
-    sha256: str
+    size: NonNegativeInt
+    chunks: list[str]
 
 
 class CheckpointInfo(TypedDict, total=False):
@@ -66,18 +82,34 @@ class Manifest(BaseModel):
     world_size: int
     attempt: int
     created_at: float
+    chunk_bytes: PositiveInt = CHUNK_BYTES
+    """The size of the chunks every file is cut into, each with its own sha256."""
     files: dict[str, FileEntry]
     info: CheckpointInfo = {}
     run: str = ""
     """The run that wrote it (``RESUMEQUAL_RUN_ID``; empty when it had none)."""
 
+    @model_validator(mode="after")
+    def _whole_files(self) -> Self:
+        for rel, entry in self.files.items():
+            if len(entry.chunks) != chunk_count(entry.size, self.chunk_bytes):
+                raise ValueError(f"{rel}: {len(entry.chunks)} chunk digests for "
+                                 f"{entry.size} bytes")
+        return self
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+
+def entry_of(data: Buffer) -> FileEntry:
+    """The manifest entry of a file holding ``data``."""
+    return FileEntry(size=len(memoryview(data).cast("B")), chunks=chunk_digests(data))
+
+
+def file_entry(path: Path) -> FileEntry:
+    """The manifest entry of the file at ``path``, read from disk."""
+    hasher = ChunkHasher()
+    with path.open("rb", buffering=0) as f:
+        while block := f.read(CHUNK_BYTES):
+            hasher.update(block)
+    return FileEntry(size=hasher.size, chunks=hasher.digests())
 
 
 def _files(directory: Path) -> list[Path]:
@@ -106,11 +138,9 @@ def write_manifest(
     run: str | None = None,
 ) -> Manifest:
     """Hash every file under ``directory`` and write the manifest durably, naming run ``run``
-    (default: this process's run id)."""
-    files = {
-        str(p.relative_to(directory)): FileEntry(size=p.stat().st_size, sha256=sha256_file(p))
-        for p in _files(directory)
-    }
+    (default: this process's run id). A save passes the digests taken while writing to
+    :func:`write_manifest_file` instead; this reads every file once more."""
+    files = {str(p.relative_to(directory)): file_entry(p) for p in _files(directory)}
     manifest = Manifest(
         name=name,
         step=step,
@@ -124,6 +154,18 @@ def write_manifest(
     )
     write_manifest_file(directory, manifest)
     return manifest
+
+
+def make_manifest(
+    position: Position, files: dict[str, FileEntry], *, world_size: int, attempt: int,
+    info: CheckpointInfo, run: str | None = None,
+) -> Manifest:
+    """The manifest of a checkpoint at ``position`` holding ``files``, naming run ``run``
+    (default: this process's run id)."""
+    return Manifest(name=position.name, step=position.step, microstep=position.microstep,
+                    world_size=world_size, attempt=attempt, created_at=time.time(),
+                    files=dict(sorted(files.items())), info=info,
+                    run=run if run is not None else run_id_from_env() or "")
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:
@@ -163,10 +205,28 @@ def authenticate(data: bytes, mac: bytes | None, where: str,
             "under this run's checkpoint key (written without the key, or changed since)"
         )
     try:
-        manifest = Manifest.model_validate_json(data)
+        manifest: Manifest | None = Manifest.model_validate_json(data)
+        invalid: ValidationError | None = None
     except ValidationError as e:
-        raise CheckpointError(f"checkpoint {where}: unreadable manifest: {e}") from e
+        manifest, invalid = None, e
+    if manifest is None or manifest.format != MANIFEST_FORMAT:
+        fmt = _format(data)
+        if fmt != MANIFEST_FORMAT:
+            raise CheckpointError(
+                f"checkpoint {where} is refused: its manifest has format {fmt}; this version "
+                f"reads format {MANIFEST_FORMAT} (a sha256 per chunk) only"
+            ) from invalid
+        raise CheckpointError(f"checkpoint {where}: unreadable manifest: {invalid}") from invalid
     return check_bound(manifest, where, leg, run)
+
+
+def _format(data: bytes) -> object:
+    """The ``format`` an authentic manifest's JSON names, whatever else it holds."""
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
+        return None
+    return parsed.get("format") if isinstance(parsed, dict) else None
 
 
 def check_bound(manifest: Manifest, where: str, leg: str | None = None,
@@ -229,48 +289,87 @@ def _read_capped(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def verify(directory: Path, key: bytes | None = None, *, leg: str | None = None,
-           run: str | None = None) -> Manifest:
-    """Authenticate the manifest (of ``leg``, if given), then check every file against it:
-    presence, size, sha256, and nothing extra. ``key`` defaults to this process's key."""
+def check_listing(directory: Path, manifest: Manifest) -> None:
+    """Every file the manifest lists is in ``directory`` with its size, and nothing else
+    is; the contents are checked as they are read."""
+    present = {str(p.relative_to(directory)): p for p in _files(directory)}
+    extra = sorted(set(present) - set(manifest.files))
+    if extra:
+        raise CheckpointError(f"{directory}: files not in the manifest: {', '.join(extra)}")
+    for rel, entry in sorted(manifest.files.items()):
+        if rel not in present:
+            raise CheckpointError(f"{directory}: {rel} is listed in the manifest but missing")
+        size = present[rel].stat().st_size
+        if size != entry.size:
+            raise CheckpointError(
+                f"{directory}: {rel} has {size} bytes, the manifest says {entry.size}"
+            )
+
+
+def _own_manifest(directory: Path, key: bytes | None, leg: str | None,
+                  run: str | None) -> Manifest:
     manifest = read_manifest(directory, key, leg=leg, run=run)
     if manifest.name != directory.name:
         raise CheckpointError(
             f"checkpoint {directory} is refused: its manifest is the one of {manifest.name}"
         )
-    present = {str(p.relative_to(directory)) for p in _files(directory)}
-    extra = sorted(present - set(manifest.files))
-    if extra:
-        raise CheckpointError(f"{directory}: files not in the manifest: {', '.join(extra)}")
+    return manifest
+
+
+def stream_check(f: BinaryIO, entry: FileEntry, chunk_bytes: int,
+                 sink: Callable[[bytes], object] | None = None) -> tuple[int, int | None]:
+    """Read file ``f`` chunk by chunk against ``entry`` (each chunk to ``sink`` once read,
+    before it is checked): the bytes read (at most one past the manifest's size) and the
+    first chunk that does not match, or None."""
+    size, bad = 0, None
+    for i in range(len(entry.chunks) + 1):
+        want = min(chunk_bytes, entry.size - size) if i < len(entry.chunks) else 1
+        block = f.read(want)
+        if not block:
+            break
+        if sink is not None:
+            sink(block)
+        size += len(block)
+        if i == len(entry.chunks):
+            break
+        if bad is None and len(block) == want and chunk_digests(block, chunk_bytes) != [
+                entry.chunks[i]]:
+            bad = i
+        if len(block) < want:
+            break
+    return size, bad
+
+
+def verify(directory: Path, key: bytes | None = None, *, leg: str | None = None,
+           run: str | None = None) -> Manifest:
+    """Authenticate the manifest (of ``leg``, if given), then check every file against it:
+    presence, size, every chunk's sha256, and nothing extra. ``key`` defaults to this
+    process's key."""
+    manifest = _own_manifest(directory, key, leg, run)
+    check_listing(directory, manifest)
     for rel, entry in sorted(manifest.files.items()):
-        path = directory / rel
-        if not path.is_file():
-            raise CheckpointError(f"{directory}: {rel} is listed in the manifest but missing")
-        size = path.stat().st_size
+        with (directory / rel).open("rb", buffering=0) as f:
+            size, bad = stream_check(f, entry, manifest.chunk_bytes)
         if size != entry.size:
             raise CheckpointError(
-                f"{directory}: {rel} has {size} bytes, the manifest says {entry.size}"
-            )
-        digest = sha256_file(path)
-        if digest != entry.sha256:
+                f"{directory}: {rel} has {size} bytes, the manifest says {entry.size}")
+        if bad is not None:
             raise CheckpointError(
-                f"{directory}: {rel} fails its sha256 check (manifest {entry.sha256[:12]}…, "
-                f"file {digest[:12]}…): the checkpoint was modified after it was committed"
+                f"{directory}: {rel} fails its sha256 check at chunk {bad} (bytes "
+                f"{bad * manifest.chunk_bytes}-"
+                f"{min((bad + 1) * manifest.chunk_bytes, entry.size)}): the checkpoint was "
+                "modified after it was committed"
             )
     return manifest
 
 
 def copy_verified(directory: Path, dest: Path, key: bytes | None = None, *,
                   leg: str | None = None, run: str | None = None) -> Manifest:
-    """Copy checkpoint folder ``directory`` into ``dest``, each file hashed as it is copied
-    and checked against the authenticated manifest; ``dest`` then holds the checkpoint
-    with its manifest. What is later read is the copy, so a file changed in ``directory``
-    after the check is never read (no window between verifying and loading)."""
-    manifest = read_manifest(directory, key, leg=leg, run=run)
-    if manifest.name != directory.name:
-        raise CheckpointError(
-            f"checkpoint {directory} is refused: its manifest is the one of {manifest.name}"
-        )
+    """Copy checkpoint folder ``directory`` into ``dest``, each file checked against the
+    authenticated manifest as it is copied; ``dest`` then holds the checkpoint with its
+    manifest. What is later read is the copy, so a file changed in ``directory`` after the
+    check is never read (no window between verifying and loading)."""
+    manifest = _own_manifest(directory, key, leg, run)
     dest.mkdir(parents=True)
     for rel, entry in sorted(manifest.files.items()):
         src, out = directory / rel, dest / rel
@@ -278,21 +377,15 @@ def copy_verified(directory: Path, dest: Path, key: bytes | None = None, *,
             raise CheckpointError(f"checkpoint {directory} fails verification: the manifest "
                                   f"lists {rel!r}, outside the folder")
         out.parent.mkdir(parents=True, exist_ok=True)
-        h, size = hashlib.sha256(), 0
         try:
-            with src.open("rb") as f, out.open("wb") as w:
-                # Never more than the manifest's size (+1 to notice a longer file).
-                while size <= entry.size and (chunk := f.read(min(_CHUNK, entry.size + 1 - size))):
-                    h.update(chunk)
-                    w.write(chunk)
-                    size += len(chunk)
+            with src.open("rb", buffering=0) as f, out.open("wb") as w:
+                size, bad = stream_check(f, entry, manifest.chunk_bytes, w.write)
         except FileNotFoundError as e:
             raise CheckpointError(f"checkpoint {directory} fails verification: {rel} is "
                                   "listed in the manifest but missing") from e
-        if size != entry.size or h.hexdigest() != entry.sha256:
+        if size != entry.size or bad is not None:
             raise CheckpointError(
                 f"checkpoint {directory} fails verification: {rel} does not match the "
                 "manifest's size and sha256: it was modified after it was committed")
     write_manifest_file(dest, manifest)
     return manifest
-

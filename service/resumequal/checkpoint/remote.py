@@ -10,14 +10,15 @@ Object layout under the leg's prefix (``<store>/<leg>/checkpoints/``)::
 Every rank sends its DCP shards to the store while DCP writes them
 (:mod:`resumequal.checkpoint.streaming`: hashed and uploaded in parallel parts, no local
 copy), then uploads the few other files it wrote into a local staging folder (DCP's
-``.metadata``, its rank state) and reports every file's size and digest; rank 0 uploads
-the manifest, then ``COMMITTED``. A kill or an endpoint failure anywhere before the marker
-leaves a prefix without one: never listed as committed, deleted at the next start.
-Loading downloads a committed checkpoint into a local folder (files side by side, each in
-parallel ranged parts hashed as they arrive), checking every object's sha256 against the
-manifest before anything reads it, then reads it like a local one. The manifest itself
-is authenticated (:func:`resumequal.checkpoint.manifest.authenticate`) before anything it
-lists is listed, downloaded or read.
+``.metadata``, its rank state) and reports every file's size and chunk digests; rank 0
+uploads the manifest, then ``COMMITTED``. A kill or an endpoint failure anywhere before
+the marker leaves a prefix without one: never listed as committed, deleted at the next
+start. Resuming downloads a committed checkpoint into the rank's local folder (files side
+by side, each in parallel ranged parts) and reads it like a folder's: every chunk checked
+against the manifest as it is read (:mod:`resumequal.checkpoint.reading`). The
+comparator's copy (:meth:`RemoteRoot.final_root`) is checked whole once downloaded. The
+manifest itself is authenticated (:func:`resumequal.checkpoint.manifest.authenticate`)
+before anything it lists is listed, downloaded or read.
 
 This module does the store side; :mod:`resumequal.checkpoint.manager` runs the
 collectives around it.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,13 +45,16 @@ from resumequal.checkpoint.manifest import (
     FileEntry,
     Manifest,
     authenticate,
+    file_entry,
+    make_manifest,
     signed,
+    stream_check,
     write_manifest_file,
 )
+from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.checkpoint.streaming import StreamingWriter
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
-from resumequal.signing import run_id_from_env
-from resumequal.store import ObjectInfo, Store, StoreIntegrityError, StoreNotFound
+from resumequal.store import ObjectInfo, Store, StoreNotFound
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +138,13 @@ class RemoteRoot:
         except (StoreError, CheckpointError) as e:
             raise CheckpointError(f"cannot resume from {self.uri()}: {e}") from e
 
-    def local_copy(self, name: str, rank: int) -> Path:
-        return self.local / CACHE_DIR / f"rank-{rank}" / name
-
-    def fetch(self, name: str, rank: int) -> None:
-        """Download ``name`` into this rank's cache, every object checked on the way."""
-        shutil.rmtree(self.local / CACHE_DIR / f"rank-{rank}", ignore_errors=True)
-        download(self, name, self.local_copy(name, rank))
+    def open(self, name: str, rank: int) -> VerifiedCheckpoint:
+        """Download ``name`` into this rank's cache, to be read through its authenticated
+        manifest (every chunk checked as it is read)."""
+        cache = self.local / CACHE_DIR / f"rank-{rank}"
+        shutil.rmtree(cache, ignore_errors=True)
+        manifest = download(self, name, cache / name, check=False)
+        return VerifiedCheckpoint(cache / name, manifest, self.uri(name))
 
     def final_root(self, name: str, dest: Path) -> Path:
         """Download ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""
@@ -178,8 +181,9 @@ def upload(root: RemoteRoot, name: str, staging: Path, rank: int,
 
     def one(rel: str) -> tuple[str, FileEntry]:
         path = staging / rel
-        size = path.stat().st_size
-        return rel, FileEntry(size=size, sha256=root.store.put_file(root.key(name, rel), path))
+        entry = file_entry(path)  # DCP's .metadata or a rank state: small
+        root.store.put_file(root.key(name, rel), path)
+        return rel, entry
 
     entries = dict(sent or {})
     files = [rel for rel in own_files(staging, rank) if rel not in entries]
@@ -305,12 +309,14 @@ def newest_verified(root: RemoteRoot, world_size: int | None) -> str | None:
     return name
 
 
-def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
-    """Download committed checkpoint ``name`` into folder ``dest``, verifying every object.
+def download(root: RemoteRoot, name: str, dest: Path, *, check: bool = True) -> Manifest:
+    """Download committed checkpoint ``name`` into folder ``dest``; its authenticated
+    manifest.
 
-    ``dest`` then holds the checkpoint's files and its manifest, as a committed local
-    checkpoint does. A digest that differs from the manifest's is a CheckpointError naming
-    the object.
+    With ``check``, every file is then checked against the manifest (a mismatch is a
+    CheckpointError naming the object) and ``dest`` holds the checkpoint with its
+    manifest, as a committed local checkpoint does; without, whoever reads ``dest``
+    checks what it reads (:class:`~resumequal.checkpoint.reading.VerifiedCheckpoint`).
     """
     if not root.store.exists(root.key(name, COMMITTED)):
         raise CheckpointMissing(
@@ -321,31 +327,28 @@ def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
 
     def one(item: tuple[str, FileEntry]) -> None:
         rel, entry = item
-        try:
-            root.store.get_file(root.key(name, rel), dest / rel, expect_sha256=entry.sha256)
-        except StoreIntegrityError as e:
-            raise CheckpointError(
-                f"checkpoint {name} fails verification: {e} (manifest sha256 {entry.sha256})"
-            ) from e
+        root.store.get_file(root.key(name, rel), dest / rel)
+        if check:
+            _check_file(root, name, rel, dest / rel, entry, manifest.chunk_bytes)
 
-    # Side by side, so the small files cost no round trips after the shard's. Each file
-    # is checked against the manifest before it is renamed into ``dest``; nothing reads
-    # ``dest`` before every file is there and checked.
+    # Side by side, so the small files cost no round trips after the shard's.
     items = sorted(manifest.files.items())
     with ThreadPoolExecutor(max_workers=max(1, min(_FILES_AT_ONCE, len(items)))) as pool:
         for done in [pool.submit(one, item) for item in items]:
             done.result()
-    write_manifest_file(dest, manifest)
+    if check:
+        write_manifest_file(dest, manifest)
     return manifest
 
 
-def make_manifest(
-    position: Position, files: dict[str, FileEntry], *, world_size: int, attempt: int,
-    info: CheckpointInfo, run: str | None = None,
-) -> Manifest:
-    """The manifest of a checkpoint at ``position``, naming run ``run`` (default: this
-    process's run id)."""
-    return Manifest(name=position.name, step=position.step, microstep=position.microstep,
-                    world_size=world_size, attempt=attempt, created_at=time.time(),
-                    files=dict(sorted(files.items())), info=info,
-                    run=run if run is not None else run_id_from_env() or "")
+def _check_file(root: RemoteRoot, name: str, rel: str, path: Path, entry: FileEntry,
+                chunk_bytes: int) -> None:
+    with path.open("rb", buffering=0) as f:
+        size, bad = stream_check(f, entry, chunk_bytes)
+    if size != entry.size:
+        raise CheckpointError(f"checkpoint {name} fails verification: "
+                              f"{root.uri(name, rel)} has {size} bytes, the manifest says "
+                              f"{entry.size}")
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {name} fails verification: "
+                              f"{root.uri(name, rel)} fails its sha256 check at chunk {bad}")

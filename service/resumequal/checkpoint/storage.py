@@ -16,6 +16,7 @@ import torch.distributed.checkpoint as dcp
 from resumequal.checkpoint.folder import FolderRoot
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
+from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.checkpoint.remote import RemoteRoot
 from resumequal.errors import CheckpointError, StoreError
 from resumequal.store import open_store, s3_config
@@ -23,14 +24,14 @@ from resumequal.store.s3settings import S3Spec
 
 
 class CheckpointRoot(Protocol):
-    """One leg's checkpoints: staging, commit, retention, discovery and local copies."""
+    """One leg's checkpoints: staging, commit, retention, discovery and reading."""
 
     # Whether staged files must be fsynced (they become the checkpoint) or are scratch.
     durable_staging: bool
 
     @property
     def scratch(self) -> Path:
-        """The local folder staging folders and downloaded copies go under."""
+        """The local folder staging folders (and an object store's downloads) go under."""
         ...
 
     def uri(self, name: str = "", rel: str = "") -> str:
@@ -70,12 +71,9 @@ class CheckpointRoot(Protocol):
         saying why it cannot be resumed."""
         ...
 
-    def local_copy(self, name: str, rank: int) -> Path:
-        """The local folder this rank loads checkpoint ``name`` from."""
-        ...
-
-    def fetch(self, name: str, rank: int) -> None:
-        """Make :meth:`local_copy` hold ``name``, every byte verified against its manifest."""
+    def open(self, name: str, rank: int) -> VerifiedCheckpoint:
+        """Checkpoint ``name`` for this rank to load, read through its authenticated
+        manifest: every byte checked as it is read."""
         ...
 
     def final_root(self, name: str, dest: Path) -> Path:

@@ -5,16 +5,13 @@ extension point torch's own ``FsspecWriter`` uses
 (torch/distributed/checkpoint/_fsspec_filesystem.py). :class:`StreamingWriter` swaps in
 one whose ``create_stream`` for a shard (``*.distcp``) is an object writer of the store:
 the bytes are hashed and sent in parallel parts as DCP serialises the tensors, so the
-upload overlaps the serialisation and no second pass reads them for sha256. Everything
+upload overlaps the serialisation and no second pass reads them for their digests. Everything
 else DCP writes (its ``.metadata``, written to a temporary name and renamed) stays in the
 local staging folder and is uploaded with the rank state afterwards.
 
-DCP serialises every tensor with ``torch.save``, whose zip records carry a CRC32 of every
-byte: a second hash beside the sha256 the manifest keeps (and every reader checks before
-anything is loaded), and most of DCP's own CPU time. While shards stream, it is off
-(``torch.serialization.set_crc32_options``; ``torch.load`` reads such records, says
-torch/serialization.py). The switch is process-wide: a ``torch.save`` elsewhere in the
-worker meanwhile writes no CRC either, which ``torch.load`` does not miss.
+Each shard's chunk digests (:mod:`resumequal.checkpoint.chunks`) are taken as DCP writes
+it, and ``torch.save`` writes no zip CRC32 meanwhile, as for a folder
+(:mod:`resumequal.checkpoint.writing`).
 
 A shard object exists only once DCP closed its stream (a multipart upload completes at
 ``close``); a failure or a kill before leaves none, and the checkpoint stays uncommitted
@@ -30,7 +27,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
@@ -38,40 +34,15 @@ from torch.futures import Future
 from typing_extensions import Buffer
 
 from resumequal.checkpoint import layout
+from resumequal.checkpoint.chunks import ChunkHasher
 from resumequal.checkpoint.manifest import FileEntry
+from resumequal.checkpoint.writing import no_zip_crc
 from resumequal.store import Store
 from resumequal.store.base import ObjectWriter
 
 log = logging.getLogger(__name__)
 
 SHARD_SUFFIX = ".distcp"
-
-_crc_lock = threading.Lock()
-_crc_off = 0  # writes in progress that switched the zip CRC off
-_crc_before = True
-
-
-@contextmanager
-def _no_zip_crc() -> Iterator[None]:
-    """``torch.save`` writes no CRC32 meanwhile; the setting before is restored after the
-    last of overlapping writes."""
-    global _crc_off, _crc_before
-    ser = torch.serialization
-    if not hasattr(ser, "set_crc32_options"):  # a torch before the option: CRCs stay on
-        yield
-        return
-    with _crc_lock:
-        if _crc_off == 0:
-            _crc_before = ser.get_crc32_options()
-            ser.set_crc32_options(False)
-        _crc_off += 1
-    try:
-        yield
-    finally:
-        with _crc_lock:
-            _crc_off -= 1
-            if _crc_off == 0:
-                ser.set_crc32_options(_crc_before)
 
 
 class _ShardStream:
@@ -84,12 +55,14 @@ class _ShardStream:
     def __init__(self, writer: ObjectWriter, done: Callable[[FileEntry], None]) -> None:
         self._writer = writer
         self._done = done
+        self._hasher = ChunkHasher()
         self.closed = False
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Buffer) -> int:
+        self._hasher.update(data)
         return self._writer.write(data)
 
     def tell(self) -> int:
@@ -101,8 +74,8 @@ class _ShardStream:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            size = self._writer.tell()
-            self._done(FileEntry(size=size, sha256=self._writer.close()))
+            self._writer.close()
+            self._done(FileEntry(size=self._hasher.size, chunks=self._hasher.digests()))
 
 
 class _StoreShards(FileSystem):
@@ -143,7 +116,7 @@ class StreamingWriter(dcp.FileSystemWriter):
     """A ``FileSystemWriter`` into ``staging/dcp`` that sends this rank's shards to the
     store as they are written, under ``key(<path relative to staging>)``.
 
-    ``sent``: the shards that made it, with their sizes and sha256s, for the manifest.
+    ``sent``: the shards that made it, with their manifest entries.
     """
 
     def __init__(self, staging: Path, store: Store, key: Callable[[str], str]) -> None:
@@ -154,7 +127,7 @@ class StreamingWriter(dcp.FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[Any]:
         # FileSystemWriter writes everything before it returns (a completed future).
-        with _no_zip_crc():
+        with no_zip_crc():
             return super().write_data(plan, planner)
 
     @property

@@ -1,0 +1,354 @@
+"""resumequal's checkpoint save and restore next to plain DCP, at real sizes, in a folder.
+
+Builds a real training state — tiny-gpt (d_model 768, 12 layers, 12 heads, vocab 8192,
+seq 128: 98M parameters) after one AdamW step, model + optimizer ≈ 1.17 GB — on every
+rank of a gloo group (``--ranks`` processes on this machine, the state replicated as
+under DDP), and measures side by side in each round, every step between barriers:
+
+- save: ``CheckpointManager.save`` (every file hashed per chunk while written and
+  fsynced, the manifest, the rename) next to ``dcp.save`` with ``sync_files`` (its fsync
+  per file) and one fsync of the folder;
+- restore, cold (every file of the checkpoint dropped from the page cache first with
+  ``posix_fadvise(DONTNEED)``): ``newest()`` + ``load()`` (manifest, then every chunk a
+  rank reads checked as it is read) next to ``dcp.load`` of the plain checkpoint;
+- with ``--head``, also the path before issue 38: the save as DCP's with its zip CRCs,
+  then rank 0 hashing every file into the manifest; the restore as a copy of the whole
+  checkpoint into a private folder per rank, hashed on the way, then ``dcp.load`` of it.
+
+Every restore is compared with the saved state, tensor by tensor. Prints seconds (the
+slowest rank's; the median over rounds), the ratio to plain DCP and the peak of each
+rank's resident memory above what it held before the step (sampled every 5 ms).
+
+    python bench/checkpoint_scale.py [--ranks 2] [--rounds 2] [--head] [--dir /tmp]
+    python bench/checkpoint_scale.py --d-model 64 --layers 1 --vocab 256   # a few MB
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from pydantic import BaseModel
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from resumequal.checkpoint import CheckpointManager, FolderRoot, Position
+from resumequal.checkpoint.manifest import copy_verified, fsync_dir, write_manifest
+from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
+from resumequal.workloads.tiny_gpt import TinyGPT, TinyGPTParams
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one run measures: the model, the ranks, the rounds, where it writes."""
+
+    d_model: int = 768
+    layers: int = 12
+    heads: int = 12
+    vocab: int = 8192
+    seq: int = 128
+    ranks: int = 2
+    rounds: int = 2
+    head: bool = False
+    dir: str = ""
+
+
+class BenchState(BaseModel):
+    """The rank state saved beside the tensors."""
+
+    step: int
+
+
+def build_state(cfg: Config) -> dict[str, Any]:
+    """tiny-gpt's model and AdamW state after one step on random tokens (same on every
+    rank: the same seed)."""
+    torch.manual_seed(0)
+    params = TinyGPTParams(vocab_size=cfg.vocab, d_model=cfg.d_model, n_layers=cfg.layers,
+                           n_heads=cfg.heads, seq_len=cfg.seq, dropout=0.0)
+    model = TinyGPT(params)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(cfg.vocab, (1, cfg.seq + 1))
+    logits = model(tokens[:, :-1])
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def _map(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_map(v, fn) for v in obj)
+    return obj
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    _map(obj, out.append)
+    return out
+
+
+def state_bytes(state: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(state))
+
+
+def check_same(loaded: dict[str, Any], saved: dict[str, Any], what: str) -> None:
+    """Every tensor of ``loaded`` equals ``saved``'s, in the same order."""
+    got, want = _tensors(loaded), _tensors(saved)
+    if len(got) != len(want) or not all(map(torch.equal, got, want)):
+        raise AssertionError(f"{what}: the restored state differs from the saved one")
+
+
+def drop_cache(folder: Path) -> None:
+    """Every file under ``folder`` out of the page cache (it is clean: synced)."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+class _PeakRss:
+    """The peak of this process's resident memory while in the block, above its start."""
+
+    def __enter__(self) -> _PeakRss:
+        self.start = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start
+
+
+def timed(fn: Callable[[], Any],
+          before: Callable[[], None] | None = None) -> tuple[float, float, int]:
+    """``fn``'s wall time from a barrier to a barrier, this rank's CPU time in it (every
+    thread) and its peak extra RSS. ``before`` runs on rank 0 first (dropping caches),
+    outside the timing."""
+    gc.collect()
+    if before is not None and dist.get_rank() == 0:
+        before()
+    dist.barrier()
+    with _PeakRss() as rss:
+        cpu, start = time.process_time(), time.perf_counter()
+        fn()
+        cpu = time.process_time() - cpu
+        dist.barrier()
+        wall = time.perf_counter() - start
+    return wall, cpu, rss.extra
+
+
+def _plain_save(state: dict[str, Any], folder: Path) -> None:
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), sync_files=True))
+    if dist.get_rank() == 0:
+        fsync_dir(folder)
+
+
+def _head_save(state: dict[str, Any], root: Path, position: Position) -> None:
+    """The save before issue 38: DCP's writer (zip CRCs, its fsyncs), then rank 0 reads
+    every file back to hash it into the manifest, and renames the folder into place."""
+    staging = root / ".staging" / position.name
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(staging / "dcp"), sync_files=True))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        write_manifest(staging, name=position.name, step=position.step, microstep=0,
+                       world_size=dist.get_world_size(), attempt=0)
+        fsync_dir(staging / "dcp")
+        staging.rename(root / position.name)
+        fsync_dir(root)
+
+
+def _head_load(template: dict[str, Any], checkpoint: Path, private: Path) -> None:
+    """The restore before issue 38: a hashed copy of the whole checkpoint per rank, then
+    DCP reads the copy."""
+    copy = private / f"rank-{dist.get_rank()}" / checkpoint.name
+    shutil.rmtree(copy.parent, ignore_errors=True)
+    copy_verified(checkpoint, copy)
+    dcp.load(template, storage_reader=dcp.FileSystemReader(str(copy / "dcp")))
+
+
+def _round(cfg: Config, state: dict[str, Any], work: Path, n: int) -> dict[str, float]:
+    """One round on this rank: every save, then every cold restore, checked. Who goes
+    first alternates from round to round."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    position = Position(n + 1)
+    root = FolderRoot(work / "rq")
+    mgr = CheckpointManager(root, rank=rank, world_size=world, attempt=0, keep_last=1)
+    fresh = CheckpointManager(root, rank=rank, world_size=world, attempt=1, keep_last=1)
+    plain, head = work / f"plain-{n}", work / "head"
+    out: dict[str, float] = {}
+
+    def record(name: str, fn: Callable[[], Any], folder: Path | None = None) -> None:
+        before = None if folder is None else lambda: drop_cache(folder)
+        out[f"{name}_s"], out[f"{name}_cpu"], rss = timed(fn, before)
+        out[f"{name}_rss"] = float(rss)
+
+    def load(name: str, fn: Callable[[dict[str, Any]], Any], folder: Path) -> None:
+        template = _map(state, torch.zeros_like)
+        record(name, lambda: fn(template), folder)
+        check_same(template, state, name)
+
+    def rq_load(template: dict[str, Any]) -> None:
+        assert fresh.newest() == position.name
+        fresh.load(position.name, lambda _: template, BenchState)
+
+    saves: list[tuple[str, Callable[[], Any]]] = [
+        ("rq_save", lambda: mgr.save(position, state, BenchState(step=n + 1))),
+        ("dcp_save", lambda: _plain_save(state, plain))]
+    loads: list[tuple[str, Callable[[dict[str, Any]], Any], Path]] = [
+        ("rq_load", rq_load, root.root / position.name),
+        ("dcp_load", lambda t: dcp.load(t, storage_reader=dcp.FileSystemReader(str(plain))),
+         plain)]
+    if cfg.head:
+        saves.append(("head_save", lambda: _head_save(state, head, position)))
+        loads.append(("head_load", lambda t: _head_load(t, head / position.name,
+                                                        work / "private"), head / position.name))
+    order = 1 if n % 2 == 0 else -1
+    for name, fn in saves[::order]:
+        record(name, fn)
+    for name, fn, folder in loads[::order]:
+        load(name, fn, folder)
+    dist.barrier()
+    if rank == 0:
+        for folder in (plain, head, work / "private"):
+            shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def measure(cfg: Config, work: Path) -> dict[str, Any]:
+    """Every round on this rank (in a process group already made); on rank 0, every
+    rank's figures per round."""
+    state = build_state(cfg)
+    rounds = [_round(cfg, state, work, n) for n in range(cfg.rounds)]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, rounds)
+    return {"bytes": state_bytes(state), "ranks": gathered}
+
+
+def _worker(rank: int, cfg: Config, port: int, result: str) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.ranks))
+    warnings.filterwarnings("ignore", module="torch.distributed.checkpoint")
+    store = dist.TCPStore("127.0.0.1", port, cfg.ranks, rank == 0,
+                          timeout=timedelta(seconds=600))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg.ranks,
+                            timeout=timedelta(seconds=600))
+    try:
+        figures = measure(cfg, Path(cfg.dir))
+        if rank == 0:
+            Path(result).write_text(json.dumps(figures))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Spawn ``cfg.ranks`` ranks measuring in a fresh folder under ``cfg.dir``; their
+    figures."""
+    os.environ.setdefault(KEY_ENV, new_key())
+    os.environ.setdefault(RUN_ID_ENV, new_run_id())
+    work = Path(tempfile.mkdtemp(prefix="rq-ckpt-scale-", dir=cfg.dir or None))
+    try:
+        result = work / "result.json"
+        mp.spawn(_worker, args=(Config(**{**asdict(cfg), "dir": str(work)}), _free_port(),
+                                str(result)), nprocs=cfg.ranks, join=True)
+        return json.loads(result.read_text())  # type: ignore[no-any-return]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summary(figures: dict[str, Any]) -> dict[str, float]:
+    """Per figure, the slowest (or fullest) rank's value, median over rounds."""
+    ranks: list[list[dict[str, float]]] = figures["ranks"]
+    names = ranks[0][0].keys()
+    return {name: statistics.median(max(r[n][name] for r in ranks) for n in range(len(ranks[0])))
+            for name in names}
+
+
+def report(cfg: Config, figures: dict[str, Any]) -> str:
+    s = summary(figures)
+    gb = figures["bytes"] / 1e9
+    lines = [f"checkpoint of {gb:.3f} GB (tiny-gpt d_model {cfg.d_model}, {cfg.layers} "
+             f"layers, vocab {cfg.vocab}, seq {cfg.seq}, AdamW), {cfg.ranks} rank(s), "
+             f"{cfg.rounds} round(s); medians over rounds of the slowest rank",
+             f"{'':<16}{'resumequal':>11}{'plain DCP':>11}{'ratio':>7}"
+             + (f"{'before #38':>12}" if cfg.head else "")
+             + f"{'CPU s rq/DCP':>15}{'RSS+ MB rq/DCP':>17}"]
+    for op, label in (("save", "save"), ("load", "restore (cold)")):
+        rq, plain = s[f"rq_{op}_s"], s[f"dcp_{op}_s"]
+        head = f"{s[f'head_{op}_s']:>11.2f}s" if cfg.head else ""
+        cpu = f"{s[f'rq_{op}_cpu']:.2f}/{s[f'dcp_{op}_cpu']:.2f}"
+        rss = f"{s[f'rq_{op}_rss'] / 1e6:.0f}/{s[f'dcp_{op}_rss'] / 1e6:.0f}"
+        lines.append(f"{label:<16}{rq:>10.2f}s{plain:>10.2f}s{rq / plain:>7.2f}{head}"
+                     f"{cpu:>15}{rss:>17}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    d = Config()
+    parser.add_argument("--d-model", type=int, default=d.d_model)
+    parser.add_argument("--layers", type=int, default=d.layers)
+    parser.add_argument("--heads", type=int, default=d.heads)
+    parser.add_argument("--vocab", type=int, default=d.vocab)
+    parser.add_argument("--seq", type=int, default=d.seq)
+    parser.add_argument("--ranks", type=int, default=d.ranks)
+    parser.add_argument("--rounds", type=int, default=d.rounds)
+    parser.add_argument("--head", action="store_true",
+                        help="also measure the copy path of before issue 38")
+    parser.add_argument("--dir", default="", help="where to write (default: the temp folder)")
+    a = parser.parse_args()
+    cfg = Config(d_model=a.d_model, layers=a.layers, heads=a.heads, vocab=a.vocab, seq=a.seq,
+                 ranks=a.ranks, rounds=a.rounds, head=a.head, dir=a.dir)
+    print(report(cfg, run(cfg)))
+
+
+if __name__ == "__main__":
+    main()

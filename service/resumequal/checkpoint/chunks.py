@@ -1,0 +1,84 @@
+"""Per-chunk sha256 digests of a checkpoint's files: taken as they are written, checked as
+they are read.
+
+A file is cut into fixed chunks (the manifest's ``chunk_bytes``, the last one shorter) and
+the manifest keeps one sha256 per chunk, so a reader that needs a few tensors of a file
+verifies just the chunks holding them. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import Executor
+
+from typing_extensions import Buffer
+
+__all__ = ["CHUNK_BYTES", "HASH_THREADS", "ChunkHasher", "chunk_count", "chunk_digests", "digest"]
+
+# Large enough that a chunk's own costs (a digest, a task) vanish and a manifest stays small
+# (a 1 GB file: 256 digests), small enough that a rank reading one tensor reads little
+# beyond it.
+CHUNK_BYTES = 4 << 20
+# Threads hashing chunks side by side: hashing is most of what a save or restore adds.
+HASH_THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else os.cpu_count() or 1)
+
+
+def chunk_count(size: int, chunk_bytes: int) -> int:
+    """How many chunks a file of ``size`` bytes has (none when it is empty)."""
+    return -(-size // chunk_bytes)
+
+
+class ChunkHasher:
+    """The chunk digests of bytes written one piece after another."""
+
+    def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self._chunk_bytes = chunk_bytes
+        self._hash = hashlib.sha256()
+        self._filled = 0
+        self.size = 0
+        self._digests: list[str] = []
+
+    def update(self, data: Buffer, pool: Executor | None = None) -> None:
+        """Hash ``data``, next in the file; ``pool`` hashes its whole chunks side by side
+        (hashlib lets go of the GIL) before this returns."""
+        view = memoryview(data).cast("B")
+        if self._filled:  # the rest of the chunk under way
+            view = self._add(view[:self._chunk_bytes - self._filled], view)
+        whole = len(view) - len(view) % self._chunk_bytes
+        if pool is not None and whole >= 2 * self._chunk_bytes:
+            self._digests += pool.map(digest, [view[i:i + self._chunk_bytes]
+                                               for i in range(0, whole, self._chunk_bytes)])
+            self.size += whole
+            view = view[whole:]
+        while view:
+            view = self._add(view[:self._chunk_bytes - self._filled], view)
+
+    def _add(self, piece: memoryview, view: memoryview) -> memoryview:
+        """Hash ``piece`` (the start of ``view``) into the chunk under way; the rest."""
+        self._hash.update(piece)
+        self._filled += len(piece)
+        self.size += len(piece)
+        if self._filled == self._chunk_bytes:
+            self._digests.append(self._hash.hexdigest())
+            self._hash, self._filled = hashlib.sha256(), 0
+        return view[len(piece):]
+
+    def digests(self) -> list[str]:
+        """Every chunk's digest, the last (partial) one included; call once writing ended."""
+        if self._filled:
+            return [*self._digests, self._hash.hexdigest()]
+        return list(self._digests)
+
+
+def chunk_digests(data: Buffer, chunk_bytes: int = CHUNK_BYTES) -> list[str]:
+    """The chunk digests of ``data``, whole in memory."""
+    hasher = ChunkHasher(chunk_bytes)
+    hasher.update(data)
+    return hasher.digests()
+
+
+def digest(data: Buffer) -> str:
+    """The sha256 of one chunk, hex."""
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,285 @@
+"""Reading a committed checkpoint: every byte checked against the manifest as it is read.
+
+A resuming rank copies nothing. It reads the bytes DCP asks for into memory, checks every
+chunk they fall in against the manifest's sha256s, and hands those same bytes to torch:
+a file changed before the check is refused, naming the file and the chunk, and one
+changed after it is never read again. A rank reads (and checks) only the chunks holding
+what it loads. DCP's ``.metadata`` (a pickle) and a rank state are read and checked whole
+before they are parsed. The manifest itself was authenticated before
+(:func:`resumequal.checkpoint.manifest.authenticate`), so nothing is read before its MAC.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from collections.abc import Generator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
+from typing_extensions import Buffer
+
+from resumequal.checkpoint.chunks import HASH_THREADS, digest
+from resumequal.checkpoint.layout import DCP_DIR
+from resumequal.checkpoint.manifest import FileEntry, Manifest
+from resumequal.errors import CheckpointError
+
+__all__ = ["VerifiedCheckpoint", "VerifiedReader"]
+
+# What one read brings into memory at once (more only for a larger tensor): the ranges a
+# rank loads from a file are read in runs of whole chunks up to this size, two at a time
+# (one in use, the next read ahead).
+WINDOW_BYTES = 32 << 20
+_METADATA = ".metadata"
+
+
+@dataclass(frozen=True)
+class VerifiedCheckpoint:
+    """A committed checkpoint's folder and its authenticated manifest; whatever is read
+    through it has been checked against the manifest. ``where`` names it in errors."""
+
+    directory: Path
+    manifest: Manifest
+    where: str
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    def entry(self, rel: str) -> FileEntry:
+        entry = self.manifest.files.get(rel)
+        if entry is None:
+            raise CheckpointError(f"checkpoint {self.where} is refused: {rel} is read but "
+                                  "not listed in its manifest")
+        return entry
+
+    def read(self, rel: str) -> bytes:
+        """File ``rel`` whole, once every chunk of it matched the manifest."""
+        size = self.entry(rel).size
+        with closing(self.read_ranges(rel, [(0, size)])) as views:
+            return bytes(next(views))
+
+    def read_ranges(self, rel: str,
+                    ranges: Sequence[tuple[int, int]]) -> Generator[memoryview, None, None]:
+        """The bytes of file ``rel`` at each ``(offset, length)`` of ``ranges`` (sorted by
+        offset), each once every chunk it touches matched the manifest. A view is valid
+        until the next one is taken.
+
+        The file is read in runs of chunks (:func:`_windows`); while the caller uses one
+        run, the next is read and checked in a thread, its chunks hashed side by side."""
+        entry = self.entry(rel)
+        chunk = self.manifest.chunk_bytes
+        for offset, length in ranges:
+            if offset < 0 or length < 0 or offset + length > entry.size:
+                raise CheckpointError(
+                    f"checkpoint {self.where} is refused: its metadata reads bytes "
+                    f"{offset}-{offset + length} of {rel}, which has {entry.size}")
+        runs = _windows(ranges, chunk, max(1, WINDOW_BYTES // chunk))
+        with (self._open(rel, entry) as f, ThreadPoolExecutor(1) as ahead,
+              ThreadPoolExecutor(HASH_THREADS) as hashers):
+            buffers = [bytearray(), bytearray()]  # the run in use and the one read ahead
+
+            def fill(n: int, previous: memoryview | None) -> memoryview:
+                carry = None
+                if previous is not None and runs[n - 1][1] == runs[n][0]:
+                    carry = previous[(runs[n - 1][1] - runs[n - 1][0]) * chunk:]
+                return self._fill(f, rel, entry, runs[n], carry, buffers, n % 2, hashers)
+
+            ready = ahead.submit(fill, 0, None) if runs else None
+            n, view = -1, memoryview(b"")
+            try:
+                for offset, length in ranges:
+                    if length == 0:
+                        yield memoryview(b"")
+                        continue
+                    if n < 0 or not (runs[n][0] * chunk <= offset
+                                     and offset + length <= (runs[n][1] + 1) * chunk):
+                        assert ready is not None
+                        n, view = n + 1, ready.result()
+                        # The other buffer held the run before this one: its views are done.
+                        ready = (ahead.submit(fill, n + 1, view) if n + 1 < len(runs)
+                                 else None)
+                    start = offset - runs[n][0] * chunk
+                    yield view[start:start + length]
+            finally:
+                if ready is not None:
+                    ready.cancel()
+
+    def _open(self, rel: str, entry: FileEntry) -> io.FileIO:
+        path = self.directory / rel
+        try:
+            f = io.FileIO(path, "rb")
+        except FileNotFoundError as e:
+            raise CheckpointError(f"checkpoint {self.where} is refused: {rel} is listed in "
+                                  "the manifest but missing") from e
+        size = os.fstat(f.fileno()).st_size
+        if size != entry.size:
+            f.close()
+            raise CheckpointError(f"checkpoint {self.where} is refused: {rel} has {size} "
+                                  f"bytes, the manifest says {entry.size}")
+        return f
+
+    def _fill(self, f: io.FileIO, rel: str, entry: FileEntry, window: tuple[int, int],
+              carry: memoryview | None, buffers: list[bytearray], slot: int,
+              hashers: Executor) -> memoryview:
+        """Chunks ``window`` (first, last) of file ``f``, read into ``buffers[slot]`` and
+        checked; the first of them is ``carry`` when the previous window ended with it
+        (checked already)."""
+        chunk = self.manifest.chunk_bytes
+        start, end = window[0] * chunk, min((window[1] + 1) * chunk, entry.size)
+        if len(buffers[slot]) < end - start:  # a new one: a caller may still see the old
+            buffers[slot] = bytearray(end - start)
+        buf = memoryview(buffers[slot])[:end - start]
+        first = window[0]
+        if carry is not None:  # checked when the previous window was read
+            buf[:len(carry)] = carry
+            first += 1
+        # Each chunk is hashed (in ``hashers``) while the next one is read.
+        digests = []
+        for i in range(first, window[1] + 1):
+            piece = buf[(i - window[0]) * chunk:(i + 1 - window[0]) * chunk]
+            done = 0
+            while done < len(piece):
+                n = os.preadv(f.fileno(), [piece[done:]], i * chunk + done)
+                if not n:
+                    raise CheckpointError(
+                        f"checkpoint {self.where} is refused: {rel} ends at byte "
+                        f"{i * chunk + done}, the manifest says {entry.size}")
+                done += n
+            digests.append((i, hashers.submit(digest, piece)))
+        for i, digested in digests:
+            if digested.result() != entry.chunks[i]:
+                raise CheckpointError(
+                    f"checkpoint {self.where} is refused: {rel} fails its sha256 check at "
+                    f"chunk {i} (bytes {i * chunk}-{min((i + 1) * chunk, entry.size)} of "
+                    f"{entry.size}): it was changed after it was committed")
+        return buf
+
+    def reader(self) -> VerifiedReader:
+        """A DCP storage reader of this checkpoint's tensors."""
+        return VerifiedReader(self)
+
+
+def _windows(ranges: Sequence[tuple[int, int]], chunk: int,
+             most: int) -> list[tuple[int, int]]:
+    """Runs of chunks (first, last) to read for ``ranges``, in order: each holds whole
+    ranges, spans at most ``most`` chunks unless one range is longer, and skips chunks
+    no range touches. Consecutive runs may share their boundary chunk."""
+    runs: list[tuple[int, int]] = []
+    for offset, length in ranges:
+        if length == 0:
+            continue
+        first, last = offset // chunk, (offset + length - 1) // chunk
+        if runs and first <= runs[-1][1] + 1 and max(last, runs[-1][1]) - runs[-1][0] < most:
+            runs[-1] = (runs[-1][0], max(last, runs[-1][1]))
+        elif runs and first >= runs[-1][0] and last <= runs[-1][1]:
+            continue
+        else:
+            runs.append((first, last))
+    return runs
+
+
+class _Memory(io.RawIOBase):
+    """A read-only, seekable file over bytes in memory, without copying them."""
+
+    def __init__(self, data: memoryview) -> None:
+        super().__init__()
+        self._data = data
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Buffer) -> int:
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), len(self._data) - self._pos))
+        out[:n] = self._data[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._data)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class VerifiedReader(dcp.FileSystemReader):
+    """DCP's file reader, reading only through a :class:`VerifiedCheckpoint`: each rank's
+    byte ranges checked chunk by chunk, ``.metadata`` checked whole before it is
+    unpickled, and torch given the very bytes that were checked."""
+
+    def __init__(self, checkpoint: VerifiedCheckpoint) -> None:
+        super().__init__(str(checkpoint.directory / DCP_DIR))
+        self.checkpoint = checkpoint
+        self._metadata: bytes | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:  # DCP's fallback when the global one failed
+            raise CheckpointError(f"checkpoint {self.checkpoint.where}: a save of ours "
+                                  "writes no per-rank DCP metadata")
+        if self._metadata is None:  # checked once, unpickled afresh for every caller
+            self._metadata = self.checkpoint.read(f"{DCP_DIR}/{_METADATA}")
+        metadata = pickle.loads(self._metadata)
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"checkpoint {self.checkpoint.where}: {DCP_DIR}/{_METADATA}"
+                                  " holds no DCP metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        assert metadata.storage_meta is not None
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            info: _StorageInfo = self.storage_data[item.storage_index]
+            per_file.setdefault(info.relative_path, []).append(item)
+        for rel, items in per_file.items():
+            items.sort(key=lambda it: self.storage_data[it.storage_index].offset)
+            infos = [self.storage_data[it.storage_index] for it in items]
+            ranges = [(info.offset, info.length) for info in infos]
+            with closing(self.checkpoint.read_ranges(f"{DCP_DIR}/{rel}", ranges)) as views:
+                for item, info, view in zip(items, infos, views, strict=True):
+                    self._load(item, info, view, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _load(self, item: ReadItem, info: _StorageInfo, data: memoryview,
+              planner: LoadPlanner) -> None:
+        """One item, from its checked bytes, as ``FileSystemReader.read_data`` does."""
+        stream: IO[bytes] = cast(IO[bytes], _Memory(data))
+        # Stream extensions (torch >= 2.7) name themselves in the metadata; ours use none.
+        descriptors = getattr(info, "transform_descriptors", None)
+        if descriptors:
+            stream = self.transforms.transform_load_stream(item, descriptors, stream)
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, io.BytesIO(stream.read(-1)))
+            return
+        seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+        tensor = torch.load(seekable, map_location="cpu", weights_only=True)
+        tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != tensor.size():
+            raise CheckpointError(
+                f"checkpoint {self.checkpoint.where}: {item.storage_index.fqn} has shape "
+                f"{tuple(tensor.size())} where {tuple(target.size())} is loaded")
+        target.copy_(tensor)
+        planner.commit_tensor(item, target)

@@ -1,0 +1,164 @@
+"""A DCP writer that hashes every file as it writes it, for the manifest: no second pass.
+
+DCP's ``FileSystemWriter`` writes through a small file-system object (its ``fs``);
+:class:`HashingWriter` swaps in one whose streams take each chunk's sha256
+(:mod:`resumequal.checkpoint.chunks`) on the way to the file and fsync it once it is
+whole, so the commit has every digest and every byte durable without reading a file
+back. DCP's own fsync is off: it syncs without flushing the stream's buffer first.
+
+DCP serialises every tensor with ``torch.save``, whose zip records carry a CRC32 of every
+byte: a second checksum beside the sha256s of the manifest (which every reader checks
+before anything is loaded), and most of DCP's own CPU time. While a writer of ours
+writes, it is off (:func:`no_zip_crc`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.futures import Future
+from typing_extensions import Buffer
+
+from resumequal.checkpoint import layout
+from resumequal.checkpoint.chunks import HASH_THREADS, ChunkHasher
+from resumequal.checkpoint.manifest import FileEntry
+
+__all__ = ["HashingWriter", "no_zip_crc"]
+
+_crc_lock = threading.Lock()
+_crc_off = 0  # writes in progress that switched the zip CRC off
+_crc_before = True
+
+
+@contextmanager
+def no_zip_crc() -> Iterator[None]:
+    """``torch.save`` writes no CRC32 meanwhile (``torch.load`` reads such records, says
+    torch/serialization.py); the setting before is restored after the last of
+    overlapping writes. The switch is process-wide: a ``torch.save`` elsewhere in the
+    worker meanwhile writes no CRC either, which ``torch.load`` does not miss."""
+    global _crc_off, _crc_before
+    ser = torch.serialization
+    if not hasattr(ser, "set_crc32_options"):  # a torch before the option: CRCs stay on
+        yield
+        return
+    with _crc_lock:
+        if _crc_off == 0:
+            _crc_before = ser.get_crc32_options()
+            ser.set_crc32_options(False)
+        _crc_off += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_off -= 1
+            if _crc_off == 0:
+                ser.set_crc32_options(_crc_before)
+
+
+class _HashedFile:
+    """What DCP writes a file through: every byte hashed (the whole chunks of a large
+    write in ``pool``), then written."""
+
+    def __init__(self, file: IO[bytes], hasher: ChunkHasher, pool: Executor | None) -> None:
+        self._file = file
+        self._hasher = hasher
+        self._pool = pool
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Buffer) -> int:
+        # Within the call: ``data`` may be torch's own buffer, valid only until we return.
+        self._hasher.update(data, self._pool)
+        return self._file.write(data)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def close(self) -> None:
+        """DCP closes its streams itself; the file is closed (and synced) once whole."""
+
+
+class _HashingFiles(FileSystem):
+    """DCP's local file system, every file it writes hashed (and fsynced, with ``sync``)."""
+
+    def __init__(self, staging: Path, sync: bool) -> None:
+        super().__init__()
+        self._staging = staging
+        self._sync = sync
+        self._lock = threading.Lock()
+        self.written: dict[str, FileEntry] = {}
+        self.pool: Executor | None = None  # hashes whole chunks side by side, while set
+
+    def _rel(self, path: str | os.PathLike[str]) -> str:
+        return Path(path).relative_to(self._staging).as_posix()
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        hasher = ChunkHasher()
+        with Path(path).open("wb") as f:
+            yield _HashedFile(f, hasher, self.pool)
+            f.flush()
+            if self._sync:  # the staged files become the checkpoint at the commit's rename
+                os.fsync(f.fileno())
+        entry = FileEntry(size=hasher.size, chunks=hasher.digests())
+        with self._lock:  # DCP may write several files from several threads
+            self.written[self._rel(path)] = entry
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)  # DCP's .metadata, written to a temporary name
+        with self._lock:
+            entry = self.written.pop(self._rel(path), None)
+            if entry is not None:
+                self.written[self._rel(new_path)] = entry
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        super().rm_file(path)
+        with self._lock:
+            self.written.pop(self._rel(path), None)
+
+
+class HashingWriter(dcp.FileSystemWriter):
+    """A ``FileSystemWriter`` into ``staging/dcp`` that hashes what it writes.
+
+    ``written``: every file it wrote, relative to ``staging``, with its manifest entry.
+    ``sync``: fsync each file once written (it becomes the checkpoint).
+    """
+
+    def __init__(self, staging: Path, *, sync: bool) -> None:
+        super().__init__(str(staging / layout.DCP_DIR), sync_files=False)
+        self.fs: _HashingFiles = _HashingFiles(staging, sync)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[Any]:
+        # FileSystemWriter writes everything before it returns (a completed future).
+        with no_zip_crc(), ThreadPoolExecutor(HASH_THREADS) as pool:
+            self.fs.pool = pool
+            try:
+                return super().write_data(plan, planner)
+            finally:
+                self.fs.pool = None
+
+    @property
+    def written(self) -> dict[str, FileEntry]:
+        with self.fs._lock:
+            return dict(self.fs.written)
