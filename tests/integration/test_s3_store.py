@@ -164,6 +164,20 @@ def test_flipped_byte_is_caught_on_download(store: Store, tmp_path: Path) -> Non
     assert store.get_file("c/shard.bin", dest) == hashlib.sha256(data).hexdigest()
 
 
+def test_ranged_reads_fill_a_buffer_and_stop_at_the_end(store: Store) -> None:
+    data = os.urandom(3 * MiB + 5)
+    store.put_bytes("c/shard.bin", data)
+    out = bytearray(MiB)
+    assert store.get_range("c/shard.bin", 2 * MiB + 3, out) == MiB
+    assert out == data[2 * MiB + 3:3 * MiB + 3]
+    assert store.get_range("c/shard.bin", 3 * MiB, out) == 5  # the object ends there
+    assert out[:5] == data[3 * MiB:]
+    assert store.get_range("c/shard.bin", len(data), out) == 0
+    assert store.get_range("c/shard.bin", 0, bytearray()) == 0
+    with pytest.raises(StoreNotFound, match=f"^{store.uri('c/gone.bin')} does not exist$"):
+        store.get_range("c/gone.bin", 0, out)
+
+
 # --- S3 specifics ---------------------------------------------------------------------------
 
 

@@ -148,7 +148,7 @@ def test_torch_is_given_the_bytes_that_were_checked_not_the_file_again(
     def then_swap(self: VerifiedCheckpoint, f: Any, rel: str, entry: FileEntry,
                   window: tuple[int, int], *rest: Any) -> memoryview:
         checked = fill(self, f, rel, entry, window, *rest)
-        with (self.directory / rel).open("r+b") as out:
+        with (root.root / NAME / rel).open("r+b") as out:
             out.seek(window[0] * CHUNK_BYTES)
             out.write(bytes(len(checked)))
         return checked

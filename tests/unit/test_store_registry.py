@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from typing_extensions import Buffer
 
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec, SpecError, parse_spec, store_uri
@@ -107,6 +108,12 @@ class MemoryStore:
         if max_bytes is not None and len(data) > max_bytes:
             raise too_large(self.uri(key), max_bytes)
         return data
+
+
+    def get_range(self, key: str, offset: int, out: Buffer) -> int:
+        data = self.get_bytes(key)[offset:offset + len(memoryview(out))]
+        memoryview(out).cast("B")[:len(data)] = data
+        return len(data)
 
     def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
         data = self.get_bytes(key)

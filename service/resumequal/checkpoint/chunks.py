@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import Executor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 
 from typing_extensions import Buffer
 
@@ -43,17 +44,28 @@ class ChunkHasher:
     def update(self, data: Buffer, pool: Executor | None = None) -> None:
         """Hash ``data``, next in the file; ``pool`` hashes its whole chunks side by side
         (hashlib lets go of the GIL) before this returns."""
+        self.start(data, pool)()
+
+    def start(self, data: Buffer, pool: Executor | None = None) -> Callable[[], None]:
+        """Begin hashing ``data``, next in the file, its whole chunks in ``pool``; what to
+        call (before anything else of this hasher, with ``data`` unchanged) to finish."""
         view = memoryview(data).cast("B")
         if self._filled:  # the rest of the chunk under way
             view = self._add(view[:self._chunk_bytes - self._filled], view)
         whole = len(view) - len(view) % self._chunk_bytes
+        pending: list[Future[str]] = []
         if pool is not None and whole >= 2 * self._chunk_bytes:
-            self._digests += pool.map(digest, [view[i:i + self._chunk_bytes]
-                                               for i in range(0, whole, self._chunk_bytes)])
+            pending = [pool.submit(digest, view[i:i + self._chunk_bytes])
+                       for i in range(0, whole, self._chunk_bytes)]
             self.size += whole
             view = view[whole:]
-        while view:
+        while view:  # a tail starts the next chunk: its digest comes after these
             view = self._add(view[:self._chunk_bytes - self._filled], view)
+
+        def finish() -> None:
+            self._digests[len(self._digests):] = [p.result() for p in pending]
+
+        return finish
 
     def _add(self, piece: memoryview, view: memoryview) -> memoryview:
         """Hash ``piece`` (the start of ``view``) into the chunk under way; the rest."""

@@ -42,7 +42,7 @@ from resumequal.checkpoint.manifest import (
     read_manifest,
     write_manifest_file,
 )
-from resumequal.checkpoint.reading import VerifiedCheckpoint
+from resumequal.checkpoint.reading import FolderSource, VerifiedCheckpoint
 from resumequal.checkpoint.writing import HashingWriter
 from resumequal.errors import CheckpointError, CheckpointMissing
 
@@ -155,7 +155,8 @@ class FolderRoot:
     def open(self, name: str, rank: int) -> VerifiedCheckpoint:
         """Checkpoint ``name`` where it lies, read through its authenticated manifest."""
         directory = self.root / name
-        return VerifiedCheckpoint(directory, self._manifest(name), str(directory))
+        return VerifiedCheckpoint(FolderSource(directory, str(directory)), self._manifest(name),
+                                  str(directory))
 
     def final_root(self, name: str, dest: Path) -> Path:
         """Copy ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""

@@ -1,7 +1,8 @@
 """Reading a committed checkpoint: every byte checked against the manifest as it is read.
 
-A resuming rank copies nothing. It reads the bytes DCP asks for into memory, checks every
-chunk they fall in against the manifest's sha256s, and hands those same bytes to torch:
+A resuming rank copies nothing. It reads the bytes DCP asks for into memory (from a folder,
+or in ranged reads from an object store: a :class:`Source`), checks every chunk they fall
+in against the manifest's sha256s, and hands those same bytes to torch:
 a file changed before the check is refused, naming the file and the chunk, and one
 changed after it is never read again. A rank reads (and checks) only the chunks holding
 what it loads. DCP's ``.metadata`` (a pickle) and a rank state are read and checked whole
@@ -15,11 +16,12 @@ import io
 import os
 import pickle
 from collections.abc import Generator, Sequence
+from concurrent import futures
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -35,7 +37,7 @@ from resumequal.checkpoint.layout import DCP_DIR
 from resumequal.checkpoint.manifest import FileEntry, Manifest
 from resumequal.errors import CheckpointError
 
-__all__ = ["VerifiedCheckpoint", "VerifiedReader"]
+__all__ = ["FolderSource", "Opened", "Source", "VerifiedCheckpoint", "VerifiedReader"]
 
 # What one read brings into memory at once (more only for a larger tensor): the ranges a
 # rank loads from a file are read in runs of whole chunks up to this size, two at a time
@@ -44,12 +46,71 @@ WINDOW_BYTES = 32 << 20
 _METADATA = ".metadata"
 
 
+class Opened(Protocol):
+    """One file of a checkpoint, open for reads at any offset (from several threads)."""
+
+    def read_into(self, offset: int, out: memoryview) -> int:
+        """Bytes from ``offset`` into ``out``; how many (0 only at the file's end)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class Source(Protocol):
+    """Where a checkpoint's files are read from; nothing read is trusted."""
+
+    @property
+    def parallel(self) -> int:
+        """Chunks fetched at once, each hashed by the thread that fetched it; 1: read in
+        order by one thread, hashed side by side."""
+        ...
+
+    def open(self, rel: str, size: int) -> Opened:
+        """File ``rel``, which the manifest says has ``size`` bytes; CheckpointError if it
+        is missing (or, where that costs nothing, of another size)."""
+        ...
+
+
+class _LocalFile:
+    def __init__(self, f: io.FileIO) -> None:
+        self._f = f
+
+    def read_into(self, offset: int, out: memoryview) -> int:
+        return os.preadv(self._f.fileno(), [out], offset)
+
+    def close(self) -> None:
+        self._f.close()
+
+
 @dataclass(frozen=True)
-class VerifiedCheckpoint:
-    """A committed checkpoint's folder and its authenticated manifest; whatever is read
-    through it has been checked against the manifest. ``where`` names it in errors."""
+class FolderSource:
+    """A checkpoint's folder on this machine."""
 
     directory: Path
+    where: str
+    parallel: int = 1
+
+    def open(self, rel: str, size: int) -> _LocalFile:
+        try:
+            f = io.FileIO(self.directory / rel, "rb")
+        except FileNotFoundError as e:
+            raise CheckpointError(f"checkpoint {self.where} is refused: {rel} is listed in "
+                                  "the manifest but missing") from e
+        found = os.fstat(f.fileno()).st_size
+        if found != size:
+            f.close()
+            raise CheckpointError(f"checkpoint {self.where} is refused: {rel} has {found} "
+                                  f"bytes, the manifest says {size}")
+        return _LocalFile(f)
+
+
+@dataclass(frozen=True)
+class VerifiedCheckpoint:
+    """A committed checkpoint's files and its authenticated manifest; whatever is read
+    through it has been checked against the manifest. ``where`` names it in errors."""
+
+    source: Source
     manifest: Manifest
     where: str
 
@@ -86,8 +147,8 @@ class VerifiedCheckpoint:
                     f"checkpoint {self.where} is refused: its metadata reads bytes "
                     f"{offset}-{offset + length} of {rel}, which has {entry.size}")
         runs = _windows(ranges, chunk, max(1, WINDOW_BYTES // chunk))
-        with (self._open(rel, entry) as f, ThreadPoolExecutor(1) as ahead,
-              ThreadPoolExecutor(HASH_THREADS) as hashers):
+        with (closing(self.source.open(rel, entry.size)) as f, ThreadPoolExecutor(1) as ahead,
+              ThreadPoolExecutor(max(HASH_THREADS, self.source.parallel)) as hashers):
             buffers = [bytearray(), bytearray()]  # the run in use and the one read ahead
 
             def fill(n: int, previous: memoryview | None) -> memoryview:
@@ -116,26 +177,12 @@ class VerifiedCheckpoint:
                 if ready is not None:
                     ready.cancel()
 
-    def _open(self, rel: str, entry: FileEntry) -> io.FileIO:
-        path = self.directory / rel
-        try:
-            f = io.FileIO(path, "rb")
-        except FileNotFoundError as e:
-            raise CheckpointError(f"checkpoint {self.where} is refused: {rel} is listed in "
-                                  "the manifest but missing") from e
-        size = os.fstat(f.fileno()).st_size
-        if size != entry.size:
-            f.close()
-            raise CheckpointError(f"checkpoint {self.where} is refused: {rel} has {size} "
-                                  f"bytes, the manifest says {entry.size}")
-        return f
-
-    def _fill(self, f: io.FileIO, rel: str, entry: FileEntry, window: tuple[int, int],
+    def _fill(self, f: Opened, rel: str, entry: FileEntry, window: tuple[int, int],
               carry: memoryview | None, buffers: list[bytearray], slot: int,
               hashers: Executor) -> memoryview:
         """Chunks ``window`` (first, last) of file ``f``, read into ``buffers[slot]`` and
         checked; the first of them is ``carry`` when the previous window ended with it
-        (checked already)."""
+        (checked already). Chunks are hashed in ``hashers`` side by side."""
         chunk = self.manifest.chunk_bytes
         start, end = window[0] * chunk, min((window[1] + 1) * chunk, entry.size)
         if len(buffers[slot]) < end - start:  # a new one: a caller may still see the old
@@ -145,26 +192,41 @@ class VerifiedCheckpoint:
         if carry is not None:  # checked when the previous window was read
             buf[:len(carry)] = carry
             first += 1
-        # Each chunk is hashed (in ``hashers``) while the next one is read.
-        digests = []
-        for i in range(first, window[1] + 1):
+
+        def read(i: int) -> memoryview:
             piece = buf[(i - window[0]) * chunk:(i + 1 - window[0]) * chunk]
             done = 0
             while done < len(piece):
-                n = os.preadv(f.fileno(), [piece[done:]], i * chunk + done)
+                n = f.read_into(i * chunk + done, piece[done:])
                 if not n:
                     raise CheckpointError(
                         f"checkpoint {self.where} is refused: {rel} ends at byte "
                         f"{i * chunk + done}, the manifest says {entry.size}")
                 done += n
-            digests.append((i, hashers.submit(digest, piece)))
-        for i, digested in digests:
-            if digested.result() != entry.chunks[i]:
-                raise CheckpointError(
-                    f"checkpoint {self.where} is refused: {rel} fails its sha256 check at "
-                    f"chunk {i} (bytes {i * chunk}-{min((i + 1) * chunk, entry.size)} of "
-                    f"{entry.size}): it was changed after it was committed")
+            return piece
+
+        digests: list[tuple[int, futures.Future[str]]] = []
+        try:
+            for i in range(first, window[1] + 1):
+                if self.source.parallel > 1:  # each chunk fetched and hashed in the pool
+                    digests.append((i, hashers.submit(lambda i: digest(read(i)), i)))
+                else:  # read in order (the kernel reads ahead), hashed side by side
+                    digests.append((i, hashers.submit(digest, read(i))))
+            for i, digested in digests:
+                self._check(rel, entry, i, digested.result())
+        except BaseException:
+            for _, pending in digests:  # no more reads of a file already refused
+                pending.cancel()
+            raise
         return buf
+
+    def _check(self, rel: str, entry: FileEntry, i: int, found: str) -> None:
+        chunk = self.manifest.chunk_bytes
+        if found != entry.chunks[i]:
+            raise CheckpointError(
+                f"checkpoint {self.where} is refused: {rel} fails its sha256 check at "
+                f"chunk {i} (bytes {i * chunk}-{min((i + 1) * chunk, entry.size)} of "
+                f"{entry.size}): it was changed after it was committed")
 
     def reader(self) -> VerifiedReader:
         """A DCP storage reader of this checkpoint's tensors."""
@@ -226,7 +288,7 @@ class VerifiedReader(dcp.FileSystemReader):
     unpickled, and torch given the very bytes that were checked."""
 
     def __init__(self, checkpoint: VerifiedCheckpoint) -> None:
-        super().__init__(str(checkpoint.directory / DCP_DIR))
+        super().__init__(f"{checkpoint.where}/{DCP_DIR}")  # a name: DCP opens nothing
         self.checkpoint = checkpoint
         self._metadata: bytes | None = None
 

@@ -13,12 +13,12 @@ copy), then uploads the few other files it wrote into a local staging folder (DC
 ``.metadata``, its rank state) and reports every file's size and chunk digests; rank 0
 uploads the manifest, then ``COMMITTED``. A kill or an endpoint failure anywhere before
 the marker leaves a prefix without one: never listed as committed, deleted at the next
-start. Resuming downloads a committed checkpoint into the rank's local folder (files side
-by side, each in parallel ranged parts) and reads it like a folder's: every chunk checked
-against the manifest as it is read (:mod:`resumequal.checkpoint.reading`). The
-comparator's copy (:meth:`RemoteRoot.final_root`) is checked whole once downloaded. The
-manifest itself is authenticated (:func:`resumequal.checkpoint.manifest.authenticate`)
-before anything it lists is listed, downloaded or read.
+start. Resuming copies nothing: each rank fetches just the chunks holding what it loads,
+in ranged GETs (:class:`StoreSource`, several at once), each checked against the manifest
+before DCP sees a byte of it (:mod:`resumequal.checkpoint.reading`). The comparator's copy
+(:meth:`RemoteRoot.final_root`) is checked whole once downloaded. The manifest itself is
+authenticated (:func:`resumequal.checkpoint.manifest.authenticate`) before anything it
+lists is listed, read or downloaded.
 
 This module does the store side; :mod:`resumequal.checkpoint.manager` runs the
 collectives around it.
@@ -62,7 +62,8 @@ COMMITTED = "COMMITTED"
 # Files of one rank uploaded or downloaded at once; each large file also moves
 # S3Config.max_concurrency parts at once.
 _FILES_AT_ONCE = 4
-CACHE_DIR = ".cache"
+# Chunks of one file a resuming rank fetches (and hashes) at once, in ranged GETs.
+_RANGES_AT_ONCE = 8
 # The objects of a checkpoint that are not listed in its manifest.
 _UNLISTED = frozenset({MANIFEST, MANIFEST_MAC, COMMITTED})
 _SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -139,17 +140,48 @@ class RemoteRoot:
             raise CheckpointError(f"cannot resume from {self.uri()}: {e}") from e
 
     def open(self, name: str, rank: int) -> VerifiedCheckpoint:
-        """Download ``name`` into this rank's cache, to be read through its authenticated
-        manifest (every chunk checked as it is read)."""
-        cache = self.local / CACHE_DIR / f"rank-{rank}"
-        shutil.rmtree(cache, ignore_errors=True)
-        manifest = download(self, name, cache / name, check=False)
-        return VerifiedCheckpoint(cache / name, manifest, self.uri(name))
+        """Committed checkpoint ``name`` where it lies, read through its authenticated
+        manifest: each chunk fetched in a ranged read and checked before it is used."""
+        if not self.store.exists(self.key(name, COMMITTED)):
+            raise CheckpointMissing(
+                f"{self.uri(name)} is not a committed checkpoint (no {COMMITTED})")
+        manifest = read_manifest(self, name)
+        return VerifiedCheckpoint(StoreSource(self, name), manifest, self.uri(name))
 
     def final_root(self, name: str, dest: Path) -> Path:
         """Download ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""
         download(self, name, dest / name)
         return dest
+
+
+class _StoreObject:
+    def __init__(self, root: RemoteRoot, name: str, rel: str) -> None:
+        self._store, self._key = root.store, root.key(name, rel)
+        self._where = root.uri(name)
+
+    def read_into(self, offset: int, out: memoryview) -> int:
+        try:
+            return self._store.get_range(self._key, offset, out)
+        except StoreError as e:
+            raise CheckpointError(f"checkpoint {self._where} cannot be read: {e}") from e
+
+    def close(self) -> None:
+        """Nothing held between reads."""
+
+
+@dataclass(frozen=True)
+class StoreSource:
+    """Checkpoint ``name`` of ``root`` as a :class:`~resumequal.checkpoint.reading.Source`:
+    ranged reads of its objects, ``parallel`` at once. A missing object or a short one is
+    found at its first read (its size was checked against the listing by whoever chose
+    the checkpoint)."""
+
+    root: RemoteRoot
+    name: str
+    parallel: int = _RANGES_AT_ONCE
+
+    def open(self, rel: str, size: int) -> _StoreObject:
+        return _StoreObject(self.root, self.name, rel)
 
 
 def own_files(staging: Path, rank: int) -> list[str]:
@@ -309,14 +341,13 @@ def newest_verified(root: RemoteRoot, world_size: int | None) -> str | None:
     return name
 
 
-def download(root: RemoteRoot, name: str, dest: Path, *, check: bool = True) -> Manifest:
+def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
     """Download committed checkpoint ``name`` into folder ``dest``; its authenticated
     manifest.
 
-    With ``check``, every file is then checked against the manifest (a mismatch is a
-    CheckpointError naming the object) and ``dest`` holds the checkpoint with its
-    manifest, as a committed local checkpoint does; without, whoever reads ``dest``
-    checks what it reads (:class:`~resumequal.checkpoint.reading.VerifiedCheckpoint`).
+    Every file is then checked against the manifest (a mismatch is a CheckpointError
+    naming the object) and ``dest`` holds the checkpoint with its manifest, as a
+    committed local checkpoint does.
     """
     if not root.store.exists(root.key(name, COMMITTED)):
         raise CheckpointMissing(
@@ -328,16 +359,14 @@ def download(root: RemoteRoot, name: str, dest: Path, *, check: bool = True) -> 
     def one(item: tuple[str, FileEntry]) -> None:
         rel, entry = item
         root.store.get_file(root.key(name, rel), dest / rel)
-        if check:
-            _check_file(root, name, rel, dest / rel, entry, manifest.chunk_bytes)
+        _check_file(root, name, rel, dest / rel, entry, manifest.chunk_bytes)
 
     # Side by side, so the small files cost no round trips after the shard's.
     items = sorted(manifest.files.items())
     with ThreadPoolExecutor(max_workers=max(1, min(_FILES_AT_ONCE, len(items)))) as pool:
         for done in [pool.submit(one, item) for item in items]:
             done.result()
-    if check:
-        write_manifest_file(dest, manifest)
+    write_manifest_file(dest, manifest)
     return manifest
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from typing_extensions import Buffer
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.chunks import ChunkHasher
 from resumequal.checkpoint.manifest import FileEntry
-from resumequal.checkpoint.writing import no_zip_crc
+from resumequal.checkpoint.writing import hashing_writes
 from resumequal.store import Store
 from resumequal.store.base import ObjectWriter
 
@@ -52,18 +53,24 @@ class _ShardStream:
     here completes the upload, which only DCP's own ``close`` after its last write may.
     """
 
-    def __init__(self, writer: ObjectWriter, done: Callable[[FileEntry], None]) -> None:
+    def __init__(self, writer: ObjectWriter, done: Callable[[FileEntry], None],
+                 pool: Executor | None) -> None:
         self._writer = writer
         self._done = done
         self._hasher = ChunkHasher()
+        self._pool = pool
         self.closed = False
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Buffer) -> int:
-        self._hasher.update(data)
-        return self._writer.write(data)
+        # The whole chunks of a large write are hashed in the pool while it is sent on.
+        finish = self._hasher.start(data, self._pool)
+        try:
+            return self._writer.write(data)
+        finally:
+            finish()
 
     def tell(self) -> int:
         return self._writer.tell()
@@ -88,6 +95,7 @@ class _StoreShards(FileSystem):
         self._key = key
         self._lock = threading.Lock()
         self.sent: dict[str, FileEntry] = {}
+        self.pool: Executor | None = None  # hashes whole chunks side by side, while set
 
     @contextmanager
     def create_stream(self, path: str | Any, mode: str) -> Iterator[Any]:
@@ -103,7 +111,7 @@ class _StoreShards(FileSystem):
                 self.sent[rel] = entry
 
         writer = self._store.writer(self._key(rel))
-        stream = _ShardStream(writer, done)
+        stream = _ShardStream(writer, done, self.pool)
         try:
             yield stream
             stream.close()
@@ -127,7 +135,7 @@ class StreamingWriter(dcp.FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[Any]:
         # FileSystemWriter writes everything before it returns (a completed future).
-        with no_zip_crc():
+        with hashing_writes(self.fs):
             return super().write_data(plan, planner)
 
     @property

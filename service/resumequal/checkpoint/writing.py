@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -33,7 +33,7 @@ from resumequal.checkpoint import layout
 from resumequal.checkpoint.chunks import HASH_THREADS, ChunkHasher
 from resumequal.checkpoint.manifest import FileEntry
 
-__all__ = ["HashingWriter", "no_zip_crc"]
+__all__ = ["HashingWriter", "hashing_writes", "no_zip_crc"]
 
 _crc_lock = threading.Lock()
 _crc_off = 0  # writes in progress that switched the zip CRC off
@@ -65,9 +65,25 @@ def no_zip_crc() -> Iterator[None]:
                 ser.set_crc32_options(_crc_before)
 
 
+class _Hashing(Protocol):
+    pool: Executor | None
+
+
+@contextmanager
+def hashing_writes(fs: _Hashing) -> Iterator[None]:
+    """While DCP writes: ``fs.pool`` hashes whole chunks side by side, and ``torch.save``
+    writes no zip CRC (:func:`no_zip_crc`)."""
+    with no_zip_crc(), ThreadPoolExecutor(HASH_THREADS) as pool:
+        fs.pool = pool
+        try:
+            yield
+        finally:
+            fs.pool = None
+
+
 class _HashedFile:
     """What DCP writes a file through: every byte hashed (the whole chunks of a large
-    write in ``pool``), then written."""
+    write in ``pool``, while it is written) and written."""
 
     def __init__(self, file: IO[bytes], hasher: ChunkHasher, pool: Executor | None) -> None:
         self._file = file
@@ -79,8 +95,12 @@ class _HashedFile:
 
     def write(self, data: Buffer) -> int:
         # Within the call: ``data`` may be torch's own buffer, valid only until we return.
-        self._hasher.update(data, self._pool)
-        return self._file.write(data)
+        # Its whole chunks are hashed in the pool while this thread writes it.
+        finish = self._hasher.start(data, self._pool)
+        try:
+            return self._file.write(data)
+        finally:
+            finish()
 
     def tell(self) -> int:
         return self._file.tell()
@@ -151,12 +171,8 @@ class HashingWriter(dcp.FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[Any]:
         # FileSystemWriter writes everything before it returns (a completed future).
-        with no_zip_crc(), ThreadPoolExecutor(HASH_THREADS) as pool:
-            self.fs.pool = pool
-            try:
-                return super().write_data(plan, planner)
-            finally:
-                self.fs.pool = None
+        with hashing_writes(self.fs):
+            return super().write_data(plan, planner)
 
     @property
     def written(self) -> dict[str, FileEntry]:

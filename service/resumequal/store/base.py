@@ -103,6 +103,12 @@ class Store(Protocol):
         holds more than ``max_bytes``."""
         ...
 
+    def get_range(self, key: str, offset: int, out: Buffer) -> int:
+        """Read bytes of ``key`` from ``offset`` into ``out`` (at most ``len(out)``); how
+        many, fewer only where the object ends. :class:`StoreNotFound` naming the key if
+        it is missing."""
+        ...
+
     def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
         """Download ``key`` to ``local_path`` (parents created); returns its sha256.
 

@@ -216,6 +216,22 @@ def _get_part(client: Any, bucket: str, key: str, start: int, end: int,
     raise AssertionError("unreachable")
 
 
+def get_range(client: Any, bucket: str, key: str, offset: int, out: memoryview,
+              attempts: int) -> int:
+    """Bytes of the object from ``offset`` into ``out``, in one ranged GET (retried when
+    the body breaks off); how many, fewer only where the object ends."""
+    try:
+        data, _ = _get_part(client, bucket, key, offset, offset + len(out) - 1, None,
+                            attempts)
+    except ClientError as e:
+        if str(e.response.get("Error", {}).get("Code", "")) != "InvalidRange":
+            raise
+        return 0  # ``offset`` is at or past the object's end
+    n = min(len(data), len(out))
+    out[:n] = memoryview(data)[:n]
+    return n
+
+
 def download(client: Any, bucket: str, key: str, path: str, *, first_part: int,
              part_size: int, concurrency: int, attempts: int) -> str:
     """Write the object to the file ``path`` (created or truncated); its sha256 (hex).
@@ -292,4 +308,4 @@ def copy_file(writer: ObjectWriter, path: str, chunk: int) -> str:
     return digest
 
 
-__all__ = ["PartWriter", "copy_file", "download"]
+__all__ = ["PartWriter", "copy_file", "download", "get_range"]

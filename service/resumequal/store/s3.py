@@ -37,6 +37,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
     NoCredentialsError,
     PartialCredentialsError,
 )
+from typing_extensions import Buffer
 
 from resumequal.errors import StoreError
 from resumequal.redact import redact
@@ -54,7 +55,7 @@ from resumequal.store.errors import (
     StoreUnavailable,
     too_large,
 )
-from resumequal.store.multipart import PartWriter, copy_file, download
+from resumequal.store.multipart import PartWriter, copy_file, download, get_range
 from resumequal.store.registry import register
 from resumequal.store.s3settings import S3Config
 
@@ -316,6 +317,14 @@ class S3Store:
                                 concurrency=c.max_concurrency, attempts=c.max_attempts)
 
         return download_verified(self.uri(key), local_path, expect_sha256, fetch)
+
+    def get_range(self, key: str, offset: int, out: Buffer) -> int:
+        view = memoryview(out).cast("B")
+        if not view:
+            return 0
+        with self._call("read", key):
+            return get_range(self._client, self.bucket, self._key(key), offset, view,
+                             self.config.max_attempts)
 
     def put_new(self, key: str, data: bytes) -> bool:
         # A conditional create (If-None-Match: *): of two writers racing, one gets 412 (or
