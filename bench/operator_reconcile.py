@@ -75,7 +75,7 @@ from tests.s3server import free_port  # noqa: E402
 
 from resumequal.plan import qualification_plan  # noqa: E402
 from resumequal.qualify import LegRun, Phase, QualificationStatus, Reason  # noqa: E402
-from resumequal.results import run_uri  # noqa: E402
+from resumequal.runname import run_uri  # noqa: E402
 from resumequal.runstore import RunLocation  # noqa: E402
 from resumequal.signing import new_key  # noqa: E402
 from resumequal.verdict import PhaseEvent, Result  # noqa: E402

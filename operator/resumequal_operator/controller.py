@@ -31,13 +31,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from resumequal.assembly import build_report
 from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import Plan, qualification_plan
-from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
+from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason, failed_verdict
 from resumequal.redact import redact
-from resumequal.results import Timeline, build_report, failed_verdict, run_uri
+from resumequal.runname import run_uri
 from resumequal.runstore import ZOOM_JSON, RunLocation
 from resumequal.spec import QualificationSpec
+from resumequal.timeline import Timeline
 from resumequal.verdict import Result, Zoom
 from resumequal.words import clip
 from resumequal_operator import pytorchjob

@@ -36,8 +36,7 @@ from pydantic.alias_generators import to_camel
 
 from resumequal.qualify import Phase
 from resumequal.redact import redact, redact_tree
-from resumequal.results import run_uri as run_uri  # the run location, spelled once
-from resumequal.runstore import MAX_EPOCH_SECONDS
+from resumequal.runfiles import MAX_EPOCH_SECONDS
 from resumequal.spec import (
     MAX_SECONDS,
     MAX_URI,

@@ -174,11 +174,11 @@ def test_an_async_saving_leg_on_s3_is_killed_and_resumes_from_the_store(
         beacon = location.read_beacon("preempted", 1)
         legs.time.sleep(0.1)
     assert beacon is not None, lp.tail()
-    assert beacon["pod"] == "pod-a"
+    assert beacon.pod == "pod-a"
     # The arm record was uploaded before the beacon: a SIGKILL now loses no step.
     before = location.leg_progress("preempted", 2)
     assert before.steps_done == 5
-    os.kill(beacon["pid"], signal.SIGKILL)
+    os.kill(beacon.pid, signal.SIGKILL)
     assert lp.wait(300) == 0, lp.tail()
 
     after = location.leg_progress("preempted", 2)

@@ -27,7 +27,10 @@ NOT_IN_A_WORKER = (
     "resumequal.compare",
     "resumequal.local",
     "resumequal.qualify",
-    "resumequal.results",
+    "resumequal.assembly",
+    "resumequal.publish",
+    "resumequal.timeline",
+    "resumequal.matrix",
     "resumequal.metrics",
     "resumequal.verdict",  # read by the runner and the operator, never written by a worker
 )

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from resumequal.runstore import LegFiles, PodKill, RunLocation
+from resumequal.runfiles import PodKill
+from resumequal.runstore import LegFiles, RunLocation
 from resumequal.signing import KEY_ENV
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator import pytorchjob

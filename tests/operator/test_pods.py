@@ -201,7 +201,7 @@ def test_a_process_kill_restarts_the_group_in_its_pods(
     # worker-r, as the rendezvous orders nodes by host name: the beacon of the armed rank 1
     # names worker-1 (so rank 0 is worker-0's, of two).
     beacon = location.read_beacon("preempted", 1, 0)
-    assert beacon is not None and str(beacon["pod"]).endswith("-worker-1"), beacon
+    assert beacon is not None and str(beacon.pod).endswith("-worker-1"), beacon
     injected = next(m for r, m in _events(api, "process") if r == "PreemptionInjected")
     assert "ordered the kill of pid" in injected and "hard process kill" in injected
     _comparator_timeline(location, f"killed pid {order.pid} (hard)")

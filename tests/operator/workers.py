@@ -12,7 +12,6 @@ The comparator writes a prepared ``verdict.json``.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from resumequal.verdict import (
     ZoomReplay,
 )
 from tests.kubeapi.scripted import SIGTERM_EXIT, Container
+from tests.trace_records import step_record, trace_line
 
 
 def verdict(result: Result = Result.PASS) -> Verdict:
@@ -127,9 +127,7 @@ class Workers:
             first = (p.step - 1) // every * every + 1
         last = p.step - 1 if cut and attempt == 0 else steps
         for step in range(first, last + 1):
-            record = {"kind": "step", "step": step, "attempt": attempt, "rank": rank,
-                      "finished_at": time.time()}
-            sink.append(json.dumps(record).encode())
+            sink.append(trace_line(step_record(rank, attempt, step, time.time())))
         if cut and attempt == 0:
             if rank == p.rank and self.arm:
                 beacon = {"pid": 1000 + rank, "host": pod, "pod": self.beacon_pod or pod,

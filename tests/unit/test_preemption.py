@@ -17,7 +17,8 @@ import pytest
 
 from resumequal.checkpoint import FolderRoot, RemoteRoot
 from resumequal.errors import TrainingError
-from resumequal.runstore import KillOrder, LegFiles
+from resumequal.runfiles import KillOrder
+from resumequal.runstore import LegFiles
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.train.preemption import (
     FAILED_MARKER,

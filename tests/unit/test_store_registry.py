@@ -202,5 +202,5 @@ def test_a_run_location_round_trips_through_a_registered_store() -> None:
 
     location.leg("preempted").write_beacon(1, 0, 6, 1, "microbatch")
     beacon = location.read_beacon("preempted", 1)
-    assert beacon is not None and beacon["step"] == 6
+    assert beacon is not None and beacon.step == 6
     assert location.child("seed-3").uri == "mem://b/rq/ns/run/uid/seed-3"

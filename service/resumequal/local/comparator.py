@@ -7,7 +7,7 @@ always does. The comparison includes the negative controls, as
 ``resumequal run`` does. With ``write``, ``verdict.json``, ``report.json``,
 ``report.html`` and ``metrics.prom`` are written into the run location; the report's
 phases, kill time and restart time come from what the legs left there
-(:func:`resumequal.results.read_timeline`).
+(:func:`resumequal.timeline.read_timeline`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumequal.assembly import build_report
 from resumequal.compare import compare_qualification
 from resumequal.local import runkey
-from resumequal.results import build_report, publish, read_timeline, run_names
+from resumequal.publish import publish
+from resumequal.runname import run_names
 from resumequal.runstore import RunLocation
+from resumequal.timeline import read_timeline
 from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,8 @@ from resumequal.errors import ReportError
 from resumequal.launchers import TORCHRUN
 from resumequal.local import runkey
 from resumequal.local.processes import ProcessTree
-from resumequal.results import publish, run_names
+from resumequal.publish import publish
+from resumequal.runname import run_names
 from resumequal.runstore import REPORT_JSON, ZOOM_JSON, RunLocation
 from resumequal.signing import RunSeal, key_from_env
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, QualificationSpec
