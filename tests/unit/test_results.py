@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from resumequal.built import BuiltOptimizer
-from resumequal.local.comparator import compare_location
+from resumequal.jobs.comparator import compare_location
 from resumequal.qualify import Beacon, LegRun, Phase, QualificationStatus, Reason, kill_order
 from resumequal.report.files import read_report
 from resumequal.report.html import render_html

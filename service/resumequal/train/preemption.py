@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from resumequal.errors import NotAuthentic, StoreError, TrainingError
-from resumequal.runstore import FAILED_MARKER as FAILED_MARKER
 from resumequal.runstore import GROW, KillOrder, LegFiles
 
 log = logging.getLogger(__name__)
