@@ -414,31 +414,14 @@ def comparator_job(run_name: str, namespace: str, uid: str, spec: QualificationR
     (NONDETERMINISTIC) are verdicts, written to the store before it exits, not failures to
     retry (:mod:`resumequal.exitcodes`).
     """
-    meta_labels = labels(run_name, uid)
-    container = _container(spec, COMPARATOR_CONTAINER, ["resumequal"],
-                           comparator_args(run_name, namespace, spec, run_uri),
-                           _env(spec, run_name, uid, key_secret), comparator_resources(spec))
-    job_spec: Obj = {
-        "backoffLimit": 0,
-        "activeDeadlineSeconds": max(COMPARATOR_DEADLINE_S, math.ceil(spec.timeouts.leg_seconds)),
-        "template": {
-            "metadata": {"labels": meta_labels},
-            "spec": _pod_spec(spec, container, "Never"),
-        },
-    }
-    if ttl_seconds is not None:
-        job_spec["ttlSecondsAfterFinished"] = ttl_seconds
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": comparator_job_name(run_name, uid),
-            "namespace": namespace,
-            "labels": meta_labels,
-            "ownerReferences": [owner_reference(run_name, uid)],
-        },
-        "spec": job_spec,
-    }
+    return _command_job(run_name, namespace, uid, spec,
+                        name=comparator_job_name(run_name, uid), component="comparator",
+                        container=COMPARATOR_CONTAINER,
+                        args=comparator_args(run_name, namespace, spec, run_uri),
+                        needs=comparator_resources(spec),
+                        deadline_s=max(COMPARATOR_DEADLINE_S,
+                                       math.ceil(spec.timeouts.leg_seconds)),
+                        ttl_seconds=ttl_seconds, key_secret=key_secret)
 
 
 def zoom_job_name(run_name: str, uid: str) -> str:
@@ -460,16 +443,27 @@ def zoom_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec
     included, so the replay runs on the device the legs did). backoffLimit 0: the replay
     is deterministic, and one that failed fails again.
     """
-    meta_labels = labels(run_name, uid) | {COMPONENT: "zoom"}
-    container = _container(spec, ZOOM_CONTAINER, ["resumequal"],
-                           ["zoom", run_uri, "--namespace", namespace],
-                           _env(spec, run_name, uid, key_secret), resources(spec))
+    return _command_job(run_name, namespace, uid, spec,
+                        name=zoom_job_name(run_name, uid), component="zoom",
+                        container=ZOOM_CONTAINER, args=["zoom", run_uri, "--namespace", namespace],
+                        needs=resources(spec), deadline_s=zoom_deadline_seconds(spec),
+                        ttl_seconds=ttl_seconds, key_secret=key_secret)
+
+
+def _command_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec, *,
+                 name: str, component: str, container: str, args: list[str], needs: Obj,
+                 deadline_s: int, ttl_seconds: int | None, key_secret: str | None) -> Obj:
+    """A batch/v1 Job of the run running ``resumequal <args>`` once in one pod of the stack's
+    image (the comparator and zoom Jobs): never retried, and its pod never restarted."""
+    meta_labels = labels(run_name, uid) | {COMPONENT: component}
+    c = _container(spec, container, ["resumequal"], args, _env(spec, run_name, uid, key_secret),
+                   needs)
     job_spec: Obj = {
         "backoffLimit": 0,
-        "activeDeadlineSeconds": zoom_deadline_seconds(spec),
+        "activeDeadlineSeconds": deadline_s,
         "template": {
             "metadata": {"labels": meta_labels},
-            "spec": _pod_spec(spec, container, "Never"),
+            "spec": _pod_spec(spec, c, "Never"),
         },
     }
     if ttl_seconds is not None:
@@ -478,7 +472,7 @@ def zoom_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": zoom_job_name(run_name, uid),
+            "name": name,
             "namespace": namespace,
             "labels": meta_labels,
             "ownerReferences": [owner_reference(run_name, uid)],

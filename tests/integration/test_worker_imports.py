@@ -26,6 +26,7 @@ NOT_IN_A_WORKER = (
     "resumequal.report",
     "resumequal.compare",
     "resumequal.local",
+    "resumequal.jobs",
     "resumequal.qualify",
     "resumequal.assembly",
     "resumequal.publish",

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from resumequal.assembly import build_report, leg_summary
 from resumequal.built import BuiltOptimizer
-from resumequal.local.comparator import compare_location
+from resumequal.jobs.comparator import compare_location
 from resumequal.publish import publish
 from resumequal.qualify import (
     LegRun,
