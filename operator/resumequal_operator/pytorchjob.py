@@ -144,6 +144,23 @@ def owner_reference(run_name: str, uid: str) -> Obj:
             "controller": True, "blockOwnerDeletion": True}
 
 
+def owned_object(api_version: str, kind: str, name: str, namespace: str, run_name: str,
+                 uid: str, meta_labels: dict[str, str], spec: Obj) -> Obj:
+    """An object of the run, ``name`` in ``namespace``, owned by it: deleting the run
+    deletes it."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": meta_labels,
+            "ownerReferences": [owner_reference(run_name, uid)],
+        },
+        "spec": spec,
+    }
+
+
 # The API server cuts a generateName to 58 characters before it appends 5 random ones
 # (k8s.io/apiserver/pkg/storage/names/generate.go, maxGeneratedNameLength).
 MAX_GENERATE_NAME = 58
@@ -363,39 +380,31 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
     # A graceful kill deletes the pod with the spec's grace; cleanup uses the same.
     pod["terminationGracePeriodSeconds"] = math.ceil(leg.spec.preemption.grace_seconds)
     pod["activeDeadlineSeconds"] = leg_deadline_seconds(leg)
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": meta_labels,
-            "ownerReferences": [owner_reference(run_name, uid)],
+    job_spec: Obj = {
+        "nprocPerNode": str(w.nproc_per_node),
+        "elasticPolicy": {
+            "rdzvBackend": "c10d",
+            "rdzvId": name,
+            "rdzvConf": [{"key": k, "value": v}
+                         for k, v in leg_rdzv_conf(leg).items()],
+            "minReplicas": min_replicas(leg),
+            "maxReplicas": w.nnodes,
+            "maxRestarts": w.max_restarts,
         },
-        "spec": {
-            "nprocPerNode": str(w.nproc_per_node),
-            "elasticPolicy": {
-                "rdzvBackend": "c10d",
-                "rdzvId": name,
-                "rdzvConf": [{"key": k, "value": v}
-                             for k, v in leg_rdzv_conf(leg).items()],
-                "minReplicas": min_replicas(leg),
-                "maxReplicas": w.nnodes,
-                "maxRestarts": w.max_restarts,
-            },
-            "runPolicy": {
-                "cleanPodPolicy": "None",
-                "activeDeadlineSeconds": leg_deadline_seconds(leg),
-            },
-            "pytorchReplicaSpecs": {
-                "Worker": {
-                    "replicas": w.nnodes,
-                    "restartPolicy": "ExitCode",
-                    "template": {"metadata": {"labels": meta_labels}, "spec": pod},
-                },
+        "runPolicy": {
+            "cleanPodPolicy": "None",
+            "activeDeadlineSeconds": leg_deadline_seconds(leg),
+        },
+        "pytorchReplicaSpecs": {
+            "Worker": {
+                "replicas": w.nnodes,
+                "restartPolicy": "ExitCode",
+                "template": {"metadata": {"labels": meta_labels}, "spec": pod},
             },
         },
     }
+    return owned_object("kubeflow.org/v1", "PyTorchJob", name, namespace, run_name, uid,
+                        meta_labels, job_spec)
 
 
 def comparator_args(run_name: str, namespace: str, spec: QualificationRunSpec,
@@ -468,14 +477,4 @@ def _command_job(run_name: str, namespace: str, uid: str, spec: QualificationRun
     }
     if ttl_seconds is not None:
         job_spec["ttlSecondsAfterFinished"] = ttl_seconds
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": meta_labels,
-            "ownerReferences": [owner_reference(run_name, uid)],
-        },
-        "spec": job_spec,
-    }
+    return owned_object("batch/v1", "Job", name, namespace, run_name, uid, meta_labels, job_spec)

@@ -470,7 +470,7 @@ def _spec_problems(spec: QualificationRunSpec) -> list[Problem]:
 
 def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
     out: list[Problem] = []
-    w, p, ck = spec.world, spec.preemption, spec.checkpoint
+    w, ck = spec.world, spec.checkpoint
     if ck.store is not None:
         out.append(Problem(path="spec.checkpoint.store", message=(
             "set by the operator (checkpoints live in the run location under store.uri); "
@@ -479,6 +479,38 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
         out.append(Problem(path="spec.checkpoint.s3", message=(
             "set by the operator from store.endpointUrl, store.region and "
             "store.addressingStyle; leave it unset")))
+    out += _cut_problems(spec)
+    gpus = _gpu_limit(spec.resources)
+    if w.backend == "nccl" and gpus is None:
+        out.append(Problem(path="spec.resources.limits", message=(
+            f"world.backend=nccl needs one GPU per rank: set {GPU_RESOURCES[0]}: "
+            f"{w.nproc_per_node} (world.nprocPerNode)")))
+    elif gpus is not None and w.backend != "gloo" and gpus < w.nproc_per_node:
+        out.append(Problem(path="spec.world.nprocPerNode", message=(
+            f"world.nprocPerNode={w.nproc_per_node} ranks per pod but only {gpus} GPUs "
+            "per pod in resources.limits; nccl needs one GPU per rank")))
+    if spec.matrix.seeds:
+        # Said up front: running only the main pair would pass off one seed as the matrix.
+        out.append(Problem(path="spec.matrix.seeds", message=(
+            "the seed matrix runs with `resumequal run` on one machine; the operator runs one "
+            "seed per QualificationRun (create one run per seed with training.seed)")))
+    if spec.backend == "trainjob":
+        out += _trainjob_problems(spec)
+    if spec.stack.pin is None and not re.match(PIN_PATTERN, spec.stack.effective_pin):
+        # The pin of an unpinned run is the image's; stack.image admits more characters.
+        out.append(Problem(path="spec.stack.pin", message=(
+            "unset, and the image's last path segment is no pin (letters, digits and "
+            ". _ + : @ = - only, at most 128): set stack.pin")))
+    if spec.store.credentials_secret and not spec.store.is_s3:
+        out.append(Problem(path="spec.store.credentialsSecret",
+                           message="only used with an s3:// store.uri"))
+    return out
+
+
+def _cut_problems(spec: QualificationRunSpec) -> list[Problem]:
+    """A cut rank whose pod cannot be deleted as the preemption or the resize needs."""
+    out: list[Problem] = []
+    w, p = spec.world, spec.preemption
     # The c10d rendezvous numbers nodes by host name, and <job>-worker-0 sorts first, so
     # ranks 0..nprocPerNode-1 always run on worker-0, the pod the rendezvous lives on. A
     # process kill leaves the pod's torchrun agent, and so the rendezvous, alive.
@@ -499,47 +531,31 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
             f"lowers the Worker replicas to preemption.resize.toNodes={p.resize.to_nodes}, "
             f"which deletes the last pod, worker-{w.nnodes - 1}: cut a rank of that pod "
             f"(ranks {last}..{w.world_size - 1})")))
-    gpus = _gpu_limit(spec.resources)
-    if w.backend == "nccl" and gpus is None:
-        out.append(Problem(path="spec.resources.limits", message=(
-            f"world.backend=nccl needs one GPU per rank: set {GPU_RESOURCES[0]}: "
-            f"{w.nproc_per_node} (world.nprocPerNode)")))
-    elif gpus is not None and w.backend != "gloo" and gpus < w.nproc_per_node:
-        out.append(Problem(path="spec.world.nprocPerNode", message=(
-            f"world.nprocPerNode={w.nproc_per_node} ranks per pod but only {gpus} GPUs "
-            "per pod in resources.limits; nccl needs one GPU per rank")))
-    if spec.matrix.seeds:
-        # Said up front: running only the main pair would pass off one seed as the matrix.
-        out.append(Problem(path="spec.matrix.seeds", message=(
-            "the seed matrix runs with `resumequal run` on one machine; the operator runs one "
-            "seed per QualificationRun (create one run per seed with training.seed)")))
-    if spec.backend == "trainjob":
-        # Trainer v2 has no elastic policy (removed in v2.2): a TrainJob's node count is
-        # fixed, so its world cannot shrink or grow.
-        if p.resize is not None:
-            out.append(Problem(path="spec.preemption.resize", message=(
-                "a resize needs an elastic job, and a TrainJob has a fixed number of nodes: "
-                "use backend: pytorchjob")))
-        # The Job controller replaces a deleted pod only after its pod failure backoff
-        # (pkg/controller/job backoff_utils.go: 10 s after the first failure).
-        if p.target == "pod" and spec.timeouts.restart_seconds <= TRAINJOB_REPLACEMENT_S:
-            out.append(Problem(path="spec.timeouts.restartSeconds", message=(
-                f"{spec.timeouts.restart_seconds:g}s is not longer than the "
-                f"{TRAINJOB_REPLACEMENT_S:g}s the Job controller waits before it replaces a "
-                "TrainJob's deleted pod: the leg could never resume in time")))
-        # Neither spec.trainer nor a runtime patch can set a container's pull policy.
-        if spec.stack.image_pull_policy is not None:
-            out.append(Problem(path="spec.stack.imagePullPolicy", message=(
-                "a TrainJob cannot set the pull policy of its image (trainer.image only); "
-                "set it in the training runtime, or leave it unset")))
-    if spec.stack.pin is None and not re.match(PIN_PATTERN, spec.stack.effective_pin):
-        # The pin of an unpinned run is the image's; stack.image admits more characters.
-        out.append(Problem(path="spec.stack.pin", message=(
-            "unset, and the image's last path segment is no pin (letters, digits and "
-            ". _ + : @ = - only, at most 128): set stack.pin")))
-    if spec.store.credentials_secret and not spec.store.is_s3:
-        out.append(Problem(path="spec.store.credentialsSecret",
-                           message="only used with an s3:// store.uri"))
+    return out
+
+
+def _trainjob_problems(spec: QualificationRunSpec) -> list[Problem]:
+    """What a TrainJob cannot do that the spec asks of its legs."""
+    out: list[Problem] = []
+    p = spec.preemption
+    # Trainer v2 has no elastic policy (removed in v2.2): a TrainJob's node count is
+    # fixed, so its world cannot shrink or grow.
+    if p.resize is not None:
+        out.append(Problem(path="spec.preemption.resize", message=(
+            "a resize needs an elastic job, and a TrainJob has a fixed number of nodes: "
+            "use backend: pytorchjob")))
+    # The Job controller replaces a deleted pod only after its pod failure backoff
+    # (pkg/controller/job backoff_utils.go: 10 s after the first failure).
+    if p.target == "pod" and spec.timeouts.restart_seconds <= TRAINJOB_REPLACEMENT_S:
+        out.append(Problem(path="spec.timeouts.restartSeconds", message=(
+            f"{spec.timeouts.restart_seconds:g}s is not longer than the "
+            f"{TRAINJOB_REPLACEMENT_S:g}s the Job controller waits before it replaces a "
+            "TrainJob's deleted pod: the leg could never resume in time")))
+    # Neither spec.trainer nor a runtime patch can set a container's pull policy.
+    if spec.stack.image_pull_policy is not None:
+        out.append(Problem(path="spec.stack.imagePullPolicy", message=(
+            "a TrainJob cannot set the pull policy of its image (trainer.image only); "
+            "set it in the training runtime, or leave it unset")))
     return out
 
 
