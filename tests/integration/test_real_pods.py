@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.processes import ProcessRuntime, container_pids
-from tests.kubeapi.training import SimulatedTrainingOperator
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.processes import ProcessRuntime, container_pids
+from testing.kubeapi.training import SimulatedTrainingOperator
 
 NS = "quals"
 Obj = dict[str, Any]

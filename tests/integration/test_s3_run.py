@@ -22,6 +22,7 @@ from resumequal.verdict import Result
 from tests.exposition import value
 from tests.integration import legs
 from tests.integration.conftest import spec_for
+from tests.ports import free_port
 
 if TYPE_CHECKING:
     from tests.s3server import MotoServer
@@ -144,7 +145,7 @@ def _launch(uri: str, leg: str, log_dir: Path, env: dict[str, str]) -> legs.LegP
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{leg}.log"
     cmd = [*legs.TORCHRUN,
-           *local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=2,
+           *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=2,
                                 max_restarts=1),
            *leg_module_args(leg, uri, scratch=str(log_dir / "scratch"))]
     with log.open("wb") as out:

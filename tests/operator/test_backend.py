@@ -21,7 +21,7 @@ from resumequal_operator.backend import ComparatorFailed, KillRefused, Kubernete
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.runkeys import MasterKey
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import NAMESPACE, run_location, run_manifest
 from tests.operator.workers import verdict
 from tests.trace_records import step_record, trace_line

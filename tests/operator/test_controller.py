@@ -10,7 +10,7 @@ from resumequal_operator.manager import Operator, Settings
 from resumequal_operator.runtime.cache import ObjectCache
 from resumequal_operator.runtime.leader import LeaseSettings
 from resumequal_operator.runtime.watching import Watcher
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
     Admission,

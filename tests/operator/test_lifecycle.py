@@ -20,11 +20,11 @@ from resumequal.store.s3settings import S3Spec
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.api import QUALIFICATIONRUN_CRD
+from testing.kubeapi.store import Deletion, Obj
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.exposition import scrape, value
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.api import QUALIFICATIONRUN_CRD
-from tests.kubeapi.store import Deletion, Obj
-from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import (
     NAMESPACE,
     Admission,

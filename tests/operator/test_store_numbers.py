@@ -22,8 +22,8 @@ from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.status import run_status
+from testing.kubeapi import KubeAPI
 from tests.k8s_schemas import validate_qualificationrun
-from tests.kubeapi import KubeAPI
 from tests.operator.harness import NAMESPACE, run_location, run_manifest
 from tests.trace_records import step_record, trace_line
 

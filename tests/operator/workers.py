@@ -31,7 +31,7 @@ from resumequal.verdict import (
     Zoom,
     ZoomReplay,
 )
-from tests.kubeapi.scripted import SIGTERM_EXIT, Container
+from testing.kubeapi.scripted import SIGTERM_EXIT, Container
 from tests.trace_records import step_record, trace_line
 
 
@@ -91,7 +91,7 @@ class Workers:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __getstate__(self) -> dict[str, object]:
-        """What a node process (:class:`tests.kubeapi.node.NodeRuntime`) is sent: the
+        """What a node process (:class:`testing.kubeapi.node.NodeRuntime`) is sent: the
         script's settings, not the locations opened here or the lock."""
         return {k: v for k, v in self.__dict__.items() if k not in ("_locations", "_lock")}
 
