@@ -42,20 +42,9 @@ from resumequal.spec import (
     MAX_URI,
     PIN_PATTERN,
     SECTION_CONFIG,
-    CheckpointSpec,
-    ComparisonSpec,
-    CompileSpec,
-    ControlsSpec,
-    DDPSpec,
-    MatrixSpec,
-    ParallelismSpec,
-    PreemptionSpec,
     QualificationSpec,
     SpecError,
-    TimeoutSpec,
-    TrainingSpec,
-    WorkloadSpec,
-    WorldSpec,
+    SpecSections,
     error_lines,
     store_uri,
 )
@@ -362,7 +351,7 @@ TRAINJOB_REPLACEMENT_S = 10.0
 BACKENDS: tuple[Backend, ...] = ("pytorchjob", "trainjob")
 
 
-class QualificationRunSpec(_Section):
+class QualificationRunSpec(SpecSections):
     """A qualification on a cluster: the spec's sections plus image, store and placement."""
 
     stack: StackSpec
@@ -374,18 +363,6 @@ class QualificationRunSpec(_Section):
         "installs). Unset: the operator's default (chart value backend), fixed when the run "
         "starts.",
     )
-    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
-    world: WorldSpec = Field(default_factory=WorldSpec)
-    training: TrainingSpec = Field(default_factory=TrainingSpec)
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
-    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
-    ddp: DDPSpec = Field(default_factory=DDPSpec)
-    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
-    compile: CompileSpec = Field(default_factory=CompileSpec)
-    comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
-    controls: ControlsSpec = Field(default_factory=ControlsSpec)
-    matrix: MatrixSpec = Field(default_factory=MatrixSpec)
     zoom: Literal["never", "onFail"] = Field(
         default="never",
         description="onFail: when the verdict is FAIL, the operator runs a zoom Job that "
