@@ -38,7 +38,7 @@ tools:
 # process would compile them again from source (about 0.2 s of CPU each). Only stale files
 # are rewritten: 0.2 s when nothing changed.
 bytecode: env
-	@$(PY) -m compileall -q -j 0 service operator tests >/dev/null
+	@$(PY) -m compileall -q -j 0 service operator tests testing >/dev/null
 
 run: env bytecode
 	$(VENV)/bin/resumequal run
@@ -70,7 +70,7 @@ test-fast: env tools bytecode
 # The docs site is part of lint: the generated reference must be current (--check writes
 # nothing) and the site must build without a warning.
 lint: env
-	$(VENV)/bin/ruff check service operator tests bench tools
+	$(VENV)/bin/ruff check service operator tests testing bench tools
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict --follow-imports=silent tools/dashboard.py tools/grafana_alerts.py \
 	  tools/images.py tools/gpu_check.py tools/compat.py tools/spec_docs.py

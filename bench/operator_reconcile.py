@@ -1,13 +1,13 @@
 """The operator under load: N QualificationRuns reconciled from apply to verdict.
 
 The operator runs as its own process (``resumequal-operator run``, as in a pod) against
-the API emulator of the tests (real HTTP, the official client), with the simulated
+the API double (:mod:`testing.kubeapi`: real HTTP, the official client), with the simulated
 Kubeflow training operator and Job controller moving PyTorchJobs, Jobs and pods, and the
 tests' simulated workers writing traces, beacons and verdicts into a ``file://`` store
 (no S3 endpoint in the way: what is measured is the operator). Every run has 2 legs of
 2 nodes x 1 rank, a hard kill on rank 1, and a comparator Job.
 
-The pods run in a process of their own (:class:`tests.kubeapi.node.NodeRuntime`: the
+The pods run in a process of their own (:class:`testing.kubeapi.node.NodeRuntime`: the
 kubelet stays with the API and signals them there), as on nodes apart from the control
 plane, at the lowest CPU priority: on two cores they get what the operator and the API
 leave, as training processes on other machines would take none of it.
@@ -63,19 +63,13 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The repository root: the API double (testing/) and the operator tests' harness (tests/).
 sys.path.insert(0, str(REPO))
 
-from tests.kubeapi import KubeAPI  # noqa: E402 - the repository root is on the path now
-from tests.kubeapi.fixtures import QUALIFICATIONRUN_CRD  # noqa: E402
-from tests.kubeapi.node import NodeRuntime  # noqa: E402
-from tests.kubeapi.training import SimulatedTrainingOperator  # noqa: E402
-from tests.operator.harness import run_manifest, write_kubeconfig  # noqa: E402
-from tests.operator.workers import Workers, verdict  # noqa: E402
-from tests.s3server import free_port  # noqa: E402
-
+from resumequal.local.backend import free_port  # noqa: E402
 from resumequal.plan import qualification_plan  # noqa: E402
 from resumequal.qualify import LegRun, Phase, QualificationStatus, Reason  # noqa: E402
-from resumequal.results import run_uri  # noqa: E402
+from resumequal.runname import run_uri  # noqa: E402
 from resumequal.runstore import RunLocation  # noqa: E402
 from resumequal.signing import new_key  # noqa: E402
 from resumequal.verdict import PhaseEvent, Result  # noqa: E402
@@ -85,6 +79,11 @@ from resumequal_operator.kube import QUALIFICATION_RUNS  # noqa: E402
 from resumequal_operator.resource import parse_run_spec, qualification_spec  # noqa: E402
 from resumequal_operator.runkeys import MasterKey  # noqa: E402
 from resumequal_operator.status import run_status  # noqa: E402
+from testing.kubeapi import QUALIFICATIONRUN_CRD, KubeAPI  # noqa: E402
+from testing.kubeapi.node import NodeRuntime  # noqa: E402
+from testing.kubeapi.training import SimulatedTrainingOperator  # noqa: E402
+from tests.operator.harness import run_manifest, write_kubeconfig  # noqa: E402
+from tests.operator.workers import Workers, verdict  # noqa: E402
 
 NAMESPACE = "quals"
 # The pods' process runs at the lowest CPU priority (see measure).

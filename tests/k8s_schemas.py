@@ -29,7 +29,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # The training operator v1.9.0 release CRD (Apache-2.0), kept with the API emulator.
-PYTORCHJOB_CRD = ROOT / "tests/kubeapi/crds/kubeflow.org_pytorchjobs.v1.9.0.yaml"
+PYTORCHJOB_CRD = ROOT / "testing/kubeapi/crds/kubeflow.org_pytorchjobs.v1.9.0.yaml"
 QUALIFICATIONRUN_CRD = ROOT / "charts/resumequal/crds/qualificationruns.resumequal.dev.yaml"
 K8S_VERSION = "1.33"
 
@@ -220,7 +220,7 @@ def validate_trainer(obj: Obj) -> None:
     JobSet against the kubeflow-trainer-api models, strictly (an unknown field fails, as
     the Go types' strict decoding does); a runtime's or JobSet's Job templates also as
     batch/v1 Jobs under Kubernetes' strict schemas."""
-    from tests.kubeapi.trainer import webhook
+    from testing.kubeapi.trainer import webhook
 
     what = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')!r}"
     problem = webhook(obj)

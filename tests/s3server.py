@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,18 +33,13 @@ import boto3
 import pytest
 from botocore.config import Config
 
+from tests.ports import free_port
+
 ACCESS_KEY = "AKIARQTESTDUMMYKEY00"
 SECRET_KEY = "rq-dummy-secret-for-moto-only"
 REGION = "us-east-1"
 READY_TIMEOUT_S = 30.0
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the kernel's pick; closed again before returning)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class MotoServer:

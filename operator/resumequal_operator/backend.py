@@ -33,15 +33,9 @@ from pydantic import ValidationError
 
 from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import LegPlan, Plan
-from resumequal.qualify import (
-    Beacon,
-    InvalidBeacon,
-    LegObservation,
-    LegState,
-    beacon_from,
-    kill_order,
-)
-from resumequal.runstore import GROW, ZOOM_JSON, PodKill, RunLocation
+from resumequal.qualify import LegObservation, LegState, kill_order
+from resumequal.runfiles import Beacon, InvalidBeacon, PodKill
+from resumequal.runstore import GROW, ZOOM_JSON, RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.verdict import Verdict, Zoom
@@ -264,10 +258,9 @@ class KubernetesBackend:
                               message=message)
 
     def read_beacon(self, leg: str, rank: int) -> Beacon | None:
-        body = self.location.read_beacon(leg, rank, 0)
-        if body is None:
+        beacon = self.location.read_beacon(leg, rank, 0)
+        if beacon is None:
             return None
-        beacon = beacon_from(body, self.location.url(leg))
         if beacon.pod is not None and not is_object_name(beacon.pod):
             # The name goes into API paths (get, delete): only a pod name does.
             raise InvalidBeacon(f"the beacon of rank {beacon.rank} in {self.location.url(leg)} "
@@ -388,11 +381,8 @@ class KubernetesBackend:
         attempt = self.location.attempts_started(plan.name) - 1
         if attempt < 1:
             return
-        body = self.location.read_beacon(plan.name, 0, attempt)
-        if body is None:
-            return
-        beacon = beacon_from(body, self.location.url(plan.name))
-        if beacon.at != GROW:
+        beacon = self.location.read_beacon(plan.name, 0, attempt)
+        if beacon is None or beacon.at != GROW:
             return
         self._set_replicas(plan, nnodes, "Grown", (
             f"rank 0 of attempt {attempt} waits at step {beacon.step} for the world to grow "

@@ -31,13 +31,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from resumequal.assembly import build_report
 from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import Plan, qualification_plan
-from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason
+from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason, failed_verdict
 from resumequal.redact import redact
-from resumequal.results import Timeline, build_report, failed_verdict, run_uri
+from resumequal.runname import run_uri
 from resumequal.runstore import ZOOM_JSON, RunLocation
 from resumequal.spec import QualificationSpec
+from resumequal.timeline import Timeline
 from resumequal.verdict import Result, Zoom
 from resumequal.words import clip
 from resumequal_operator import pytorchjob
@@ -183,37 +185,7 @@ class Reconciler:
         except RunSpecError as e:
             self._invalid(finalized(), previous, generation, str(e))
             return None
-        if spec.backend == "trainjob" and self.trainer is None:
-            self._invalid(finalized(), previous, generation, (
-                "spec.backend: trainjob: this operator does not run TrainJobs (enable it "
-                "with the chart value trainjob.enabled, which installs the runtime legs "
-                "need)"), reason=NOT_ALLOWED)
-            return None
-        refused = self.allowlist.refusals(spec)
-        if refused:
-            # Judged on every reconcile, before anything is created or the store is asked
-            # anything: a run started under a wider allowlist stops too. One that concluded
-            # under it keeps its status (its metrics wait: they would read the store).
-            machine = machine_of(previous)
-            if machine is not None and machine.done:
-                self._settle(finalized())
-                return None
-            message = "\n".join(map(str, refused))
-            if machine is not None:
-                # Stopped for good: a wider allowlist later must not start it again over
-                # what it already wrote in its run location.
-                delete_run_jobs(self.kube, RunRef.of(obj), self.kinds)
-                machine.stop(Reason.INVALID, message, self.clock())
-            self._invalid(finalized(), previous, generation, message, reason=NOT_ALLOWED,
-                          machine=None if machine is None else stored_machine(
-                              machine, pinned if pinned is not None else obj["spec"]))
-            return None
-        missing = unsupported(spec) if machine_of(previous) is None else []
-        if missing:
-            # Its image's torch lacks a feature the spec needs: refused before anything is
-            # created, rather than legs that each fail on it.
-            self._invalid(finalized(), previous, generation, "\n".join(map(str, missing)),
-                          reason=NOT_SUPPORTED)
+        if self._refused(obj, spec, previous, generation, pinned, finalized):
             return None
         if previous is not None and previous.phase in (Phase.SUCCEEDED, Phase.FAILED) \
                 and not previous.machine:
@@ -228,6 +200,45 @@ class Reconciler:
         run = self._run(obj, spec, pinned, raw)
         return self._drive(key, run, previous, generation,
                            finalized=finalized if adding is not None else None)
+
+    def _refused(self, obj: Obj, spec: QualificationRunSpec,
+                 previous: QualificationRunStatus | None, generation: int | None,
+                 pinned: dict[str, Any] | None, finalized: Callable[[], Obj]) -> bool:
+        """Whether this operator may not or cannot run ``spec`` (a backend it does not run,
+        the allowlist, its image's torch); a refused run's status is written."""
+        if spec.backend == "trainjob" and self.trainer is None:
+            self._invalid(finalized(), previous, generation, (
+                "spec.backend: trainjob: this operator does not run TrainJobs (enable it "
+                "with the chart value trainjob.enabled, which installs the runtime legs "
+                "need)"), reason=NOT_ALLOWED)
+            return True
+        refused = self.allowlist.refusals(spec)
+        if refused:
+            # Judged on every reconcile, before anything is created or the store is asked
+            # anything: a run started under a wider allowlist stops too. One that concluded
+            # under it keeps its status (its metrics wait: they would read the store).
+            machine = machine_of(previous)
+            if machine is not None and machine.done:
+                self._settle(finalized())
+                return True
+            message = "\n".join(map(str, refused))
+            if machine is not None:
+                # Stopped for good: a wider allowlist later must not start it again over
+                # what it already wrote in its run location.
+                delete_run_jobs(self.kube, RunRef.of(obj), self.kinds)
+                machine.stop(Reason.INVALID, message, self.clock())
+            self._invalid(finalized(), previous, generation, message, reason=NOT_ALLOWED,
+                          machine=None if machine is None else stored_machine(
+                              machine, pinned if pinned is not None else obj["spec"]))
+            return True
+        missing = unsupported(spec) if machine_of(previous) is None else []
+        if missing:
+            # Its image's torch lacks a feature the spec needs: refused before anything is
+            # created, rather than legs that each fail on it.
+            self._invalid(finalized(), previous, generation, "\n".join(map(str, missing)),
+                          reason=NOT_SUPPORTED)
+            return True
+        return False
 
     def _with_backend(self, raw: Any) -> Any:
         """A new run's spec with its backend (the operator's default when unset): part of

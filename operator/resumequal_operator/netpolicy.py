@@ -36,23 +36,15 @@ COMPONENT = "network-policy"
 def _policy(name: str, namespace: str, run_name: str, uid: str, selector: dict[str, str],
             leg: str | None = None) -> Obj:
     meta_labels = pytorchjob.labels(run_name, uid, leg) | {pytorchjob.COMPONENT: COMPONENT}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": meta_labels,
-            "ownerReferences": [pytorchjob.owner_reference(run_name, uid)],
-        },
-        "spec": {
-            "podSelector": {"matchLabels": dict(selector)},
-            # Ingress only: a policy that names Ingress isolates the pods it selects for
-            # ingress; the rule below is then all they admit.
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": dict(selector)}}]}],
-        },
+    policy: Obj = {
+        "podSelector": {"matchLabels": dict(selector)},
+        # Ingress only: a policy that names Ingress isolates the pods it selects for
+        # ingress; the rule below is then all they admit.
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {"matchLabels": dict(selector)}}]}],
     }
+    return pytorchjob.owned_object(API_VERSION, KIND, name, namespace, run_name, uid,
+                                   meta_labels, policy)
 
 
 def leg_selector(uid: str, leg: str) -> dict[str, str]:

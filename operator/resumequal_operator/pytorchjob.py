@@ -144,6 +144,23 @@ def owner_reference(run_name: str, uid: str) -> Obj:
             "controller": True, "blockOwnerDeletion": True}
 
 
+def owned_object(api_version: str, kind: str, name: str, namespace: str, run_name: str,
+                 uid: str, meta_labels: dict[str, str], spec: Obj) -> Obj:
+    """An object of the run, ``name`` in ``namespace``, owned by it: deleting the run
+    deletes it."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": meta_labels,
+            "ownerReferences": [owner_reference(run_name, uid)],
+        },
+        "spec": spec,
+    }
+
+
 # The API server cuts a generateName to 58 characters before it appends 5 random ones
 # (k8s.io/apiserver/pkg/storage/names/generate.go, maxGeneratedNameLength).
 MAX_GENERATE_NAME = 58
@@ -363,39 +380,31 @@ def leg_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec,
     # A graceful kill deletes the pod with the spec's grace; cleanup uses the same.
     pod["terminationGracePeriodSeconds"] = math.ceil(leg.spec.preemption.grace_seconds)
     pod["activeDeadlineSeconds"] = leg_deadline_seconds(leg)
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": meta_labels,
-            "ownerReferences": [owner_reference(run_name, uid)],
+    job_spec: Obj = {
+        "nprocPerNode": str(w.nproc_per_node),
+        "elasticPolicy": {
+            "rdzvBackend": "c10d",
+            "rdzvId": name,
+            "rdzvConf": [{"key": k, "value": v}
+                         for k, v in leg_rdzv_conf(leg).items()],
+            "minReplicas": min_replicas(leg),
+            "maxReplicas": w.nnodes,
+            "maxRestarts": w.max_restarts,
         },
-        "spec": {
-            "nprocPerNode": str(w.nproc_per_node),
-            "elasticPolicy": {
-                "rdzvBackend": "c10d",
-                "rdzvId": name,
-                "rdzvConf": [{"key": k, "value": v}
-                             for k, v in leg_rdzv_conf(leg).items()],
-                "minReplicas": min_replicas(leg),
-                "maxReplicas": w.nnodes,
-                "maxRestarts": w.max_restarts,
-            },
-            "runPolicy": {
-                "cleanPodPolicy": "None",
-                "activeDeadlineSeconds": leg_deadline_seconds(leg),
-            },
-            "pytorchReplicaSpecs": {
-                "Worker": {
-                    "replicas": w.nnodes,
-                    "restartPolicy": "ExitCode",
-                    "template": {"metadata": {"labels": meta_labels}, "spec": pod},
-                },
+        "runPolicy": {
+            "cleanPodPolicy": "None",
+            "activeDeadlineSeconds": leg_deadline_seconds(leg),
+        },
+        "pytorchReplicaSpecs": {
+            "Worker": {
+                "replicas": w.nnodes,
+                "restartPolicy": "ExitCode",
+                "template": {"metadata": {"labels": meta_labels}, "spec": pod},
             },
         },
     }
+    return owned_object("kubeflow.org/v1", "PyTorchJob", name, namespace, run_name, uid,
+                        meta_labels, job_spec)
 
 
 def comparator_args(run_name: str, namespace: str, spec: QualificationRunSpec,
@@ -414,31 +423,14 @@ def comparator_job(run_name: str, namespace: str, uid: str, spec: QualificationR
     (NONDETERMINISTIC) are verdicts, written to the store before it exits, not failures to
     retry (:mod:`resumequal.exitcodes`).
     """
-    meta_labels = labels(run_name, uid)
-    container = _container(spec, COMPARATOR_CONTAINER, ["resumequal"],
-                           comparator_args(run_name, namespace, spec, run_uri),
-                           _env(spec, run_name, uid, key_secret), comparator_resources(spec))
-    job_spec: Obj = {
-        "backoffLimit": 0,
-        "activeDeadlineSeconds": max(COMPARATOR_DEADLINE_S, math.ceil(spec.timeouts.leg_seconds)),
-        "template": {
-            "metadata": {"labels": meta_labels},
-            "spec": _pod_spec(spec, container, "Never"),
-        },
-    }
-    if ttl_seconds is not None:
-        job_spec["ttlSecondsAfterFinished"] = ttl_seconds
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": comparator_job_name(run_name, uid),
-            "namespace": namespace,
-            "labels": meta_labels,
-            "ownerReferences": [owner_reference(run_name, uid)],
-        },
-        "spec": job_spec,
-    }
+    return _command_job(run_name, namespace, uid, spec,
+                        name=comparator_job_name(run_name, uid), component="comparator",
+                        container=COMPARATOR_CONTAINER,
+                        args=comparator_args(run_name, namespace, spec, run_uri),
+                        needs=comparator_resources(spec),
+                        deadline_s=max(COMPARATOR_DEADLINE_S,
+                                       math.ceil(spec.timeouts.leg_seconds)),
+                        ttl_seconds=ttl_seconds, key_secret=key_secret)
 
 
 def zoom_job_name(run_name: str, uid: str) -> str:
@@ -460,28 +452,29 @@ def zoom_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec
     included, so the replay runs on the device the legs did). backoffLimit 0: the replay
     is deterministic, and one that failed fails again.
     """
-    meta_labels = labels(run_name, uid) | {COMPONENT: "zoom"}
-    container = _container(spec, ZOOM_CONTAINER, ["resumequal"],
-                           ["zoom", run_uri, "--namespace", namespace],
-                           _env(spec, run_name, uid, key_secret), resources(spec))
+    return _command_job(run_name, namespace, uid, spec,
+                        name=zoom_job_name(run_name, uid), component="zoom",
+                        container=ZOOM_CONTAINER, args=["zoom", run_uri, "--namespace", namespace],
+                        needs=resources(spec), deadline_s=zoom_deadline_seconds(spec),
+                        ttl_seconds=ttl_seconds, key_secret=key_secret)
+
+
+def _command_job(run_name: str, namespace: str, uid: str, spec: QualificationRunSpec, *,
+                 name: str, component: str, container: str, args: list[str], needs: Obj,
+                 deadline_s: int, ttl_seconds: int | None, key_secret: str | None) -> Obj:
+    """A batch/v1 Job of the run running ``resumequal <args>`` once in one pod of the stack's
+    image (the comparator and zoom Jobs): never retried, and its pod never restarted."""
+    meta_labels = labels(run_name, uid) | {COMPONENT: component}
+    c = _container(spec, container, ["resumequal"], args, _env(spec, run_name, uid, key_secret),
+                   needs)
     job_spec: Obj = {
         "backoffLimit": 0,
-        "activeDeadlineSeconds": zoom_deadline_seconds(spec),
+        "activeDeadlineSeconds": deadline_s,
         "template": {
             "metadata": {"labels": meta_labels},
-            "spec": _pod_spec(spec, container, "Never"),
+            "spec": _pod_spec(spec, c, "Never"),
         },
     }
     if ttl_seconds is not None:
         job_spec["ttlSecondsAfterFinished"] = ttl_seconds
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": zoom_job_name(run_name, uid),
-            "namespace": namespace,
-            "labels": meta_labels,
-            "ownerReferences": [owner_reference(run_name, uid)],
-        },
-        "spec": job_spec,
-    }
+    return owned_object("batch/v1", "Job", name, namespace, run_name, uid, meta_labels, job_spec)

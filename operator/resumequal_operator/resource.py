@@ -36,27 +36,15 @@ from pydantic.alias_generators import to_camel
 
 from resumequal.qualify import Phase
 from resumequal.redact import redact, redact_tree
-from resumequal.results import run_uri as run_uri  # the run location, spelled once
-from resumequal.runstore import MAX_EPOCH_SECONDS
+from resumequal.runfiles import MAX_EPOCH_SECONDS
 from resumequal.spec import (
     MAX_SECONDS,
     MAX_URI,
     PIN_PATTERN,
     SECTION_CONFIG,
-    CheckpointSpec,
-    ComparisonSpec,
-    CompileSpec,
-    ControlsSpec,
-    DDPSpec,
-    MatrixSpec,
-    ParallelismSpec,
-    PreemptionSpec,
     QualificationSpec,
     SpecError,
-    TimeoutSpec,
-    TrainingSpec,
-    WorkloadSpec,
-    WorldSpec,
+    SpecSections,
     error_lines,
     store_uri,
 )
@@ -363,7 +351,7 @@ TRAINJOB_REPLACEMENT_S = 10.0
 BACKENDS: tuple[Backend, ...] = ("pytorchjob", "trainjob")
 
 
-class QualificationRunSpec(_Section):
+class QualificationRunSpec(SpecSections):
     """A qualification on a cluster: the spec's sections plus image, store and placement."""
 
     stack: StackSpec
@@ -375,18 +363,6 @@ class QualificationRunSpec(_Section):
         "installs). Unset: the operator's default (chart value backend), fixed when the run "
         "starts.",
     )
-    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
-    world: WorldSpec = Field(default_factory=WorldSpec)
-    training: TrainingSpec = Field(default_factory=TrainingSpec)
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
-    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
-    ddp: DDPSpec = Field(default_factory=DDPSpec)
-    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
-    compile: CompileSpec = Field(default_factory=CompileSpec)
-    comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
-    controls: ControlsSpec = Field(default_factory=ControlsSpec)
-    matrix: MatrixSpec = Field(default_factory=MatrixSpec)
     zoom: Literal["never", "onFail"] = Field(
         default="never",
         description="onFail: when the verdict is FAIL, the operator runs a zoom Job that "
@@ -471,7 +447,7 @@ def _spec_problems(spec: QualificationRunSpec) -> list[Problem]:
 
 def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
     out: list[Problem] = []
-    w, p, ck = spec.world, spec.preemption, spec.checkpoint
+    w, ck = spec.world, spec.checkpoint
     if ck.store is not None:
         out.append(Problem(path="spec.checkpoint.store", message=(
             "set by the operator (checkpoints live in the run location under store.uri); "
@@ -480,6 +456,38 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
         out.append(Problem(path="spec.checkpoint.s3", message=(
             "set by the operator from store.endpointUrl, store.region and "
             "store.addressingStyle; leave it unset")))
+    out += _cut_problems(spec)
+    gpus = _gpu_limit(spec.resources)
+    if w.backend == "nccl" and gpus is None:
+        out.append(Problem(path="spec.resources.limits", message=(
+            f"world.backend=nccl needs one GPU per rank: set {GPU_RESOURCES[0]}: "
+            f"{w.nproc_per_node} (world.nprocPerNode)")))
+    elif gpus is not None and w.backend != "gloo" and gpus < w.nproc_per_node:
+        out.append(Problem(path="spec.world.nprocPerNode", message=(
+            f"world.nprocPerNode={w.nproc_per_node} ranks per pod but only {gpus} GPUs "
+            "per pod in resources.limits; nccl needs one GPU per rank")))
+    if spec.matrix.seeds:
+        # Said up front: running only the main pair would pass off one seed as the matrix.
+        out.append(Problem(path="spec.matrix.seeds", message=(
+            "the seed matrix runs with `resumequal run` on one machine; the operator runs one "
+            "seed per QualificationRun (create one run per seed with training.seed)")))
+    if spec.backend == "trainjob":
+        out += _trainjob_problems(spec)
+    if spec.stack.pin is None and not re.match(PIN_PATTERN, spec.stack.effective_pin):
+        # The pin of an unpinned run is the image's; stack.image admits more characters.
+        out.append(Problem(path="spec.stack.pin", message=(
+            "unset, and the image's last path segment is no pin (letters, digits and "
+            ". _ + : @ = - only, at most 128): set stack.pin")))
+    if spec.store.credentials_secret and not spec.store.is_s3:
+        out.append(Problem(path="spec.store.credentialsSecret",
+                           message="only used with an s3:// store.uri"))
+    return out
+
+
+def _cut_problems(spec: QualificationRunSpec) -> list[Problem]:
+    """A cut rank whose pod cannot be deleted as the preemption or the resize needs."""
+    out: list[Problem] = []
+    w, p = spec.world, spec.preemption
     # The c10d rendezvous numbers nodes by host name, and <job>-worker-0 sorts first, so
     # ranks 0..nprocPerNode-1 always run on worker-0, the pod the rendezvous lives on. A
     # process kill leaves the pod's torchrun agent, and so the rendezvous, alive.
@@ -500,47 +508,31 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
             f"lowers the Worker replicas to preemption.resize.toNodes={p.resize.to_nodes}, "
             f"which deletes the last pod, worker-{w.nnodes - 1}: cut a rank of that pod "
             f"(ranks {last}..{w.world_size - 1})")))
-    gpus = _gpu_limit(spec.resources)
-    if w.backend == "nccl" and gpus is None:
-        out.append(Problem(path="spec.resources.limits", message=(
-            f"world.backend=nccl needs one GPU per rank: set {GPU_RESOURCES[0]}: "
-            f"{w.nproc_per_node} (world.nprocPerNode)")))
-    elif gpus is not None and w.backend != "gloo" and gpus < w.nproc_per_node:
-        out.append(Problem(path="spec.world.nprocPerNode", message=(
-            f"world.nprocPerNode={w.nproc_per_node} ranks per pod but only {gpus} GPUs "
-            "per pod in resources.limits; nccl needs one GPU per rank")))
-    if spec.matrix.seeds:
-        # Said up front: running only the main pair would pass off one seed as the matrix.
-        out.append(Problem(path="spec.matrix.seeds", message=(
-            "the seed matrix runs with `resumequal run` on one machine; the operator runs one "
-            "seed per QualificationRun (create one run per seed with training.seed)")))
-    if spec.backend == "trainjob":
-        # Trainer v2 has no elastic policy (removed in v2.2): a TrainJob's node count is
-        # fixed, so its world cannot shrink or grow.
-        if p.resize is not None:
-            out.append(Problem(path="spec.preemption.resize", message=(
-                "a resize needs an elastic job, and a TrainJob has a fixed number of nodes: "
-                "use backend: pytorchjob")))
-        # The Job controller replaces a deleted pod only after its pod failure backoff
-        # (pkg/controller/job backoff_utils.go: 10 s after the first failure).
-        if p.target == "pod" and spec.timeouts.restart_seconds <= TRAINJOB_REPLACEMENT_S:
-            out.append(Problem(path="spec.timeouts.restartSeconds", message=(
-                f"{spec.timeouts.restart_seconds:g}s is not longer than the "
-                f"{TRAINJOB_REPLACEMENT_S:g}s the Job controller waits before it replaces a "
-                "TrainJob's deleted pod: the leg could never resume in time")))
-        # Neither spec.trainer nor a runtime patch can set a container's pull policy.
-        if spec.stack.image_pull_policy is not None:
-            out.append(Problem(path="spec.stack.imagePullPolicy", message=(
-                "a TrainJob cannot set the pull policy of its image (trainer.image only); "
-                "set it in the training runtime, or leave it unset")))
-    if spec.stack.pin is None and not re.match(PIN_PATTERN, spec.stack.effective_pin):
-        # The pin of an unpinned run is the image's; stack.image admits more characters.
-        out.append(Problem(path="spec.stack.pin", message=(
-            "unset, and the image's last path segment is no pin (letters, digits and "
-            ". _ + : @ = - only, at most 128): set stack.pin")))
-    if spec.store.credentials_secret and not spec.store.is_s3:
-        out.append(Problem(path="spec.store.credentialsSecret",
-                           message="only used with an s3:// store.uri"))
+    return out
+
+
+def _trainjob_problems(spec: QualificationRunSpec) -> list[Problem]:
+    """What a TrainJob cannot do that the spec asks of its legs."""
+    out: list[Problem] = []
+    p = spec.preemption
+    # Trainer v2 has no elastic policy (removed in v2.2): a TrainJob's node count is
+    # fixed, so its world cannot shrink or grow.
+    if p.resize is not None:
+        out.append(Problem(path="spec.preemption.resize", message=(
+            "a resize needs an elastic job, and a TrainJob has a fixed number of nodes: "
+            "use backend: pytorchjob")))
+    # The Job controller replaces a deleted pod only after its pod failure backoff
+    # (pkg/controller/job backoff_utils.go: 10 s after the first failure).
+    if p.target == "pod" and spec.timeouts.restart_seconds <= TRAINJOB_REPLACEMENT_S:
+        out.append(Problem(path="spec.timeouts.restartSeconds", message=(
+            f"{spec.timeouts.restart_seconds:g}s is not longer than the "
+            f"{TRAINJOB_REPLACEMENT_S:g}s the Job controller waits before it replaces a "
+            "TrainJob's deleted pod: the leg could never resume in time")))
+    # Neither spec.trainer nor a runtime patch can set a container's pull policy.
+    if spec.stack.image_pull_policy is not None:
+        out.append(Problem(path="spec.stack.imagePullPolicy", message=(
+            "a TrainJob cannot set the pull policy of its image (trainer.image only); "
+            "set it in the training runtime, or leave it unset")))
     return out
 
 

@@ -134,31 +134,23 @@ def leg_trainjob(run_name: str, namespace: str, uid: str, spec: QualificationRun
     resources = pytorchjob.resources(spec)
     if resources:
         trainer["resourcesPerNode"] = resources
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": meta_labels,
-            "ownerReferences": [pytorchjob.owner_reference(run_name, uid)],
-        },
-        "spec": {
-            "runtimeRef": {"apiGroup": GROUP, "kind": runtime_kind, "name": runtime},
-            "activeDeadlineSeconds": pytorchjob.leg_deadline_seconds(leg),
-            "trainer": trainer,
-            "runtimePatches": [{
-                "manager": PATCH_MANAGER,
-                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
-                    "name": REPLICATED_JOB,
-                    "template": {
-                        "metadata": {"labels": meta_labels},
-                        "spec": {"template": _pod_patch(spec, leg, meta_labels)},
-                    },
-                }]}}},
-            }],
-        },
+    job_spec: Obj = {
+        "runtimeRef": {"apiGroup": GROUP, "kind": runtime_kind, "name": runtime},
+        "activeDeadlineSeconds": pytorchjob.leg_deadline_seconds(leg),
+        "trainer": trainer,
+        "runtimePatches": [{
+            "manager": PATCH_MANAGER,
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                "name": REPLICATED_JOB,
+                "template": {
+                    "metadata": {"labels": meta_labels},
+                    "spec": {"template": _pod_patch(spec, leg, meta_labels)},
+                },
+            }]}}},
+        }],
     }
+    return pytorchjob.owned_object(API_VERSION, KIND, name, namespace, run_name, uid,
+                                   meta_labels, job_spec)
 
 
 def leg_runtime(name: str = DEFAULT_RUNTIME, *, kind: RuntimeKind = DEFAULT_RUNTIME_KIND,

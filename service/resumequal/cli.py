@@ -321,7 +321,7 @@ def run(
 def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name: str | None,
             as_json: bool) -> None:
     """Compare the legs of a finished run (a folder or s3:// URI), negative controls included."""
-    from resumequal.local.comparator import compare_location
+    from resumequal.jobs.comparator import compare_location
 
     try:
         judged = compare_location(uri, write=write, pin=pin or _default_pin(),
@@ -358,7 +358,7 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
          as_json: bool) -> None:
     """Replay a divergent step of both legs in fresh processes, every module hooked, and say
     which module (or stage) the difference starts in. Needs the run's checkpoint key."""
-    from resumequal.local.zoom import zoom_location
+    from resumequal.jobs.zoom import zoom_location
 
     try:
         zoomed = zoom_location(uri, step=step, leg=leg_name, write=not no_write,
@@ -370,7 +370,7 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
     if as_json:
         click.echo(zoomed.zoom.model_dump_json(indent=2))
     else:
-        from resumequal.report.terminal import zoom_lines
+        from resumequal.report.zoom import zoom_lines
 
         for line in zoom_lines(zoomed.zoom):
             click.echo(printable(line))

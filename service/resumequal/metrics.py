@@ -50,6 +50,7 @@ from collections.abc import Callable
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -74,67 +75,79 @@ PHASE_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
+class _Family(NamedTuple):
+    name: str
+    doc: str
+    labels: tuple[str, ...] = RUN_LABELS
+
+
+# The per-run gauges by key, in the order they are registered (and exposed).
+_GAUGES: dict[str, _Family] = {
+    "passed": _Family(
+        "resumequal_qualification_passed", "1 when the qualification passed, else 0."
+    ),
+    "valid": _Family(
+        "resumequal_qualification_valid",
+        "1 when the experiment tested what it claims (verdict not INVALID), else 0.",
+    ),
+    "first_divergent_step": _Family(
+        "resumequal_first_divergent_step",
+        "Optimizer step of the first divergence between the legs; -1 when none.",
+    ),
+    "param_max_abs_diff": _Family(
+        "resumequal_param_max_abs_diff",
+        "Largest element-wise |difference| of the final model parameters.",
+    ),
+    "param_rel_l2_diff": _Family(
+        "resumequal_param_rel_l2_diff",
+        "Relative L2 distance of the final model parameters (||a-b|| / ||a||).",
+    ),
+    "param_mismatch_fraction": _Family(
+        "resumequal_param_mismatch_fraction",
+        "Fraction of final model parameter elements that differ in bits.",
+    ),
+    "loss_max_abs_diff": _Family(
+        "resumequal_loss_max_abs_diff",
+        "Largest per-step |loss difference| between the legs (+Inf if any is not finite).",
+    ),
+    "restart_seconds": _Family(
+        "resumequal_restart_seconds", "Seconds from the kill to the first resumed step."
+    ),
+    "negative_controls_detected": _Family(
+        "resumequal_negative_controls_detected",
+        "Negative controls (planted resume omissions) the comparator detected.",
+    ),
+    "negative_controls_total": _Family(
+        "resumequal_negative_controls_total",
+        "Negative controls that had to be detected (not applicable ones excluded).",
+    ),
+    "differing_tensors": _Family(
+        "resumequal_first_divergence_differing_tensors",
+        "Tensors that differ at the first divergent boundary (per-tensor digests).",
+    ),
+    "zoom_origin": _Family(
+        "resumequal_zoom_origin_info",
+        "Where resumequal zoom found the first divergence to start (always 1).",
+        (*RUN_LABELS, *ORIGIN_LABELS),
+    ),
+    "last_completion": _Family(
+        "resumequal_last_completion_timestamp_seconds",
+        "Unix time at which the qualification completed.",
+    ),
+}
+# The families a seed-matrix scenario adds its own series to.
+_PER_MATRIX_SCENARIO: tuple[str, ...] = ("passed", "valid", "first_divergent_step")
+
+
 class QualificationMetrics:
     """Every resumequal metric family, registered in an explicit registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, RUN_LABELS, registry=registry)
-
-        self.passed = gauge(
-            "resumequal_qualification_passed", "1 when the qualification passed, else 0."
-        )
-        self.valid = gauge(
-            "resumequal_qualification_valid",
-            "1 when the experiment tested what it claims (verdict not INVALID), else 0.",
-        )
-        self.first_divergent_step = gauge(
-            "resumequal_first_divergent_step",
-            "Optimizer step of the first divergence between the legs; -1 when none.",
-        )
-        self.param_max_abs_diff = gauge(
-            "resumequal_param_max_abs_diff",
-            "Largest element-wise |difference| of the final model parameters.",
-        )
-        self.param_rel_l2_diff = gauge(
-            "resumequal_param_rel_l2_diff",
-            "Relative L2 distance of the final model parameters (||a-b|| / ||a||).",
-        )
-        self.param_mismatch_fraction = gauge(
-            "resumequal_param_mismatch_fraction",
-            "Fraction of final model parameter elements that differ in bits.",
-        )
-        self.loss_max_abs_diff = gauge(
-            "resumequal_loss_max_abs_diff",
-            "Largest per-step |loss difference| between the legs (+Inf if any is not finite).",
-        )
-        self.restart_seconds = gauge(
-            "resumequal_restart_seconds", "Seconds from the kill to the first resumed step."
-        )
-        self.negative_controls_detected = gauge(
-            "resumequal_negative_controls_detected",
-            "Negative controls (planted resume omissions) the comparator detected.",
-        )
-        self.negative_controls_total = gauge(
-            "resumequal_negative_controls_total",
-            "Negative controls that had to be detected (not applicable ones excluded).",
-        )
-        self.differing_tensors = gauge(
-            "resumequal_first_divergence_differing_tensors",
-            "Tensors that differ at the first divergent boundary (per-tensor digests).",
-        )
-        self.zoom_origin = Gauge(
-            "resumequal_zoom_origin_info",
-            "Where resumequal zoom found the first divergence to start (always 1).",
-            (*RUN_LABELS, *ORIGIN_LABELS),
-            registry=registry,
-        )
-        self.last_completion = gauge(
-            "resumequal_last_completion_timestamp_seconds",
-            "Unix time at which the qualification completed.",
-        )
+        # Keyed as _GAUGES; forget() removes a run's series from every one of them.
+        self.gauges: dict[str, Gauge] = {
+            key: Gauge(f.name, f.doc, f.labels, registry=registry) for key, f in _GAUGES.items()
+        }
         # prometheus_client appends _total: exposed as resumequal_runs_total.
         self.runs = Counter(
             "resumequal_runs",
@@ -154,27 +167,6 @@ class QualificationMetrics:
             registry=registry,
         )
 
-    @property
-    def _per_run(self) -> tuple[Gauge, ...]:
-        return (
-            self.passed,
-            self.valid,
-            self.first_divergent_step,
-            self.param_max_abs_diff,
-            self.param_rel_l2_diff,
-            self.param_mismatch_fraction,
-            self.loss_max_abs_diff,
-            self.restart_seconds,
-            self.negative_controls_detected,
-            self.negative_controls_total,
-            self.differing_tensors,
-            self.last_completion,
-        )
-
-    @property
-    def _per_matrix_scenario(self) -> tuple[Gauge, ...]:
-        return (self.passed, self.valid, self.first_divergent_step)
-
     def record(self, report: Report, *, namespace: str, scenario: str = "resume") -> None:
         """Set every family from one finished qualification's Report.
 
@@ -191,34 +183,35 @@ class QualificationMetrics:
             "scenario": scenario,
         }
 
-        def put(g: Gauge, value: float | None) -> None:
+        def put(key: str, value: float | None) -> None:
             if value is None:
-                _remove(g, labels)
+                _remove(self.gauges[key], labels)
             else:
-                g.labels(**labels).set(value)
+                self.gauges[key].labels(**labels).set(value)
 
-        put(self.passed, 1.0 if v.result is Result.PASS else 0.0)
-        put(self.valid, 0.0 if v.result is Result.INVALID else 1.0)
+        put("passed", 1.0 if v.result is Result.PASS else 0.0)
+        put("valid", 0.0 if v.result is Result.INVALID else 1.0)
         put(
-            self.first_divergent_step,
+            "first_divergent_step",
             -1.0 if v.first_divergence is None else float(v.first_divergence.step),
         )
         model = next((d for d in v.drift if d.group == "model"), None)
-        put(self.param_max_abs_diff, None if model is None else model.max_abs_diff)
-        put(self.param_rel_l2_diff, None if model is None else model.rel_l2)
-        put(self.param_mismatch_fraction, None if model is None else model.mismatch_fraction)
-        put(self.loss_max_abs_diff, _max_abs_diff([d.abs_diff for d in v.loss_deltas]))
-        put(self.restart_seconds, report.restart_seconds)
-        put(self.negative_controls_detected, float(v.controls_detected))
-        put(self.negative_controls_total, float(v.controls_total))
+        put("param_max_abs_diff", None if model is None else model.max_abs_diff)
+        put("param_rel_l2_diff", None if model is None else model.rel_l2)
+        put("param_mismatch_fraction", None if model is None else model.mismatch_fraction)
+        put("loss_max_abs_diff", _max_abs_diff([d.abs_diff for d in v.loss_deltas]))
+        put("restart_seconds", report.restart_seconds)
+        put("negative_controls_detected", float(v.controls_detected))
+        put("negative_controls_total", float(v.controls_total))
         tensors = None if v.first_divergence is None else v.first_divergence.tensors
-        put(self.differing_tensors, None if tensors is None else float(tensors.differ))
-        self.zoom_origin.remove_by_labels(labels)
+        put("differing_tensors", None if tensors is None else float(tensors.differ))
+        self.gauges["zoom_origin"].remove_by_labels(labels)
         if report.zoom is not None:
             z = report.zoom
             origin = (z.origins[0] if z.origins else z.origin_kind)[:ORIGIN_CHARS]
-            self.zoom_origin.labels(**labels, origin_kind=z.origin_kind, origin=origin).set(1)
-        put(self.last_completion, report.phases[-1].at if report.phases else time.time())
+            zoom = self.gauges["zoom_origin"]
+            zoom.labels(**labels, origin_kind=z.origin_kind, origin=origin).set(1)
+        put("last_completion", report.phases[-1].at if report.phases else time.time())
         self._record_matrix(report.matrix, labels)
 
         self.runs.labels(result=v.result.value).inc()
@@ -233,15 +226,17 @@ class QualificationMetrics:
         figures = {} if matrix is None else _matrix_figures(matrix)
         figures.pop(labels["scenario"], None)
         for stale in previous - figures.keys():
-            for g in self._per_matrix_scenario:
-                _remove(g, {**labels, "scenario": stale})
-        for name, (passed, valid, first_step) in figures.items():
+            self._remove_matrix_scenario(labels, stale)
+        for name, values in figures.items():
             series = {**labels, "scenario": name}
-            self.passed.labels(**series).set(passed)
-            self.valid.labels(**series).set(valid)
-            self.first_divergent_step.labels(**series).set(first_step)
+            for family, value in zip(_PER_MATRIX_SCENARIO, values, strict=True):
+                self.gauges[family].labels(**series).set(value)
         if figures:
             self._matrix_scenarios[key] = set(figures)
+
+    def _remove_matrix_scenario(self, labels: dict[str, str], scenario: str) -> None:
+        for family in _PER_MATRIX_SCENARIO:
+            _remove(self.gauges[family], {**labels, "scenario": scenario})
 
     def forget(
         self, namespace: str, run: str, pin: str | None = None, scenario: str | None = None
@@ -256,7 +251,7 @@ class QualificationMetrics:
             labels["pin"] = pin
         if scenario is not None:
             labels["scenario"] = scenario
-        for g in (*self._per_run, self.zoom_origin):
+        for g in self.gauges.values():
             g.remove_by_labels(labels)
         for key in [k for k in self._matrix_scenarios if k[:2] == (namespace, run)]:
             if pin is not None and key[2] != pin:
@@ -266,8 +261,7 @@ class QualificationMetrics:
                 # The main comparison goes, and the matrix recorded with it.
                 main = dict(zip(RUN_LABELS, key, strict=True))
                 for name in names:
-                    for g in self._per_matrix_scenario:
-                        _remove(g, {**main, "scenario": name})
+                    self._remove_matrix_scenario(main, name)
                 del self._matrix_scenarios[key]
             else:
                 names.discard(scenario)

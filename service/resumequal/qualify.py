@@ -15,18 +15,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Annotated, Any, Protocol
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ClusterError, NotAuthentic, StoreError
 from resumequal.plan import LegPlan, Plan, qualification_plan
 from resumequal.redact import redact
-from resumequal.runstore import MAX_EPOCH_SECONDS
-from resumequal.runstore import KillOrder as KillOrder  # kept with the store code that reads it
+from resumequal.runfiles import Beacon, InvalidBeacon, KillOrder
 from resumequal.spec import PreemptionSpec, QualificationSpec
-from resumequal.verdict import PhaseEvent, Result, Verdict
+from resumequal.verdict import Cut, PhaseEvent, Result, ValidityCheck, Verdict
 from resumequal.words import clip
 
 log = logging.getLogger(__name__)
@@ -62,49 +61,9 @@ _STATE_CONFIG = ConfigDict(alias_generator=to_camel, validate_by_name=True,
                            validate_by_alias=True)
 
 
-# A beacon is read from the store, and its numbers go into a run's status: bounded as the
-# status holds them (int32 counts, a finite time a timestamp can hold), so that whoever can
-# write the store gets a refused beacon naming the field, not a status that no longer
-# writes (1e30 is no int64; Infinity is no JSON) on every reconcile after.
-Count = Annotated[int, Field(ge=0, lt=2**31)]
-
-
-class Beacon(BaseModel):
-    """What an armed worker publishes: who to kill and where it stands."""
-
-    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
-                              validate_by_alias=True)
-    pid: Count
-    host: str
-    pod: str | None = None
-    pod_uid: str | None = None
-    rank: Count
-    attempt: Count
-    step: Count
-    microstep: Count
-    at: str = "microbatch"
-    armed_at: float = Field(ge=0, le=MAX_EPOCH_SECONDS, allow_inf_nan=False)
-
-
-class InvalidBeacon(StoreError):
-    """A beacon in the store that is not one, or names what must not be acted on (a pod
-    name that is no name): it is written once, so the run cannot go on."""
-
-
-def beacon_from(body: dict[str, Any], where: str) -> Beacon:
-    """The beacon in ``body`` (as read from the store at ``where``); InvalidBeacon naming
-    it if it is not one: whoever can write to the store wrote it."""
-    try:
-        return Beacon.model_validate(body)
-    except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(root)"
-        raise InvalidBeacon(f"{where}: not a beacon: {field}: {first['msg']}") from e
-
-
 def kill_order(beacon: Beacon, preemption: PreemptionSpec) -> KillOrder:
     """The order that kills the worker ``beacon`` names, as ``preemption`` says, issued now;
-    in the store it also dates the kill (see ``resumequal.results``)."""
+    in the store it also dates the kill (see ``resumequal.timeline``)."""
     return KillOrder(rank=beacon.rank, attempt=beacon.attempt, pid=beacon.pid,
                      pod_uid=beacon.pod_uid, mode=preemption.mode,
                      grace_seconds=preemption.grace_seconds, issued_at=time.time())
@@ -226,6 +185,27 @@ class QualificationStatus(BaseModel):
 
 
 MAIN_LEG = "preempted"
+
+
+def failed_reason(status: QualificationStatus) -> str:
+    """Why a run that ended without a comparison tested nothing: ``<Reason>: <message>``."""
+    return f"{status.reason.value if status.reason else 'Failed'}: {status.message or ''}"
+
+
+def failed_verdict(spec: QualificationSpec, status: QualificationStatus) -> Verdict:
+    """The INVALID verdict of a run that ended without a comparison (a timeout, a failed
+    leg)."""
+    p = spec.preemption
+    return Verdict(
+        result=Result.INVALID,
+        reason=failed_reason(status),
+        cut=Cut(step=p.step, microstep=p.microstep, rank=p.rank, mode=p.mode, at=p.at),
+        resumed_from=None,
+        first_divergence=None,
+        exact_through_step=0,
+        checks=[ValidityCheck(name="qualification completed", ok=False,
+                              detail=status.message or "no detail")],
+    )
 
 
 class Qualification:

@@ -19,6 +19,7 @@ DEBUG (:mod:`resumequal.logs`). Imports nothing of ours and no torch: the operat
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 MASK = "***"
@@ -69,21 +70,21 @@ def printable(text: str) -> str:
 
 def printable_tree(value: Any) -> Any:
     """Every string in a JSON-like value (dicts, lists) made :func:`printable`."""
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, dict):
-        return {k: printable_tree(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [printable_tree(v) for v in value]
-    return value
+    return _map_strings(value, printable)
 
 
 def redact_tree(value: Any) -> Any:
     """Every string in a JSON-like value (dicts, lists) redacted; other values as they are."""
+    return _map_strings(value, redact)
+
+
+def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    """``value`` with ``change`` applied to every string value (keys stay); tuples become
+    lists, other values stay as they are."""
     if isinstance(value, str):
-        return redact(value)
+        return change(value)
     if isinstance(value, dict):
-        return {k: redact_tree(v) for k, v in value.items()}
+        return {k: _map_strings(v, change) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [redact_tree(v) for v in value]
+        return [_map_strings(v, change) for v in value]
     return value

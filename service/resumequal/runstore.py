@@ -25,8 +25,11 @@ whole or absent after a SIGKILL, and a corrupted or missing one is reported by n
 (:class:`LegTraces`). :meth:`RunLocation.materialize` exports a copy of a run with each
 rank's trace joined into ``<leg>/trace/rank-<r>.jsonl``, for people.
 
+Beacons, kill orders and pod kill records are read and written through their models
+(:mod:`resumequal.runfiles`), trace records through theirs (:mod:`resumequal.trace.records`).
+
 This module is shared with the operator: it must import neither torch nor numpy, nor the
-worker side (``train``, ``checkpoint``, ``trace``), nor ``report``.
+worker side (``train``, ``checkpoint``, the trace's digests), nor ``report``.
 """
 
 from __future__ import annotations
@@ -43,16 +46,16 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from pydantic.alias_generators import to_camel
 
 from resumequal.errors import NotAuthentic, ReportError, StoreError, TraceError, TrainingError
+from resumequal.runfiles import MAX_EPOCH_SECONDS, Beacon, InvalidBeacon, KillOrder, PodKill
 from resumequal.signing import MAC_FIELD, RunSeal
 from resumequal.spec import (
     OMISSIONS,
@@ -75,6 +78,7 @@ from resumequal.store.log import (
     segment_bytes,
 )
 from resumequal.store.s3settings import S3Spec
+from resumequal.trace.records import StepRecord, TraceRecord, records_in
 from resumequal.words import clip
 
 if TYPE_CHECKING:
@@ -83,6 +87,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
+_R = TypeVar("_R")
 
 RUN_FILE = "run.json"
 SPEC_FILE = "spec.json"
@@ -114,11 +119,9 @@ __all__ = [
     "FAILED_MARKER",
     "RESULT_FILES",
     "RUN_FILE",
-    "KillOrder",
     "LegFiles",
     "LegProgress",
     "LegSpecFile",
-    "PodKill",
     "RunLocation",
     "SegmentSink",
     "parse_segment",
@@ -135,36 +138,6 @@ class LegProgress:
     steps_done: int = 0
     attempts: int = 0
     resumed_at: float | None = None
-
-
-class _Kill(BaseModel):
-    """What every kill of an armed rank says: whose, how, and when it was issued."""
-
-    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, validate_by_name=True,
-                              validate_by_alias=True, serialize_by_alias=True)
-    rank: int
-    attempt: int
-    pod_uid: str | None = None
-    mode: Literal["hard", "graceful"]
-    grace_seconds: float
-    issued_at: float
-
-
-class KillOrder(_Kill):
-    """An order to an armed worker to kill itself, written to the store by whoever kills.
-
-    The worker obeys only an order naming its own pid and, when ``podUid`` is set, its
-    pod's uid: a replayed order never hits a replacement pod (same name, same pids).
-    """
-
-    pid: int
-
-
-class PodKill(_Kill):
-    """A record, written by whoever deleted the armed worker's pod, of when and how: the
-    pod deletion leaves no kill order, and the comparator's timeline needs the kill time."""
-
-    pod: str
 
 
 class LegSpecFile(BaseModel):
@@ -241,11 +214,6 @@ def _count(value: Any) -> int | None:
     return value if ok else None
 
 
-# The last second a status timestamp can hold (9999-12-31T23:59:59Z, RFC 3339's last year
-# and datetime's): a time past it is no time a worker recorded.
-MAX_EPOCH_SECONDS = 253402300799.0
-
-
 def _epoch(value: Any) -> float | None:
     """``value`` if it is a time a status can hold (epoch seconds), else None."""
     ok = (isinstance(value, int | float) and not isinstance(value, bool)
@@ -253,8 +221,8 @@ def _epoch(value: Any) -> float | None:
     return float(value) if ok else None
 
 
-def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> LegProgress:
-    """Progress from each rank's trace records (as JSON objects, in write order)."""
+def progress_of(per_rank: dict[int, list[TraceRecord]], world_size: int) -> LegProgress:
+    """Progress from each rank's trace records (in write order)."""
     per_rank_steps: list[int] = []
     attempts = 0
     resumed: list[float] = []
@@ -262,21 +230,21 @@ def progress_of(per_rank: dict[int, list[dict[str, Any]]], world_size: int) -> L
         done = 0
         first_resumed: float | None = None
         for rec in per_rank.get(r, []):
-            # Records come from the store: one that is not a record is no progress (the
+            # Records come from the store: a number no status holds is no progress (the
             # comparator reads the trace strictly and names it).
-            attempt = _count(rec.get("attempt", 0))
+            attempt = _count(rec.attempt)
             if attempt is None:
                 continue
             attempts = max(attempts, attempt + 1)
-            if rec.get("kind") != "step":
+            if not isinstance(rec, StepRecord):
                 continue
-            step = _count(rec.get("step"))
+            step = _count(rec.step)
             if step is None:
                 continue
             done = max(done, step)
             # Whoever writes the store writes these: 1e300 would overflow every
             # timestamp made of it (the operator's status, on every reconcile).
-            at = _epoch(rec.get("finished_at"))
+            at = _epoch(rec.finished_at)
             if attempt >= 1 and first_resumed is None and at is not None:
                 first_resumed = at
         per_rank_steps.append(done)
@@ -303,6 +271,9 @@ class LegFiles:
     # Parsed trace segments, shared by every LegFiles of one run location.
     trace_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False,
                                                          compare=False)
+    # The same segments' trace records (as their models): what progress reads.
+    record_cache: dict[str, list[TraceRecord]] = field(default_factory=dict, repr=False,
+                                                       compare=False)
     # The run's seal: with it, trace segments are written with their MAC and refused
     # without a valid one.
     seal: RunSeal | None = field(default=None, repr=False, compare=False)
@@ -312,7 +283,8 @@ class LegFiles:
 
     def traces(self) -> LegTraces:
         """The leg's trace (``<leg>/trace``): how workers write it and how it is read."""
-        return LegTraces(self.store, self.key("trace"), self.trace_cache, self.seal)
+        return LegTraces(self.store, self.key("trace"), self.trace_cache, self.seal,
+                         record_cache=self.record_cache)
 
     @classmethod
     def folder(cls, leg_dir: Path) -> LegFiles:
@@ -334,58 +306,46 @@ class LegFiles:
     def write_beacon(self, rank: int, attempt: int, step: int, microstep: int,
                      where: str) -> str:
         """Publish (atomically) that this process is armed, with the pid to kill; its URI."""
-        body = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
-            # Set from the downward API (metadata.uid): a kill order names it, so that an
-            # order replayed after the pod was replaced is ignored by the new pod.
-            "podUid": os.environ.get("POD_UID"),
-            "rank": rank,
-            "attempt": attempt,
-            "step": step,
-            "microstep": microstep,
-            "at": where,
-            "armedAt": time.time(),
-        }
-        key = self.beacon_key(rank, attempt)
-        self.store.put_bytes(key, _seal(self.seal, key, body))
-        return self.store.uri(key)
+        beacon = Beacon(pid=os.getpid(), host=socket.gethostname(),
+                        pod=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
+                        pod_uid=os.environ.get("POD_UID"), rank=rank, attempt=attempt,
+                        step=step, microstep=microstep, at=where, armed_at=time.time())
+        return self._put_model(self.beacon_key(rank, attempt), beacon)
 
-    def read_beacon(self, rank: int, attempt: int = 0) -> dict[str, Any] | None:
-        """The beacon as a JSON object, or None while there is none; NotAuthentic for one
-        this run's workers did not write."""
-        key = self.beacon_key(rank, attempt)
-        try:
-            data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
-        except StoreNotFound:
-            return None
-        try:
-            body = _unseal(self.seal, key, data, self.store.uri(key), "a beacon")
-        except ValueError as e:
-            raise StoreError(f"{self.store.uri(key)}: not a beacon: {e}") from e
-        if not isinstance(body, dict):
-            raise StoreError(f"{self.store.uri(key)}: not a beacon")
-        return body
+    def read_beacon(self, rank: int, attempt: int = 0) -> Beacon | None:
+        """The beacon, or None while there is none; NotAuthentic for one this run's workers
+        did not write, InvalidBeacon naming the field of one that is no beacon."""
+        return self._get_model(self.beacon_key(rank, attempt), Beacon, "a beacon",
+                               invalid=InvalidBeacon)
 
     def _put_model(self, key: str, body: BaseModel) -> str:
-        self.store.put_bytes(key, _seal(self.seal, key, body.model_dump(mode="json")))
+        """Seal ``body`` (camelCase where its model says so) and write it at ``key``; its URI."""
+        self.store.put_bytes(key, _seal(self.seal, key,
+                                        body.model_dump(mode="json", by_alias=True)))
         return self.store.uri(key)
 
-    def _get_model(self, key: str, model: type[_M], what: str) -> _M | None:
-        """``key`` validated as ``model``; None while absent, StoreError naming ``what``
-        (NotAuthentic for one this run did not write)."""
+    def _get_model(self, key: str, model: type[_M], what: str,
+                   invalid: type[StoreError] = StoreError) -> _M | None:
+        """``key`` authenticated and validated as ``model``; None while absent. StoreError
+        naming ``what`` for what is no JSON object, ``invalid`` naming the field for an
+        object that is no ``model`` (NotAuthentic for one this run did not write)."""
         try:
             data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
         except StoreNotFound:
             return None
+        where = self.store.uri(key)
         try:
-            return model.model_validate(_unseal(self.seal, key, data, self.store.uri(key), what))
+            body = _unseal(self.seal, key, data, where, what)
         except ValueError as e:  # not JSON
-            raise StoreError(f"{self.store.uri(key)}: not {what}: {e}") from e
+            raise StoreError(f"{where}: not {what}: {e}") from e
+        if not isinstance(body, dict):
+            raise StoreError(f"{where}: not {what}")
+        try:
+            return model.model_validate(body)
         except ValidationError as e:
-            raise StoreError(f"{self.store.uri(key)}: not {what}: "
-                             f"{e.errors()[0]['msg']}") from e
+            first = e.errors()[0]
+            name = ".".join(str(p) for p in first["loc"]) or "(root)"
+            raise invalid(f"{where}: not {what}: {name}: {first['msg']}") from e
 
     def write_kill_order(self, order: KillOrder) -> str:
         """Publish a kill order for the worker it names; its URI."""
@@ -501,7 +461,8 @@ class LegTraces:
     SIGKILL, and a corrupted or missing one is reported by name.
 
     Workers write through :meth:`sink`; the comparator reads a rank's whole trace with
-    :meth:`lines` (strict), the backend polls progress with :meth:`records` (lenient).
+    :meth:`lines` (strict), the backend polls progress with :meth:`trace_records` (lenient),
+    and the report reads the legs' JSON objects with :meth:`records` (lenient).
     """
 
     store: Store
@@ -510,6 +471,8 @@ class LegTraces:
     cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False,
                                                    compare=False)
     seal: RunSeal | None = field(default=None, repr=False, compare=False)
+    record_cache: dict[str, list[TraceRecord]] = field(default_factory=dict, repr=False,
+                                                       compare=False)
 
     def rank_prefix(self, rank: int) -> str:
         return f"{self.prefix}/rank-{rank}"
@@ -548,11 +511,20 @@ class LegTraces:
     def records(self, world_size: int) -> dict[int, list[dict[str, Any]]]:
         """Each rank's records so far as JSON objects, leniently: a segment that cannot be
         read (being damaged, or gone) is skipped with a warning."""
-        out: dict[int, list[dict[str, Any]]] = {}
+        return self._each_rank(world_size, self.cache, _json_lines)
+
+    def trace_records(self, world_size: int) -> dict[int, list[TraceRecord]]:
+        """Each rank's trace records so far, leniently: a segment that cannot be read is
+        skipped with a warning, and a line that is no trace record left out."""
+        return self._each_rank(world_size, self.record_cache, records_in)
+
+    def _each_rank(self, world_size: int, cache: dict[str, list[_R]],
+                   parse: Callable[[list[bytes]], list[_R]]) -> dict[int, list[_R]]:
+        out: dict[int, list[_R]] = {}
         for s in self.segments():
             if s.rank >= world_size:
                 continue
-            records = self.cache.get(s.key)
+            records = cache.get(s.key)
             if records is None:
                 try:
                     data = self.store.get_bytes(s.key, SEGMENT_BYTES)
@@ -560,12 +532,12 @@ class LegTraces:
                 except (TraceError, StoreObjectTooLarge) as e:
                     # Immutable once written: said once, and never counted as progress.
                     log.warning("progress: skipping %s: %s", self.store.uri(s.key), e)
-                    self.cache[s.key] = []
+                    cache[s.key] = []
                     continue
                 except StoreNotFound as e:
                     log.warning("progress: skipping %s: %s", self.store.uri(s.key), e)
                     continue
-                records = self.cache[s.key] = _json_lines(lines)
+                records = cache[s.key] = parse(lines)
             out.setdefault(s.rank, []).extend(records)
         return out
 
@@ -590,6 +562,7 @@ class RunLocation:
     store: Store
     s3: S3Spec | None = None
     _trace_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    _record_cache: dict[str, list[TraceRecord]] = field(default_factory=dict, repr=False)
     # Completion markers read and found authentic (they are never rewritten).
     _done_seen: set[str] = field(default_factory=set, repr=False)
     # The run's seal (key and run id): whoever holds it writes trace segments with their MAC
@@ -623,7 +596,8 @@ class RunLocation:
         return self.store.uri(name)
 
     def leg(self, leg: str) -> LegFiles:
-        return LegFiles(self.store, check_leg_name(leg), self._trace_cache, self.seal)
+        return LegFiles(self.store, check_leg_name(leg), trace_cache=self._trace_cache,
+                        record_cache=self._record_cache, seal=self.seal)
 
     # -- specs ------------------------------------------------------------------------------
 
@@ -741,9 +715,9 @@ class RunLocation:
 
     # -- what the backend observes ----------------------------------------------------------
 
-    def read_beacon(self, leg: str, rank: int, attempt: int = 0) -> dict[str, Any] | None:
-        """The beacon of an armed worker (pid, host, pod, rank, attempt, step, microstep,
-        at, armed_at), or None while it has not armed."""
+    def read_beacon(self, leg: str, rank: int, attempt: int = 0) -> Beacon | None:
+        """The beacon of an armed worker, or None while it has not armed (InvalidBeacon
+        naming the field of one that is no beacon)."""
         return self.leg(leg).read_beacon(rank, attempt)
 
     def write_kill_order(self, leg: str, order: KillOrder) -> str:
@@ -777,9 +751,14 @@ class RunLocation:
         last line or an unreadable segment is skipped with a warning; see materialize)."""
         return self._trace_records(leg, world_size=rank + 1).get(rank, [])
 
+    def leg_records(self, leg: str, world_size: int) -> dict[int, list[TraceRecord]]:
+        """Each rank's trace records so far (lenient: an unreadable segment is skipped with a
+        warning, a line that is no trace record left out)."""
+        return self.leg(leg).traces().trace_records(world_size)
+
     def leg_progress(self, leg: str, world_size: int) -> LegProgress:
         """Steps every rank has finished, attempts seen, and when the resume completed."""
-        return progress_of(self._trace_records(leg, world_size), world_size)
+        return progress_of(self.leg_records(leg, world_size), world_size)
 
     def _trace_records(self, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
         return self.leg(leg).traces().records(world_size)

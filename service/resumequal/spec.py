@@ -708,8 +708,9 @@ class MatrixSpec(_Section):
         return value
 
 
-class QualificationSpec(_Section):
-    """A whole qualification: what trains, where it is cut, and how legs are compared."""
+class SpecSections(_Section):
+    """The sections of a qualification, spelled once: a spec file (:class:`QualificationSpec`)
+    and a QualificationRun's spec (the operator's model) are both made of them."""
 
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     world: WorldSpec = Field(default_factory=WorldSpec)
@@ -723,6 +724,11 @@ class QualificationSpec(_Section):
     comparison: ComparisonSpec = Field(default_factory=ComparisonSpec)
     controls: ControlsSpec = Field(default_factory=ControlsSpec)
     matrix: MatrixSpec = Field(default_factory=MatrixSpec)
+
+
+class QualificationSpec(SpecSections):
+    """A whole qualification: what trains, where it is cut, and how legs are compared."""
+
     zoom: Literal["never", "onFail"] = Field(
         default="never",
         description="onFail: when the verdict is FAIL, replay the first divergent step of "

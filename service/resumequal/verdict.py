@@ -160,6 +160,13 @@ class BoundaryRow(_Model):
 
 
 ResizePartName = Literal["before_resize", "handoff", "data_ledger", "drift"]
+# Each part as the verdicts and reports name it, and the bar it must clear.
+_RESIZE_PART_WORDS: dict[ResizePartName, tuple[str, str]] = {
+    "before_resize": ("before the resize", "bitwise exact"),
+    "handoff": ("handoff", "exact"),
+    "data_ledger": ("data ledger", "exact"),
+    "drift": ("drift", "within tolerance"),
+}
 
 
 class ResizePart(_Model):
@@ -168,6 +175,15 @@ class ResizePart(_Model):
     name: ResizePartName
     ok: bool
     detail: str
+
+    def words(self) -> str:
+        """The part as a reason names it, e.g. "data ledger"."""
+        return _RESIZE_PART_WORDS[self.name][0]
+
+    def label(self) -> str:
+        """The part and the bar it must clear, e.g. "data ledger (exact)"."""
+        words, bar = _RESIZE_PART_WORDS[self.name]
+        return f"{words} ({bar})"
 
 
 class ResizeHandoff(_Model):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -18,15 +17,10 @@ from typing import Any, TypeVar
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
+from tests.ports import free_port
+
 JOB = "resumequal-operator"
 T = TypeVar("T")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -106,7 +100,7 @@ def running_prometheus(
         ],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = workdir / "prometheus.log"
     with log.open("w") as out:
         proc = subprocess.Popen(

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import dynamic, watch
 from kubernetes.client.rest import ApiException
 
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 
 pytestmark = pytest.mark.timeout(30)
 

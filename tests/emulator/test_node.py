@@ -1,4 +1,4 @@
-"""Scripted containers on a node process (:class:`tests.kubeapi.node.NodeRuntime`): the
+"""Scripted containers on a node process (:class:`testing.kubeapi.node.NodeRuntime`): the
 kubelet's starts, SIGTERMs and SIGKILLs reach them there, their exits come back, and the
 elastic rendezvous of a job's agents plays out on the node as on threads."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.node import ContainerFailed, NodeRuntime
+from testing.kubeapi.scripted import Container
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.emulator.test_training import NS, last, pytorchjob, running
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.node import ContainerFailed, NodeRuntime
-from tests.kubeapi.scripted import Container
-from tests.kubeapi.training import SimulatedTrainingOperator
 
 pytestmark = pytest.mark.timeout(60)
 

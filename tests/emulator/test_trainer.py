@@ -1,5 +1,5 @@
 """The simulated Kubeflow Trainer v2 (TrainJob → JobSet → Indexed Job → pods) with scripted
-containers: each upstream rule the double reproduces (tests/kubeapi/trainer.py,
+containers: each upstream rule the double reproduces (testing/kubeapi/trainer.py,
 job_controller.py), observed through the emulator, on the runtime the chart installs."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from resumequal_operator.trainjob import leg_runtime
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.errors import ApiError
+from testing.kubeapi.job_controller import BACKOFF_S, TRACKING
+from testing.kubeapi.scripted import Container
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.emulator.test_training import Script, simulate, until_signal
 from tests.k8s_schemas import validate_core, validate_trainer
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.errors import ApiError
-from tests.kubeapi.job_controller import BACKOFF_S, TRACKING
-from tests.kubeapi.scripted import Container
-from tests.kubeapi.training import SimulatedTrainingOperator
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,12 +12,12 @@ from typing import Any
 import kubernetes.client as k8s
 import pytest
 
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.job_controller import BACKOFF_S
+from testing.kubeapi.objects import parse_rfc3339
+from testing.kubeapi.scripted import Container
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.k8s_schemas import validate_core, validate_pytorchjob
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.job_controller import BACKOFF_S
-from tests.kubeapi.objects import parse_rfc3339
-from tests.kubeapi.scripted import Container
-from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(30)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from resumequal.trace.records import (
     effective_steps,
     parse_records,
 )
+from tests.ports import free_port
 from tests.waiting import eventually
 
 TORCHRUN = [sys.executable, *launchers.TORCHRUN]
@@ -39,12 +39,6 @@ TORCHRUN = [sys.executable, *launchers.TORCHRUN]
 # qualification), and the suite shares two cores. Every verdict of the default path, and every
 # test of restarts, nodes, pods, the loader, compile and zoom, runs stock torchrun.
 FORKED = ("--launcher", "forked")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def resumequal(*args: str, env: dict[str, str] | None = None, columns: int = 120,
@@ -61,6 +55,33 @@ def resumequal(*args: str, env: dict[str, str] | None = None, columns: int = 120
         raise AssertionError(f"resumequal {' '.join(args)} ran over {timeout}s:\n{out[-3000:]}"
                              f"\n{err[-3000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def qualify(run_dir: Path, *sets: str, launcher: tuple[str, ...] = (), timeout: float = 280
+            ) -> tuple[dict[str, Any], str]:
+    """``resumequal run`` into ``run_dir``, a ``--set`` for each of ``sets``, which must exit
+    0: its report.json and what it printed."""
+    args = [a for s in sets for a in ("--set", s)]
+    proc = resumequal("run", "--run-dir", str(run_dir), *launcher, *args, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads((run_dir / "report.json").read_text())
+    return report, proc.stdout
+
+
+# The newest checkpoint the default run's resume loads (12 steps on 2 ranks, cut at step 6,
+# microbatch 1): the periodic one of step 4 after a hard kill, the emergency one taken
+# mid-step 6 (5 steps and 1 microbatch done) after a graceful one.
+RESUMED_FROM = {"hard": "step-00000004", "graceful": "step-00000005+1"}
+
+
+def assert_exact(verdict: dict[str, Any], mode: str) -> None:
+    """The default run's verdict: PASS, exact through step 12, resumed from where ``mode``
+    leaves its checkpoint, cut at step 6, microbatch 1."""
+    assert verdict["result"] == "PASS", verdict["reason"]
+    assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
+    assert (verdict["exact_through_step"], verdict["first_divergence"]) == (12, None)
+    assert verdict["resumed_from"] == RESUMED_FROM[mode]
+    assert (verdict["cut"]["step"], verdict["cut"]["microstep"]) == (6, 1)
 
 
 def write_spec(path: Path, spec: dict[str, Any]) -> Path:

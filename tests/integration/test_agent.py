@@ -18,7 +18,7 @@ import pytest
 from resumequal.launchers import command
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
-from tests.integration import legs
+from tests.ports import free_port
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -41,7 +41,7 @@ def _agent(tree: ProcessTree, tmp_path: Path, script: list[str], what: str,
     out.mkdir()
     log = tmp_path / "agent.log"
     cmd = [sys.executable, *agent,
-           *local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=2,
+           *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=2,
                                 max_restarts=max_restarts),
            *script, str(out), what]
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from resumequal.checkpoint import (
-    CheckpointManager,
     Position,
     RemoteRoot,
     checkpoint_location,
@@ -31,6 +30,7 @@ from resumequal.signing import KEY_ENV, new_key
 from resumequal.spec import QualificationSpec, parse_spec
 from tests.checkpoint_attacks import tamper
 from tests.process_group import single_rank_group
+from tests.unit.checkpoint_managers import rank0_manager
 from tests.unit.rank_states import Plain
 
 if TYPE_CHECKING:
@@ -63,10 +63,6 @@ def _root(spec: QualificationSpec, scratch: Path) -> RemoteRoot:
     return where
 
 
-def _manager(root: RemoteRoot) -> CheckpointManager:
-    return CheckpointManager(root, rank=0, world_size=1, attempt=0, keep_last=2)
-
-
 def _template(_: Plain) -> dict[str, Any]:
     return {"x": torch.zeros(3)}
 
@@ -77,8 +73,8 @@ def committed(moto_server: MotoServer, tmp_path: Path,
     """The control leg's final checkpoint, committed on moto by a worker's manager."""
     spec = _spec(moto_server, moto_server.new_bucket())
     root = _root(spec, tmp_path / "worker")
-    assert _manager(root).save(Position(STEPS), {"x": torch.arange(3.0)},
-                               Plain(step=STEPS)) == NAME
+    assert rank0_manager(root, keep_last=2).save(Position(STEPS), {"x": torch.arange(3.0)},
+                                                 Plain(step=STEPS)) == NAME
     assert remote.committed(root) == [Position(STEPS)]
     return spec, root
 
@@ -93,7 +89,7 @@ def _plant(root: RemoteRoot, marker: Path, mac: str) -> None:
 
 
 def _worker_refuses(root: RemoteRoot, why: str) -> None:
-    mgr = _manager(root)
+    mgr = rank0_manager(root, keep_last=2)
     mgr.collect_garbage()
     with pytest.raises(CheckpointError) as info:
         name = mgr.newest()
@@ -145,7 +141,7 @@ def test_an_authentic_checkpoint_on_s3_loads(
     committed: tuple[QualificationSpec, RemoteRoot], tmp_path: Path
 ) -> None:
     spec, _ = committed
-    mgr = _manager(_root(spec, tmp_path / "resumed"))
+    mgr = rank0_manager(_root(spec, tmp_path / "resumed"), keep_last=2)
     assert mgr.newest() == NAME
     loaded = mgr.load(NAME, _template, Plain)
     assert loaded.rank_state.model_dump() == {"step": STEPS}

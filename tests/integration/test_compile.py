@@ -5,9 +5,7 @@ kill, controls off."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,11 +17,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.matrix]
 
 
 def _run(run_dir: Path, *sets: str) -> None:
-    args = [a for s in ("compile.enabled=true", "controls.enabled=false", *sets)
-            for a in ("--set", s)]
-    proc = legs.resumequal("run", "--run-dir", str(run_dir), *args, timeout=560)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    verdict: dict[str, Any] = json.loads((run_dir / "report.json").read_text())["verdict"]
+    report, _ = legs.qualify(run_dir, "compile.enabled=true", "controls.enabled=false", *sets,
+                             timeout=560)
+    verdict = report["verdict"]
     assert verdict["result"] == "PASS", verdict["reason"]
     assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
     assert verdict["resumed_from"] == "step-00000004"

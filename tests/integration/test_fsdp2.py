@@ -5,39 +5,20 @@ compiled, hard and graceful) are in the stack matrix (test_matrix.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from resumequal.runstore import RunLocation
 from tests.integration import legs
 
 pytestmark = pytest.mark.slow
 
-RESUMED_FROM = {"hard": "step-00000004", "graceful": "step-00000005+1"}
-
 
 def _run(run_dir: Path, *sets: str) -> dict[str, Any]:
-    args = [a for s in ("parallelism.kind=fsdp2", *sets) for a in ("--set", s)]
-    proc = legs.resumequal("run", "--run-dir", str(run_dir), *legs.FORKED, *args, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    verdict: dict[str, Any] = json.loads((run_dir / "report.json").read_text())["verdict"]
+    report, _ = legs.qualify(run_dir, "parallelism.kind=fsdp2", *sets, launcher=legs.FORKED)
+    verdict: dict[str, Any] = report["verdict"]
     return verdict
-
-
-def _exact(verdict: dict[str, Any], mode: str) -> None:
-    assert verdict["result"] == "PASS", verdict["reason"]
-    assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
-    assert (verdict["exact_through_step"], verdict["first_divergence"]) == (12, None)
-    assert verdict["resumed_from"] == RESUMED_FROM[mode]
-    assert (verdict["cut"]["step"], verdict["cut"]["microstep"]) == (6, 1)
-
-
-def _steps(run_dir: Path, leg: str, rank: int) -> list[dict[str, Any]]:
-    records = RunLocation.open(str(run_dir)).trace_records(leg, rank)
-    return [r for r in records if r["kind"] == "step"]
 
 
 @pytest.mark.timeout(300)
@@ -49,7 +30,7 @@ def test_fsdp2_graceful_mid_accumulation_resumes_exactly_and_its_controls_are_ca
     # the sharded optimizer state.
     verdict = _run(run_dir, "preemption.mode=graceful",
                    "controls.omissions=[pending_grads, optimizer]")
-    _exact(verdict, "graceful")
+    legs.assert_exact(verdict, "graceful")
     controls = {c["omission"]: c for c in verdict["controls"]}
     assert {(name, c["leg"], c["status"]) for name, c in controls.items()} == {
         ("pending_grads", "nc-pending-grads", "detected"),
@@ -64,9 +45,7 @@ def test_fsdp2_graceful_mid_accumulation_resumes_exactly_and_its_controls_are_ca
     assert (optimizer["first_divergence"]["step"],
             optimizer["first_divergence"]["boundary"]) == (6, "lr")
     assert "parameters from step 6" in optimizer["mechanism"]
-    restores = [r for rank in (0, 1)
-                for r in RunLocation.open(str(run_dir)).trace_records("nc-optimizer", rank)
-                if r["kind"] == "restore"]
+    restores = legs.records(run_dir, "nc-optimizer", "restore")
     assert [(r["omitted"], r["checkpoint"]) for r in restores] == [
         (["optimizer"], "step-00000005+1")] * 2
 
@@ -78,12 +57,12 @@ def test_fsdp2_fp16_resumes_exactly_and_a_resume_without_the_scaler_is_caught(
 ) -> None:
     run_dir = tmp_path / "run"
     verdict = _run(run_dir, "training.precision=fp16", "controls.omissions=[scaler]")
-    _exact(verdict, "hard")
+    legs.assert_exact(verdict, "hard")
     (control,) = verdict["controls"]
     assert (control["omission"], control["status"]) == ("scaler", "detected")
     # The ranks agree on every scale, backoffs (skipped updates) included: the inf check
     # over sharded gradients is agreed across ranks.
-    scales = [[r["loss_scale"]["scale"] for r in _steps(run_dir, "control", rank)]
+    scales = [[r["loss_scale"]["scale"] for r in legs.records(run_dir, "control", "step", (rank,))]
               for rank in (0, 1)]
     assert scales[0] == scales[1]
     assert any(b < a for a, b in zip(scales[0], scales[0][1:], strict=False))

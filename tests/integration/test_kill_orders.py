@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from resumequal.local.processes import alive
-from resumequal.runstore import KillOrder, RunLocation
+from resumequal.runfiles import KillOrder
+from resumequal.runstore import RunLocation
 from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for
 

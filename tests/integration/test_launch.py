@@ -21,8 +21,8 @@ from resumequal.plan import local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.signing import RunSeal
 from resumequal.spec import parse_spec
-from tests.integration import legs
 from tests.integration.conftest import spec_for
+from tests.ports import free_port
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def _pod_env() -> dict[str, str]:
     """torchrun's arguments as the training operator gives them to an elastic job's pod."""
     return {
         "PET_RDZV_BACKEND": "c10d",
-        "PET_RDZV_ENDPOINT": f"127.0.0.1:{legs.free_port()}",
+        "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
         "PET_RDZV_ID": "q1-preempted",
         "PET_NNODES": "1",
         "PET_NPROC_PER_NODE": "2",
@@ -115,7 +115,7 @@ def test_sigterm_in_hard_mode_kills_everything_at_once(tree: ProcessTree, tmp_pa
 def test_torchrun_ending_on_its_own_gives_its_code(
     tree: ProcessTree, tmp_path: Path, script: str, code: int
 ) -> None:
-    args = [*local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=1,
+    args = [*local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=1,
                                  max_restarts=1),
             "--no-python", "sh", "-c", script]
     proc = _launch(tree, tmp_path / "launch.log", "hard", args)
@@ -131,7 +131,7 @@ def test_torchrun_ending_on_its_own_gives_its_code(
 def test_torchrun_killed_by_a_signal_gives_128_plus_the_signal(
     tree: ProcessTree, tmp_path: Path
 ) -> None:
-    args = [*local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=1,
+    args = [*local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=1,
                                  max_restarts=0),
             "--no-python", "sleep", "300"]
     proc = _launch(tree, tmp_path / "launch.log", "graceful", args)

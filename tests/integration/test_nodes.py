@@ -6,9 +6,7 @@ microbatch 1), controls off. (The control leg of each runs the two nodes unharme
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,23 +17,16 @@ pytestmark = pytest.mark.slow
 NODES = ["world.nnodes=2", "world.nprocPerNode=1", "controls.enabled=false"]
 
 
-def _run(run_dir: Path, *sets: str) -> dict[str, Any]:
-    args = [a for s in (*NODES, *sets) for a in ("--set", s)]
-    proc = legs.resumequal("run", "--run-dir", str(run_dir), *args, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    verdict: dict[str, Any] = json.loads((run_dir / "report.json").read_text())["verdict"]
-    assert verdict["result"] == "PASS", verdict["reason"]
-    assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
-    return verdict
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["hard", "graceful"])
 def test_a_killed_node_is_replaced_and_the_leg_resumes_exactly(
         tmp_path: Path, mode: str) -> None:
     run_dir = tmp_path / "run"
-    verdict = _run(run_dir, "preemption.target=pod", f"preemption.mode={mode}",
-                   "preemption.graceSeconds=30")
+    report, _ = legs.qualify(run_dir, *NODES, "preemption.target=pod", f"preemption.mode={mode}",
+                             "preemption.graceSeconds=30")
+    verdict = report["verdict"]
+    assert verdict["result"] == "PASS", verdict["reason"]
+    assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
     checkpoints = sorted(p.name for p in (run_dir / "preempted" / "checkpoints").iterdir())
     if mode == "hard":
         # The whole node died by SIGKILL: nothing was saved; the periodic checkpoint served.

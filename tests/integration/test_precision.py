@@ -5,40 +5,13 @@ the stack matrix (test_matrix.py)."""
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from resumequal.runstore import RunLocation
 from tests.integration import legs
 
 pytestmark = pytest.mark.slow
-
-# tiny-gpt, the default workload: autocast reaches its attention and MLP matmuls.
-RESUMED_FROM = {"hard": "step-00000004", "graceful": "step-00000005+1"}
-
-
-def _run(run_dir: Path, *sets: str) -> tuple[dict[str, Any], str]:
-    args = [a for s in sets for a in ("--set", s)]
-    proc = legs.resumequal("run", "--run-dir", str(run_dir), *legs.FORKED, *args, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    verdict = json.loads((run_dir / "report.json").read_text())["verdict"]
-    return verdict, proc.stdout
-
-
-def _trace(run_dir: Path, leg: str, rank: int) -> list[dict[str, Any]]:
-    records = RunLocation.open(str(run_dir)).trace_records(leg, rank)
-    return [r for r in records if r["kind"] == "step"]
-
-
-def _exact(verdict: dict[str, Any], mode: str) -> None:
-    assert verdict["result"] == "PASS", verdict["reason"]
-    assert verdict["reason"].startswith("exact: every boundary of 12 steps on 2 ranks equal")
-    assert (verdict["exact_through_step"], verdict["first_divergence"]) == (12, None)
-    assert verdict["resumed_from"] == RESUMED_FROM[mode]
-    assert (verdict["cut"]["step"], verdict["cut"]["microstep"]) == (6, 1)
 
 
 @pytest.mark.timeout(300)
@@ -47,12 +20,14 @@ def test_fp16_resumes_exactly_and_a_resume_without_the_scaler_is_caught(
     tmp_path: Path, mode: str
 ) -> None:
     run_dir = tmp_path / "run"
-    verdict, out = _run(run_dir, "training.precision=fp16", f"preemption.mode={mode}",
-                        "controls.omissions=[scaler]")
-    _exact(verdict, mode)
+    # tiny-gpt, the default workload: autocast reaches its attention and MLP matmuls.
+    report, out = legs.qualify(run_dir, "training.precision=fp16", f"preemption.mode={mode}",
+                               "controls.omissions=[scaler]", launcher=legs.FORKED)
+    verdict = report["verdict"]
+    legs.assert_exact(verdict, mode)
     # The scale grew every 2 steps and backed off on an overflow (a skipped update): both
     # paths ran before and after the cut.
-    steps = _trace(run_dir, "control", 0)
+    steps = legs.records(run_dir, "control", "step", (0,))
     scales = [r["loss_scale"]["scale"] for r in steps]
     assert scales[:5] == [65536.0, 65536.0, 131072.0, 131072.0, 262144.0]
     backoffs = [s for s, (a, b) in enumerate(itertools.pairwise(scales), 2) if b < a]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from resumequal.local.processes import ProcessTree
-from tests.integration import legs
+from tests.ports import free_port
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
@@ -44,7 +44,7 @@ def test_the_store_serves_loopback_and_refuses_this_machines_other_addresses(
     addresses = _own_addresses()
     if not addresses:
         pytest.skip("this machine has no non-loopback address to connect from")
-    port = legs.free_port()
+    port = free_port()
     tree = ProcessTree()
     log = tmp_path / "store.log"
     try:

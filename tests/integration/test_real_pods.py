@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.processes import ProcessRuntime, container_pids
-from tests.kubeapi.training import SimulatedTrainingOperator
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.processes import ProcessRuntime, container_pids
+from testing.kubeapi.training import SimulatedTrainingOperator
 
 NS = "quals"
 Obj = dict[str, Any]
@@ -232,7 +232,9 @@ def test_a_launcher_exiting_143_gets_its_pod_recreated_and_the_group_restarted(
     kubeapi.wait_for(lambda: len(joined(marks)) == 2, 90, "the first group")
     old = uid(kubeapi, "wrapped-worker-1")
     assert old is not None
-    kubeapi.delete("pods", NS, "wrapped-worker-1", grace_period_seconds=5)
+    # The grace leaves a loaded machine time for torchrun's own teardown (SIGTERM to its
+    # workers, then their exit): past it the kubelet's SIGKILL makes 137, not the 143 here.
+    kubeapi.delete("pods", NS, "wrapped-worker-1", grace_period_seconds=20)
     kubeapi.wait_for(lambda: all(len(pids) == 2 for pids in joined(marks).values()), 120,
                      "the restarted group")
     assert exit_codes(kubeapi, old) == {143}  # retryable: the pod was recreated

@@ -20,6 +20,7 @@ import pytest
 from resumequal.launchers import TORCHRUN
 from resumequal.plan import leg_module_args, local_torchrun_args
 from tests.integration import legs
+from tests.ports import free_port
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -137,7 +138,7 @@ def test_a_world_formed_before_every_node_joined_waits_for_the_full_one(
                                                            "params": 1e-4}},
     })
     run_dir = tmp_path / "run"
-    port = legs.free_port()
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     procs: list[subprocess.Popen[bytes]] = []
 

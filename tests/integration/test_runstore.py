@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
-from resumequal.qualify import Beacon
+from resumequal.runfiles import KillOrder
 from resumequal.runstore import (
     SMALL_OBJECT_BYTES,
-    KillOrder,
     LegFiles,
     LegProgress,
     RunLocation,
@@ -24,6 +23,7 @@ from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.store import StoreAccessDenied, StoreObjectTooLarge, StoreUnavailable
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Cut, Result, Verdict
+from tests.trace_records import startup_record, step_record, trace_line
 
 if TYPE_CHECKING:
     from tests.s3server import MotoServer
@@ -34,13 +34,11 @@ Opener = Callable[[], RunLocation]
 
 
 def _step(rank: int, attempt: int, step: int, finished_at: float = 1.0) -> bytes:
-    rec = {"kind": "step", "rank": rank, "attempt": attempt, "step": step,
-           "finished_at": finished_at}
-    return json.dumps(rec).encode() + b"\n"
+    return trace_line(step_record(rank, attempt, step, finished_at))
 
 
 def _start(rank: int, attempt: int) -> bytes:
-    return json.dumps({"kind": "startup", "rank": rank, "attempt": attempt}).encode() + b"\n"
+    return trace_line(startup_record(rank, attempt))
 
 
 def _verdict(result: Result = Result.PASS) -> Verdict:
@@ -112,7 +110,7 @@ def test_beacons_and_failure_markers(location: RunLocation) -> None:
     assert uri.endswith("preempted/beacons/attempt-0-rank-1.json")
     beacon = location.read_beacon("preempted", 1)
     assert beacon is not None
-    assert (beacon["rank"], beacon["step"], beacon["microstep"], beacon["at"]) == (
+    assert (beacon.rank, beacon.step, beacon.microstep, beacon.at) == (
         1, 6, 1, "microbatch")
     files.mark_failed("held too long")
     assert location.leg_failure("preempted") == "held too long"
@@ -136,11 +134,13 @@ def test_a_beacon_names_the_pod_uid_from_the_downward_api(
     files = location.leg("preempted")
     monkeypatch.delenv("POD_UID", raising=False)
     files.write_beacon(rank=1, attempt=0, step=6, microstep=1, where="microbatch")
-    assert Beacon.model_validate(location.read_beacon("preempted", 1)).pod_uid is None
+    beacon = location.read_beacon("preempted", 1)
+    assert beacon is not None and beacon.pod_uid is None
     monkeypatch.setenv("POD_UID", "9b2c-uid")
     monkeypatch.setenv("POD_NAME", "q1-preempted-worker-1")
     files.write_beacon(rank=1, attempt=0, step=6, microstep=1, where="microbatch")
-    beacon = Beacon.model_validate(location.read_beacon("preempted", 1))
+    beacon = location.read_beacon("preempted", 1)
+    assert beacon is not None
     assert (beacon.pod, beacon.pod_uid) == ("q1-preempted-worker-1", "9b2c-uid")
 
 

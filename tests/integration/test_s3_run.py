@@ -22,6 +22,7 @@ from resumequal.verdict import Result
 from tests.exposition import value
 from tests.integration import legs
 from tests.integration.conftest import spec_for
+from tests.ports import free_port
 
 if TYPE_CHECKING:
     from tests.s3server import MotoServer
@@ -144,7 +145,7 @@ def _launch(uri: str, leg: str, log_dir: Path, env: dict[str, str]) -> legs.LegP
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{leg}.log"
     cmd = [*legs.TORCHRUN,
-           *local_torchrun_args(endpoint=f"127.0.0.1:{legs.free_port()}", nproc=2,
+           *local_torchrun_args(endpoint=f"127.0.0.1:{free_port()}", nproc=2,
                                 max_restarts=1),
            *leg_module_args(leg, uri, scratch=str(log_dir / "scratch"))]
     with log.open("wb") as out:
@@ -174,11 +175,11 @@ def test_an_async_saving_leg_on_s3_is_killed_and_resumes_from_the_store(
         beacon = location.read_beacon("preempted", 1)
         legs.time.sleep(0.1)
     assert beacon is not None, lp.tail()
-    assert beacon["pod"] == "pod-a"
+    assert beacon.pod == "pod-a"
     # The arm record was uploaded before the beacon: a SIGKILL now loses no step.
     before = location.leg_progress("preempted", 2)
     assert before.steps_done == 5
-    os.kill(beacon["pid"], signal.SIGKILL)
+    os.kill(beacon.pid, signal.SIGKILL)
     assert lp.wait(300) == 0, lp.tail()
 
     after = location.leg_progress("preempted", 2)

@@ -26,8 +26,12 @@ NOT_IN_A_WORKER = (
     "resumequal.report",
     "resumequal.compare",
     "resumequal.local",
+    "resumequal.jobs",
     "resumequal.qualify",
-    "resumequal.results",
+    "resumequal.assembly",
+    "resumequal.publish",
+    "resumequal.timeline",
+    "resumequal.matrix",
     "resumequal.metrics",
     "resumequal.verdict",  # read by the runner and the operator, never written by a worker
 )

@@ -14,8 +14,8 @@ import pytest
 
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.training import SimulatedTrainingOperator
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import Admission, Operators
 from tests.operator.workers import Workers
 

@@ -24,13 +24,13 @@ from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.manager import Operator, Settings
 from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.runtime.leader import LeaseSettings
+from testing.kubeapi import KubeAPI
 from tests.k8s_schemas import (
     validate_core,
     validate_pytorchjob,
     validate_qualificationrun,
     validate_trainer,
 )
-from tests.kubeapi import KubeAPI
 
 NAMESPACE = "quals"
 Obj = dict[str, Any]

@@ -15,10 +15,10 @@ import pytest
 
 from resumequal.verdict import Result
 from resumequal_operator.kube import QUALIFICATION_RUNS
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.chart.prometheus import JOB, Prometheus, running_prometheus
 from tests.exposition import samples, scrape, value
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, Operators, run_manifest, wait_phase
 from tests.tools import require
 from tests.waiting import eventually

@@ -14,7 +14,7 @@ import pytest
 
 from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
     Operators,

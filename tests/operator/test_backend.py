@@ -12,7 +12,8 @@ import pytest
 
 from resumequal.errors import NotAuthentic
 from resumequal.plan import qualification_plan
-from resumequal.qualify import Beacon, LegState
+from resumequal.qualify import LegState
+from resumequal.runfiles import Beacon
 from resumequal.runstore import GROW, RunLocation
 from resumequal.spec import PreemptionSpec
 from resumequal.verdict import Result
@@ -20,9 +21,10 @@ from resumequal_operator.backend import ComparatorFailed, KillRefused, Kubernete
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.runkeys import MasterKey
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import NAMESPACE, run_location, run_manifest
 from tests.operator.workers import verdict
+from tests.trace_records import step_record, trace_line
 
 # The run of :func:`run_manifest` shrunk to worker-0 at the kill, grown back after step 4.
 RESIZE = {"preemption": {"mode": "hard", "resize": {"toNodes": 1, "growAfterStep": 4}},
@@ -186,8 +188,7 @@ def _writes(api: KubeAPI) -> list[tuple[str, str]]:
 
 def _step(backend: KubernetesBackend, leg: str, rank: int, attempt: int, step: int) -> None:
     sink = backend.location.trace_sink(leg, rank, attempt)
-    sink.append(json.dumps({"kind": "step", "step": step, "attempt": attempt, "rank": rank,
-                            "finished_at": time.time()}).encode())
+    sink.append(trace_line(step_record(rank, attempt, step, time.time())))
 
 
 def test_a_resize_kill_lowers_the_replicas_first_and_once(

@@ -10,7 +10,7 @@ import pytest
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS, TRAINJOBS
 from resumequal_operator.legjobs import TrainerSettings
 from resumequal_operator.trainjob import leg_runtime
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import Admission, Operators, condition, qr, run_manifest, wait_phase
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,8 +16,8 @@ from resumequal.plan import qualification_plan
 from resumequal.signing import new_key
 from resumequal_operator import pytorchjob
 from resumequal_operator.resource import parse_run_spec, qualification_spec
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.training import SimulatedTrainingOperator
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, run_manifest
 
 DEADLINE_S = 2

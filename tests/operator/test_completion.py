@@ -16,9 +16,9 @@ import pytest
 from resumequal.runstore import RunLocation
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.scripted import ScriptedRuntime
-from tests.kubeapi.training import SimulatedTrainingOperator
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.scripted import ScriptedRuntime
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, Operators, qr, run_manifest, wait_phase
 from tests.operator.workers import Workers
 from tests.waiting import eventually

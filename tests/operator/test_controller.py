@@ -10,7 +10,7 @@ from resumequal_operator.manager import Operator, Settings
 from resumequal_operator.runtime.cache import ObjectCache
 from resumequal_operator.runtime.leader import LeaseSettings
 from resumequal_operator.runtime.watching import Watcher
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
     Admission,
@@ -170,9 +170,13 @@ def test_at_start_up_runs_in_flight_go_before_concluded_ones(
 def test_only_the_leader_reconciles_and_a_standby_takes_over(
     api: KubeAPI, operators: Operators, store: dict[str, str]
 ) -> None:
-    first = operators.start(leader_elect=True)
+    # A lease a loaded machine renews in time (the harness's 0.8 s renew deadline can lapse
+    # under load, and the standby then rightly leads), yet short enough to wait out below.
+    lease = LeaseSettings(namespace=NAMESPACE, lease_seconds=4.0, renew_deadline_seconds=3.0,
+                          retry_seconds=0.1)
+    first = operators.start(leader_elect=True, lease=lease)
     eventually(lambda: first.is_leader, what="the first replica to lead")
-    second = operators.start(leader_elect=True)
+    second = operators.start(leader_elect=True, lease=lease)
     eventually(lambda: second.elector is not None and second.elector.known.is_set(),
                what="the second replica to know who leads")
     api.create(QUALIFICATION_RUNS.plural, run_manifest("led", store))
@@ -187,7 +191,7 @@ def test_only_the_leader_reconciles_and_a_standby_takes_over(
     assert first.elector is not None
     first.elector.stop(release=False)
     operators.stop(first)
-    eventually(lambda: second.is_leader, timeout=5, what="the standby to take over")
+    eventually(lambda: second.is_leader, timeout=12, what="the standby to take over")
     before = second.reconciles
     eventually(lambda: second.reconciles > before, what="the new leader to reconcile")
     lease = api.get(LEASES.plural, NAMESPACE, "resumequal-operator")

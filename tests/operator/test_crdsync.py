@@ -11,7 +11,7 @@ import pytest
 from resumequal_operator.crd import CRD_NAME, DIGEST_ANNOTATION, build_crd
 from resumequal_operator.crdsync import CRDS, CRDMismatch, ensure_crd
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import NAMESPACE, run_manifest
 
 

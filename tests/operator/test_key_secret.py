@@ -16,7 +16,7 @@ from resumequal_operator import pytorchjob
 from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
     Operators,

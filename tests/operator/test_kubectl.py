@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from resumequal.verdict import Result
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.training import SimulatedTrainingOperator
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import (
     NAMESPACE,
     Operators,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import Operators, qr, run_manifest
 
 pytestmark = pytest.mark.timeout(60)

@@ -22,7 +22,7 @@ from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import LEASES, QUALIFICATION_RUNS
 from resumequal_operator.main import main
 from resumequal_operator.service import ServiceOptions, freeze_startup, settings_from
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
     condition,
@@ -30,7 +30,7 @@ from tests.operator.harness import (
     wait_phase,
     write_kubeconfig,
 )
-from tests.s3server import free_port
+from tests.ports import free_port
 from tests.waiting import eventually
 
 

@@ -12,9 +12,9 @@ from resumequal_operator import pytorchjob
 from resumequal_operator.backend import Notice, RunRef, observe_zoom
 from resumequal_operator.kube import JOBS, NETWORK_POLICIES, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec
+from testing.kubeapi import KubeAPI, kubeflow
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.k8s_schemas import validate_core
-from tests.kubeapi import KubeAPI, kubeflow
-from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, Admission, Operators, run_manifest, wait_phase
 from tests.waiting import eventually
 

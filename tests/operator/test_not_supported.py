@@ -5,7 +5,7 @@ feature the same spec proceeds."""
 from __future__ import annotations
 
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
-from tests.kubeapi import KubeAPI
+from testing.kubeapi import KubeAPI
 from tests.operator.harness import Operators, condition, events, run_manifest, wait_phase
 from tests.waiting import eventually
 

@@ -1,5 +1,5 @@
 """QualificationRuns end to end with real pods: the operator against the API emulator, the
-faithful training operator, Job controller and kubelet (tests/kubeapi), every container a
+faithful training operator, Job controller and kubelet (testing/kubeapi), every container a
 real process tree — `resumequal launch` around real torchrun reading only the PET_*
 variables, real gloo, real signals from the kubelet, the real comparator Job
 (`resumequal compare --write`) — and the moto S3 server as the store.
@@ -28,11 +28,11 @@ from resumequal_operator.legjobs import TrainerSettings
 from resumequal_operator.manager import Operator
 from resumequal_operator.pytorchjob import LEG_LABEL
 from resumequal_operator.trainjob import COMPLETION_INDEX, leg_runtime
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.kubeflow import REPLICA_INDEX
+from testing.kubeapi.processes import ProcessRuntime
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.exposition import scrape, value
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.kubeflow import REPLICA_INDEX
-from tests.kubeapi.processes import ProcessRuntime
-from tests.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import (
     NAMESPACE,
     Admission,
@@ -201,7 +201,7 @@ def test_a_process_kill_restarts_the_group_in_its_pods(
     # worker-r, as the rendezvous orders nodes by host name: the beacon of the armed rank 1
     # names worker-1 (so rank 0 is worker-0's, of two).
     beacon = location.read_beacon("preempted", 1, 0)
-    assert beacon is not None and str(beacon["pod"]).endswith("-worker-1"), beacon
+    assert beacon is not None and str(beacon.pod).endswith("-worker-1"), beacon
     injected = next(m for r, m in _events(api, "process") if r == "PreemptionInjected")
     assert "ordered the kill of pid" in injected and "hard process kill" in injected
     _comparator_timeline(location, f"killed pid {order.pid} (hard)")

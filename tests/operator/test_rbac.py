@@ -22,8 +22,8 @@ import yaml
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator.crdsync import CRD_NAME, DIGEST_ANNOTATION, ensure_crd
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
-from tests.kubeapi import KubeAPI
-from tests.kubeapi.training import SimulatedTrainingOperator
+from testing.kubeapi import KubeAPI
+from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import NAMESPACE, Admission, Operators, run_manifest, wait_phase
 from tests.operator.workers import Workers
 from tests.s3server import use_dummy_credentials

@@ -14,22 +14,24 @@ import pytest
 
 from resumequal.errors import NotAuthentic
 from resumequal.plan import qualification_plan
-from resumequal.qualify import InvalidBeacon, LegRun, Phase, QualificationStatus
-from resumequal.runstore import MAX_EPOCH_SECONDS, progress_of
+from resumequal.qualify import LegRun, Phase, QualificationStatus
+from resumequal.runfiles import MAX_EPOCH_SECONDS, InvalidBeacon
+from resumequal.runstore import progress_of
+from resumequal.trace.records import StepRecord
 from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.status import run_status
+from testing.kubeapi import KubeAPI
 from tests.k8s_schemas import validate_qualificationrun
-from tests.kubeapi import KubeAPI
 from tests.operator.harness import NAMESPACE, run_location, run_manifest
+from tests.trace_records import step_record, trace_line
 
 OUT_OF_RANGE = [1e300, -1e300, MAX_EPOCH_SECONDS + 1, float("inf"), float("nan")]
 
 
-def _step(rank: int, attempt: int, step: int, finished_at: float) -> dict[str, object]:
-    return {"kind": "step", "rank": rank, "attempt": attempt, "step": step,
-            "finished_at": finished_at}
+def _step(rank: int, attempt: int, step: int, finished_at: float) -> StepRecord:
+    return step_record(rank, attempt, step, finished_at)
 
 
 @pytest.mark.parametrize("at", OUT_OF_RANGE)
@@ -54,7 +56,7 @@ def test_a_trace_record_with_finished_at_1e300_leaves_the_leg_unresumed(
     backend.launch_legs([backend.plan.leg("preempted")])
     for rank in (0, 1):  # whoever can write the store wrote these
         sink = backend.location.trace_sink("preempted", rank, 1)
-        sink.append(json.dumps(_step(rank, 1, 5, 1e300)).encode() + b"\n")
+        sink.append(trace_line(_step(rank, 1, 5, 1e300)))
         sink.close()
     seen = backend.observe_leg("preempted")
     assert seen.attempts == 2 and seen.resumed_at is None

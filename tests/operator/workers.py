@@ -12,7 +12,6 @@ The comparator writes a prepared ``verdict.json``.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +31,8 @@ from resumequal.verdict import (
     Zoom,
     ZoomReplay,
 )
-from tests.kubeapi.scripted import SIGTERM_EXIT, Container
+from testing.kubeapi.scripted import SIGTERM_EXIT, Container
+from tests.trace_records import step_record, trace_line
 
 
 def verdict(result: Result = Result.PASS) -> Verdict:
@@ -91,7 +91,7 @@ class Workers:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __getstate__(self) -> dict[str, object]:
-        """What a node process (:class:`tests.kubeapi.node.NodeRuntime`) is sent: the
+        """What a node process (:class:`testing.kubeapi.node.NodeRuntime`) is sent: the
         script's settings, not the locations opened here or the lock."""
         return {k: v for k, v in self.__dict__.items() if k not in ("_locations", "_lock")}
 
@@ -127,9 +127,7 @@ class Workers:
             first = (p.step - 1) // every * every + 1
         last = p.step - 1 if cut and attempt == 0 else steps
         for step in range(first, last + 1):
-            record = {"kind": "step", "step": step, "attempt": attempt, "rank": rank,
-                      "finished_at": time.time()}
-            sink.append(json.dumps(record).encode())
+            sink.append(trace_line(step_record(rank, attempt, step, time.time())))
         if cut and attempt == 0:
             if rank == p.rank and self.arm:
                 beacon = {"pid": 1000 + rank, "host": pod, "pod": self.beacon_pod or pod,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from resumequal.checkpoint.manifest import write_manifest
 from resumequal.checkpoint.writing import HashingWriter
 from resumequal.errors import CheckpointError
 from resumequal.spec import SpecError, apply_overrides, parse_spec
+from tests.unit.checkpoint_managers import rank0_manager
 from tests.unit.rank_states import Plain
 from tests.unit.tensors import clone_tree
 
@@ -131,12 +131,6 @@ def _read(directory: Path, like: dict[str, Any]) -> dict[str, Any]:
     return out  # type: ignore[no-any-return]
 
 
-def _manager(root: Path, *, keep_last: int = 10) -> CheckpointManager:
-    return CheckpointManager(FolderRoot(root), rank=0, world_size=1, attempt=0,
-                             keep_last=keep_last, async_save=True,
-                             group_timeout=timedelta(seconds=30))
-
-
 # --- what DCP's async_save does --------------------------------------------------------------
 
 
@@ -184,7 +178,7 @@ def test_a_manifest_written_before_the_write_finished_does_not_verify(
 
 
 def test_commit_waits_until_the_background_write_is_done(gate: Gate, tmp_path: Path) -> None:
-    mgr = _manager(tmp_path)
+    mgr = rank0_manager(tmp_path, async_save=True)
     model, optimizer = _trained()
     expected = clone_tree(_state(model, optimizer))
     held: list[bool] = []
@@ -215,7 +209,7 @@ def test_commit_waits_until_the_background_write_is_done(gate: Gate, tmp_path: P
 
 
 def test_a_failed_background_write_is_a_checkpoint_error(gate: Gate, tmp_path: Path) -> None:
-    mgr = _manager(tmp_path)
+    mgr = rank0_manager(tmp_path, async_save=True)
     model, optimizer = _trained()
     gate.fail = OSError("disk full")
     mgr.save(Position(4), _state(model, optimizer), Plain(), background=True)
@@ -229,7 +223,7 @@ def test_a_failed_background_write_is_a_checkpoint_error(gate: Gate, tmp_path: P
 
 
 def test_a_new_save_first_commits_the_pending_one(gate: Gate, tmp_path: Path) -> None:
-    mgr = _manager(tmp_path, keep_last=1)
+    mgr = rank0_manager(tmp_path, keep_last=1, async_save=True)
     model, optimizer = _trained()
     mgr.save(Position(4), _state(model, optimizer), Plain(), background=True)
     assert gate.reached.wait(GATE_TIMEOUT)
@@ -248,7 +242,7 @@ def test_a_new_save_first_commits_the_pending_one(gate: Gate, tmp_path: Path) ->
 
 def test_a_synchronous_save_commits_the_pending_one_first(gate: Gate, tmp_path: Path) -> None:
     """The emergency checkpoint path: background save first, then a synchronous one."""
-    mgr = _manager(tmp_path)
+    mgr = rank0_manager(tmp_path, async_save=True)
     model, optimizer = _trained()
     gate.open.set()
     mgr.save(Position(4), _state(model, optimizer), Plain(), background=True)

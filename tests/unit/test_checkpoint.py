@@ -35,6 +35,7 @@ from resumequal.state import (
     tensor_state,
 )
 from resumequal.workloads.base import Microbatch, Workload
+from tests.unit.checkpoint_managers import rank0_manager
 from tests.unit.tensors import clone_tree
 
 pytestmark = pytest.mark.usefixtures("single_process_group")
@@ -128,12 +129,6 @@ def _seed_rngs(seed: int) -> None:
 
 def _draw() -> tuple[float, float, torch.Tensor]:
     return random.random(), float(np.random.rand()), torch.rand(3)
-
-
-def _manager(root: Path, *, attempt: int = 0, keep_last: int = 10,
-             world_size: int = 1) -> CheckpointManager:
-    return CheckpointManager(FolderRoot(root), rank=0, world_size=world_size, attempt=attempt,
-                             keep_last=keep_last)
 
 
 def _save(mgr: CheckpointManager, live: LiveState, position: Position) -> str:
@@ -230,7 +225,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One committed checkpoint at step-00000002+1 (pending gradients), never modified."""
     root = tmp_path_factory.mktemp("saved")
     live = _trained(steps=2, pending_microbatches=1)
-    assert _save(_manager(root), live, Position(2, 1)) == "step-00000002+1"
+    assert _save(rank0_manager(root), live, Position(2, 1)) == "step-00000002+1"
     return root
 
 
@@ -320,11 +315,11 @@ def test_verify_catches_a_missing_manifest(saved: Path, tmp_path: Path) -> None:
 
 
 def test_newest_is_none_without_checkpoints(tmp_path: Path) -> None:
-    assert _manager(tmp_path / "empty").newest() is None
+    assert rank0_manager(tmp_path / "empty").newest() is None
 
 
 def test_newest_orders_emergency_checkpoints_between_steps(tmp_path: Path) -> None:
-    mgr = _manager(tmp_path)
+    mgr = rank0_manager(tmp_path)
     live = _trained(steps=1)
     for position in [Position(6), Position(5), Position(5, 1)]:
         _save(mgr, live, position)
@@ -337,7 +332,7 @@ def test_newest_orders_emergency_checkpoints_between_steps(tmp_path: Path) -> No
 
 def test_a_resume_refuses_a_tampered_newest_checkpoint(saved: Path, tmp_path: Path) -> None:
     root = _copy(saved, tmp_path)
-    mgr = _manager(root)
+    mgr = rank0_manager(root)
     _save(mgr, _trained(steps=1), Position(1))  # an older, intact checkpoint
     shard = _shard(root / "step-00000002+1")
     shard.write_bytes(b"\x00" + shard.read_bytes()[1:])
@@ -348,7 +343,7 @@ def test_a_resume_refuses_a_tampered_newest_checkpoint(saved: Path, tmp_path: Pa
 
 
 def test_newest_refuses_a_checkpoint_of_another_world_size(saved: Path) -> None:
-    mgr = _manager(saved, world_size=2)
+    mgr = rank0_manager(saved, world_size=2)
     with pytest.raises(CheckpointError,
                        match=re.escape("step-00000002+1 was written by 1 ranks; this leg has 2")):
         mgr.newest()
@@ -360,7 +355,7 @@ def test_collect_garbage_removes_staging_leftovers(saved: Path, tmp_path: Path) 
     (leftover / "dcp").mkdir(parents=True)
     (leftover / "rank-0.json").write_bytes(b"half written")
     (root / ".trash" / "step-00000001.attempt-0").mkdir(parents=True)
-    assert _manager(root, attempt=1).collect_garbage() == ["step-00000003.attempt-0"]
+    assert rank0_manager(root, attempt=1).collect_garbage() == ["step-00000003.attempt-0"]
     assert list((root / ".staging").iterdir()) == []
     assert not (root / ".trash").exists()
     assert [p.name for p in layout.committed(root)] == ["step-00000002+1"]
@@ -377,7 +372,7 @@ def test_collect_garbage_is_rank_0_only(saved: Path, tmp_path: Path) -> None:
 
 
 def test_retention_keeps_the_newest_keep_last(tmp_path: Path) -> None:
-    mgr = _manager(tmp_path, keep_last=2)
+    mgr = rank0_manager(tmp_path, keep_last=2)
     live = _trained(steps=1)
     for position in [Position(1), Position(2), Position(2, 1), Position(3)]:
         _save(mgr, live, position)
@@ -388,12 +383,12 @@ def test_retention_keeps_the_newest_keep_last(tmp_path: Path) -> None:
 
 def test_saving_a_position_again_replaces_it(tmp_path: Path) -> None:
     live = _trained(steps=1)
-    first = _manager(tmp_path, attempt=0)
+    first = rank0_manager(tmp_path, attempt=0)
     _save(first, live, Position(1))
     with torch.no_grad():
         _weight(live).add_(1.0)
     live.counters.global_microstep = 99
-    again = _manager(tmp_path, attempt=1)
+    again = rank0_manager(tmp_path, attempt=1)
     _save(again, live, Position(1))
 
     assert sorted(p.name for p in tmp_path.iterdir()) == [".staging", "step-00000001"]
@@ -417,7 +412,7 @@ def test_load_with_an_extra_template_key_names_it(saved: Path) -> None:
 
     with pytest.raises(CheckpointError,
                        match=re.escape("missing key(s) in checkpoint: model.extra.weight")):
-        _manager(saved).load("step-00000002+1", template, RankState)
+        rank0_manager(saved).load("step-00000002+1", template, RankState)
 
 
 def test_load_with_a_template_missing_a_saved_key_names_it(saved: Path) -> None:
@@ -430,12 +425,12 @@ def test_load_with_a_template_missing_a_saved_key_names_it(saved: Path) -> None:
 
     with pytest.raises(CheckpointError,
                        match=re.escape("unexpected key(s) in checkpoint: rank_0.pending_grads.")):
-        _manager(saved).load("step-00000002+1", template, RankState)
+        rank0_manager(saved).load("step-00000002+1", template, RankState)
 
 
 def test_load_of_a_name_that_is_not_a_checkpoint(saved: Path) -> None:
     with pytest.raises(CheckpointError, match="not a checkpoint name"):
-        _manager(saved).load(".staging", _template(_live(seed=2)), RankState)
+        rank0_manager(saved).load(".staging", _template(_live(seed=2)), RankState)
 
 
 # --- round trip ------------------------------------------------------------------------------
@@ -449,7 +444,7 @@ def _capture_and_save(root: Path, live: LiveState, position: Position) -> tuple[
     ranks = rank_state(live)
     snapshot = _snapshot(live)
     draws = _draw()
-    _manager(root).save(position, tensors, ranks)
+    rank0_manager(root).save(position, tensors, ranks)
     return snapshot, draws
 
 
@@ -457,7 +452,7 @@ def _load_into(root: Path, name: str, omit: frozenset[str]) -> tuple[LiveState, 
     fresh = _live(seed=2)
     fresh.workload.dataset.next_microbatch()  # a fresh cursor that is not the saved one
     _seed_rngs(777)
-    loaded = _manager(root).load(name, _template(fresh), RankState)
+    loaded = rank0_manager(root).load(name, _template(fresh), RankState)
     restore(fresh, loaded.tensors, loaded.rank_state, omit, source=name)
     return fresh, loaded
 
@@ -587,7 +582,7 @@ def test_omission_leaves_exactly_its_parts_unrestored(
 
 def test_a_rank_state_is_json_and_is_read_back_strictly(tmp_path: Path) -> None:
     live = _trained(steps=1)
-    mgr = _manager(tmp_path)
+    mgr = rank0_manager(tmp_path)
     name = _save(mgr, live, Position(1))
     path = tmp_path / name / layout.rank_state_file(0)
     state = json.loads(path.read_bytes())
@@ -623,7 +618,7 @@ def test_omitted_parts_unions_and_rejects_unknown_names() -> None:
 def test_a_dcp_failure_on_load_is_a_checkpoint_error(tmp_path: Path) -> None:
     # DCP's CheckpointException derives from BaseException; it must not escape unwrapped.
     live = _trained(steps=1)
-    mgr = _manager(tmp_path)
+    mgr = rank0_manager(tmp_path)
     name = _save(mgr, live, Position(1))
     shard = _shard(tmp_path / name)
     _resign(tmp_path / name, f"dcp/{shard.name}", shard.read_bytes()[:16])  # past the check
@@ -644,7 +639,7 @@ def test_a_save_that_runs_out_of_space_says_so_with_the_free_bytes(
     live = _trained(steps=1)
     monkeypatch.setattr(torch, "save", full_disk)  # DCP writes each tensor through it
     with pytest.raises(CheckpointError) as info:
-        _save(_manager(tmp_path), live, Position(1))
+        _save(rank0_manager(tmp_path), live, Position(1))
     staging = layout.staging_path(tmp_path, Position(1), 0)
     match = re.search(rf"no space left on device: {re.escape(str(staging))} has (\d+) bytes "
                       r"free: ", str(info.value))
@@ -660,5 +655,5 @@ def test_a_save_that_fails_otherwise_does_not_blame_the_disk(
     live = _trained(steps=1)
     monkeypatch.setattr(torch, "save", broken)
     with pytest.raises(CheckpointError, match="Input/output error") as info:
-        _save(_manager(tmp_path), live, Position(1))
+        _save(rank0_manager(tmp_path), live, Position(1))
     assert "no space" not in str(info.value)

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from resumequal.checkpoint import (
-    CheckpointManager,
     CheckpointRoot,
     FolderRoot,
     Position,
@@ -38,6 +37,7 @@ from resumequal.signing import KEY_ENV, key_from_env, new_key
 from resumequal.spec import parse_spec
 from resumequal.store import FileStore
 from tests.checkpoint_attacks import payload, planted_files, tamper
+from tests.unit.checkpoint_managers import rank0_manager
 from tests.unit.rank_states import Plain
 
 pytestmark = pytest.mark.usefixtures("single_process_group")
@@ -46,17 +46,14 @@ STEPS = 8
 NAME = Position(STEPS).name
 
 
-def _manager(root: CheckpointRoot) -> CheckpointManager:
-    return CheckpointManager(root, rank=0, world_size=1, attempt=0, keep_last=2)
-
-
 def _template(_: Plain) -> dict[str, Any]:
     return {"x": torch.zeros(3)}
 
 
 def _save(root: CheckpointRoot) -> None:
-    assert _manager(root).save(Position(STEPS), {"x": torch.arange(3.0)}, Plain(step=STEPS),
-                               info={"leg": "control"}) == NAME
+    assert rank0_manager(root, keep_last=2).save(
+        Position(STEPS), {"x": torch.arange(3.0)}, Plain(step=STEPS),
+        info={"leg": "control"}) == NAME
 
 
 class Place:
@@ -100,7 +97,7 @@ class Place:
 
     def resume(self) -> CheckpointError:
         """What a resuming worker meets: the fresh manager's ``newest`` (then ``load``)."""
-        mgr = _manager(self.root)
+        mgr = rank0_manager(self.root, keep_last=2)
         with pytest.raises(CheckpointError) as info:
             mgr.collect_garbage()
             name = mgr.newest()
@@ -260,8 +257,8 @@ def test_files_planted_after_the_check_are_never_run(kind: str, tmp_path: Path) 
     it reads: the swapped files are refused."""
     place = Place(kind, tmp_path)
     marker = tmp_path / "payload-ran"
-    mgr = _manager(place.root)
-    assert mgr.newest() == NAME  # the manifest checked here
+    mgr = rank0_manager(place.root, keep_last=2)
+    assert mgr.newest() == NAME  # checked (and copied) here
     for rel, data in planted_files(marker).items():
         place.write(rel, data)  # then swapped where the checkpoint lies
     with pytest.raises(CheckpointError) as info:
@@ -271,5 +268,6 @@ def test_files_planted_after_the_check_are_never_run(kind: str, tmp_path: Path) 
     _refused(str(info.value), f"is refused: {layout.rank_state_file(0)} "
                               + ("has " if kind == "folder" else "fails its sha256 check"))
     assert not marker.exists()
+    # The comparator copies (verifying) before it reads: the swapped files are refused.
     _refused(place.compare(tmp_path), "does not match the manifest's size and sha256")
     assert not marker.exists()

@@ -20,10 +20,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from resumequal.assembly import leg_summary
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.compare import checkpoint_drift, compare_run, drift, expected_checkpoint
 from resumequal.compare.drift import tensor_stats, values_equal
-from resumequal.results import leg_summary
 from resumequal.runstore import RunLocation
 from resumequal.signing import RunSeal
 from resumequal.spec import QualificationSpec, SpecError

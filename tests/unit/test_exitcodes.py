@@ -19,7 +19,8 @@ from resumequal.errors import (
     UsageError,
 )
 from resumequal.exitcodes import MEANINGS, ExitCode, for_error, for_result
-from resumequal.local import comparator, runner
+from resumequal.jobs import comparator
+from resumequal.local import runner
 from resumequal.spec import SpecError
 from resumequal.store.errors import (
     StoreAccessDenied,

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from tests.kubeapi import kubectl
-from tests.kubeapi.api import PYTORCHJOB_CRD, QUALIFICATIONRUN_CRD, KubeAPI
-from tests.kubeapi.errors import ApiError
-from tests.kubeapi.resources import Kind, Registry, kinds_from_crd
-from tests.kubeapi.store import FieldValidation, Store
+from testing.kubeapi import kubectl
+from testing.kubeapi.api import PYTORCHJOB_CRD, QUALIFICATIONRUN_CRD, KubeAPI
+from testing.kubeapi.errors import ApiError
+from testing.kubeapi.resources import Kind, Registry, kinds_from_crd
+from testing.kubeapi.store import FieldValidation, Store
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 STAMP = "2027-01-15T07:55:00Z"  # five minutes earlier

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,11 +9,11 @@ import pytest
 from resumequal.errors import TraceError
 from resumequal.runstore import SEGMENT_BYTES, RunLocation
 from resumequal.store import StoreNotFound, StoreObjectTooLarge
+from tests.trace_records import step_record, trace_line
 
 
 def _step(rank: int, attempt: int, step: int) -> bytes:
-    return json.dumps({"kind": "step", "rank": rank, "attempt": attempt, "step": step,
-                       "finished_at": 1.0}).encode() + b"\n"
+    return trace_line(step_record(rank, attempt, step))
 
 
 @pytest.fixture

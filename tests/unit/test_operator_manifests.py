@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from resumequal.plan import LegPlan, qualification_plan
+from resumequal.runname import run_uri
 from resumequal.signing import KEY_ENV
 from resumequal.spec import QualificationSpec
 from resumequal_operator import pytorchjob
@@ -21,7 +22,6 @@ from resumequal_operator.resource import (
     parse_run_spec,
     pin_of,
     qualification_spec,
-    run_uri,
 )
 from tests.k8s_schemas import validate_core, validate_pytorchjob
 from tests.pod_security import restricted_violations

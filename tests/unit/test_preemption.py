@@ -17,10 +17,10 @@ import pytest
 
 from resumequal.checkpoint import FolderRoot, RemoteRoot
 from resumequal.errors import TrainingError
-from resumequal.runstore import KillOrder, LegFiles
+from resumequal.runfiles import KillOrder
+from resumequal.runstore import FAILED_MARKER, RUN_FILE, LegFiles
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.train.preemption import (
-    FAILED_MARKER,
     Arming,
     CutPoint,
     StopFlag,
@@ -28,7 +28,7 @@ from resumequal.train.preemption import (
     order_applies,
     write_beacon,
 )
-from resumequal.train.worker import RUN_FILE, check_run_dir, checkpoint_root, claim_run_dir
+from resumequal.train.worker import check_run_dir, checkpoint_root, claim_run_dir
 
 CUT = CutPoint(step=6, microstep=1, rank=1, at="microbatch", arm_timeout=0.05)
 

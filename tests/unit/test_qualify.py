@@ -10,8 +10,6 @@ import pytest
 from resumequal.errors import ClusterError, StoreError
 from resumequal.plan import LegPlan
 from resumequal.qualify import (
-    Beacon,
-    InvalidBeacon,
     LegObservation,
     LegState,
     Phase,
@@ -19,6 +17,7 @@ from resumequal.qualify import (
     QualificationStatus,
     Reason,
 )
+from resumequal.runfiles import Beacon, InvalidBeacon
 from resumequal.spec import PreemptionSpec, QualificationSpec, parse_spec
 from resumequal.verdict import Cut, Result, Verdict
 
@@ -331,7 +330,7 @@ def test_negative_controls_run_after_the_main_leg_through_the_same_steps() -> No
 
 
 def test_a_seed_matrix_with_a_failing_cell_fails_the_qualification() -> None:
-    from resumequal.local.runner import fold_matrix
+    from resumequal.matrix import fold_matrix
     from resumequal.verdict import Matrix, MatrixCell, MatrixRow
 
     cells = [MatrixCell(scenario="mid-hard", seed=s, result=Result.PASS, reason="exact")

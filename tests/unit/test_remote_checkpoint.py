@@ -5,7 +5,6 @@ tests run it against moto over HTTP)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.store import FileStore, StoreUnavailable
 from resumequal.store.base import LocalPath, ObjectWriter
 from resumequal.store.s3settings import S3Spec
+from tests.unit.checkpoint_managers import rank0_manager
 from tests.unit.rank_states import Plain
 
 PREFIX = "control/checkpoints"
@@ -81,12 +81,6 @@ def _root(tmp_path: Path) -> RemoteRoot:
     return RemoteRoot(FlakyStore(str(tmp_path / "bucket")), PREFIX, tmp_path / "local")
 
 
-def _manager(root: RemoteRoot, *, keep_last: int = 10, async_save: bool = False
-             ) -> CheckpointManager:
-    return CheckpointManager(root, rank=0, world_size=1, attempt=0, keep_last=keep_last,
-                             async_save=async_save, group_timeout=timedelta(seconds=30))
-
-
 def _state(seed: int) -> dict[str, Any]:
     torch.manual_seed(seed)
     return {"model": nn.Linear(4, 3).state_dict()}
@@ -107,7 +101,8 @@ def _keys(root: RemoteRoot, name: str) -> set[str]:
 def test_a_save_uploads_every_file_then_the_manifest_then_the_marker(tmp_path: Path) -> None:
     root = _root(tmp_path)
     seen: list[set[str]] = []
-    name = _save(_manager(root), 4, before_commit=lambda: seen.append(_keys(root, "step-00000004")))
+    name = _save(rank0_manager(root), 4,
+                 before_commit=lambda: seen.append(_keys(root, "step-00000004")))
     assert name == "step-00000004"
     # At before_commit this rank's files are uploaded, the commit has not happened.
     assert seen == [{"dcp/.metadata", "dcp/__0_0.distcp", "rank-0.json"}]
@@ -122,10 +117,10 @@ def test_a_save_uploads_every_file_then_the_manifest_then_the_marker(tmp_path: P
 
 def test_resume_downloads_verifies_and_loads_the_newest_committed(tmp_path: Path) -> None:
     root = _root(tmp_path)
-    m = _manager(root)
+    m = rank0_manager(root)
     _save(m, 4)
     _save(m, 8)
-    fresh = _manager(root)
+    fresh = rank0_manager(root)
     assert fresh.collect_garbage() == []
     assert fresh.newest() == "step-00000008"
     loaded = fresh.load("step-00000008", _template, Plain)
@@ -138,11 +133,11 @@ def test_a_checkpoint_without_its_marker_is_never_loaded_and_is_collected(
     tmp_path: Path
 ) -> None:
     root = _root(tmp_path)
-    m = _manager(root)
+    m = rank0_manager(root)
     _save(m, 4)
     _save(m, 8)
     root.store.delete(root.key("step-00000008", remote.COMMITTED))  # a kill before it
-    fresh = _manager(root)
+    fresh = rank0_manager(root)
     assert fresh.collect_garbage() == ["step-00000008"]
     assert _keys(root, "step-00000008") == set()
     assert fresh.newest() == "step-00000004"
@@ -153,7 +148,7 @@ def test_a_damaged_committed_checkpoint_fails_the_resume_naming_the_object(
     tamper: str, tmp_path: Path
 ) -> None:
     root = _root(tmp_path)
-    _save(_manager(root), 4)
+    _save(rank0_manager(root), 4)
     shard = tmp_path / "bucket" / PREFIX / "step-00000004" / "dcp" / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     if tamper == "flip":
@@ -170,7 +165,7 @@ def test_a_damaged_committed_checkpoint_fails_the_resume_naming_the_object(
         shard.unlink()
         expect = r"__0_0\.distcp is listed in the manifest but missing"
     with pytest.raises(CheckpointError, match=expect):
-        m = _manager(root)
+        m = rank0_manager(root)
         name = m.newest()  # the listing (sizes, names) is checked here, the bytes at the load
         assert name is not None
         m.load(name, _template, Plain)
@@ -178,7 +173,7 @@ def test_a_damaged_committed_checkpoint_fails_the_resume_naming_the_object(
 
 def test_a_failed_upload_fails_the_save_and_keeps_the_committed_one(tmp_path: Path) -> None:
     root = _root(tmp_path)
-    m = _manager(root)
+    m = rank0_manager(root)
     _save(m, 4)
     assert isinstance(root.store, FlakyStore)
     root.store.down = True
@@ -187,7 +182,7 @@ def test_a_failed_upload_fails_the_save_and_keeps_the_committed_one(tmp_path: Pa
         _save(m, 8)
     root.store.down = False
     assert remote.committed(root) == [Position(4)]
-    fresh = _manager(root)
+    fresh = rank0_manager(root)
     fresh.collect_garbage()
     assert fresh.newest() == "step-00000004"
 
@@ -203,7 +198,7 @@ def test_shards_go_to_the_store_while_written_never_to_the_staging_folder(
         staged.append({p.relative_to(staging).as_posix() for p in staging.rglob("*")
                        if p.is_file()})
 
-    name = _save(_manager(root), 4, before_commit=look)
+    name = _save(rank0_manager(root), 4, before_commit=look)
     # DCP's .metadata and the rank state are staged, then uploaded; the shard never is.
     assert staged == [{"dcp/.metadata", "rank-0.json"}]
     manifest = remote.read_manifest(root, name)
@@ -215,7 +210,7 @@ def test_shards_go_to_the_store_while_written_never_to_the_staging_folder(
 
 def test_a_failed_shard_upload_fails_the_save_and_leaves_no_shard(tmp_path: Path) -> None:
     root = _root(tmp_path)
-    m = _manager(root)
+    m = rank0_manager(root)
     _save(m, 4)
     assert isinstance(root.store, FlakyStore)
     root.store.shards_down = True
@@ -233,7 +228,7 @@ def test_a_failed_shard_upload_in_a_background_save_names_the_store_error(
     tmp_path: Path
 ) -> None:
     root = _root(tmp_path)
-    m = _manager(root, async_save=True)
+    m = rank0_manager(root, async_save=True)
     assert isinstance(root.store, FlakyStore)
     root.store.shards_down = True
     m.save(Position(4), _state(4), Plain(step=4), background=True)
@@ -254,7 +249,7 @@ def test_the_zip_crc_is_off_only_while_shards_stream(before: bool, tmp_path: Pat
 
     store = Watching(str(tmp_path / "bucket"))
     root = RemoteRoot(store, PREFIX, tmp_path / "local")
-    m = _manager(root)
+    m = rank0_manager(root)
     torch.serialization.set_crc32_options(before)
     try:
         _save(m, 4)
@@ -266,7 +261,7 @@ def test_the_zip_crc_is_off_only_while_shards_stream(before: bool, tmp_path: Pat
         assert torch.serialization.get_crc32_options() is before
     finally:
         torch.serialization.set_crc32_options(True)
-    loaded = _manager(root).load(_newest(root), _template, Plain)  # torch.load reads them
+    loaded = rank0_manager(root).load(_newest(root), _template, Plain)  # torch.load reads them
     assert loaded.rank_state.model_dump() == {"step": 4}
     for k, v in _state(4)["model"].items():
         assert torch.equal(loaded.tensors["model"][k], v)
@@ -274,7 +269,7 @@ def test_the_zip_crc_is_off_only_while_shards_stream(before: bool, tmp_path: Pat
 
 def test_retention_keeps_the_newest_committed(tmp_path: Path) -> None:
     root = _root(tmp_path)
-    m = _manager(root, keep_last=2)
+    m = rank0_manager(root, keep_last=2)
     for step in (2, 4, 6):
         _save(m, step)
     assert remote.committed(root) == [Position(4), Position(6)]
@@ -283,15 +278,15 @@ def test_retention_keeps_the_newest_committed(tmp_path: Path) -> None:
 
 def test_saving_a_position_again_replaces_it(tmp_path: Path) -> None:
     root = _root(tmp_path)
-    m = _manager(root)
+    m = rank0_manager(root)
     _save(m, 4)
     m.save(Position(4), _state(9), Plain(step=9))
-    loaded = _manager(root).load(_newest(root), _template, Plain)
+    loaded = rank0_manager(root).load(_newest(root), _template, Plain)
     assert loaded.rank_state.model_dump() == {"step": 9}
 
 
 def _newest(root: RemoteRoot) -> str:
-    m = _manager(root)
+    m = rank0_manager(root)
     name = m.newest()
     assert name is not None
     return name
@@ -299,11 +294,11 @@ def _newest(root: RemoteRoot) -> str:
 
 def test_a_background_save_uploads_at_its_commit(tmp_path: Path) -> None:
     root = _root(tmp_path)
-    m = _manager(root, async_save=True)
+    m = rank0_manager(root, async_save=True)
     m.save(Position(4), _state(4), Plain(step=4), background=True)
     assert m.poll(wait=True) == "step-00000004"
     assert remote.committed(root) == [Position(4)]
-    loaded = _manager(root).load(_newest(root), _template, Plain)
+    loaded = rank0_manager(root).load(_newest(root), _template, Plain)
     assert loaded.rank_state.model_dump() == {"step": 4}
 
 
@@ -321,7 +316,7 @@ def test_download_writes_a_local_checkpoint_that_verifies(tmp_path: Path) -> Non
     from resumequal.checkpoint import verify
 
     root = _root(tmp_path)
-    _save(_manager(root), 4)
+    _save(rank0_manager(root), 4)
     manifest = remote.download(root, "step-00000004", tmp_path / "copy" / "step-00000004")
     assert isinstance(manifest, Manifest)
     assert verify(tmp_path / "copy" / "step-00000004") == manifest

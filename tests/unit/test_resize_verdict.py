@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from resumequal.assembly import leg_summary
 from resumequal.checkpoint.layout import Position
 from resumequal.compare import judge
 from resumequal.compare.controls import mechanism
-from resumequal.results import leg_summary
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import (

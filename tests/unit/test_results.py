@@ -16,25 +16,26 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from resumequal.assembly import build_report, leg_summary
 from resumequal.built import BuiltOptimizer
-from resumequal.local.comparator import compare_location
-from resumequal.qualify import Beacon, LegRun, Phase, QualificationStatus, Reason, kill_order
+from resumequal.jobs.comparator import compare_location
+from resumequal.publish import publish
+from resumequal.qualify import (
+    LegRun,
+    Phase,
+    QualificationStatus,
+    Reason,
+    failed_verdict,
+    kill_order,
+)
 from resumequal.report.files import read_report
 from resumequal.report.html import render_html
 from resumequal.report.terminal import print_summary
-from resumequal.results import (
-    Timeline,
-    build_report,
-    failed_verdict,
-    leg_summary,
-    publish,
-    read_timeline,
-    restart_seconds,
-    run_names,
-    run_uri,
-)
+from resumequal.runfiles import Beacon
+from resumequal.runname import run_names, run_uri
 from resumequal.runstore import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
+from resumequal.timeline import Timeline, read_timeline, restart_seconds
 from resumequal.trace.records import InventoryRecord, StartupRecord
 from resumequal.verdict import PhaseEvent, Result
 from tests.unit.test_compare import STEPS, WORLD, SyntheticRun, at, make_spec

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from resumequal.errors import CheckpointError, NotAuthentic, ReportError, TrainingError
-from resumequal.runstore import KillOrder, PodKill, RunLocation
+from resumequal.runfiles import KillOrder, PodKill
+from resumequal.runstore import RunLocation
 from resumequal.signing import RunSeal, derive_run_key, new_key
 from resumequal.spec import QualificationSpec, SpecError
 from resumequal.verdict import Result
@@ -54,7 +55,7 @@ def test_objects_of_the_run_read_back(tmp_path: Path) -> None:
     assert loc.claim(spec)
     loc.check_claim(spec)
     beacon = files.read_beacon(1, 0)
-    assert beacon is not None and beacon["rank"] == 1 and "mac" not in beacon
+    assert beacon is not None and beacon.rank == 1 and "mac" not in beacon.model_dump()
     assert files.read_kill_order(1, 0) == _order()
     pod_kill = files.read_pod_kill(1, 0)
     assert pod_kill is not None and pod_kill.pod == "p-worker-1"

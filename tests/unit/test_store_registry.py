@@ -10,6 +10,8 @@ from __future__ import annotations
 import builtins
 import hashlib
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -30,6 +32,7 @@ from resumequal.store import (
 from resumequal.store import registry as registry_module
 from resumequal.store.base import LocalPath, check_key, folder
 from resumequal.store.errors import too_large
+from resumequal.store.file import FileStore
 from resumequal.trace.records import StepRecord, TraceWriter, parse_records
 from tests.unit.test_compare import step_record
 
@@ -209,5 +212,35 @@ def test_a_run_location_round_trips_through_a_registered_store() -> None:
 
     location.leg("preempted").write_beacon(1, 0, 6, 1, "microbatch")
     beacon = location.read_beacon("preempted", 1)
-    assert beacon is not None and beacon["step"] == 6
+    assert beacon is not None and beacon.step == 6
     assert location.child("seed-3").uri == "mem://b/rq/ns/run/uid/seed-3"
+
+
+def test_a_thread_asking_during_discovery_waits_for_every_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Discovery as on a fresh process: the S3 store registers only when its (slow) import
+    # finishes, and a second thread asks meanwhile (the operator's workers do).
+    s3_class = registry_module.store_class("s3")
+    assert s3_class is not None
+    monkeypatch.setattr(registry_module, "_CLASSES", {"file": FileStore})
+    monkeypatch.setattr(registry_module, "_discovered", False)
+    importing = threading.Event()
+    real_import = registry_module.importlib.import_module
+
+    def slow_import(name: str) -> object:
+        module = real_import(name)
+        if name == "resumequal.store.s3":
+            importing.set()
+            time.sleep(0.3)
+            registry_module.register(s3_class)
+        return module
+
+    monkeypatch.setattr(registry_module.importlib, "import_module", slow_import)
+    found: list[object] = []
+    first = threading.Thread(target=lambda: found.append(registry_module.store_class("s3")))
+    first.start()
+    assert importing.wait(10)
+    found.append(registry_module.store_class("s3"))  # asked while the first discovers
+    first.join(10)
+    assert found == [s3_class, s3_class]

@@ -10,12 +10,13 @@ import yaml
 from click.testing import CliRunner
 
 from resumequal.plan import qualification_plan
+from resumequal.runname import run_uri
 from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.legjobs import PyTorchJobLegs, TrainerSettings, TrainJobLegs, leg_jobs
 from resumequal_operator.main import main
-from resumequal_operator.resource import parse_run_spec, qualification_spec, run_uri
+from resumequal_operator.resource import parse_run_spec, qualification_spec
+from testing.kubeapi.trainer import RESERVED_ENV, jobset_for
 from tests.k8s_schemas import validate_core, validate_trainer
-from tests.kubeapi.trainer import RESERVED_ENV, jobset_for
 from tests.pod_security import restricted_violations
 from tests.unit.test_operator_manifests import EXAMPLE, NS, RUN, UID, example_spec, problems
 

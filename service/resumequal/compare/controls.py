@@ -118,10 +118,6 @@ def _first_steps(rows: list[BoundaryRow]) -> dict[str, int]:
     return first
 
 
-_RESIZE_PARTS = {"before_resize": "before the resize", "handoff": "handoff",
-                 "data_ledger": "data ledger", "drift": "drift"}
-
-
 def mechanism(v: Verdict) -> str:
     """E.g. "learning rate differed from step 6 (rank 0); parameters from step 6", or for a
     resize the parts that failed: "data ledger: step 5: ...; drift: step 5 ..."."""
@@ -130,7 +126,7 @@ def mechanism(v: Verdict) -> str:
     if v.resize is not None:
         failed = [p for p in v.resize.parts if not p.ok]
         if failed:
-            words = [f"{_RESIZE_PARTS[p.name]}: {p.detail}" for p in failed]
+            words = [f"{p.words()}: {p.detail}" for p in failed]
             drift = _param_drift(v)
             if drift is not None:
                 words.append(f"final max parameter difference {drift:.3g}")

@@ -15,7 +15,6 @@ from resumequal.checkpoint.layout import Position
 from resumequal.compare.drift import checkpoint_drift, is_exact
 from resumequal.compare.files import LegTrace, final_checkpoint_root
 from resumequal.compare.resize import judge_resize, resize_checks
-from resumequal.compare.tensors import bucket_layouts, step_tensors, tensor_difference
 from resumequal.compare.validity import (
     check_armed,
     check_final_checkpoints,
@@ -27,7 +26,7 @@ from resumequal.compare.validity import (
     check_traces,
     resumed_attempt,
 )
-from resumequal.compare.walk import Point, Rules, Steps, Walk, loss_deltas, summarise, walk
+from resumequal.compare.walk import Rules, Walk, divergence, loss_deltas, walk
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
 from resumequal.runstore import RunLocation
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, Boundary, QualificationSpec
@@ -46,16 +45,6 @@ from resumequal.words import count
 def _cut(spec: QualificationSpec) -> Cut:
     p = spec.preemption
     return Cut(step=p.step, microstep=p.microstep, rank=p.rank, mode=p.mode, at=p.at)
-
-
-def _divergence(point: Point, control: Steps, preempted: Steps, before_cut: bool) -> Divergence:
-    a = control[point.rank][point.step]
-    b = preempted[point.rank][point.step]
-    ca, pb = summarise(point.boundary, a, b)
-    return Divergence(step=point.step, boundary=point.boundary, rank=point.rank,
-                      control=ca, preempted=pb, before_cut=before_cut,
-                      tensors=tensor_difference(point.boundary, a, b),
-                      step_tensors=step_tensors(a, b), buckets=bucket_layouts(a, b))
 
 
 def _precut_steps(preempted: LegTrace, resumed_step: int) -> dict[int, dict[int, StepRecord]]:
@@ -233,7 +222,7 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
                        ranks_compared=world)
 
     if early is not None:
-        div = _divergence(early, ctrl, precut, before_cut=True)
+        div = divergence(early, ctrl, precut, before_cut=True)
         words = div.tensor_words() or div.spread_words()
         which = f"; {words}" if words else ""
         reason = (f"not run-to-run deterministic: legs already differ at step {early.step} "
@@ -242,7 +231,7 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
                        min(result.exact_through, early.step - 1))
     if result.first is not None:
         p = result.first
-        div = _divergence(p, ctrl, pre, before_cut=pre[p.rank][p.step].attempt == 0)
+        div = divergence(p, ctrl, pre, before_cut=pre[p.rank][p.step].attempt == 0)
         which = f" ({div.tensor_words()})" if div.tensor_words() else ""
         spread = f"; then {div.spread_words()}" if div.spread_words() else ""
         reason = (f"first divergence at step {p.step}, boundary {p.boundary}, rank {p.rank}"

@@ -37,8 +37,7 @@ from resumequal.compare.ledger import (
     loss_diff,
     within,
 )
-from resumequal.compare.tensors import bucket_layouts, step_tensors, tensor_difference
-from resumequal.compare.walk import Rules, Walk, loss_deltas, summarise, walk
+from resumequal.compare.walk import Rules, Walk, divergence, loss_deltas, walk
 from resumequal.spec import BOUNDARIES, QualificationSpec
 from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.verdict import (
@@ -513,12 +512,7 @@ def judge_resize(spec: QualificationSpec, control: LegTrace, preempted: LegTrace
     worlds = "→".join(map(str, shape.worlds))
     if early.first is not None:
         p = early.first
-        ra, rb = ctrl_steps[p.rank][p.step], precut[p.rank][p.step]
-        a, b = summarise(p.boundary, ra, rb)
-        div = Divergence(step=p.step, boundary=p.boundary, rank=p.rank, control=a,
-                         preempted=b, before_cut=True,
-                         tensors=tensor_difference(p.boundary, ra, rb),
-                         step_tensors=step_tensors(ra, rb), buckets=bucket_layouts(ra, rb))
+        div = divergence(p, ctrl_steps, precut, before_cut=True)
         words = div.tensor_words() or div.spread_words()
         which = f"; {words}" if words else ""
         return verdict(Result.NONDETERMINISTIC, (
@@ -527,11 +521,6 @@ def judge_resize(spec: QualificationSpec, control: LegTrace, preempted: LegTrace
     failed = [part for part in (handoff, ledger, drifted) if not part.ok]
     if failed:
         first = failed[0]
-        also = ("; also " + ", ".join(_PART_NAMES[p.name] for p in failed[1:])
-                if len(failed) > 1 else "")
-        reason = (f"resize {worlds} ranks: {_PART_NAMES[first.name]} not exact"
-                  if first.name != "drift" else f"resize {worlds} ranks: drift over tolerance")
-        reason += f": {first.detail}{also}"
         if first is handoff:
             div = _handoff_divergence(h)
         elif first is ledger:
@@ -542,13 +531,18 @@ def judge_resize(spec: QualificationSpec, control: LegTrace, preempted: LegTrace
         else:
             assert fault is not None
             div = _final_divergence(fault, shape.steps)
-        return verdict(Result.FAIL, reason, div)
+        return verdict(Result.FAIL, _fail_reason(worlds, failed), div)
     return verdict(Result.PASS, _pass_reason(shape, exact_through, h, figures, drift, samples),
                    None)
 
 
-_PART_NAMES: Final = {"before_resize": "before the resize", "handoff": "handoff",
-                      "data_ledger": "data ledger", "drift": "drift"}
+def _fail_reason(worlds: str, failed: list[ResizePart]) -> str:
+    """E.g. "resize 2→1→2 ranks: data ledger not exact: step 5: ...; also drift"."""
+    first = failed[0]
+    also = "; also " + ", ".join(p.words() for p in failed[1:]) if len(failed) > 1 else ""
+    reason = (f"resize {worlds} ranks: {first.words()} not exact"
+              if first.name != "drift" else f"resize {worlds} ranks: drift over tolerance")
+    return reason + f": {first.detail}{also}"
 
 
 def _pass_reason(shape: Shape, exact_through: int, h: Handoffs, figures: list[_StepFigures],

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from resumequal.compare.drift import values_equal
+from resumequal.compare.tensors import bucket_layouts, step_tensors, tensor_difference
 from resumequal.spec import BOUNDARIES, Boundary, ComparisonSpec
 from resumequal.trace.records import StepRecord, boundary_value
-from resumequal.verdict import BoundaryRow, DriftSummary, StepDelta
+from resumequal.verdict import BoundaryRow, Divergence, DriftSummary, StepDelta
 from resumequal.words import count
 
 Status = Literal["equal", "within_tolerance", "differs", "missing", "not_compared"]
@@ -190,6 +191,17 @@ def _first_index(xs: Sequence[object], ys: Sequence[object]) -> int:
         if not values_equal(x, y):
             return i
     return min(len(xs), len(ys))
+
+
+def divergence(point: Point, control: Steps, preempted: Steps, *, before_cut: bool) -> Divergence:
+    """Where and how the legs first differ at ``point``: its values, tensors and buckets."""
+    a = control[point.rank][point.step]
+    b = preempted[point.rank][point.step]
+    ca, pb = summarise(point.boundary, a, b)
+    return Divergence(step=point.step, boundary=point.boundary, rank=point.rank,
+                      control=ca, preempted=pb, before_cut=before_cut,
+                      tensors=tensor_difference(point.boundary, a, b),
+                      step_tensors=step_tensors(a, b), buckets=bucket_layouts(a, b))
 
 
 def summarise(boundary: Boundary, a: StepRecord, b: StepRecord) -> tuple[str, str]:

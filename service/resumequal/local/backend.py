@@ -66,7 +66,8 @@ from resumequal.plan import (
     local_torchrun_args,
     rdzv_conf,
 )
-from resumequal.qualify import Beacon, LegObservation, LegState, beacon_from, kill_order
+from resumequal.qualify import LegObservation, LegState, kill_order
+from resumequal.runfiles import Beacon
 from resumequal.runstore import GROW, RunLocation, default_scratch
 from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import PreemptionSpec, QualificationSpec
@@ -276,8 +277,7 @@ class LocalBackend:
                               message=message)
 
     def read_beacon(self, leg: str, rank: int) -> Beacon | None:
-        body = self.location.read_beacon(leg, rank)
-        return None if body is None else beacon_from(body, self.location.url(leg))
+        return self.location.read_beacon(leg, rank)
 
     def deliver_kill(self, leg: str, beacon: Beacon, preemption: PreemptionSpec) -> None:
         if beacon.pid not in self.tree.pids():
@@ -342,11 +342,8 @@ class LocalBackend:
         attempt = self.location.attempts_started(leg) - 1
         if attempt < 1:
             return
-        body = self.location.read_beacon(leg, 0, attempt)
-        if body is None:
-            return
-        beacon = beacon_from(body, self.location.url(leg))
-        if beacon.at != GROW:
+        beacon = self.location.read_beacon(leg, 0, attempt)
+        if beacon is None or beacon.at != GROW:
             return
         index = nodes.killed[-1].node.index
         nodes.current.append(self._start_node(leg, nodes, index))

@@ -14,29 +14,24 @@ from types import FrameType
 
 from rich.console import Console
 
+from resumequal.assembly import build_report
 from resumequal.errors import ResumequalError, TrainingError, UsageError
 from resumequal.exitcodes import for_result
 from resumequal.local import runkey
 from resumequal.local.backend import LocalBackend
 from resumequal.local.trial import trial_build
+from resumequal.matrix import matrix_cell, seed_matrix
 from resumequal.plan import Plan, qualification_plan, scenario_plan
-from resumequal.qualify import Qualification, QualificationStatus
+from resumequal.publish import publish
+from resumequal.qualify import Qualification, QualificationStatus, failed_verdict
 from resumequal.redact import printable
 from resumequal.report.terminal import ProgressDisplay, say
-from resumequal.results import (
-    Timeline,
-    build_report,
-    failed_verdict,
-    matrix_cell,
-    publish,
-    run_uri,
-    seed_matrix,
-)
-from resumequal.results import fold_matrix as fold_matrix  # where tests and callers find it
+from resumequal.runname import run_uri
 from resumequal.runstore import RUN_FILE, RunLocation
 from resumequal.signing import KEY_ENV, RunSeal, key_from_env, new_key, new_run_id
 from resumequal.spec import Omission, QualificationSpec, SpecError, apply_overrides
 from resumequal.store import open_store, s3_config
+from resumequal.timeline import Timeline
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 log = logging.getLogger(__name__)

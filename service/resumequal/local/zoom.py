@@ -1,4 +1,4 @@
-"""``resumequal zoom``: replay a divergent step of both legs and say where it went different.
+"""Zoom: replay a divergent step of both legs and say where it went different.
 
 For each leg, the attempt whose run of the step is authoritative (its last record of it)
 is found in the leg's trace, with the checkpoint that attempt restored. Each leg is then
@@ -9,10 +9,9 @@ started, not at the newest checkpoint before the step, runs again what that proc
 before the step: a difference that comes from a process's history (a DDP reducer's age, a
 module that counts its calls) is reproduced, not only one that comes from state.
 
-Each replay's digests of the step are checked against the leg's own; the captures are
-compared (:mod:`resumequal.compare.zoom`); ``zoom.json`` is written into the run location
-and, when the run has a report, ``report.json`` and ``report.html`` gain a zoom section.
-Checkpoints are authenticated as the legs' are: the run's checkpoint key must be set.
+Each replay's digests of the step are checked against the leg's own, and the captures are
+compared (:mod:`resumequal.compare.zoom`). ``resumequal run`` zooms here (``spec.zoom:
+onFail``); ``resumequal zoom``, the cluster's zoom Job, is :mod:`resumequal.jobs.zoom`.
 """
 
 from __future__ import annotations
@@ -28,19 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from resumequal.compare.files import LegTrace
 from resumequal.compare.zoom import Capture, compare_captures, load_capture, summary
 from resumequal.errors import ReportError
 from resumequal.launchers import TORCHRUN
-from resumequal.local import runkey
 from resumequal.local.processes import ProcessTree
-from resumequal.results import publish, run_names
-from resumequal.runstore import REPORT_JSON, ZOOM_JSON, RunLocation
+from resumequal.runstore import ZOOM_JSON, RunLocation
 from resumequal.signing import RunSeal, key_from_env
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, QualificationSpec
-from resumequal.store import StoreNotFound
 from resumequal.trace.records import (
     InventoryRecord,
     RestoreRecord,
@@ -48,7 +42,7 @@ from resumequal.trace.records import (
     boundary_value,
     parse_records,
 )
-from resumequal.verdict import Report, Verdict, Zoom, ZoomReplay
+from resumequal.verdict import Verdict, Zoom, ZoomReplay
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +61,6 @@ class ReplayStart:
     world_size: int
     records: Mapping[int, StepRecord]  # rank -> the leg's record of the step
     inventory: InventoryRecord | None
-
-
-@dataclass(frozen=True)
-class Zoomed:
-    """What ``resumequal zoom`` found and where it wrote it."""
-
-    zoom: Zoom
-    files: dict[str, str]
 
 
 def replay_start(location: RunLocation, spec: QualificationSpec, leg: str, step: int,
@@ -208,19 +194,6 @@ def zoom_run(location: RunLocation, spec: QualificationSpec, *, step: int, rank:
     )
 
 
-def read_report(location: RunLocation) -> Report | None:
-    """``report.json`` of the location, or None before the comparator has written it."""
-    try:
-        raw = location.read_result(REPORT_JSON)
-    except StoreNotFound:
-        return None
-    try:
-        return Report.model_validate_json(raw)
-    except ValidationError as e:
-        raise ReportError(f"{location.url(REPORT_JSON)}: not a valid report: "
-                          f"{e.errors()[0]['msg']}") from e
-
-
 def zoom_of(location: RunLocation, spec: QualificationSpec, verdict: Verdict | None, *,
             step: int | None = None, leg: str = MAIN_LEG,
             python: str = sys.executable) -> Zoom:
@@ -248,29 +221,3 @@ def zoom_of(location: RunLocation, spec: QualificationSpec, verdict: Verdict | N
 def write_zoom(location: RunLocation, zoom: Zoom) -> str:
     """Put ``zoom.json`` into the run location; its URI."""
     return location.put_result(ZOOM_JSON, zoom.model_dump_json(indent=1).encode())
-
-
-def zoom_location(uri: str, *, step: int | None = None, leg: str = MAIN_LEG,
-                  write: bool = True, namespace: str | None = None,
-                  python: str = sys.executable) -> Zoomed:
-    """Zoom into ``step`` (default: the verdict's first divergence) of the run at ``uri``;
-    with ``write``, put ``zoom.json`` (and the report with its zoom section) into it."""
-    seal = runkey.seal_for(RunLocation.open(uri).uri)
-    runkey.export(seal)  # the replays read the run's checkpoints and write their traces
-    location = RunLocation.open(uri, seal=seal)
-    runkey.check_seal(location, "zoomed")
-    location.check_started()
-    spec = location.read_spec()
-    zoom = zoom_of(location, spec, location.read_verdict(), step=step, leg=leg, python=python)
-    if not write:
-        return Zoomed(zoom, {})
-    files = {ZOOM_JSON: write_zoom(location, zoom)}
-    report = read_report(location)
-    if report is not None:
-        out = Path(tempfile.mkdtemp(prefix="resumequal-zoom-results-"))
-        try:
-            files.update(publish(report.model_copy(update={"zoom": zoom}), location, out,
-                                 namespace=namespace or run_names(uri)[0]))
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
-    return Zoomed(zoom, files)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from resumequal.errors import ReportError
 from resumequal.report.html import render_html
+from resumequal.store.file import fsync_dir
 from resumequal.verdict import SCHEMA_VERSION, Report, Verdict
 
 VERDICT_JSON = "verdict.json"
@@ -47,7 +48,7 @@ def write_reports(report: Report, directory: Path) -> dict[str, Path]:
         path = directory / name
         _write_atomic(path, data)
         paths[name] = path
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return paths
 
 
@@ -104,11 +105,3 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise ReportError(f"{path}: cannot write: {e.strerror or e}") from e
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

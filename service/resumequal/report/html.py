@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from resumequal.built import BuiltOptimizer
 from resumequal.report import svg
+from resumequal.report.markup import check_items, opt
 from resumequal.report.resize import resize_markers, resize_section
 from resumequal.report.zoom import zoom_section
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG
@@ -133,16 +134,16 @@ def render_html(report: Report) -> str:
     v = report.verdict
     color = VERDICT_COLORS[v.result]
     resume_step = _resume_step(v)
-    markers = _markers(report, resume_step)
-    x_domain = svg.step_domain(_all_steps(report, resume_step))
+    steps = svg.XAxis(domain=svg.step_domain(_all_steps(report, resume_step)),
+                      label="optimizer step", markers=_markers(report, resume_step))
     title = f"resumequal {v.result.value}: {report.run} ({report.pin})"
     body = [
         _header(report, color, resume_step),
         _section(
             "Loss per step",
             [
-                _loss_chart(report, markers, x_domain),
-                _delta_chart(report, markers, x_domain),
+                _loss_chart(report, steps),
+                _delta_chart(report, steps),
             ],
         ),
         *(
@@ -325,9 +326,7 @@ def _first_tensors(d: Divergence) -> str:
     )
 
 
-def _loss_chart(
-    report: Report, markers: Sequence[svg.Marker], x_domain: tuple[float, float]
-) -> str:
+def _loss_chart(report: Report, steps: svg.XAxis) -> str:
     series = []
     for leg in sorted(report.legs, key=lambda leg: leg.name != REFERENCE_LEG):
         preempted = leg.name == "preempted"
@@ -344,25 +343,19 @@ def _loss_chart(
     return svg.line_chart(
         title="Per-step training loss of the control and the preempted leg",
         series=series,
-        markers=markers,
-        x_domain=x_domain,
-        x_label="optimizer step",
+        x_axis=steps,
         y_label="loss (mean over ranks and microbatches)",
         chart_id="loss-chart",
         empty_text="no per-step losses recorded",
     )
 
 
-def _delta_chart(
-    report: Report, markers: Sequence[svg.Marker], x_domain: tuple[float, float]
-) -> str:
+def _delta_chart(report: Report, steps: svg.XAxis) -> str:
     points = [(float(d.step), d.abs_diff) for d in report.verdict.loss_deltas]
     return svg.delta_chart(
         title="Per-step |loss difference| between the legs (log scale; exact zeros below)",
         points=points,
-        markers=markers,
-        x_domain=x_domain,
-        x_label="optimizer step",
+        x_axis=steps,
         y_label="|Δ loss|",
         chart_id="delta-chart",
     )
@@ -551,11 +544,7 @@ def _matrix_cell(cell: MatrixCell | None, scenario: str, seed: int) -> str:
 def _checks(v: Verdict) -> str:
     if not v.checks:
         return '<p class="note">No validity checks were recorded.</p>'
-    items = "".join(
-        f'<li class="{"ok" if c.ok else "bad"}">{"✓" if c.ok else "✗"} '
-        f"<strong>{escape(c.name)}</strong> — <span>{escape(c.detail)}</span></li>"
-        for c in v.checks
-    )
+    items = check_items((c.ok, c.name, c.detail) for c in v.checks)
     return f'<ul class="checks">{items}</ul>'
 
 
@@ -572,7 +561,7 @@ def _legs(report: Report) -> str:
         final = leg.losses[-1] if leg.losses else None
         rows.append(
             f"<tr><th>{escape(leg.name)}</th><td class='num'>{leg.attempts}</td>"
-            f"<td class='num'>{escape(_opt(leg.exit_code))}</td>"
+            f"<td class='num'>{escape(opt(leg.exit_code))}</td>"
             f"<td>{escape(_when(leg.started_at))}</td><td>{escape(_when(leg.finished_at))}</td>"
             f"<td class='num'>{escape(_seconds(duration))}</td>"
             f"<td class='num'>{len(leg.losses)}</td>"
@@ -774,10 +763,6 @@ def _value(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True, default=str)
-
-
-def _opt(value: int | None) -> str:
-    return "—" if value is None else str(value)
 
 
 def _seconds(value: float | None) -> str:

@@ -10,13 +10,11 @@ from html import escape
 from typing import Final
 
 from resumequal.report import svg
+from resumequal.report.markup import check_items, opt
 from resumequal.verdict import ResizeOutcome, ResizeStepRow
 
 RESIZE_COLOR: Final = "#8250df"
 GROW_COLOR: Final = "#1a7f37"
-PART_LABELS: Final = {"before_resize": "before the resize (bitwise exact)",
-                      "handoff": "handoff (exact)", "data_ledger": "data ledger (exact)",
-                      "drift": "drift (within tolerance)"}
 # Longer per-step tables fold away behind a summary line.
 _OPEN_ROWS: Final = 24
 
@@ -41,10 +39,7 @@ def resize_section(r: ResizeOutcome) -> str:
     """The four parts, the handoffs and the per-step table with each step's world size."""
     worlds = " → ".join(str(w) for w in r.world_sizes)
     grow = f", grown from step {r.grow_step}" if r.grow_step is not None else ""
-    parts = "".join(
-        f'<li class="{"ok" if p.ok else "bad"}">{"✓" if p.ok else "✗"} '
-        f"<strong>{escape(PART_LABELS[p.name])}</strong> — <span>{escape(p.detail)}</span></li>"
-        for p in r.parts)
+    parts = check_items(resize_lines(r))
     return (
         f'<p class="note">{escape(f"ranks {worlds}: resized from step {r.resize_step}{grow}.")}'
         " After the resize the reduction order differs, so bitwise equality is not expected: "
@@ -65,7 +60,7 @@ def _handoffs(r: ResizeOutcome) -> str:
         return '<p class="note">No restores were recorded.</p>'
     rows = "".join(
         f"<tr><td class='num'>{h.attempt}</td><td><code>{escape(h.checkpoint)}</code></td>"
-        f"<td class='num'>{_opt(h.saved_world_size)}</td><td class='num'>{_opt(h.world_size)}"
+        f"<td class='num'>{opt(h.saved_world_size)}</td><td class='num'>{opt(h.world_size)}"
         f"</td>{_mark(h.equal_to_saved)}{_mark(h.equal_to_control)}</tr>"
         for h in r.handoffs)
     return (
@@ -110,10 +105,6 @@ def _diff(value: float | None) -> str:
     return "<td class='num'>—</td>" if value is None else f"<td class='num'>{svg.fmt(value)}</td>"
 
 
-def _opt(value: int | None) -> str:
-    return "—" if value is None else str(value)
-
-
 def resize_lines(r: ResizeOutcome) -> list[tuple[bool, str, str]]:
-    """One (ok, label, detail) per part, for the terminal."""
-    return [(p.ok, PART_LABELS[p.name], p.detail) for p in r.parts]
+    """One (ok, label, detail) per part, for the terminal and the HTML check list."""
+    return [(p.ok, p.label(), p.detail) for p in r.parts]

@@ -27,6 +27,15 @@ _HALO = 'paint-order="stroke" stroke="#ffffff" stroke-width="3" stroke-linejoin=
 
 
 @dataclass(frozen=True)
+class XAxis:
+    """The x axis of a chart: its domain, its label and the vertical markers along it."""
+
+    domain: tuple[float, float]
+    label: str
+    markers: Sequence[Marker]
+
+
+@dataclass(frozen=True)
 class Series:
     """One line: ``points`` as (x, y); a non-finite y leaves a gap."""
 
@@ -116,21 +125,19 @@ def line_chart(
     *,
     title: str,
     series: Sequence[Series],
-    markers: Sequence[Marker],
-    x_domain: tuple[float, float],
-    x_label: str,
+    x_axis: XAxis,
     y_label: str,
     chart_id: str,
     empty_text: str = "no data",
 ) -> str:
     """A line chart with a legend, ticked axes and vertical markers."""
-    frame = _Frame(*x_domain)
+    frame = _Frame(*x_axis.domain)
     ys = [y for s in series for _, y in s.points if math.isfinite(y)]
     parts = [_open(chart_id, title, frame)]
     if not ys:
-        parts += _x_axis(frame, x_label)
+        parts += _x_axis(frame, x_axis.label)
         parts.append(_center_text(frame, empty_text))
-        parts += _markers(frame, markers)
+        parts += _markers(frame, x_axis.markers)
         parts.append("</svg>")
         return "".join(parts)
 
@@ -152,15 +159,8 @@ def line_chart(
 
     for t in ticks:
         y = py(t)
-        parts.append(
-            f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{frame.width - _RIGHT}" y2="{y:.1f}" '
-            f'stroke="{_GRID}"/>'
-            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" {_FONT} '
-            f'fill="{_AXIS}">{escape(fmt(t))}</text>'
-        )
-    parts += _x_axis(frame, x_label)
-    parts.append(_y_label(frame, y_label))
-    parts += _markers(frame, markers)
+        parts.append(_y_tick(frame, y, fmt(t)))
+    parts += _axes(frame, x_axis, y_label)
     for s in series:
         parts.append(_series_path(frame, s, py))
     parts += _legend(frame, series)
@@ -172,9 +172,7 @@ def delta_chart(
     *,
     title: str,
     points: Sequence[tuple[float, float]],
-    markers: Sequence[Marker],
-    x_domain: tuple[float, float],
-    x_label: str,
+    x_axis: XAxis,
     y_label: str,
     chart_id: str,
 ) -> str:
@@ -183,7 +181,7 @@ def delta_chart(
     Zeros sit on their own row (log(0) does not exist, and "exactly equal" is the answer
     most runs should give); NaN and infinite differences get a row at the top.
     """
-    frame = _Frame(*x_domain)
+    frame = _Frame(*x_axis.domain)
     positive = [v for _, v in points if math.isfinite(v) and v > 0]
     has_nonfinite = any(not math.isfinite(v) for _, v in points)
     zero_row = frame.bottom - 12.0
@@ -209,20 +207,13 @@ def delta_chart(
         stride = max(1, math.ceil((d1 - d0) / 6))
         for d in range(d0, d1 + 1, stride):
             y = log_bottom - (d - d0) / (d1 - d0) * (log_bottom - log_top)
-            parts.append(
-                f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{frame.width - _RIGHT}" y2="{y:.1f}" '
-                f'stroke="{_GRID}"/>'
-                f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" {_FONT} '
-                f'fill="{_AXIS}">1e{d}</text>'
-            )
+            parts.append(_y_tick(frame, y, f"1e{d}"))
     elif points and not has_nonfinite:
         parts.append(_center_text(frame, "every compared step: |Δ| is exactly 0", fill="#1a7f37"))
     elif not points:
         parts.append(_center_text(frame, "no steps compared"))
 
-    parts += _x_axis(frame, x_label)
-    parts.append(_y_label(frame, y_label))
-    parts += _markers(frame, markers)
+    parts += _axes(frame, x_axis, y_label)
 
     rows = {"zero": zero_row, "nonfinite": nonfinite_row, "bottom": log_bottom, "top": log_top}
     parts += [_delta_point(frame, x, v, y_label, rows, d0, d1) for x, v in points]
@@ -289,6 +280,22 @@ def _x_axis(frame: _Frame, label: str) -> list[str]:
         f'{_FONT} fill="#24292f">{escape(label)}</text>'
     )
     return parts
+
+
+def _axes(frame: _Frame, x_axis: XAxis, y_label: str) -> list[str]:
+    """Both axes' lines and labels, the x ticks and the markers."""
+    return [*_x_axis(frame, x_axis.label), _y_label(frame, y_label),
+            *_markers(frame, x_axis.markers)]
+
+
+def _y_tick(frame: _Frame, y: float, label: str) -> str:
+    """A grid line across the plot at ``y``, labelled left of the axis."""
+    return (
+        f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{frame.width - _RIGHT}" y2="{y:.1f}" '
+        f'stroke="{_GRID}"/>'
+        f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" {_FONT} '
+        f'fill="{_AXIS}">{escape(label)}</text>'
+    )
 
 
 def _y_label(frame: _Frame, label: str) -> str:

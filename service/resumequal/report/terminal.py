@@ -21,7 +21,6 @@ from rich.text import Text
 
 from resumequal.redact import printable, printable_tree
 from resumequal.report.resize import resize_lines
-from resumequal.report.zoom import zoom_lines as zoom_lines
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 

@@ -61,7 +61,8 @@ def _root_dir(root: str) -> tuple[str, str]:
     return path, "file://" + path.rstrip("/")
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the entries of folder ``path`` (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -114,7 +115,7 @@ class _FileWriter:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(self._tmp, self._path)
-                _fsync_dir(os.path.dirname(self._path))
+                fsync_dir(os.path.dirname(self._path))
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._tmp)
@@ -196,7 +197,7 @@ class FileStore:
                     os.unlink(tmp)
                 raise
             if sync:
-                _fsync_dir(parent)
+                fsync_dir(parent)
         return result
 
     def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+import threading
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -45,6 +46,10 @@ class StoreClass(Protocol):
 
 _CLASSES: dict[str, type[StoreClass]] = {}
 _discovered = False
+# Discovery imports modules: a second thread asking meanwhile waits for all of them (else it
+# sees only the stores imported so far), and an import that asks again returns at once.
+_discovering = threading.RLock()
+_loading = False
 
 C = TypeVar("C")
 
@@ -57,19 +62,26 @@ def register(cls: C) -> C:
 
 
 def _discover() -> None:
-    global _discovered
+    global _discovered, _loading
     if _discovered:
         return
-    _discovered = True
-    package = importlib.import_module("resumequal.store")
-    for module in pkgutil.iter_modules(package.__path__):
+    with _discovering:
+        if _discovered or _loading:
+            return
+        _loading = True
         try:
-            importlib.import_module(f"{package.__name__}.{module.name}")
-        except ModuleNotFoundError as e:
-            if (e.name or "").startswith("resumequal"):
-                raise
-            # A store whose SDK is not installed here serves nothing here.
-            log.debug("store module %s not loaded: %s", module.name, e)
+            package = importlib.import_module("resumequal.store")
+            for module in pkgutil.iter_modules(package.__path__):
+                try:
+                    importlib.import_module(f"{package.__name__}.{module.name}")
+                except ModuleNotFoundError as e:
+                    if (e.name or "").startswith("resumequal"):
+                        raise
+                    # A store whose SDK is not installed here serves nothing here.
+                    log.debug("store module %s not loaded: %s", module.name, e)
+            _discovered = True
+        finally:
+            _loading = False
 
 
 def store_class(scheme: str) -> type[StoreClass] | None:

@@ -52,6 +52,7 @@ __all__ = [
     "effective_steps",
     "parse_records",
     "read_trace",
+    "records_in",
 ]
 
 # --------------------------------------------------------------------------- records
@@ -427,6 +428,18 @@ def parse_records(lines: Iterable[bytes], where: str) -> list[TraceRecord]:
             records.append(_RECORD_ADAPTER.validate_json(line))
         except ValidationError as e:
             raise TraceError(f"{where}:{number}: not a trace record: {_first_error(e)}") from e
+    return records
+
+
+def records_in(lines: Iterable[bytes]) -> list[TraceRecord]:
+    """The lines that are trace records, in order, leaving out any other (what a poller of
+    a trace still being written takes; the comparator reads strictly: :func:`parse_records`)."""
+    records: list[TraceRecord] = []
+    for line in lines:
+        try:
+            records.append(_RECORD_ADAPTER.validate_json(line))
+        except ValidationError:
+            continue
     return records
 
 

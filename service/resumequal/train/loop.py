@@ -480,15 +480,36 @@ class Trainer:
     def _finish_step(self, live: LiveState, step: int, params: list[nn.Parameter],
                      reduced: Digests, cap: StepCapture | None) -> None:
         """Unscale, clip, step the optimizer and the scheduler, and trace the step."""
-        w = live.workload
         t = self.spec.training
-        gd = self.global_data
-        # The scaler's state this step ran with (update() below moves it for the next).
+        loss_scale, norm = self._unscale_and_clip(live, params)
+        # What the optimizer takes: unscaled (fp16) and clipped.
+        clipped = reduced if t.grad_clip_norm is None and live.scaler is None \
+            else _grad_digests(live.model)
+        if cap is not None:
+            cap.stage("clipped_grads", _named_grads(live.model))
+        lrs = [float(g["lr"]) for g in live.workload.optimizer.param_groups]
+        self._step_optimizer(live, cap)
+        live.counters.step = step
+        live.counters.microstep = 0
+        self._trace_step(live, step, cap, loss_scale=loss_scale, norm=norm, reduced=reduced,
+                         clipped=clipped, lrs=lrs)
+        live.trace_partial = None
+        if self.compile_watch is not None:
+            compiled = self.compile_watch.after_step(step)
+            if compiled is not None:
+                self.trace.write(compiled)
+
+    def _unscale_and_clip(self, live: LiveState, params: list[nn.Parameter]
+                          ) -> tuple[LossScaleRecord | None, torch.Tensor]:
+        """Unscale the gradients (fp16) and clip them; the loss scale this step ran with and
+        the gradients' total norm before clipping."""
+        t = self.spec.training
+        # The scaler's state this step ran with (update() in _step_optimizer moves it on).
         loss_scale = None
         if live.scaler is not None:
             scale, tracker = scaler_state(live.scaler)
             loss_scale = LossScaleRecord(scale=scale, growth_tracker=tracker)
-            live.scaler.unscale_(w.optimizer)
+            live.scaler.unscale_(live.workload.optimizer)
         if t.grad_clip_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip_norm, foreach=False)
         else:
@@ -496,12 +517,11 @@ class Trainer:
             norm = torch.nn.utils.get_total_norm(grads, foreach=False)
         if isinstance(norm, DTensor):  # FSDP2: the norm over every rank's shards
             norm = norm.full_tensor()
-        # What the optimizer takes: unscaled (fp16) and clipped.
-        clipped = reduced if t.grad_clip_norm is None and live.scaler is None \
-            else _grad_digests(live.model)
-        if cap is not None:
-            cap.stage("clipped_grads", _named_grads(live.model))
-        lrs = [float(g["lr"]) for g in w.optimizer.param_groups]
+        return loss_scale, norm
+
+    def _step_optimizer(self, live: LiveState, cap: StepCapture | None) -> None:
+        """Step the optimizer (through the scaler) and the scheduler, then zero the grads."""
+        w = live.workload
         if live.scaler is not None:
             # Skips the optimizer step when the unscaled gradients hold inf or NaN.
             live.scaler.step(w.optimizer)
@@ -516,9 +536,12 @@ class Trainer:
                 w.optimizer, {id(p): n for n, p in _unwrapped(live.model).named_parameters()}
             ).items())
         w.optimizer.zero_grad(set_to_none=True)
-        live.counters.step = step
-        live.counters.microstep = 0
 
+    def _trace_step(self, live: LiveState, step: int, cap: StepCapture | None, *,
+                    loss_scale: LossScaleRecord | None, norm: torch.Tensor, reduced: Digests,
+                    clipped: Digests, lrs: list[float]) -> None:
+        """Write the step's StepRecord: its microsteps, gradients, norm, rates and state."""
+        w = live.workload
         # FSDP2 has no buckets: its reduce-scatter groups are fixed when the model is wrapped.
         layout = self.recorder.layout() if isinstance(self.recorder, _GradRecorder) else None
         if cap is not None and layout is not None:
@@ -526,7 +549,8 @@ class Trainer:
         partial = live.trace_partial
         assert partial is not None
         handoff = None
-        if gd is not None and self.spec.checkpoint.saves_after(step, t.steps):
+        if self.global_data is not None and self.spec.checkpoint.saves_after(
+                step, self.spec.training.steps):
             handoff = handoff_digest(live)
         param_digests = _param_digests(live.model)
         optim_digests = _optimizer_digests(live.model, w.optimizer)
@@ -557,11 +581,6 @@ class Trainer:
                     params=param_digests.tensors, optimizer_state=optim_digests.tensors),
             )
         )
-        live.trace_partial = None
-        if self.compile_watch is not None:
-            compiled = self.compile_watch.after_step(step)
-            if compiled is not None:
-                self.trace.write(compiled)
 
     def _maybe_hold_for_grow(self, step: int) -> None:
         """In a world shrunk by a resize, wait at the first step after ``growAfterStep``

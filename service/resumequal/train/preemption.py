@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from resumequal.errors import NotAuthentic, StoreError, TrainingError
-from resumequal.runstore import FAILED_MARKER as FAILED_MARKER
-from resumequal.runstore import GROW, KillOrder, LegFiles
+from resumequal.runfiles import KillOrder
+from resumequal.runstore import GROW, LegFiles
 
 log = logging.getLogger(__name__)
 

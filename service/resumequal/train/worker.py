@@ -13,7 +13,6 @@ from pathlib import Path
 import torch.distributed as dist
 
 from resumequal.checkpoint import CheckpointRoot, checkpoint_location
-from resumequal.runstore import RUN_FILE as RUN_FILE
 from resumequal.runstore import RunLocation
 from resumequal.signing import RunSeal
 from resumequal.spec import QualificationSpec
@@ -104,4 +103,4 @@ def run_leg(
         destroy_process_group()
 
 
-__all__ = ["RUN_FILE", "check_run_dir", "checkpoint_root", "claim_run_dir", "run_leg"]
+__all__ = ["check_run_dir", "checkpoint_root", "claim_run_dir", "run_leg"]

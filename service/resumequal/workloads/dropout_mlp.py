@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from resumequal.workloads.base import Microbatch, Workload, WorkloadContext, parse_params
-from resumequal.workloads.optim import build_optimizer, build_scheduler
-from resumequal.workloads.stream import Sample, sample_generator, sample_source
+from resumequal.workloads.builtin import builtin_workload
+from resumequal.workloads.stream import Sample, sample_generator
 
 # Spread of a sample around its class centre; wide enough that classes overlap.
 _CLASS_SPREAD = 0.8
@@ -95,20 +95,6 @@ def loss_fn(model: nn.Module, microbatch: Microbatch) -> torch.Tensor:
 def build(ctx: WorkloadContext) -> Workload:
     """The ``dropout-mlp`` reference workload."""
     params = parse_params(DropoutMLPParams, ctx.params)
-    training = ctx.training
-    model = DropoutMLP(params).to(ctx.device)
-    optimizer = build_optimizer(model.parameters(), training.optimizer)
-    samples = GaussianClasses(params, training.seed)
-    dataset = sample_source(ctx, params.num_samples, samples, samples.blank)
-    return Workload(
-        model=model,
-        optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, training.schedule, training.steps),
-        dataset=dataset,
-        loss_fn=loss_fn,
-        description={
-            "name": "dropout-mlp",
-            "params": params.model_dump(),
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
-    )
+    return builtin_workload("dropout-mlp", ctx, params, num_samples=params.num_samples,
+                            model=DropoutMLP(params).to(ctx.device),
+                            samples=GaussianClasses(params, ctx.training.seed), loss_fn=loss_fn)

@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from resumequal.errors import TrainingError
 from resumequal.spec import LoaderSpec
-from resumequal.workloads.base import Microbatch
+from resumequal.workloads.base import Microbatch, WorkloadContext
 from resumequal.workloads.plainstate import decode, encode
 
 __all__ = [
@@ -306,23 +306,16 @@ class SampleDataset(Dataset[tuple[Any, ...]]):
         torch.set_rng_state(state["torch"])
 
 
-def builtin_loader(
-    spec: LoaderSpec,
-    *,
-    num_samples: int,
-    microbatch_size: int,
-    rank: int,
-    world_size: int,
-    seed: int,
-    make_sample: Callable[[int], Sample],
-    blank_sample: Callable[[], Sample],
-) -> LoaderStream:
-    """A built-in's samples through a ``StatefulDataLoader``: a ``DistributedSampler``
-    (shuffled per epoch from ``seed``, the same length on every rank) and whole
-    microbatches only."""
+def builtin_loader(spec: LoaderSpec, ctx: WorkloadContext, num_samples: int,
+                   make_sample: Callable[[int], Sample],
+                   blank_sample: Callable[[], Sample]) -> LoaderStream:
+    """A built-in's samples through a ``StatefulDataLoader`` on ``ctx``'s rank: a
+    ``DistributedSampler`` (shuffled per epoch from the training seed, the same length on
+    every rank) and whole microbatches only."""
     from torch.utils.data import DistributedSampler
     from torch.utils.data.dataloader import default_collate
 
+    microbatch_size, world_size = ctx.training.microbatch_size, ctx.world_size
     if num_samples < world_size * microbatch_size:
         raise TrainingError(
             f"num_samples={num_samples} leaves a rank without a whole microbatch of "
@@ -330,7 +323,8 @@ def builtin_loader(
         )
     dataset = SampleDataset(num_samples, make_sample)
     sampler: DistributedSampler[int] = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        dataset, num_replicas=world_size, rank=ctx.rank, shuffle=True, seed=ctx.training.seed,
+        drop_last=True)
     loader = _stateful_dataloader_class()(
         dataset, batch_size=microbatch_size, sampler=sampler, drop_last=True,  # type: ignore[call-arg]
         **loader_options(spec),

@@ -188,7 +188,4 @@ def sample_source(
                              make_sample=make_sample, blank_sample=blank_sample)
     from resumequal.workloads.loader import builtin_loader
 
-    return builtin_loader(ctx.loader, num_samples=num_samples,
-                          microbatch_size=t.microbatch_size, rank=ctx.rank,
-                          world_size=ctx.world_size, seed=t.seed, make_sample=make_sample,
-                          blank_sample=blank_sample)
+    return builtin_loader(ctx.loader, ctx, num_samples, make_sample, blank_sample)

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from resumequal.workloads.base import Microbatch, Workload, WorkloadContext, parse_params
-from resumequal.workloads.optim import build_optimizer, build_scheduler
-from resumequal.workloads.stream import Sample, sample_generator, sample_source
+from resumequal.workloads.builtin import builtin_workload
+from resumequal.workloads.stream import Sample, sample_generator
 
 # How likely each of a token's successors is: low entropy, so the loss visibly falls.
 _SUCCESSOR_PROBS = (0.55, 0.25, 0.12, 0.08)
@@ -161,20 +161,6 @@ def loss_fn(model: nn.Module, microbatch: Microbatch) -> torch.Tensor:
 def build(ctx: WorkloadContext) -> Workload:
     """The ``tiny-gpt`` reference workload."""
     params = parse_params(TinyGPTParams, ctx.params)
-    training = ctx.training
-    model = TinyGPT(params).to(ctx.device)
-    optimizer = build_optimizer(model.parameters(), training.optimizer)
-    samples = MarkovTokens(params, training.seed)
-    dataset = sample_source(ctx, params.num_samples, samples, samples.blank)
-    return Workload(
-        model=model,
-        optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, training.schedule, training.steps),
-        dataset=dataset,
-        loss_fn=loss_fn,
-        description={
-            "name": "tiny-gpt",
-            "params": params.model_dump(),
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
-    )
+    return builtin_workload("tiny-gpt", ctx, params, num_samples=params.num_samples,
+                            model=TinyGPT(params).to(ctx.device),
+                            samples=MarkovTokens(params, ctx.training.seed), loss_fn=loss_fn)

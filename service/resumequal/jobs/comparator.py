@@ -7,22 +7,20 @@ always does. The comparison includes the negative controls, as
 ``resumequal run`` does. With ``write``, ``verdict.json``, ``report.json``,
 ``report.html`` and ``metrics.prom`` are written into the run location; the report's
 phases, kill time and restart time come from what the legs left there
-(:func:`resumequal.results.read_timeline`).
+(:func:`resumequal.timeline.read_timeline`).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from resumequal.assembly import build_report
 from resumequal.compare import compare_qualification
-from resumequal.local import runkey
-from resumequal.results import build_report, publish, read_timeline, run_names
-from resumequal.runstore import RunLocation
+from resumequal.jobs.location import open_run, publish_aside
+from resumequal.runname import run_names
+from resumequal.timeline import read_timeline
 from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -46,31 +44,20 @@ def compare_location(
 ) -> Judged:
     """Compare the legs at ``uri`` (with the negative controls); publish results if ``write``.
 
-    The run is judged with its seal (:func:`resumequal.local.runkey.seal_for`): without its
+    The run is judged with its seal (:func:`resumequal.jobs.location.open_run`): without its
     key and id nothing is judged, and a finished verdict is never replaced by one that could
     not authenticate the run."""
-    seal = runkey.seal_for(RunLocation.open(uri).uri)
-    runkey.export(seal)
-    location = RunLocation.open(uri, seal=seal)
-    runkey.check_seal(location, "judged")
+    location, spec = open_run(uri, "judged")
     ns, run = run_names(uri)
     namespace, name = namespace or ns, name or run
-    work = Path(tempfile.mkdtemp(prefix="resumequal-compare-"))
-    try:
-        location.check_started()
-        spec = location.read_spec()
-        compared_at = time.time()
-        verdict = compare_qualification(location, spec)
-        if not write:
-            return Judged(verdict, {})
-        # The legs' records in the store date the phases, the kill and the resume.
-        timeline = read_timeline(location, spec, compared_at=compared_at,
-                                 verdict=verdict, concluded_at=time.time())
-        report = build_report(spec, verdict, timeline, run=name, pin=pin, location=location)
-        out = work / "results"  # written aside, then published: into a folder too
-        published = publish(report, location, out, namespace=namespace)
-        log.info("published %s", ", ".join(published.values()))
-        return Judged(verdict, published)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
+    compared_at = time.time()
+    verdict = compare_qualification(location, spec)
+    if not write:
+        return Judged(verdict, {})
+    # The legs' records in the store date the phases, the kill and the resume.
+    timeline = read_timeline(location, spec, compared_at=compared_at,
+                             verdict=verdict, concluded_at=time.time())
+    report = build_report(spec, verdict, timeline, run=name, pin=pin, location=location)
+    published = publish_aside(report, location, namespace=namespace)
+    log.info("published %s", ", ".join(published.values()))
+    return Judged(verdict, published)

@@ -52,11 +52,11 @@ from .objects import (
     clone,
     controlled_by,
     generate_name,
+    now_rfc3339,
     parse_rfc3339,
     rfc3339,
     validate_metadata,
 )
-from .objects import now_rfc3339 as now_rfc3339  # kept importable from here
 from .patch import apply_patch
 from .resources import Kind, Registry, kinds_from_crd
 from .schema import prune

@@ -1,4 +1,5 @@
-"""A stateful Kubernetes API server over real HTTP on loopback, for the operator's tests.
+"""A stateful Kubernetes API server over real HTTP on loopback, for the operator's tests and
+benches (testing/kubeapi/README.md: what it reproduces, and from which upstream source).
 
 Owns: the emulated cluster state and its semantics, served to the official ``kubernetes``
 client and ``kubectl``, and the cluster side as upstream behaves: the Kubeflow training

@@ -1,0 +1,41 @@
+"""Publishing a qualification's results: the result files, the metrics, the upload.
+
+One order everywhere (the local runner, the comparator, ``zoom``): ``verdict.json``,
+``report.json``, ``report.html`` (atomically), then ``metrics.prom``, the push to a
+Pushgateway, and the upload into the run location with each file's MAC.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from resumequal.metrics import QualificationMetrics, push, write_textfile
+from resumequal.report.files import write_reports
+from resumequal.runstore import METRICS_PROM, RunLocation
+from resumequal.verdict import Report
+
+__all__ = ["publish"]
+
+
+def publish(report: Report, location: RunLocation, out: Path, *, namespace: str,
+            metrics_file: Path | None = None, pushgateway: str | None = None) -> dict[str, str]:
+    """Write the result files into ``out`` and put them into ``location``; name -> URI.
+
+    One order everywhere: ``verdict.json``, ``report.json``, ``report.html`` (atomically),
+    then ``metrics.prom`` (to ``metrics_file`` when given), the push, and the upload.
+    """
+    files: dict[str, Path] = dict(write_reports(report, out))
+    registry = CollectorRegistry()
+    QualificationMetrics(registry).record(report, namespace=namespace)
+    metrics = metrics_file or out / METRICS_PROM
+    write_textfile(registry, metrics)
+    if pushgateway:
+        push(registry, pushgateway, job="resumequal")
+    # A metrics file asked for elsewhere stays there, and the location gets a copy.
+    files[METRICS_PROM] = metrics
+    published = location.publish(files)
+    if metrics_file is not None:
+        published[METRICS_PROM] = str(metrics_file)
+    return published
