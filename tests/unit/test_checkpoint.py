@@ -593,7 +593,7 @@ def test_a_rank_state_is_json_and_is_read_back_strictly(tmp_path: Path) -> None:
         _resign(tmp_path / name, layout.rank_state_file(0), json.dumps(bad).encode())
         with pytest.raises(CheckpointError, match=rf"rank-0\.json: unreadable rank state: "
                                                   rf"(?s:.*){why}"):
-            _manager(tmp_path).load(name, _template(_live(seed=2)), RankState)
+            rank0_manager(tmp_path).load(name, _template(_live(seed=2)), RankState)
 
 
 def _resign(checkpoint: Path, rel: str, data: bytes) -> None:
