@@ -11,7 +11,7 @@ Starts ``python -m moto.server`` on a free 127.0.0.1 port (dummy credentials), b
   next to boto3's ``upload_file`` of the same files (a local DCP copy of the same state,
   written beforehand and timed apart) to the same endpoint;
 - resume: ``newest()`` + ``load()`` (manifest check against the listing, parallel ranged
-  download hashed as the parts land, sha256 check, DCP load into fresh tensors) next to
+  download hashed as the parts land, BLAKE3 check, DCP load into fresh tensors) next to
   boto3's ``download_file`` of the same objects.
 
 One untimed round first warms both sides (connections, thread pools, moto's first

@@ -2,7 +2,7 @@
 
 The attacker can write anything under the run's prefix but does not hold the checkpoint
 key: it replaces DCP's ``.metadata`` and a rank state with pickles that run a payload
-when loaded, recomputes every size and chunk sha256 in the manifest, signs it with a key of its
+when loaded, recomputes every size and chunk digest in the manifest, signs it with a key of its
 own (or keeps the old MAC, or drops it) and writes ``COMMITTED`` again.
 """
 

@@ -1,7 +1,7 @@
 """A bucket writer cannot run code in the workers or the comparator (moto over HTTP).
 
 A committed checkpoint on S3 gets a pickled payload as DCP's ``.metadata`` and as rank 0's
-state, behind a manifest whose sizes and sha256s are recomputed, signed with a key that
+state, behind a manifest whose sizes and BLAKE3 digests are recomputed, signed with a key that
 is not the run's, and ``COMMITTED`` written again. The resuming worker and the
 comparator refuse it, naming the checkpoint, and the payload never runs. The same for a
 checkpoint without a MAC, and one read without the run's key.

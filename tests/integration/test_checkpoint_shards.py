@@ -85,7 +85,7 @@ def test_a_chunk_only_rank_1_reads_is_refused_by_rank_1_naming_file_and_chunk(
 
     out = _run(root, "load")
     refusal = (f"rank 1: checkpoint {root / NAME} is refused: dcp/{shard.name} fails its "
-               f"sha256 check at chunk {chunk} (bytes {chunk * CHUNK_BYTES}-")
+               f"BLAKE3 check at chunk {chunk} (bytes {chunk * CHUNK_BYTES}-")
     for rank in (0, 1):
         assert out[rank].startswith(f"rank {rank}: DCP load of {NAME} failed: "), out[rank]
         assert refusal in out[rank], out[rank]

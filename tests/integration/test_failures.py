@@ -50,7 +50,7 @@ def test_tampered_checkpoint_is_refused_on_resume(
     lp = legs.launch(run_dir / "spec.yaml", "control", run_dir, max_restarts=0)
     assert lp.wait(120) != 0
     log = lp.log.read_text()
-    assert f"dcp/{shard.name} fails its sha256 check" in log
+    assert f"dcp/{shard.name} fails its BLAKE3 check" in log
 
 
 def test_run_dir_of_another_run_is_refused(control_run: ControlRuns, tmp_path: Path) -> None:

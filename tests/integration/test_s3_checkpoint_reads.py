@@ -148,7 +148,7 @@ def test_a_changed_chunk_on_s3_is_refused_by_its_reader_only(
     (error,) = [exc for exc, _ in info.value.failures.values()]
     assert isinstance(error, CheckpointError)
     assert str(error).startswith(
-        f"checkpoint {root.uri(NAME)} is refused: {SHARD} fails its sha256 check at chunk "
+        f"checkpoint {root.uri(NAME)} is refused: {SHARD} fails its BLAKE3 check at chunk "
         f"{chunk} (bytes {chunk * CHUNK_BYTES}-{(chunk + 1) * CHUNK_BYTES} of ")
 
 
@@ -163,7 +163,7 @@ def test_a_planted_metadata_on_s3_is_refused_before_it_is_unpickled(
     planted = payload(marker)  # pickle ignores what follows its end: pad to the same size
     root.store.put_bytes(root.key(NAME, rel), planted + b"\0" * (size - len(planted)))
     with pytest.raises(CheckpointError, match=(
-            r"checkpoint s3://\S+ is refused: dcp/\.metadata fails its sha256 check at "
+            r"checkpoint s3://\S+ is refused: dcp/\.metadata fails its BLAKE3 check at "
             "chunk 0")):
         mgr.load(NAME, lambda _: _zeros(), Plain)
     assert not marker.exists()

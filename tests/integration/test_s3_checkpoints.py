@@ -130,7 +130,7 @@ def test_a_flipped_byte_in_a_committed_object_fails_the_resume_naming_it(
 
     log = lp.log.read_text()
     expected = re.escape(f"checkpoint s3://{bucket}/runs/{root.key(STEP4)} is refused: "
-                         "dcp/__1_0.distcp fails its sha256 check at chunk ")
+                         "dcp/__1_0.distcp fails its BLAKE3 check at chunk ")
     assert re.search(expected, log), lp.tail()
     assert not legs.restores(tmp_path, "preempted", 0)  # nothing was loaded
 

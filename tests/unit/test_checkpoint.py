@@ -4,7 +4,6 @@ save -> load -> restore round trip including every negative-control omission."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
@@ -13,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import blake3
 import numpy as np
 import pytest
 import torch
@@ -245,7 +245,7 @@ def test_save_commits_under_the_position_name(saved: Path) -> None:
     assert sorted(p.name for p in saved.iterdir()) == [".staging", "step-00000002+1"]
 
 
-def test_manifest_lists_every_file_with_size_and_chunk_sha256s(saved: Path) -> None:
+def test_manifest_lists_every_file_with_size_and_chunk_digests(saved: Path) -> None:
     final = saved / "step-00000002+1"
     manifest = json.loads((final / "manifest.json").read_text())
     on_disk = {str(p.relative_to(final)): p for p in final.rglob("*")
@@ -254,7 +254,7 @@ def test_manifest_lists_every_file_with_size_and_chunk_sha256s(saved: Path) -> N
     assert "rank-0.json" in on_disk and "dcp/.metadata" in on_disk
     for rel, path in on_disk.items():
         data = path.read_bytes()
-        chunks = [hashlib.sha256(data[i:i + CHUNK_BYTES]).hexdigest()
+        chunks = [blake3.blake3(data[i:i + CHUNK_BYTES]).hexdigest()
                   for i in range(0, len(data), CHUNK_BYTES)]
         assert manifest["files"][rel] == {"size": len(data), "chunks": chunks}
     assert (manifest["name"], manifest["step"], manifest["microstep"]) == ("step-00000002+1", 2, 1)
@@ -273,7 +273,7 @@ def test_verify_catches_a_flipped_byte(saved: Path, tmp_path: Path) -> None:
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError,
-                       match=re.escape(f"dcp/{shard.name} fails its sha256 check")):
+                       match=re.escape(f"dcp/{shard.name} fails its BLAKE3 check")):
         verify(final)
 
 
@@ -338,7 +338,7 @@ def test_a_resume_refuses_a_tampered_newest_checkpoint(saved: Path, tmp_path: Pa
     shard.write_bytes(b"\x00" + shard.read_bytes()[1:])
     assert mgr.newest() == "step-00000002+1"  # the contents are checked as they are read
     with pytest.raises(CheckpointError, match=re.escape(
-            f"step-00000002+1 is refused: dcp/{shard.name} fails its sha256 check at chunk 0")):
+            f"step-00000002+1 is refused: dcp/{shard.name} fails its BLAKE3 check at chunk 0")):
         mgr.load("step-00000002+1", _template(_live(seed=2)), RankState)
 
 

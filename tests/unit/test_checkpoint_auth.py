@@ -1,7 +1,7 @@
 """Nothing of a checkpoint is deserialised before its manifest is authenticated.
 
 A store writer without the checkpoint key plants pickles that run a payload (DCP's
-``.metadata`` and a rank state) behind a manifest whose sha256s it recomputed: the
+``.metadata`` and a rank state) behind a manifest whose BLAKE3 digests it recomputed: the
 worker's resume and the comparator refuse the checkpoint, naming it, and the payload
 never runs. So are checkpoints under a wrong key, without a key, without a MAC, or with
 a manifest edited after signing. A folder root and an object-store root (a FileStore
@@ -264,10 +264,10 @@ def test_files_planted_after_the_check_are_never_run(kind: str, tmp_path: Path) 
     with pytest.raises(CheckpointError) as info:
         mgr.load(NAME, _template, Plain)
     # A folder's file is seen to have another size when opened; an object's bytes fail
-    # their sha256 (its size was checked against the listing at newest()).
+    # their BLAKE3 digests (its size was checked against the listing at newest()).
     _refused(str(info.value), f"is refused: {layout.rank_state_file(0)} "
-                              + ("has " if kind == "folder" else "fails its sha256 check"))
+                              + ("has " if kind == "folder" else "fails its BLAKE3 check"))
     assert not marker.exists()
     # The comparator copies (verifying) before it reads: the swapped files are refused.
-    _refused(place.compare(tmp_path), "does not match the manifest's size and sha256")
+    _refused(place.compare(tmp_path), "does not match the manifest's size and BLAKE3 digests")
     assert not marker.exists()

@@ -123,7 +123,7 @@ def test_a_changed_chunk_is_refused_by_its_reader_only_naming_file_and_chunk(
     (error,) = [exc for exc, _ in info.value.failures.values()]
     assert isinstance(error, CheckpointError)
     assert str(error).startswith(
-        f"checkpoint {root.root / NAME} is refused: {rel} fails its sha256 check at chunk "
+        f"checkpoint {root.root / NAME} is refused: {rel} fails its BLAKE3 check at chunk "
         f"{chunk} (bytes {chunk * CHUNK_BYTES}-{(chunk + 1) * CHUNK_BYTES} of ")
 
 
@@ -133,7 +133,7 @@ def test_the_manager_names_the_rank_file_and_chunk(root: FolderRoot) -> None:
     _flip(_shard(root), CHUNK_BYTES + 1)
     with pytest.raises(CheckpointError, match=(
             rf"rank 0: DCP load of {NAME} failed: rank 0: checkpoint \S+ is refused: "
-            rf"dcp/{_shard(root).name} fails its sha256 check at chunk 1 ")):
+            rf"dcp/{_shard(root).name} fails its BLAKE3 check at chunk 1 ")):
         mgr.load(NAME, lambda _: _zeros(), Plain)
 
 
@@ -170,7 +170,7 @@ def test_a_planted_metadata_is_refused_before_it_is_unpickled(
     planted = payload(marker)  # pickle ignores what follows its end: pad to the same size
     metadata.write_bytes(planted + b"\0" * (metadata.stat().st_size - len(planted)))
     with pytest.raises(CheckpointError, match=(
-            r"checkpoint \S+ is refused: dcp/\.metadata fails its sha256 check at chunk 0")):
+            r"checkpoint \S+ is refused: dcp/\.metadata fails its BLAKE3 check at chunk 0")):
         mgr.load(NAME, lambda _: _zeros(), Plain)
     assert not marker.exists()
     pickle.loads(metadata.read_bytes())  # the payload was live

@@ -154,7 +154,7 @@ def test_a_damaged_committed_checkpoint_fails_the_resume_naming_the_object(
     if tamper == "flip":
         data[len(data) // 2] ^= 0x01
         shard.write_bytes(bytes(data))
-        expect = r"step-00000004 is refused: dcp/__0_0\.distcp fails its sha256 check at chunk 0"
+        expect = r"step-00000004 is refused: dcp/__0_0\.distcp fails its BLAKE3 check at chunk 0"
     elif tamper == "truncate":
         shard.write_bytes(bytes(data[:-1]))
         expect = r"__0_0\.distcp has \d+ bytes, the manifest says"

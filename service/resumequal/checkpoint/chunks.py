@@ -1,18 +1,18 @@
-"""Per-chunk sha256 digests of a checkpoint's files: taken as they are written, checked as
+"""Per-chunk BLAKE3 digests of a checkpoint's files: taken as they are written, checked as
 they are read.
 
 A file is cut into fixed chunks (the manifest's ``chunk_bytes``, the last one shorter) and
-the manifest keeps one sha256 per chunk, so a reader that needs a few tensors of a file
+the manifest keeps one digest per chunk, so a reader that needs a few tensors of a file
 verifies just the chunks holding them. Imports no torch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 
+import blake3
 from typing_extensions import Buffer
 
 __all__ = ["CHUNK_BYTES", "HASH_THREADS", "ChunkHasher", "chunk_count", "chunk_digests", "digest"]
@@ -36,7 +36,7 @@ class ChunkHasher:
 
     def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
         self._chunk_bytes = chunk_bytes
-        self._hash = hashlib.sha256()
+        self._hash = blake3.blake3()
         self._filled = 0
         self.size = 0
         self._digests: list[str] = []
@@ -74,7 +74,7 @@ class ChunkHasher:
         self.size += len(piece)
         if self._filled == self._chunk_bytes:
             self._digests.append(self._hash.hexdigest())
-            self._hash, self._filled = hashlib.sha256(), 0
+            self._hash, self._filled = blake3.blake3(), 0
         return view[len(piece):]
 
     def digests(self) -> list[str]:
@@ -92,5 +92,5 @@ def chunk_digests(data: Buffer, chunk_bytes: int = CHUNK_BYTES) -> list[str]:
 
 
 def digest(data: Buffer) -> str:
-    """The sha256 of one chunk, hex."""
-    return hashlib.sha256(data).hexdigest()
+    """The BLAKE3 digest of one chunk, hex."""
+    return blake3.blake3(data).hexdigest()

@@ -1,4 +1,4 @@
-"""The manifest: every file of a checkpoint with its size and chunk sha256s, and its MAC.
+"""The manifest: every file of a checkpoint with its size and chunk digests, and its MAC.
 
 Written last before the commit from the digests each rank took while writing its files
 (:mod:`resumequal.checkpoint.chunks`); every byte of a checkpoint is checked against it
@@ -10,7 +10,7 @@ whole folders.
 The manifest's bytes are authenticated with the checkpoint key (:mod:`resumequal.signing`;
 HMAC-SHA256 in ``manifest.hmac`` beside it) before anything else of the checkpoint is
 read, the manifest's own JSON included: whoever can write to the store can recompute the
-sha256s, not the MAC. Every reader (the folder and object-store roots, the comparator)
+BLAKE3 digests, not the MAC. Every reader (the folder and object-store roots, the comparator)
 goes through :func:`authenticate` here.
 
 A manifest also names the run (``RESUMEQUAL_RUN_ID``), the leg and the position that wrote
@@ -43,7 +43,7 @@ from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.errors import CheckpointError
 from resumequal.signing import authentic, key_from_env, run_id_from_env, sign
 
-# 2: the manifest names its run. 3: a sha256 per chunk of each file instead of per file.
+# 2: the manifest names its run. 3: a BLAKE3 digest per chunk of each file instead of per file.
 MANIFEST_FORMAT = 3
 # What a reader takes of a manifest and of its MAC before refusing them unread: a manifest
 # lists a checkpoint's files and a digest (about 70 bytes) per 4 MiB chunk of them, so
@@ -55,7 +55,7 @@ _UNLISTED = frozenset({MANIFEST, MANIFEST_MAC})
 
 
 class FileEntry(BaseModel):
-    """One file: its size and the sha256 of each of its chunks, in order."""
+    """One file: its size and the BLAKE3 digest of each of its chunks, in order."""
 
     model_config = ConfigDict(extra="forbid")
     size: NonNegativeInt
@@ -83,7 +83,7 @@ class Manifest(BaseModel):
     attempt: int
     created_at: float
     chunk_bytes: PositiveInt = CHUNK_BYTES
-    """The size of the chunks every file is cut into, each with its own sha256."""
+    """The size of the chunks every file is cut into, each with its own BLAKE3 digest."""
     files: dict[str, FileEntry]
     info: CheckpointInfo = {}
     run: str = ""
@@ -214,7 +214,7 @@ def authenticate(data: bytes, mac: bytes | None, where: str,
         if fmt != MANIFEST_FORMAT:
             raise CheckpointError(
                 f"checkpoint {where} is refused: its manifest has format {fmt}; this version "
-                f"reads format {MANIFEST_FORMAT} (a sha256 per chunk) only"
+                f"reads format {MANIFEST_FORMAT} (a BLAKE3 digest per chunk) only"
             ) from invalid
         raise CheckpointError(f"checkpoint {where}: unreadable manifest: {invalid}") from invalid
     return check_bound(manifest, where, leg, run)
@@ -343,7 +343,7 @@ def stream_check(f: BinaryIO, entry: FileEntry, chunk_bytes: int,
 def verify(directory: Path, key: bytes | None = None, *, leg: str | None = None,
            run: str | None = None) -> Manifest:
     """Authenticate the manifest (of ``leg``, if given), then check every file against it:
-    presence, size, every chunk's sha256, and nothing extra. ``key`` defaults to this
+    presence, size, every chunk's BLAKE3 digest, and nothing extra. ``key`` defaults to this
     process's key."""
     manifest = _own_manifest(directory, key, leg, run)
     check_listing(directory, manifest)
@@ -355,7 +355,7 @@ def verify(directory: Path, key: bytes | None = None, *, leg: str | None = None,
                 f"{directory}: {rel} has {size} bytes, the manifest says {entry.size}")
         if bad is not None:
             raise CheckpointError(
-                f"{directory}: {rel} fails its sha256 check at chunk {bad} (bytes "
+                f"{directory}: {rel} fails its BLAKE3 check at chunk {bad} (bytes "
                 f"{bad * manifest.chunk_bytes}-"
                 f"{min((bad + 1) * manifest.chunk_bytes, entry.size)}): the checkpoint was "
                 "modified after it was committed"
@@ -386,6 +386,6 @@ def copy_verified(directory: Path, dest: Path, key: bytes | None = None, *,
         if size != entry.size or bad is not None:
             raise CheckpointError(
                 f"checkpoint {directory} fails verification: {rel} does not match the "
-                "manifest's size and sha256: it was modified after it was committed")
+                "manifest's size and BLAKE3 digests: it was modified after it was committed")
     write_manifest_file(dest, manifest)
     return manifest

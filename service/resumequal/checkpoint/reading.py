@@ -2,7 +2,7 @@
 
 A resuming rank copies nothing. It reads the bytes DCP asks for into memory (from a folder,
 or in ranged reads from an object store: a :class:`Source`), checks every chunk they fall
-in against the manifest's sha256s, and hands those same bytes to torch:
+in against the manifest's BLAKE3 digests, and hands those same bytes to torch:
 a file changed before the check is refused, naming the file and the chunk, and one
 changed after it is never read again. A rank reads (and checks) only the chunks holding
 what it loads. DCP's ``.metadata`` (a pickle) and a rank state are read and checked whole
@@ -30,11 +30,11 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
-from typing_extensions import Buffer
 
 from resumequal.checkpoint.chunks import HASH_THREADS, digest
 from resumequal.checkpoint.layout import DCP_DIR
 from resumequal.checkpoint.manifest import FileEntry, Manifest
+from resumequal.checkpoint.records import Memory, tensor_in_place
 from resumequal.errors import CheckpointError
 
 __all__ = ["FolderSource", "Opened", "Source", "VerifiedCheckpoint", "VerifiedReader"]
@@ -43,6 +43,8 @@ __all__ = ["FolderSource", "Opened", "Source", "VerifiedCheckpoint", "VerifiedRe
 # rank loads from a file are read in runs of whole chunks up to this size, two at a time
 # (one in use, the next read ahead).
 WINDOW_BYTES = 32 << 20
+# Runs past the one being read that a source is told are read next (Opened.prefetch).
+_PREFETCH_RUNS = 2
 _METADATA = ".metadata"
 
 
@@ -51,6 +53,11 @@ class Opened(Protocol):
 
     def read_into(self, offset: int, out: memoryview) -> int:
         """Bytes from ``offset`` into ``out``; how many (0 only at the file's end)."""
+        ...
+
+    def prefetch(self, offset: int, length: int) -> None:
+        """A hint that bytes ``offset``..``offset + length`` are read next (no effect on
+        what is read)."""
         ...
 
     def close(self) -> None:
@@ -78,6 +85,12 @@ class _LocalFile:
 
     def read_into(self, offset: int, out: memoryview) -> int:
         return os.preadv(self._f.fileno(), [out], offset)
+
+    def prefetch(self, offset: int, length: int) -> None:
+        # The kernel reads these in the background while a run is checked and loaded;
+        # otherwise the disk idles between one read of a run and the next.
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._f.fileno(), offset, length, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         self._f.close()
@@ -152,6 +165,8 @@ class VerifiedCheckpoint:
             buffers = [bytearray(), bytearray()]  # the run in use and the one read ahead
 
             def fill(n: int, previous: memoryview | None) -> memoryview:
+                for later in runs[n + 1:n + 1 + _PREFETCH_RUNS]:
+                    f.prefetch(later[0] * chunk, (later[1] + 1 - later[0]) * chunk)
                 carry = None
                 if previous is not None and runs[n - 1][1] == runs[n][0]:
                     carry = previous[(runs[n - 1][1] - runs[n - 1][0]) * chunk:]
@@ -195,23 +210,20 @@ class VerifiedCheckpoint:
 
         def read(i: int) -> memoryview:
             piece = buf[(i - window[0]) * chunk:(i + 1 - window[0]) * chunk]
-            done = 0
-            while done < len(piece):
-                n = f.read_into(i * chunk + done, piece[done:])
-                if not n:
-                    raise CheckpointError(
-                        f"checkpoint {self.where} is refused: {rel} ends at byte "
-                        f"{i * chunk + done}, the manifest says {entry.size}")
-                done += n
+            _read_fully(f, i * chunk, piece, self.where, rel, entry.size)
             return piece
 
         digests: list[tuple[int, futures.Future[str]]] = []
         try:
+            if self.source.parallel == 1 and first <= window[1]:  # one read, in order
+                _read_fully(f, first * chunk, buf[(first - window[0]) * chunk:], self.where,
+                            rel, entry.size)
             for i in range(first, window[1] + 1):
                 if self.source.parallel > 1:  # each chunk fetched and hashed in the pool
                     digests.append((i, hashers.submit(lambda i: digest(read(i)), i)))
-                else:  # read in order (the kernel reads ahead), hashed side by side
-                    digests.append((i, hashers.submit(digest, read(i))))
+                else:  # hashed side by side
+                    piece = buf[(i - window[0]) * chunk:(i + 1 - window[0]) * chunk]
+                    digests.append((i, hashers.submit(digest, piece)))
             for i, digested in digests:
                 self._check(rel, entry, i, digested.result())
         except BaseException:
@@ -224,13 +236,25 @@ class VerifiedCheckpoint:
         chunk = self.manifest.chunk_bytes
         if found != entry.chunks[i]:
             raise CheckpointError(
-                f"checkpoint {self.where} is refused: {rel} fails its sha256 check at "
+                f"checkpoint {self.where} is refused: {rel} fails its BLAKE3 check at "
                 f"chunk {i} (bytes {i * chunk}-{min((i + 1) * chunk, entry.size)} of "
                 f"{entry.size}): it was changed after it was committed")
 
     def reader(self) -> VerifiedReader:
         """A DCP storage reader of this checkpoint's tensors."""
         return VerifiedReader(self)
+
+
+def _read_fully(f: Opened, offset: int, out: memoryview, where: str, rel: str,
+                size: int) -> None:
+    """``len(out)`` bytes of ``f`` from ``offset``; refused if the file ends before."""
+    done = 0
+    while done < len(out):
+        n = f.read_into(offset + done, out[done:])
+        if not n:
+            raise CheckpointError(f"checkpoint {where} is refused: {rel} ends at byte "
+                                  f"{offset + done}, the manifest says {size}")
+        done += n
 
 
 def _windows(ranges: Sequence[tuple[int, int]], chunk: int,
@@ -252,36 +276,6 @@ def _windows(ranges: Sequence[tuple[int, int]], chunk: int,
     return runs
 
 
-class _Memory(io.RawIOBase):
-    """A read-only, seekable file over bytes in memory, without copying them."""
-
-    def __init__(self, data: memoryview) -> None:
-        super().__init__()
-        self._data = data
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b: Buffer) -> int:
-        out = memoryview(b).cast("B")
-        n = max(0, min(len(out), len(self._data) - self._pos))
-        out[:n] = self._data[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._data)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-
 class VerifiedReader(dcp.FileSystemReader):
     """DCP's file reader, reading only through a :class:`VerifiedCheckpoint`: each rank's
     byte ranges checked chunk by chunk, ``.metadata`` checked whole before it is
@@ -290,23 +284,23 @@ class VerifiedReader(dcp.FileSystemReader):
     def __init__(self, checkpoint: VerifiedCheckpoint) -> None:
         super().__init__(f"{checkpoint.where}/{DCP_DIR}")  # a name: DCP opens nothing
         self.checkpoint = checkpoint
-        self._metadata: bytes | None = None
+        self._metadata: Metadata | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:  # DCP's fallback when the global one failed
             raise CheckpointError(f"checkpoint {self.checkpoint.where}: a save of ours "
                                   "writes no per-rank DCP metadata")
-        if self._metadata is None:  # checked once, unpickled afresh for every caller
-            self._metadata = self.checkpoint.read(f"{DCP_DIR}/{_METADATA}")
-        metadata = pickle.loads(self._metadata)
-        if not isinstance(metadata, Metadata):
-            raise CheckpointError(f"checkpoint {self.checkpoint.where}: {DCP_DIR}/{_METADATA}"
-                                  " holds no DCP metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        assert metadata.storage_meta is not None
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+        if self._metadata is None:  # checked and unpickled once: the manager and DCP ask
+            metadata = pickle.loads(self.checkpoint.read(f"{DCP_DIR}/{_METADATA}"))
+            if not isinstance(metadata, Metadata):
+                raise CheckpointError(f"checkpoint {self.checkpoint.where}: "
+                                      f"{DCP_DIR}/{_METADATA} holds no DCP metadata")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            self._metadata = metadata
+        assert self._metadata.storage_meta is not None
+        self._metadata.storage_meta.load_id = self.load_id
+        return self._metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[ReadItem]] = {}
@@ -327,7 +321,7 @@ class VerifiedReader(dcp.FileSystemReader):
     def _load(self, item: ReadItem, info: _StorageInfo, data: memoryview,
               planner: LoadPlanner) -> None:
         """One item, from its checked bytes, as ``FileSystemReader.read_data`` does."""
-        stream: IO[bytes] = cast(IO[bytes], _Memory(data))
+        stream: IO[bytes] = cast(IO[bytes], Memory(data))
         # Stream extensions (torch >= 2.7) name themselves in the metadata; ours use none.
         descriptors = getattr(info, "transform_descriptors", None)
         if descriptors:
@@ -335,8 +329,12 @@ class VerifiedReader(dcp.FileSystemReader):
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(stream.read(-1)))
             return
-        seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
-        tensor = torch.load(seekable, map_location="cpu", weights_only=True)
+        # The checked bytes viewed as the tensor, copied once into its destination below;
+        # torch.load would copy them into a storage first.
+        tensor = None if descriptors else tensor_in_place(data)
+        if tensor is None:
+            seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+            tensor = torch.load(seekable, map_location="cpu", weights_only=True)
         tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():

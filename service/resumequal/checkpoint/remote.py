@@ -3,7 +3,7 @@
 Object layout under the leg's prefix (``<store>/<leg>/checkpoints/``)::
 
     step-00000004/dcp/.metadata, dcp/__<rank>_<i>.distcp, rank-<rank>.json
-    step-00000004/manifest.json     every file above with its size and sha256
+    step-00000004/manifest.json     every file above with its size and BLAKE3 digests
     step-00000004/manifest.hmac     the manifest's MAC under the checkpoint key
     step-00000004/COMMITTED         written last: only a prefix holding it is a checkpoint
 
@@ -165,6 +165,9 @@ class _StoreObject:
         except StoreError as e:
             raise CheckpointError(f"checkpoint {self._where} cannot be read: {e}") from e
 
+    def prefetch(self, offset: int, length: int) -> None:
+        """Ranges are fetched several at once already (StoreSource.parallel)."""
+
     def close(self) -> None:
         """Nothing held between reads."""
 
@@ -309,7 +312,7 @@ def newest_verified(root: RemoteRoot, world_size: int | None) -> str | None:
     """The newest committed checkpoint, its manifest checked against the listing.
 
     Every object the manifest names is there with its size, and nothing else is; the
-    contents are checked against the manifest's sha256 when they are downloaded.
+    contents are checked against the manifest's BLAKE3 digests when they are downloaded.
     """
     listing = _listing(root)
     positions = sorted(pos for pos, objs in listing.items() if COMMITTED in objs)
@@ -380,4 +383,4 @@ def _check_file(root: RemoteRoot, name: str, rel: str, path: Path, entry: FileEn
                               f"{entry.size}")
     if bad is not None:
         raise CheckpointError(f"checkpoint {name} fails verification: "
-                              f"{root.uri(name, rel)} fails its sha256 check at chunk {bad}")
+                              f"{root.uri(name, rel)} fails its BLAKE3 check at chunk {bad}")

@@ -1,13 +1,13 @@
 """A DCP writer that hashes every file as it writes it, for the manifest: no second pass.
 
 DCP's ``FileSystemWriter`` writes through a small file-system object (its ``fs``);
-:class:`HashingWriter` swaps in one whose streams take each chunk's sha256
+:class:`HashingWriter` swaps in one whose streams take each chunk's BLAKE3 digest
 (:mod:`resumequal.checkpoint.chunks`) on the way to the file and fsync it once it is
 whole, so the commit has every digest and every byte durable without reading a file
 back. DCP's own fsync is off: it syncs without flushing the stream's buffer first.
 
 DCP serialises every tensor with ``torch.save``, whose zip records carry a CRC32 of every
-byte: a second checksum beside the sha256s of the manifest (which every reader checks
+byte: a second checksum beside the BLAKE3 digests of the manifest (which every reader checks
 before anything is loaded), and most of DCP's own CPU time. While a writer of ours
 writes, it is off (:func:`no_zip_crc`).
 """

@@ -42,7 +42,7 @@ def final_checkpoint_root(
     """A local folder holding the leg's final checkpoint (``step-T``) as a checkpoint root.
 
     ``step-T`` is copied (from a folder) or downloaded (from an object store) into
-    ``scratch/<leg>/`` with every file checked against the authenticated manifest's sha256
+    ``scratch/<leg>/`` with every file checked against the authenticated manifest's BLAKE3 digests
     as it arrives, and only the copy is read; a failure (not committed, tampered,
     unreachable) is a CheckpointError naming the file. None for a store this process cannot read.
     """
