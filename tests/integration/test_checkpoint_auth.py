@@ -23,7 +23,7 @@ from resumequal.checkpoint import (
     remote,
 )
 from resumequal.checkpoint.remote import COMMITTED
-from resumequal.compare.files import final_checkpoint_root
+from resumequal.compare.files import final_checkpoint
 from resumequal.errors import CheckpointError
 from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, new_key
@@ -101,11 +101,9 @@ def _worker_refuses(root: RemoteRoot, why: str) -> None:
 
 def _comparator_refuses(spec: QualificationSpec, tmp_path: Path, why: str) -> None:
     with pytest.raises(CheckpointError) as info:
-        final_checkpoint_root(spec, RunLocation.open(str(tmp_path / "cmp")), "control",
-                                  tmp_path / "final")
+        final_checkpoint(spec, RunLocation.open(str(tmp_path / "cmp")), "control")
     assert "checkpoint s3://" in str(info.value) and NAME in str(info.value)
     assert why in str(info.value)
-    assert not (tmp_path / "final" / "control" / NAME / "dcp").exists()  # nothing fetched
 
 
 @pytest.mark.parametrize(("mac", "why"), [
@@ -146,6 +144,6 @@ def test_an_authentic_checkpoint_on_s3_loads(
     loaded = mgr.load(NAME, _template, Plain)
     assert loaded.rank_state.model_dump() == {"step": STEPS}
     assert torch.equal(loaded.tensors["x"], torch.arange(3.0))
-    final = final_checkpoint_root(spec, RunLocation.open(str(tmp_path / "cmp")), "control",
-                                  tmp_path / "final")
-    assert final is not None and (final / NAME / "manifest.hmac").is_file()
+    final = final_checkpoint(spec, RunLocation.open(str(tmp_path / "cmp")), "control")
+    assert final is not None and final.name == NAME
+    assert "x" in final.reader().read_metadata().state_dict_metadata  # read where it lies

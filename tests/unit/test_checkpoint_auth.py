@@ -28,7 +28,8 @@ from resumequal.checkpoint import (
     verify,
 )
 from resumequal.checkpoint.remote import COMMITTED
-from resumequal.compare.files import final_checkpoint_root
+from resumequal.compare.drift import checkpoint_drift
+from resumequal.compare.files import final_checkpoint
 from resumequal.compare.validity import check_final_checkpoints
 from resumequal.errors import CheckpointError
 from resumequal.local.backend import LocalBackend
@@ -106,18 +107,24 @@ class Place:
         return info.value
 
     def compare(self, tmp_path: Path) -> str:
-        """What the comparator meets: the final checkpoints' check (then drift)."""
-        store = (str(self.store_dir) if self.store is None
-                 else f"file://{self.store_dir}")
-        spec = parse_spec({"training": {"steps": STEPS}, "checkpoint": {"store": store}})
+        """What the comparator meets: the final checkpoints opened, then the drift (which
+        reads DCP's metadata and every model and optimizer tensor through them)."""
+        spec = parse_spec({"training": {"steps": STEPS},
+                           "checkpoint": {"store": str(self.store_dir)}})
         try:
-            root = final_checkpoint_root(spec, RunLocation.open(str(tmp_path / "run")), "control",
-                                  tmp_path / "final")
+            if self.store is None:
+                final = final_checkpoint(spec, RunLocation.open(str(tmp_path / "run")),
+                                         "control")
+            else:  # as on S3: a file:// store of a run holds folder checkpoints
+                final = RemoteRoot(self.store, "control/checkpoints", tmp_path / "cmp").final(
+                    NAME)
+            check, pair = check_final_checkpoints({"control": final, "preempted": final},
+                                                  STEPS)
+            assert check.ok and pair is not None, check.detail
+            checkpoint_drift(pair.control, pair.preempted)
         except CheckpointError as e:
             return str(e)
-        check, final = check_final_checkpoints({"control": root, "preempted": root}, STEPS)
-        assert not check.ok and final is None
-        return check.detail
+        raise AssertionError("the comparator read a tampered checkpoint")
 
 
 KINDS = ["folder", "object-store"]
@@ -268,6 +275,6 @@ def test_files_planted_after_the_check_are_never_run(kind: str, tmp_path: Path) 
     _refused(str(info.value), f"is refused: {layout.rank_state_file(0)} "
                               + ("has " if kind == "folder" else "fails its BLAKE3 check"))
     assert not marker.exists()
-    # The comparator copies (verifying) before it reads: the swapped files are refused.
-    _refused(place.compare(tmp_path), "does not match the manifest's size and BLAKE3 digests")
+    # The comparator reads where they lie too: the swapped files are refused.
+    _refused(place.compare(tmp_path), "bytes, the manifest says")
     assert not marker.exists()

@@ -263,8 +263,8 @@ def test_a_file_no_rank_reported_fails_the_commit(tmp_path: Path) -> None:
     mgr = CheckpointManager(FolderRoot(tmp_path), rank=0, world_size=1, attempt=0, keep_last=2)
     staging = layout.staging_path(tmp_path, Position(4), 0)
     with pytest.raises(CheckpointError, match=(
-            f"commit of {NAME} failed; it stays uncommitted: {staging}: files not in the "
-            "manifest: dcp/stray")):
+            f"commit of {NAME} failed; it stays uncommitted: checkpoint {staging} is "
+            "refused: files not in the manifest: dcp/stray")):
         mgr.save(Position(4), _state(), Plain(step=4),
                  before_commit=lambda: (staging / "dcp" / "stray").write_bytes(b"x"))
     assert layout.committed(tmp_path) == []

@@ -522,7 +522,7 @@ def test_tampered_final_checkpoint_is_invalid(run: SyntheticRun) -> None:
     assert v.result == Result.INVALID
     assert failed_check(v) == "final_checkpoints"
     assert "preempted leg's final checkpoint fails verification" in v.reason
-    assert "sha256" in v.reason
+    assert "fails its BLAKE3 check at chunk 0" in v.reason
 
 
 def test_missing_final_checkpoint_is_invalid(run: SyntheticRun) -> None:

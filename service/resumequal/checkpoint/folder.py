@@ -35,7 +35,6 @@ from resumequal.checkpoint.manifest import (
     FileEntry,
     Manifest,
     check_listing,
-    copy_verified,
     file_entry,
     fsync_dir,
     make_manifest,
@@ -158,10 +157,12 @@ class FolderRoot:
         return VerifiedCheckpoint(FolderSource(directory, str(directory)), self._manifest(name),
                                   str(directory))
 
-    def final_root(self, name: str, dest: Path) -> Path:
-        """Copy ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""
-        if not (self.root / name).is_dir():
-            raise CheckpointMissing(f"{self.root / name} is not a committed checkpoint")
-        shutil.rmtree(dest / name, ignore_errors=True)
-        copy_verified(self.root / name, dest / name, leg=self.leg, run=self.run)
-        return dest
+    def final(self, name: str) -> VerifiedCheckpoint:
+        """Committed checkpoint ``name`` where it lies, its listing checked."""
+        directory = self.root / name
+        if not directory.is_dir():
+            raise CheckpointMissing(f"{directory} is not a committed checkpoint")
+        manifest = self._manifest(name)
+        check_listing(directory, manifest)
+        return VerifiedCheckpoint(FolderSource(directory, str(directory)), manifest,
+                                  str(directory))

@@ -293,17 +293,17 @@ def check_listing(directory: Path, manifest: Manifest) -> None:
     """Every file the manifest lists is in ``directory`` with its size, and nothing else
     is; the contents are checked as they are read."""
     present = {str(p.relative_to(directory)): p for p in _files(directory)}
+    refused = f"checkpoint {directory} is refused:"
     extra = sorted(set(present) - set(manifest.files))
     if extra:
-        raise CheckpointError(f"{directory}: files not in the manifest: {', '.join(extra)}")
+        raise CheckpointError(f"{refused} files not in the manifest: {', '.join(extra)}")
     for rel, entry in sorted(manifest.files.items()):
         if rel not in present:
-            raise CheckpointError(f"{directory}: {rel} is listed in the manifest but missing")
+            raise CheckpointError(f"{refused} {rel} is listed in the manifest but missing")
         size = present[rel].stat().st_size
         if size != entry.size:
-            raise CheckpointError(
-                f"{directory}: {rel} has {size} bytes, the manifest says {entry.size}"
-            )
+            raise CheckpointError(f"{refused} {rel} has {size} bytes, the manifest says "
+                                  f"{entry.size}")
 
 
 def _own_manifest(directory: Path, key: bytes | None, leg: str | None,

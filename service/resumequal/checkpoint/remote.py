@@ -15,8 +15,8 @@ uploads the manifest, then ``COMMITTED``. A kill or an endpoint failure anywhere
 the marker leaves a prefix without one: never listed as committed, deleted at the next
 start. Resuming copies nothing: each rank fetches just the chunks holding what it loads,
 in ranged GETs (:class:`StoreSource`, several at once), each checked against the manifest
-before DCP sees a byte of it (:mod:`resumequal.checkpoint.reading`). The comparator's copy
-(:meth:`RemoteRoot.final_root`) is checked whole once downloaded. The manifest itself is
+before DCP sees a byte of it (:mod:`resumequal.checkpoint.reading`); the comparator reads
+the final checkpoints the same way (:meth:`RemoteRoot.final`). The manifest itself is
 authenticated (:func:`resumequal.checkpoint.manifest.authenticate`) before anything it
 lists is listed, read or downloaded.
 
@@ -74,8 +74,8 @@ _RANK_STATE = re.compile(r"^rank-(\d+)\.json$")
 class RemoteRoot:
     """Where one leg's checkpoints live on an object store, and its local working folder.
 
-    ``local`` holds the staging folders of saves and the downloaded copies of loads; it is
-    scratch space, never a source of truth.
+    ``local`` holds the staging folders of saves (loads read the store where it lies); it
+    is scratch space, never a source of truth.
     """
 
     store: Store
@@ -148,10 +148,15 @@ class RemoteRoot:
         manifest = read_manifest(self, name)
         return VerifiedCheckpoint(StoreSource(self, name), manifest, self.uri(name))
 
-    def final_root(self, name: str, dest: Path) -> Path:
-        """Download ``name`` into ``dest``, verified; ``dest`` is then its checkpoint root."""
-        download(self, name, dest / name)
-        return dest
+    def final(self, name: str) -> VerifiedCheckpoint:
+        """Committed checkpoint ``name`` where it lies, its listing checked: each chunk
+        fetched in a ranged read and checked before it is used."""
+        position = Position.parse(name)
+        if position is None:
+            raise CheckpointMissing(f"{self.uri(name)} is not a checkpoint's name")
+        checkpoint = self.open(name, 0)
+        check_objects(self, name, checkpoint.manifest, _listing(self).get(position, {}))
+        return checkpoint
 
 
 class _StoreObject:
@@ -321,27 +326,30 @@ def newest_verified(root: RemoteRoot, world_size: int | None) -> str | None:
     newest = positions[-1]
     name = newest.name
     manifest = read_manifest(root, name)
-    present = {rel: size for rel, size in listing[newest].items() if rel not in _UNLISTED}
-    extra = sorted(set(present) - set(manifest.files))
-    if extra:
-        raise CheckpointError(f"{root.uri(name)}: objects not in the manifest: "
-                              f"{', '.join(extra)}")
-    for rel, entry in sorted(manifest.files.items()):
-        if rel not in present:
-            raise CheckpointError(
-                f"{root.uri(name, rel)} is listed in the manifest but missing"
-            )
-        if present[rel] != entry.size:
-            raise CheckpointError(
-                f"{root.uri(name, rel)} has {present[rel]} bytes, the manifest says "
-                f"{entry.size}"
-            )
+    check_objects(root, name, manifest, listing[newest])
     if world_size is not None and manifest.world_size != world_size:
         raise CheckpointError(
             f"{root.uri(name)} was written by {manifest.world_size} ranks; this leg has "
             f"{world_size}"
         )
     return name
+
+
+def check_objects(root: RemoteRoot, name: str, manifest: Manifest,
+                  listed: dict[str, int]) -> None:
+    """Every object the manifest names is in ``listed`` (object -> size) with its size,
+    and nothing else is; their contents are checked as they are read."""
+    present = {rel: size for rel, size in listed.items() if rel not in _UNLISTED}
+    refused = f"checkpoint {root.uri(name)} is refused:"
+    extra = sorted(set(present) - set(manifest.files))
+    if extra:
+        raise CheckpointError(f"{refused} objects not in the manifest: {', '.join(extra)}")
+    for rel, entry in sorted(manifest.files.items()):
+        if rel not in present:
+            raise CheckpointError(f"{refused} {rel} is listed in the manifest but missing")
+        if present[rel] != entry.size:
+            raise CheckpointError(f"{refused} {rel} has {present[rel]} bytes, the manifest "
+                                  f"says {entry.size}")
 
 
 def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:

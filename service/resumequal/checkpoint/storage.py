@@ -76,9 +76,10 @@ class CheckpointRoot(Protocol):
         manifest: every byte checked as it is read."""
         ...
 
-    def final_root(self, name: str, dest: Path) -> Path:
-        """A local checkpoint root holding ``name`` verified (``dest`` if it is copied);
-        CheckpointError if it fails verification, StoreError if it cannot be read."""
+    def final(self, name: str) -> VerifiedCheckpoint:
+        """Committed checkpoint ``name`` where it lies, for the comparator: its manifest
+        authenticated, its files there with their sizes, every byte checked as it is read.
+        CheckpointMissing if it was never committed, CheckpointError if it is refused."""
         ...
 
 

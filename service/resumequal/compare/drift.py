@@ -22,18 +22,20 @@ import logging
 import math
 import struct
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
 from resumequal.checkpoint.layout import DCP_DIR
 from resumequal.checkpoint.manager import DCP_ERRORS
+from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.errors import CheckpointError
 from resumequal.verdict import DriftSummary, TensorDrift
 
@@ -176,15 +178,31 @@ _NO_DIST: dict[str, bool] = (
 
 
 class _Checkpoint:
-    """One DCP checkpoint: its metadata, and loads of chosen keys only."""
+    """One DCP checkpoint: its metadata, and loads of chosen keys only. A
+    :class:`VerifiedCheckpoint` is read through its manifest (each chunk checked as it is
+    read); a path is a DCP folder this process trusts (a test's, a bench's)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / DCP_DIR if (directory / DCP_DIR).is_dir() else directory
+    def __init__(self, where: VerifiedCheckpoint | Path, role: str) -> None:
+        self.role = role
+        if isinstance(where, VerifiedCheckpoint):
+            self.path = where.where
+            verified = where.reader()
+            self._reader: Callable[[], dcp.FileSystemReader] = lambda: verified
+        else:
+            folder = where / DCP_DIR if (where / DCP_DIR).is_dir() else where
+            self.path = str(folder)
+            self._reader = lambda: dcp.FileSystemReader(str(folder))
         try:
-            meta = dcp.FileSystemReader(str(self.path)).read_metadata()
+            meta = self._reader().read_metadata()
+        except CheckpointError as e:  # refused by its manifest
+            raise self._refused(str(e)) from e
         except DCP_ERRORS as e:  # a missing or unpicklable .metadata file
             raise CheckpointError(f"{self.path}: unreadable DCP metadata: {e}") from e
         self.items = meta.state_dict_metadata
+
+    def _refused(self, why: str) -> FinalCheckpointRefused:
+        return FinalCheckpointRefused(f"the {self.role} leg's final checkpoint fails "
+                                      f"verification: {why}")
 
     def load(self, keys: Iterable[str]) -> dict[str, Any]:
         state: dict[str, Any] = {}
@@ -196,12 +214,21 @@ class _Checkpoint:
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a "
                                                       "single process")
             try:
-                dcp.load(state, storage_reader=dcp.FileSystemReader(str(self.path)),
+                dcp.load(state, storage_reader=self._reader(),
                          planner=DefaultLoadPlanner(allow_partial_load=True), **_NO_DIST)
             except DCP_ERRORS as e:  # DCP wraps read failures in CheckpointException
+                failures = ([exc for exc, _ in e.failures.values()]
+                            if isinstance(e, CheckpointException) else [e])
+                refusals = [str(exc) for exc in failures if isinstance(exc, CheckpointError)]
+                if refusals:
+                    raise self._refused("; ".join(refusals)) from e
                 raise CheckpointError(f"{self.path}: cannot load {len(state)} item(s): "
-                                      f"{e}") from e
+                                      f"{'; '.join(map(str, failures))}") from e
         return state
+
+
+class FinalCheckpointRefused(CheckpointError):
+    """A byte the drift read does not match the checkpoint's manifest."""
 
 
 def _tensor_spec(md: object) -> tuple[torch.Size, torch.dtype] | None:
@@ -258,8 +285,8 @@ def _badness(t: TensorDrift) -> tuple[float, float, float]:
 
 
 def checkpoint_drift(
-    control: Path,
-    preempted: Path,
+    control: VerifiedCheckpoint | Path,
+    preempted: VerifiedCheckpoint | Path,
     *,
     top: int = TOP_TENSORS,
     batch_bytes: int = BATCH_BYTES,
@@ -267,9 +294,10 @@ def checkpoint_drift(
 ) -> list[DriftSummary]:
     """Drift of the model and optimizer groups from ``control`` to ``preempted``.
 
-    Either argument may be a checkpoint folder (holding ``dcp/``) or a DCP folder.
+    Either argument may be a committed checkpoint read through its manifest, or a
+    trusted checkpoint folder (holding ``dcp/``) or DCP folder.
     """
-    a, b = _Checkpoint(control), _Checkpoint(preempted)
+    a, b = _Checkpoint(control, "control"), _Checkpoint(preempted, "preempted")
     totals = {g: _GroupTotals(g) for g in GROUP_PREFIXES.values()}
     tensor_keys: list[str] = []
     value_keys: list[str] = []

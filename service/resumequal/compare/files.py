@@ -8,6 +8,7 @@ never imports the worker side (``resumequal.train``).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,6 +17,7 @@ from typing import TypeVar
 
 from resumequal.checkpoint import checkpoint_location
 from resumequal.checkpoint.layout import Position
+from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.errors import CheckpointError, StoreError, TraceError
 from resumequal.runstore import RunLocation
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
@@ -36,28 +38,28 @@ LEGS: tuple[str, str] = (REFERENCE_LEG, "preempted")
 _R = TypeVar("_R", StepRecord, InventoryRecord, RestoreRecord, ArmRecord, CompiledRecord)
 
 
-def final_checkpoint_root(
-    spec: QualificationSpec, location: RunLocation, leg: str, scratch: Path
-) -> Path | None:
-    """A local folder holding the leg's final checkpoint (``step-T``) as a checkpoint root.
+def final_checkpoint(
+    spec: QualificationSpec, location: RunLocation, leg: str
+) -> VerifiedCheckpoint | None:
+    """The leg's final checkpoint (``step-T``) where it lies, read through its
+    authenticated manifest: every byte checked as it is read, nothing copied.
 
-    ``step-T`` is copied (from a folder) or downloaded (from an object store) into
-    ``scratch/<leg>/`` with every file checked against the authenticated manifest's BLAKE3 digests
-    as it arrives, and only the copy is read; a failure (not committed, tampered,
-    unreachable) is a CheckpointError naming the file. None for a store this process cannot read.
+    A failure (not committed, refused, unreachable) is a CheckpointError naming the file;
+    None for a store this process cannot read.
     """
     try:
         # Its manifest must name this run (the location's seal says which) and this leg.
         run = location.seal.run if location.seal is not None else None
+        # An object store's root names a working folder for saves; reading writes none.
         where = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
-                                    scratch, leg, run=run)
+                                    Path(tempfile.gettempdir()), leg, run=run)
     except CheckpointError:
         return None
     name = Position(spec.training.steps).name
     try:
-        return where.final_root(name, scratch / leg)
+        return where.final(name)
     except StoreError as e:
-        raise CheckpointError(f"cannot download the {leg} leg's {where.uri(name)}: {e}") from e
+        raise CheckpointError(f"cannot read the {leg} leg's {where.uri(name)}: {e}") from e
 
 
 @dataclass

@@ -8,12 +8,10 @@ steps both legs finally ran, which decides FAIL or PASS.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from resumequal.checkpoint.layout import Position
-from resumequal.compare.drift import checkpoint_drift, is_exact
-from resumequal.compare.files import LegTrace, final_checkpoint_root
+from resumequal.checkpoint.reading import VerifiedCheckpoint
+from resumequal.compare.drift import FinalCheckpointRefused, checkpoint_drift, is_exact
+from resumequal.compare.files import LegTrace, final_checkpoint
 from resumequal.compare.resize import judge_resize, resize_checks
 from resumequal.compare.validity import (
     check_armed,
@@ -94,35 +92,35 @@ def _drift_divergence(fault: DriftSummary, steps: int) -> Divergence:
 def _final_drift(
     spec: QualificationSpec, location: RunLocation, leg: str
 ) -> tuple[ValidityCheck, list[DriftSummary] | None]:
-    """Verify both legs' final checkpoints and measure their drift (None: not measured).
+    """Open both legs' final checkpoints and measure their drift (None: not measured).
 
-    Each is first copied or downloaded, verified as it arrives, into a scratch folder that
-    is removed afterwards; only the copies are read.
+    Each is read where it lies, through its authenticated manifest: every chunk the drift
+    reads is checked as it is read; nothing is copied.
     """
     name = "final_checkpoints"
     final_name = Position(spec.training.steps).name
-    with tempfile.TemporaryDirectory(prefix="resumequal-final-") as scratch:
-        roots: dict[str, Path | None] = {}
-        for role, leg_name in (("control", REFERENCE_LEG), ("preempted", leg)):
-            try:
-                roots[role] = final_checkpoint_root(spec, location, leg_name, Path(scratch))
-            except CheckpointMissing:
-                return ValidityCheck(name=name, ok=False, detail=(
-                    f"the {role} leg has no final checkpoint {final_name}")), None
-            except CheckpointError as e:
-                what = ("cannot be read" if isinstance(e.__cause__, StoreError)
-                        else "fails verification")
-                return ValidityCheck(name=name, ok=False,
-                                     detail=f"the {role} leg's final checkpoint {what}: {e}"), None
-        final_check, final = check_final_checkpoints(
-            roots, spec.training.steps, location.seal.run if location.seal else None)
-        if final is None:
-            return final_check, None
+    finals: dict[str, VerifiedCheckpoint | None] = {}
+    for role, leg_name in (("control", REFERENCE_LEG), ("preempted", leg)):
         try:
-            return final_check, checkpoint_drift(final.control, final.preempted)
+            finals[role] = final_checkpoint(spec, location, leg_name)
+        except CheckpointMissing:
+            return ValidityCheck(name=name, ok=False, detail=(
+                f"the {role} leg has no final checkpoint {final_name}")), None
         except CheckpointError as e:
-            return ValidityCheck(name=final_check.name, ok=False,
-                                 detail=f"the final checkpoints cannot be compared: {e}"), None
+            what = ("cannot be read" if isinstance(e.__cause__, StoreError)
+                    else "fails verification")
+            return ValidityCheck(name=name, ok=False,
+                                 detail=f"the {role} leg's final checkpoint {what}: {e}"), None
+    final_check, final = check_final_checkpoints(finals, spec.training.steps)
+    if final is None:
+        return final_check, None
+    try:
+        return final_check, checkpoint_drift(final.control, final.preempted)
+    except FinalCheckpointRefused as e:
+        return ValidityCheck(name=final_check.name, ok=False, detail=str(e)), None
+    except CheckpointError as e:
+        return ValidityCheck(name=final_check.name, ok=False,
+                             detail=f"the final checkpoints cannot be compared: {e}"), None
 
 
 def compare_run(

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import verify
+from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.compare.files import LegTrace
-from resumequal.errors import CheckpointError
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord, StepRecord
@@ -242,33 +240,31 @@ def check_inventory(control: LegTrace, preempted: LegTrace) -> ValidityCheck:
 
 @dataclass(frozen=True)
 class FinalCheckpoints:
-    """The two legs' checkpoints after the last step, once verified."""
+    """The two legs' checkpoints after the last step, their manifests authenticated."""
 
-    control: Path
-    preempted: Path
+    control: VerifiedCheckpoint
+    preempted: VerifiedCheckpoint
 
 
 def check_final_checkpoints(
-    roots: Mapping[str, Path | None], steps: int, run: str | None = None
+    finals: Mapping[str, VerifiedCheckpoint | None], steps: int
 ) -> tuple[ValidityCheck, FinalCheckpoints | None]:
-    """Both legs committed ``step-T`` and each still matches its manifest, one of run
-    ``run`` (default: this process's run id)."""
+    """Both legs committed ``step-T``: each opened (:func:`final_checkpoint`) with its
+    manifest authenticated and its files listed with their sizes; their bytes are checked
+    as the drift reads them."""
     name = "final_checkpoints"
     final = Position(steps).name
-    paths: dict[str, Path] = {}
-    for leg, root in roots.items():
-        if root is None:
-            return _failed(name, f"the {leg} leg's checkpoint store cannot be read as files "
+    opened: dict[str, VerifiedCheckpoint] = {}
+    for leg, checkpoint in finals.items():
+        if checkpoint is None:
+            return _failed(name, f"the {leg} leg's checkpoint store cannot be read "
                                  "here"), None
-        directory = root / final
-        if not directory.is_dir():
-            return _failed(name, f"the {leg} leg has no final checkpoint {final}"), None
-        try:
-            verify(directory, run=run)
-        except CheckpointError as e:
-            return _failed(name, f"the {leg} leg's final checkpoint fails verification: {e}"), None
-        paths[leg] = directory
+        if checkpoint.name != final:
+            return _failed(name, f"the {leg} leg's final checkpoint is {checkpoint.name}, "
+                                 f"not {final}"), None
+        opened[leg] = checkpoint
     return (
-        _ok(name, f"both legs' {final} match their manifests"),
-        FinalCheckpoints(paths["control"], paths["preempted"]),
+        _ok(name, f"both legs committed {final} under manifests of this run; every byte "
+                  "compared is checked against them as it is read"),
+        FinalCheckpoints(opened["control"], opened["preempted"]),
     )
