@@ -521,12 +521,25 @@ def summary(figures: dict[str, Any]) -> dict[str, float]:
             for name in names}
 
 
+def _round_ratios(figures: dict[str, Any], op: str) -> list[float]:
+    """resumequal's time over plain DCP's in each round, the slowest rank's of each."""
+    ranks: list[list[dict[str, float]]] = figures["ranks"]
+    return [max(r[n][f"rq_{op}_s"] for r in ranks) / max(r[n][f"dcp_{op}_s"] for r in ranks)
+            for n in range(len(ranks[0]))]
+
+
+def _ratio(figures: dict[str, Any], op: str) -> float:
+    return statistics.geometric_mean(_round_ratios(figures, op))
+
+
 def report(cfg: Config, figures: dict[str, Any]) -> str:
     s = summary(figures)
     gb = figures["bytes"] / 1e9
     lines = [f"checkpoint of {gb:.3f} GB (tiny-gpt d_model {cfg.d_model}, {cfg.layers} "
              f"layers, vocab {cfg.vocab}, seq {cfg.seq}, AdamW), {cfg.ranks} rank(s), "
-             f"{cfg.rounds} round(s); medians over rounds of the slowest rank",
+             f"{cfg.rounds} round(s); seconds: medians over rounds of the slowest rank; "
+             "ratio: the geometric mean of the rounds' (who goes first alternates, and the "
+             "second of two saves in a row is the slower)",
              f"{'':<22}{'resumequal':>11}{'plain DCP':>11}{'ratio':>7}"
              + (f"{'before #38':>12}" if cfg.head else "")
              + f"{'CPU s rq/DCP':>15}{'RSS+ MB rq/DCP':>17}"]
@@ -536,14 +549,19 @@ def report(cfg: Config, figures: dict[str, Any]) -> str:
         if f"rq_{op}_s" not in s:
             continue
         rq, plain = s[f"rq_{op}_s"], s[f"dcp_{op}_s"]
+        ratio = _ratio(figures, op)
         head = ""
         if cfg.head:
             head = f"{s[f'head_{op}_s']:>11.2f}s" if has_head else f"{'':>12}"
         cpu = f"{s[f'rq_{op}_cpu']:.2f}/{s[f'dcp_{op}_cpu']:.2f}"
         rss = f"{s[f'rq_{op}_rss'] / 1e6:.0f}/{s[f'dcp_{op}_rss'] / 1e6:.0f}"
-        lines.append(f"{label:<22}{rq:>10.2f}s{plain:>10.2f}s{rq / plain:>7.2f}{head}"
+        lines.append(f"{label:<22}{rq:>10.2f}s{plain:>10.2f}s{ratio:>7.2f}{head}"
                      f"{cpu:>15}{rss:>17}")
     ranks: list[list[dict[str, float]]] = figures["ranks"]
+    for op, label, _ in rows:
+        if f"rq_{op}_s" in ranks[0][0]:
+            lines.append(f"ratio per round, {label}: "
+                         + ", ".join(f"{ratio:.2f}" for ratio in _round_ratios(figures, op)))
     bound = figures["bytes"] + 1e9  # every rank loads the whole (replicated) state
     for op, label, _ in rows:
         if f"rq_{op}_rss" in ranks[0][0]:

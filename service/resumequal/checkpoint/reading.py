@@ -221,9 +221,9 @@ class VerifiedCheckpoint:
             for i in range(first, window[1] + 1):
                 if self.source.parallel > 1:  # each chunk fetched and hashed in the pool
                     digests.append((i, hashers.submit(lambda i: digest(read(i)), i)))
-                else:  # hashed side by side
+                else:  # hashed here, each chunk's parts side by side in BLAKE3's threads
                     piece = buf[(i - window[0]) * chunk:(i + 1 - window[0]) * chunk]
-                    digests.append((i, hashers.submit(digest, piece)))
+                    self._check(rel, entry, i, digest(piece, HASH_THREADS))
             for i, digested in digests:
                 self._check(rel, entry, i, digested.result())
         except BaseException:
