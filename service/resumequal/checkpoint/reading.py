@@ -70,7 +70,7 @@ class Source(Protocol):
     @property
     def parallel(self) -> int:
         """Chunks fetched at once, each hashed by the thread that fetched it; 1: read in
-        order by one thread, hashed side by side."""
+        order by one thread, which hashes each chunk (its parts in BLAKE3's threads)."""
         ...
 
     def open(self, rel: str, size: int) -> Opened:
@@ -151,7 +151,7 @@ class VerifiedCheckpoint:
         until the next one is taken.
 
         The file is read in runs of chunks (:func:`_windows`); while the caller uses one
-        run, the next is read and checked in a thread, its chunks hashed side by side."""
+        run, the next is read and checked in a thread (:meth:`_fill`)."""
         entry = self.entry(rel)
         chunk = self.manifest.chunk_bytes
         for offset, length in ranges:
@@ -161,7 +161,7 @@ class VerifiedCheckpoint:
                     f"{offset}-{offset + length} of {rel}, which has {entry.size}")
         runs = _windows(ranges, chunk, max(1, WINDOW_BYTES // chunk))
         with (closing(self.source.open(rel, entry.size)) as f, ThreadPoolExecutor(1) as ahead,
-              ThreadPoolExecutor(max(HASH_THREADS, self.source.parallel)) as hashers):
+              ThreadPoolExecutor(self.source.parallel) as hashers):
             buffers = [bytearray(), bytearray()]  # the run in use and the one read ahead
 
             def fill(n: int, previous: memoryview | None) -> memoryview:
@@ -197,7 +197,9 @@ class VerifiedCheckpoint:
               hashers: Executor) -> memoryview:
         """Chunks ``window`` (first, last) of file ``f``, read into ``buffers[slot]`` and
         checked; the first of them is ``carry`` when the previous window ended with it
-        (checked already). Chunks are hashed in ``hashers`` side by side."""
+        (checked already). A source read in order is read in one call and each chunk
+        hashed here; one fetched in parallel has each chunk fetched and hashed in
+        ``hashers``."""
         chunk = self.manifest.chunk_bytes
         start, end = window[0] * chunk, min((window[1] + 1) * chunk, entry.size)
         if len(buffers[slot]) < end - start:  # a new one: a caller may still see the old
