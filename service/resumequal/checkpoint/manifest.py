@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO, Self
 
@@ -292,18 +292,24 @@ def _read_capped(path: Path, max_bytes: int) -> bytes:
 def check_listing(directory: Path, manifest: Manifest) -> None:
     """Every file the manifest lists is in ``directory`` with its size, and nothing else
     is; the contents are checked as they are read."""
-    present = {str(p.relative_to(directory)): p for p in _files(directory)}
-    refused = f"checkpoint {directory} is refused:"
+    sizes = {str(p.relative_to(directory)): p.stat().st_size for p in _files(directory)}
+    check_sizes(str(directory), manifest, sizes, "files")
+
+
+def check_sizes(where: str, manifest: Manifest, present: Mapping[str, int],
+                kind: str) -> None:
+    """``present`` (name -> size, of checkpoint ``where``) is exactly what the manifest
+    lists, each with its size; ``kind`` names them in the error ("files", "objects")."""
+    refused = f"checkpoint {where} is refused:"
     extra = sorted(set(present) - set(manifest.files))
     if extra:
-        raise CheckpointError(f"{refused} files not in the manifest: {', '.join(extra)}")
+        raise CheckpointError(f"{refused} {kind} not in the manifest: {', '.join(extra)}")
     for rel, entry in sorted(manifest.files.items()):
         if rel not in present:
             raise CheckpointError(f"{refused} {rel} is listed in the manifest but missing")
-        size = present[rel].stat().st_size
-        if size != entry.size:
-            raise CheckpointError(f"{refused} {rel} has {size} bytes, the manifest says "
-                                  f"{entry.size}")
+        if present[rel] != entry.size:
+            raise CheckpointError(f"{refused} {rel} has {present[rel]} bytes, the manifest "
+                                  f"says {entry.size}")
 
 
 def _own_manifest(directory: Path, key: bytes | None, leg: str | None,

@@ -45,6 +45,7 @@ from resumequal.checkpoint.manifest import (
     FileEntry,
     Manifest,
     authenticate,
+    check_sizes,
     file_entry,
     make_manifest,
     signed,
@@ -340,16 +341,7 @@ def check_objects(root: RemoteRoot, name: str, manifest: Manifest,
     """Every object the manifest names is in ``listed`` (object -> size) with its size,
     and nothing else is; their contents are checked as they are read."""
     present = {rel: size for rel, size in listed.items() if rel not in _UNLISTED}
-    refused = f"checkpoint {root.uri(name)} is refused:"
-    extra = sorted(set(present) - set(manifest.files))
-    if extra:
-        raise CheckpointError(f"{refused} objects not in the manifest: {', '.join(extra)}")
-    for rel, entry in sorted(manifest.files.items()):
-        if rel not in present:
-            raise CheckpointError(f"{refused} {rel} is listed in the manifest but missing")
-        if present[rel] != entry.size:
-            raise CheckpointError(f"{refused} {rel} has {present[rel]} bytes, the manifest "
-                                  f"says {entry.size}")
+    check_sizes(root.uri(name), manifest, present, "objects")
 
 
 def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
