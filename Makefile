@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # The theme prints an end-of-life notice on every build unless told not to.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: env tools bytecode run test test-serial test-fast lint docs chart images images-build images-smoke images-push bench gpu-check compat compat-env clean
+.PHONY: env tools bytecode run test test-serial test-fast lint docs chart images images-build images-smoke images-push bench gpu-check compat compat-env cluster-build cluster-up cluster-down clean
 
 env: $(VENV)/.installed
 
@@ -45,8 +45,10 @@ run: env bytecode
 
 # The tests marked slow (real torchrun legs, CPU-bound) run one after another; the others,
 # and the slow ones that mostly wait (marked waits), run beside them in a second session,
-# in the slow tests' idle CPU, their output shown after. Both must pass.
-SELECT := not cluster and not matrix
+# in the slow tests' idle CPU, their output shown after. Both must pass. The cluster suite
+# (tests/cluster, slow) starts the local cluster (testing/cluster) for the session, or uses
+# the one `make cluster-up` left running.
+SELECT := not matrix
 test: env tools bytecode
 	@mkdir -p build
 	@$(PY) -m pytest -m '$(SELECT) and (not slow or waits)' $(PYTEST_ARGS) \
@@ -74,6 +76,7 @@ lint: env
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict --follow-imports=silent tools/dashboard.py tools/grafana_alerts.py \
 	  tools/images.py tools/gpu_check.py tools/compat.py tools/spec_docs.py
+	$(VENV)/bin/mypy --strict --follow-imports=silent --ignore-missing-imports testing/cluster
 	$(VENV)/bin/lint-imports
 	$(PY) tools/spec_docs.py --check
 	$(MKDOCS) build --strict --quiet --site-dir build/site
@@ -135,6 +138,22 @@ compat:
 # The venvs of `make compat` alone (downloads and disk writes, little CPU).
 compat-env:
 	python3 tools/compat.py --venvs-only $(PINS)
+
+# The local cluster (testing/cluster): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, helm, CoreDNS, the Kubeflow training operator, Trainer and JobSet,
+# and SeaweedFS, built from their pinned Go modules into build/cluster/bin (reused while the
+# pins hold), then started on this machine with the node agent and the chart installed.
+# Needs root (pods run in network namespaces of their own). `make cluster-down` stops
+# everything it started.
+CLUSTER := PYTHONPATH=. $(PY) -m testing.cluster
+cluster-build: env
+	$(CLUSTER) build
+
+cluster-up: env bytecode
+	$(CLUSTER) up
+
+cluster-down: env
+	$(CLUSTER) down
 
 clean:
 	rm -rf $(VENV) runs build/images .pytest_cache .mypy_cache .ruff_cache

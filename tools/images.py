@@ -9,9 +9,9 @@
 Pushing verifies the registry's TLS certificate unless REGISTRY_TLS_VERIFY is false.
 
 No base image can be pulled on a machine without a registry, so the bases are made here:
-a Python base bootstrapped from Debian packages (mmdebstrap) and a CPU torch base from the
-torch wheel in pip's find-links folder. Each base carries a label with the hash of its
-inputs and is rebuilt only when they change. Standard library only: it runs before any
+a Python base bootstrapped from Debian packages (mmdebstrap) and a torch base from the pin's
+wheels, downloaded once from the index into build/wheels. Each base carries a label with the
+hash of its inputs and is rebuilt only when they change. Standard library only: it runs before any
 virtual environment exists.
 """
 
@@ -41,9 +41,14 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "build" / "images"
+WHEELS = ROOT / "build" / "wheels"
+# Written last into a wheel folder: the download finished, with these names and sizes.
+WHEEL_LIST = "wheels.json"
 SUITE = "bookworm"
-# bookworm's python3 is 3.11: the torch wheel must be built for it.
+# bookworm's python3 is 3.11 and its glibc 2.36: the wheels must be built for them.
+PYTHON_VERSION = "3.11"
 PYTHON_TAG = "cp311"
+BASE_GLIBC = "2_36"
 PYTHON_BASE = f"localhost/resumequal-python:{SUITE}"
 OPERATOR_IMAGE = "localhost/resumequal-operator:dev"
 WORKER_IMAGE = "localhost/resumequal-worker:dev"
@@ -69,13 +74,15 @@ _REGISTRY = re.compile(r"[a-z0-9]+([.-][a-z0-9]+)*(:[0-9]+)?"
                        r"(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
-# The torch base: the wheel comes from the host's folder, bind-mounted read-only, so the
-# multi-GB CUDA build on PyPI is never fetched; its small dependencies come from the index.
+# The torch base: torch and everything it needs come from the host's wheel folder,
+# bind-mounted read-only and downloaded once (several GB from PyPI: a CUDA build, which runs
+# on a CPU), so a rebuild fetches nothing and the build never reaches an index.
 TORCH_CONTAINERFILE = """\
 ARG PYTHON_IMAGE
 FROM ${PYTHON_IMAGE}
-ARG TORCH_WHEEL
-RUN python -m pip install --no-cache-dir "/wheels/${TORCH_WHEEL}" \\
+ARG TORCH_VERSION
+RUN python -m pip install --no-cache-dir --no-index --find-links /wheels \\
+      "torch==${TORCH_VERSION}" \\
  && python -c "import torch; print('torch', torch.__version__)" \\
  && command -v torchrun
 """
@@ -119,8 +126,16 @@ def _run(cmd: Sequence[str], env: dict[str, str] | None = None) -> None:
     log.info("$ %s", " ".join(cmd))
     try:
         subprocess.run(cmd, env=env, check=True)
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise ImageBuildError(f"{' '.join(cmd[:2])} failed: {e}") from e
+    except subprocess.CalledProcessError as e:
+        raise ImageBuildError(f"{_what(cmd)} exited {e.returncode}") from e
+    except OSError as e:
+        raise ImageBuildError(f"{_what(cmd)} could not start: {e}") from e
+
+
+def _what(cmd: Sequence[str]) -> str:
+    """The program and its first words (``python -m pip download``, ``podman build``)."""
+    words = [Path(cmd[0]).name, *cmd[1:]]
+    return " ".join(words[:4] if words[1:2] == ["-m"] else words[:2])
 
 
 def ensure_host_tools() -> list[str]:
@@ -278,72 +293,92 @@ def python_base(env: dict[str, str], fresh: bool, note: list[str]) -> str:
 # ---------------------------------------------------------------- the torch base
 
 
-def find_links_dirs(pip_config_list: str) -> list[Path]:
-    """The local folders among the find-links values of `pip config list` output."""
-    dirs: list[Path] = []
-    for line in pip_config_list.splitlines():
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip().endswith("find-links"):
-            continue
-        for item in value.strip().strip("'\"").replace("\\n", " ").split():
-            item = item.removeprefix("file://")
-            if "://" in item:
-                continue  # an HTML page of links, not a folder to mount
-            if Path(item) not in dirs:
-                dirs.append(Path(item))
-    return dirs
+def wheels_dir(version: str, arch: str) -> Path:
+    """Where the torch pin's wheels for the base's Python and machine are kept."""
+    return WHEELS / f"torch-{version}-{PYTHON_TAG}-{arch}"
 
 
-def torch_wheel(dirs: Sequence[Path], version: str, arch: str) -> Path:
-    """The CPU torch wheel for the base's Python in the first folder holding one."""
-    pattern = f"torch-{version}+cpu-{PYTHON_TAG}-{PYTHON_TAG}-*_{arch}.whl"
-    for d in dirs:
-        found = sorted(d.glob(pattern)) if d.is_dir() else []
-        if found:
-            return found[0]
-    where = ", ".join(map(str, dirs)) or "none"
-    raise ImageBuildError(
-        f"no {pattern} in the find-links folders of pip's configuration ({where}). The torch "
-        "base installs the CPU wheel from a local folder: put it in a folder and name that "
-        "folder in pip's find-links (pip config set global.find-links DIR)"
-    )
+def platform_tags(arch: str) -> list[str]:
+    """Every wheel platform the base runs: manylinux up to its glibc (pip takes only the
+    tags it is given), the legacy aliases some wheels carry alone, plain linux."""
+    newest = int(BASE_GLIBC.split("_")[1])
+    return ([f"manylinux_2_{minor}_{arch}" for minor in range(newest, 4, -1)]
+            + [f"manylinux{legacy}_{arch}" for legacy in ("2014", "2010", "1")]
+            + [f"linux_{arch}"])
 
 
-def pip_wheel_dirs() -> list[Path]:
-    """Ask pip where its local wheels are, as `pip config list` shows (files and env)."""
-    # This interpreter's pip, else the one on PATH (Debian's python3 may come without pip).
-    for pip in ([sys.executable, "-m", "pip"], [shutil.which("pip3") or "pip3"]):
-        try:
-            out = subprocess.run([*pip, "config", "list"], capture_output=True, text=True,
-                                 check=True)
-        except (OSError, subprocess.CalledProcessError):
-            continue
-        return find_links_dirs(out.stdout)
-    raise ImageBuildError("no pip to ask where the local torch wheel is (`pip config list`)")
+def download_command(version: str, arch: str, dest: Path) -> list[str]:
+    """`pip download` of torch and everything it needs, for the base, not for this host."""
+    return [
+        sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+        "--python-version", PYTHON_VERSION, "--implementation", "cp", "--abi", PYTHON_TAG,
+        *(f for tag in platform_tags(arch) for f in ("--platform", tag)),
+        "--dest", str(dest), f"torch=={version}",
+    ]
+
+
+def read_wheel_list(folder: Path) -> dict[str, int] | None:
+    """The wheels a finished download left (name: size), or None if none finished there."""
+    try:
+        listed = json.loads((folder / WHEEL_LIST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(listed, dict) or not all(
+        isinstance(size, int) and (folder / name).is_file()
+        and (folder / name).stat().st_size == size
+        for name, size in listed.items()
+    ):
+        return None
+    return listed
+
+
+def torch_wheels(version: str, arch: str, note: list[str]) -> tuple[Path, dict[str, int]]:
+    """The pin's wheels, downloaded once into build/ and reused while the pin holds."""
+    folder = wheels_dir(version, arch)
+    listed = read_wheel_list(folder)
+    if listed is not None:
+        note.append("(wheels kept)")
+        return folder, listed
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    # pip's own configuration applies (index, extra index, find-links), so a mirror or a
+    # local wheel folder is used as pip would use it; a half-finished download is never kept.
+    tmp = Path(tempfile.mkdtemp(dir=WHEELS, prefix="download-"))
+    try:
+        _run(download_command(version, arch, tmp))
+        wheels = {p.name: p.stat().st_size for p in sorted(tmp.glob("*.whl"))}
+        if not any(name.startswith("torch-") for name in wheels):
+            raise ImageBuildError(f"pip download torch=={version} left no torch wheel")
+        (tmp / WHEEL_LIST).write_text(json.dumps(wheels, indent=1, sort_keys=True))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    total = sum(wheels.values()) / 1e9
+    note.append(f"(downloaded {len(wheels)} wheels, {total:.1f} GB)")
+    return folder, wheels
 
 
 def torch_base_name(version: str) -> str:
-    """The local tag of the CPU torch base."""
-    return f"localhost/resumequal-torch:{version}-cpu"
+    """The local tag of the torch base."""
+    return f"localhost/resumequal-torch:{version}"
 
 
 def torch_base(env: dict[str, str], version: str, python_key: str, fresh: bool,
                note: list[str]) -> str:
-    """Build the CPU torch base on the Python base unless one with the same inputs exists."""
-    wheel = torch_wheel(pip_wheel_dirs(), version, platform.machine())
+    """Build the torch base on the Python base unless one with the same inputs exists."""
+    folder, wheels = torch_wheels(version, platform.machine(), note)
     image = torch_base_name(version)
-    key = inputs_key({"python": python_key, "wheel": wheel.name,
-                      "size": wheel.stat().st_size, "containerfile": TORCH_CONTAINERFILE})
+    key = inputs_key({"python": python_key, "version": version, "wheels": wheels,
+                      "containerfile": TORCH_CONTAINERFILE})
     if not fresh and image_label(env, image, TORCH_INPUTS_LABEL) == key:
         note.append("(cached)")
         return image
-    note.append(f"({wheel.name})")
     with tempfile.TemporaryDirectory(dir=WORK, prefix="torch-") as context:
         containerfile = Path(context) / "Containerfile"
         containerfile.write_text(TORCH_CONTAINERFILE)
-        _run(["podman", "build", *BUILD_FLAGS, "-v", f"{wheel.parent}:/wheels:ro",
+        _run(["podman", "build", *BUILD_FLAGS, "-v", f"{folder}:/wheels:ro",
               "--build-arg", f"PYTHON_IMAGE={PYTHON_BASE}",
-              "--build-arg", f"TORCH_WHEEL={wheel.name}",
+              "--build-arg", f"TORCH_VERSION={version}",
               "--label", f"{TORCH_INPUTS_LABEL}={key}",
               "-f", str(containerfile), "-t", image, context], env=env)
     return image
@@ -509,7 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["build", "smoke", "push", "all"])
     parser.add_argument("--torch", type=_torch_version, default=DEFAULT_TORCH,
-                        help="the torch of the CPU base (default %(default)s)")
+                        help="the torch of the torch base (default %(default)s)")
     parser.add_argument("--fresh", action="store_true",
                         help="rebuild the bases even when their inputs did not change")
     parser.add_argument("--registry", default="",

@@ -201,8 +201,10 @@ class KubernetesBackend:
             fanout.together(writes)
         finally:
             created = key.result() if key is not None else None
-        if created is not None:
-            self._record_key_secret(created)
+            if created is not None:
+                # Recorded even when a store write failed: the retry uses this Secret
+                # rather than make one more each time.
+                self._record_key_secret(created)
         self._prepared = True
         # One request's latency rather than one per leg (side by side: the control leg and
         # the preempted one start together).

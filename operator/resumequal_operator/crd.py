@@ -170,8 +170,10 @@ def open_api_schema() -> Schema:
         "properties": {
             "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}"},
             "kind": {"type": "string", "description": KIND},
-            "metadata": {"type": "object", "description": "The object's name, namespace, "
-                         "labels and the rest of Kubernetes' ObjectMeta."},
+            # The API server refuses any more than this for metadata: it validates
+            # ObjectMeta itself (apiextensions validation, "must not specify anything other
+            # than name and generateName").
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },

@@ -83,7 +83,10 @@ MAX_ACCUMULATION = 4096
 MAX_MICROBATCH = 1 << 20
 MAX_NODES = 1024
 MAX_NPROC_PER_NODE = 256
-MAX_SEED = 2**63 - 1  # what an int64 (and torch.manual_seed) takes
+# The largest integer every JSON reader keeps exact (float64's): the API server reads a
+# QualificationRun's numbers, and its CRD's bounds, as float64, and refuses an integer
+# bound it cannot hold (2**63 - 1 rounds up past int64). torch.manual_seed takes it.
+MAX_SEED = 2**53 - 1
 MAX_SECONDS = 7 * 24 * 3600.0  # any timeout or grace period: a week
 MAX_BUCKET_MB = 65536.0
 MAX_LIST = 1000  # checkpoint.atSteps and other lists
@@ -289,7 +292,9 @@ class GradScalerSpec(_Section):
     paths run before and after the cut.
     """
 
-    init_scale: float = Field(default=65536.0, gt=0, le=2.0**64,
+    # Bounded within int64: the API server checks a whole-number default against the
+    # CRD's maximum as an int64 (2.0**64 would overflow it and refuse the CRD).
+    init_scale: float = Field(default=65536.0, gt=0, le=2.0**62,
                               description="the scale of the first step")
     growth_factor: float = Field(default=2.0, gt=1, le=1024.0,
                                  description="scale *= this after growthInterval good steps")

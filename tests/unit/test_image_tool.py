@@ -1,10 +1,11 @@
-"""tools/images.py, the parts that need no podman: where the torch wheel is found, which apt
-sources and CAs the Python base takes, the engine config, the cache keys. `make images`
+"""tools/images.py, the parts that need no podman: how the torch wheels are fetched and kept,
+which apt sources and CAs the Python base takes, the engine config, the cache keys. `make images`
 runs the rest (the builds and the smoke tests) for real."""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 import sys
 import tomllib
@@ -14,7 +15,7 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+WHEEL = "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
 @pytest.fixture(scope="module")
@@ -27,45 +28,75 @@ def tool() -> ModuleType:
     return module
 
 
-def test_find_links_folders_come_from_every_pip_config_source(tool: ModuleType) -> None:
-    # `pip config list` as pip 24 prints it: files first, then the environment.
-    listing = "\n".join([
-        ":env:.find-links='/opt/wheels'",
-        "global.cert='/etc/ssl/certs/ca-certificates.crt'",
-        "global.extra-index-url='file:///opt/pypi/simple'",
-        "global.find-links='/opt/wheels file:///srv/more\\n/srv/third'",
-        "user.find-links='https://download.pytorch.org/whl/torch_stable.html'",
-    ])
-    assert tool.find_links_dirs(listing) == [Path("/opt/wheels"), Path("/srv/more"),
-                                             Path("/srv/third")]
-    assert tool.find_links_dirs("global.cert='/x'\n") == []
+def test_the_download_is_for_the_bases_python_and_glibc_not_the_hosts(tool: ModuleType) -> None:
+    cmd = tool.download_command("2.13.0", "x86_64", Path("/d"))
+    assert cmd[1:4] == ["-m", "pip", "download"]
+    pairs = dict(itertools.pairwise(cmd))
+    assert pairs["--python-version"] == "3.11" and pairs["--abi"] == "cp311"
+    assert pairs["--implementation"] == "cp" and pairs["--dest"] == "/d"
+    platforms = [b for a, b in itertools.pairwise(cmd) if a == "--platform"]
+    # Up to bookworm's glibc, down to the oldest, with the legacy names some wheels carry
+    # alone (nvidia_cusparselt: manylinux2014 only), and plain linux.
+    assert platforms[:2] == ["manylinux_2_36_x86_64", "manylinux_2_35_x86_64"]
+    assert "manylinux_2_5_x86_64" in platforms and "manylinux_2_37_x86_64" not in platforms
+    assert platforms[-4:] == ["manylinux2014_x86_64", "manylinux2010_x86_64",
+                              "manylinux1_x86_64", "linux_x86_64"]
+    assert "--only-binary=:all:" in cmd and cmd[-1] == "torch==2.13.0"
+    # No index or find-links of our own: pip's configuration decides where wheels come from.
+    assert not any(a.startswith(("--index", "--find-links", "--extra-index")) for a in cmd)
 
 
-def test_the_torch_wheel_is_the_cpu_build_for_the_bases_python(
-    tool: ModuleType, tmp_path: Path
+def _fake_download(tool: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                   names: list[str]) -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str], env: object = None) -> None:
+        calls.append(cmd)
+        dest = Path(cmd[cmd.index("--dest") + 1])
+        for i, name in enumerate(names):
+            (dest / name).write_bytes(b"x" * (i + 1))
+
+    monkeypatch.setattr(tool, "_run", run)
+    return calls
+
+
+def test_wheels_are_downloaded_once_and_kept_while_the_pin_holds(
+    tool: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first, second = tmp_path / "a", tmp_path / "b"
-    first.mkdir()
-    second.mkdir()
-    # Not these: the CUDA build, another Python, another machine, another version.
-    for name in ("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
-                 "torch-2.13.0+cpu-cp312-cp312-manylinux_2_28_x86_64.whl",
-                 "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_aarch64.whl",
-                 "torch-2.9.1+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"):
-        (first / name).touch()
-    (second / WHEEL).touch()
-    dirs = [tmp_path / "missing", first, second]
-    assert tool.torch_wheel(dirs, "2.13.0", "x86_64") == second / WHEEL
-    assert tool.torch_wheel(dirs, "2.9.1", "x86_64").parent == first
+    monkeypatch.setattr(tool, "WHEELS", tmp_path)
+    calls = _fake_download(tool, monkeypatch, [WHEEL, "nvidia_nccl_cu13-2.29.7-py3-none.whl"])
+    note: list[str] = []
+    folder, wheels = tool.torch_wheels("2.13.0", "x86_64", note)
+    assert folder == tmp_path / "torch-2.13.0-cp311-x86_64" and len(calls) == 1
+    assert wheels == {WHEEL: 1, "nvidia_nccl_cu13-2.29.7-py3-none.whl": 2}
+    assert "downloaded 2 wheels" in note[0]
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no download- folder left
+    again: list[str] = []
+    assert tool.torch_wheels("2.13.0", "x86_64", again) == (folder, wheels)
+    assert len(calls) == 1 and again == ["(wheels kept)"]
+    # A wheel that is not what the finished download left is fetched again.
+    (folder / WHEEL).write_bytes(b"truncated?")
+    tool.torch_wheels("2.13.0", "x86_64", [])
+    assert len(calls) == 2 and (folder / WHEEL).read_bytes() == b"x"
 
 
-def test_a_missing_wheel_says_what_was_looked_for_and_where(
-    tool: ModuleType, tmp_path: Path
+def test_a_download_without_torch_or_cut_short_keeps_nothing(
+    tool: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(tool.ImageBuildError, match=rf"torch-2\.13\.0\+cpu-cp311.*{tmp_path}"):
-        tool.torch_wheel([tmp_path], "2.13.0", "x86_64")
-    with pytest.raises(tool.ImageBuildError, match=r"\(none\).*find-links"):
-        tool.torch_wheel([], "2.13.0", "x86_64")
+    monkeypatch.setattr(tool, "WHEELS", tmp_path)
+    _fake_download(tool, monkeypatch, ["numpy-2.0-cp311.whl"])
+    with pytest.raises(tool.ImageBuildError, match=r"torch==2\.13\.0 left no torch wheel"):
+        tool.torch_wheels("2.13.0", "x86_64", [])
+
+    def fails(cmd: list[str], env: object = None) -> None:
+        (Path(cmd[cmd.index("--dest") + 1]) / WHEEL).write_bytes(b"part")
+        raise tool.ImageBuildError("pip download failed")
+
+    monkeypatch.setattr(tool, "_run", fails)
+    with pytest.raises(tool.ImageBuildError, match="pip download failed"):
+        tool.torch_wheels("2.13.0", "x86_64", [])
+    assert list(tmp_path.iterdir()) == []
+    assert tool.read_wheel_list(tmp_path / "torch-2.13.0-cp311-x86_64") is None
 
 
 def test_the_base_uses_the_hosts_sources_for_its_suite(tool: ModuleType, tmp_path: Path) -> None:

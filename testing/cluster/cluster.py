@@ -1,0 +1,410 @@
+"""The whole local cluster: up, down, and what a running one is.
+
+``up`` builds (or reuses) every program, then starts, in order: the pod network's bridge;
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler on the bridge's address;
+CoreDNS (the cluster's DNS, as kubeadm deploys it, serving pods on the node's address);
+the node agent; SeaweedFS's S3 gateway, published in the cluster as Service
+``minio.storage`` on port 9000 (the address the README's example names); the Kubeflow
+training operator, Trainer and JobSet from their upstream manifests, as Deployments whose
+pods the node agent runs; and the resumequal chart with the real ``helm install``. The
+admin kubeconfig is written to ``build/cluster/kubeconfig``; ``state.json`` beside it says
+what runs where. ``down`` stops every process the cluster started (they carry its tag),
+removes its network namespaces and bridge and its folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import build, controlplane, daemons, network, seaweed
+from .controlplane import ControlPlane
+from .pki import Authority
+from .seaweed import S3Server
+
+log = logging.getLogger(__name__)
+
+REPO = build.REPO
+ROOT = REPO / "build" / "cluster"
+RUN = ROOT / "run"
+STATE = ROOT / "state.json"
+KUBECONFIG = ROOT / "kubeconfig"
+NODE = "resumequal-node-0"
+OPERATOR_NAMESPACE = "resumequal-system"
+RELEASE = "resumequal"
+# Namespaces the chart's operator serves: the README example's and the cluster tests'.
+WATCHED = ("training", "resumequal-e2e")
+S3_SERVICE = ("minio", "storage", 9000)  # name, namespace, port (the README's endpoint)
+S3_SECRET = "resumequal-s3"
+BUCKET = "resumequal-runs"
+WORKER_IMAGE = "localhost/resumequal-worker:dev"
+OPERATOR_IMAGE = "localhost/resumequal-operator:dev"
+READY_TIMEOUT_S = 300.0
+Obj = dict[str, Any]
+
+
+@dataclass
+class Cluster:
+    """A running local cluster, as ``state.json`` records it."""
+
+    id: str
+    controlplane: ControlPlane
+    bridge: network.Bridge
+    s3: S3Server
+    binaries: dict[str, Path]
+
+    @property
+    def kubeconfig(self) -> Path:
+        return KUBECONFIG
+
+    @property
+    def s3_in_cluster(self) -> str:
+        name, namespace, port = S3_SERVICE
+        return f"http://{name}.{namespace}.svc:{port}"
+
+    def to_json(self) -> Obj:
+        return {"id": self.id, "controlplane": self.controlplane.to_json(),
+                "bridge": {"name": self.bridge.name, "subnet": self.bridge.subnet},
+                "s3": self.s3.to_json(),
+                "binaries": {k: str(v) for k, v in self.binaries.items()}}
+
+    @classmethod
+    def from_json(cls, data: Obj) -> Cluster:
+        return cls(data["id"], ControlPlane.from_json(data["controlplane"]),
+                   network.Bridge(**data["bridge"]), S3Server.from_json(data["s3"]),
+                   {k: Path(v) for k, v in data["binaries"].items()})
+
+    def kubectl(self, *args: str, input: str | None = None,
+                kubeconfig: Path | None = None) -> str:
+        return controlplane.kubectl(self.controlplane, self.binaries["kubectl"], *args,
+                                    input=input, kubeconfig_path=kubeconfig)
+
+    def healthy(self) -> bool:
+        """Whether the API server answers (the rest is watched by those who use it)."""
+        return daemons.http_ok(f"{self.controlplane.server}/readyz",
+                               context=self.controlplane.ssl_context())
+
+
+def current() -> Cluster | None:
+    """The cluster ``state.json`` describes, if one is recorded."""
+    try:
+        return Cluster.from_json(json.loads(STATE.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# ---------------------------------------------------------------------- pieces of up
+
+
+def _node_kubeconfig(cp: ControlPlane) -> Path:
+    """The node agent's credentials: system:node:<name> in system:nodes, as a kubelet's."""
+    ca = Authority.load(cp.pki, "ca")
+    pair = ca.issue(f"node-{NODE}", f"system:node:{NODE}", org="system:nodes", client=True)
+    path = cp.root / "node.kubeconfig"
+    path.write_text(controlplane.kubeconfig(cp.server, cp.pki / "ca.crt", f"system:node:{NODE}",
+                                            client=pair))
+    return path
+
+
+def _token(cluster: Cluster, namespace: str, account: str, hours: int = 48) -> str:
+    out = cluster.kubectl("create", "token", account, "-n", namespace,
+                          f"--duration={hours}h")
+    return out.strip()
+
+
+COREDNS_RBAC = """\
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects:
+- {kind: ServiceAccount, name: coredns, namespace: kube-system}
+"""
+
+
+def corefile(bind: str, kubeconfig: Path, ready_port: int, health_port: int) -> str:
+    """kubeadm's Corefile for the cluster zone, bound to the node's address, reading the API
+    with CoreDNS's own ServiceAccount (kubeadm's ``system:coredns`` ClusterRole)."""
+    return f"""\
+cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {{
+    bind {bind}
+    errors
+    health {bind}:{health_port}
+    ready {bind}:{ready_port}
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+       kubeconfig {kubeconfig} default
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 5
+    }}
+    cache 5
+    loadbalance
+}}
+"""
+
+
+def _start_coredns(cluster: Cluster) -> None:
+    cp = cluster.controlplane
+    cluster.kubectl("apply", "-f", "-", input=COREDNS_RBAC)
+    token = _token(cluster, "kube-system", "coredns")
+    kubeconfig = cp.root / "coredns.kubeconfig"
+    kubeconfig.write_text(controlplane.kubeconfig(cp.server, cp.pki / "ca.crt", "default",
+                                                  token=token))
+    ready, health = controlplane.free_port(), controlplane.free_port()
+    config = cp.root / "Corefile"
+    config.write_text(corefile(cluster.bridge.gateway, kubeconfig, ready, health))
+    proc = daemons.start("coredns", [str(cluster.binaries["coredns"]), "-conf", str(config)],
+                         cluster=cluster.id, logs=cp.logs)
+    daemons.wait_until("CoreDNS", lambda: daemons.http_ok(
+        f"http://{cluster.bridge.gateway}:{ready}/ready"), READY_TIMEOUT_S, proc=proc,
+        logs=cp.logs, name="coredns")
+
+
+def _start_node(cluster: Cluster) -> None:
+    cp = cluster.controlplane
+    kubeconfig = _node_kubeconfig(cp)
+    proc = daemons.start("node-agent", [
+        sys.executable, "-m", "testing.cluster.node", f"--kubeconfig={kubeconfig}",
+        f"--name={NODE}", f"--bridge={cluster.bridge.name}", f"--subnet={cluster.bridge.subnet}",
+        f"--root={cp.root / 'node'}", f"--api-host={cluster.bridge.gateway}",
+        f"--api-port={cp.ports.apiserver}", f"--dns-ip={cluster.bridge.gateway}",
+        f"--netns-prefix=rq{cluster.id[:6]}-",
+    ], cluster=cluster.id, logs=cp.logs, cwd=REPO,
+        env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+
+    def ready() -> bool:
+        try:
+            out = cluster.kubectl("get", "node", NODE, "-o",
+                                  "jsonpath={.status.conditions[?(@.type=='Ready')].status}")
+        except daemons.ClusterError:
+            return False
+        return out.strip() == "True"
+
+    daemons.wait_until("the node agent", ready, READY_TIMEOUT_S, proc=proc, logs=cp.logs,
+                       name="node-agent")
+
+
+def _publish_s3(cluster: Cluster, port: int) -> None:
+    """The S3 gateway as a Service of the cluster: a selector-less Service whose
+    EndpointSlice names the node's address, as one publishes a server outside the pods."""
+    name, namespace, service_port = S3_SERVICE
+    manifest = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+         "spec": {"clusterIP": "None", "ports": [{"name": "s3", "port": service_port}]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": f"{name}-node", "namespace": namespace,
+                      "labels": {"kubernetes.io/service-name": name,
+                                 "endpointslice.kubernetes.io/managed-by": "resumequal.dev"}},
+         "addressType": "IPv4",
+         "endpoints": [{"addresses": [cluster.bridge.gateway],
+                        "conditions": {"ready": True}}],
+         "ports": [{"name": "s3", "port": port, "protocol": "TCP"}]},
+    ]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifest))
+
+
+def _kustomize(cluster: Cluster, folder: Path | None = None, *, resources: tuple[Path, ...] = (),
+               **kustomization: Any) -> str:
+    """``kubectl kustomize`` of an upstream folder, or of a kustomization of ours over
+    upstream resources (kustomize takes them relative to the kustomization)."""
+    if folder is not None:
+        return cluster.kubectl("kustomize", str(folder))
+    with tempfile.TemporaryDirectory() as tmp:
+        kustomization["resources"] = [os.path.relpath(r, tmp) for r in resources]
+        (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        return cluster.kubectl("kustomize", "--load-restrictor=LoadRestrictionsNone", tmp)
+
+
+def _module_dir(module: str, version: str) -> Path:
+    out = subprocess.run([build.go(), "list", "-m", "-f", "{{.Dir}}", f"{module}"],
+                         cwd=build.SOURCES / ("training-operator" if "training-operator" in module
+                                              else "kubernetes"),
+                         capture_output=True, text=True, check=True)
+    path = Path(out.stdout.strip())
+    if not path.is_dir():
+        raise daemons.ClusterError(f"{module}@{version}: not in the module cache")
+    return path
+
+
+def _install_kubeflow(cluster: Cluster) -> None:
+    """The training operator v1, Trainer v2 and JobSet from their releases' manifests."""
+    training = _module_dir("github.com/kubeflow/training-operator", "")
+    trainer = _module_dir("github.com/kubeflow/trainer/v2", "")
+    jobset = _module_dir("sigs.k8s.io/jobset", "")
+    manifests = [
+        _kustomize(cluster, training / "manifests/overlays/standalone"),
+        _kustomize(cluster, jobset / "config/default"),
+        # The trainer's own overlay, less its third-party JobSet (fetched from GitHub there;
+        # installed above from the module instead).
+        _kustomize(
+            cluster, namespace="kubeflow-system",
+            resources=(trainer / "manifests/overlays/manager/namespace.yaml",
+                       *(trainer / f"manifests/base/{p}"
+                         for p in ("crds", "manager", "rbac", "webhook"))),
+            secretGenerator=[{"name": "kubeflow-trainer-webhook-cert",
+                              "namespace": "kubeflow-system",
+                              "options": {"disableNameSuffixHash": True}}],
+            configMapGenerator=[{"name": "kubeflow-trainer-public",
+                                 "literals": ["kubeflow_trainer_version=v2.3.0"],
+                                 "options": {"disableNameSuffixHash": True}}]),
+    ]
+    for text in manifests:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+    for namespace, deployment in (("kubeflow", "training-operator"),
+                                  ("jobset-system", "jobset-controller-manager"),
+                                  ("kubeflow-system", "kubeflow-trainer-controller-manager")):
+        cluster.kubectl("rollout", "status", f"deployment/{deployment}", "-n", namespace,
+                        f"--timeout={int(READY_TIMEOUT_S)}s")
+
+
+def _namespaces(cluster: Cluster) -> None:
+    """The watched namespaces, enforcing Pod Security ``restricted``, each with the S3
+    credentials Secret the README's example names and its pods' ServiceAccount."""
+    objects: list[Obj] = []
+    for ns in WATCHED:
+        objects += [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest"}}},
+            {"apiVersion": "v1", "kind": "Secret",
+             "metadata": {"name": S3_SECRET, "namespace": ns},
+             "type": "Opaque",
+             "data": {"AWS_ACCESS_KEY_ID": base64.b64encode(
+                 cluster.s3.access_key.encode()).decode(),
+                      "AWS_SECRET_ACCESS_KEY": base64.b64encode(
+                          cluster.s3.secret_key.encode()).decode()}},
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": "resumequal-worker", "namespace": ns}},
+        ]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
+
+
+def helm_values(cluster: Cluster) -> Obj:
+    """The chart's values for this cluster: our images, the watched namespaces, the S3
+    endpoint allowed and the operator's credentials for it (from the Secret of its own
+    namespace), TrainJob legs on."""
+    repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "watch": {"namespaces": list(WATCHED)},
+        "allowlist": {"endpoints": [cluster.s3_in_cluster]},
+        "trainjob": {"enabled": True},
+        "operator": {"extraEnv": [
+            {"name": "AWS_ENDPOINT_URL_S3", "value": cluster.s3_in_cluster},
+            {"name": "AWS_REGION", "value": cluster.s3.region},
+            *({"name": k, "valueFrom": {"secretKeyRef": {"name": S3_SECRET, "key": k}}}
+              for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")),
+        ]},
+    }
+
+
+def _install_chart(cluster: Cluster) -> None:
+    _namespaces_for_operator(cluster)
+    values = cluster.controlplane.root / "values.yaml"
+    values.write_text(yaml.safe_dump(helm_values(cluster)))
+    result = subprocess.run([
+        str(cluster.binaries["helm"]), "install", RELEASE, str(REPO / "charts" / "resumequal"),
+        "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--values", str(values),
+        "--kubeconfig", str(cluster.controlplane.admin_kubeconfig), "--wait",
+        f"--timeout={int(READY_TIMEOUT_S)}s"], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise daemons.ClusterError(f"helm install exited {result.returncode}: "
+                                   f"{result.stderr.strip()[-3000:]}\n"
+                                   f"{daemons.log_tail(cluster.controlplane.logs, 'node-agent')}")
+
+
+def _namespaces_for_operator(cluster: Cluster) -> None:
+    secret = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": S3_SECRET, "namespace": OPERATOR_NAMESPACE}, "type": "Opaque",
+              "stringData": {"AWS_ACCESS_KEY_ID": cluster.s3.access_key,
+                             "AWS_SECRET_ACCESS_KEY": cluster.s3.secret_key}}
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": OPERATOR_NAMESPACE, "labels": {
+                     "pod-security.kubernetes.io/enforce": "restricted"}}}
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([namespace, secret]))
+
+
+# ---------------------------------------------------------------------- up and down
+
+
+def up(*, chart: bool = True, keep_failed: bool = False) -> Cluster:
+    """Build what is missing and start the whole cluster; the running one if it is up.
+    A start that fails stops what it started, unless ``keep_failed`` (to look at it)."""
+    running = current()
+    if running is not None and running.healthy():
+        return running
+    if running is not None:
+        down()
+    binaries = build.build_all()
+    cluster_id = secrets.token_hex(5)
+    RUN.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    bridge = network.create_bridge(cluster_id)
+    try:
+        cp = controlplane.start(RUN, binaries, cluster=cluster_id, host=bridge.gateway)
+        # On the Service's port: a headless Service sends clients to the endpoint's port.
+        s3 = seaweed.start(binaries["weed"], RUN / "seaweedfs", cluster=cluster_id,
+                           host=bridge.gateway, port=S3_SERVICE[2])
+        cluster = Cluster(cluster_id, cp, bridge, s3, binaries)
+        STATE.write_text(json.dumps(cluster.to_json(), indent=1))
+        shutil.copyfile(cp.admin_kubeconfig, KUBECONFIG)
+        _start_coredns(cluster)
+        _start_node(cluster)
+        s3.client().create_bucket(Bucket=BUCKET)  # type: ignore[attr-defined]
+        _publish_s3(cluster, int(s3.endpoint.rsplit(":", 1)[1]))
+        _namespaces(cluster)
+        _install_kubeflow(cluster)
+        if chart:
+            _install_chart(cluster)
+    except BaseException:
+        if not keep_failed:
+            down(cluster_id=cluster_id, bridge=bridge.name)
+        raise
+    log.info("cluster %s up in %.0f s: kubectl --kubeconfig %s", cluster_id,
+             time.monotonic() - started, KUBECONFIG)
+    return cluster
+
+
+def down(*, cluster_id: str | None = None, bridge: str | None = None) -> None:
+    """Stop every process of the cluster, remove its namespaces, bridge and folder."""
+    running = current()
+    cluster_id = cluster_id or (running.id if running else None)
+    bridge = bridge or (running.bridge.name if running else None)
+    if cluster_id:
+        daemons.stop_all(cluster_id)
+        for netns in network.pod_namespaces(f"rq{cluster_id[:6]}-"):
+            network.remove_pod(netns)
+    if bridge:
+        network.delete_bridge(bridge)
+    STATE.unlink(missing_ok=True)
+    KUBECONFIG.unlink(missing_ok=True)
+    shutil.rmtree(RUN, ignore_errors=True)
