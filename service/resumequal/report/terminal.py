@@ -116,6 +116,10 @@ def _facts(report: Report) -> Table:
         if d.buckets is not None:
             fact("", "DDP buckets: " + ", ".join(
                 f"{leg} {len(b)}" for leg, b in d.buckets.items()))
+        if d.cause is not None:
+            fact("cause", d.cause)
+        if d.fix is not None:
+            fact("fix", d.fix)
     if report.zoom is not None:
         fact("zoom", Text(report.zoom.summary, style="bold"))
     if v.loss_deltas:

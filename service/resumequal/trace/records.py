@@ -271,6 +271,21 @@ class RestoreRecord(_Record):
     handoff: str | None = Field(
         default=None, description="resize runs: digest of the whole training state "
         "restored, gathered over the ranks (as StepRecord.handoff)")
+    # What names the checkpoint beyond its folder's name: a restore is judged by what its
+    # authenticated manifest says it is. None in traces written before they were recorded.
+    run: str | None = Field(default=None, description="the run its manifest names")
+    leg: str | None = Field(default=None, description="the leg its manifest names")
+    manifest: str | None = Field(
+        default=None, description="sha256 of its authenticated manifest: the same on every "
+        "rank that restored the same checkpoint")
+    tensors: TensorDigests | None = Field(
+        default=None, description="per-tensor digests right after the restore (params and "
+        "optimizer_state only), as the step records keep them")
+    buffers: list[str] = Field(
+        default_factory=list, description="which names of tensors.params are buffers")
+    unsaved: list[str] = Field(
+        default_factory=list, description="buffers the model's state_dict leaves out "
+        "(non-persistent): rebuilt by the workload, never restored")
 
 
 class ArmRecord(_Record):

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
-from resumequal.checkpoint.manifest import CheckpointInfo
+from resumequal.checkpoint.manifest import CheckpointInfo, manifest_digest
 from resumequal.errors import CheckpointError, TrainingError
 from resumequal.runstore import LegFiles
 from resumequal.spec import REFERENCE_LEG, QualificationSpec, check_leg_name
@@ -160,6 +160,13 @@ def _param_digests(model: nn.Module) -> Digests:
     m = _unwrapped(model)
     return tensor_digests(
         [(n, p.detach()) for n, p in m.named_parameters()] + list(m.named_buffers()))
+
+
+def unsaved_buffers(model: nn.Module) -> list[str]:
+    """The buffers ``model.state_dict()`` leaves out (registered ``persistent=False``): a
+    checkpoint never holds them, a resumed process has whatever the workload built."""
+    saved = set(model.state_dict(keep_vars=True))
+    return [n for n, _ in model.named_buffers() if n not in saved]
 
 
 def _named_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -348,6 +355,9 @@ class Trainer:
         check_counters_agree(live.counters, self.p.device)
         handoff = handoff_digest(live) if self.global_data is not None else None
         c = live.counters
+        params = _param_digests(live.model)
+        optim = _optimizer_digests(live.model, live.workload.optimizer)
+        manifest = loaded.manifest
         self.trace.write(
             RestoreRecord(
                 rank=self.p.rank,
@@ -358,11 +368,17 @@ class Trainer:
                 global_microstep=c.global_microstep,
                 omitted=sorted(self.omit),  # type: ignore[arg-type]
                 restored_at=time.time(),
-                params=_param_digests(live.model).whole,
-                optimizer_state=_optimizer_digests(live.model, live.workload.optimizer).whole,
+                params=params.whole,
+                optimizer_state=optim.whole,
                 world_size=self.p.world_size,
                 saved_world_size=loaded.rank_state.world_size,
                 handoff=handoff,
+                run=manifest.run,
+                leg=manifest.info.get("leg"),
+                manifest=manifest_digest(manifest),
+                tensors=TensorDigests(params=params.tensors, optimizer_state=optim.tensors),
+                buffers=[n for n, _ in _unwrapped(live.model).named_buffers()],
+                unsaved=unsaved_buffers(_unwrapped(live.model)),
             )
         )
         log.info("rank %d resumed from %s (saved by %d rank(s), restored by %d)", self.p.rank,
