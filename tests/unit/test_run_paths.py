@@ -40,7 +40,7 @@ def _verdict(result: Result) -> Verdict:
 def test_zoom_without_a_step_on_a_run_without_divergence_is_a_usage_error(
         result: Result | None, tmp_path: Path) -> None:
     verdict = None if result is None else _verdict(result)
-    with pytest.raises(UsageError, match="has no first divergence to zoom into.*--step"):
+    with pytest.raises(UsageError, match=r"has no first divergence to zoom into.*--step"):
         zoom_of(RunLocation.open(str(tmp_path)), QualificationSpec(), verdict)
 
 
