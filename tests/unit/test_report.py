@@ -650,15 +650,17 @@ def test_leg_progress_prints_plain_lines_without_a_terminal() -> None:
     assert "\x1b" not in out.getvalue()
 
 
-def test_a_progress_line_longer_than_80_columns_stays_one_line_without_a_terminal() -> None:
+def test_the_negative_controls_are_counted_in_one_short_line_without_a_terminal() -> None:
     out = io.StringIO()
     console = Console(file=out, width=80, force_terminal=False)  # as in a CI log
-    legs = ("control", "preempted", "omit-data-cursor", "omit-model-optimizer-only")
+    legs = ("control", "preempted", "omit-rng", "omit-data-cursor", "omit-scheduler",
+            "omit-optimizer", "omit-model-optimizer-only", "omit-pending-grads")
     with ProgressDisplay(console, legs=legs) as progress:
-        progress.update("LegsRunning", dict.fromkeys(legs, 7), 12, 3)
-    line = ("phase=LegsRunning  control 7/12  preempted 7/12  omit-data-cursor 7/12  "
-            "omit-model-optimizer-only 7/12  restarts=3")
-    assert len(line) > 80
+        progress.update("Resumed", {**dict.fromkeys(legs, 12), "omit-optimizer": 7,
+                                    "omit-model-optimizer-only": 0,
+                                    "omit-pending-grads": 0}, 12, 1)
+    line = "phase=Resumed  control 12/12  preempted 12/12  controls 3/6 done  restarts=1"
+    assert len(line) <= 80
     assert out.getvalue().splitlines() == [line]
 
 
