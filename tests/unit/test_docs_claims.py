@@ -69,3 +69,40 @@ def test_the_storage_page_lists_what_stays_in_the_run_dir() -> None:
     for name in ("<leg>.log", "checkpoint staging", "verdict.json", "report.json",
                  "report.html", "metrics.prom"):
         assert name in text, name
+
+
+def _sample(path: Path) -> list[str]:
+    text = path.read_text()
+    start = text.index("```\nINFO resumequal.local.trial")
+    return text[start + 4:text.index("```", start + 4)].splitlines()
+
+
+def test_the_sample_run_output_is_what_a_run_prints() -> None:
+    import io
+
+    from rich.console import Console
+
+    from resumequal.plan import qualification_plan
+    from resumequal.report.terminal import ProgressDisplay
+    from resumequal.spec import QualificationSpec
+
+    readme, quickstart = _sample(ROOT / "README.md"), _sample(DOCS / "quickstart.md")
+    assert readme == quickstart
+    legs = tuple(p.name for p in qualification_plan(QualificationSpec()).legs)
+    phase = re.compile(r"phase=(\w+)  control (\d+)/12  preempted (\d+)/12  "
+                       r"controls (\d+)/(\d+) done  restarts=(\d+)")
+    lines = [line for line in readme if line.startswith("phase=")]
+    assert lines
+    for line in lines:
+        m = phase.fullmatch(line)
+        assert m is not None, line
+        name, control, preempted, done, total, restarts = m.groups()
+        assert int(total) == len(legs) - 2 and int(restarts) <= 1
+        out = io.StringIO()
+        with ProgressDisplay(Console(file=out, width=80, force_terminal=False),
+                             legs=legs) as progress:
+            steps = {"control": int(control), "preempted": int(preempted),
+                     **{leg: 12 if i < int(done) else 0 for i, leg in enumerate(legs[2:])}}
+            progress.update(name, steps, 12, int(restarts))
+        assert out.getvalue().splitlines()[-1] == line
+        assert len(line) <= 80
