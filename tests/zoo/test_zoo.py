@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ CASES = {
         "tests.zoo.images:resnet18", (LOADER,), "FAIL", "params", True, "bn1.running_mean",
         cause=("differed between the ranks after step 2; the checkpoint keeps one copy",),
         needs="torchvision"),
-    "sync-batchnorm": Case(
+    "sync-batchnorm-cuda": Case(
         "tests.zoo.images:cnn", (LOADER, "workload.params.sync_batchnorm=true"),
         needs="cuda"),
     "gpt2-tied-embeddings": Case(
@@ -87,12 +88,16 @@ def _missing(need: str | None) -> str | None:
     return None
 
 
-def _qualify(case: Case, run_dir: Path) -> tuple[int, dict[str, Any], str]:
+def _run(case: Case, run_dir: Path) -> subprocess.CompletedProcess[str]:
     sets = [a for s in (f"workload.name={case.workload}", *case.sets) for a in ("--set", s)]
     path = os.pathsep.join([str(ROOT), str(ROOT / "examples"),
                             os.environ.get("PYTHONPATH", "")])
-    proc = resumequal("run", "--spec", str(ZOO / "spec.yaml"), "--run-dir", str(run_dir),
+    return resumequal("run", "--spec", str(ZOO / "spec.yaml"), "--run-dir", str(run_dir),
                       *sets, env={"PYTHONPATH": path}, timeout=400)
+
+
+def _qualify(case: Case, run_dir: Path) -> tuple[int, dict[str, Any], str]:
+    proc = _run(case, run_dir)
     report = run_dir / "report.json"
     assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.returncode, json.loads(report.read_text()), proc.stdout
@@ -140,3 +145,18 @@ def test_another_steps_checkpoint_under_the_expected_name_is_invalid(tmp_path: P
     assert v["reason"].startswith("invalid: rank 0 restored a checkpoint named step-00000003 "
                                   "that holds the state of step 2"), v["reason"]
     assert v["first_divergence"] is None
+
+
+def test_sync_batchnorm_where_the_legs_train_on_the_cpu_is_refused_before_they_start(
+        tmp_path: Path) -> None:
+    # torch runs SyncBatchNorm on CUDA only: the trial build refuses it (exit 2) with the
+    # module and what to do instead, before any leg starts (on CUDA: sync-batchnorm-cuda).
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the legs would train on it")
+    case = Case("tests.zoo.images:cnn", (LOADER, "workload.params.sync_batchnorm=true"))
+    proc = _run(case, tmp_path / "run")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "the model has SyncBatchNorm (features.1), which torch runs on CUDA devices only" \
+        in proc.stderr
+    assert "sync_buffers_after_step" in proc.stderr
+    assert not (tmp_path / "run" / "control").exists()

@@ -28,7 +28,7 @@ from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
 from resumequal.checkpoint.manifest import CheckpointInfo, manifest_digest
 from resumequal.errors import CheckpointError, TrainingError
 from resumequal.runstore import LegFiles
-from resumequal.spec import REFERENCE_LEG, QualificationSpec, check_leg_name
+from resumequal.spec import REFERENCE_LEG, QualificationSpec, SpecError, check_leg_name
 from resumequal.state import (
     Counters,
     LiveState,
@@ -70,6 +70,7 @@ from resumequal.train.compiling import (
     compile_model,
     place_cache,
 )
+from resumequal.train.devices import check_trains_on
 from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.globaldata import GlobalData
 from resumequal.train.handoff import handoff_digest
@@ -295,6 +296,11 @@ class Trainer:
                       "(resumequal.workloads.base.PositionalDataset)")
             mark_failed(self.files, reason)
             raise TrainingError(reason)
+        try:
+            check_trains_on(workload.model, self.p.device, self.spec.workload.name)
+        except SpecError as e:
+            mark_failed(self.files, f"rank {self.p.rank}: {e}")  # every attempt would meet it
+            raise TrainingError(str(e)) from e
         model = workload.model.to(self.p.device)
         if self.spec.compile.enabled:
             self.compiled = place_cache(self.spec.compile, self.scratch, self.p.rank)
