@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from resumequal.compare import compare_run
+from resumequal.compare.restore import restore_divergence
 from resumequal.trace.records import RestoreRecord, StepRecord, TensorDigests
 from resumequal.verdict import Result
 from tests.unit.test_compare import RESUMED_FROM, WORLD, SyntheticRun
@@ -139,3 +140,25 @@ def test_another_steps_checkpoint_is_invalid_even_with_its_tensors_unlike_saved(
     assert v.reason.startswith("invalid: rank 0 restored a checkpoint named step-00000002 "
                                "that holds the state of step 1")
     assert v.first_divergence is None
+
+
+def test_buffers_of_a_checkpoint_taken_mid_step_are_left_to_the_walk(run: SyntheticRun) -> None:
+    # An emergency checkpoint in the middle of step 3: its parameters are step 2's, its
+    # buffers moved with step 3's first forward, so they are not held to step 2's record.
+    moved = {r: {**_params(2, r), MEAN: "moved", VAR: "moved"} for r in range(WORLD)}
+    _with_tensors(run, moved)
+    for rank in range(WORLD):
+        for i, r in enumerate(run.preempted[rank]):
+            if isinstance(r, RestoreRecord):
+                run.preempted[rank][i] = r.model_copy(update={"microstep": 1,
+                                                              "checkpoint": "step-00000002+1"})
+    saved = {r: rec for r, rec in enumerate(
+        next(x for x in run.preempted[r] if isinstance(x, StepRecord) and x.step == 2)
+        for r in range(WORLD))}
+    restores = {r: next(x for x in run.preempted[r] if isinstance(x, RestoreRecord))
+                for r in range(WORLD)}
+    assert restore_divergence(restores, saved) is None
+    restores[0] = restores[0].model_copy(update={"tensors": TensorDigests(
+        params={**moved[0], WEIGHT: "other"}, optimizer_state=_optim(2))})
+    d = restore_divergence(restores, saved)
+    assert d is not None and d.tensors is not None and d.tensors.differing == [WEIGHT]

@@ -7,6 +7,11 @@ manifest and step: :func:`resumequal.compare.validity.check_restored_checkpoint`
 tensor that differs from what the same rank held when it saved is a defect of the resume,
 not of the experiment: a FAIL at the restore, naming the tensors, the ranks, why and the fix.
 
+A checkpoint taken in the middle of an accumulation window (a graceful stop's) is compared
+with the record of the step before it, which holds its parameters and optimizer state but
+not its buffers: the window's forwards have moved those since, so they are left to the
+boundary walk.
+
 Why, from the traces alone: a tensor whose saved digests differ between the ranks, and that
 every rank got back as one rank's copy, is rank-local state of which the checkpoint keeps
 one copy (DCP deduplicates what every rank saves under one name); a buffer the model's
@@ -114,6 +119,9 @@ def _differences(restores: Mapping[int, RestoreRecord],
                     whole.append((boundary, rank))
                 continue
             names = list(theirs) + [n for n in mine if n not in theirs]
+            if boundary == "params" and restore.microstep:
+                # Saved mid-step: the forwards since the step record moved the buffers.
+                names = [n for n in names if n not in restore.buffers]
             found += [_Found(boundary, n, rank) for n in names if mine.get(n) != theirs.get(n)]
     return found, whole
 
