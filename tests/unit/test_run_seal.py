@@ -159,9 +159,13 @@ def test_a_local_run_keeps_its_key_for_this_user_alone(
     # What the environment says comes first: the kept run id with the key given.
     monkeypatch.setenv(KEY_ENV, seal.key.decode())
     assert runkey.seal_for(location) == seal
-    monkeypatch.setenv(KEY_ENV, new_key())
+    # A key that does not hold: the run kept for this place, for check_seal to refuse.
+    other = new_key()
+    monkeypatch.setenv(KEY_ENV, other)
+    assert runkey.seal_for(location) == RunSeal(other.encode(), seal.run)
+    moved = shutil.copytree(tmp_path / "run", tmp_path / "copy")
     with pytest.raises(UsageError, match=f"set {RUN_ID_ENV}"):
-        runkey.seal_for(location)
+        runkey.seal_for(RunLocation.open(str(moved)))
     monkeypatch.setenv(RUN_ID_ENV, "run-z")
     assert runkey.seal_for(location).run == "run-z"
     monkeypatch.delenv(KEY_ENV)

@@ -192,6 +192,11 @@ def seal_for(location: RunLocation) -> RunSeal:
     kept = recall(location, key, run)
     if kept is not None:
         return kept
+    # None holds: judged as the run kept for this very place, check_seal then says the
+    # key or id given does not authenticate it (and nothing is written).
+    here = next((k for k in kept_runs(uri) if k.uri == uri), None)
+    if here is not None:
+        return RunSeal(key or here.seal.key, run or here.seal.run)
     missing = " and ".join(name for name, value in ((KEY_ENV, key), (RUN_ID_ENV, run))
                            if value is None)
     raise UsageError(
