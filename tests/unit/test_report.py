@@ -795,3 +795,24 @@ def test_a_divergence_names_its_differing_tensors_by_module() -> None:
     text = console.export_text()
     assert "4 of 12 tensors differ (first in backward order: layers.3.attn.weight); by " \
            "module: layers.3.attn 1/2, layers.2.attn 1/2, layers.1.attn 1/2" in text
+
+
+def test_a_divergence_at_the_restore_shows_its_tensors_cause_and_fix() -> None:
+    from resumequal.verdict import RestoredTensor
+
+    report = make_report(Result.FAIL)
+    d = report.verdict.first_divergence
+    assert d is not None
+    d.at_restore, d.step, d.boundary = True, 4, "params"
+    d.restored = [RestoredTensor(name="features.1.running_mean", kind="buffer", ranks=[0],
+                                 cause="per_rank", kept_rank=1)]
+    d.cause = "buffer features.1.running_mean differed between the ranks after step 4"
+    d.fix = "keep the buffers equal on every rank (SyncBatchNorm)"
+    text = " ".join(_summary(report, width=200).split())
+    assert f"step 4 · params · rank {d.rank} (at the restore)" in text
+    assert f"cause {d.cause}" in text and f"fix {d.fix}" in text
+    page = render_html(report)
+    assert "at the restore: the state restored against the state saved" in page
+    assert "<th>cause</th><td>buffer features.1.running_mean differed" in page
+    assert "<td><code>features.1.running_mean</code></td><td>buffer</td><td>0</td>" \
+           "<td>per_rank</td><td>1</td>" in page
