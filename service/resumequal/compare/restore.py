@@ -57,6 +57,9 @@ _FIXES: Final[Mapping[tuple[RestoreCause, str], str]] = {
         "register the buffer persistent (register_buffer(name, tensor, persistent=True)), "
         "or rebuild it on load from state the checkpoint holds"),
 }
+# Each kind of tensor in words: (one, several).
+_KIND_WORDS: Final = {"parameter": ("parameter", "parameters"), "buffer": ("buffer", "buffers"),
+                      "optimizer_state": ("optimizer state", "optimizer state")}
 _OTHER_FIX: Final = ("check what the model's or optimizer's load_state_dict (and its "
                      "hooks) do with the saved value")
 
@@ -191,7 +194,8 @@ def _cause_words(restored: Sequence[RestoredTensor], step: int) -> str:
         these = [t for t in restored if t.cause == cause]
         if not these:
             continue
-        kinds = sorted({t.kind.replace("_", " ") for t in these})
+        many = len(these) > 1
+        kinds = sorted({_KIND_WORDS[t.kind][many] for t in these})
         what = f"{'/'.join(kinds)} {', '.join(t.name for t in these[:6])}" + (
             f" and {len(these) - 6} more" if len(these) > 6 else "")
         if cause == "per_rank":
