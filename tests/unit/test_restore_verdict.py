@@ -162,3 +162,34 @@ def test_buffers_of_a_checkpoint_taken_mid_step_are_left_to_the_walk(run: Synthe
         params={**moved[0], WEIGHT: "other"}, optimizer_state=_optim(2))})
     d = restore_divergence(restores, saved)
     assert d is not None and d.tensors is not None and d.tensors.differing == [WEIGHT]
+
+
+def test_a_checkpoint_taken_mid_step_is_held_to_what_each_rank_recorded_saving(
+        run: SyntheticRun) -> None:
+    # A graceful stop in step 3: each rank records what it saved, buffers moved by step 3's
+    # first forward included; rank 0 got rank 1's back.
+    from resumequal.trace.records import SavedRecord
+
+    saved = {r: {**_params(2, r), MEAN: f"moved{r}", VAR: f"movedv{r}"} for r in range(WORLD)}
+    _with_tensors(run, {0: saved[1], 1: saved[1]})
+    name = "step-00000002+1"
+    for rank in range(WORLD):
+        records = run.preempted[rank]
+        for i, r in enumerate(records):
+            if isinstance(r, RestoreRecord):
+                records[i] = r.model_copy(update={"microstep": 1, "checkpoint": name})
+        at = next(i for i, r in enumerate(records) if r.attempt == 1)
+        records.insert(at, SavedRecord(
+            rank=rank, attempt=0, checkpoint=name, params="p", optimizer_state="o",
+            tensors=TensorDigests(params=saved[rank], optimizer_state=_optim(2))))
+    from resumequal.compare.files import LegTrace
+    from resumequal.compare.restore import saved_records
+
+    control = LegTrace("control", WORLD, dict(run.control))
+    preempted = LegTrace("preempted", WORLD, dict(run.preempted))
+    restores = {r: next(x for x in run.preempted[r] if isinstance(x, RestoreRecord))
+                for r in range(WORLD)}
+    d = restore_divergence(restores, saved_records(control, preempted, restores))
+    assert d is not None and d.rank == 0 and d.tensors is not None
+    assert d.tensors.differing == [MEAN, VAR]
+    assert [(t.cause, t.kept_rank) for t in d.restored] == [("per_rank", 1), ("per_rank", 1)]

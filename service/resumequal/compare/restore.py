@@ -8,9 +8,9 @@ tensor that differs from what the same rank held when it saved is a defect of th
 not of the experiment: a FAIL at the restore, naming the tensors, the ranks, why and the fix.
 
 A checkpoint taken in the middle of an accumulation window (a graceful stop's) is compared
-with the record of the step before it, which holds its parameters and optimizer state but
-not its buffers: the window's forwards have moved those since, so they are left to the
-boundary walk.
+with what each rank recorded saving (a ``SavedRecord``); in traces without one, with the
+record of the step before it, which holds its parameters and optimizer state but not its
+buffers (the window's forwards have moved those since: they are left to the walk).
 
 Why, from the traces alone: a tensor whose saved digests differ between the ranks, and that
 every rank got back as one rank's copy, is rank-local state of which the checkpoint keeps
@@ -26,7 +26,7 @@ from typing import Final, Literal
 
 from resumequal.compare.files import LegTrace
 from resumequal.compare.tensors import MAX_LISTED, module_of
-from resumequal.trace.records import RestoreRecord, StepRecord
+from resumequal.trace.records import RestoreRecord, SavedRecord, StepRecord
 from resumequal.verdict import (
     Divergence,
     ModuleDifference,
@@ -73,29 +73,34 @@ class _Found:
     rank: int
 
 
+Saved = StepRecord | SavedRecord
+
+
 def saved_records(control: LegTrace, preempted: LegTrace, restores: Mapping[int, RestoreRecord]
-                  ) -> dict[int, StepRecord]:
-    """Per rank, the record of the state it saved in the restored checkpoint: its own
-    attempt 0's record of the checkpoint's step, else the control's (a rank whose first
-    attempt left no record of it)."""
+                  ) -> dict[int, Saved]:
+    """Per rank, the record of the state it put into the restored checkpoint: what it
+    recorded saving it mid-step (:class:`SavedRecord`), else its own attempt 0's record of
+    the checkpoint's step, else the control's (a rank whose first attempt left none)."""
     own = preempted.attempt_steps(0)
-    out: dict[int, StepRecord] = {}
+    out: dict[int, Saved] = {}
     for rank, restore in restores.items():
-        record = own.get(rank, {}).get(restore.step) \
+        said = [r for r in preempted.of(SavedRecord, rank)
+                if r.checkpoint == restore.checkpoint and r.attempt < restore.attempt]
+        record = said[-1] if said else own.get(rank, {}).get(restore.step) \
             or control.effective.get(rank, {}).get(restore.step)
         if record is not None:
             out[rank] = record
     return out
 
 
-def _digests(record: StepRecord | RestoreRecord, boundary: _Boundary) -> dict[str, str] | None:
+def _digests(record: Saved | RestoreRecord, boundary: _Boundary) -> dict[str, str] | None:
     if record.tensors is None:
         return None
     found: dict[str, str] = getattr(record.tensors, boundary)
     return found
 
 
-def _whole(record: StepRecord | RestoreRecord, boundary: _Boundary) -> str | None:
+def _whole(record: Saved | RestoreRecord, boundary: _Boundary) -> str | None:
     return record.params if boundary == "params" else record.optimizer_state
 
 
@@ -105,7 +110,7 @@ def _compared(restore: RestoreRecord) -> tuple[_Boundary, ...]:
 
 
 def _differences(restores: Mapping[int, RestoreRecord],
-                 saved: Mapping[int, StepRecord]) -> tuple[list[_Found], list[tuple[_Boundary,
+                 saved: Mapping[int, Saved]) -> tuple[list[_Found], list[tuple[_Boundary,
                                                                                      int]]]:
     """Tensors not restored as saved; and (boundary, rank) pairs that differ as a whole
     where a record has no per-tensor digests (traces written before they existed)."""
@@ -122,8 +127,9 @@ def _differences(restores: Mapping[int, RestoreRecord],
                     whole.append((boundary, rank))
                 continue
             names = list(theirs) + [n for n in mine if n not in theirs]
-            if boundary == "params" and restore.microstep:
-                # Saved mid-step: the forwards since the step record moved the buffers.
+            if boundary == "params" and restore.microstep and isinstance(record, StepRecord):
+                # Saved mid-step, recorded only by the step before: the forwards since moved
+                # the buffers (traces written before SavedRecord existed).
                 names = [n for n in names if n not in restore.buffers]
             found += [_Found(boundary, n, rank) for n in names if mine.get(n) != theirs.get(n)]
     return found, whole
@@ -137,7 +143,7 @@ def _kind(boundary: _Boundary, name: str, restore: RestoreRecord
 
 
 def _cause(f: _Found, restores: Mapping[int, RestoreRecord],
-           saved: Mapping[int, StepRecord]) -> tuple[RestoreCause, int | None]:
+           saved: Mapping[int, Saved]) -> tuple[RestoreCause, int | None]:
     """Why rank ``f.rank`` did not get ``f.name`` back, and whose copy it got."""
     restore = restores[f.rank]
     if f.boundary == "params" and f.name in restore.unsaved:
@@ -152,7 +158,7 @@ def _cause(f: _Found, restores: Mapping[int, RestoreRecord],
 
 
 def _restored(found: Sequence[_Found], restores: Mapping[int, RestoreRecord],
-              saved: Mapping[int, StepRecord]) -> list[RestoredTensor]:
+              saved: Mapping[int, Saved]) -> list[RestoredTensor]:
     by: dict[tuple[_Boundary, str], RestoredTensor] = {}
     for f in found:
         cause, kept = _cause(f, restores, saved)
@@ -168,7 +174,7 @@ def _restored(found: Sequence[_Found], restores: Mapping[int, RestoreRecord],
 
 
 def _tensor_difference(boundary: _Boundary, rank: int, found: Sequence[_Found],
-                       saved: StepRecord, restore: RestoreRecord) -> TensorDifference | None:
+                       saved: Saved, restore: RestoreRecord) -> TensorDifference | None:
     names_saved, names_restored = _digests(saved, boundary), _digests(restore, boundary)
     if names_saved is None or names_restored is None:
         return None
@@ -222,7 +228,7 @@ def _fix_words(restored: Sequence[RestoredTensor]) -> str:
 
 
 def restore_divergence(restores: Mapping[int, RestoreRecord],
-                       saved: Mapping[int, StepRecord]) -> Divergence | None:
+                       saved: Mapping[int, Saved]) -> Divergence | None:
     """The first difference between the state each rank restored and the state it saved
     (``saved``: :func:`saved_records`), with its cause and fix; None when every rank got
     its own state back."""

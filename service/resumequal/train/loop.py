@@ -56,6 +56,7 @@ from resumequal.trace.records import (
     MicrostepPartial,
     MicrostepRecord,
     RestoreRecord,
+    SavedRecord,
     StartupRecord,
     StepPartial,
     StepRecord,
@@ -635,9 +636,18 @@ class Trainer:
         tensors = tensor_state(live, with_pending_grads=c.microstep > 0)
         info = CheckpointInfo(leg=self.leg, global_microstep=c.global_microstep)
         # The emergency checkpoint is always synchronous: the process exits right after.
-        self.ckpt.save(position, tensors, rank_state(live), info=info,
-                       before_commit=before_commit,
-                       background=self.spec.checkpoint.async_save and hold_step is not None)
+        name = self.ckpt.save(position, tensors, rank_state(live), info=info,
+                              before_commit=before_commit,
+                              background=self.spec.checkpoint.async_save
+                              and hold_step is not None)
+        if name is not None and c.microstep > 0:
+            # No step record holds what this one saved: its window's forwards moved buffers.
+            params = _param_digests(live.model)
+            optim = _optimizer_digests(live.model, live.workload.optimizer)
+            self.trace.write(SavedRecord(
+                rank=self.p.rank, attempt=self.p.attempt, checkpoint=name,
+                params=params.whole, optimizer_state=optim.whole,
+                tensors=TensorDigests(params=params.tensors, optimizer_state=optim.tensors)))
 
     def _on_arm(self, step: int, microstep: int, where: str) -> None:
         self.trace.write(ArmRecord(rank=self.p.rank, attempt=self.p.attempt, step=step,
