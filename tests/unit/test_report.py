@@ -806,7 +806,7 @@ def test_a_divergence_at_the_restore_shows_its_tensors_cause_and_fix() -> None:
     d.at_restore, d.step, d.boundary = True, 4, "params"
     d.restored = [RestoredTensor(name="features.1.running_mean", kind="buffer", ranks=[0],
                                  cause="per_rank", kept_rank=1)]
-    d.cause = "buffer features.1.running_mean differed between the ranks after step 4"
+    d.cause = "buffer features.1.running_mean differed between the ranks when step-4 was saved"
     d.fix = "keep the buffers equal on every rank (SyncBatchNorm)"
     text = " ".join(_summary(report, width=200).split())
     assert f"step 4 · params · rank {d.rank} (at the restore)" in text

@@ -76,8 +76,9 @@ def test_one_copy_of_a_per_rank_buffer_is_a_fail_naming_tensors_ranks_cause_and_
     assert d.tensors is not None and d.tensors.differing == [MEAN, VAR]
     assert [(t.name, t.kind, t.ranks, t.cause, t.kept_rank) for t in d.restored] == [
         (MEAN, "buffer", [0], "per_rank", 1), (VAR, "buffer", [0], "per_rank", 1)]
-    assert d.cause == (f"buffers {MEAN}, {VAR} differed between the ranks after step 2; the "
-                       "checkpoint keeps one copy (rank 1's), which every rank got back")
+    assert d.cause == (f"buffers {MEAN}, {VAR} differed between the ranks when "
+                       f"{RESUMED_FROM} was saved; the checkpoint keeps one copy (rank 1's), "
+                       "which every rank got back")
     assert d.fix is not None and "SyncBatchNorm" in d.fix and "before each save" in d.fix \
         and "per rank" in d.fix
     assert v.reason.startswith(

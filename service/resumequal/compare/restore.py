@@ -192,9 +192,10 @@ def _tensor_difference(boundary: _Boundary, rank: int, found: Sequence[_Found],
                  if d])
 
 
-def _cause_words(restored: Sequence[RestoredTensor], step: int) -> str:
+def _cause_words(restored: Sequence[RestoredTensor], checkpoint: str) -> str:
     """'buffers features.1.running_mean, features.1.running_var differed between the ranks
-    after step 4; the checkpoint keeps one copy (rank 1's), which every rank got back'."""
+    when step-00000004 was saved; the checkpoint keeps one copy (rank 1's), which every
+    rank got back'."""
     parts: list[str] = []
     for cause in ("per_rank", "not_saved", "not_as_saved"):
         these = [t for t in restored if t.cause == cause]
@@ -207,8 +208,8 @@ def _cause_words(restored: Sequence[RestoredTensor], step: int) -> str:
         if cause == "per_rank":
             kept = sorted({t.kept_rank for t in these if t.kept_rank is not None})
             whose = ", ".join(f"rank {r}'s" for r in kept)
-            parts.append(f"{what} differed between the ranks after step {step}; the "
-                         f"checkpoint keeps one copy ({whose}), which every rank got back")
+            parts.append(f"{what} differed between the ranks when {checkpoint} was saved; "
+                         f"the checkpoint keeps one copy ({whose}), which every rank got back")
         elif cause == "not_saved":
             parts.append(f"{what}: not in the checkpoint (non-persistent: the model's "
                          "state_dict leaves it out), so a resumed rank has what the workload "
@@ -246,7 +247,7 @@ def restore_divergence(restores: Mapping[int, RestoreRecord],
         control=f"saved after step {restore.step}: {_whole(record, boundary)}",
         preempted=f"restored from {restore.checkpoint}: {_whole(restore, boundary)}",
         before_cut=False, tensors=tensors, at_restore=True, restored=restored,
-        cause=_cause_words(restored, restore.step) or None,
+        cause=_cause_words(restored, restore.checkpoint) or None,
         fix=_fix_words(restored) if restored else None)
 
 
