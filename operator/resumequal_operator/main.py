@@ -41,8 +41,9 @@ def crd() -> None:
 def render(file: TextIO, namespace: str | None, default_backend: str, trainjob_runtime: str,
            trainjob_runtime_kind: str) -> None:
     """Print, as YAML, every object the QualificationRun(s) in FILE ('-': stdin) would
-    create (checkpoint key Secret with a placeholder key, leg PyTorchJobs or TrainJobs,
-    comparator Job), without a cluster. Exit 2 on a bad spec."""
+    create (checkpoint key Secret with a placeholder key, each leg's NetworkPolicy and
+    PyTorchJob or TrainJob, the comparator Job, and with zoom: onFail the zoom
+    Job and its NetworkPolicy), without a cluster. Exit 2 on a bad spec."""
     from resumequal_operator.legjobs import TrainerSettings
     from resumequal_operator.render import render_yaml
     from resumequal_operator.resource import RunSpecError

@@ -89,7 +89,9 @@ def verdict_summary(v: Verdict) -> VerdictStatus:
                                                                  boundary=d.boundary,
                                                                  rank=d.rank),
         first_divergence_summary="none" if d is None else f"step {d.step} {d.boundary} "
-                                                          f"rank {d.rank}",
+                                                          f"rank {d.rank}"
+                                                          + (" at the restore"
+                                                             if d.at_restore else ""),
         exact_through_step=v.exact_through_step,
         param_max_abs_diff=None if model is None else model.max_abs_diff,
         param_rel_l2_diff=None if model is None else model.rel_l2,

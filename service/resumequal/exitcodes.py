@@ -50,7 +50,8 @@ MEANINGS: dict[ExitCode, Meaning] = {
         "fix the spec or the job; a retry fails the same way"),
     ExitCode.INVALID: Meaning(
         "INVALID: it ran but could not judge (no kill, a timeout, a store error)",
-        "retry; if it repeats, read the report"),
+        "read the reason: retry when it was chance (a timeout, a store that failed); "
+        "otherwise fix what it names: When INVALID is not chance, docs/exit-codes.md"),
     ExitCode.NONDETERMINISTIC: Meaning(
         "NONDETERMINISTIC: the legs differed before the kill",
         "block the pin until training is reproducible run to run"),

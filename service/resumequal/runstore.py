@@ -83,7 +83,7 @@ from resumequal.words import clip
 
 if TYPE_CHECKING:
     # The verdict's models load only where one is read: a worker never reads one.
-    from resumequal.verdict import Verdict
+    from resumequal.verdict import Verdict, Zoom
 
 log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
@@ -847,6 +847,23 @@ class RunLocation:
             return Verdict.model_validate(data)
         except ValidationError as e:
             raise ReportError(f"{where}: not a valid Verdict: {e.errors()[0]['msg']}") from e
+
+    def read_zoom(self) -> Zoom | None:
+        """``zoom.json``, authenticated as every result file is, or None before ``resumequal
+        zoom`` has written it; ReportError naming the URI for one that is not a zoom."""
+        from resumequal.verdict import Zoom
+
+        where = self.url(ZOOM_JSON)
+        try:
+            raw = self.read_result(ZOOM_JSON)
+        except StoreNotFound:
+            return None
+        except NotAuthentic as e:
+            raise ReportError(str(e)) from e
+        try:
+            return Zoom.model_validate_json(raw)
+        except ValidationError as e:
+            raise ReportError(f"{where}: not a valid zoom: {e.errors()[0]['msg']}") from e
 
     # -- the comparator's copy --------------------------------------------------------------
 

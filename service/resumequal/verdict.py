@@ -62,6 +62,23 @@ class Bucket(_Model):
     numel: int
 
 
+RestoreCause = Literal["per_rank", "not_saved", "not_as_saved"]
+
+
+class RestoredTensor(_Model):
+    """A tensor a resumed rank did not get back as it saved it, and why."""
+
+    name: str
+    kind: Literal["parameter", "buffer", "optimizer_state"]
+    ranks: list[int] = Field(description="ranks that restored something else than they saved")
+    cause: RestoreCause = Field(
+        description="per_rank: it differed between the ranks when saved, and the "
+        "checkpoint keeps one copy for all; not_saved: the checkpoint does not hold it "
+        "(a non-persistent buffer); not_as_saved: restored unlike any rank's saved value")
+    kept_rank: int | None = Field(
+        default=None, description="per_rank: the rank whose copy every rank got back")
+
+
 class Divergence(_Model):
     """Where two legs first differ, in execution order of boundaries."""
 
@@ -80,10 +97,21 @@ class Divergence(_Model):
     buckets: dict[str, list[Bucket]] | None = Field(
         default=None, description="DDP's bucket layout of each leg at this step and rank "
         "(control, preempted), when the layouts differ")
+    # A resume can go wrong before any step runs: the right checkpoint, restored, does not
+    # give a rank back the state it saved (control: saved, preempted: restored).
+    at_restore: bool = Field(
+        default=False, description="true when the difference is in the state the resumed "
+        "attempt restored (step: the checkpoint's), against what the same rank saved then")
+    restored: list[RestoredTensor] = Field(
+        default_factory=list, description="at_restore: each tensor not restored as saved")
+    cause: str | None = Field(default=None, description="why, where the traces show it")
+    fix: str | None = Field(default=None, description="what makes the resume exact")
 
     def when_words(self) -> str:
         """'before the cut', or 'after the resume' for a step the resumed attempt ran (which
         may come before the cut's step: the resume restores the checkpoint before it)."""
+        if self.at_restore:
+            return "at the restore"
         return "before the cut" if self.before_cut else "after the resume"
 
     def tensor_words(self) -> str:

@@ -723,3 +723,16 @@ def test_the_master_key_is_made_at_install_kept_and_read_by_the_operator(
     path.chmod(0o440)
     master = MasterKey.from_file(path)
     assert master.run_key("uid-1") != master.run_key("uid-2")
+
+
+def test_notes_follow_the_example_only_where_its_namespace_is_served(chart: helm.Chart) -> None:
+    # A default install serves its own namespace, not the example's "training".
+    default = render_manifests(chart)["resumequal/templates/NOTES.txt"]
+    assert (f"which this release does not serve: set its metadata.namespace to {NAMESPACE}"
+            in " ".join(default.split()))
+    assert f"kubectl -n {NAMESPACE} get qr -w" in default
+    assert "kubectl get qr" not in default
+    served = render_manifests(chart, {"watch": {"namespaces": ["training", "ml"]}})[
+        "resumequal/templates/NOTES.txt"]
+    assert "Start the example qualification (namespace training)" in served
+    assert "kubectl -n training get qr -w" in served and "does not serve" not in served

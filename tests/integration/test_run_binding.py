@@ -105,3 +105,11 @@ def test_a_local_run_is_judged_again_with_the_key_it_kept(tmp_path: Path) -> Non
     assert "cannot be judged with this key and run id" in proc.stderr
     assert "nothing written" in proc.stderr
     assert (run_dir / "verdict.json").read_bytes() == before
+
+    # Moved, or copied elsewhere: found by the run its key and id authenticate.
+    moved = shutil.move(run_dir, tmp_path / "moved")
+    proc = _resumequal("compare", str(moved), "--json", env=NO_KEY)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    copied = shutil.copytree(moved, tmp_path / "copied")
+    proc = _resumequal("compare", str(copied), "--json", env=NO_KEY)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

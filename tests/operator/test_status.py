@@ -58,6 +58,12 @@ def test_a_verdict_is_summarised_and_the_machine_kept_without_it() -> None:
     assert s.legs["preempted"].restart_seconds == 2.5
     assert s.preemption is not None and s.preemption.pod == "r-preempted-2-worker-1"
     assert "verdict" not in s.machine and s.machine["runSpec"] == {"x": 1}
+    # A difference in the restored state says so where kubectl shows the summary.
+    assert v.first_divergence is not None
+    v.first_divergence.at_restore, v.first_divergence.boundary = True, "params"
+    restored = _status(m)
+    assert restored.verdict is not None
+    assert restored.verdict.first_divergence_summary == "step 6 params rank 1 at the restore"
     k8s = s.to_k8s()
     assert k8s["verdict"]["firstDivergence"] == {"step": 6, "boundary": "lr", "rank": 1}
     restored = machine_of(QualificationRunStatus.model_validate(k8s))

@@ -236,7 +236,7 @@ def test_identical_legs_pass_exactly(run: SyntheticRun) -> None:
     assert v.first_divergence is None
     assert v.resumed_from == RESUMED_FROM
     assert (v.steps_compared, v.ranks_compared) == (STEPS, WORLD)
-    assert all(c.ok for c in v.checks) and len(v.checks) == 8
+    assert all(c.ok for c in v.checks) and len(v.checks) == 7
     assert [row.step for row in v.boundary_table] == list(range(1, STEPS + 1))
     assert [row.attempt for row in v.boundary_table] == [0, 0, 1, 1, 1, 1]
     assert all(set(row.status.values()) == {"equal"} for row in v.boundary_table)
@@ -407,7 +407,7 @@ def test_difference_in_a_step_kept_from_before_the_kill(run: SyntheticRun) -> No
                 r[i] = rec.model_copy(update={"params": _digest("xx", 2, 0)})
     v = compare_run(run.written())
     assert v.result == Result.NONDETERMINISTIC, v.reason
-    assert "restored" in next(c.detail for c in v.checks if c.name == "restored_state")
+    assert next(c for c in v.checks if c.name == "restored_checkpoint").ok
     d = v.first_divergence
     assert d is not None and (d.step, d.boundary, d.rank) == (1, "grad_norm", 0)
 
@@ -436,8 +436,8 @@ def _no_restart(run: SyntheticRun) -> None:
         ]
 
 
-def _restore(run: SyntheticRun, rank: int, **changes: Any) -> None:
-    records = run.preempted[rank]
+def _restore(synthetic: SyntheticRun, rank: int, **changes: Any) -> None:
+    records = synthetic.preempted[rank]
     for i, r in enumerate(records):
         if isinstance(r, RestoreRecord):
             records[i] = r.model_copy(update=changes)
@@ -452,8 +452,22 @@ def _fresh_start(run: SyntheticRun) -> None:
     run.drop("preempted", 0, lambda r: isinstance(r, RestoreRecord))
 
 
-def _restored_digest(run: SyntheticRun) -> None:
-    _restore(run, 1, optimizer_state="xxh3_128:" + "e" * 32)
+def _another_steps_state(run: SyntheticRun) -> None:
+    # The expected name, another step's state: a checkpoint planted under that name.
+    _restore(run, 1, step=1)
+
+
+def _another_run(run: SyntheticRun) -> None:
+    _restore(run, 0, run="run-elsewhere")
+
+
+def _another_leg(run: SyntheticRun) -> None:
+    _restore(run, 0, leg="control")
+
+
+def _two_manifests(run: SyntheticRun) -> None:
+    _restore(run, 0, manifest="a" * 64)
+    _restore(run, 1, manifest="b" * 64)
 
 
 def _inventory(run: SyntheticRun) -> None:
@@ -480,10 +494,19 @@ INVALID_CASES = {
     "wrong checkpoint": (_wrong_checkpoint, "restored_checkpoint",
                          "the resumed attempt restored step-00000004 (rank 0), expected "
                          "step-00000002"),
+    "another step's state": (_another_steps_state, "restored_checkpoint",
+                             "rank 1 restored a checkpoint named step-00000002 that holds the "
+                             "state of step 1 microbatch 0"),
+    "another run's": (_another_run, "restored_checkpoint",
+                      "rank 0 restored a step-00000002 of run run-elsewhere"),
+    "another leg's": (_another_leg, "restored_checkpoint",
+                      "rank 0 restored the control leg's step-00000002, not the preempted"),
+    "ranks restored different manifests": (
+        _two_manifests, "restored_checkpoint", "the ranks of attempt 1 restored different "
+        "checkpoints named step-00000002 (manifests aaaaaaaaaaaa… on rank 0, bbbbbbbbbbbb… on "
+        "rank 1)"),
     "started from scratch": (_fresh_start, "restored_checkpoint",
                              "rank 0 of the resumed attempt 1 restored no checkpoint"),
-    "restored digest": (_restored_digest, "restored_state",
-                        "the optimizer state restored from step-00000002 on rank 1 differ"),
     "inventory": (_inventory, "inventory", "preempted rank 1 attempt 1: env.OMP_NUM_THREADS "
                                            "('1' vs '4'), num_threads (1 vs 4)"),
     "missing rank trace": (_missing_rank_trace, "traces",

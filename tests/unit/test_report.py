@@ -650,15 +650,17 @@ def test_leg_progress_prints_plain_lines_without_a_terminal() -> None:
     assert "\x1b" not in out.getvalue()
 
 
-def test_a_progress_line_longer_than_80_columns_stays_one_line_without_a_terminal() -> None:
+def test_the_negative_controls_are_counted_in_one_short_line_without_a_terminal() -> None:
     out = io.StringIO()
     console = Console(file=out, width=80, force_terminal=False)  # as in a CI log
-    legs = ("control", "preempted", "omit-data-cursor", "omit-model-optimizer-only")
+    legs = ("control", "preempted", "omit-rng", "omit-data-cursor", "omit-scheduler",
+            "omit-optimizer", "omit-model-optimizer-only", "omit-pending-grads")
     with ProgressDisplay(console, legs=legs) as progress:
-        progress.update("LegsRunning", dict.fromkeys(legs, 7), 12, 3)
-    line = ("phase=LegsRunning  control 7/12  preempted 7/12  omit-data-cursor 7/12  "
-            "omit-model-optimizer-only 7/12  restarts=3")
-    assert len(line) > 80
+        progress.update("Resumed", {**dict.fromkeys(legs, 12), "omit-optimizer": 7,
+                                    "omit-model-optimizer-only": 0,
+                                    "omit-pending-grads": 0}, 12, 1)
+    line = "phase=Resumed  control 12/12  preempted 12/12  controls 3/6 done  restarts=1"
+    assert len(line) <= 80
     assert out.getvalue().splitlines() == [line]
 
 
@@ -793,3 +795,24 @@ def test_a_divergence_names_its_differing_tensors_by_module() -> None:
     text = console.export_text()
     assert "4 of 12 tensors differ (first in backward order: layers.3.attn.weight); by " \
            "module: layers.3.attn 1/2, layers.2.attn 1/2, layers.1.attn 1/2" in text
+
+
+def test_a_divergence_at_the_restore_shows_its_tensors_cause_and_fix() -> None:
+    from resumequal.verdict import RestoredTensor
+
+    report = make_report(Result.FAIL)
+    d = report.verdict.first_divergence
+    assert d is not None
+    d.at_restore, d.step, d.boundary = True, 4, "params"
+    d.restored = [RestoredTensor(name="features.1.running_mean", kind="buffer", ranks=[0],
+                                 cause="per_rank", kept_rank=1)]
+    d.cause = "buffer features.1.running_mean differed between the ranks when step-4 was saved"
+    d.fix = "keep the buffers equal on every rank (SyncBatchNorm)"
+    text = " ".join(_summary(report, width=200).split())
+    assert f"step 4 · params · rank {d.rank} (at the restore)" in text
+    assert f"cause {d.cause}" in text and f"fix {d.fix}" in text
+    page = render_html(report)
+    assert "at the restore: the state restored against the state saved" in page
+    assert "<th>cause</th><td>buffer features.1.running_mean differed" in page
+    assert "<td><code>features.1.running_mean</code></td><td>buffer</td><td>0</td>" \
+           "<td>per_rank</td><td>1</td>" in page

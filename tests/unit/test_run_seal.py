@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from resumequal.errors import CheckpointError, TraceError, TraceNotAuthentic, Us
 from resumequal.local import runkey
 from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
+from resumequal.spec import QualificationSpec
 from resumequal.store.log import parse_segment, segment_bytes
 
 SEAL = RunSeal(new_key().encode(), "run-a")
@@ -131,31 +134,77 @@ def test_a_seal_needs_a_key_and_a_run_id_and_never_shows_its_key(
     assert seal.key.decode() not in repr(seal) and "run-a" in repr(seal)
 
 
+def _claimed(root: Path, seal: RunSeal) -> RunLocation:
+    """A run location whose run.json the run with ``seal`` wrote."""
+    RunLocation.open(str(root), seal=seal).claim(QualificationSpec())
+    return RunLocation.open(str(root))
+
+
 def test_a_local_run_keeps_its_key_for_this_user_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv(KEY_ENV)
     monkeypatch.delenv(RUN_ID_ENV)
-    uri = str(tmp_path / "run")
-    with pytest.raises(UsageError, match=f"set {KEY_ENV} and {RUN_ID_ENV}"):
-        runkey.seal_for(uri)
     seal = RunSeal(new_key().encode(), new_run_id())
-    path = runkey.remember(uri, seal)
+    location = _claimed(tmp_path / "run", seal)
+    with pytest.raises(UsageError, match=f"set {KEY_ENV} and {RUN_ID_ENV}"):
+        runkey.seal_for(location)
+    path = runkey.remember(location.uri, seal)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert runkey.seal_for(uri) == seal
-    assert runkey.recall(str(tmp_path / "other")) is None
-    # What the environment says comes first: a key given explicitly is the one used.
+    assert runkey.seal_for(location) == seal
+    # Another run's location is not authenticated by this run's key.
+    elsewhere = _claimed(tmp_path / "other", RunSeal(new_key().encode(), new_run_id()))
+    assert runkey.recall(elsewhere) is None
+    # What the environment says comes first: the kept run id with the key given.
+    monkeypatch.setenv(KEY_ENV, seal.key.decode())
+    assert runkey.seal_for(location) == seal
+    # A key that does not hold: the run kept for this place, for check_seal to refuse.
     other = new_key()
     monkeypatch.setenv(KEY_ENV, other)
-    assert runkey.seal_for(uri) == RunSeal(other.encode(), seal.run)
+    assert runkey.seal_for(location) == RunSeal(other.encode(), seal.run)
+    moved = shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    with pytest.raises(UsageError, match=f"set {RUN_ID_ENV}"):
+        runkey.seal_for(RunLocation.open(str(moved)))
     monkeypatch.setenv(RUN_ID_ENV, "run-z")
-    assert runkey.seal_for(uri).run == "run-z"
+    assert runkey.seal_for(location).run == "run-z"
+    monkeypatch.delenv(KEY_ENV)
+    monkeypatch.delenv(RUN_ID_ENV)
     # A key file others could have written is not used.
     os.chmod(path, 0o644)
-    with pytest.raises(CheckpointError, match="not a private file of this user"):
-        runkey.recall(uri)
+    assert runkey.recall(location) is None
     os.chmod(path, 0o600)
-    path.write_text(json.dumps({"uri": uri, "run": "x", "key": "short"}))
-    with pytest.raises(CheckpointError, match="its key is too short"):
-        runkey.recall(uri)
+    path.write_text(json.dumps({"uri": location.uri, "run": seal.run, "key": "short"}))
+    assert runkey.recall(location) is None
+
+
+@pytest.mark.parametrize("how", ["mv", "cp -r"])
+def test_a_moved_or_copied_run_is_found_by_its_run_not_its_path(
+        how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv(KEY_ENV)
+    monkeypatch.delenv(RUN_ID_ENV)
+    seals = [RunSeal(new_key().encode(), new_run_id()) for _ in range(3)]
+    for i, seal in enumerate(seals):
+        runkey.remember(_claimed(tmp_path / f"run-{i}", seal).uri, seal)
+    move = shutil.move if how == "mv" else shutil.copytree
+    move(tmp_path / "run-1", tmp_path / "moved")
+    assert runkey.seal_for(RunLocation.open(str(tmp_path / "moved"))) == seals[1]
+
+
+def test_the_keys_folder_keeps_the_runs_used_last(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(runkey, "KEEP_KEYS", 3)
+    paths = []
+    start = time.time() - 100
+    for i in range(3):
+        paths.append(runkey.remember(str(tmp_path / f"run-{i}"),
+                                     RunSeal(new_key().encode(), new_run_id())))
+        os.utime(paths[-1], (start + i, start + i))
+    # A fourth run: the one used longest ago goes (beyond KEEP_KEYS).
+    newest = runkey.remember(str(tmp_path / "run-3"), RunSeal(new_key().encode(), new_run_id()))
+    assert not paths[0].exists() and paths[1].exists() and paths[2].exists()
+    # Later, those unused for KEEP_DAYS go too.
+    gone = runkey.prune(runkey.keys_folder(), now=start + 2 + runkey.KEEP_DAYS * 86400)
+    assert gone == [paths[1]] and newest.exists()

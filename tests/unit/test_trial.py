@@ -32,3 +32,20 @@ def test_a_module_that_is_not_there_is_a_spec_error_naming_it() -> None:
 def test_the_built_in_workload_builds_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process's to keep
     build(QualificationSpec.model_validate({"workload": {"name": "dropout-mlp"}}))
+
+
+def test_a_model_with_sync_batchnorm_is_refused_where_the_legs_train_on_the_cpu() -> None:
+    import torch
+    from torch import nn
+
+    from resumequal.spec import SpecError
+    from resumequal.train.devices import check_trains_on
+
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(
+        nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()))
+    with pytest.raises(SpecError, match=r"workload.name 'mine:build': the model has "
+                       r"SyncBatchNorm \(1\), which torch runs on CUDA devices only, and the "
+                       r"legs train on cpu here: .*sync_buffers_after_step"):
+        check_trains_on(model, torch.device("cpu"), "mine:build")
+    check_trains_on(model, torch.device("cuda", 0), "mine:build")
+    check_trains_on(nn.BatchNorm2d(4), torch.device("cpu"), "mine:build")

@@ -250,3 +250,20 @@ def test_a_replay_that_did_not_reproduce_the_step_says_so_first() -> None:
     _, text = _headline(_chain(T([3.0, 5.0]), T([6.0, 10.0])), replays=replays)
     assert text.startswith("the replay of the preempted leg did not reproduce step 5 as "
                            "recorded; the replays of step 5 are equal")
+
+
+def test_stages_with_nothing_differing_show_a_dash_and_the_table_says_why() -> None:
+    from resumequal.report.zoom import EQUAL, LEGEND, SHAPES, zoom_section
+    from resumequal.verdict import ZoomStage, ZoomTensor
+
+    shaped = ZoomTensor(name="w", rank=0, numel=4, differ=4, max_abs_diff=None)
+    z = make_zoom().model_copy(update={"stages": [
+        ZoomStage(name="local_grads", total=6, differ=0, max_abs_diff=None),
+        ZoomStage(name="params", total=6, differ=1, max_abs_diff=None, tensors=[shaped]),
+        ZoomStage(name="optimizer_state", total=6, differ=2, max_abs_diff=0.5)]})
+    html = zoom_section(z)
+    rows = html.split("<h3>Stages</h3>")[1].split("</table>")[0]
+    assert f"<code>local_grads</code></td><td class=\"num\">0</td><td class=\"num\">6</td>" \
+           f"<td class=\"num\">{EQUAL}</td>" in rows
+    assert f"<td class=\"num\">{SHAPES}</td>" in rows and "0.5" in rows
+    assert LEGEND.split(";")[0] in html

@@ -78,7 +78,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
+from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest
 from resumequal.checkpoint.reading import VerifiedCheckpoint, VerifiedReader
 from resumequal.checkpoint.space import no_space
 from resumequal.checkpoint.storage import CheckpointRoot
@@ -102,6 +102,8 @@ class Loaded(Generic[RankState]):
     position: Position
     tensors: dict[str, Any]
     rank_state: RankState
+    # Its authenticated manifest: which run, leg and position it says it is.
+    manifest: Manifest
 
 
 class WriteState(IntEnum):
@@ -488,9 +490,11 @@ class CheckpointManager:
         if position is None:
             raise CheckpointError(f"{self.root.uri(name)}: not a checkpoint name")
         prepared: tuple[RankState, dict[str, Any], VerifiedReader] | None = None
+        manifest: Manifest | None = None
         error = None
         try:
             checkpoint = self._checkpoint(name)
+            manifest = checkpoint.manifest
             prepared = self._prepare_load(checkpoint, template, state_type)
         except CheckpointError as e:
             error = str(e)
@@ -499,7 +503,7 @@ class CheckpointManager:
         errors = _gather_errors(error, self.world_size)
         if errors:
             raise CheckpointError(f"cannot load {self.root.uri(name)}: {'; '.join(errors)}")
-        assert prepared is not None
+        assert prepared is not None and manifest is not None
         rank_state, tensors, reader = prepared
         try:
             dcp.load(tensors, storage_reader=reader)
@@ -507,7 +511,8 @@ class CheckpointManager:
             refused = _failures(e, CheckpointError)
             raise CheckpointError(f"rank {self.rank}: DCP load of {name} failed: "
                                   f"{'; '.join(refused) if refused else e}") from e
-        return Loaded(name=name, position=position, tensors=tensors, rank_state=rank_state)
+        return Loaded(name=name, position=position, tensors=tensors, rank_state=rank_state,
+                      manifest=manifest)
 
     def _prepare_load(
         self,

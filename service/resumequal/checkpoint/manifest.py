@@ -21,6 +21,7 @@ name, never resumed from nor compared.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -171,6 +172,11 @@ def make_manifest(
 def manifest_bytes(manifest: Manifest) -> bytes:
     """The bytes a manifest is stored (and signed) as."""
     return manifest.model_dump_json(indent=1).encode()
+
+
+def manifest_digest(manifest: Manifest) -> str:
+    """sha256 of the bytes ``manifest`` is stored as: what names one committed checkpoint."""
+    return hashlib.sha256(manifest_bytes(manifest)).hexdigest()
 
 
 def signed(manifest: Manifest, key: bytes | None = None) -> tuple[bytes, bytes]:

@@ -131,7 +131,9 @@ def mechanism(v: Verdict) -> str:
             if drift is not None:
                 words.append(f"final max parameter difference {drift:.3g}")
             return "; ".join(words)
-    words = [f"{_NAMES[d.boundary]} differed from step {d.step} (rank {d.rank})"]
+    name = _NAMES.get(d.boundary, d.boundary)
+    words = [f"restored {name} differed from the saved after step {d.step} (rank {d.rank})"
+             if d.at_restore else f"{name} differed from step {d.step} (rank {d.rank})"]
     first = _first_steps(v.boundary_table)
     for boundary in ("loss", "params"):
         if boundary != d.boundary and boundary in first:

@@ -27,6 +27,7 @@ from resumequal.trace.records import (
     CompiledRecord,
     InventoryRecord,
     RestoreRecord,
+    SavedRecord,
     StepRecord,
     TraceRecord,
     effective_steps,
@@ -35,7 +36,8 @@ from resumequal.trace.records import (
 
 LEGS: tuple[str, str] = (REFERENCE_LEG, "preempted")
 
-_R = TypeVar("_R", StepRecord, InventoryRecord, RestoreRecord, ArmRecord, CompiledRecord)
+_R = TypeVar("_R", StepRecord, InventoryRecord, RestoreRecord, ArmRecord, CompiledRecord,
+             SavedRecord)
 
 
 def final_checkpoint(

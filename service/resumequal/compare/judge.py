@@ -13,13 +13,13 @@ from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.compare.drift import FinalCheckpointRefused, checkpoint_drift, is_exact
 from resumequal.compare.files import LegTrace, final_checkpoint
 from resumequal.compare.resize import judge_resize, resize_checks
+from resumequal.compare.restore import restore_divergence, restore_words, saved_records
 from resumequal.compare.validity import (
     check_armed,
     check_final_checkpoints,
     check_inventory,
     check_restarted,
     check_restored_checkpoint,
-    check_restored_state,
     check_steps,
     check_traces,
     resumed_attempt,
@@ -153,8 +153,8 @@ def compare_run(
         if all(c.ok for c in checks):
             checks += resize_checks(spec, control, preempted)
     else:
-        checks += [check_restored_checkpoint(spec, preempted, attempt),
-                   check_restored_state(control, preempted, attempt),
+        run = location.seal.run if location.seal is not None else None
+        checks += [check_restored_checkpoint(spec, preempted, attempt, run),
                    check_steps(control, preempted, spec.training.steps)]
     checks.append(check_inventory(control, preempted))
     if not all(c.ok for c in checks):
@@ -227,6 +227,13 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
                   f"({early.boundary}, rank {early.rank}{which}) before the kill")
         return verdict(Result.NONDETERMINISTIC, reason, div,
                        min(result.exact_through, early.step - 1))
+    restores = {r.rank: r for r in preempted.of(RestoreRecord) if r.attempt == restore.attempt}
+    at_restore = restore_divergence(restores, saved_records(control, preempted, restores))
+    if at_restore is not None:
+        reason = (restore_words(at_restore, restore.checkpoint)
+                  + _after_restore(result, restore.step))
+        return verdict(Result.FAIL, reason, at_restore,
+                       min(result.exact_through, restore.step))
     if result.first is not None:
         p = result.first
         div = divergence(p, ctrl, pre, before_cut=pre[p.rank][p.step].attempt == 0)
@@ -242,6 +249,14 @@ def _judge(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
         return verdict(Result.FAIL, reason, _drift_divergence(fault, steps),
                        result.exact_through)
     return verdict(Result.PASS, _pass_reason(spec, result, drift), None, result.exact_through)
+
+
+def _after_restore(result: Walk, step: int) -> str:
+    """'; then params differ from step 5' for a FAIL at the restore: what it led to."""
+    later = result.first
+    if later is None or later.step <= step:
+        return ""
+    return f"; then {later.boundary} differs from step {later.step} (rank {later.rank})"
 
 
 def _pass_reason(spec: QualificationSpec, result: Walk,

@@ -16,7 +16,7 @@ from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.compare.files import LegTrace
 from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
-from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord, StepRecord
+from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord
 from resumequal.verdict import ValidityCheck
 from resumequal.words import count
 
@@ -103,9 +103,12 @@ def _restores(preempted: LegTrace, attempt: int) -> dict[int, RestoreRecord]:
 
 
 def check_restored_checkpoint(
-    spec: QualificationSpec, preempted: LegTrace, attempt: int | None
+    spec: QualificationSpec, preempted: LegTrace, attempt: int | None, run: str | None = None
 ) -> ValidityCheck:
-    """Every rank of the resumed attempt restored the checkpoint the cut implies."""
+    """Every rank of the resumed attempt restored the checkpoint the plan names: the one
+    the cut implies, of this run (``run``, when known) and leg, holding that step's state,
+    one and the same manifest on every rank. Whether it gave each rank back its own state
+    is for the comparison to judge (:mod:`resumequal.compare.restore`)."""
     name = "restored_checkpoint"
     if attempt is None:
         return _failed(name, "there is no resumed attempt to have restored anything")
@@ -122,61 +125,39 @@ def check_restored_checkpoint(
                 f"rank {rank} of the resumed attempt {attempt} restored no checkpoint "
                 f"(it started from scratch), expected {expected}",
             )
-        if got.checkpoint != expected:
-            return _failed(
-                name,
-                f"the resumed attempt restored {got.checkpoint} (rank {rank}), "
-                f"expected {expected}",
-            )
-    return _ok(name, f"every rank of attempt {attempt} restored {expected}")
+        problem = _not_planned(got, expected, preempted.leg, run)
+        if problem is not None:
+            return _failed(name, problem)
+    manifests = {r.manifest for r in restores.values()}
+    if len(manifests) > 1:
+        shown = ", ".join(f"{(r.manifest or 'none')[:12]}… on rank {k}"
+                          for k, r in sorted(restores.items()))
+        return _failed(name, f"the ranks of attempt {attempt} restored different checkpoints "
+                             f"named {expected} (manifests {shown})")
+    return _ok(name, f"every rank of attempt {attempt} restored {expected}"
+                     + (f" (manifest {next(iter(manifests))})" if None not in manifests else ""))
 
 
-def _state(record: StepRecord | RestoreRecord,
-           fresh_optimizer: bool) -> tuple[str | None, str | None]:
-    """The state digests a restore must reproduce; a control that leaves the optimizer out
-    restores the model into a fresh optimizer, whose state then shows nothing."""
-    return record.params, None if fresh_optimizer else record.optimizer_state
-
-
-def check_restored_state(
-    control: LegTrace, preempted: LegTrace, attempt: int | None
-) -> ValidityCheck:
-    """The state right after the restore is the state after the checkpoint's step.
-
-    Compared with the control at that step. When the two legs already differed there
-    (a stack that is not run-to-run deterministic), the restore is still valid if it
-    equals what the preempted leg itself had at that step; the boundary walk then
-    reports the nondeterminism.
-    """
-    name = "restored_state"
-    if attempt is None:
-        return _failed(name, "there is no resumed attempt to check")
-    own = preempted.attempt_steps(0)
-    for rank, restore in sorted(_restores(preempted, attempt).items()):
-        step = restore.step
-        if restore.params is None or restore.optimizer_state is None:
-            return _failed(name, f"rank {rank}'s restore record carries no state digests, so "
-                                 "nothing shows the restore loaded what was saved")
-        if step == 0:
-            continue  # the state before step 1: no step record to compare against
-        ctrl = control.effective.get(rank, {}).get(step)
-        if ctrl is None:
-            return _failed(name, f"the control has no record of step {step} on rank {rank} to "
-                                 "check the restored state against")
-        fresh = "optimizer" in restore.omitted
-        if _state(restore, fresh) == _state(ctrl, fresh):
-            continue
-        saved = own.get(rank, {}).get(step)
-        if saved is not None and _state(restore, fresh) == _state(saved, fresh):
-            continue
-        part = "parameters" if restore.params != ctrl.params else "optimizer state"
-        return _failed(
-            name,
-            f"the {part} restored from {restore.checkpoint} on rank {rank} differ from the "
-            f"control's after step {step}",
-        )
-    return _ok(name, "the restored parameters and optimizer state (unless left out) equal the "
-                     "control's at the checkpoint's step on every rank")
+def _not_planned(got: RestoreRecord, expected: str, leg: str, run: str | None) -> str | None:
+    """Why the checkpoint one rank restored is not the one the plan names, if it is not."""
+    rank = got.rank
+    if got.checkpoint != expected:
+        return f"the resumed attempt restored {got.checkpoint} (rank {rank}), expected {expected}"
+    if run is not None and got.run is not None and got.run != run:
+        return (f"rank {rank} restored a {expected} of run {got.run or '(none)'}, not of this "
+                f"run ({run})")
+    if got.leg is not None and got.leg != leg:
+        return f"rank {rank} restored the {got.leg} leg's {expected}, not the {leg} leg's"
+    position = Position.parse(got.checkpoint)
+    if position is not None and (got.step, got.microstep) != (position.step,
+                                                               position.microstep):
+        return (f"rank {rank} restored a checkpoint named {expected} that holds the state of "
+                f"step {got.step} microbatch {got.microstep}: another step's checkpoint, "
+                "filed under the expected name")
+    if got.params is None or got.optimizer_state is None:
+        return (f"rank {rank}'s restore record carries no state digests, so nothing shows "
+                "the restore loaded what was saved")
+    return None
 
 
 def check_steps(control: LegTrace, preempted: LegTrace, steps: int) -> ValidityCheck:

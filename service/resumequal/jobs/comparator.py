@@ -5,7 +5,8 @@ store, whatever the store (trace segments verified as they are read); final chec
 in an object store are downloaded, verified, into a temporary folder, as the comparator
 always does. The comparison includes the negative controls, as
 ``resumequal run`` does. With ``write``, ``verdict.json``, ``report.json``,
-``report.html`` and ``metrics.prom`` are written into the run location; the report's
+``report.html`` and ``metrics.prom`` are written into the run location, with the zoom
+section of a ``zoom.json`` already there; the report's
 phases, kill time and restart time come from what the legs left there
 (:func:`resumequal.timeline.read_timeline`).
 """
@@ -58,6 +59,10 @@ def compare_location(
     timeline = read_timeline(location, spec, compared_at=compared_at,
                              verdict=verdict, concluded_at=time.time())
     report = build_report(spec, verdict, timeline, run=name, pin=pin, location=location)
+    # A zoom already written stays part of the report: its evidence is the run's.
+    zoom = location.read_zoom()
+    if zoom is not None:
+        report = report.model_copy(update={"zoom": zoom})
     published = publish_aside(report, location, namespace=namespace)
     log.info("published %s", ", ".join(published.values()))
     return Judged(verdict, published)

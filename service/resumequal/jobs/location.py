@@ -18,7 +18,10 @@ def open_run(uri: str, doing: str) -> tuple[RunLocation, QualificationSpec]:
 
     Without the key and id nothing is ``doing`` ("judged", "zoomed":
     :func:`resumequal.local.runkey.check_seal`), and a location no leg started is refused."""
-    seal = runkey.seal_for(RunLocation.open(uri).uri)
+    unsealed = RunLocation.open(uri)
+    # "No run here" before "no key for it": a wrong path is not an authentication problem.
+    unsealed.check_started()
+    seal = runkey.seal_for(unsealed)
     # What the Job starts or loads (replays, checkpoints) authenticates with them too.
     runkey.export(seal)
     location = RunLocation.open(uri, seal=seal)

@@ -2,23 +2,31 @@
 
 ``resumequal run`` makes a fresh run id per run and a fresh checkpoint key (unless
 ``RESUMEQUAL_CHECKPOINT_KEY`` is set), hands both to its legs, and keeps them in a file only
-this user can read: ``$XDG_STATE_HOME/resumequal/run-keys/<digest of the location>.json``
+this user can read: ``$XDG_STATE_HOME/resumequal/run-keys/<digest of the run id>.json``
 (``~/.local/state`` by default; mode 0600 in a 0700 folder, never in the run folder, which
-may be a store others write). ``resumequal compare`` and ``resumequal zoom`` of that
-location take them from there when the environment does not give them; on a cluster the
-comparator and zoom Jobs get them from the run's Secret and uid.
+may be a store others write). ``resumequal compare`` and ``resumequal zoom`` of a location
+take them from there when the environment does not give them: the kept run whose key and id
+authenticate the location's ``run.json`` is its run, wherever the folder has since been
+moved, copied or synced to. The folder keeps the :data:`KEEP_KEYS` runs used last, none
+unused for :data:`KEEP_DAYS` days. On a cluster the comparator and zoom Jobs get the key
+and id from the run's Secret and uid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import stat
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from resumequal.errors import CheckpointError, TraceError, TraceNotAuthentic, UsageError
-from resumequal.runstore import RunLocation
+from resumequal.runstore import RUN_FILE, SMALL_OBJECT_BYTES, RunLocation
 from resumequal.signing import (
     KEY_ENV,
     MIN_KEY_CHARS,
@@ -31,6 +39,8 @@ from resumequal.signing import (
 from resumequal.spec import REFERENCE_LEG
 from resumequal.store import StoreNotFound
 
+log = logging.getLogger(__name__)
+
 # What a key file may hold: a key, a run id and the location's URI.
 _KEY_FILE_BYTES = 64 << 10
 
@@ -41,13 +51,19 @@ def keys_folder() -> Path:
     return Path(state) / "resumequal" / "run-keys"
 
 
-def key_file(uri: str) -> Path:
-    """The file that keeps the key and run id of the run at ``uri``."""
-    return keys_folder() / f"{hashlib.sha256(uri.encode()).hexdigest()[:32]}.json"
+# The kept runs: the ones used last, and none left unused this long.
+KEEP_KEYS = 256
+KEEP_DAYS = 90
+
+
+def key_file(run: str) -> Path:
+    """The file that keeps the key of run ``run`` (and where it was run)."""
+    return keys_folder() / f"{hashlib.sha256(run.encode()).hexdigest()[:32]}.json"
 
 
 def remember(uri: str, seal: RunSeal) -> Path:
-    """Keep ``seal`` for the run at ``uri`` (replacing what was kept for it); the file."""
+    """Keep ``seal`` for the run at ``uri`` (replacing what was kept for that run id); the
+    file. Runs used long ago, or beyond the newest :data:`KEEP_KEYS`, are forgotten."""
     folder = keys_folder()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(folder)
@@ -55,7 +71,7 @@ def remember(uri: str, seal: RunSeal) -> Path:
             or stat.S_IMODE(info.st_mode) & 0o077:
         raise CheckpointError(f"{folder} is not a private folder of this user (mode "
                               f"{stat.S_IMODE(info.st_mode):o}); the run's key is not kept there")
-    path = key_file(uri)
+    path = key_file(seal.run)
     body = json.dumps({"uri": uri, "run": seal.run, "key": seal.key.decode()}).encode()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -65,54 +81,128 @@ def remember(uri: str, seal: RunSeal) -> Path:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    prune(folder)
     return path
 
 
-def recall(uri: str) -> RunSeal | None:
-    """The key and run id kept for the run at ``uri``, or None; CheckpointError when the
-    file is there but is no key file of this user's."""
-    path = key_file(uri)
+def prune(folder: Path, now: float | None = None) -> list[Path]:
+    """Forget the runs not used for :data:`KEEP_DAYS` days and those beyond the
+    :data:`KEEP_KEYS` used last (a use touches the file); the files removed."""
+    now = time.time() if now is None else now
+    kept = sorted(_key_files(folder), key=lambda p: -p[1])
+    gone = [p for i, (p, used) in enumerate(kept)
+            if i >= KEEP_KEYS or now - used > KEEP_DAYS * 86400]
+    for path in gone:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return gone
+
+
+def _key_files(folder: Path) -> list[tuple[Path, float]]:
+    """Every key file of ``folder`` and when it was last used (written or recalled)."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    return [(Path(e.path), e.stat(follow_symlinks=False).st_mtime) for e in entries
+            if e.name.endswith(".json") and not e.name.startswith(".")
+            and e.is_file(follow_symlinks=False)]
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What was kept of one run: its seal and where it ran."""
+
+    seal: RunSeal
+    uri: str
+    path: Path
+
+
+def _read_kept(path: Path) -> Kept | None:
+    """The run kept in ``path``; None for a file that is not one of this user's key files
+    (a foreign or damaged file is never used, and never stops the others being tried)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
+    except OSError:
         return None
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read the run's key: {e.strerror}") from e
     try:
         info = os.fstat(fd)
         if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-            raise CheckpointError(f"{path}: not a private file of this user; not used")
+            log.warning("%s: not a private file of this user; not used", path)
+            return None
         data = os.read(fd, _KEY_FILE_BYTES)
     finally:
         os.close(fd)
     try:
         kept = json.loads(data)
-        run, key, kept_uri = str(kept["run"]), str(kept["key"]), str(kept["uri"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: not a run key file") from e
-    if kept_uri != uri:
-        return None  # another location's file under a colliding digest: not this run's
-    if len(key) < MIN_KEY_CHARS:
-        raise CheckpointError(f"{path}: not a run key file (its key is too short)")
-    return RunSeal(key.encode(), check_run_id(run, str(path)))
+        run, key, uri = str(kept["run"]), str(kept["key"]), str(kept["uri"])
+        if len(key) < MIN_KEY_CHARS:
+            return None
+        return Kept(RunSeal(key.encode(), check_run_id(run, str(path))), uri, path)
+    except (ValueError, KeyError, TypeError, CheckpointError):
+        return None
 
 
-def seal_for(uri: str) -> RunSeal:
-    """The seal to judge the run at ``uri`` with: the environment's key and run id, else
-    what ``resumequal run`` kept for it; UsageError saying what is missing."""
+def kept_runs(uri: str) -> list[Kept]:
+    """Every run kept in the keys folder, the one last run at ``uri`` first, then the most
+    recently used."""
+    files = sorted(_key_files(keys_folder()), key=lambda p: -p[1])
+    kept = [k for k in (_read_kept(path) for path, _ in files) if k is not None]
+    return sorted(kept, key=lambda k: k.uri != uri)
+
+
+def _authenticates(run_file: Any, seal: RunSeal) -> bool:
+    return seal.open_json(RUN_FILE, run_file) is not None
+
+
+def recall(location: RunLocation, key: bytes | None = None,
+           run: str | None = None) -> RunSeal | None:
+    """The kept seal (its key or run id replaced by ``key`` or ``run`` where given) that
+    authenticates ``location``'s ``run.json`` (the location a run was made in, or a copy of
+    it anywhere), or None."""
+    run_file = _run_file(location)
+    if run_file is None:
+        return None
+    for kept in kept_runs(location.uri):
+        seal = RunSeal(key or kept.seal.key, run or kept.seal.run)
+        if _authenticates(run_file, seal):
+            with contextlib.suppress(OSError):
+                os.utime(kept.path)  # used: kept the longer
+            return seal
+    return None
+
+
+def _run_file(location: RunLocation) -> Any:
+    """``run.json`` of the location as parsed JSON (its MAC is checked by the caller), or
+    None where there is none or it is not JSON."""
+    try:
+        return json.loads(location.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES))
+    except (StoreNotFound, ValueError):
+        return None
+
+
+def seal_for(location: RunLocation) -> RunSeal:
+    """The seal to judge the run at ``location`` with: the environment's key and run id,
+    else those of the kept run that authenticates it; UsageError saying what is missing."""
+    uri = location.uri
     run = run_id_from_env()
-    kept = recall(uri)
-    key = key_from_env() if os.environ.get(KEY_ENV) else kept.key if kept else None
-    if run is None and kept is not None:
-        run = kept.run
-    if key is None or run is None:
-        missing = " and ".join(name for name, value in ((KEY_ENV, key), (RUN_ID_ENV, run))
-                               if value is None)
-        raise UsageError(
-            f"{uri}: its run cannot be authenticated: set {missing} (a cluster run's key "
-            "is in the Secret its status names, its id is the QualificationRun's uid), or "
-            "judge it as the user and on the machine that ran it")
-    return RunSeal(key, run)
+    key = key_from_env() if os.environ.get(KEY_ENV) else None
+    if key is not None and run is not None:
+        return RunSeal(key, run)
+    kept = recall(location, key, run)
+    if kept is not None:
+        return kept
+    # None holds: judged as the run kept for this very place, check_seal then says the
+    # key or id given does not authenticate it (and nothing is written).
+    here = next((k for k in kept_runs(uri) if k.uri == uri), None)
+    if here is not None:
+        return RunSeal(key or here.seal.key, run or here.seal.run)
+    missing = " and ".join(name for name, value in ((KEY_ENV, key), (RUN_ID_ENV, run))
+                           if value is None)
+    raise UsageError(
+        f"{uri}: its run cannot be authenticated: set {missing} (a cluster run's key "
+        "is in the Secret its status names, its id is the QualificationRun's uid), or "
+        "judge it as the user and on the machine that ran it")
 
 
 def export(seal: RunSeal) -> None:

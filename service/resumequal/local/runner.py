@@ -176,7 +176,9 @@ def _run_plan(
     progress = ProgressDisplay(console, legs=tuple(p.name for p in plan.legs))
 
     def on_tick(s: QualificationStatus) -> None:
-        restarts = sum(max(0, leg.attempts - 1) for leg in s.legs.values())
+        # The preempted leg's: every control leg restarts too, once, by design.
+        main = s.legs.get(plan.legs[1].name) if len(plan.legs) > 1 else None
+        restarts = max(0, main.attempts - 1) if main is not None else 0
         steps = {name: leg.steps for name, leg in s.legs.items() if leg.launched_at is not None}
         progress.update(s.phase.value, steps, spec.training.steps, restarts)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from resumequal.compare.files import LegTrace
 from resumequal.compare.zoom import Capture, compare_captures, load_capture, summary
-from resumequal.errors import ReportError
+from resumequal.errors import ReportError, UsageError
 from resumequal.launchers import TORCHRUN
 from resumequal.local.processes import ProcessTree
 from resumequal.runstore import ZOOM_JSON, RunLocation
@@ -199,15 +199,19 @@ def zoom_of(location: RunLocation, spec: QualificationSpec, verdict: Verdict | N
             python: str = sys.executable) -> Zoom:
     """Replay ``step`` (default: ``verdict``'s first divergence) of the run at ``location``."""
     divergence = verdict.first_divergence if verdict is not None else None
+    # A difference in the restored state shows in the first step the resumed attempt ran,
+    # as state its modules began that step with.
+    diverged_in = None if divergence is None else \
+        divergence.step + 1 if divergence.at_restore else divergence.step
     if step is None:
-        if divergence is None:
+        if diverged_in is None:
             why = "no verdict yet" if verdict is None else f"the verdict is {verdict.result}"
-            raise ReportError(f"{location.uri} has no first divergence to zoom into ({why}); "
-                              "name a step with --step")
-        step = divergence.step
+            raise UsageError(f"{location.uri} has no first divergence to zoom into ({why}); "
+                             "name a step with --step")
+        step = diverged_in
     if not 1 <= step <= spec.training.steps:
-        raise ReportError(f"--step {step}: the run trains steps 1 to {spec.training.steps}")
-    on_divergence = divergence is not None and divergence.step == step
+        raise UsageError(f"--step {step}: the run trains steps 1 to {spec.training.steps}")
+    on_divergence = divergence is not None and diverged_in == step
     rank = divergence.rank if divergence is not None and on_divergence else 0
     work = Path(tempfile.mkdtemp(prefix="resumequal-zoom-"))
     try:

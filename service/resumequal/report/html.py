@@ -262,15 +262,32 @@ def _divergence_box(v: Verdict) -> str:
     if d is None:
         return ""
     # The anchor lives on the table cell when the table has one for it, else here.
-    in_table = any(row.step == d.step and d.boundary in row.status for row in v.boundary_table)
+    # A difference at the restore has no cell: the table holds the steps the legs ran.
+    in_table = not d.at_restore and any(row.step == d.step and d.boundary in row.status
+                                        for row in v.boundary_table)
     anchor = "" if in_table else f' id="{FIRST_DIVERGENCE_ID}"'
+    where = " (at the restore: the state restored against the state saved)" \
+        if d.at_restore else ""
     return (
         f'<div class="diverge"{anchor}><strong>First divergence</strong>: step {d.step}, '
-        f"boundary <code>{escape(d.boundary)}</code>, rank {d.rank}"
+        f"boundary <code>{escape(d.boundary)}</code>, rank {d.rank}{escape(where)}"
         f"<table><tr><th>control</th><td><code>{escape(_value(d.control))}</code></td></tr>"
         f"<tr><th>preempted</th><td><code>{escape(_value(d.preempted))}</code></td></tr>"
-        f"</table>{_tensor_difference(d)}</div>"
+        f"</table>{_cause(d)}{_tensor_difference(d)}</div>"
     )
+
+
+def _cause(d: Divergence) -> str:
+    """Why the first divergence happened and what fixes it, where the comparator knows."""
+    rows = "".join(f"<tr><th>{label}</th><td>{escape(text)}</td></tr>"
+                   for label, text in (("cause", d.cause), ("fix", d.fix)) if text)
+    restored = "".join(
+        f"<tr><td><code>{escape(t.name)}</code></td><td>{escape(t.kind)}</td>"
+        f"<td>{escape(', '.join(map(str, t.ranks)))}</td><td>{escape(t.cause)}</td>"
+        f"<td>{'' if t.kept_rank is None else t.kept_rank}</td></tr>" for t in d.restored)
+    table = ("<table><tr><th>tensor</th><th>kind</th><th>ranks</th><th>cause</th>"
+             f"<th>copy restored</th></tr>{restored}</table>") if restored else ""
+    return (f"<table>{rows}</table>" if rows else "") + table
 
 
 def _tensor_difference(d: Divergence) -> str:

@@ -116,6 +116,10 @@ def _facts(report: Report) -> Table:
         if d.buckets is not None:
             fact("", "DDP buckets: " + ", ".join(
                 f"{leg} {len(b)}" for leg, b in d.buckets.items()))
+        if d.cause is not None:
+            fact("cause", d.cause)
+        if d.fix is not None:
+            fact("fix", d.fix)
     if report.zoom is not None:
         fact("zoom", Text(report.zoom.summary, style="bold"))
     if v.loss_deltas:
@@ -269,7 +273,8 @@ class ProgressDisplay:
     def update(
         self, phase: str, leg_steps: Mapping[str, int], total_steps: int, restarts: int
     ) -> None:
-        """Show the current phase, steps done per leg (of ``total_steps``) and restarts."""
+        """Show the current phase, steps done per leg (of ``total_steps``) and the preempted
+        leg's restarts."""
         changed = phase != self._phase or restarts != self._restarts
         finished = any(
             leg_steps.get(leg, 0) >= total_steps > self._steps.get(leg, 0) for leg in self.legs
@@ -292,7 +297,13 @@ class ProgressDisplay:
         return Group(header, self._progress)
 
     def _line(self) -> str:
-        steps = "  ".join(f"{leg} {self._steps[leg]}/{self._total}" for leg in self.legs)
+        """The main pair's steps, then the negative controls as a count of legs done: one
+        line under 80 columns however many controls run (a CI log wraps nothing)."""
+        main, controls = self.legs[:2], self.legs[2:]
+        steps = "  ".join(f"{leg} {self._steps[leg]}/{self._total}" for leg in main)
+        if controls:
+            done = sum(self._steps[leg] >= self._total > 0 for leg in controls)
+            steps += f"  controls {done}/{len(controls)} done"
         return f"phase={self._phase}  {steps}  restarts={self._restarts}"
 
     def _emit(self, *, force: bool) -> None:

@@ -18,8 +18,19 @@ KIND_LABELS: Final = {"origin": "origin", "propagation": "propagation",
 _TERMINAL_MODULES: Final = 8
 
 
-def _diff(value: float | None) -> str:
-    return "shape/dtype" if value is None else f"{value:.3g}"
+# What "max |diff|" shows where no number can say it: nothing differs, or a tensor's shape
+# or dtype (or its presence) differs, so no element-wise difference exists.
+EQUAL: Final = "—"
+SHAPES: Final = "shape/dtype"
+LEGEND: Final = (f"max |diff|: {EQUAL} where nothing differs; {SHAPES} where a tensor's "
+                 "shape or dtype differs (or one replay lacks it), so no element-wise "
+                 "difference exists.")
+
+
+def _diff(value: float | None, differ: int = 1) -> str:
+    if not differ:
+        return EQUAL
+    return SHAPES if value is None else f"{value:.3g}"
 
 
 def zoom_lines(z: Zoom) -> list[str]:
@@ -36,6 +47,8 @@ def zoom_lines(z: Zoom) -> list[str]:
         lines.append(f"  ... and {len(z.modules) - _TERMINAL_MODULES} more modules")
     stages = ", ".join(f"{s.name} {s.differ}/{s.total}" for s in z.stages)
     lines.append(f"  stages (differing/captured): {stages}")
+    if any(m.max_abs_diff is None for m in z.modules[:_TERMINAL_MODULES]):
+        lines.append(f"  {LEGEND}")
     return lines
 
 
@@ -43,7 +56,8 @@ def _tensor_rows(tensors: list[ZoomTensor]) -> str:
     return "".join(
         f"<tr><td><code>{escape(t.name)}</code></td><td class=\"num\">{t.rank}</td>"
         f"<td class=\"num\">{t.differ}</td><td class=\"num\">{t.numel}</td>"
-        f"<td class=\"num\">{escape(_diff(t.max_abs_diff))}</td></tr>" for t in tensors)
+        f"<td class=\"num\">{escape(_diff(t.max_abs_diff, t.differ))}</td></tr>"
+        for t in tensors)
 
 
 _TENSOR_HEAD: Final = ("<tr><th>tensor</th><th>rank</th><th>elements differ</th>"
@@ -86,8 +100,9 @@ def zoom_section(z: Zoom) -> str:
         f"{_tensor_rows(m.tensors)}</table></details>" for m in z.modules if m.tensors)
     stages = "".join(
         f"<tr><td><code>{escape(s.name)}</code></td><td class=\"num\">{s.differ}</td>"
-        f"<td class=\"num\">{s.total}</td><td class=\"num\">{escape(_diff(s.max_abs_diff))}"
-        "</td></tr>" for s in z.stages)
+        f"<td class=\"num\">{s.total}</td>"
+        f"<td class=\"num\">{escape(_diff(s.max_abs_diff, s.differ))}</td></tr>"
+        for s in z.stages)
     stage_details = "".join(
         f"<details><summary><code>{escape(s.name)}</code>: differing tensors</summary>"
         f"<table>{_TENSOR_HEAD}{_tensor_rows(s.tensors)}</table></details>"
@@ -111,5 +126,6 @@ def zoom_section(z: Zoom) -> str:
            f"</details>{details}" if z.modules else "<p>Every module is equal.</p>")
         + f"<h3>Stages</h3><table><tr><th>stage</th><th>differ</th><th>tensors</th>"
         f"<th>max |diff|</th></tr>{stages}</table>{stage_details}"
+        f"<p class=\"legend\">{escape(LEGEND)}</p>"
         f"<h3>Runtime</h3>{_buckets(z.buckets)}{inventory_html}"
     )

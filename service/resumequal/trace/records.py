@@ -2,9 +2,10 @@
 
 Every worker appends JSON lines to its own trace (a :class:`TraceSink`): one
 ``InventoryRecord`` when it starts, a ``RestoreRecord`` when it resumes, an ``ArmRecord``
-when it reaches the cut, one ``StepRecord`` per optimizer step holding a digest or exact
-value for every boundary of ``resumequal.spec.BOUNDARIES``, and, under compile.enabled, a
-``CompiledRecord`` after each step during which something compiled. The comparator reads
+when it reaches the cut, a ``SavedRecord`` when it saves in the middle of a step, one
+``StepRecord`` per optimizer step holding a digest or exact value for every boundary of
+``resumequal.spec.BOUNDARIES``, and, under compile.enabled, a ``CompiledRecord`` after each
+step during which something compiled. The comparator reads
 two legs' traces and walks the boundaries in order.
 
 This module is pure data and files: it imports no torch or numpy (the comparator's report
@@ -41,6 +42,7 @@ __all__ = [
     "MicrostepPartial",
     "MicrostepRecord",
     "RestoreRecord",
+    "SavedRecord",
     "StartupRecord",
     "StepPartial",
     "StepRecord",
@@ -271,6 +273,35 @@ class RestoreRecord(_Record):
     handoff: str | None = Field(
         default=None, description="resize runs: digest of the whole training state "
         "restored, gathered over the ranks (as StepRecord.handoff)")
+    # What names the checkpoint beyond its folder's name: a restore is judged by what its
+    # authenticated manifest says it is. None in traces written before they were recorded.
+    run: str | None = Field(default=None, description="the run its manifest names")
+    leg: str | None = Field(default=None, description="the leg its manifest names")
+    manifest: str | None = Field(
+        default=None, description="sha256 of its authenticated manifest: the same on every "
+        "rank that restored the same checkpoint")
+    tensors: TensorDigests | None = Field(
+        default=None, description="per-tensor digests right after the restore (params and "
+        "optimizer_state only), as the step records keep them")
+    buffers: list[str] = Field(
+        default_factory=list, description="which names of tensors.params are buffers")
+    unsaved: list[str] = Field(
+        default_factory=list, description="buffers the model's state_dict leaves out "
+        "(non-persistent): rebuilt by the workload, never restored")
+
+
+class SavedRecord(_Record):
+    """What a rank put into a checkpoint taken in the middle of a step (a graceful stop's):
+    the state a restore of it must give back. A checkpoint taken after a step holds what
+    that step's record says."""
+
+    kind: Literal["saved"] = "saved"
+    rank: int
+    attempt: int
+    checkpoint: str
+    params: str = Field(description="digest of parameters and buffers as saved")
+    optimizer_state: str
+    tensors: TensorDigests = Field(description="per-tensor digests (params, optimizer_state)")
 
 
 class ArmRecord(_Record):
@@ -299,7 +330,7 @@ class StartupRecord(_Record):
 
 TraceRecord = Annotated[
     StepRecord | InventoryRecord | RestoreRecord | ArmRecord | StartupRecord
-    | CompiledRecord,
+    | CompiledRecord | SavedRecord,
     Field(discriminator="kind"),
 ]
 _RECORD_ADAPTER: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)

@@ -25,10 +25,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
-from resumequal.checkpoint.manifest import CheckpointInfo
+from resumequal.checkpoint.manifest import CheckpointInfo, manifest_digest
 from resumequal.errors import CheckpointError, TrainingError
 from resumequal.runstore import LegFiles
-from resumequal.spec import REFERENCE_LEG, QualificationSpec, check_leg_name
+from resumequal.spec import REFERENCE_LEG, QualificationSpec, SpecError, check_leg_name
 from resumequal.state import (
     Counters,
     LiveState,
@@ -56,6 +56,7 @@ from resumequal.trace.records import (
     MicrostepPartial,
     MicrostepRecord,
     RestoreRecord,
+    SavedRecord,
     StartupRecord,
     StepPartial,
     StepRecord,
@@ -70,6 +71,7 @@ from resumequal.train.compiling import (
     compile_model,
     place_cache,
 )
+from resumequal.train.devices import check_trains_on
 from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.globaldata import GlobalData
 from resumequal.train.handoff import handoff_digest
@@ -160,6 +162,13 @@ def _param_digests(model: nn.Module) -> Digests:
     m = _unwrapped(model)
     return tensor_digests(
         [(n, p.detach()) for n, p in m.named_parameters()] + list(m.named_buffers()))
+
+
+def unsaved_buffers(model: nn.Module) -> list[str]:
+    """The buffers ``model.state_dict()`` leaves out (registered ``persistent=False``): a
+    checkpoint never holds them, a resumed process has whatever the workload built."""
+    saved = set(model.state_dict(keep_vars=True))
+    return [n for n, _ in model.named_buffers() if n not in saved]
 
 
 def _named_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -288,6 +297,11 @@ class Trainer:
                       "(resumequal.workloads.base.PositionalDataset)")
             mark_failed(self.files, reason)
             raise TrainingError(reason)
+        try:
+            check_trains_on(workload.model, self.p.device, self.spec.workload.name)
+        except SpecError as e:
+            mark_failed(self.files, f"rank {self.p.rank}: {e}")  # every attempt would meet it
+            raise TrainingError(str(e)) from e
         model = workload.model.to(self.p.device)
         if self.spec.compile.enabled:
             self.compiled = place_cache(self.spec.compile, self.scratch, self.p.rank)
@@ -348,6 +362,9 @@ class Trainer:
         check_counters_agree(live.counters, self.p.device)
         handoff = handoff_digest(live) if self.global_data is not None else None
         c = live.counters
+        params = _param_digests(live.model)
+        optim = _optimizer_digests(live.model, live.workload.optimizer)
+        manifest = loaded.manifest
         self.trace.write(
             RestoreRecord(
                 rank=self.p.rank,
@@ -358,11 +375,17 @@ class Trainer:
                 global_microstep=c.global_microstep,
                 omitted=sorted(self.omit),  # type: ignore[arg-type]
                 restored_at=time.time(),
-                params=_param_digests(live.model).whole,
-                optimizer_state=_optimizer_digests(live.model, live.workload.optimizer).whole,
+                params=params.whole,
+                optimizer_state=optim.whole,
                 world_size=self.p.world_size,
                 saved_world_size=loaded.rank_state.world_size,
                 handoff=handoff,
+                run=manifest.run,
+                leg=manifest.info.get("leg"),
+                manifest=manifest_digest(manifest),
+                tensors=TensorDigests(params=params.tensors, optimizer_state=optim.tensors),
+                buffers=[n for n, _ in _unwrapped(live.model).named_buffers()],
+                unsaved=unsaved_buffers(_unwrapped(live.model)),
             )
         )
         log.info("rank %d resumed from %s (saved by %d rank(s), restored by %d)", self.p.rank,
@@ -613,9 +636,18 @@ class Trainer:
         tensors = tensor_state(live, with_pending_grads=c.microstep > 0)
         info = CheckpointInfo(leg=self.leg, global_microstep=c.global_microstep)
         # The emergency checkpoint is always synchronous: the process exits right after.
-        self.ckpt.save(position, tensors, rank_state(live), info=info,
-                       before_commit=before_commit,
-                       background=self.spec.checkpoint.async_save and hold_step is not None)
+        name = self.ckpt.save(position, tensors, rank_state(live), info=info,
+                              before_commit=before_commit,
+                              background=self.spec.checkpoint.async_save
+                              and hold_step is not None)
+        if name is not None and c.microstep > 0:
+            # No step record holds what this one saved: its window's forwards moved buffers.
+            params = _param_digests(live.model)
+            optim = _optimizer_digests(live.model, live.workload.optimizer)
+            self.trace.write(SavedRecord(
+                rank=self.p.rank, attempt=self.p.attempt, checkpoint=name,
+                params=params.whole, optimizer_state=optim.whole,
+                tensors=TensorDigests(params=params.tensors, optimizer_state=optim.tensors)))
 
     def _on_arm(self, step: int, microstep: int, where: str) -> None:
         self.trace.write(ArmRecord(rank=self.p.rank, attempt=self.p.attempt, step=step,

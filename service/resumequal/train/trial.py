@@ -17,6 +17,7 @@ import torch
 
 from resumequal.errors import ResumequalError
 from resumequal.spec import QualificationSpec, load_spec
+from resumequal.train.devices import check_trains_on
 from resumequal.workloads import WorkloadContext, load_workload
 
 
@@ -31,7 +32,12 @@ def build(spec: QualificationSpec) -> None:
     torch.manual_seed(t.seed)
     ctx = WorkloadContext(params=dict(spec.workload.params), training=t, rank=0,
                           world_size=spec.world.world_size, device=torch.device("cpu"))
-    load_workload(spec.workload, ctx)
+    workload = load_workload(spec.workload, ctx)
+    # Built on the CPU, checked for the device the legs will train on here.
+    backend = spec.world.backend
+    cuda = backend == "nccl" or (backend == "auto" and torch.cuda.is_available())
+    legs_device = "cuda" if cuda else "cpu"
+    check_trains_on(workload.model, torch.device(legs_device), spec.workload.name)
 
 
 def failure(name: str, e: BaseException) -> str:
