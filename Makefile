@@ -1,8 +1,8 @@
 # resumequal: `make run` and `make test` set everything up on a fresh machine.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch; install it before the project so the project's torch range is
-# already satisfied and pip does not fetch a multi-GB CUDA build.
+# The torch the environment qualifies, installed before the project (from PyPI: a CUDA
+# build of several GB, which runs on a CPU); within the project's declared range.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # The theme prints an end-of-life notice on every build unless told not to.
@@ -12,10 +12,14 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
 env: $(VENV)/.installed
 
+# The torch installed first is then a constraint: the project's dependencies that need a
+# torch (torchvision, torchdata) are resolved to fit it and never replace it.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[test,lint,operator,docs]'
+	$(PY) -c "from importlib.metadata import version; print('torch==' + version('torch'))" \
+	  >$(VENV)/torch-constraint.txt
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[test,lint,operator,docs]'
 	touch $@
 
 # promtool (alert rule checks) and prometheus (the end-to-end alert test) come from
