@@ -1,7 +1,13 @@
 """The operator under load: N QualificationRuns reconciled from apply to verdict.
 
-The operator runs as its own process (``resumequal-operator run``, as in a pod) against
-the API double (:mod:`testing.kubeapi`: real HTTP, the official client), with the simulated
+By default (``--api real``) the operator runs as its own process (``resumequal-operator
+run``, as in a pod, with a token of the chart's ServiceAccount) against the local cluster
+built from source (:mod:`testing.cluster`: the real kube-apiserver, etcd, controller
+manager and scheduler, the real Kubeflow training operator), the chart installed by helm
+for its CRD and RBAC, and the node agent running every pod, the legs' and comparator's
+containers played by the scripted workers below in a process of their own. Needs root
+(the pods' network namespaces). ``--api double`` runs it against the API double instead
+(:mod:`testing.kubeapi`: real HTTP, the official client), with the simulated
 Kubeflow training operator and Job controller moving PyTorchJobs, Jobs and pods, and the
 tests' simulated workers writing traces, beacons and verdicts into a ``file://`` store
 (no S3 endpoint in the way: what is measured is the operator). Every run has 2 legs of
@@ -60,7 +66,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 # The repository root: the API double (testing/) and the operator tests' harness (tests/).
@@ -86,6 +94,8 @@ from tests.operator.harness import run_manifest, write_kubeconfig  # noqa: E402
 from tests.operator.workers import Workers, verdict  # noqa: E402
 
 NAMESPACE = "quals"
+# The image the runs name (tests/operator/harness.py's manifests).
+RUN_IMAGE = "ghcr.io/acme/train"
 # The pods' process runs at the lowest CPU priority (see measure).
 NODE_NICE = 19
 # Timeouts sized for many runs' pods simulated on 2 cores.
@@ -208,6 +218,10 @@ def main() -> None:
     parser.add_argument("--shared", action="store_true",
                         help="both processes on both CPUs, placed by the scheduler (default: "
                              "the operator on one CPU, this process and the pods on another)")
+    parser.add_argument("--api", choices=["real", "double"], default="real",
+                        help="real: the local cluster built from source (testing/cluster; "
+                             "needs root); double: the API double (testing/kubeapi) with its "
+                             "simulated training operator and kubelet")
     parser.add_argument("--pods-with-api", action="store_true",
                         help="the pods on threads of this process, beside the API (their CPU "
                              "then holds the API's interpreter lock), at the same priority")
@@ -225,9 +239,10 @@ def main() -> None:
     # stalls, not the operator, would set the reconcile tail measured.
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    first = measure(args, held=0)
+    run = measure_real if args.api == "real" else measure
+    first = run(args, held=0)
     if args.held:
-        second = measure(args, held=args.held)
+        second = run(args, held=args.held)
         print(f"held {args.runs + args.held} / {args.runs}: reconcile p99 "
               f"{second['p99'] / first['p99']:.2f}x ({second['p99'] * 1000:.1f}ms / "
               f"{first['p99'] * 1000:.1f}ms), peak RSS {second['rss'] / first['rss']:.2f}x "
@@ -330,6 +345,252 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
             log.close()
             sim.stop()
 
+    return summarize(args, held, Figures(metrics, created, finished, wall, rss, operator_cpu,
+                                         bench_cpu, pods_cpu, requests,
+                                         "API, controllers, kubelet"))
+
+
+def pin_cluster(cluster_id: str, cpu: int) -> None:
+    """Every process of the local cluster (the API server, etcd, the controllers, CoreDNS
+    and the pods' processes) onto ``cpu``: on a cluster they run on machines of their own,
+    apart from the operator's."""
+    from resumequal.local.processes import tagged
+    from testing.cluster.daemons import TAG
+
+    for pid in tagged(cluster_id, TAG):
+        with contextlib.suppress(OSError):
+            pin_threads(pid, cpu)
+
+
+def hold_finished_real(objects: Any, store: dict[str, str], count: int,
+                       master: MasterKey) -> None:
+    """As :func:`hold_finished`, through the real API server (as the admin)."""
+    body = verdict(Result.PASS).model_dump_json().encode()
+    for i in range(count):
+        name = f"held-{i:05d}"
+        manifest = run_manifest(name, store, timeouts=TIMEOUTS)
+        manifest["metadata"]["finalizers"] = [FINALIZER]
+        obj = objects.create_namespaced_custom_object(
+            QUALIFICATION_RUNS.group, QUALIFICATION_RUNS.version, NAMESPACE,
+            QUALIFICATION_RUNS.plural, manifest)
+        meta = obj["metadata"]
+        run_spec = {**obj["spec"], "backend": "pytorchjob"}
+        spec = parse_run_spec(run_spec)
+        uri = run_uri(spec.store.uri, NAMESPACE, name, meta["uid"])
+        plan = qualification_plan(qualification_spec(spec, uri))
+        t = time.time() - 3600
+        machine = QualificationStatus(
+            phase=Phase.SUCCEEDED, reason=Reason.COMPLETED, message="PASS: held",
+            history=[PhaseEvent(phase=p.value, at=t + k) for k, p in enumerate(
+                (Phase.PENDING, Phase.LEGS_RUNNING, Phase.ARMED, Phase.PREEMPTED,
+                 Phase.RESUMED, Phase.COMPARING, Phase.SUCCEEDED))],
+            legs={p.name: LegRun(launched_at=t, finished_at=t + 5, steps=6,
+                                 attempts=2 if p.cut else 1,
+                                 killed_at=t + 2 if p.cut else None,
+                                 resumed_at=t + 3 if p.cut else None) for p in plan.legs})
+        machine.verdict = verdict(Result.PASS)
+        status = run_status(
+            machine, previous=None, generation=meta.get("generation"),
+            pin=spec.stack.effective_pin, run_uri=uri, report_url=f"{uri}/report.html",
+            leg_jobs={p.name: pytorchjob.leg_job_name(name, meta["uid"], p.name)
+                      for p in plan.legs},
+            comparator_job=pytorchjob.comparator_job_name(name, meta["uid"]),
+            preemption_mode=spec.preemption.mode, run_spec=run_spec, backend="pytorchjob")
+        objects.replace_namespaced_custom_object_status(
+            QUALIFICATION_RUNS.group, QUALIFICATION_RUNS.version, NAMESPACE,
+            QUALIFICATION_RUNS.plural, name, {**obj, "status": status.to_k8s()})
+        location = RunLocation.open(uri, seal=master.seal(meta["uid"]))
+        location.store.put_bytes("verdict.json", body, sync=False)
+        location.store.put_bytes("verdict.json.mac", master.seal(meta["uid"]).digest_mac(
+            "verdict.json", hashlib.sha256(body).hexdigest()).encode(), sync=False)
+
+
+def measure_real(args: argparse.Namespace, held: int) -> dict[str, float]:
+    """As :func:`measure`, against the local cluster built from source: the real
+    kube-apiserver, etcd, controller manager and scheduler, the real Kubeflow training
+    operator; the node agent in this process with the legs' and comparator's containers
+    played by the scripted workers in a node process of their own (at the lowest CPU
+    priority), every other pod a real process; the chart installed with helm (its CRD,
+    RBAC and ServiceAccount; no operator Deployment), and the operator as a process of
+    its own with a token of the chart's ServiceAccount."""
+    import threading
+
+    from kubernetes import client, config
+
+    from testing.cluster import cluster as local
+    from testing.cluster import controlplane
+    from testing.cluster.node.agent import NodeAgent, machine_capacity
+    from testing.cluster.node.images import cluster_images
+    from testing.cluster.node.scripted import ScriptedRuntime
+
+    if local.current() is not None:
+        raise SystemExit("a local cluster is running (make cluster-down first): the bench "
+                         "starts one of its own")
+    cluster = local.up(node=False)
+    agent: NodeAgent | None = None
+    try:
+        cp = cluster.controlplane
+        workers = Workers(hold_timeout=args.timeout)
+        node = NodeRuntime(workers)
+        assert node.pid is not None
+        os.setpriority(os.PRIO_PROCESS, node.pid, NODE_NICE)
+        node_config = client.Configuration()
+        config.load_kube_config(config_file=str(local.node_kubeconfig(cp)),
+                                client_configuration=node_config)
+        agent = NodeAgent(
+            client.ApiClient(node_config), name=local.NODE, bridge=cluster.bridge,
+            # The runs' image, as the scripted workers play it (the worker image's
+            # configuration, held under the runs' name; its containers are scripts).
+            images=cluster_images(cluster.binaries, {RUN_IMAGE: local.WORKER_IMAGE}),
+            root=cp.root / "node",
+            api_host=cluster.bridge.gateway, api_port=cp.ports.apiserver,
+            dns_ip=cluster.bridge.gateway, netns_prefix=f"rq{cluster.id[:6]}-",
+            capacity={**machine_capacity(), "cpu": "1000", "memory": "4000Gi",
+                      "pods": "5000"},
+            runtimes={RUN_IMAGE: ScriptedRuntime(node)})
+        threading.Thread(target=agent.run, daemon=True, name="node-agent").start()
+        local.install_kubeflow(cluster, ("training-operator",))
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        cluster.kubectl("label", "namespace", NAMESPACE,
+                        "pod-security.kubernetes.io/enforce=restricted")
+        local.install_chart(cluster, {"replicas": 0, "watch": {"namespaces": [NAMESPACE]}})
+        token = cluster.kubectl("create", "token", "resumequal", "-n",
+                                local.OPERATOR_NAMESPACE, "--duration=6h").strip()
+        with tempfile.TemporaryDirectory(prefix="rq-bench-") as tmp:
+            kubeconfig = Path(tmp) / "operator.kubeconfig"
+            kubeconfig.write_text(controlplane.kubeconfig(cp.server, cp.pki / "ca.crt",
+                                                          "resumequal", token=token))
+            admin = client.Configuration()
+            config.load_kube_config(config_file=str(cp.admin_kubeconfig),
+                                    client_configuration=admin)
+            objects = client.CustomObjectsApi(client.ApiClient(admin))
+            store = {"uri": f"file://{tmp}/store"}
+            key_file = Path(tmp) / "master-key"
+            key_file.write_text(new_key())
+            key_file.chmod(0o400)
+            hold_finished_real(objects, store, held, MasterKey.from_file(key_file))
+            return _run_operator(args, held, cluster.id, kubeconfig, key_file, objects,
+                                 store, node.pid, Path(tmp))
+    finally:
+        if agent is not None:
+            agent.stop()
+        local.down()
+
+
+def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconfig: Path,
+                  key_file: Path, objects: Any, store: dict[str, str], node_pid: int,
+                  tmp: Path) -> dict[str, float]:
+    """The operator's process through ``args.runs`` runs on the real API server."""
+    import threading
+
+    from kubernetes import watch
+
+    port = free_port()
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig), POD_NAME="bench",
+               POD_NAMESPACE="resumequal-system")
+    log = open(tmp / "operator.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from resumequal_operator.main import main; main()", "run",
+         "--namespace", NAMESPACE, "--port", str(port), "--workers", str(args.workers),
+         "--poll-seconds", str(args.poll_seconds), "--key-file", str(key_file),
+         "--log-level", "WARNING"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    finished: dict[str, tuple[float, str]] = {}
+    stop = threading.Event()
+
+    def follow() -> None:
+        # The runs' phases from a watch (as a client follows them), not a listing per poll.
+        group, version, plural = (QUALIFICATION_RUNS.group, QUALIFICATION_RUNS.version,
+                                  QUALIFICATION_RUNS.plural)
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                for event in watch.Watch().stream(
+                        objects.list_namespaced_custom_object, group, version, NAMESPACE,
+                        plural, timeout_seconds=60):
+                    obj = event["object"]
+                    name, status = obj["metadata"]["name"], obj.get("status") or {}
+                    if status.get("phase") in ("Succeeded", "Failed") and name not in finished:
+                        ready = next((c for c in status.get("conditions") or []
+                                      if c["type"] == "Ready"), {})
+                        finished[name] = (time.time(), status["phase"] if status["phase"]
+                                          == "Succeeded" else f"{ready.get('reason')}: "
+                                          f"{ready.get('message')}")
+                    if stop.is_set():
+                        return
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit("the operator did not become ready: "
+                                     f"{(tmp / 'operator.log').read_text()[-2000:]}") from None
+                time.sleep(0.1)
+        if args.cpus is not None:
+            pin_threads(proc.pid, args.cpus[0])
+            pin_cluster(cluster_id, args.cpus[1])
+        threading.Thread(target=follow, daemon=True).start()
+        created: dict[str, float] = {}
+        start = time.monotonic()
+        bench_cpu_start = time.process_time()
+        pods_cpu_start = cpu_seconds(node_pid)
+        mine = {n for n in finished}  # the held ones, finished before
+        while len(set(finished) - mine) < args.runs:
+            done = len(set(finished) - mine)
+            while len(created) < min(args.runs, done + args.concurrency):
+                name = f"run-{len(created):04d}"
+                objects.create_namespaced_custom_object(
+                    QUALIFICATION_RUNS.group, QUALIFICATION_RUNS.version, NAMESPACE,
+                    QUALIFICATION_RUNS.plural, run_manifest(name, store, timeouts=TIMEOUTS))
+                created[name] = time.time()
+            if time.monotonic() - start > args.timeout:
+                raise SystemExit(f"only {done} of {args.runs} runs finished in "
+                                 f"{args.timeout:g}s")
+            time.sleep(0.2)
+        wall = time.monotonic() - start
+        metrics = scrape(port)
+        rss = peak_rss_mib(proc.pid)
+        operator_cpu = cpu_seconds(proc.pid)
+        bench_cpu = time.process_time() - bench_cpu_start
+        pods_cpu = cpu_seconds(node_pid) - pods_cpu_start
+    finally:
+        stop.set()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    return summarize(args, held, Figures(
+        metrics, created, {n: v for n, v in finished.items() if n in created}, wall, rss,
+        operator_cpu, bench_cpu, pods_cpu, None,
+        "the node agent (the API server, etcd and the controllers are processes of their "
+        "own, on the same CPU)"))
+
+
+@dataclass
+class Figures:
+    """What one measurement collected."""
+
+    metrics: dict[str, float]
+    created: dict[str, float]
+    finished: dict[str, tuple[float, str]]
+    wall: float
+    rss: float
+    operator_cpu: float
+    bench_cpu: float
+    pods_cpu: float | None
+    requests: list[tuple[str, str]] | None  # (method, path) of the operator's, when recorded
+    here: str  # what this process serves besides the bench
+
+
+def summarize(args: argparse.Namespace, held: int, f: Figures) -> dict[str, float]:
+    """Print the figures; return reconcile p99 (s), peak RSS (MiB), queue wait p99 (s)."""
+    metrics, created, finished, wall = f.metrics, f.created, f.finished, f.wall
     family = "resumequal_operator_reconcile_duration_seconds"
     reconciles = metrics[f"{family}_count"]
     failed = sorted(n for n, (_, phase) in finished.items() if phase != "Succeeded")
@@ -364,23 +625,27 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
     # Wall time in a reconcile is its CPU plus waiting: on the API (served by this
     # process, which also plays the training operator, the Job controller and the kubelet)
     # and for a core.
-    here = "API, controllers, kubelet" + (", pods" if pods_cpu is None else "")
+    here = f.here + (", pods" if f.pods_cpu is None else "")
+    operator_cpu, bench_cpu, pods_cpu, rss = f.operator_cpu, f.bench_cpu, f.pods_cpu, f.rss
     pods = "" if pods_cpu is None else f", the pods' process {pods_cpu:.1f}s"
     print(f"CPU:                operator {operator_cpu:.1f}s "
           f"({operator_cpu / reconciles * 1000:.2f}ms/reconcile, whole process), this "
           f"process ({here}) {bench_cpu:.1f}s{pods}, in {wall:.1f}s on "
           f"{os.cpu_count()} CPUs")
     print(f"operator peak RSS:  {rss:.0f} MiB")
-    runs_path = QUALIFICATION_RUNS.path(NAMESPACE)
-    run_gets = sum(1 for m, p in requests if m == "GET" and p.startswith(runs_path + "/"))
-    status_writes = [p for m, p in requests if m == "PUT" and p.endswith("/status")]
-    held_writes = sum(1 for p in status_writes if p.startswith(runs_path + "/held-"))
-    # Events are written by the operator's recorder thread, off the reconcile path.
-    events = sum(1 for m, p in requests if m == "POST" and p.split("?")[0].endswith("/events"))
-    print(f"API requests:       {len(requests)}, of which {events} Events written apart; "
-          f"the rest {(len(requests) - events) / reconciles:.2f}/reconcile; "
-          f"GETs of a run {run_gets} ({run_gets / reconciles:.2f}/reconcile), "
-          f"status writes {len(status_writes)} ({held_writes} of runs held finished)")
+    if f.requests is not None:
+        requests = f.requests
+        runs_path = QUALIFICATION_RUNS.path(NAMESPACE)
+        run_gets = sum(1 for m, p in requests if m == "GET" and p.startswith(runs_path + "/"))
+        status_writes = [p for m, p in requests if m == "PUT" and p.endswith("/status")]
+        held_writes = sum(1 for p in status_writes if p.startswith(runs_path + "/held-"))
+        # Events are written by the operator's recorder thread, off the reconcile path.
+        events = sum(1 for m, p in requests
+                     if m == "POST" and p.split("?")[0].endswith("/events"))
+        print(f"API requests:       {len(requests)}, of which {events} Events written apart; "
+              f"the rest {(len(requests) - events) / reconciles:.2f}/reconcile; "
+              f"GETs of a run {run_gets} ({run_gets / reconciles:.2f}/reconcile), "
+              f"status writes {len(status_writes)} ({held_writes} of runs held finished)")
     for name in failed[:5]:
         print(f"not Succeeded: {name}: {finished[name][1]}")
     return {"p99": histogram_quantile(0.99, metrics, family), "rss": rss,

@@ -51,6 +51,9 @@ S3_SERVICE = ("minio", "storage", 9000)  # name, namespace, port (the README's e
 S3_SECRET = "resumequal-s3"
 BUCKET = "resumequal-runs"
 WORKER_IMAGE = "localhost/resumequal-worker:dev"
+# The training images the examples name, held by the node as the worker image built from
+# this checkout (as a cluster's node holds an image loaded under a user's name for it).
+EXAMPLE_IMAGES = ("ghcr.io/acme/train",)
 OPERATOR_IMAGE = "localhost/resumequal-operator:dev"
 READY_TIMEOUT_S = 300.0
 Obj = dict[str, Any]
@@ -109,7 +112,7 @@ def current() -> Cluster | None:
 # ---------------------------------------------------------------------- pieces of up
 
 
-def _node_kubeconfig(cp: ControlPlane) -> Path:
+def node_kubeconfig(cp: ControlPlane) -> Path:
     """The node agent's credentials: system:node:<name> in system:nodes, as a kubelet's."""
     ca = Authority.load(cp.pki, "ca")
     pair = ca.issue(f"node-{NODE}", f"system:node:{NODE}", org="system:nodes", client=True)
@@ -188,15 +191,17 @@ def _start_coredns(cluster: Cluster) -> None:
         logs=cp.logs, name="coredns")
 
 
-def _start_node(cluster: Cluster) -> None:
+def start_node(cluster: Cluster) -> None:
+    """The node agent, as a process of the cluster's; returns once its Node is Ready."""
     cp = cluster.controlplane
-    kubeconfig = _node_kubeconfig(cp)
+    kubeconfig = node_kubeconfig(cp)
     proc = daemons.start("node-agent", [
         sys.executable, "-m", "testing.cluster.node", f"--kubeconfig={kubeconfig}",
         f"--name={NODE}", f"--bridge={cluster.bridge.name}", f"--subnet={cluster.bridge.subnet}",
         f"--root={cp.root / 'node'}", f"--api-host={cluster.bridge.gateway}",
         f"--api-port={cp.ports.apiserver}", f"--dns-ip={cluster.bridge.gateway}",
         f"--netns-prefix=rq{cluster.id[:6]}-",
+        *(f"--image-alias={repo}={WORKER_IMAGE}" for repo in EXAMPLE_IMAGES),
     ], cluster=cluster.id, logs=cp.logs, cwd=REPO,
         env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
 
@@ -244,44 +249,53 @@ def _kustomize(cluster: Cluster, folder: Path | None = None, *, resources: tuple
         return cluster.kubectl("kustomize", "--load-restrictor=LoadRestrictionsNone", tmp)
 
 
-def _module_dir(module: str, version: str) -> Path:
+def _module_dir(module: str) -> Path:
     out = subprocess.run([build.go(), "list", "-m", "-f", "{{.Dir}}", f"{module}"],
                          cwd=build.SOURCES / ("training-operator" if "training-operator" in module
                                               else "kubernetes"),
                          capture_output=True, text=True, check=True)
     path = Path(out.stdout.strip())
     if not path.is_dir():
-        raise daemons.ClusterError(f"{module}@{version}: not in the module cache")
+        raise daemons.ClusterError(f"{module}: not in the module cache")
     return path
 
 
-def _install_kubeflow(cluster: Cluster) -> None:
-    """The training operator v1, Trainer v2 and JobSet from their releases' manifests."""
-    training = _module_dir("github.com/kubeflow/training-operator", "")
-    trainer = _module_dir("github.com/kubeflow/trainer/v2", "")
-    jobset = _module_dir("sigs.k8s.io/jobset", "")
-    manifests = [
-        _kustomize(cluster, training / "manifests/overlays/standalone"),
-        _kustomize(cluster, jobset / "config/default"),
-        # The trainer's own overlay, less its third-party JobSet (fetched from GitHub there;
-        # installed above from the module instead).
-        _kustomize(
-            cluster, namespace="kubeflow-system",
-            resources=(trainer / "manifests/overlays/manager/namespace.yaml",
-                       *(trainer / f"manifests/base/{p}"
-                         for p in ("crds", "manager", "rbac", "webhook"))),
-            secretGenerator=[{"name": "kubeflow-trainer-webhook-cert",
-                              "namespace": "kubeflow-system",
-                              "options": {"disableNameSuffixHash": True}}],
-            configMapGenerator=[{"name": "kubeflow-trainer-public",
-                                 "literals": ["kubeflow_trainer_version=v2.3.0"],
-                                 "options": {"disableNameSuffixHash": True}}]),
-    ]
-    for text in manifests:
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
-    for namespace, deployment in (("kubeflow", "training-operator"),
-                                  ("jobset-system", "jobset-controller-manager"),
-                                  ("kubeflow-system", "kubeflow-trainer-controller-manager")):
+def _kubeflow_manifests(cluster: Cluster, part: str) -> str:
+    """One Kubeflow part's release manifests, rendered from its module."""
+    if part == "training-operator":
+        training = _module_dir("github.com/kubeflow/training-operator")
+        return _kustomize(cluster, training / "manifests/overlays/standalone")
+    if part == "jobset":
+        return _kustomize(cluster, _module_dir("sigs.k8s.io/jobset") / "config/default")
+    trainer = _module_dir("github.com/kubeflow/trainer/v2")
+    # The trainer's own overlay, less its third-party JobSet (fetched from GitHub there;
+    # installed from its module instead).
+    return _kustomize(
+        cluster, namespace="kubeflow-system",
+        resources=(trainer / "manifests/overlays/manager/namespace.yaml",
+                   *(trainer / f"manifests/base/{p}"
+                     for p in ("crds", "manager", "rbac", "webhook"))),
+        secretGenerator=[{"name": "kubeflow-trainer-webhook-cert",
+                          "namespace": "kubeflow-system",
+                          "options": {"disableNameSuffixHash": True}}],
+        configMapGenerator=[{"name": "kubeflow-trainer-public",
+                             "literals": ["kubeflow_trainer_version=v2.3.0"],
+                             "options": {"disableNameSuffixHash": True}}])
+
+
+KUBEFLOW = {"training-operator": ("kubeflow", "training-operator"),
+            "jobset": ("jobset-system", "jobset-controller-manager"),
+            "trainer": ("kubeflow-system", "kubeflow-trainer-controller-manager")}
+
+
+def install_kubeflow(cluster: Cluster, parts: tuple[str, ...] = tuple(KUBEFLOW)) -> None:
+    """The training operator v1, JobSet and Trainer v2 from their releases' manifests, each
+    waited for until its Deployment is available."""
+    for part in parts:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                        input=_kubeflow_manifests(cluster, part))
+    for part in parts:
+        namespace, deployment = KUBEFLOW[part]
         cluster.kubectl("rollout", "status", f"deployment/{deployment}", "-n", namespace,
                         f"--timeout={int(READY_TIMEOUT_S)}s")
 
@@ -327,13 +341,14 @@ def helm_values(cluster: Cluster) -> Obj:
     }
 
 
-def _install_chart(cluster: Cluster) -> None:
+def install_chart(cluster: Cluster, values: Obj | None = None) -> None:
+    """``helm install`` of the chart with :func:`helm_values` (or ``values``), waited for."""
     _namespaces_for_operator(cluster)
-    values = cluster.controlplane.root / "values.yaml"
-    values.write_text(yaml.safe_dump(helm_values(cluster)))
+    path = cluster.controlplane.root / "values.yaml"
+    path.write_text(yaml.safe_dump(values if values is not None else helm_values(cluster)))
     result = subprocess.run([
         str(cluster.binaries["helm"]), "install", RELEASE, str(REPO / "charts" / "resumequal"),
-        "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--values", str(values),
+        "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--values", str(path),
         "--kubeconfig", str(cluster.controlplane.admin_kubeconfig), "--wait",
         f"--timeout={int(READY_TIMEOUT_S)}s"], capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -356,9 +371,11 @@ def _namespaces_for_operator(cluster: Cluster) -> None:
 # ---------------------------------------------------------------------- up and down
 
 
-def up(*, chart: bool = True, keep_failed: bool = False) -> Cluster:
+def up(*, chart: bool = True, node: bool = True, kubeflow: tuple[str, ...] = tuple(KUBEFLOW),
+       keep_failed: bool = False) -> Cluster:
     """Build what is missing and start the whole cluster; the running one if it is up.
-    A start that fails stops what it started, unless ``keep_failed`` (to look at it)."""
+    Without ``node`` (a caller runs its own node agent), nothing that needs pods is
+    installed. A start that fails stops what it started, unless ``keep_failed``."""
     running = current()
     if running is not None and running.healthy():
         return running
@@ -378,13 +395,14 @@ def up(*, chart: bool = True, keep_failed: bool = False) -> Cluster:
         STATE.write_text(json.dumps(cluster.to_json(), indent=1))
         shutil.copyfile(cp.admin_kubeconfig, KUBECONFIG)
         _start_coredns(cluster)
-        _start_node(cluster)
         s3.client().create_bucket(Bucket=BUCKET)  # type: ignore[attr-defined]
         _publish_s3(cluster, int(s3.endpoint.rsplit(":", 1)[1]))
         _namespaces(cluster)
-        _install_kubeflow(cluster)
-        if chart:
-            _install_chart(cluster)
+        if node:
+            start_node(cluster)
+            install_kubeflow(cluster, kubeflow)
+            if chart:
+                install_chart(cluster)
     except BaseException:
         if not keep_failed:
             down(cluster_id=cluster_id, bridge=bridge.name)

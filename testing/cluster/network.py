@@ -14,6 +14,7 @@ Needs root (CAP_NET_ADMIN), as a CNI plugin does.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import logging
 import subprocess
@@ -25,6 +26,7 @@ from .errors import ClusterError
 log = logging.getLogger(__name__)
 
 NETNS_DIR = Path("/run/netns")
+LOCK = Path("/run/lock/resumequal-pod-network.lock")
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -65,20 +67,24 @@ class Bridge:
 
 
 def create_bridge(cluster: str) -> Bridge:
-    """Make the node's bridge on the first 10.244.X.0/24 no interface here is on."""
-    taken = used_subnets()
-    for x in range(256):
-        subnet = ipaddress.ip_network(f"10.244.{x}.0/24")
-        if not any(subnet.overlaps(n) for n in taken):
-            break
-    else:
-        raise ClusterError("no free 10.244.X.0/24 for the pod network")
-    bridge = Bridge(f"rq{cluster[:10]}", str(subnet))
-    if ip("link", "show", bridge.name, check=False).returncode == 0:
-        ip("link", "del", bridge.name)
-    ip("link", "add", bridge.name, "type", "bridge")
-    ip("addr", "add", f"{bridge.gateway}/{subnet.prefixlen}", "dev", bridge.name)
-    ip("link", "set", bridge.name, "up")
+    """Make the node's bridge on the first 10.244.X.0/24 no interface here is on. Under a
+    machine-wide lock: two clusters started at once (two checkouts' test sessions) would
+    otherwise both take the same subnet."""
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        taken = used_subnets()
+        for x in range(256):
+            subnet = ipaddress.ip_network(f"10.244.{x}.0/24")
+            if not any(subnet.overlaps(n) for n in taken):
+                break
+        else:
+            raise ClusterError("no free 10.244.X.0/24 for the pod network")
+        bridge = Bridge(f"rq{cluster[:10]}", str(subnet))
+        if ip("link", "show", bridge.name, check=False).returncode == 0:
+            ip("link", "del", bridge.name)
+        ip("link", "add", bridge.name, "type", "bridge")
+        ip("addr", "add", f"{bridge.gateway}/{subnet.prefixlen}", "dev", bridge.name)
+        ip("link", "set", bridge.name, "up")
     return bridge
 
 

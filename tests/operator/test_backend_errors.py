@@ -60,4 +60,11 @@ def test_a_store_that_does_not_answer_ends_the_run(
     failed = wait_phase(api, "nostore", "Failed", timeout=60)
     message = condition(failed, "Ready")["message"]
     assert "127.0.0.1" in message and "timeouts.backendErrorSeconds" in message
-    assert "BackendError" in [r for r, _ in _events(api, "nostore")]
+    events = _events(api, "nostore")
+    assert "BackendError" in [r for r, _ in events]
+    # Each retry wrote to the store again, with the one checkpoint key Secret made on the
+    # first: not one more each time.
+    keys = [s["metadata"]["name"] for s in api.list("secrets", NAMESPACE)
+            if s["metadata"]["name"].startswith("nostore-checkpoint-key-")]
+    assert len(keys) == 1, keys
+    assert failed["status"]["checkpointKeySecret"] == keys[0]

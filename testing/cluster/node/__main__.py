@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--netns-prefix", required=True)
     parser.add_argument("--cpus", default="16")
     parser.add_argument("--memory", default="64Gi")
+    parser.add_argument("--image-alias", action="append", default=[], metavar="REPO=IMAGE",
+                        help="hold IMAGE under the repository REPO too (repeatable)")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -39,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                 for name, _ in module.programs}
     capacity = {**machine_capacity(), "cpu": opts.cpus, "memory": opts.memory}
     agent = NodeAgent(client.ApiClient(configuration), name=opts.name,
-                      bridge=Bridge(opts.bridge, opts.subnet), images=cluster_images(binaries),
+                      bridge=Bridge(opts.bridge, opts.subnet),
+                      images=cluster_images(binaries, dict(a.split("=", 1)
+                                                           for a in opts.image_alias)),
                       root=opts.root, api_host=opts.api_host, api_port=opts.api_port,
                       dns_ip=opts.dns_ip, capacity=capacity, netns_prefix=opts.netns_prefix)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())

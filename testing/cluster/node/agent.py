@@ -33,8 +33,8 @@ from kubernetes.client import ApiException
 from ..network import Bridge
 from . import sandbox as sandboxes
 from .envvars import container_env, service_variables
-from .images import Images
-from .pods import PodWorker, now_rfc3339
+from .images import Images, by_repository
+from .pods import PodWorker, ProcessRuntime, Runtime, now_rfc3339
 from .volumes import MountError, PodVolumes
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,8 @@ class NodeAgent:
     def __init__(self, api: client.ApiClient, *, name: str, bridge: Bridge, images: Images,
                  root: Path, api_host: str, api_port: int, dns_ip: str,
                  capacity: dict[str, str], netns_prefix: str,
-                 node_status_s: float = 60.0, version: str = "v1.36.3") -> None:
+                 node_status_s: float = 60.0, version: str = "v1.36.3",
+                 runtimes: dict[str, Runtime] | None = None) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
@@ -61,6 +62,9 @@ class NodeAgent:
         self.node_status_s = node_status_s
         self.version = version
         self.addresses = sandboxes.Addresses(bridge)
+        # Which runtime runs an image's containers (repository globs); processes otherwise.
+        self.runtimes = dict(runtimes or {})
+        self.processes = ProcessRuntime()
         self.stopping = threading.Event()
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
@@ -207,6 +211,10 @@ class NodeAgent:
             self._workers.pop(uid, None)
 
     # ------------------------------------------------------------------ for the workers
+
+    def runtime_for(self, reference: str) -> Runtime:
+        """The runtime of containers of image ``reference``."""
+        return by_repository(self.runtimes, reference) or self.processes
 
     def make_sandbox(self, pod: Obj) -> sandboxes.Sandbox:
         return sandboxes.create(self.bridge, self.addresses, self.root / "pods", pod,

@@ -16,10 +16,13 @@ import fnmatch
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[3]
+T = TypeVar("T")
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -57,6 +60,19 @@ class Image:
         return argv
 
 
+def repository(reference: str) -> str:
+    """An image reference without its tag or digest."""
+    name = reference.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return name[: name.rindex(":")] if ":" in last else name
+
+
+def by_repository(patterns: Mapping[str, T], reference: str) -> T | None:
+    """The value of the first repository glob that ``reference``'s repository matches."""
+    name = repository(reference)
+    return next((v for p, v in patterns.items() if fnmatch.fnmatchcase(name, p)), None)
+
+
 @dataclass
 class Images:
     """Known images by repository glob (tag and digest ignored: one build each)."""
@@ -64,14 +80,7 @@ class Images:
     known: dict[str, Image] = field(default_factory=dict)
 
     def find(self, reference: str) -> Image | None:
-        repository = reference.split("@", 1)[0]
-        last = repository.rsplit("/", 1)[-1]
-        if ":" in last:
-            repository = repository[: repository.rindex(":")]
-        for pattern, image in self.known.items():
-            if fnmatch.fnmatchcase(repository, pattern):
-                return image
-        return None
+        return by_repository(self.known, reference)
 
 
 def dockerfile_image(path: Path) -> Image:
@@ -109,8 +118,10 @@ def dockerfile_image(path: Path) -> Image:
 GO_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def cluster_images(binaries: dict[str, Path]) -> Images:
-    """Our two images and the Kubeflow controllers', with the programs built here."""
+def cluster_images(binaries: dict[str, Path], aliases: dict[str, str] | None = None) -> Images:
+    """Our two images and the Kubeflow controllers', with the programs built here; each
+    alias (a repository -> a known image's reference) names one of them again, as a node
+    holds an image loaded under the name a user's manifest pulls (``kind load``)."""
     operator = dockerfile_image(REPO / "images" / "operator" / "Dockerfile")
     worker = dockerfile_image(REPO / "images" / "worker" / "Dockerfile")
 
@@ -119,7 +130,7 @@ def cluster_images(binaries: dict[str, Path]) -> Images:
         return Image(("/manager",), (), (("PATH", GO_PATH),), "65532:65532",
                      (("/manager", str(binaries[program])),))
 
-    return Images({
+    images = Images({
         "*resumequal-operator": operator,
         "*resumequal-worker": worker,
         "ghcr.io/kubeflow/training-v1/training-operator": manager("training-operator"),
@@ -127,6 +138,13 @@ def cluster_images(binaries: dict[str, Path]) -> Images:
             manager("trainer-controller-manager"),
         "*/jobset/jobset": manager("jobset-controller-manager"),
     })
+    for repository, known in (aliases or {}).items():
+        image = images.find(known)
+        if image is None:
+            raise ValueError(f"image alias {repository}={known}: {known} is not an image of "
+                             "this node")
+        images.known[repository] = image
+    return images
 
 
 def describe(image: Image) -> str:

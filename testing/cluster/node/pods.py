@@ -46,7 +46,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kubernetes.client import ApiException
 
@@ -81,6 +81,53 @@ def _parse_time(text: str) -> float:
         tzinfo=datetime.UTC).timestamp()
 
 
+class Handle(Protocol):
+    """A started container, however it runs."""
+
+    @property
+    def code(self) -> int | None:
+        """Its exit code (128+signal), None while it runs."""
+
+    @property
+    def started_at(self) -> str:
+        """When it started (RFC 3339)."""
+
+    @property
+    def started_mono(self) -> float:
+        """When it started (monotonic)."""
+
+    def terminate(self) -> None:
+        """SIGTERM to the container's main process."""
+
+    def kill(self) -> None:
+        """SIGKILL to every process of the container."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a container is started with, once its pod, image and volumes are ready."""
+
+    pod: Obj
+    container: Obj
+    image: Image
+    argv: list[str]
+    env: dict[str, str]  # the image's, then the pod's (resolved)
+    mounts: list[Any]
+    uid: int | None
+    gid: int | None
+    groups: list[int]
+    sandbox: sandboxes.Sandbox
+    restart: int
+
+
+class Runtime(Protocol):
+    """Runs containers: processes in the pod's namespaces (:class:`ProcessRuntime`), or,
+    for a bench, scripted stand-ins (:class:`ScriptedRuntime`)."""
+
+    def start(self, launch: Launch, wake: threading.Event) -> Handle:
+        """Start the container; set ``wake`` when it exits."""
+
+
 class Process:
     """A running container: its main process and, by marker, everything it started."""
 
@@ -107,6 +154,46 @@ class Process:
         for pid in tagged(self.marker, MARKER):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+class ProcessRuntime:
+    """Containers as processes in their pod's network namespace and a mount namespace of
+    their own (:mod:`.enter`), output to ``logs/<container>/<restart>.log`` in the pod's
+    folder, every process marked with the container (``RESUMEQUAL_CONTAINER``)."""
+
+    def start(self, launch: Launch, wake: threading.Event) -> Handle:
+        sandbox, uid, gid = launch.sandbox, launch.uid, launch.gid
+        root = sandbox.root
+        for folder in (root / "home", root / "work"):
+            folder.mkdir(exist_ok=True)
+            if uid is not None:
+                os.chown(folder, uid, gid or 0)
+        hostname, _ = sandboxes.host_and_domain(launch.pod)
+        name = launch.container["name"]
+        marker = f"{launch.pod['metadata']['uid']}/{name}"
+        cluster = os.environ.get("RESUMEQUAL_CLUSTER", "")
+        etc_mounts = [{"target": f"/etc/{n}", "source": str(sandbox.etc / n),
+                       "readOnly": False, "tmpfsSize": None}
+                      for n in ("hosts", "resolv.conf", "hostname")]
+        spec = {"hostname": hostname, "uid": uid, "gid": gid, "groups": launch.groups,
+                "cwd": str(root / "work"), "argv": launch.argv,
+                "env": {**launch.env, MARKER: marker, "RESUMEQUAL_CLUSTER": cluster},
+                "mounts": etc_mounts + [m.to_json() for m in launch.mounts],
+                "image": image_paths()}
+        spec_path = root / f"container-{launch.restart}.json"
+        spec_path.write_text(json.dumps(spec))
+        os.chmod(spec_path, 0o600)
+        logs = root / "logs" / name
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{launch.restart}.log", "wb") as out:
+            popen = subprocess.Popen(
+                ["ip", "netns", "exec", sandbox.netns, "unshare", "--uts", "--",
+                 sys.executable, str(ENTER), str(spec_path)],
+                env={"PATH": os.environ.get("PATH", ""), MARKER: marker,
+                     "RESUMEQUAL_CLUSTER": cluster},
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        return Process(popen, marker, wake)
 
 
 @dataclass
@@ -143,7 +230,7 @@ class _State:
 
     sandbox: sandboxes.Sandbox | None = None
     volumes: PodVolumes | None = None
-    process: Process | None = None
+    process: Handle | None = None
     restarts: int = 0
     waiting: tuple[str, str] | None = None  # reason, message
     last_terminated: Obj | None = None
@@ -320,42 +407,16 @@ class PodWorker:
 
     def _launch(self, pod: Obj, container: Obj, image: Image, env: dict[str, str],
                 mounts: list[Any], uid: int | None, gid: int | None, groups: list[int]
-                ) -> Process:
+                ) -> Handle:
         st = self.state
         assert st.sandbox is not None
-        root = st.sandbox.root
-        home, cwd = root / "home", root / "work"
-        for folder in (home, cwd):
-            folder.mkdir(exist_ok=True)
-            if uid is not None:
-                os.chown(folder, uid, gid or 0)
         hostname, _ = sandboxes.host_and_domain(pod)
-        marker = f"{self.uid}/{container['name']}"
-        full_env = {**dict(image.env), "HOME": str(home), "HOSTNAME": hostname, **env,
-                    MARKER: marker, "RESUMEQUAL_CLUSTER": os.environ.get("RESUMEQUAL_CLUSTER",
-                                                                        "")}
-        etc_mounts = [{"target": f"/etc/{n}", "source": str(st.sandbox.etc / n),
-                       "readOnly": False, "tmpfsSize": None}
-                      for n in ("hosts", "resolv.conf", "hostname")]
-        spec = {"hostname": hostname, "uid": uid, "gid": gid, "groups": groups,
-                "cwd": str(cwd), "argv": image.argv(container.get("command"),
-                                                     container.get("args")),
-                "env": full_env, "mounts": etc_mounts + [m.to_json() for m in mounts],
-                "image": image_paths()}
-        spec_path = root / f"container-{st.restarts}.json"
-        spec_path.write_text(json.dumps(spec))
-        os.chmod(spec_path, 0o600)
-        logs = root / "logs" / container["name"]
-        logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"{st.restarts}.log", "wb") as out:
-            popen = subprocess.Popen(
-                ["ip", "netns", "exec", st.sandbox.netns, "unshare", "--uts", "--",
-                 sys.executable, str(ENTER), str(spec_path)],
-                env={"PATH": os.environ.get("PATH", ""), MARKER: marker,
-                     "RESUMEQUAL_CLUSTER": os.environ.get("RESUMEQUAL_CLUSTER", "")},
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        return Process(popen, marker, self.wake)
+        full_env = {**dict(image.env), "HOME": str(st.sandbox.root / "home"),
+                    "HOSTNAME": hostname, **env}
+        launch = Launch(pod, container, image, image.argv(container.get("command"),
+                                                          container.get("args")),
+                        full_env, mounts, uid, gid, groups, st.sandbox, st.restarts)
+        return self.agent.runtime_for(container.get("image", "")).start(launch, self.wake)
 
     # ------------------------------------------------------------------ running
 
@@ -409,7 +470,7 @@ class PodWorker:
                 return
 
     @staticmethod
-    def _kill_later(process: Process, at: float) -> None:
+    def _kill_later(process: Handle, at: float) -> None:
         while process.code is None and time.monotonic() < at:
             time.sleep(0.2)
         process.kill()
