@@ -226,6 +226,8 @@ def main() -> None:
                         help="the pods on threads of this process, beside the API (their CPU "
                              "then holds the API's interpreter lock), at the same priority")
     args = parser.parse_args()
+    # A SIGTERM (a timeout's) unwinds like Ctrl-C, so the cluster started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.cpus = None
     if not args.shared:
         cpus = sorted(os.sched_getaffinity(0))

@@ -272,7 +272,12 @@ class ScriptedRuntime:
             key = f"{spec.pod['metadata']['namespace']}/{endpoint}"
             with self._lock:
                 store = self._stores.get(key)
-                if store is None or container.index == 0:  # worker-0's agent hosts a new one
+                # Worker-0's agent hosts the store; the others connect to it, retrying until
+                # it is up (torch c10d_rendezvous_backend.py _create_tcp_store: a client
+                # TCPStore waits up to read_timeout), so one that starts first waits for it
+                # rather than hold a store of its own. A new worker-0 (its pod replaced)
+                # hosts a new store once the old host has ended.
+                if store is None or (container.index == 0 and store.closed):
                     nodes = int(spec.env.get("PET_NNODES", "1").rpartition(":")[2])
                     shared = spec.env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"
                     store = self._stores[key] = Rendezvous(nodes, shared)
