@@ -36,6 +36,7 @@ from resumequal.checkpoint.layout import DCP_DIR
 from resumequal.checkpoint.manifest import FileEntry, Manifest
 from resumequal.checkpoint.records import Memory, tensor_in_place
 from resumequal.errors import CheckpointError
+from resumequal.store import regular
 
 __all__ = ["FolderSource", "Opened", "Source", "VerifiedCheckpoint", "VerifiedReader"]
 
@@ -98,7 +99,8 @@ class _LocalFile:
 
 @dataclass(frozen=True)
 class FolderSource:
-    """A checkpoint's folder on this machine."""
+    """A checkpoint's folder on this machine: its files opened from the folder above it
+    without following a link, never blocking on a FIFO, regular files only."""
 
     directory: Path
     where: str
@@ -106,10 +108,14 @@ class FolderSource:
 
     def open(self, rel: str, size: int) -> _LocalFile:
         try:
-            f = io.FileIO(self.directory / rel, "rb")
+            f = io.FileIO(regular.open_file(self.directory.parent,
+                                            f"{self.directory.name}/{rel}"), "rb")
         except FileNotFoundError as e:
             raise CheckpointError(f"checkpoint {self.where} is refused: {rel} is listed in "
                                   "the manifest but missing") from e
+        except (regular.NotRegular, NotADirectoryError, IsADirectoryError) as e:
+            raise CheckpointError(f"checkpoint {self.where} is refused: "
+                                  f"{e.strerror or e}") from e
         found = os.fstat(f.fileno()).st_size
         if found != size:
             f.close()

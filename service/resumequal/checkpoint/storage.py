@@ -47,10 +47,11 @@ class CheckpointRoot(Protocol):
         (or sent on to the store as they are written)."""
         ...
 
-    def publish(self, name: str, staging: Path, rank: int,
-                writer: dcp.FileSystemWriter) -> dict[str, FileEntry]:
+    def publish(self, name: str, staging: Path, rank: int, writer: dcp.FileSystemWriter,
+                state: FileEntry) -> dict[str, FileEntry]:
         """Put this rank's files (staged, or sent by ``writer``) where the commit finds
-        them; their entries."""
+        them; their entries, taken from the bytes written or sent (``state``: the rank
+        state's), never from a file read back."""
         ...
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
