@@ -169,14 +169,20 @@ def _seal(seal: RunSeal | None, key: str, body: dict[str, Any]) -> bytes:
 
 def _unseal(seal: RunSeal | None, key: str, data: bytes, uri: str, what: str) -> Any:
     """The JSON stored under ``key``; with ``seal``, only an object whose MAC holds for this
-    run and this name: NotAuthentic otherwise (a bucket writer's object, one copied from
-    another run or another name). ValueError for what is not JSON."""
-    value = _loads(data)
+    run and this name: NotAuthentic otherwise, whatever its form (not JSON, nested too
+    deeply, a number no parser takes: nothing a sealing writer wrote; a bucket writer's
+    object, one copied from another run or another name). Without a seal, ValueError for
+    what is not JSON."""
     if seal is None:
+        value = _loads(data)
         if isinstance(value, dict):
             value.pop(MAC_FIELD, None)
         return value
-    body = seal.open_json(key, value)
+    try:
+        body = seal.open_json(key, _loads(data))
+    except ValueError as e:
+        raise NotAuthentic(f"{uri}: not {what} of this run: not JSON a sealing writer "
+                           f"writes ({e})") from e
     if body is None:
         raise NotAuthentic(f"{uri}: not {what} of this run: its MAC is missing or does not "
                            f"hold for run {seal.run} (written by someone without the run's "
@@ -395,8 +401,8 @@ class LegFiles:
 
     def failure(self) -> str | None:
         """Why the leg failed for good, or None. Without the run's seal an unreadable
-        marker still counts; with it, only a marker of this run does (one planted by
-        whoever can write the store is said once, and ignored)."""
+        marker still counts; with it, only a marker of this run does: anything else
+        (unsealed, too large, not JSON, not a marker) is said once, and ignored."""
         key = self.key(FAILED_MARKER)
         try:
             data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
@@ -408,13 +414,19 @@ class LegFiles:
                 return None
             return "unreadable failure marker (too large to read)"
         try:
-            return str(_unseal(self.seal, key, data, self.store.uri(key),
-                               "a failure marker")["reason"])
+            body = _unseal(self.seal, key, data, self.store.uri(key), "a failure marker")
         except NotAuthentic as e:
             _warn_once(str(e))
             return None
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             return "unreadable failure marker"
+        reason = body.get("reason") if isinstance(body, dict) else None
+        if isinstance(reason, str):
+            return reason
+        if self.seal is not None:  # sealed by this run, yet no marker: ours never is
+            _warn_once(f"{self.store.uri(key)}: not a failure marker (no reason)")
+            return None
+        return "unreadable failure marker"
 
 
 # --------------------------------------------------------------------------- traces

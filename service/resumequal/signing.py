@@ -189,8 +189,8 @@ class RunSeal:
             return None
         try:
             data = canonical_json(body)
-        except ValueError:  # NaN or Infinity: nothing a sealing writer wrote
-            return None
+        except (ValueError, RecursionError):  # NaN, Infinity, or nested deeper than
+            return None                       # a writer of ours nests: none of ours
         return body if self.authentic(name, data, mac.encode()) else None
 
     def digest_mac(self, name: str, sha256_hex: str) -> str:

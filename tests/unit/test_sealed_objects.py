@@ -144,6 +144,23 @@ def test_markers_not_of_this_run_count_for_nothing(
     assert loc.ranks_done("control") == {0}
 
 
+@pytest.mark.parametrize("planted", [
+    b"not json", b"[" * 100_000, b'{"reason": ' + b"9" * 5000 + b"}", b'{"reason": 1e999}',
+    b'{"reason": "x", "mac": "' + b"0" * 64 + b'"}', b"\xff\xfe",
+], ids=["text", "deep", "long-int", "infinity", "forged-mac", "binary"])
+def test_a_failure_marker_that_does_not_authenticate_is_ignored_whatever_its_form(
+    planted: bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    loc = _at(tmp_path)
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control/FAILED.json").write_bytes(planted)
+    with caplog.at_level(logging.WARNING, logger="resumequal.runstore"):
+        assert loc.leg_failure("control") is None
+        assert loc.leg_failure("control") is None  # read again, said once
+    said = [r for r in caplog.records if "control/FAILED.json" in r.getMessage()]
+    assert len(said) == 1 and "not a failure marker of this run" in said[0].getMessage()
+
+
 def test_run_json_of_another_run_is_refused(tmp_path: Path) -> None:
     spec = QualificationSpec()
     assert _at(tmp_path, run="run-b").claim(spec)
@@ -228,5 +245,9 @@ def test_a_run_id_cannot_be_smuggled_into_a_derived_key() -> None:
 def test_a_leg_specs_missing_spec_error_still_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "legs").mkdir()
     (tmp_path / "legs/control.spec.json").write_text("{not json")
-    with pytest.raises(SpecError, match=r"control\.spec\.json: not JSON"):
+    # With the run's seal what is not JSON is no spec file of this run, said by name.
+    with pytest.raises(NotAuthentic, match=r"control\.spec\.json: not a leg spec of this run: "
+                       "not JSON"):
         _at(tmp_path).read_leg_spec("control")
+    with pytest.raises(SpecError, match=r"control\.spec\.json: not JSON"):
+        RunLocation.open(str(tmp_path)).read_leg_spec("control")
