@@ -71,6 +71,7 @@ from resumequal.runfiles import Beacon
 from resumequal.runstore import GROW, RunLocation, default_scratch
 from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import PreemptionSpec, QualificationSpec
+from resumequal.store import regular
 from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -419,8 +420,18 @@ class LocalBackend:
         return f"torchrun exited {code}: {detail} ({log_path})"
 
 
+# What is read of a log's end for its last lines: the run folder may be a store others
+# write, and a planted log may be any size.
+_TAIL_BYTES = 1 << 20
+
+
 def _tail(path: Path, n: int) -> list[str]:
+    """The last ``n`` lines of the log at ``path``: a regular file, not a link (a planted
+    FIFO or link is no log of ours: nothing)."""
     try:
-        return path.read_text(errors="replace").splitlines()[-n:]
-    except FileNotFoundError:
+        fd = regular.open_path(path, follow=False)
+    except OSError:
         return []
+    with open(fd, "rb") as f:
+        f.seek(max(0, os.fstat(fd).st_size - _TAIL_BYTES))
+        return f.read(_TAIL_BYTES).decode(errors="replace").splitlines()[-n:]

@@ -180,6 +180,12 @@ class FileStore:
             if op in ("read", "download"):
                 raise StoreNotFound(f"{uri} does not exist") from e
             raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
+        except regular.NotRegular as e:
+            # Only regular files are objects (as list and exists say): a link or a FIFO
+            # planted under an object's name is none.
+            if op in ("read", "download"):
+                raise StoreNotFound(f"{uri} is no object: {e.strerror}") from e
+            raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
         except PermissionError as e:
             raise StoreAccessDenied(f"no permission to {op} {uri}") from e
         except OSError as e:

@@ -180,11 +180,11 @@ def stat_below(root: LocalPath, rel: LocalPath) -> os.stat_result | None:
 
 
 def write_file(root: LocalPath, rel: LocalPath, data: bytes | memoryview, *,
-               sync: bool = True, mode: int = 0o644) -> None:
-    """Put ``data`` at ``root/rel`` (folders made as needed): written under a fresh random
-    name created ``O_EXCL|O_NOFOLLOW``, then renamed into place; with ``sync``, the file
-    and the rename made durable."""
-    with _parent(root, rel, create=True) as (dir_fd, name):
+               sync: bool = True, mode: int = 0o644, create: bool = True) -> None:
+    """Put ``data`` at ``root/rel`` (folders made as needed, unless not ``create``):
+    written under a fresh random name created ``O_EXCL|O_NOFOLLOW``, then renamed into
+    place; with ``sync``, the file and the rename made durable."""
+    with _parent(root, rel, create=create) as (dir_fd, name):
         tmp = f".{name}.{secrets.token_hex(8)}{TMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      mode, dir_fd=dir_fd)
