@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -224,6 +225,10 @@ def test_the_operators_run_keys(tmp_path: Path) -> None:
     ("a" * 64, 0o440, "not random"),
     ("0123456789abcdef", 0o440, "16 characters"),
     (new_key(), 0o666, "others may write it"),
+    (new_key(), 0o460, "others may write it"),
+    (new_key(), 0o644, "everyone may read it"),
+    (new_key(), 0o404, "everyone may read it"),
+    ("abcdefghi" * 8, 0o400, "72 characters"),
     ("x" * 5000, 0o440, "too large"),
 ])
 def test_a_master_key_file_that_is_not_one_is_refused_naming_the_file(
@@ -235,6 +240,38 @@ def test_a_master_key_file_that_is_not_one_is_refused_naming_the_file(
     with pytest.raises(CheckpointError, match=error) as e:
         MasterKey.from_file(path)
     assert str(path) in str(e.value) and content[:64] not in str(e.value)
+
+
+def test_a_master_key_file_of_another_user_a_fifo_or_a_folder_is_refused_at_once(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "key"
+    os.mkfifo(path, 0o440)
+    with pytest.raises(CheckpointError, match="not a regular file .*is a FIFO"):
+        MasterKey.from_file(path)  # not a wait for a writer that never comes
+    with pytest.raises(CheckpointError, match="cannot read it: is a folder"):
+        MasterKey.from_file(tmp_path)
+    if os.getuid() == 0:  # only root can give a file away
+        other = tmp_path / "other"
+        other.write_text(new_key())
+        other.chmod(0o400)
+        os.chown(other, 12345, -1)
+        with pytest.raises(CheckpointError, match="owned by uid 12345, neither root nor"):
+            MasterKey.from_file(other)
+
+
+def test_a_secret_volume_s_key_file_is_a_valid_key_file(tmp_path: Path) -> None:
+    """As the kubelet mounts the chart's Secret: root's file, 0440 for the pod's fsGroup,
+    reached through the volume's links (..data/key)."""
+    data = tmp_path / "..2026_01_01" / "key"
+    data.parent.mkdir()
+    data.write_text(new_key())
+    data.chmod(0o440)
+    if os.getuid() == 0:
+        os.chown(data, 0, 65532)
+    (tmp_path / "..data").symlink_to(data.parent.name)
+    (tmp_path / "key").symlink_to("..data/key")
+    assert MasterKey.from_file(tmp_path / "key").run_key("uid-1")
 
 
 def test_a_run_id_cannot_be_smuggled_into_a_derived_key() -> None:

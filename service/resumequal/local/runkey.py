@@ -21,15 +21,15 @@ from resumequal.errors import CheckpointError, TraceError, TraceNotAuthentic, Us
 from resumequal.runstore import RunLocation
 from resumequal.signing import (
     KEY_ENV,
-    MIN_KEY_CHARS,
     RUN_ID_ENV,
     RunSeal,
+    check_key,
     check_run_id,
     key_from_env,
     run_id_from_env,
 )
 from resumequal.spec import REFERENCE_LEG
-from resumequal.store import StoreNotFound
+from resumequal.store import StoreNotFound, regular
 
 # What a key file may hold: a key, a run id and the location's URI.
 _KEY_FILE_BYTES = 64 << 10
@@ -73,18 +73,17 @@ def recall(uri: str) -> RunSeal | None:
     file is there but is no key file of this user's."""
     path = key_file(uri)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # Non-blocking and no link: a FIFO or a link planted there is refused, never waited on.
+        fd = regular.open_path(path, follow=False)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read the run's key: {e.strerror}") from e
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-            raise CheckpointError(f"{path}: not a private file of this user; not used")
-        data = os.read(fd, _KEY_FILE_BYTES)
-    finally:
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
         os.close(fd)
+        raise CheckpointError(f"{path}: not a private file of this user; not used")
+    data = regular.read_fd(fd, _KEY_FILE_BYTES)
     try:
         kept = json.loads(data)
         run, key, kept_uri = str(kept["run"]), str(kept["key"]), str(kept["uri"])
@@ -92,9 +91,7 @@ def recall(uri: str) -> RunSeal | None:
         raise CheckpointError(f"{path}: not a run key file") from e
     if kept_uri != uri:
         return None  # another location's file under a colliding digest: not this run's
-    if len(key) < MIN_KEY_CHARS:
-        raise CheckpointError(f"{path}: not a run key file (its key is too short)")
-    return RunSeal(key.encode(), check_run_id(run, str(path)))
+    return RunSeal(check_key(key, f"the key in {path}"), check_run_id(run, str(path)))
 
 
 def seal_for(uri: str) -> RunSeal:
