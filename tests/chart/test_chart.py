@@ -5,9 +5,9 @@ against strict models, QualificationRuns against the chart's own CRD."""
 from __future__ import annotations
 
 import base64
-import re
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path

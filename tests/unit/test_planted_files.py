@@ -41,7 +41,7 @@ def store(tmp_path: Path) -> FileStore:
 
 def test_a_fifo_object_is_refused_at_once(store: FileStore, tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "store" / "a" / "fifo")
-    with pytest.raises(StoreNotFound, match="fifo is no object: .*is a FIFO, not a regular"):
+    with pytest.raises(StoreNotFound, match=r"fifo is no object: .*is a FIFO, not a regular"):
         store.get_bytes("a/fifo")
     with pytest.raises(StoreError, match="is a FIFO"):
         store.get_range("a/fifo", 0, bytearray(4))

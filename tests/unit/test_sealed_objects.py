@@ -247,7 +247,7 @@ def test_a_master_key_file_of_another_user_a_fifo_or_a_folder_is_refused_at_once
 ) -> None:
     path = tmp_path / "key"
     os.mkfifo(path, 0o440)
-    with pytest.raises(CheckpointError, match="not a regular file .*is a FIFO"):
+    with pytest.raises(CheckpointError, match=r"not a regular file .*is a FIFO"):
         MasterKey.from_file(path)  # not a wait for a writer that never comes
     with pytest.raises(CheckpointError, match="cannot read it: is a folder"):
         MasterKey.from_file(tmp_path)
