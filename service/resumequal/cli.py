@@ -10,8 +10,9 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -19,7 +20,7 @@ from resumequal.errors import ResumequalError
 from resumequal.exitcodes import ExitCode, epilog, for_error, for_result
 from resumequal.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from resumequal.logs import configure_logging
-from resumequal.redact import printable
+from resumequal.redact import printable, redact
 from resumequal.spec import (
     OMISSIONS,
     Omission,
@@ -38,7 +39,7 @@ log = logging.getLogger("resumequal")
 # to 127 as the leg's own failure; the qualification's verdict says the rest.
 WORKER_ERROR = 2
 VERDICTS = epilog(ExitCode.PASS, ExitCode.FAIL, ExitCode.SPEC_ERROR, ExitCode.INVALID,
-                  ExitCode.NONDETERMINISTIC, ExitCode.INTERRUPTED)
+                  ExitCode.NONDETERMINISTIC, ExitCode.INTERNAL_ERROR, ExitCode.INTERRUPTED)
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -94,7 +95,30 @@ def _interrupted(what: str = "interrupted") -> NoReturn:
     sys.exit(ExitCode.INTERRUPTED)
 
 
-@click.group()
+class _Commands(click.Group):
+    """The command group: an exception that no boundary turned into one of ours is a bug,
+    and exits with a status of its own (never a verdict's) saying so."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:  # what no boundary expected: nothing else may catch it
+            _internal_error(e)
+
+
+def _internal_error(e: Exception) -> NoReturn:
+    """Say that ``e`` is a bug, with its traceback (redacted), and exit INTERNAL_ERROR."""
+    trace = "".join(traceback.format_exception(e))
+    click.echo(printable(redact(trace)), err=True, nl=False)
+    click.echo(f"internal error: {printable(redact(f'{type(e).__name__}: {e}'))}\n"
+               "This is a bug in resumequal, not a verdict: nothing was judged. Please report "
+               "it with the output above.", err=True)
+    sys.exit(ExitCode.INTERNAL_ERROR)
+
+
+@click.group(cls=_Commands)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.version_option(package_name="resumequal")
 def main(verbose: bool) -> None:
@@ -209,7 +233,7 @@ def _leg_spec(
 
 
 @main.command("validate", epilog=epilog(
-    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INTERRUPTED,
+    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INTERNAL_ERROR, ExitCode.INTERRUPTED,
     says={ExitCode.PASS: "the spec is valid and its workload builds"}))
 @click.argument("spec_path", type=str)
 def validate(spec_path: str) -> None:
@@ -341,7 +365,8 @@ def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name:
 
 
 @main.command(epilog=epilog(
-    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INVALID, ExitCode.INTERRUPTED,
+    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INVALID, ExitCode.INTERNAL_ERROR,
+    ExitCode.INTERRUPTED,
     says={ExitCode.PASS: "zoomed", ExitCode.INVALID: "could not zoom: a replay failed, or a "
           "checkpoint did not verify"}))
 @click.argument("uri", metavar="RUN", callback=_uri)

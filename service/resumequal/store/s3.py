@@ -51,13 +51,14 @@ from resumequal.store.base import (
 )
 from resumequal.store.errors import (
     StoreAccessDenied,
+    StoreConfigError,
     StoreNotFound,
     StoreUnavailable,
     too_large,
 )
 from resumequal.store.multipart import PartWriter, copy_file, download, get_range
 from resumequal.store.registry import register
-from resumequal.store.s3settings import S3Config
+from resumequal.store.s3settings import S3Config, endpoint_problem
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,13 @@ class S3Store:
                 ),
             )
 
+        for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            # botocore takes these when the settings name no endpoint, and raises a bare
+            # ValueError at the client for one it cannot use: said here, by name.
+            problem = (None if c.endpoint_url is not None or var not in os.environ
+                       else endpoint_problem(os.environ[var]))
+            if problem is not None:
+                raise StoreConfigError(f"{var} {problem}")
         self._client: Any = client(c.sign_payloads)
         # Parts carry the checksum botocore computes by default, as boto3's uploads do.
         self._checksums = (

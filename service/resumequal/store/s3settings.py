@@ -10,10 +10,11 @@ they come from.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from typing import Literal
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
@@ -34,6 +35,58 @@ _MAX_SECONDS = 7 * 24 * 3600.0
 # S3 rejects a multipart part under 5 MiB (except the last) and over 5 GiB.
 _MIN_PART_MB = 5
 _MAX_PART_MB = 5 * 1024
+
+
+# What botocore takes for a client's endpoint (botocore/utils.py is_valid_endpoint_url and
+# is_valid_ipv6_endpoint_url, checked by botocore/endpoint.py before a client is made,
+# which raises ValueError otherwise): no tab or line break anywhere, a host name of labels
+# of letters, digits and inner hyphens (an IPv4 address is one), or a bracketed IPv6
+# address. Written out here: the spec loads this module and must not load botocore;
+# tests/unit/test_store.py holds the two to the same answers.
+_UNSAFE_URL_CHARS = frozenset("\t\r\n")
+_HOST_NAME = re.compile(r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$",
+                        re.IGNORECASE)
+
+
+def endpoint_problem(value: str) -> str | None:
+    """Why ``value`` is no endpoint an S3 client can be made with (never echoing it: it may
+    hold a credential), or None. The one check of the spec, the S3 settings and the
+    environment's ``AWS_ENDPOINT_URL_S3``."""
+    if _UNSAFE_URL_CHARS.intersection(value) or any(c.isspace() for c in value):
+        return "holds whitespace or a line break"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises for a port that is no number or out of range)
+    except ValueError:
+        return "is not a URL (an unclosed [, a port out of range or not a number)"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be http(s)://host[:port]"
+    if parts.username is not None or parts.password is not None:
+        return ("holds user:password; credentials come from the AWS chain (env, profile, "
+                "web identity), never from the endpoint URL")
+    if parts.query or parts.fragment:
+        return "has a query or a fragment; an endpoint is http(s)://host[:port][/path]"
+    host = parts.hostname
+    if parts.netloc.rpartition("@")[2].startswith("["):
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            return "has a bracketed host that is no IPv6 address"
+        return None
+    if len(host) > 255 or not _HOST_NAME.match(host.removesuffix(".")):
+        return "has a host that is no host name (letters, digits, '-' and '.' only)"
+    return None
+
+
+def check_endpoint(value: str | None) -> str | None:
+    """``value`` without a trailing ``/`` if it is an endpoint (:func:`endpoint_problem`);
+    ValueError saying why, never echoing it, otherwise."""
+    if value is None:
+        return None
+    problem = endpoint_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value.rstrip("/")
 
 
 class S3Spec(BaseModel):
@@ -79,12 +132,7 @@ class S3Spec(BaseModel):
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not re.match(r"^https?://[^/@\s]+(/.*)?$", value):
-            # Not echoed: a URL with user:password would leak a credential into messages.
-            raise ValueError("must be http(s)://host[:port], without user:password")
-        return value.rstrip("/")
+        return check_endpoint(value)
 
 
 class S3Config(BaseModel):
@@ -132,18 +180,7 @@ class S3Config(BaseModel):
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parsed = urlparse(value)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL")
-        if parsed.username is not None or parsed.password is not None:
-            # Do not echo the value: it holds what looks like a credential.
-            raise ValueError(
-                "holds user:password; credentials come from the AWS chain "
-                "(env, profile, web identity), never from the endpoint URL"
-            )
-        return value.rstrip("/")
+        return check_endpoint(value)
 
 
 # botocore reads endpoint, region and credentials from the environment, but has no
@@ -169,4 +206,5 @@ def s3_config(spec: S3Spec | None) -> S3Config:
     return S3Config(addressing_style=style, sign_payloads=sign == "1")  # type: ignore[arg-type]
 
 
-__all__ = ["ADDRESSING_STYLE_ENV", "SIGN_PAYLOADS_ENV", "S3Config", "S3Spec", "s3_config"]
+__all__ = ["ADDRESSING_STYLE_ENV", "SIGN_PAYLOADS_ENV", "S3Config", "S3Spec", "check_endpoint",
+           "endpoint_problem", "s3_config"]
