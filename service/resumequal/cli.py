@@ -144,7 +144,10 @@ def main(verbose: bool) -> None:
 def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
         scratch: Path | None, trace_every: int) -> None:
     """Run one training leg in this process; meant to run under torchrun."""
+    from resumequal.lifeline import die_with_parent
     from resumequal.train.startup import pause_gc, resume_gc
+
+    die_with_parent()  # a local run's worker ends with its agent, however that one ends
 
     pause_gc()  # until the first step: see resumequal.train.startup
     try:
@@ -414,8 +417,10 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
 def replay(leg: str, run: str, step: int, start: str | None, attempt: int,
            capture_dir: Path) -> None:
     """One rank of a zoom replay; run by ``resumequal zoom`` under torchrun."""
+    from resumequal.lifeline import die_with_parent
     from resumequal.train.replay import replay_leg
 
+    die_with_parent()
     try:
         spec, omissions = _leg_spec(None, leg, run, ())
         code = replay_leg(spec, leg, run, omissions, step=step, start=start, attempt=attempt,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -221,6 +222,49 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
                              + out.decode(errors="replace")[-6000:]) from None
     assert proc.returncode == 130, out
     assert not _processes_of(run_dir)
+
+
+def _commands(pids: Sequence[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                       .decode(errors="replace")[:160])
+        except OSError:
+            continue
+    return out
+
+
+def test_a_run_killed_with_sigkill_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer, a CI job's timeout) runs no cleanup in the run: every
+    process it started ends all the same, within seconds: the leg's rendezvous store, its
+    torchrun agent and the workers."""
+    run_dir = tmp_path / "run"
+    args = ["run", "--run-dir", str(run_dir), "--no-kill", *FAST,
+            "--set", "timeouts.armSeconds=100"]
+    proc = subprocess.Popen([sys.executable, "-m", "resumequal", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, **_marked(args)))
+    beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
+    eventually(beacon.exists, 180, "the preempted leg to arm", interval=0.1,
+               abort=lambda: None if proc.poll() is None else f"the run exited {proc.returncode}")
+    started = [pid for pid in _processes_of(run_dir) if pid != proc.pid]
+    commands = " | ".join(_commands(started))
+    assert "resumequal.local.rdzv_store" in commands and "torch.distributed.run" in commands
+    assert len(started) >= 4, commands  # the store, the agent, two workers
+    proc.kill()
+    proc.wait(10)
+    killed = time.monotonic()
+    try:
+        eventually(lambda: not _processes_of(run_dir), 10, "every process of the run to end",
+                   interval=0.05)
+    finally:
+        left = _processes_of(run_dir)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    print(f"every process of the run ended {time.monotonic() - killed:.2f} s after its SIGKILL")
+    assert not left, _commands(left)
 
 
 def test_the_comparators_report_dates_the_kill_and_the_restart_as_the_run_did(
