@@ -15,6 +15,10 @@ the legs' local files (inductor's caches, torchrun's error files, an object stor
 checkpoint staging) go to a private scratch folder
 (:func:`resumequal.runstore.default_scratch`), removed on cleanup.
 
+Nothing of a local leg listens beyond loopback: its workers' group store is rank 0's,
+bound to 127.0.0.1 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and ``--local-addr=127.0.0.1``:
+the agents open no store of their own).
+
 A leg of ``world.nnodes`` > 1, or one whose preemption kills a node (``preemption.target:
 pod``), runs one torchrun agent per node, as a cluster runs one per pod, against that
 store, so that any node can die. A node kill takes the armed rank's whole node — its
@@ -58,6 +62,7 @@ from pathlib import Path
 from resumequal.errors import ResumequalError
 from resumequal.launchers import command
 from resumequal.local.processes import ProcessTree, Tagged, send_signal
+from resumequal.loopback import LOOPBACK
 from resumequal.plan import (
     NODE_KEEP_ALIVE,
     RESIZE_LAST_CALL,
@@ -79,8 +84,17 @@ log = logging.getLogger(__name__)
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+# The workers' group store is rank 0's, not the agent's: with the agent's (torch's default,
+# TCPStore sharing) torch's rank 0 agent opens a store for the workers that listens on every
+# interface (dynamic_rendezvous.py ``_create_tcp_store_server``: a TCPStore torch binds
+# itself). Without it the agent opens none, hands the workers ``MASTER_ADDR`` =
+# ``--local-addr`` (127.0.0.1), and rank 0 binds the group's store there
+# (resumequal.train.distributed.init_process_group, resumequal.loopback).
+_OWN_WORKER_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 # Every process of one node carries its node's tag, inherited by the workers torchrun starts
@@ -188,13 +202,15 @@ class LocalBackend:
             port = self._rendezvous_store(plan.name)
             cmd = [
                 self.python, *command(w.launcher),
-                *local_torchrun_args(endpoint=f"127.0.0.1:{port}",
+                *local_torchrun_args(endpoint=f"{LOOPBACK}:{port}",
                                      nproc=w.nproc_per_node, max_restarts=w.max_restarts,
                                      rdzv={**rdzv_conf(plan.spec), "is_host": "false"},
-                                     log_dir=self._torchelastic_logs(plan.name)),
+                                     log_dir=self._torchelastic_logs(plan.name),
+                                     local_addr=LOOPBACK),
                 *leg_args,
             ]
-            self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log", env)
+            self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log",
+                                                    dict(env, **_OWN_WORKER_STORE))
         else:
             self._launch_nodes(plan, env, leg_args)
         log.info("launched the %s leg (%d node(s) x %d rank(s))", plan.name, w.nnodes,
@@ -226,13 +242,13 @@ class LocalBackend:
             rdzv.update(RESIZE_LAST_CALL)
         cmd = [
             self.python, *command(w.launcher), f"--nnodes={nnodes}",
-            *local_torchrun_args(endpoint=f"127.0.0.1:{port}", nproc=w.nproc_per_node,
+            *local_torchrun_args(endpoint=f"{LOOPBACK}:{port}", nproc=w.nproc_per_node,
                                  max_restarts=w.max_restarts, rdzv=rdzv,
-                                 log_dir=self._torchelastic_logs(plan.name)),
+                                 log_dir=self._torchelastic_logs(plan.name),
+                                 local_addr=LOOPBACK),
             *leg_args,
         ]
-        nodes = self.nodes[plan.name] = _Nodes(
-            store, cmd, dict(env, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
+        nodes = self.nodes[plan.name] = _Nodes(store, cmd, dict(env, **_OWN_WORKER_STORE))
         for index in range(w.nnodes):
             nodes.current.append(self._start_node(plan.name, nodes, index))
 
