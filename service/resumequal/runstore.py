@@ -583,19 +583,26 @@ class RunLocation:
 
     @classmethod
     def open(cls, uri: str, s3: S3Spec | None = None,
-             seal: RunSeal | None = None) -> RunLocation:
+             seal: RunSeal | None = None, retry_seconds: float = 0.0) -> RunLocation:
         """A path, ``file:///abs/path`` or ``s3://bucket/prefix/...``; nothing is created.
 
         ``s3`` says how to reach an S3 endpoint; without it the standard AWS environment
         applies (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION``, keys).
         ``seal`` binds what is written and read to the run (see :mod:`resumequal.signing`).
+        ``retry_seconds``: how long a request to an endpoint that cannot serve it is made
+        again (a worker's ``timeouts.backendErrorSeconds``; ``S3Config.retry_seconds``).
         """
         parsed = urlparse(uri)
         if parsed.netloc and not parsed.path.strip("/"):
             raise StoreError(f"run location {uri!r}: name a prefix under the bucket "
                              "(s3://bucket/prefix/<namespace>/<run>/<uid>)")
-        store = open_store(uri, s3_config(s3))
+        store = open_store(uri, s3_config(s3, retry_seconds))
         return cls(store.uri(), store, s3, seal=seal)
+
+    def patient(self, retry_seconds: float) -> RunLocation:
+        """This location, its requests made again for ``retry_seconds`` while the endpoint
+        cannot serve them (see :meth:`open`)."""
+        return RunLocation.open(self.uri, self.s3, seal=self.seal, retry_seconds=retry_seconds)
 
     def scratch(self) -> Path:
         """A local folder for what is not kept (checkpoint staging, downloaded copies of an

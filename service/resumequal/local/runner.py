@@ -135,11 +135,14 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
     matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
     verdict = status.verdict or failed_verdict(spec, status)
+    # The report is made and published as patiently as the workers write: a verdict is not
+    # lost to a store that is back within timeouts.backendErrorSeconds.
+    patient = location.patient(spec.timeouts.backend_error_seconds)
     report = build_report(spec, verdict, Timeline.of(status), run=opts.run_dir.name,
-                          pin=opts.pin, location=location, status=status, matrix=matrix)
+                          pin=opts.pin, location=patient, status=status, matrix=matrix)
     if spec.zoom == "onFail" and verdict.result is Result.FAIL:
-        report = _with_zoom(report, location, spec, console)
-    published = publish(report, location, opts.run_dir, namespace=opts.namespace,
+        report = _with_zoom(report, patient, spec, console)
+    published = publish(report, patient, opts.run_dir, namespace=opts.namespace,
                         metrics_file=opts.metrics_file, pushgateway=opts.pushgateway)
     return Outcome(report, location, published)
 

@@ -176,6 +176,13 @@ class S3Config(BaseModel):
     """Seconds without a byte from the server before an attempt fails. With the defaults an
     endpoint that accepts connections and never answers fails a request after 5 x 8 s plus
     the backoff between attempts (at most 15 s): under a minute, a warning per retry."""
+    retry_seconds: float = Field(0.0, ge=0, le=_MAX_SECONDS)
+    """How long a request is made again, with backoff (0.5 s doubling to 5 s), once
+    botocore's attempts have failed for want of the endpoint (a connection refused or
+    dropped, a timeout, a 5xx, throttling); 0: botocore's attempts alone. A worker's is its
+    spec's ``timeouts.backendErrorSeconds``, the time the runner and the operator give
+    their own store errors: an outage shorter than that is ridden out, a longer one ends
+    the request naming the endpoint, the object and the time."""
 
     @field_validator("endpoint_url")
     @classmethod
@@ -191,19 +198,20 @@ ADDRESSING_STYLE_ENV = "RESUMEQUAL_S3_ADDRESSING_STYLE"
 SIGN_PAYLOADS_ENV = "RESUMEQUAL_S3_SIGN_PAYLOADS"
 
 
-def s3_config(spec: S3Spec | None) -> S3Config:
+def s3_config(spec: S3Spec | None, retry_seconds: float = 0.0) -> S3Config:
     """Client settings from a spec's ``checkpoint.s3``; without one, AWS defaults plus
     ``RESUMEQUAL_S3_ADDRESSING_STYLE`` and ``RESUMEQUAL_S3_SIGN_PAYLOADS`` from the
-    environment."""
+    environment. ``retry_seconds``: see :attr:`S3Config.retry_seconds`."""
     if spec is not None:
-        return S3Config(**spec.model_dump(by_alias=False))
+        return S3Config(**spec.model_dump(by_alias=False), retry_seconds=retry_seconds)
     style = os.environ.get(ADDRESSING_STYLE_ENV, "").strip() or "auto"
     if style not in ("path", "virtual", "auto"):
         raise StoreError(f"{ADDRESSING_STYLE_ENV}={style!r}: expected path, virtual or auto")
     sign = os.environ.get(SIGN_PAYLOADS_ENV, "").strip() or "0"
     if sign not in ("0", "1"):
         raise StoreError(f"{SIGN_PAYLOADS_ENV}={sign!r}: expected 0 or 1")
-    return S3Config(addressing_style=style, sign_payloads=sign == "1")  # type: ignore[arg-type]
+    return S3Config(addressing_style=style, sign_payloads=sign == "1",  # type: ignore[arg-type]
+                    retry_seconds=retry_seconds)
 
 
 __all__ = ["ADDRESSING_STYLE_ENV", "SIGN_PAYLOADS_ENV", "S3Config", "S3Spec", "check_endpoint",
