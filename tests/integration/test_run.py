@@ -267,6 +267,49 @@ def test_a_run_killed_with_sigkill_leaves_nothing_behind(tmp_path: Path) -> None
     assert not left, _commands(left)
 
 
+# Loaded by every Python process of the run (PYTHONPATH): the comparison, wherever it runs,
+# never returns, as one stuck on a store that stops answering would.
+_HANG_THE_COMPARISON = """
+import importlib.abc, importlib.util, sys, time
+
+class _Hang(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "resumequal.compare.controls":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.compare_qualification = lambda *a, **k: time.sleep(3600)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Hang())
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_comparison_that_hangs_ends_the_run_at_its_deadline(tmp_path: Path) -> None:
+    """The local comparison is bounded as a cluster's comparator Job is: past
+    timeouts.legSeconds in Comparing, the run ends (Timeout, INVALID) and the comparison's
+    process goes with it."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HANG_THE_COMPARISON)
+    run_dir = tmp_path / "run"
+    args = ("run", "--run-dir", str(run_dir), *FAST, "--set", "timeouts.legSeconds=75")
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    proc = _resumequal(*args, timeout=500, env={"PYTHONPATH": path})
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = _report(run_dir)["verdict"]
+    assert verdict["result"] == "INVALID"
+    assert "the comparison did not finish within timeouts.legSeconds=75" in verdict["reason"]
+    assert not _processes_of(run_dir)
+
+
 def test_the_comparators_report_dates_the_kill_and_the_restart_as_the_run_did(
     tmp_path: Path,
 ) -> None:

@@ -55,12 +55,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from resumequal.errors import ResumequalError
 from resumequal.launchers import command
+from resumequal.local.comparison import QUALIFICATION, Comparison, first_failing
 from resumequal.local.processes import ProcessTree, Tagged, send_signal
 from resumequal.loopback import LOOPBACK
 from resumequal.plan import (
@@ -149,7 +150,8 @@ class LocalBackend:
         run_dir: Path,
         *,
         location: RunLocation | None = None,
-        judge: Callable[[], Verdict] | None = None,
+        judge_legs: Sequence[str] = (),
+        verdicts: dict[str, Verdict] | None = None,
         python: str = sys.executable,
     ) -> None:
         os.environ.setdefault(KEY_ENV, new_key())
@@ -159,7 +161,11 @@ class LocalBackend:
         self.location = location or RunLocation.open(str(run_dir), seal=RunSeal.from_env())
         self.spec = self.location.leg_spec(spec)
         self.run_dir = run_dir
-        self.judge = judge
+        # What the comparison judges: the qualification, or each of these legs against the
+        # control leg (a seed matrix's scenarios), their verdicts kept in ``verdicts``.
+        self.judge_legs = tuple(judge_legs)
+        self.verdicts = verdicts if verdicts is not None else {}
+        self._comparison: Comparison | None = None
         self.python = python
         self.tree = ProcessTree()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -187,16 +193,7 @@ class LocalBackend:
         w = plan.spec.world
         self.plans[plan.name] = plan
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-        env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
-        if self.location.seal is not None:
-            # A sub-run's (a seed of a seed matrix) legs bind what they write to it, with
-            # the key the location seals with.
-            env[RUN_ID_ENV] = self.location.seal.run
-            env[KEY_ENV] = self.location.seal.key.decode()
-        # Workers find their leg spec with the standard AWS settings, as on a cluster.
-        s3 = self.spec.checkpoint.s3
-        if s3 is not None and s3.endpoint_url:
-            env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
+        env = dict(self._run_env(), OMP_NUM_THREADS=str(w.threads_per_rank))
         leg_args = leg_module_args(plan.name, self.location.uri, scratch=str(self.scratch))
         if w.nnodes == 1 and plan.spec.preemption.target == "process":
             port = self._rendezvous_store(plan.name)
@@ -215,6 +212,21 @@ class LocalBackend:
             self._launch_nodes(plan, env, leg_args)
         log.info("launched the %s leg (%d node(s) x %d rank(s))", plan.name, w.nnodes,
                  w.nproc_per_node)
+
+    def _run_env(self) -> dict[str, str]:
+        """The environment of the processes that read and write the location: the run's
+        key and id, and the store's endpoint."""
+        env = dict(os.environ)
+        if self.location.seal is not None:
+            # A sub-run's (a seed of a seed matrix) legs bind what they write to it, with
+            # the key the location seals with.
+            env[RUN_ID_ENV] = self.location.seal.run
+            env[KEY_ENV] = self.location.seal.key.decode()
+        # Workers find their leg spec with the standard AWS settings, as on a cluster.
+        s3 = self.spec.checkpoint.s3
+        if s3 is not None and s3.endpoint_url:
+            env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
+        return env
 
     def _rendezvous_store(self, leg: str) -> int:
         """Start ``leg``'s rendezvous store on loopback (:mod:`resumequal.local.rdzv_store`);
@@ -316,13 +328,19 @@ class LocalBackend:
         log.info("delivered %s %s kill to rank %d (pid %d)", mode, preemption.target,
                  beacon.rank, beacon.pid)
 
-    def compare(self) -> Verdict:
-        if self.judge is not None:
-            return self.judge()
-        # The comparator (DCP readers, drift statistics) is imported when a comparison runs.
-        from resumequal.compare import compare_qualification
-
-        return compare_qualification(self.location, self.spec)
+    def compare(self) -> Verdict | None:
+        """The verdict once the comparison process has concluded; None while it runs (the
+        state machine bounds it by ``timeouts.legSeconds``, as a cluster's comparator
+        Job). ComparisonFailed when it ended without one."""
+        if self._comparison is None:
+            self._comparison = Comparison.start(
+                self.tree, self.python, self.location.uri, self.scratch,
+                self.run_dir / "comparison.log", self._run_env(), legs=self.judge_legs)
+        verdicts = self._comparison.verdicts()
+        if verdicts is None:
+            return None
+        self.verdicts.update(verdicts)
+        return verdicts.get(QUALIFICATION) or first_failing(verdicts)
 
     def cleanup(self) -> None:
         stopped = self.tree.stop_all()
