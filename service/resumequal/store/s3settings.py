@@ -62,8 +62,9 @@ def endpoint_problem(value: str) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "must be http(s)://host[:port]"
     if parts.username is not None or parts.password is not None:
-        return ("holds user:password; credentials come from the AWS chain (env, profile, "
-                "web identity), never from the endpoint URL")
+        return ("holds user:password: an endpoint is http(s)://host[:port] without "
+                "user:password; credentials come from the AWS chain (env, profile, web "
+                "identity), never from the endpoint URL")
     if parts.query or parts.fragment:
         return "has a query or a fragment; an endpoint is http(s)://host[:port][/path]"
     host = parts.hostname
@@ -107,8 +108,9 @@ class S3Spec(BaseModel):
     )
     max_attempts: int = Field(
         default=5, ge=1, le=20,
-        description="Attempts per request (exponential backoff); 5 ride out ~15 s of "
-        "endpoint trouble before a save fails.",
+        description="Attempts botocore makes per request (exponential backoff) for the runner "
+        "and the operator: 5 ride out ~15 s of endpoint trouble. A worker makes its own "
+        "attempts for timeouts.backendErrorSeconds instead.",
     )
     connect_timeout_seconds: float = Field(
         default=3.0, gt=0, le=_MAX_SECONDS,
@@ -149,8 +151,8 @@ class S3Config(BaseModel):
     """``path`` (``host/bucket/key``) is what MinIO and RGW without wildcard DNS need."""
     max_attempts: int = Field(5, ge=1, le=20)
     """Attempts per request, the first included. Standard mode backs off exponentially
-    (random, up to 1, 2, 4, 8 s), so 5 attempts ride out ~15 s of endpoint trouble — a
-    gateway pod restarting — before a leg fails."""
+    (random, up to 1, 2, 4, 8 s), so 5 attempts ride out ~15 s of endpoint trouble. A
+    client with ``retry_seconds`` (a worker's) makes one: it makes its own attempts."""
     sign_payloads: bool = False
     """Sign every request body (SigV4's ``x-amz-content-sha256``) over http as well, for a
     store that refuses ``UNSIGNED-PAYLOAD``. Off, a body goes unsigned wherever botocore
