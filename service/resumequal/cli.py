@@ -95,9 +95,11 @@ def _interrupted(what: str = "interrupted") -> NoReturn:
     sys.exit(ExitCode.INTERRUPTED)
 
 
-class _Commands(click.Group):
-    """The command group: an exception that no boundary turned into one of ours is a bug,
-    and exits with a status of its own (never a verdict's) saying so."""
+class _Judging(click.Command):
+    """A command whose status is a verdict's or an error's (run, compare, validate, zoom):
+    an exception that no boundary turned into one of ours is a bug, and exits with a status
+    of its own (never a verdict's) saying so. A worker's (leg, replay) is torchrun's
+    business: a peer's death is an exception there, no bug."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -118,7 +120,7 @@ def _internal_error(e: Exception) -> NoReturn:
     sys.exit(ExitCode.INTERNAL_ERROR)
 
 
-@click.group(cls=_Commands)
+@click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.version_option(package_name="resumequal")
 def main(verbose: bool) -> None:
@@ -235,7 +237,7 @@ def _leg_spec(
     return found.spec, frozenset(omit) | frozenset(found.omit)
 
 
-@main.command("validate", epilog=epilog(
+@main.command("validate", cls=_Judging, epilog=epilog(
     ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INTERNAL_ERROR, ExitCode.INTERRUPTED,
     says={ExitCode.PASS: "the spec is valid and its workload builds"}))
 @click.argument("spec_path", type=str)
@@ -256,7 +258,7 @@ def validate(spec_path: str) -> None:
     click.echo(spec.model_dump_json(indent=2))
 
 
-@main.command(epilog=VERDICTS)
+@main.command(cls=_Judging, epilog=VERDICTS)
 @click.option("--spec", "spec_path", type=str, default=None,
               help="Spec file (YAML or JSON); the embedded default qualifies tiny-gpt on 2 ranks.")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
@@ -335,7 +337,7 @@ def run(
     sys.exit(for_result(outcome.report.verdict.result))
 
 
-@main.command(epilog=VERDICTS)
+@main.command(cls=_Judging, epilog=VERDICTS)
 @click.argument("uri", metavar="RUN", callback=_uri)
 @click.option("--write", is_flag=True,
               help="Write verdict.json, report.json, report.html and metrics.prom into RUN.")
@@ -367,7 +369,7 @@ def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name:
     sys.exit(for_result(verdict.result))
 
 
-@main.command(epilog=epilog(
+@main.command(cls=_Judging, epilog=epilog(
     ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INVALID, ExitCode.INTERNAL_ERROR,
     ExitCode.INTERRUPTED,
     says={ExitCode.PASS: "zoomed", ExitCode.INVALID: "could not zoom: a replay failed, or a "
