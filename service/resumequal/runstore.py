@@ -812,7 +812,9 @@ class RunLocation:
     def put_result(self, name: str, data: bytes) -> str:
         """Put result file ``name`` (``zoom.json``) with its ``.mac``; its URI."""
         self.store.put_bytes(name, data)
-        self._put_result_mac(name, hashlib.sha256(data).hexdigest())
+        digest = hashlib.sha256(data).hexdigest()
+        self._put_result_mac(name, digest)
+        log.debug("published %s (%d bytes, sha256 %s)", self.url(name), len(data), digest)
         return self.url(name)
 
     def _put_result_mac(self, name: str, sha256_hex: str) -> None:

@@ -201,7 +201,7 @@ class S3Store:
             # botocore takes these when the settings name no endpoint, and raises a bare
             # ValueError at the client for one it cannot use: said here, by name.
             problem = (None if c.endpoint_url is not None or var not in os.environ
-                       else endpoint_problem(os.environ[var]))
+                       else endpoint_problem(os.environ[var], ours=False))
             if problem is not None:
                 raise StoreConfigError(f"{var} {problem}")
         self._client: Any = client(c.sign_payloads)

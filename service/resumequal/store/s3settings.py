@@ -48,10 +48,12 @@ _HOST_NAME = re.compile(r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<
                         re.IGNORECASE)
 
 
-def endpoint_problem(value: str) -> str | None:
+def endpoint_problem(value: str, *, ours: bool = True) -> str | None:
     """Why ``value`` is no endpoint an S3 client can be made with (never echoing it: it may
     hold a credential), or None. The one check of the spec, the S3 settings and the
-    environment's ``AWS_ENDPOINT_URL_S3``."""
+    environment's ``AWS_ENDPOINT_URL_S3``; ``ours`` adds what a spec may not hold
+    (user:password, a query), which botocore takes from the environment (and messages
+    redact)."""
     if _UNSAFE_URL_CHARS.intersection(value) or any(c.isspace() for c in value):
         return "holds whitespace or a line break"
     try:
@@ -61,11 +63,11 @@ def endpoint_problem(value: str) -> str | None:
         return "is not a URL (an unclosed [, a port out of range or not a number)"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "must be http(s)://host[:port]"
-    if parts.username is not None or parts.password is not None:
+    if ours and (parts.username is not None or parts.password is not None):
         return ("holds user:password: an endpoint is http(s)://host[:port] without "
                 "user:password; credentials come from the AWS chain (env, profile, web "
                 "identity), never from the endpoint URL")
-    if parts.query or parts.fragment:
+    if ours and (parts.query or parts.fragment):
         return "has a query or a fragment; an endpoint is http(s)://host[:port][/path]"
     host = parts.hostname
     if parts.netloc.rpartition("@")[2].startswith("["):
