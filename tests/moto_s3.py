@@ -13,6 +13,7 @@ carries a condition; writes without one are served as moto serves them.
 ``RESUMEQUAL_TEST_MOTO_PUT_PAUSE`` (seconds) pauses every PutObject between its look and
 its write, and ``RESUMEQUAL_TEST_MOTO_UNLOCKED=1`` leaves moto as it is: together they make
 moto's race certain, for the test that shows the lock closes it.
+``RESUMEQUAL_TEST_MOTO_IGNORE_RANGE=1`` makes it an endpoint that ignores ``Range``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from moto.s3.responses import S3Response
 from moto.server import main
 
 PAUSE_ENV = "RESUMEQUAL_TEST_MOTO_PUT_PAUSE"
+# "1": GetObject ignores Range and answers 200 with the whole object, as some gateways do.
+IGNORE_RANGE_ENV = "RESUMEQUAL_TEST_MOTO_IGNORE_RANGE"
 UNLOCKED_ENV = "RESUMEQUAL_TEST_MOTO_UNLOCKED"
 
 _CONDITIONAL = threading.Lock()
@@ -54,7 +57,16 @@ def _pause_between_look_and_write(seconds: float) -> None:
     S3Response._get_lock_details = paused  # type: ignore[method-assign]
 
 
+def _ignore_range() -> None:
+    def whole(self: S3Response, request: Any, headers: dict[str, Any], content: Any) -> Any:
+        return 200, headers, content
+
+    S3Response._handle_range_header = whole  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
+    if os.environ.get(IGNORE_RANGE_ENV) == "1":
+        _ignore_range()
     if os.environ.get(PAUSE_ENV):
         _pause_between_look_and_write(float(os.environ[PAUSE_ENV]))
     if os.environ.get(UNLOCKED_ENV) != "1":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from resumequal.errors import CheckpointError
 from resumequal.signing import RunSeal, check_key, derive_run_key, new_key
+from resumequal.store import regular
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,21 @@ log = logging.getLogger(__name__)
 _KEY_FILE_BYTES = 4096
 _LOCK = threading.Lock()
 _PROCESS_KEY: MasterKey | None = None
+
+
+def _check_guarded(path: Path, info: os.stat_result) -> None:
+    """CheckpointError unless the key file ``info`` describes is one only root or this
+    process's user may change (its owner, no write for group or others) and that others
+    may not read (a group read is how a Secret volume gives it to the pod's fsGroup)."""
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid not in (0, os.getuid()):
+        raise CheckpointError(f"--key-file {path}: owned by uid {info.st_uid}, neither root "
+                              "nor this user; whoever owns it may change it")
+    if mode & 0o022:
+        raise CheckpointError(f"--key-file {path}: others may write it (mode {mode:o})")
+    if mode & 0o004:
+        raise CheckpointError(f"--key-file {path}: everyone may read it (mode {mode:o}); "
+                              "at most its owner and group may")
 
 
 class MasterKey:
@@ -54,22 +70,23 @@ class MasterKey:
     @classmethod
     def from_file(cls, path: Path) -> MasterKey:
         """The key in ``path`` (as a mounted Secret holds it); CheckpointError naming the
-        file, never its content, when it is not a readable key only its owner may change."""
+        file, never its content, when it is not a key in a regular file that only root or
+        this user may change and that not everyone may read. A Secret volume's file (owned
+        by root, mode 0440 with the pod's fsGroup, behind the kubelet's links) is one."""
         try:
-            fd = os.open(path, os.O_RDONLY)
+            # Non-blocking: a FIFO there returns at once, and is refused below.
+            fd = regular.open_path(path)
+        except regular.NotRegular as e:
+            raise CheckpointError(f"--key-file {path}: not a regular file "
+                                  f"({e.strerror})") from e
         except OSError as e:
             raise CheckpointError(f"--key-file {path}: cannot read it: {e.strerror}") from e
         try:
-            info = os.fstat(fd)
-            # A mounted Secret's file is a link to the current version: fstat sees the file.
-            if not stat.S_ISREG(info.st_mode):
-                raise CheckpointError(f"--key-file {path}: not a file")
-            if stat.S_IMODE(info.st_mode) & 0o022:
-                raise CheckpointError(f"--key-file {path}: others may write it (mode "
-                                      f"{stat.S_IMODE(info.st_mode):o})")
-            data = os.read(fd, _KEY_FILE_BYTES + 1)
-        finally:
+            _check_guarded(path, os.fstat(fd))
+        except BaseException:
             os.close(fd)
+            raise
+        data = regular.read_fd(fd, _KEY_FILE_BYTES)
         if len(data) > _KEY_FILE_BYTES:
             raise CheckpointError(f"--key-file {path}: too large to be a key")
         try:

@@ -10,8 +10,9 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -19,7 +20,7 @@ from resumequal.errors import ResumequalError
 from resumequal.exitcodes import ExitCode, epilog, for_error, for_result
 from resumequal.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from resumequal.logs import configure_logging
-from resumequal.redact import printable
+from resumequal.redact import printable, redact
 from resumequal.spec import (
     OMISSIONS,
     Omission,
@@ -38,7 +39,7 @@ log = logging.getLogger("resumequal")
 # to 127 as the leg's own failure; the qualification's verdict says the rest.
 WORKER_ERROR = 2
 VERDICTS = epilog(ExitCode.PASS, ExitCode.FAIL, ExitCode.SPEC_ERROR, ExitCode.INVALID,
-                  ExitCode.NONDETERMINISTIC, ExitCode.INTERRUPTED)
+                  ExitCode.NONDETERMINISTIC, ExitCode.INTERNAL_ERROR, ExitCode.INTERRUPTED)
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -94,6 +95,31 @@ def _interrupted(what: str = "interrupted") -> NoReturn:
     sys.exit(ExitCode.INTERRUPTED)
 
 
+class _Judging(click.Command):
+    """A command whose status is a verdict's or an error's (run, compare, validate, zoom):
+    an exception that no boundary turned into one of ours is a bug, and exits with a status
+    of its own (never a verdict's) saying so. A worker's (leg, replay) is torchrun's
+    business: a peer's death is an exception there, no bug."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:  # what no boundary expected: nothing else may catch it
+            _internal_error(e)
+
+
+def _internal_error(e: Exception) -> NoReturn:
+    """Say that ``e`` is a bug, with its traceback (redacted), and exit INTERNAL_ERROR."""
+    trace = "".join(traceback.format_exception(e))
+    click.echo(printable(redact(trace)), err=True, nl=False)
+    click.echo(f"internal error: {printable(redact(f'{type(e).__name__}: {e}'))}\n"
+               "This is a bug in resumequal, not a verdict: nothing was judged. Please report "
+               "it with the output above.", err=True)
+    sys.exit(ExitCode.INTERNAL_ERROR)
+
+
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.version_option(package_name="resumequal")
@@ -120,7 +146,10 @@ def main(verbose: bool) -> None:
 def leg(spec_path: str | None, leg: str, run: str, omit: tuple[str, ...],
         scratch: Path | None, trace_every: int) -> None:
     """Run one training leg in this process; meant to run under torchrun."""
+    from resumequal.lifeline import die_with_parent
     from resumequal.train.startup import pause_gc, resume_gc
+
+    die_with_parent()  # a local run's worker ends with its agent, however that one ends
 
     pause_gc()  # until the first step: see resumequal.train.startup
     try:
@@ -208,8 +237,8 @@ def _leg_spec(
     return found.spec, frozenset(omit) | frozenset(found.omit)
 
 
-@main.command("validate", epilog=epilog(
-    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INTERRUPTED,
+@main.command("validate", cls=_Judging, epilog=epilog(
+    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INTERNAL_ERROR, ExitCode.INTERRUPTED,
     says={ExitCode.PASS: "the spec is valid and its workload builds"}))
 @click.argument("spec_path", type=str)
 def validate(spec_path: str) -> None:
@@ -229,7 +258,7 @@ def validate(spec_path: str) -> None:
     click.echo(spec.model_dump_json(indent=2))
 
 
-@main.command(epilog=VERDICTS)
+@main.command(cls=_Judging, epilog=VERDICTS)
 @click.option("--spec", "spec_path", type=str, default=None,
               help="Spec file (YAML or JSON); the embedded default qualifies tiny-gpt on 2 ranks.")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
@@ -308,7 +337,7 @@ def run(
     sys.exit(for_result(outcome.report.verdict.result))
 
 
-@main.command(epilog=VERDICTS)
+@main.command(cls=_Judging, epilog=VERDICTS)
 @click.argument("uri", metavar="RUN", callback=_uri)
 @click.option("--write", is_flag=True,
               help="Write verdict.json, report.json, report.html and metrics.prom into RUN.")
@@ -340,8 +369,9 @@ def compare(uri: str, write: bool, pin: str | None, namespace: str | None, name:
     sys.exit(for_result(verdict.result))
 
 
-@main.command(epilog=epilog(
-    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INVALID, ExitCode.INTERRUPTED,
+@main.command(cls=_Judging, epilog=epilog(
+    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INVALID, ExitCode.INTERNAL_ERROR,
+    ExitCode.INTERRUPTED,
     says={ExitCode.PASS: "zoomed", ExitCode.INVALID: "could not zoom: a replay failed, or a "
           "checkpoint did not verify"}))
 @click.argument("uri", metavar="RUN", callback=_uri)
@@ -389,8 +419,10 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
 def replay(leg: str, run: str, step: int, start: str | None, attempt: int,
            capture_dir: Path) -> None:
     """One rank of a zoom replay; run by ``resumequal zoom`` under torchrun."""
+    from resumequal.lifeline import die_with_parent
     from resumequal.train.replay import replay_leg
 
+    die_with_parent()
     try:
         spec, omissions = _leg_spec(None, leg, run, ())
         code = replay_leg(spec, leg, run, omissions, step=step, start=start, attempt=attempt,

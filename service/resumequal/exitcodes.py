@@ -2,7 +2,9 @@
 the command line, the runner, the ``--help`` epilogs and docs/exit-codes.md.
 
 A verdict gives 0, 1, 3 or 4; an error gives 2 when the input was wrong (the spec, the
-command line, credentials, a location without a run) and 3 otherwise (nothing was judged).
+command line, credentials, a location without a run) and 3 otherwise (nothing was judged);
+an exception no boundary expected (a bug) gives 70 (sysexits' EX_SOFTWARE), never a
+verdict's status.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ExitCode(IntEnum):
     SPEC_ERROR = 2
     INVALID = 3
     NONDETERMINISTIC = 4
+    INTERNAL_ERROR = 70
     INTERRUPTED = 130
 
 
@@ -55,6 +58,10 @@ MEANINGS: dict[ExitCode, Meaning] = {
     ExitCode.NONDETERMINISTIC: Meaning(
         "NONDETERMINISTIC: the legs differed before the kill",
         "block the pin until training is reproducible run to run"),
+    ExitCode.INTERNAL_ERROR: Meaning(
+        "internal error: a bug in resumequal (the message says so, with its traceback); "
+        "nothing was judged",
+        "report the bug with its output; a retry may fail the same way"),
     ExitCode.INTERRUPTED: Meaning(
         "interrupted (SIGINT or SIGTERM); every process it started was stopped",
         "retry"),
@@ -68,9 +75,9 @@ def for_result(result: Result) -> ExitCode:
 def for_error(error: ResumequalError) -> ExitCode:
     """SPEC_ERROR when what the command was given is wrong, else INVALID (nothing judged)."""
     # Imported here: the store package loads botocore, which only an error needs.
-    from resumequal.store.errors import StoreAccessDenied, StoreNotFound
+    from resumequal.store.errors import StoreAccessDenied, StoreConfigError, StoreNotFound
 
-    given = (SpecError, UsageError, StoreNotFound, StoreAccessDenied)
+    given = (SpecError, UsageError, StoreNotFound, StoreAccessDenied, StoreConfigError)
     return ExitCode.SPEC_ERROR if isinstance(error, given) else ExitCode.INVALID
 
 

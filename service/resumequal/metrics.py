@@ -57,11 +57,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import (
     basic_auth_handler,
     default_handler,
+    generate_latest,
     push_to_gateway,
-    write_to_textfile,
 )
 
 from resumequal.errors import MetricsError
+from resumequal.store import regular
 from resumequal.verdict import Matrix, Report, Result
 
 RUN_LABELS: tuple[str, ...] = ("namespace", "run", "pin", "scenario")
@@ -267,12 +268,18 @@ class QualificationMetrics:
                 names.discard(scenario)
 
 
-def write_textfile(registry: CollectorRegistry, path: Path) -> None:
-    """Write the registry for node-exporter's textfile collector (temp file + rename)."""
+def write_textfile(registry: CollectorRegistry, path: Path) -> bytes:
+    """Write the registry for node-exporter's textfile collector; the bytes written.
+
+    Under a fresh name created ``O_EXCL|O_NOFOLLOW``, then renamed: the folder may be the
+    run folder, which others may write (prometheus_client's own writer takes a name made
+    of the pid and follows a link planted there)."""
+    data = generate_latest(registry)
     try:
-        write_to_textfile(str(path), registry)
+        regular.write_file(path.parent, path.name, data, create=False)
     except OSError as e:
         raise MetricsError(f"cannot write metrics to {path}: {e.strerror or e}") from e
+    return data
 
 
 def push(

@@ -209,15 +209,20 @@ RESIZE_LAST_CALL = {"last_call_timeout": "1"}
 
 def local_torchrun_args(*, endpoint: str, nproc: int, max_restarts: int,
                         rdzv: Mapping[str, str] | None = None,
-                        log_dir: str | None = None) -> list[str]:
+                        log_dir: str | None = None,
+                        local_addr: str | None = None) -> list[str]:
     """torchrun's own flags for a leg on one machine: one node, a c10d rendezvous at
     ``endpoint`` (``host:port``), ``nproc`` ranks, and ``rdzv`` as ``--rdzv-conf``. On a
     cluster the training operator passes the same through ``PET_*`` variables.
 
     ``log_dir`` is where torchrun keeps each worker's error file (``--log-dir``); without
-    it, every launch leaves a ``torchelastic_*`` folder in the temporary folder."""
+    it, every launch leaves a ``torchelastic_*`` folder in the temporary folder.
+    ``local_addr`` is the address the agent gives its workers for their group's store
+    (``MASTER_ADDR``; ``--local-addr``, else this machine's FQDN)."""
     args = ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.1"]
+    if local_addr is not None:
+        args.append(f"--local-addr={local_addr}")
     if log_dir is not None:
         args.append(f"--log-dir={log_dir}")
     if rdzv:

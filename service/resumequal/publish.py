@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from resumequal.metrics import QualificationMetrics, push, write_textfile
-from resumequal.report.files import write_reports
+from resumequal.report.files import report_files, write_reports
 from resumequal.runstore import METRICS_PROM, RunLocation
 from resumequal.verdict import Report
 
@@ -26,16 +26,18 @@ def publish(report: Report, location: RunLocation, out: Path, *, namespace: str,
     One order everywhere: ``verdict.json``, ``report.json``, ``report.html`` (atomically),
     then ``metrics.prom`` (to ``metrics_file`` when given), the push, and the upload.
     """
-    files: dict[str, Path] = dict(write_reports(report, out))
+    contents = report_files(report)
+    write_reports(report, out, contents)
     registry = CollectorRegistry()
     QualificationMetrics(registry).record(report, namespace=namespace)
     metrics = metrics_file or out / METRICS_PROM
-    write_textfile(registry, metrics)
+    contents[METRICS_PROM] = write_textfile(registry, metrics)
     if pushgateway:
         push(registry, pushgateway, job="resumequal")
-    # A metrics file asked for elsewhere stays there, and the location gets a copy.
-    files[METRICS_PROM] = metrics
-    published = location.publish(files)
+    # A metrics file asked for elsewhere stays there, and the location gets a copy. Each
+    # goes in with its MAC from the bytes made here, never from a file read back (the out
+    # folder may be the run folder, which others may write).
+    published = {name: location.put_result(name, data) for name, data in contents.items()}
     if metrics_file is not None:
         published[METRICS_PROM] = str(metrics_file)
     return published

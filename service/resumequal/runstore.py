@@ -169,14 +169,20 @@ def _seal(seal: RunSeal | None, key: str, body: dict[str, Any]) -> bytes:
 
 def _unseal(seal: RunSeal | None, key: str, data: bytes, uri: str, what: str) -> Any:
     """The JSON stored under ``key``; with ``seal``, only an object whose MAC holds for this
-    run and this name: NotAuthentic otherwise (a bucket writer's object, one copied from
-    another run or another name). ValueError for what is not JSON."""
-    value = _loads(data)
+    run and this name: NotAuthentic otherwise, whatever its form (not JSON, nested too
+    deeply, a number no parser takes: nothing a sealing writer wrote; a bucket writer's
+    object, one copied from another run or another name). Without a seal, ValueError for
+    what is not JSON."""
     if seal is None:
+        value = _loads(data)
         if isinstance(value, dict):
             value.pop(MAC_FIELD, None)
         return value
-    body = seal.open_json(key, value)
+    try:
+        body = seal.open_json(key, _loads(data))
+    except ValueError as e:
+        raise NotAuthentic(f"{uri}: not {what} of this run: not JSON a sealing writer "
+                           f"writes ({e})") from e
     if body is None:
         raise NotAuthentic(f"{uri}: not {what} of this run: its MAC is missing or does not "
                            f"hold for run {seal.run} (written by someone without the run's "
@@ -395,8 +401,8 @@ class LegFiles:
 
     def failure(self) -> str | None:
         """Why the leg failed for good, or None. Without the run's seal an unreadable
-        marker still counts; with it, only a marker of this run does (one planted by
-        whoever can write the store is said once, and ignored)."""
+        marker still counts; with it, only a marker of this run does: anything else
+        (unsealed, too large, not JSON, not a marker) is said once, and ignored."""
         key = self.key(FAILED_MARKER)
         try:
             data = self.store.get_bytes(key, SMALL_OBJECT_BYTES)
@@ -408,13 +414,19 @@ class LegFiles:
                 return None
             return "unreadable failure marker (too large to read)"
         try:
-            return str(_unseal(self.seal, key, data, self.store.uri(key),
-                               "a failure marker")["reason"])
+            body = _unseal(self.seal, key, data, self.store.uri(key), "a failure marker")
         except NotAuthentic as e:
             _warn_once(str(e))
             return None
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             return "unreadable failure marker"
+        reason = body.get("reason") if isinstance(body, dict) else None
+        if isinstance(reason, str):
+            return reason
+        if self.seal is not None:  # sealed by this run, yet no marker: ours never is
+            _warn_once(f"{self.store.uri(key)}: not a failure marker (no reason)")
+            return None
+        return "unreadable failure marker"
 
 
 # --------------------------------------------------------------------------- traces
@@ -571,19 +583,26 @@ class RunLocation:
 
     @classmethod
     def open(cls, uri: str, s3: S3Spec | None = None,
-             seal: RunSeal | None = None) -> RunLocation:
+             seal: RunSeal | None = None, retry_seconds: float = 0.0) -> RunLocation:
         """A path, ``file:///abs/path`` or ``s3://bucket/prefix/...``; nothing is created.
 
         ``s3`` says how to reach an S3 endpoint; without it the standard AWS environment
         applies (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION``, keys).
         ``seal`` binds what is written and read to the run (see :mod:`resumequal.signing`).
+        ``retry_seconds``: how long a request to an endpoint that cannot serve it is made
+        again (a worker's ``timeouts.backendErrorSeconds``; ``S3Config.retry_seconds``).
         """
         parsed = urlparse(uri)
         if parsed.netloc and not parsed.path.strip("/"):
             raise StoreError(f"run location {uri!r}: name a prefix under the bucket "
                              "(s3://bucket/prefix/<namespace>/<run>/<uid>)")
-        store = open_store(uri, s3_config(s3))
+        store = open_store(uri, s3_config(s3, retry_seconds))
         return cls(store.uri(), store, s3, seal=seal)
+
+    def patient(self, retry_seconds: float) -> RunLocation:
+        """This location, its requests made again for ``retry_seconds`` while the endpoint
+        cannot serve them (see :meth:`open`)."""
+        return RunLocation.open(self.uri, self.s3, seal=self.seal, retry_seconds=retry_seconds)
 
     def scratch(self) -> Path:
         """A local folder for what is not kept (checkpoint staging, downloaded copies of an
@@ -793,7 +812,9 @@ class RunLocation:
     def put_result(self, name: str, data: bytes) -> str:
         """Put result file ``name`` (``zoom.json``) with its ``.mac``; its URI."""
         self.store.put_bytes(name, data)
-        self._put_result_mac(name, hashlib.sha256(data).hexdigest())
+        digest = hashlib.sha256(data).hexdigest()
+        self._put_result_mac(name, digest)
+        log.debug("published %s (%d bytes, sha256 %s)", self.url(name), len(data), digest)
         return self.url(name)
 
     def _put_result_mac(self, name: str, sha256_hex: str) -> None:

@@ -50,8 +50,11 @@ _DERIVE_CONTEXT = b"resumequal run key 1\0"
 MAC_FIELD = "mac"
 # Bytes of randomness in a generated key (hex-encoded: twice as many characters).
 KEY_BYTES = 32
-# A shorter key is refused: it could be guessed. 64 characters hold 256 bits as hex.
-MIN_KEY_CHARS = 64
+# A key is exactly this: 64 hex characters, the text of 32 bytes. Its randomness cannot be
+# measured from the key itself; its form can, and a passphrase, a word or a pattern typed
+# to fill 64 characters is not of it.
+KEY_CHARS = 2 * KEY_BYTES
+_HEX_KEY = re.compile(rf"^[0-9a-fA-F]{{{KEY_CHARS}}}$")
 # A key that a person typed, or a placeholder, repeats itself: a generated one of 64 hex
 # characters uses nine or more of them (fewer: probability 7e-16) and none more than 28
 # times (more: 3e-17). Tighter bounds refuse real keys: at a quarter (16 times) one
@@ -79,19 +82,20 @@ def key_from_env(environ: Mapping[str, str] | None = None) -> bytes:
 
 
 def check_key(raw: str, what: str) -> bytes:
-    """``raw`` as key bytes if it could be a generated key; CheckpointError naming ``what``
-    (never its value) if it is too short or visibly not random."""
-    if len(raw) < MIN_KEY_CHARS:
+    """``raw`` as key bytes if it has a generated key's form (64 hex characters, 32 bytes);
+    CheckpointError naming ``what`` (never its value) otherwise, or when it repeats itself
+    as no random key does."""
+    how = f"a key is {KEY_CHARS} hex characters, {KEY_BYTES} random bytes (resumequal makes one)"
+    if len(raw) != KEY_CHARS:
+        raise CheckpointError(f"{what} has {len(raw)} characters; {how}")
+    if not _HEX_KEY.match(raw):
+        raise CheckpointError(f"{what} is not hex; {how}")
+    commonest = max(raw.lower().count(c) for c in set(raw.lower()))
+    distinct = len(set(raw.lower()))
+    if distinct < MIN_DISTINCT_CHARS or commonest > MAX_SHARE_OF_ONE_CHAR * len(raw):
         raise CheckpointError(
-            f"{what} has {len(raw)} characters; at least {MIN_KEY_CHARS} are required "
-            f"(resumequal makes one: {KEY_BYTES} random bytes as hex)"
-        )
-    commonest = max(raw.count(c) for c in set(raw))
-    if len(set(raw)) < MIN_DISTINCT_CHARS or commonest > MAX_SHARE_OF_ONE_CHAR * len(raw):
-        raise CheckpointError(
-            f"{what} is not random: {len(set(raw))} distinct characters, one of them "
-            f"{commonest} times in {len(raw)}; use a generated key ({KEY_BYTES} random bytes "
-            "as hex)"
+            f"{what} is not random: {distinct} distinct characters, one of them "
+            f"{commonest} times in {len(raw)}; {how}"
         )
     return raw.encode()
 
@@ -189,8 +193,8 @@ class RunSeal:
             return None
         try:
             data = canonical_json(body)
-        except ValueError:  # NaN or Infinity: nothing a sealing writer wrote
-            return None
+        except (ValueError, RecursionError):  # NaN, Infinity, or nested deeper than
+            return None                       # a writer of ours nests: none of ours
         return body if self.authentic(name, data, mac.encode()) else None
 
     def digest_mac(self, name: str, sha256_hex: str) -> str:

@@ -5,6 +5,7 @@ addresses."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -84,26 +85,96 @@ def _listening() -> set[tuple[str, int]]:
     return found
 
 
-def test_a_running_legs_rendezvous_port_listens_on_loopback_alone(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+# Every process of a run inherits its environment, this mark with it.
+RUN_MARK = "RESUMEQUAL_TEST_RUN"
+
+
+def _marked(run_dir: Path) -> list[int]:
+    """The live processes whose environment carries ``RUN_MARK=run_dir``."""
+    mark = f"{RUN_MARK}={run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _listening_sockets(pids: list[int]) -> dict[int, set[str]]:
+    """Each of ``pids``' listening TCP sockets: pid -> its addresses (/proc/net hex)."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    found: dict[int, set[str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN, one of theirs
+                found.setdefault(inodes[fields[9]], set()).add(fields[1].rsplit(":", 1)[0])
+    return found
+
+
+def _armed_run(run_dir: Path) -> subprocess.Popen[bytes]:
+    """A local run held while its preempted leg's rank 1 waits at its cut (no kill)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "resumequal", "run", "--run-dir", str(run_dir), "--no-kill",
          "--set", "workload.name=dropout-mlp", "--set", "controls.enabled=false",
          "--set", "timeouts.armSeconds=60"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=dict(os.environ, **{RUN_MARK: str(run_dir)}))
+    beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
     try:
-        beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
         eventually(beacon.exists, 240, "the preempted leg to arm", interval=0.1,
                    abort=lambda: None if proc.poll() is None else f"exited {proc.returncode}")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def _interrupt(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def test_nothing_of_a_running_local_leg_listens_beyond_loopback(tmp_path: Path) -> None:
+    """Every process of a local run (the runner, the leg's rendezvous store, its torchrun
+    agent, its workers) listens on 127.0.0.1 alone: the workers' group store too (rank 0's,
+    not the agent's, which torch would bind to every interface)."""
+    run_dir = tmp_path / "run"
+    proc = _armed_run(run_dir)
+    try:
+        listening = _listening_sockets(_marked(run_dir))
+        assert listening, "nothing of the run listens: not the process tree expected"
+        everywhere = {pid: addresses - {"0100007F"} for pid, addresses in listening.items()}
+        assert not any(everywhere.values()), {
+            pid: (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200],
+                  addresses) for pid, addresses in everywhere.items() if addresses}
+    finally:
+        _interrupt(proc)
+
+
+def test_a_running_legs_rendezvous_port_listens_on_loopback_alone(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _armed_run(run_dir)
+    try:
         store_log = (run_dir / "preempted.rdzv-store.log").read_text()
         port = int(store_log.rsplit(":", 1)[1])
         on_port = {address for address, p in _listening() if p == port}
         # 127.0.0.1 in /proc/net/tcp's little-endian hex; nothing on a wildcard address.
         assert on_port == {"0100007F"}, on_port
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        _interrupt(proc)

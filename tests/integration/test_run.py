@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -220,6 +221,92 @@ def test_interrupt_stops_every_process(tmp_path: Path) -> None:
         raise AssertionError("the interrupted run did not end within 60 s:\n"
                              + out.decode(errors="replace")[-6000:]) from None
     assert proc.returncode == 130, out
+    assert not _processes_of(run_dir)
+
+
+def _commands(pids: Sequence[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                       .decode(errors="replace")[:160])
+        except OSError:
+            continue
+    return out
+
+
+def test_a_run_killed_with_sigkill_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer, a CI job's timeout) runs no cleanup in the run: every
+    process it started ends all the same, within seconds: the leg's rendezvous store, its
+    torchrun agent and the workers."""
+    run_dir = tmp_path / "run"
+    args = ["run", "--run-dir", str(run_dir), "--no-kill", *FAST,
+            "--set", "timeouts.armSeconds=100"]
+    proc = subprocess.Popen([sys.executable, "-m", "resumequal", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, **_marked(args)))
+    beacon = run_dir / "preempted" / "beacons" / "attempt-0-rank-1.json"
+    eventually(beacon.exists, 180, "the preempted leg to arm", interval=0.1,
+               abort=lambda: None if proc.poll() is None else f"the run exited {proc.returncode}")
+    started = [pid for pid in _processes_of(run_dir) if pid != proc.pid]
+    commands = " | ".join(_commands(started))
+    assert "resumequal.local.rdzv_store" in commands and "torch.distributed.run" in commands
+    assert len(started) >= 4, commands  # the store, the agent, two workers
+    proc.kill()
+    proc.wait(10)
+    killed = time.monotonic()
+    try:
+        eventually(lambda: not _processes_of(run_dir), 10, "every process of the run to end",
+                   interval=0.05)
+    finally:
+        left = _processes_of(run_dir)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    print(f"every process of the run ended {time.monotonic() - killed:.2f} s after its SIGKILL")
+    assert not left, _commands(left)
+
+
+# Loaded by every Python process of the run (PYTHONPATH): the comparison, wherever it runs,
+# never returns, as one stuck on a store that stops answering would.
+_HANG_THE_COMPARISON = """
+import importlib.abc, importlib.util, sys, time
+
+class _Hang(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "resumequal.compare.controls":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.compare_qualification = lambda *a, **k: time.sleep(3600)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Hang())
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_comparison_that_hangs_ends_the_run_at_its_deadline(tmp_path: Path) -> None:
+    """The local comparison is bounded as a cluster's comparator Job is: past
+    timeouts.legSeconds in Comparing, the run ends (Timeout, INVALID) and the comparison's
+    process goes with it."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HANG_THE_COMPARISON)
+    run_dir = tmp_path / "run"
+    args = ("run", "--run-dir", str(run_dir), *FAST, "--set", "timeouts.legSeconds=75")
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    proc = _resumequal(*args, timeout=500, env={"PYTHONPATH": path})
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = _report(run_dir)["verdict"]
+    assert verdict["result"] == "INVALID"
+    assert "the comparison did not finish within timeouts.legSeconds=75" in verdict["reason"]
     assert not _processes_of(run_dir)
 
 

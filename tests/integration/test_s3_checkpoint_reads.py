@@ -199,3 +199,30 @@ def test_the_scale_bench_on_s3_gives_back_every_saved_state(
         assert rounds[0][f"{op}_s"] > 0, op
     report = bench.report(cfg, figures)
     assert "S3 save" in report and "S3 restore" in report
+
+
+def test_an_endpoint_that_ignores_range_is_refused_saying_so(tmp_path: Path) -> None:
+    """A gateway that answers every ranged GET with the whole object (200): the resume is
+    refused naming the endpoint and what it did, never read whole into memory chunk by
+    chunk, nor called a checkpoint changed after its commit."""
+    from tests.moto_s3 import IGNORE_RANGE_ENV
+    from tests.s3server import MotoServer
+
+    server = MotoServer(tmp_path / "moto.log", env={IGNORE_RANGE_ENV: "1"})
+    server.start()
+    try:
+        config = S3Config(endpoint_url=server.endpoint, addressing_style="path")
+        root = RemoteRoot(S3Store(f"s3://{server.new_bucket()}/runs", config),
+                          "leg/checkpoints", tmp_path / "local")
+        mgr = CheckpointManager(root, rank=0, world_size=1, attempt=0, keep_last=2)
+        assert mgr.save(Position(4), _state(), Plain(step=4)) == NAME
+        resumed = CheckpointManager(root, rank=0, world_size=1, attempt=1, keep_last=2)
+        assert resumed.newest() == NAME
+        with pytest.raises(CheckpointError) as info:
+            resumed.load(NAME, lambda _: _zeros(), Plain)
+    finally:
+        server.stop()
+    message = str(info.value)
+    assert f"{server.endpoint} answered a GET of bytes 0-" in message
+    assert "HTTP 200 without a Content-Range: it ignores Range" in message
+    assert "changed after it was committed" not in message

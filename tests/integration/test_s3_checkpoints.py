@@ -6,11 +6,8 @@ the dummy credentials from the AWS_* variables they inherit from the test proces
 
 from __future__ import annotations
 
-import contextlib
 import re
 import signal
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +22,7 @@ from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
 from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for
+from tests.outage import Outage
 
 if TYPE_CHECKING:
     from tests.s3server import MotoServer
@@ -135,86 +133,40 @@ def test_a_flipped_byte_in_a_committed_object_fails_the_resume_naming_it(
     assert not legs.restores(tmp_path, "preempted", 0)  # nothing was loaded
 
 
-class CutableProxy:
-    """A TCP forwarder to the S3 endpoint that can be cut: the endpoint "goes down" for the
-    workers while moto keeps its objects, so the test can inspect them afterwards."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.conns: list[socket.socket] = []
-        self.lock = threading.Lock()
-        self.down = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.down:  # accepted in the race with cut()
-                client.close()
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            with self.lock:
-                self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def cut(self) -> None:
-        """Refuse new connections and drop the open ones."""
-        self.down = True
-        # shutdown, not only close: it wakes the accept() blocked in the other thread.
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        with self.lock:
-            for conn in self.conns:
-                with contextlib.suppress(OSError):
-                    conn.shutdown(socket.SHUT_RDWR)
-                conn.close()
-
-
 @pytest.fixture
-def proxy(moto_server: MotoServer) -> Iterator[CutableProxy]:
-    p = CutableProxy(moto_server.port)
+def proxy(moto_server: MotoServer) -> Iterator[Outage]:
+    """The S3 endpoint as the workers reach it, which the test can take down while moto
+    keeps its objects (to inspect them afterwards)."""
+    p = Outage(("127.0.0.1", moto_server.port))
     yield p
-    p.cut()
+    p.close()
 
 
 def test_an_endpoint_down_during_a_save_fails_the_leg_and_keeps_the_committed_one(
-    moto_server: MotoServer, proxy: CutableProxy, tmp_path: Path
+    moto_server: MotoServer, proxy: Outage, tmp_path: Path
 ) -> None:
     bucket = moto_server.new_bucket()
     # Graceful: the SIGTERM makes every rank write an emergency checkpoint, a save that
-    # runs while the endpoint is down.
+    # runs while the endpoint is down. The workers wait for the store for
+    # timeouts.backendErrorSeconds (here 3 s), then give up.
     spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(
-        proxy.endpoint, bucket, preemption={"mode": "graceful"}))
+        proxy.endpoint, bucket, preemption={"mode": "graceful"},
+        timeouts={"backend_error_seconds": 3}))
     lp = legs.launch(spec, "preempted", tmp_path)
     beacon = legs.wait_beacon(lp, rank=1)
     root = _root(moto_server, bucket, tmp_path, "preempted")
     before = remote.download(root, STEP4, tmp_path / "before" / STEP4)
-    proxy.cut()
+    proxy.close()
     legs.os.kill(beacon["pid"], signal.SIGTERM)
     assert lp.wait(240) != 0
 
     log = lp.log.read_text()
-    # The save fails on every rank after botocore's retries, then the restart stops at
-    # its first request to the store, before training.
-    down = r"error: cannot save step-00000005\+1: cannot reach " + re.escape(proxy.endpoint)
-    assert re.search(down + r" to \w+ s3://.* after 3 attempts", log), lp.tail()
-    assert re.search(r"error: checkpoint store s3://\S+: cannot reach .* after 3 attempts",
-                     log), lp.tail()
+    # The save fails on every rank once the store's retry budget is spent, then the
+    # restart stops at its first request to the store, before training.
+    down = (re.escape(proxy.endpoint)
+            + r" kept failing to \w+ s3://\S+ for \d+ s .*retry budget of 3 s")
+    assert re.search(r"error: cannot save step-00000005\+1: .*" + down, log), lp.tail()
+    assert re.search(r"error: checkpoint store s3://\S+: " + down, log), lp.tail()
     # moto kept its objects behind the cut: step 4 is still committed, whole, unchanged.
     assert remote.committed(root) == [Position(4)]
     after = remote.download(root, STEP4, tmp_path / "after" / STEP4)

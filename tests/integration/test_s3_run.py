@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +25,9 @@ from resumequal.verdict import Result
 from tests.exposition import value
 from tests.integration import legs
 from tests.integration.conftest import spec_for
+from tests.outage import Outage
 from tests.ports import free_port
+from tests.waiting import eventually
 
 if TYPE_CHECKING:
     from tests.s3server import MotoServer
@@ -211,3 +216,67 @@ def test_denied_credentials_at_leg_start_fail_the_leg_naming_the_object(
     # Stopped before training: no trace, no checkpoint, no claim.
     assert [o.key for o in RunLocation.open(uri).store.list()] == [
         "legs/control.spec.json", "spec.json"]
+
+
+def _outage_run(moto_server: MotoServer, tmp_path: Path, outage: Outage, seconds: float,
+                *sets: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``resumequal run`` on S3 reached through ``outage``, which goes down for ``seconds``
+    once the control leg's workers have written three steps; what the run printed, and
+    when the outage began (after the run's start)."""
+    bucket = moto_server.new_bucket()
+    env = {"AWS_ENDPOINT_URL_S3": outage.endpoint, KEY_ENV: new_key(), RUN_ID_ENV: ""}
+    raw = moto_server.client()
+
+    def steps_written() -> int:
+        keys = [o["Key"] for page in raw.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket) for o in page.get("Contents", [])]
+        return sum("/control/trace/rank-0/attempt-0/" in k for k in keys)
+
+    with ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        run = pool.submit(_resumequal, "run", "--run-dir", str(tmp_path / "q1"),
+                          "--store", f"s3://{bucket}/rq", "--set", "workload.name=dropout-mlp",
+                          "--set", "controls.enabled=false", *(a for s in sets
+                                                               for a in ("--set", s)),
+                          env=env, timeout=500)
+        eventually(lambda: steps_written() >= 2 + 3, 240, "three steps of the control leg",
+                   interval=0.05, abort=lambda: "the run ended" if run.done() else None)
+        began = time.monotonic() - started
+        outage.down_for(seconds).join()
+        return run.result(), began
+
+
+@pytest.mark.timeout(600)
+def test_a_ten_second_outage_of_the_store_is_ridden_out_by_a_local_run(
+    moto_server: MotoServer, tmp_path: Path
+) -> None:
+    """Connections refused for 10 s while the control leg trains (botocore alone gives up in
+    half a second): every worker's and the runner's request waits for the store to come
+    back, and the qualification passes."""
+    outage = Outage(("127.0.0.1", moto_server.port))
+    try:
+        proc, _ = _outage_run(moto_server, tmp_path, outage, 10)
+    finally:
+        outage.close()
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "PASS" in proc.stdout
+    log = (tmp_path / "q1" / "control.log").read_text()
+    assert "trying again in" in log  # the workers waited out the outage
+
+
+@pytest.mark.timeout(600)
+def test_an_outage_past_the_budget_ends_the_run_invalid_naming_the_store_and_the_time(
+    moto_server: MotoServer, tmp_path: Path
+) -> None:
+    outage = Outage(("127.0.0.1", moto_server.port))
+    try:
+        proc, _ = _outage_run(moto_server, tmp_path, outage, 9,
+                              "timeouts.backendErrorSeconds=4")
+    finally:
+        outage.close()
+    assert proc.returncode == 3, proc.stdout[-4000:] + proc.stderr[-4000:]
+    verdict = json.loads((tmp_path / "q1" / "verdict.json").read_text())
+    assert verdict["result"] == "INVALID"
+    reason = verdict["reason"]
+    assert outage.endpoint in reason, reason
+    assert re.search(r"(for \d+ ?s|failing for \d+s).*backendErrorSeconds", reason), reason

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ from resumequal.store import (
     StoreUnavailable,
 )
 from resumequal.store.s3 import S3Store
+from tests.outage import Outage
 
 if TYPE_CHECKING:
     from tests.s3server import MotoServer
@@ -640,3 +642,64 @@ def test_the_sha256_taken_while_uploading_catches_a_corrupted_object_on_download
         store.get_file("shard.bin", dest, expect_sha256=digest)
     assert not dest.exists()  # the earlier verified copy is gone too
     assert os.listdir(dest.parent) == []
+
+
+# --- an outage, ridden out within the retry budget ----------------------------------------
+
+
+@pytest.fixture
+def outage(moto_server: MotoServer) -> Iterator[Outage]:
+    """moto behind a proxy that can refuse connections for a while, keeping moto's state."""
+    proxy = Outage(("127.0.0.1", moto_server.port))
+    yield proxy
+    proxy.close()
+
+
+def _patient(outage: Outage, bucket: str, seconds: float) -> S3Store:
+    return S3Store(f"s3://{bucket}/runs", S3Config(
+        endpoint_url=outage.endpoint, addressing_style="path", retry_seconds=seconds,
+        multipart_threshold_mb=5, multipart_chunk_mb=5, max_concurrency=2))
+
+
+def test_a_worker_store_rides_out_a_ten_second_outage(
+    moto_server: MotoServer, outage: Outage, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Connections refused for 10 s: botocore's five attempts fail in half a second, and
+    the request is made again with backoff until the endpoint is back."""
+    store = _patient(outage, moto_server.new_bucket(), seconds=60)
+    store.put_bytes("before", b"x")
+    caplog.set_level(logging.WARNING, logger="resumequal.store")
+    impatient = S3Store(store.uri(), store.config.model_copy(update={"retry_seconds": 0.0}))
+    with outage.down(), pytest.raises(StoreUnavailable):  # botocore's attempts give up at once
+        impatient.put_bytes("x", b"x")
+    # Python's global random generator is a worker's training state (a checkpoint saves it,
+    # the trace compares it): no retry draws from it.
+    generator = random.getstate()
+    down = outage.down_for(10)
+    start = time.monotonic()
+    time.sleep(0.2)  # down by now
+    store.put_bytes("during/a", b"a")
+    writer = store.writer("during/parts")
+    writer.write(os.urandom(11 * MiB))  # a multipart upload, its parts through the outage
+    writer.close()
+    assert [o.key for o in store.list("during")] == ["during/a", "during/parts"]
+    assert store.get_bytes("before") == b"x"
+    waited = time.monotonic() - start
+    down.join()
+    assert 9 < waited < 10 + 2 * 5 + 5, waited  # back within a backoff of its return
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("put_object s3://" in w and "trying again in" in w for w in warned), warned
+    assert random.getstate() == generator
+
+
+def test_past_the_budget_a_request_fails_naming_the_endpoint_the_object_and_the_time(
+    moto_server: MotoServer, outage: Outage
+) -> None:
+    store = _patient(outage, moto_server.new_bucket(), seconds=3)
+    start = time.monotonic()
+    with outage.down(), pytest.raises(StoreUnavailable, match=(
+            rf"{outage.endpoint} kept failing to write s3://\S+/runs/k for [2-3] s "
+            r"\(EndpointConnectionError\); given up after the store's retry budget of 3 s "
+            r"\(timeouts.backendErrorSeconds\)")):
+        store.put_bytes("k", b"x")
+    assert 2 < time.monotonic() - start < 4

@@ -214,10 +214,19 @@ def test_a_save_without_a_key_is_not_committed(
 
 
 @pytest.mark.parametrize(("value", "why"), [
-    ("", "is not set"), ("short", "has 5 characters; at least 64 are required"),
-    ("k" * 64, "is not random: 1 distinct characters, one of them 64 times in 64"),
-    ("password" * 8, "is not random: 7 distinct characters"),
+    ("", "is not set"), ("short", "has 5 characters; a key is 64 hex characters, 32 random"),
+    ("k" * 64, "is not hex"),
+    ("a" * 64, "is not random: 1 distinct characters, one of them 64 times in 64"),
+    ("password" * 8, "is not hex"),
     ("0123456789abcdef" * 2, "has 32 characters"),
+    # Keys that once passed: a digit pattern, a letter pattern, a typed passphrase, and a
+    # generated key with something appended.
+    ("0123456789" * 7, "has 70 characters"),
+    ("abcdefghi" * 8, "has 72 characters"),
+    ("correct horse battery staple and then some more words to fill 64", "is not hex"),
+    ("the quick brown fox jumps over the lazy dog, again and again and", "is not hex"),
+    ("c27caa0943c795aa0a77aaa845ac8974b6ae4a0aafa47c904a10b3ab379da344!", "65 characters"),
+    ("c27caa0943c795aa0a77aaa845ac8974b6ae4a0aafa47c904a10b3ab379da34 ", "is not hex"),
 ])
 def test_an_unusable_key_is_refused(value: str, why: str) -> None:
     with pytest.raises(CheckpointError, match=why):

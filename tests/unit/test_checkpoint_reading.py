@@ -244,18 +244,19 @@ def _signed_raw(body: dict[str, Any]) -> tuple[bytes, bytes]:
     return data, sign(data, key_from_env()).encode()
 
 
-def test_a_save_reads_back_only_the_rank_state_to_hash_it(
+def test_a_save_reads_nothing_back_to_hash_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The shards and DCP's metadata are hashed as they are written, never read back."""
-    from resumequal.checkpoint import folder
+    """The shards, DCP's metadata and the rank state are hashed as they are written, never
+    read back (whoever can write the folder could have changed them since)."""
+    from resumequal.checkpoint import manifest
 
     hashed: list[str] = []
-    entry = folder.file_entry
-    monkeypatch.setattr(folder, "file_entry", lambda p: hashed.append(p.name) or entry(p))
+    entry = manifest.file_entry
+    monkeypatch.setattr(manifest, "file_entry", lambda p: hashed.append(p.name) or entry(p))
     mgr = CheckpointManager(FolderRoot(tmp_path), rank=0, world_size=1, attempt=0, keep_last=2)
     assert mgr.save(Position(4), _state(), Plain(step=4)) == NAME
-    assert hashed == [layout.rank_state_file(0)]
+    assert hashed == []
     assert torch.equal(_load(FolderRoot(tmp_path).open(NAME, 0), ["a"])["a"], _state()["a"])
 
 

@@ -36,7 +36,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "exit-codes.md"
 def test_every_outcome_has_a_status_of_its_own() -> None:
     assert {code.name: int(code) for code in ExitCode} == {
         "PASS": 0, "FAIL": 1, "SPEC_ERROR": 2, "INVALID": 3, "NONDETERMINISTIC": 4,
-        "INTERRUPTED": 130}
+        "INTERNAL_ERROR": 70, "INTERRUPTED": 130}
     assert set(MEANINGS) == set(ExitCode)
 
 
@@ -78,6 +78,7 @@ def test_help_lists_the_exit_statuses(command: str) -> None:
     assert "Exit status:" in help_text
     assert re.search(r"^\s+2  spec or usage error", help_text, re.MULTILINE)
     assert re.search(r"^\s+130  interrupted", help_text, re.MULTILINE)
+    assert re.search(r"^\s+70  internal error: a bug in resumequal", help_text, re.MULTILINE)
     if command in ("run", "compare"):
         for code, word in ((0, "PASS"), (1, "FAIL"), (3, "INVALID"), (4, "NONDETERMINISTIC")):
             assert re.search(rf"^\s+{code}  {word}: ", help_text, re.MULTILINE), (code, help_text)
@@ -117,3 +118,36 @@ def test_an_interrupted_command_exits_130_not_1(monkeypatch: pytest.MonkeyPatch)
     done = CliRunner().invoke(cli.main, ["compare", "runs/q1", "--pin", "torch==x"])
     assert done.exit_code == 130
     assert "interrupted" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["compare", "runs/q1", "--pin", "torch==x"],
+                                     ["run", "--run-dir", "runs/q1", "--pin", "torch==x"]])
+def test_an_unexpected_exception_is_a_bug_with_a_status_of_its_own_never_a_verdicts(
+        command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def crashes(*args: object, **kwargs: object) -> None:
+        raise ValueError("Invalid endpoint: http://user:rq-SECRET@h")
+
+    monkeypatch.setattr(comparator, "compare_location", crashes)
+    monkeypatch.setattr(runner, "qualify_here", crashes)
+    done = CliRunner().invoke(cli.main, command)
+    assert done.exit_code == ExitCode.INTERNAL_ERROR == 70
+    assert done.exit_code not in {int(for_result(r)) for r in Result}
+    assert "Traceback" in done.stderr and "This is a bug in resumequal" in done.stderr
+    assert "internal error: ValueError: Invalid endpoint" in done.stderr
+    assert "rq-SECRET" not in done.stderr
+
+
+@pytest.mark.parametrize("endpoint", ["http://h%0d%0a", "http://[::1", "http://h:99999",
+                                      "http://h\tx", "http://[not-v6]:9000"])
+def test_an_endpoint_no_s3_client_takes_is_a_spec_error_before_anything_runs(
+        endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def launched(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(runner, "qualify_here", launched)
+    done = CliRunner().invoke(cli.main, [
+        "run", "--run-dir", str(tmp_path / "q1"), "--pin", "torch==x",
+        "--set", "checkpoint.store=s3://b/p", "--set", f"checkpoint.s3.endpointUrl={endpoint}"])
+    assert done.exit_code == ExitCode.SPEC_ERROR, done.output
+    assert "checkpoint.s3.endpointUrl" in done.stderr
+    assert not (tmp_path / "q1").exists()

@@ -174,8 +174,10 @@ def test_a_local_run_keeps_its_key_for_this_user_alone(
     os.chmod(path, 0o644)
     assert runkey.recall(location) is None
     os.chmod(path, 0o600)
-    path.write_text(json.dumps({"uri": location.uri, "run": seal.run, "key": "short"}))
-    assert runkey.recall(location) is None
+    # Its key is held to a key's one form (64 hex characters), as any key is.
+    for bad in ("short", "z" * 64):
+        path.write_text(json.dumps({"uri": location.uri, "run": seal.run, "key": bad}))
+        assert runkey.recall(location) is None
 
 
 @pytest.mark.parametrize("how", ["mv", "cp -r"])

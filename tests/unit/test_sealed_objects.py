@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,23 @@ def test_markers_not_of_this_run_count_for_nothing(
     assert loc.ranks_done("control") == {0}
 
 
+@pytest.mark.parametrize("planted", [
+    b"not json", b"[" * 100_000, b'{"reason": ' + b"9" * 5000 + b"}", b'{"reason": 1e999}',
+    b'{"reason": "x", "mac": "' + b"0" * 64 + b'"}', b"\xff\xfe",
+], ids=["text", "deep", "long-int", "infinity", "forged-mac", "binary"])
+def test_a_failure_marker_that_does_not_authenticate_is_ignored_whatever_its_form(
+    planted: bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    loc = _at(tmp_path)
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control/FAILED.json").write_bytes(planted)
+    with caplog.at_level(logging.WARNING, logger="resumequal.runstore"):
+        assert loc.leg_failure("control") is None
+        assert loc.leg_failure("control") is None  # read again, said once
+    said = [r for r in caplog.records if "control/FAILED.json" in r.getMessage()]
+    assert len(said) == 1 and "not a failure marker of this run" in said[0].getMessage()
+
+
 def test_run_json_of_another_run_is_refused(tmp_path: Path) -> None:
     spec = QualificationSpec()
     assert _at(tmp_path, run="run-b").claim(spec)
@@ -207,6 +225,10 @@ def test_the_operators_run_keys(tmp_path: Path) -> None:
     ("a" * 64, 0o440, "not random"),
     ("0123456789abcdef", 0o440, "16 characters"),
     (new_key(), 0o666, "others may write it"),
+    (new_key(), 0o460, "others may write it"),
+    (new_key(), 0o644, "everyone may read it"),
+    (new_key(), 0o404, "everyone may read it"),
+    ("abcdefghi" * 8, 0o400, "72 characters"),
     ("x" * 5000, 0o440, "too large"),
 ])
 def test_a_master_key_file_that_is_not_one_is_refused_naming_the_file(
@@ -220,6 +242,38 @@ def test_a_master_key_file_that_is_not_one_is_refused_naming_the_file(
     assert str(path) in str(e.value) and content[:64] not in str(e.value)
 
 
+def test_a_master_key_file_of_another_user_a_fifo_or_a_folder_is_refused_at_once(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "key"
+    os.mkfifo(path, 0o440)
+    with pytest.raises(CheckpointError, match=r"not a regular file .*is a FIFO"):
+        MasterKey.from_file(path)  # not a wait for a writer that never comes
+    with pytest.raises(CheckpointError, match="cannot read it: is a folder"):
+        MasterKey.from_file(tmp_path)
+    if os.getuid() == 0:  # only root can give a file away
+        other = tmp_path / "other"
+        other.write_text(new_key())
+        other.chmod(0o400)
+        os.chown(other, 12345, -1)
+        with pytest.raises(CheckpointError, match="owned by uid 12345, neither root nor"):
+            MasterKey.from_file(other)
+
+
+def test_a_secret_volume_s_key_file_is_a_valid_key_file(tmp_path: Path) -> None:
+    """As the kubelet mounts the chart's Secret: root's file, 0440 for the pod's fsGroup,
+    reached through the volume's links (..data/key)."""
+    data = tmp_path / "..2026_01_01" / "key"
+    data.parent.mkdir()
+    data.write_text(new_key())
+    data.chmod(0o440)
+    if os.getuid() == 0:
+        os.chown(data, 0, 65532)
+    (tmp_path / "..data").symlink_to(data.parent.name)
+    (tmp_path / "key").symlink_to("..data/key")
+    assert MasterKey.from_file(tmp_path / "key").run_key("uid-1")
+
+
 def test_a_run_id_cannot_be_smuggled_into_a_derived_key() -> None:
     with pytest.raises(CheckpointError, match="run uid"):
         derive_run_key(KEY, "uid\0other")
@@ -228,5 +282,9 @@ def test_a_run_id_cannot_be_smuggled_into_a_derived_key() -> None:
 def test_a_leg_specs_missing_spec_error_still_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "legs").mkdir()
     (tmp_path / "legs/control.spec.json").write_text("{not json")
-    with pytest.raises(SpecError, match=r"control\.spec\.json: not JSON"):
+    # With the run's seal what is not JSON is no spec file of this run, said by name.
+    with pytest.raises(NotAuthentic, match=r"control\.spec\.json: not a leg spec of this run: "
+                       "not JSON"):
         _at(tmp_path).read_leg_spec("control")
+    with pytest.raises(SpecError, match=r"control\.spec\.json: not JSON"):
+        RunLocation.open(str(tmp_path)).read_leg_spec("control")

@@ -343,3 +343,62 @@ def test_a_streamed_object_appears_whole_at_close_and_not_at_all_on_abort(
     assert store.get_bytes("c/shard") == b"abcdefg"
     assert [o.key for o in store.list()] == ["c/shard"]
     assert os.listdir(os.path.join(store.root, "c")) == ["shard"]  # no temporary left
+
+
+ENDPOINTS = [
+    "http://minio:9000", "https://s3.example.com", "http://127.0.0.1:9", "http://[::1]:9000",
+    "http://[fe80::1%25eth0]:9000", "http://minio:9000/", "http://minio.:9000",
+    "http://host-1.svc.cluster.local:9000/path", "http://999.1.1.1", "http://h%0d%0a",
+    "http://[::1", "http://h\r\n:9", "http://h\tx", "http://-h", "http://h-", "http://h_x",
+    "http://[not-v6]:9000", "http://" + "a" * 64, "http://" + ".".join(["a" * 63] * 5),
+    "http://h:99999", "http://h:port", "http://h:-1", "http://h.example.com:443/p/q",
+    "http://ü.example", "http://h/%0a", "https://[2001:db8::1]",
+]
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_the_spec_the_s3_settings_and_botocore_take_the_same_endpoints(endpoint: str) -> None:
+    """One check (resumequal.store.s3settings.endpoint_problem) for the spec, the S3
+    settings and the environment; what it takes, botocore takes (a client is made), and
+    what botocore refuses it refuses up front."""
+    import boto3.session  # type: ignore[import-untyped]
+    from botocore.utils import (  # type: ignore[import-untyped]
+        is_valid_endpoint_url,
+        is_valid_ipv6_endpoint_url,
+    )
+
+    from resumequal.store.s3settings import S3Spec, endpoint_problem
+
+    ours = endpoint_problem(endpoint) is None
+    try:
+        boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                       aws_access_key_id="k", aws_secret_access_key="s")
+        botocore_takes = True
+    except ValueError:
+        botocore_takes = False
+    assert ours <= botocore_takes, endpoint  # what we take, a client is made with
+    try:
+        valid = is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)
+    except ValueError:
+        valid = False
+    assert botocore_takes == bool(valid), endpoint
+    if not botocore_takes:
+        assert not ours, endpoint
+    spec_takes = True
+    try:
+        S3Spec(endpoint_url=endpoint)
+        S3Config(endpoint_url=endpoint)
+    except ValidationError as e:
+        spec_takes = False
+        assert "a" * 64 not in str(e) and "%0d" not in str(e)  # never echoed
+    assert spec_takes == ours, endpoint
+
+
+def test_an_endpoint_from_the_environment_no_client_takes_is_a_store_config_error(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from resumequal.store.errors import StoreConfigError
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://h%0d%0a")
+    with pytest.raises(StoreConfigError, match="AWS_ENDPOINT_URL_S3 has a host that is no"):
+        open_store("s3://bucket/runs")

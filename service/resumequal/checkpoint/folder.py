@@ -22,7 +22,6 @@ folder cannot change a file between its check and its load.
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +34,6 @@ from resumequal.checkpoint.manifest import (
     FileEntry,
     Manifest,
     check_listing,
-    file_entry,
     fsync_dir,
     make_manifest,
     read_manifest,
@@ -44,6 +42,7 @@ from resumequal.checkpoint.manifest import (
 from resumequal.checkpoint.reading import FolderSource, VerifiedCheckpoint
 from resumequal.checkpoint.writing import HashingWriter
 from resumequal.errors import CheckpointError, CheckpointMissing
+from resumequal.store import regular
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +74,14 @@ class FolderRoot:
         written: the files are the checkpoint."""
         return HashingWriter(staging, sync=True)
 
-    def publish(self, name: str, staging: Path, rank: int,
-                writer: dcp.FileSystemWriter) -> dict[str, FileEntry]:
+    def publish(self, name: str, staging: Path, rank: int, writer: dcp.FileSystemWriter,
+                state: FileEntry) -> dict[str, FileEntry]:
         """Nothing to send (every rank wrote into the shared staging folder): the entries
-        of the files this rank wrote, taken while ``writer`` wrote them."""
+        of the files this rank wrote, taken from the bytes as ``writer`` wrote them, and
+        ``state``'s, its rank state's. Nothing is read back: whoever can write the folder
+        may have changed a file since, and the manifest says what was written."""
         entries = dict(writer.written) if isinstance(writer, HashingWriter) else {}
-        state = layout.rank_state_file(rank)
-        entries[state] = file_entry(staging / state)  # a few hundred bytes
+        entries[layout.rank_state_file(rank)] = state
         return entries
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
@@ -91,27 +91,29 @@ class FolderRoot:
             info = {**info, "leg": self.leg}  # the manifest names the leg it is filed under
         manifest = make_manifest(position, files, world_size=world_size, attempt=attempt,
                                  info=info, run=self.run)
-        check_listing(staging, manifest)  # nothing written that no rank reported
+        # Nothing written that no rank reported, and nothing but regular files: a link
+        # planted in the staging folder (or the folder itself a link) fails the commit.
+        check_listing(staging, manifest)
         write_manifest_file(staging, manifest)
         # The files are synced; their names in dcp/ are made durable here (the staging
         # folder's own by write_manifest_file), before the rename publishes them.
         fsync_dir(staging / layout.DCP_DIR)
-        final = self.root / position.name
-        if final.exists():
+        staged = staging.relative_to(self.root).as_posix()
+        if regular.stat_below(self.root, position.name) is not None:
             # Re-saving a position (e.g. after a resume with a planted omission): the new
             # one replaces the old atomically from a reader's point of view.
-            trash = self.root / layout.TRASH_DIR / f"{position.name}.attempt-{attempt}"
-            trash.parent.mkdir(exist_ok=True)
-            final.rename(trash)
-        staging.rename(final)
+            regular.make_dirs(self.root, layout.TRASH_DIR)
+            regular.rename(self.root, position.name,
+                           f"{layout.TRASH_DIR}/{position.name}.attempt-{attempt}")
+        regular.rename(self.root, staged, position.name)
         fsync_dir(self.root)
 
     def retire(self, keep_last: int) -> None:
         """Keep the newest ``keep_last`` committed checkpoints; drop replaced ones."""
         for pos in layout.committed(self.root)[:-keep_last]:
-            shutil.rmtree(self.root / pos.name, ignore_errors=True)
+            _remove(self.root, pos.name)
             log.info("retention: removed %s", pos.name)
-        shutil.rmtree(self.root / layout.TRASH_DIR, ignore_errors=True)
+        _remove(self.root, layout.TRASH_DIR)
 
     def collect_garbage(self) -> list[str]:
         """Remove uncommitted staging folders and replaced checkpoints; their names."""
@@ -119,10 +121,10 @@ class FolderRoot:
         staging_root = self.root / layout.STAGING_DIR
         if staging_root.is_dir():
             for child in sorted(staging_root.iterdir()):
-                shutil.rmtree(child, ignore_errors=True)
+                _remove(self.root, f"{layout.STAGING_DIR}/{child.name}")
                 removed.append(child.name)
                 log.warning("removed uncommitted checkpoint %s", child.name)
-        shutil.rmtree(self.root / layout.TRASH_DIR, ignore_errors=True)
+        _remove(self.root, layout.TRASH_DIR)
         return removed
 
     def _manifest(self, name: str) -> Manifest:
@@ -166,3 +168,11 @@ class FolderRoot:
         check_listing(directory, manifest)
         return VerifiedCheckpoint(FolderSource(directory, str(directory)), manifest,
                                   str(directory))
+
+
+def _remove(root: Path, rel: str) -> None:
+    """Remove folder ``root/rel`` (a link there: the link alone), whatever fails."""
+    try:
+        regular.remove_tree(root, rel)
+    except OSError as e:
+        log.warning("could not remove %s: %s", root / rel, e.strerror or e)

@@ -55,10 +55,9 @@ sent its part.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-import os
-import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -78,11 +77,12 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest
+from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest, entry_of
 from resumequal.checkpoint.reading import VerifiedCheckpoint, VerifiedReader
 from resumequal.checkpoint.space import no_space
 from resumequal.checkpoint.storage import CheckpointRoot
 from resumequal.errors import CheckpointError, StoreError
+from resumequal.store import regular
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,7 @@ class _Pending:
     info: CheckpointInfo
     future: Future[Any]
     writer: dcp.FileSystemWriter
+    state: FileEntry  # the rank state's entry, from the bytes written
 
 
 def _broadcast(value: Any, group: dist.ProcessGroup | None = None) -> Any:
@@ -275,18 +276,32 @@ class CheckpointManager:
                 f"rank {self.rank}: DCP {what} of {position.name} failed"
                 f"{' to start' if background else ''}: {f'{full}: ' if full else ''}{e}"
             ) from e
-        _write_durably(staging / layout.rank_state_file(self.rank), state_json,
-                       sync=self.root.durable_staging)
+        state = self._stage_state(staging, state_json)
         if future is not None:
-            self._pending = _Pending(position, staging, info or {}, future, writer)
+            self._pending = _Pending(position, staging, info or {}, future, writer, state)
             if before_commit is not None:
                 before_commit()
             return None
-        published = self._publish(staging, position, writer)
+        published = self._publish(staging, position, writer, state)
         if before_commit is not None:
             before_commit()
         return self._commit_everywhere(staging, position, info or {}, group=None,
                                        published=published)
+
+    def _stage_state(self, staging: Path, state_json: bytes) -> FileEntry:
+        """Write this rank's state into ``staging``; its manifest entry, from these bytes.
+
+        Under a fresh name created ``O_EXCL|O_NOFOLLOW``, then renamed: the staging folder
+        may be one others write (a folder store), and a link planted at a fixed name would
+        take the state elsewhere, or a file changed before a read-back be signed."""
+        rel = layout.rank_state_file(self.rank)
+        try:
+            regular.write_file(self.root.scratch, staging.relative_to(self.root.scratch) / rel,
+                               state_json, sync=self.root.durable_staging)
+        except OSError as e:
+            raise CheckpointError(f"rank {self.rank}: cannot stage {rel} in {staging}: "
+                                  f"{e.strerror or e}") from e
+        return entry_of(state_json)
 
     def _upload_failed(self, position: Position, failed: Sequence[str]) -> str:
         return (f"upload of checkpoint {position.name} to {self.root.uri(position.name)} "
@@ -311,26 +326,32 @@ class CheckpointManager:
         """Rank 0 makes a fresh staging folder and makes room for the checkpoint; then
         every rank may write (the broadcast is the barrier). Returns the folder."""
         staging = layout.staging_path(self.root.scratch, position, self.attempt)
+        rel = staging.relative_to(self.root.scratch)
         error = None
         if self.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
             try:
-                staging.mkdir(parents=True)
+                # Below the root without following a link: the staging folder may be in a
+                # folder others write.
+                regular.remove_tree(self.root.scratch, rel)
+                regular.make_dirs(self.root.scratch, rel)
                 self.root.prepare(position.name)
             except (StoreError, OSError) as e:
                 error = f"cannot save {position.name}: {e}"
         error = _broadcast(error, group)
         if error is not None:
             raise CheckpointError(error)
-        staging.mkdir(parents=True, exist_ok=True)  # another node's local disk
+        try:
+            regular.make_dirs(self.root.scratch, rel)  # another node's local disk
+        except OSError as e:
+            raise CheckpointError(f"cannot save {position.name}: {e}") from e
         return staging
 
-    def _publish(self, staging: Path, position: Position,
-                 writer: dcp.FileSystemWriter) -> _Upload:
+    def _publish(self, staging: Path, position: Position, writer: dcp.FileSystemWriter,
+                 state: FileEntry) -> _Upload:
         """Publish this rank's files; failures are reported, not raised, so that every
         rank still joins the commit's collectives."""
         try:
-            return self.root.publish(position.name, staging, self.rank, writer), None
+            return self.root.publish(position.name, staging, self.rank, writer, state), None
         except (StoreError, OSError) as e:
             log.error("rank %d: upload of %s failed: %s", self.rank, position.name, e)
             return {}, str(e)
@@ -377,7 +398,8 @@ class CheckpointManager:
         self._pending = None
         return self._commit_everywhere(
             pending.staging, pending.position, pending.info, group=self._commit_group,
-            published=self._publish(pending.staging, pending.position, pending.writer),
+            published=self._publish(pending.staging, pending.position, pending.writer,
+                                    pending.state),
         )
 
     # -- commit -------------------------------------------------------------------------
@@ -411,7 +433,8 @@ class CheckpointManager:
                 error = f"commit of {position.name} failed; it stays uncommitted: {e}"
         error = _broadcast(error, group)
         # Committed (a folder renamed away) or garbage either way.
-        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            regular.remove_tree(self.root.scratch, staging.relative_to(self.root.scratch))
         if error is not None:
             raise CheckpointError(error)
         if self.rank == 0:
@@ -555,12 +578,3 @@ class CheckpointManager:
                 + (f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else "")
             )
 
-
-def _write_durably(path: Path, data: bytes, *, sync: bool = True) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        if sync:
-            os.fsync(f.fileno())
-    tmp.rename(path)

@@ -43,6 +43,7 @@ from resumequal.checkpoint.chunks import CHUNK_BYTES, ChunkHasher, chunk_count, 
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.errors import CheckpointError
 from resumequal.signing import authentic, key_from_env, run_id_from_env, sign
+from resumequal.store import regular
 
 # 2: the manifest names its run. 3: a BLAKE3 digest per chunk of each file instead of per file.
 MANIFEST_FORMAT = 3
@@ -105,17 +106,24 @@ def entry_of(data: Buffer) -> FileEntry:
 
 
 def file_entry(path: Path) -> FileEntry:
-    """The manifest entry of the file at ``path``, read from disk."""
+    """The manifest entry of the regular file at ``path``, read from disk (a link or a
+    FIFO there is refused): for whole folders of one's own (:func:`write_manifest`)."""
     hasher = ChunkHasher()
-    with path.open("rb", buffering=0) as f:
+    with open(regular.open_path(path, follow=False), "rb", buffering=0) as f:
         while block := f.read(CHUNK_BYTES):
             hasher.update(block)
     return FileEntry(size=hasher.size, chunks=hasher.digests())
 
 
-def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*")
-                  if p.is_file() and p.relative_to(directory).as_posix() not in _UNLISTED)
+def folder_files(directory: Path) -> dict[str, int]:
+    """Every file of checkpoint folder ``directory`` (but its manifest and MAC) with its
+    size; CheckpointError naming a link, a FIFO or anything but a regular file there (or
+    ``directory`` itself a link), which no save of ours makes."""
+    try:
+        found = regular.regular_sizes(directory.parent, directory.name)
+    except regular.NotRegular as e:
+        raise CheckpointError(f"checkpoint {directory} is refused: {e.strerror}") from e
+    return {rel: size for rel, size in found.items() if rel not in _UNLISTED}
 
 
 def fsync_dir(path: Path) -> None:
@@ -141,7 +149,7 @@ def write_manifest(
     """Hash every file under ``directory`` and write the manifest durably, naming run ``run``
     (default: this process's run id). A save passes the digests taken while writing to
     :func:`write_manifest_file` instead; this reads every file once more."""
-    files = {str(p.relative_to(directory)): file_entry(p) for p in _files(directory)}
+    files = {rel: file_entry(directory / rel) for rel in folder_files(directory)}
     manifest = Manifest(
         name=name,
         step=step,
@@ -261,45 +269,44 @@ def check_bound(manifest: Manifest, where: str, leg: str | None = None,
 
 
 def write_manifest_file(directory: Path, manifest: Manifest, key: bytes | None = None) -> None:
-    """Write ``manifest`` and its MAC durably as the manifest of ``directory``."""
+    """Write ``manifest`` and its MAC durably as the manifest of ``directory``, each under a
+    fresh name first (a link planted at any name is never written through)."""
     data, mac = signed(manifest, key)
     for name, body in ((MANIFEST_MAC, mac), (MANIFEST, data)):
-        tmp = directory / f".{name}.tmp"
-        with tmp.open("wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.rename(directory / name)
-    fsync_dir(directory)
+        regular.write_file(directory.parent, f"{directory.name}/{name}", body)
 
 
 def read_manifest(directory: Path, key: bytes | None = None, *,
                   leg: str | None = None, run: str | None = None) -> Manifest:
-    """The authenticated manifest of checkpoint folder ``directory`` (of ``leg``, if given)."""
+    """The authenticated manifest of checkpoint folder ``directory`` (of ``leg``, if given).
+    The folder and its files are opened without following a link, a FIFO never blocks."""
     try:
-        data = _read_capped(directory / MANIFEST, MANIFEST_BYTES)
+        data = _read_capped(directory, MANIFEST, MANIFEST_BYTES)
     except FileNotFoundError as e:
         raise CheckpointError(f"{directory}: no {MANIFEST}; the checkpoint is not complete") from e
     try:
-        mac: bytes | None = _read_capped(directory / MANIFEST_MAC, MAC_BYTES)
+        mac: bytes | None = _read_capped(directory, MANIFEST_MAC, MAC_BYTES)
     except FileNotFoundError:
         mac = None
     return authenticate(data, mac, str(directory), key, leg=leg, run=run)
 
 
-def _read_capped(path: Path, max_bytes: int) -> bytes:
-    with path.open("rb") as f:
-        data = f.read(max_bytes + 1)
+def _read_capped(directory: Path, name: str, max_bytes: int) -> bytes:
+    try:
+        data = regular.read_file(directory.parent, f"{directory.name}/{name}", max_bytes)
+    except (regular.NotRegular, NotADirectoryError, IsADirectoryError) as e:
+        raise CheckpointError(f"checkpoint {directory} is refused: "
+                              f"{e.strerror or e}") from e
     if len(data) > max_bytes:
-        raise CheckpointError(f"{path}: larger than the {max_bytes} bytes it may hold; not read")
+        raise CheckpointError(f"{directory / name}: larger than the {max_bytes} bytes it may "
+                              "hold; not read")
     return data
 
 
 def check_listing(directory: Path, manifest: Manifest) -> None:
     """Every file the manifest lists is in ``directory`` with its size, and nothing else
     is; the contents are checked as they are read."""
-    sizes = {str(p.relative_to(directory)): p.stat().st_size for p in _files(directory)}
-    check_sizes(str(directory), manifest, sizes, "files")
+    check_sizes(str(directory), manifest, folder_files(directory), "files")
 
 
 def check_sizes(where: str, manifest: Manifest, present: Mapping[str, int],
@@ -326,6 +333,16 @@ def _own_manifest(directory: Path, key: bytes | None, leg: str | None,
             f"checkpoint {directory} is refused: its manifest is the one of {manifest.name}"
         )
     return manifest
+
+
+def _open_listed(directory: Path, rel: str) -> BinaryIO:
+    """File ``rel`` of checkpoint folder ``directory``, a regular file reached without a
+    link; CheckpointError naming it otherwise."""
+    try:
+        fd = regular.open_file(directory.parent, f"{directory.name}/{rel}")
+    except (regular.NotRegular, NotADirectoryError, IsADirectoryError) as e:
+        raise CheckpointError(f"checkpoint {directory} is refused: {e.strerror or e}") from e
+    return open(fd, "rb", buffering=0)
 
 
 def stream_check(f: BinaryIO, entry: FileEntry, chunk_bytes: int,
@@ -360,7 +377,7 @@ def verify(directory: Path, key: bytes | None = None, *, leg: str | None = None,
     manifest = _own_manifest(directory, key, leg, run)
     check_listing(directory, manifest)
     for rel, entry in sorted(manifest.files.items()):
-        with (directory / rel).open("rb", buffering=0) as f:
+        with _open_listed(directory, rel) as f:
             size, bad = stream_check(f, entry, manifest.chunk_bytes)
         if size != entry.size:
             raise CheckpointError(
@@ -384,13 +401,13 @@ def copy_verified(directory: Path, dest: Path, key: bytes | None = None, *,
     manifest = _own_manifest(directory, key, leg, run)
     dest.mkdir(parents=True)
     for rel, entry in sorted(manifest.files.items()):
-        src, out = directory / rel, dest / rel
+        out = dest / rel
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise CheckpointError(f"checkpoint {directory} fails verification: the manifest "
                                   f"lists {rel!r}, outside the folder")
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with src.open("rb", buffering=0) as f, out.open("wb") as w:
+            with _open_listed(directory, rel) as f, out.open("wb") as w:
                 size, bad = stream_check(f, entry, manifest.chunk_bytes, w.write)
         except FileNotFoundError as e:
             raise CheckpointError(f"checkpoint {directory} fails verification: {rel} is "

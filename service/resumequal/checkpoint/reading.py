@@ -6,15 +6,17 @@ in against the manifest's BLAKE3 digests, and hands those same bytes to torch:
 a file changed before the check is refused, naming the file and the chunk, and one
 changed after it is never read again. A rank reads (and checks) only the chunks holding
 what it loads. DCP's ``.metadata`` (a pickle) and a rank state are read and checked whole
-before they are parsed. The manifest itself was authenticated before
-(:func:`resumequal.checkpoint.manifest.authenticate`), so nothing is read before its MAC.
+before they are parsed, and no pickle is run even then: tensor records are read as opcodes
+(:mod:`resumequal.checkpoint.records`), the metadata and the optimizer's param groups by
+restricted unpicklers (:mod:`resumequal.checkpoint.unpickling`). The manifest itself was
+authenticated before (:func:`resumequal.checkpoint.manifest.authenticate`), so nothing is
+read before its MAC.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import pickle
 from collections.abc import Generator, Sequence
 from concurrent import futures
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -35,7 +37,9 @@ from resumequal.checkpoint.chunks import HASH_THREADS, digest
 from resumequal.checkpoint.layout import DCP_DIR
 from resumequal.checkpoint.manifest import FileEntry, Manifest
 from resumequal.checkpoint.records import Memory, tensor_in_place
+from resumequal.checkpoint.unpickling import load_item, load_metadata
 from resumequal.errors import CheckpointError
+from resumequal.store import regular
 
 __all__ = ["FolderSource", "Opened", "Source", "VerifiedCheckpoint", "VerifiedReader"]
 
@@ -98,7 +102,8 @@ class _LocalFile:
 
 @dataclass(frozen=True)
 class FolderSource:
-    """A checkpoint's folder on this machine."""
+    """A checkpoint's folder on this machine: its files opened from the folder above it
+    without following a link, never blocking on a FIFO, regular files only."""
 
     directory: Path
     where: str
@@ -106,10 +111,14 @@ class FolderSource:
 
     def open(self, rel: str, size: int) -> _LocalFile:
         try:
-            f = io.FileIO(self.directory / rel, "rb")
+            f = io.FileIO(regular.open_file(self.directory.parent,
+                                            f"{self.directory.name}/{rel}"), "rb")
         except FileNotFoundError as e:
             raise CheckpointError(f"checkpoint {self.where} is refused: {rel} is listed in "
                                   "the manifest but missing") from e
+        except (regular.NotRegular, NotADirectoryError, IsADirectoryError) as e:
+            raise CheckpointError(f"checkpoint {self.where} is refused: "
+                                  f"{e.strerror or e}") from e
         found = os.fstat(f.fileno()).st_size
         if found != size:
             f.close()
@@ -293,10 +302,8 @@ class VerifiedReader(dcp.FileSystemReader):
             raise CheckpointError(f"checkpoint {self.checkpoint.where}: a save of ours "
                                   "writes no per-rank DCP metadata")
         if self._metadata is None:  # checked and unpickled once: the manager and DCP ask
-            metadata = pickle.loads(self.checkpoint.read(f"{DCP_DIR}/{_METADATA}"))
-            if not isinstance(metadata, Metadata):
-                raise CheckpointError(f"checkpoint {self.checkpoint.where}: "
-                                      f"{DCP_DIR}/{_METADATA} holds no DCP metadata")
+            metadata = load_metadata(self.checkpoint.read(f"{DCP_DIR}/{_METADATA}"),
+                                     self.checkpoint.where)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             self._metadata = metadata
@@ -329,7 +336,7 @@ class VerifiedReader(dcp.FileSystemReader):
         if descriptors:
             stream = self.transforms.transform_load_stream(item, descriptors, stream)
         if item.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(item, io.BytesIO(stream.read(-1)))
+            load_item(planner, item, stream.read(-1), self.checkpoint.where)
             return
         # The checked bytes viewed as the tensor, copied once into its destination below;
         # torch.load would copy them into a storage first.

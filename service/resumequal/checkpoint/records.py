@@ -157,8 +157,17 @@ def _rebuild_args(pickled: bytes) -> tuple[object, ...] | None:
     return stack[0].args
 
 
+# What torch takes for a size, a stride, an offset or a count (an int64): a larger number,
+# which a pickle's LONG1 holds, is no tensor's.
+_INT_BOUND = 1 << 63
+
+
+def _int(value: object) -> int | None:
+    return value if type(value) is int and 0 <= value < _INT_BOUND else None
+
+
 def _ints(value: object) -> tuple[int, ...] | None:
-    if isinstance(value, tuple) and all(type(v) is int and v >= 0 for v in value):
+    if isinstance(value, tuple) and all(_int(v) is not None for v in value):
         return value
     return None
 
@@ -186,11 +195,11 @@ def _layout(args: tuple[object, ...]) -> _Layout | None:
     dtype = (_STORAGE_DTYPES.get(cls.name) if isinstance(cls, _Global) and cls.module == "torch"
              else None)
     sizes, strides = _ints(size), _ints(stride)
-    if (dtype is None or not isinstance(key, str) or type(numel) is not int or numel < 0
-            or type(offset) is not int or offset < 0 or sizes is None or strides is None
-            or len(sizes) != len(strides)):
+    count, start = _int(numel), _int(offset)
+    if (dtype is None or not isinstance(key, str) or count is None or start is None
+            or sizes is None or strides is None or len(sizes) != len(strides)):
         return None
-    return _Layout(key, dtype, numel, offset, sizes, strides)
+    return _Layout(key, dtype, count, start, sizes, strides)
 
 
 def _record_bytes(data: memoryview, z: zipfile.ZipFile, name: str) -> memoryview | None:
@@ -243,5 +252,5 @@ def tensor_in_place(data: memoryview) -> torch.Tensor | None:
         storage = torch.frombuffer(raw, dtype=torch.uint8).view(layout.dtype)
     try:
         return storage.as_strided(layout.size, layout.stride, layout.offset)
-    except RuntimeError:  # out of the storage's bounds: torch.load names the problem
-        return None
+    except (RuntimeError, TypeError, OverflowError):  # out of the storage's bounds, or of
+        return None                                   # an int64: torch.load names it

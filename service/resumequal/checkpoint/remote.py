@@ -46,7 +46,7 @@ from resumequal.checkpoint.manifest import (
     Manifest,
     authenticate,
     check_sizes,
-    file_entry,
+    entry_of,
     make_manifest,
     signed,
     stream_check,
@@ -55,7 +55,8 @@ from resumequal.checkpoint.manifest import (
 from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.checkpoint.streaming import StreamingWriter
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
-from resumequal.store import ObjectInfo, Store, StoreNotFound
+from resumequal.store import ObjectInfo, Store, StoreNotFound, regular
+from resumequal.store.base import TMP_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,10 @@ class RemoteRoot:
         """A DCP writer that sends this rank's shards of ``name`` while writing them."""
         return StreamingWriter(staging, self.store, lambda rel: self.key(name, rel))
 
-    def publish(self, name: str, staging: Path, rank: int,
-                writer: dcp.FileSystemWriter) -> dict[str, FileEntry]:
+    def publish(self, name: str, staging: Path, rank: int, writer: dcp.FileSystemWriter,
+                state: FileEntry) -> dict[str, FileEntry]:
         """Upload this rank's staged files; with the shards ``writer`` sent, their
-        entries for the manifest."""
+        entries for the manifest (the rank state's is the bytes uploaded)."""
         sent = writer.sent if isinstance(writer, StreamingWriter) else {}
         return upload(self, name, staging, rank, sent)
 
@@ -197,14 +198,15 @@ def own_files(staging: Path, rank: int) -> list[str]:
     """The files of a staging folder that ``rank`` wrote, relative to it.
 
     Its DCP shards ``dcp/__<rank>_*.distcp`` and ``rank-<rank>.json``; rank 0 also owns
-    what no rank's name claims (DCP's ``.metadata``, written by the coordinator).
+    what no rank's name claims (DCP's ``.metadata``, written by the coordinator). A link
+    or anything but a regular file there is refused (OSError).
     """
     mine = []
-    for path in sorted(p for p in staging.rglob("*") if p.is_file()):
-        rel = path.relative_to(staging).as_posix()
-        if path.name.startswith(".") and path.name.endswith(".tmp"):
+    for rel in regular.regular_sizes(staging.parent, staging.name):
+        name = rel.rpartition("/")[2]
+        if name.startswith(".") and name.endswith((".tmp", TMP_SUFFIX)):
             continue
-        m = _SHARD.match(path.name) or _RANK_STATE.match(path.name)
+        m = _SHARD.match(name) or _RANK_STATE.match(name)
         owner = int(m.group(1)) if m is not None else 0
         if owner == rank:
             mine.append(rel)
@@ -216,15 +218,15 @@ def upload(root: RemoteRoot, name: str, staging: Path, rank: int,
     """Upload this rank's files of ``staging`` under checkpoint ``name``; their entries,
     with those of the files ``sent`` already (streamed while DCP wrote them).
 
-    Files go up side by side (each large one in parallel parts as well), so the small
-    ones — rank state, DCP's ``.metadata`` — cost no round trips after one another.
+    Each file is read once (DCP's ``.metadata`` or a rank state: small) and its entry taken
+    from the very bytes uploaded. Files go up side by side, so the small ones cost no
+    round trips after one another.
     """
 
     def one(rel: str) -> tuple[str, FileEntry]:
-        path = staging / rel
-        entry = file_entry(path)  # DCP's .metadata or a rank state: small
-        root.store.put_file(root.key(name, rel), path)
-        return rel, entry
+        data = regular.read_file(staging.parent, f"{staging.name}/{rel}")
+        root.store.put_bytes(root.key(name, rel), data)
+        return rel, entry_of(data)
 
     entries = dict(sent or {})
     files = [rel for rel in own_files(staging, rank) if rel not in entries]

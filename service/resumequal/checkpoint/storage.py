@@ -47,10 +47,11 @@ class CheckpointRoot(Protocol):
         (or sent on to the store as they are written)."""
         ...
 
-    def publish(self, name: str, staging: Path, rank: int,
-                writer: dcp.FileSystemWriter) -> dict[str, FileEntry]:
+    def publish(self, name: str, staging: Path, rank: int, writer: dcp.FileSystemWriter,
+                state: FileEntry) -> dict[str, FileEntry]:
         """Put this rank's files (staged, or sent by ``writer``) where the commit finds
-        them; their entries."""
+        them; their entries, taken from the bytes written or sent (``state``: the rank
+        state's), never from a file read back."""
         ...
 
     def commit(self, staging: Path, position: Position, files: dict[str, FileEntry], *,
@@ -84,13 +85,16 @@ class CheckpointRoot(Protocol):
 
 
 def checkpoint_location(
-    store: str | None, s3: S3Spec | None, run_dir: Path, leg: str, run: str | None = None
+    store: str | None, s3: S3Spec | None, run_dir: Path, leg: str, run: str | None = None,
+    retry_seconds: float = 0.0,
 ) -> CheckpointRoot:
     """A leg's checkpoint root: ``<store>/<leg>/checkpoints`` (the store defaults to the run
     folder ``run_dir``, which is also where scratch files of an object store go). Its
-    manifests must name ``leg`` and run ``run`` (default: this process's run id)."""
+    manifests must name ``leg`` and run ``run`` (default: this process's run id).
+    ``retry_seconds``: see :meth:`resumequal.runstore.RunLocation.open`."""
     try:
-        opened = open_store(str(run_dir) if store is None else store, s3_config(s3))
+        opened = open_store(str(run_dir) if store is None else store,
+                            s3_config(s3, retry_seconds))
     except StoreError as e:
         raise CheckpointError(f"checkpoint.store={store!r}: {e}") from e
     # The one medium question outside the store: the commit backend. DCP writes a folder's

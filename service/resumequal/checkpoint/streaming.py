@@ -21,7 +21,6 @@ either way: the commit protocol (:mod:`resumequal.checkpoint.remote`) is unchang
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.futures import Future
 from typing_extensions import Buffer
@@ -37,7 +35,7 @@ from typing_extensions import Buffer
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.chunks import ChunkHasher
 from resumequal.checkpoint.manifest import FileEntry
-from resumequal.checkpoint.writing import hashing_writes
+from resumequal.checkpoint.writing import HashingFiles, hashing_writes
 from resumequal.store import Store
 from resumequal.store.base import ObjectWriter
 
@@ -85,17 +83,15 @@ class _ShardStream:
             self._done(FileEntry(size=self._hasher.size, chunks=self._hasher.digests()))
 
 
-class _StoreShards(FileSystem):
-    """DCP's local file system, but shard streams written straight to the store."""
+class _StoreShards(HashingFiles):
+    """DCP's local file system (its other files hashed as written, as for a folder), but
+    shard streams written straight to the store."""
 
     def __init__(self, staging: Path, store: Store, key: Callable[[str], str]) -> None:
-        super().__init__()
-        self._staging = staging
+        super().__init__(staging, sync=False)
         self._store = store
         self._key = key
-        self._lock = threading.Lock()
         self.sent: dict[str, FileEntry] = {}
-        self.pool: Executor | None = None  # hashes whole chunks side by side, while set
 
     @contextmanager
     def create_stream(self, path: str | Any, mode: str) -> Iterator[Any]:
@@ -142,3 +138,10 @@ class StreamingWriter(dcp.FileSystemWriter):
     def sent(self) -> dict[str, FileEntry]:
         with self.fs._lock:
             return dict(self.fs.sent)
+
+    @property
+    def written(self) -> dict[str, FileEntry]:
+        """The files written into the staging folder (DCP's ``.metadata``), with their
+        entries from the bytes as written; they go up at the publish."""
+        with self.fs._lock:
+            return dict(self.fs.written)

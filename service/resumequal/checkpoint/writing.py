@@ -6,6 +6,10 @@ DCP's ``FileSystemWriter`` writes through a small file-system object (its ``fs``
 whole, so the commit has every digest and every byte durable without reading a file
 back. DCP's own fsync is off: it syncs without flushing the stream's buffer first.
 
+Whoever can write the folder the files are staged in (a folder store) can plant links
+there: every file is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` (:class:`HashingFiles`), and
+the manifest takes the digests of the bytes as written, never of what a file holds later.
+
 DCP serialises every tensor with ``torch.save``, whose zip records carry a CRC32 of every
 byte: a second checksum beside the BLAKE3 digests of the manifest (which every reader checks
 before anything is loaded), and most of DCP's own CPU time. While a writer of ours
@@ -15,6 +19,7 @@ writes, it is off (:func:`no_zip_crc`).
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -32,8 +37,10 @@ from typing_extensions import Buffer
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.chunks import HASH_THREADS, ChunkHasher
 from resumequal.checkpoint.manifest import FileEntry
+from resumequal.store import regular
+from resumequal.store.base import TMP_SUFFIX
 
-__all__ = ["HashingWriter", "hashing_writes", "no_zip_crc"]
+__all__ = ["HashingFiles", "HashingWriter", "hashing_writes", "no_zip_crc"]
 
 _crc_lock = threading.Lock()
 _crc_off = 0  # writes in progress that switched the zip CRC off
@@ -115,8 +122,13 @@ class _HashedFile:
         """DCP closes its streams itself; the file is closed (and synced) once whole."""
 
 
-class _HashingFiles(FileSystem):
-    """DCP's local file system, every file it writes hashed (and fsynced, with ``sync``)."""
+class HashingFiles(FileSystem):
+    """DCP's local file system, every file it writes hashed (and fsynced, with ``sync``).
+
+    The staging folder may be one others write (a folder store), so every file is created
+    ``O_CREAT|O_EXCL|O_NOFOLLOW`` below it, never through a link (a name planted first
+    fails the save), and DCP's fixed temporary name for its ``.metadata`` becomes a fresh
+    random one (:mod:`resumequal.store.regular`)."""
 
     def __init__(self, staging: Path, sync: bool) -> None:
         super().__init__()
@@ -125,9 +137,23 @@ class _HashingFiles(FileSystem):
         self._lock = threading.Lock()
         self.written: dict[str, FileEntry] = {}
         self.pool: Executor | None = None  # hashes whole chunks side by side, while set
+        self._fresh: dict[str, str] = {}  # DCP's temporary name -> the one written
 
     def _rel(self, path: str | os.PathLike[str]) -> str:
         return Path(path).relative_to(self._staging).as_posix()
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        regular.make_dirs(self._staging, self._rel(path))
+
+    def _create(self, rel: str) -> str:
+        """The name file ``rel`` is created under: a fresh one for a temporary name."""
+        if not rel.endswith(".tmp"):
+            return rel
+        parent, _, name = rel.rpartition("/")
+        fresh = f"{parent}/.{name}.{secrets.token_hex(8)}{TMP_SUFFIX}".lstrip("/")
+        with self._lock:
+            self._fresh[rel] = fresh
+        return fresh
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
@@ -136,7 +162,8 @@ class _HashingFiles(FileSystem):
                 yield stream
             return
         hasher = ChunkHasher()
-        with Path(path).open("wb") as f:
+        fd = regular.create_file(self._staging, self._create(self._rel(path)))
+        with os.fdopen(fd, "wb") as f:
             yield _HashedFile(f, hasher, self.pool)
             f.flush()
             if self._sync:  # the staged files become the checkpoint at the commit's rename
@@ -146,16 +173,20 @@ class _HashingFiles(FileSystem):
             self.written[self._rel(path)] = entry
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
-        super().rename(path, new_path)  # DCP's .metadata, written to a temporary name
+        # DCP's .metadata, written to a temporary name
+        with self._lock:
+            src = self._fresh.pop(self._rel(path), self._rel(path))
+        regular.rename(self._staging, src, self._rel(new_path))
         with self._lock:
             entry = self.written.pop(self._rel(path), None)
             if entry is not None:
                 self.written[self._rel(new_path)] = entry
 
     def rm_file(self, path: str | os.PathLike[str]) -> None:
-        super().rm_file(path)
         with self._lock:
+            src = self._fresh.pop(self._rel(path), self._rel(path))
             self.written.pop(self._rel(path), None)
+        regular.unlink(self._staging, src)
 
 
 class HashingWriter(dcp.FileSystemWriter):
@@ -167,7 +198,7 @@ class HashingWriter(dcp.FileSystemWriter):
 
     def __init__(self, staging: Path, *, sync: bool) -> None:
         super().__init__(str(staging / layout.DCP_DIR), sync_files=False)
-        self.fs: _HashingFiles = _HashingFiles(staging, sync)
+        self.fs: HashingFiles = HashingFiles(staging, sync)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[Any]:
         # FileSystemWriter writes everything before it returns (a completed future).

@@ -15,6 +15,10 @@ the legs' local files (inductor's caches, torchrun's error files, an object stor
 checkpoint staging) go to a private scratch folder
 (:func:`resumequal.runstore.default_scratch`), removed on cleanup.
 
+Nothing of a local leg listens beyond loopback: its workers' group store is rank 0's,
+bound to 127.0.0.1 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and ``--local-addr=127.0.0.1``:
+the agents open no store of their own).
+
 A leg of ``world.nnodes`` > 1, or one whose preemption kills a node (``preemption.target:
 pod``), runs one torchrun agent per node, as a cluster runs one per pod, against that
 store, so that any node can die. A node kill takes the armed rank's whole node — its
@@ -51,13 +55,15 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from resumequal.errors import ResumequalError
 from resumequal.launchers import command
+from resumequal.local.comparison import QUALIFICATION, Comparison, first_failing
 from resumequal.local.processes import ProcessTree, Tagged, send_signal
+from resumequal.loopback import LOOPBACK
 from resumequal.plan import (
     NODE_KEEP_ALIVE,
     RESIZE_LAST_CALL,
@@ -71,6 +77,7 @@ from resumequal.runfiles import Beacon
 from resumequal.runstore import GROW, RunLocation, default_scratch
 from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import PreemptionSpec, QualificationSpec
+from resumequal.store import regular
 from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -78,8 +85,17 @@ log = logging.getLogger(__name__)
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+# The workers' group store is rank 0's, not the agent's: with the agent's (torch's default,
+# TCPStore sharing) torch's rank 0 agent opens a store for the workers that listens on every
+# interface (dynamic_rendezvous.py ``_create_tcp_store_server``: a TCPStore torch binds
+# itself). Without it the agent opens none, hands the workers ``MASTER_ADDR`` =
+# ``--local-addr`` (127.0.0.1), and rank 0 binds the group's store there
+# (resumequal.train.distributed.init_process_group, resumequal.loopback).
+_OWN_WORKER_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 # Every process of one node carries its node's tag, inherited by the workers torchrun starts
@@ -134,7 +150,8 @@ class LocalBackend:
         run_dir: Path,
         *,
         location: RunLocation | None = None,
-        judge: Callable[[], Verdict] | None = None,
+        judge_legs: Sequence[str] = (),
+        verdicts: dict[str, Verdict] | None = None,
         python: str = sys.executable,
     ) -> None:
         os.environ.setdefault(KEY_ENV, new_key())
@@ -144,7 +161,11 @@ class LocalBackend:
         self.location = location or RunLocation.open(str(run_dir), seal=RunSeal.from_env())
         self.spec = self.location.leg_spec(spec)
         self.run_dir = run_dir
-        self.judge = judge
+        # What the comparison judges: the qualification, or each of these legs against the
+        # control leg (a seed matrix's scenarios), their verdicts kept in ``verdicts``.
+        self.judge_legs = tuple(judge_legs)
+        self.verdicts = verdicts if verdicts is not None else {}
+        self._comparison: Comparison | None = None
         self.python = python
         self.tree = ProcessTree()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -172,7 +193,30 @@ class LocalBackend:
         w = plan.spec.world
         self.plans[plan.name] = plan
         self.location.write_leg_spec(plan.name, plan.spec, plan.omit)
-        env = dict(os.environ, OMP_NUM_THREADS=str(w.threads_per_rank))
+        env = dict(self._run_env(), OMP_NUM_THREADS=str(w.threads_per_rank))
+        leg_args = leg_module_args(plan.name, self.location.uri, scratch=str(self.scratch))
+        if w.nnodes == 1 and plan.spec.preemption.target == "process":
+            port = self._rendezvous_store(plan.name)
+            cmd = [
+                self.python, *command(w.launcher),
+                *local_torchrun_args(endpoint=f"{LOOPBACK}:{port}",
+                                     nproc=w.nproc_per_node, max_restarts=w.max_restarts,
+                                     rdzv={**rdzv_conf(plan.spec), "is_host": "false"},
+                                     log_dir=self._torchelastic_logs(plan.name),
+                                     local_addr=LOOPBACK),
+                *leg_args,
+            ]
+            self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log",
+                                                    dict(env, **_OWN_WORKER_STORE))
+        else:
+            self._launch_nodes(plan, env, leg_args)
+        log.info("launched the %s leg (%d node(s) x %d rank(s))", plan.name, w.nnodes,
+                 w.nproc_per_node)
+
+    def _run_env(self) -> dict[str, str]:
+        """The environment of the processes that read and write the location: the run's
+        key and id, and the store's endpoint."""
+        env = dict(os.environ)
         if self.location.seal is not None:
             # A sub-run's (a seed of a seed matrix) legs bind what they write to it, with
             # the key the location seals with.
@@ -182,22 +226,7 @@ class LocalBackend:
         s3 = self.spec.checkpoint.s3
         if s3 is not None and s3.endpoint_url:
             env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
-        leg_args = leg_module_args(plan.name, self.location.uri, scratch=str(self.scratch))
-        if w.nnodes == 1 and plan.spec.preemption.target == "process":
-            port = self._rendezvous_store(plan.name)
-            cmd = [
-                self.python, *command(w.launcher),
-                *local_torchrun_args(endpoint=f"127.0.0.1:{port}",
-                                     nproc=w.nproc_per_node, max_restarts=w.max_restarts,
-                                     rdzv={**rdzv_conf(plan.spec), "is_host": "false"},
-                                     log_dir=self._torchelastic_logs(plan.name)),
-                *leg_args,
-            ]
-            self.procs[plan.name] = self.tree.spawn(cmd, self.run_dir / f"{plan.name}.log", env)
-        else:
-            self._launch_nodes(plan, env, leg_args)
-        log.info("launched the %s leg (%d node(s) x %d rank(s))", plan.name, w.nnodes,
-                 w.nproc_per_node)
+        return env
 
     def _rendezvous_store(self, leg: str) -> int:
         """Start ``leg``'s rendezvous store on loopback (:mod:`resumequal.local.rdzv_store`);
@@ -225,13 +254,13 @@ class LocalBackend:
             rdzv.update(RESIZE_LAST_CALL)
         cmd = [
             self.python, *command(w.launcher), f"--nnodes={nnodes}",
-            *local_torchrun_args(endpoint=f"127.0.0.1:{port}", nproc=w.nproc_per_node,
+            *local_torchrun_args(endpoint=f"{LOOPBACK}:{port}", nproc=w.nproc_per_node,
                                  max_restarts=w.max_restarts, rdzv=rdzv,
-                                 log_dir=self._torchelastic_logs(plan.name)),
+                                 log_dir=self._torchelastic_logs(plan.name),
+                                 local_addr=LOOPBACK),
             *leg_args,
         ]
-        nodes = self.nodes[plan.name] = _Nodes(
-            store, cmd, dict(env, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
+        nodes = self.nodes[plan.name] = _Nodes(store, cmd, dict(env, **_OWN_WORKER_STORE))
         for index in range(w.nnodes):
             nodes.current.append(self._start_node(plan.name, nodes, index))
 
@@ -299,13 +328,19 @@ class LocalBackend:
         log.info("delivered %s %s kill to rank %d (pid %d)", mode, preemption.target,
                  beacon.rank, beacon.pid)
 
-    def compare(self) -> Verdict:
-        if self.judge is not None:
-            return self.judge()
-        # The comparator (DCP readers, drift statistics) is imported when a comparison runs.
-        from resumequal.compare import compare_qualification
-
-        return compare_qualification(self.location, self.spec)
+    def compare(self) -> Verdict | None:
+        """The verdict once the comparison process has concluded; None while it runs (the
+        state machine bounds it by ``timeouts.legSeconds``, as a cluster's comparator
+        Job). ComparisonFailed when it ended without one."""
+        if self._comparison is None:
+            self._comparison = Comparison.start(
+                self.tree, self.python, self.location.uri, self.scratch,
+                self.run_dir / "comparison.log", self._run_env(), legs=self.judge_legs)
+        verdicts = self._comparison.verdicts()
+        if verdicts is None:
+            return None
+        self.verdicts.update(verdicts)
+        return verdicts.get(QUALIFICATION) or first_failing(verdicts)
 
     def cleanup(self) -> None:
         stopped = self.tree.stop_all()
@@ -419,8 +454,18 @@ class LocalBackend:
         return f"torchrun exited {code}: {detail} ({log_path})"
 
 
+# What is read of a log's end for its last lines: the run folder may be a store others
+# write, and a planted log may be any size.
+_TAIL_BYTES = 1 << 20
+
+
 def _tail(path: Path, n: int) -> list[str]:
+    """The last ``n`` lines of the log at ``path``: a regular file, not a link (a planted
+    FIFO or link is no log of ours: nothing)."""
     try:
-        return path.read_text(errors="replace").splitlines()[-n:]
-    except FileNotFoundError:
+        fd = regular.open_path(path, follow=False)
+    except OSError:
         return []
+    with open(fd, "rb") as f:
+        f.seek(max(0, os.fstat(fd).st_size - _TAIL_BYTES))
+        return f.read(_TAIL_BYTES).decode(errors="replace").splitlines()[-n:]

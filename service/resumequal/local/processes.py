@@ -10,6 +10,9 @@ parent is now.
 A process that is exiting has already lost its environment, though it still runs for a
 moment (closing files, releasing ports), so a tag is only seen on a live process; what
 was seen once is followed by pid and start time until it has exited.
+
+That cleanup runs only while this process lives. Should it die by SIGKILL, each process it
+started gets SIGTERM from the kernel and ends what it started (:mod:`resumequal.lifeline`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from resumequal.errors import ResumequalError
+from resumequal.lifeline import DIE_WITH_PARENT_ENV, dies_with_this_process
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +114,18 @@ class ProcessTree:
         self._tagged = Tagged(self.tag)
 
     def spawn(self, cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Start ``cmd`` in a new session with our tag, output appended to ``log_path``."""
+        """Start ``cmd`` in a new session with our tag, output appended to ``log_path``.
+
+        It gets SIGTERM when this process dies, even by SIGKILL (:mod:`resumequal.lifeline`;
+        spawn from the thread that runs the qualification), and its workers SIGKILL when
+        it does."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        full_env = dict(env, **{TAG_VAR: self.tag})
+        full_env = dict(env, **{TAG_VAR: self.tag, DIE_WITH_PARENT_ENV: "1"})
         with open_log(log_path) as out:
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+                # Only a prctl runs between fork and exec: no lock another thread may hold.
+                preexec_fn=dies_with_this_process(),
             )
         self.children.append(proc)
         return proc

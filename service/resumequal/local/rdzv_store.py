@@ -10,51 +10,27 @@ is_host=false``; torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py
 It also keeps the store off the network. The rendezvous state is pickled in the store
 (``torch.rendezvous.*`` keys, dynamic_rendezvous.py ``_BackendRendezvousStateHolder``) and
 the agents unpickle it, so whoever can write the store runs code in the agents. A TCPStore
-torch opens listens on every interface whatever host it is given (its server binds the
-wildcard address, torch/csrc/distributed/c10d/TCPStoreLibUvBackend.cpp and
-TCPStoreBackend.cpp); this process binds 127.0.0.1 itself and hands torch the listening
-socket (``master_listen_fd``), so only this machine's processes reach it.
+torch opens listens on every interface whatever host it is given; this process binds
+127.0.0.1 itself and hands torch the listening socket (:mod:`resumequal.loopback`), so only
+this machine's processes reach it.
 
     python -m resumequal.local.rdzv_store --port PORT
 
-It serves until SIGTERM or SIGINT. Nothing else of ours is imported: it is started once per
-such leg and stays light.
+It serves until SIGTERM or SIGINT (the runner's cleanup, or the kernel's when the runner
+dies: :mod:`resumequal.lifeline`). Nothing else of ours is imported: it is started once
+per such leg and stays light.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import threading
 from datetime import timedelta
-from typing import Any
 
-LOOPBACK = "127.0.0.1"
+from resumequal.loopback import LOOPBACK, loopback_store
 
-
-def loopback_store(port: int, **options: Any) -> Any:
-    """A TCPStore server that listens on ``LOOPBACK:port`` alone (``port`` 0: any free one).
-
-    torch's libuv server takes a listening socket in recent releases (2.9 and 2.13 here);
-    older ones refuse it ("does not support initialization with an listen fd", 2.6), where
-    the legacy server takes it."""
-    from torch.distributed import TCPStore
-
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((LOOPBACK, port))
-    listener.listen(socket.SOMAXCONN)
-    bound = listener.getsockname()[1]
-    try:
-        try:
-            return TCPStore(LOOPBACK, bound, is_master=True,
-                            master_listen_fd=listener.fileno(), **options)
-        except NotImplementedError:
-            return TCPStore(LOOPBACK, bound, is_master=True, use_libuv=False,
-                            master_listen_fd=listener.fileno(), **options)
-    finally:
-        listener.detach()  # the store owns the socket now
+__all__ = ["LOOPBACK", "loopback_store", "main"]
 
 
 def main() -> None:

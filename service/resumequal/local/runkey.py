@@ -29,15 +29,15 @@ from resumequal.errors import CheckpointError, TraceError, TraceNotAuthentic, Us
 from resumequal.runstore import RUN_FILE, SMALL_OBJECT_BYTES, RunLocation
 from resumequal.signing import (
     KEY_ENV,
-    MIN_KEY_CHARS,
     RUN_ID_ENV,
     RunSeal,
+    check_key,
     check_run_id,
     key_from_env,
     run_id_from_env,
 )
 from resumequal.spec import REFERENCE_LEG
-from resumequal.store import StoreNotFound
+from resumequal.store import StoreNotFound, regular
 
 log = logging.getLogger(__name__)
 
@@ -122,25 +122,23 @@ def _read_kept(path: Path) -> Kept | None:
     """The run kept in ``path``; None for a file that is not one of this user's key files
     (a foreign or damaged file is never used, and never stops the others being tried)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # Non-blocking and no link: a FIFO or a link planted there is refused, never waited on.
+        fd = regular.open_path(path, follow=False)
     except OSError:
         return None
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-            log.warning("%s: not a private file of this user; not used", path)
-            return None
-        data = os.read(fd, _KEY_FILE_BYTES)
-    finally:
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
         os.close(fd)
+        log.warning("%s: not a private file of this user; not used", path)
+        return None
+    data = regular.read_fd(fd, _KEY_FILE_BYTES)
     try:
         kept = json.loads(data)
         run, key, uri = str(kept["run"]), str(kept["key"]), str(kept["uri"])
-        if len(key) < MIN_KEY_CHARS:
-            return None
-        return Kept(RunSeal(key.encode(), check_run_id(run, str(path))), uri, path)
+        seal = RunSeal(check_key(key, f"the key in {path}"), check_run_id(run, str(path)))
     except (ValueError, KeyError, TypeError, CheckpointError):
         return None
+    return Kept(seal, uri, path)
 
 
 def kept_runs(uri: str) -> list[Kept]:

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -19,6 +19,7 @@ from resumequal.errors import ResumequalError, TrainingError, UsageError
 from resumequal.exitcodes import for_result
 from resumequal.local import runkey
 from resumequal.local.backend import LocalBackend
+from resumequal.local.comparison import ComparisonFailed
 from resumequal.local.trial import trial_build
 from resumequal.matrix import matrix_cell, seed_matrix
 from resumequal.plan import Plan, qualification_plan, scenario_plan
@@ -135,11 +136,14 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
     matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
     verdict = status.verdict or failed_verdict(spec, status)
+    # The report is made and published as patiently as the workers write: a verdict is not
+    # lost to a store that is back within timeouts.backendErrorSeconds.
+    patient = location.patient(spec.timeouts.backend_error_seconds)
     report = build_report(spec, verdict, Timeline.of(status), run=opts.run_dir.name,
-                          pin=opts.pin, location=location, status=status, matrix=matrix)
+                          pin=opts.pin, location=patient, status=status, matrix=matrix)
     if spec.zoom == "onFail" and verdict.result is Result.FAIL:
-        report = _with_zoom(report, location, spec, console)
-    published = publish(report, location, opts.run_dir, namespace=opts.namespace,
+        report = _with_zoom(report, patient, spec, console)
+    published = publish(report, patient, opts.run_dir, namespace=opts.namespace,
                         metrics_file=opts.metrics_file, pushgateway=opts.pushgateway)
     return Outcome(report, location, published)
 
@@ -167,10 +171,14 @@ def _run_plan(
     run_dir: Path,
     opts: RunOptions,
     console: Console,
-    judge: Callable[[], Verdict] | None = None,
+    judge_legs: Sequence[str] = (),
+    verdicts: dict[str, Verdict] | None = None,
     location: RunLocation | None = None,
 ) -> QualificationStatus:
-    backend = LocalBackend(spec, run_dir, location=location, judge=judge)
+    """Run ``plan`` to its end; judged as a qualification, or each of ``judge_legs``
+    against the control leg (their verdicts into ``verdicts``)."""
+    backend = LocalBackend(spec, run_dir, location=location, judge_legs=judge_legs,
+                           verdicts=verdicts)
     q = Qualification(spec, backend, plan=plan, side_by_side=opts.side_by_side,
                       deliver_kill=opts.deliver_kill)
     progress = ProgressDisplay(console, legs=tuple(p.name for p in plan.legs))
@@ -186,6 +194,10 @@ def _run_plan(
     try:
         with progress:
             return q.run(on_tick=on_tick)
+    except ComparisonFailed:
+        # As a cluster's comparator Job that ends without a verdict: the run has failed
+        # (reason Error, the message saying why) and its report says so.
+        return q.status
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -195,10 +207,6 @@ def run_matrix(
     location: RunLocation | None = None,
 ) -> Matrix:
     """Each positive scenario, for each seed, against that seed's reference leg."""
-    # The comparator (DCP readers, drift statistics, and with them torch) is imported
-    # when a comparison runs.
-    from resumequal.compare import compare_run
-
     parent = location or RunLocation.open(str(opts.run_dir))
     cells: list[MatrixCell] = []
     for seed in spec.matrix.seeds:
@@ -207,17 +215,10 @@ def run_matrix(
         plan = scenario_plan(seeded)
         run_dir = opts.run_dir / f"seed-{seed}"
         verdicts: dict[str, Verdict] = {}
-
-        def judge(plan: Plan = plan, sub: RunLocation = sub,
-                  verdicts: dict[str, Verdict] = verdicts) -> Verdict:
-            for leg in plan.legs:
-                if leg.cut:
-                    verdicts[leg.name] = compare_run(sub, sub.leg_spec(leg.spec), leg=leg.name)
-            failing = [v for v in verdicts.values() if v.result != Result.PASS]
-            return failing[0] if failing else next(iter(verdicts.values()))
-
         say(console, f"seed {seed}: {len(plan.legs) - 1} scenario(s)")
-        status = _run_plan(seeded, plan, run_dir, opts, console, judge=judge, location=sub)
+        status = _run_plan(seeded, plan, run_dir, opts, console,
+                           judge_legs=[leg.name for leg in plan.legs if leg.cut],
+                           verdicts=verdicts, location=sub)
         why_not = status.message or "the scenario did not finish"
         cells += [matrix_cell(scenario, seed, verdicts.get(scenario), why_not)
                   for scenario in spec.matrix.scenarios]

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from resumequal.lifeline import dies_with_this_process
 from resumequal.spec import QualificationSpec, SpecError
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,9 @@ def trial_build(spec: QualificationSpec, python: str = sys.executable) -> float:
             proc = subprocess.Popen(
                 [python, "-m", "resumequal.train.trial", str(spec_path), str(result)],
                 stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True)
+                start_new_session=True,
+                # It ends with this process, even one killed by SIGKILL (resumequal.lifeline).
+                preexec_fn=dies_with_this_process(signal.SIGKILL))
             try:
                 code = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:

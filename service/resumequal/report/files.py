@@ -1,9 +1,10 @@
 """The report files at a run's root: ``verdict.json``, ``report.json`` and ``report.html``.
 
-Each is written atomically (a temporary file in the same directory, fsync, rename, fsync of
-the directory), so a reader — a person, the operator, a dashboard — sees the old file or
-the new one, never a torn one. Both JSON files carry ``schema_version``; reading checks it
-before validating and names the file in every error.
+Each is written atomically (a fresh file in the same directory created
+``O_EXCL|O_NOFOLLOW``, fsync, rename, fsync of the directory), so a reader — a person,
+the operator, a dashboard — sees the old file or the new one, never a torn one. Both JSON
+files carry ``schema_version``; reading checks it before validating and names the file in
+every error.
 
 Non-finite floats (a loss that became NaN, an infinite drift) are written as the JSON
 constants ``NaN`` / ``Infinity``, which Python's and pydantic's parsers read back; plain
@@ -13,7 +14,6 @@ constants ``NaN`` / ``Infinity``, which Python's and pydantic's parsers read bac
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from resumequal.errors import ReportError
 from resumequal.report.html import render_html
+from resumequal.store import regular
 from resumequal.store.file import fsync_dir
 from resumequal.verdict import SCHEMA_VERSION, Report, Verdict
 
@@ -35,16 +36,22 @@ KNOWN_SCHEMA_VERSIONS: frozenset[str] = frozenset({SCHEMA_VERSION})
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def write_reports(report: Report, directory: Path) -> dict[str, Path]:
-    """Write the three report files into ``directory`` and return their paths by name."""
-    directory.mkdir(parents=True, exist_ok=True)
-    contents: dict[str, bytes] = {
+def report_files(report: Report) -> dict[str, bytes]:
+    """The three report files' contents by name."""
+    return {
         VERDICT_JSON: _to_json(report.verdict),
         REPORT_JSON: _to_json(report),
         REPORT_HTML: render_html(report).encode("utf-8"),
     }
+
+
+def write_reports(report: Report, directory: Path,
+                  contents: dict[str, bytes] | None = None) -> dict[str, Path]:
+    """Write the three report files (``contents``, else made here) into ``directory`` and
+    return their paths by name."""
+    directory.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    for name, data in contents.items():
+    for name, data in (contents or report_files(report)).items():
         path = directory / name
         _write_atomic(path, data)
         paths[name] = path
@@ -95,13 +102,10 @@ def _read(path: Path, model: type[_M]) -> _M:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # A fresh name created O_EXCL|O_NOFOLLOW, then a rename: the folder may be the run
+    # folder, which others may write, and a link planted at a name of ours is never
+    # written through.
     try:
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        regular.write_file(path.parent, path.name, data)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise ReportError(f"{path}: cannot write: {e.strerror or e}") from e

@@ -5,7 +5,11 @@
     ├── StoreAccessDenied    no credentials, wrong credentials, or no permission
     ├── StoreUnavailable     the endpoint cannot be reached or keeps failing, after retries
     ├── StoreIntegrityError  what was read does not hash to what was expected
-    └── StoreObjectTooLarge  an object is larger than what its reader accepts
+    ├── StoreObjectTooLarge  an object is larger than what its reader accepts
+    ├── StoreProtocolError   the endpoint answered what no S3 API answers (a ranged GET
+    │                        answered whole)
+    └── StoreConfigError     the settings a store is reached with cannot be used (an
+                             endpoint no client takes)
 
 Messages name the URI, bucket or key; never credentials, and never a raw response body.
 The vendor error is chained with ``from e``.
@@ -36,6 +40,14 @@ class StoreObjectTooLarge(StoreError):
     """An object holds more bytes than its reader accepts (read no further than that)."""
 
 
+class StoreProtocolError(StoreError):
+    """The endpoint answered against the S3 API; the message says what it did wrong."""
+
+
+class StoreConfigError(StoreError):
+    """The store's settings (an endpoint from the environment) cannot be used: nothing ran."""
+
+
 def too_large(uri: str, max_bytes: int) -> StoreObjectTooLarge:
     """The error for an object at ``uri`` over ``max_bytes``."""
     return StoreObjectTooLarge(f"{uri}: larger than the {max_bytes} bytes such an object may "
@@ -44,10 +56,12 @@ def too_large(uri: str, max_bytes: int) -> StoreObjectTooLarge:
 
 __all__ = [
     "StoreAccessDenied",
+    "StoreConfigError",
     "StoreError",
     "StoreIntegrityError",
     "StoreNotFound",
     "StoreObjectTooLarge",
+    "StoreProtocolError",
     "StoreUnavailable",
     "too_large",
 ]

@@ -1,8 +1,14 @@
 """``FileStore``: objects as files under a local folder (a path or a ``file://`` URI).
 
-Every write goes to a temporary sibling, is fsynced, renamed over the target and the
-folder fsynced: a reader, or a restart after a kill, sees the old file or the new one,
-never a torn one. Temporary files end in ``.rqtmp`` and are never listed.
+Every write goes to a fresh sibling (a random name, created ``O_EXCL|O_NOFOLLOW``), is
+fsynced, renamed over the target and the folder fsynced: a reader, or a restart after a
+kill, sees the old file or the new one, never a torn one. Temporary files end in
+``.rqtmp`` and are never listed.
+
+Whoever can write the folder can plant links, FIFOs and devices in it: every path is
+opened from the root without following a link, and only regular files are objects
+(:mod:`resumequal.store.regular`). A link is never read or written through, a FIFO never
+opened blocking, and neither is listed.
 
 A ``file://`` URI is taken literally (``file:///data/my store`` is the folder
 ``/data/my store``; no percent-decoding), as :mod:`resumequal.checkpoint.layout` does.
@@ -15,14 +21,17 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import shutil
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, BinaryIO, ClassVar, TypeVar
+import stat
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, BinaryIO, ClassVar, cast
 from urllib.parse import urlparse
 
 from typing_extensions import Buffer
 
 from resumequal.errors import StoreError
+from resumequal.store import regular
 from resumequal.store.base import (
     CHUNK,
     TMP_SUFFIX,
@@ -32,7 +41,6 @@ from resumequal.store.base import (
     download_verified,
     folder,
     sha256_file,
-    tmp_sibling,
 )
 from resumequal.store.errors import StoreAccessDenied, StoreNotFound, too_large
 from resumequal.store.registry import register
@@ -42,7 +50,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
 def _root_dir(root: str) -> tuple[str, str]:
@@ -79,16 +91,16 @@ def _copy_hashing(src: BinaryIO, dst: BinaryIO) -> str:
 
 
 class _FileWriter:
-    """An :class:`~resumequal.store.base.ObjectWriter` into a temporary sibling of the
-    object's file, renamed over it (after an fsync) at ``close``."""
+    """An :class:`~resumequal.store.base.ObjectWriter` into a fresh file beside the
+    object's (created ``O_EXCL|O_NOFOLLOW``), renamed over it (after an fsync) at ``close``."""
 
     def __init__(self, store: FileStore, key: str) -> None:
         self._store, self._key = store, key
-        self._path = store._path(key)
+        parent, _, name = key.rpartition("/")
+        self._tmp = f"{parent}/.{name}.{secrets.token_hex(8)}{TMP_SUFFIX}".lstrip("/")
         with store._errors("write", key):
-            os.makedirs(os.path.dirname(self._path), exist_ok=True)
-            self._tmp = tmp_sibling(self._path)
-            self._file: BinaryIO | None = open(self._tmp, "wb")  # noqa: SIM115 (closed below)
+            self._file: BinaryIO | None = os.fdopen(regular.create_file(store.root, self._tmp),
+                                                    "wb")
         self._hash = hashlib.sha256()
         self._size = 0
 
@@ -114,19 +126,19 @@ class _FileWriter:
                 with f:
                     f.flush()
                     os.fsync(f.fileno())
-                os.replace(self._tmp, self._path)
-                fsync_dir(os.path.dirname(self._path))
+                regular.rename(self._store.root, self._tmp, self._key)
+                fsync_dir(os.path.dirname(self._store._path(self._key)))
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._tmp)
+            with contextlib.suppress(OSError):
+                regular.unlink(self._store.root, self._tmp)
         return self._hash.hexdigest()
 
     def abort(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._tmp)
+        with contextlib.suppress(OSError):
+            regular.unlink(self._store.root, self._tmp)
 
 
 @register
@@ -168,49 +180,27 @@ class FileStore:
             if op in ("read", "download"):
                 raise StoreNotFound(f"{uri} does not exist") from e
             raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
+        except regular.NotRegular as e:
+            # Only regular files are objects (as list and exists say): a link or a FIFO
+            # planted under an object's name is none.
+            if op in ("read", "download"):
+                raise StoreNotFound(f"{uri} is no object: {e.strerror}") from e
+            raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
         except PermissionError as e:
             raise StoreAccessDenied(f"no permission to {op} {uri}") from e
         except OSError as e:
             raise StoreError(f"cannot {op} {uri}: {e.strerror}") from e
 
-    def _write_atomic(self, key: str, write: Callable[[BinaryIO], T], sync: bool = True) -> T:
-        path = self._path(key)
-        with self._errors("write", key):
-            parent = os.path.dirname(path)
-            tmp = tmp_sibling(path)
-            # Most writes go to a folder that exists (a trace segment per step): create it
-            # only when the open says it is missing.
-            try:
-                f = open(tmp, "wb")  # noqa: SIM115 (closed below, before the rename)
-            except FileNotFoundError:
-                os.makedirs(parent, exist_ok=True)
-                f = open(tmp, "wb")  # noqa: SIM115
-            try:
-                with f:
-                    result = write(f)
-                    f.flush()
-                    if sync:
-                        os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-            if sync:
-                fsync_dir(parent)
-        return result
-
     def put_bytes(self, key: str, data: bytes, *, sync: bool = True) -> None:
         # The file's data is in the page cache once written: a SIGKILL of this process
         # cannot lose it, a machine crash could (what ``sync`` guards against).
-        self._write_atomic(key, lambda f: f.write(data), sync)
+        with self._errors("write", key):
+            regular.write_file(self.root, check_key(key), data, sync=sync)
 
     def put_new(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
         with self._errors("write", key):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = regular.create_file(self.root, check_key(key))
             except FileExistsError:
                 return False
             with os.fdopen(fd, "wb") as f:
@@ -223,17 +213,26 @@ class FileStore:
         # The source is opened outside the store's error mapping: a missing local file is
         # the caller's FileNotFoundError, not a missing object.
         with open(local_path, "rb") as src:
-            digest = self._write_atomic(key, lambda dst: _copy_hashing(src, dst))
+            writer = self.writer(key)
+            try:
+                digest = _copy_hashing(src, cast(BinaryIO, writer))
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
         log.debug("put %s sha256 %s", self.uri(key), digest)
         return digest
 
     def writer(self, key: str) -> _FileWriter:
-        return _FileWriter(self, key)
+        return _FileWriter(self, check_key(key))
+
+    def _open(self, key: str) -> int:
+        """A descriptor of object ``key``: a regular file, no link below the root."""
+        return regular.open_file(self.root, check_key(key))
 
     def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
-        path = self._path(key)
-        with self._errors("read", key), open(path, "rb") as f:
-            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        with self._errors("read", key):
+            data = regular.read_fd(self._open(key), max_bytes)
         if max_bytes is not None and len(data) > max_bytes:
             raise too_large(self.uri(key), max_bytes)
         return data
@@ -242,7 +241,7 @@ class FileStore:
         view = memoryview(out).cast("B")
         done = 0
         with self._errors("read", key):
-            fd = os.open(self._path(key), os.O_RDONLY)
+            fd = self._open(key)
             try:
                 while done < len(view) and (n := os.preadv(fd, [view[done:]], offset + done)):
                     done += n
@@ -251,49 +250,51 @@ class FileStore:
         return done
 
     def get_file(self, key: str, local_path: LocalPath, expect_sha256: str | None = None) -> str:
-        path = self._path(key)
-
         def fetch(tmp: str) -> str:
-            with self._errors("download", key), open(path, "rb") as src, open(tmp, "wb") as dst:
+            with self._errors("download", key), os.fdopen(self._open(key), "rb") as src, \
+                    open(tmp, "wb") as dst:
                 return _copy_hashing(src, dst)
 
         return download_verified(self.uri(key), local_path, expect_sha256, fetch)
 
     def exists(self, key: str) -> bool:
-        return os.path.isfile(self._path(key))
+        info = regular.stat_below(self.root, check_key(key))
+        return info is not None and stat.S_ISREG(info.st_mode)
 
     def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
         base = folder(prefix)
-        top = os.path.join(self.root, *base.split("/"))
         found = []
-
-        def fail(e: OSError) -> None:
-            if not isinstance(e, FileNotFoundError | NotADirectoryError):
-                raise e
-
         with self._errors("list", base.rstrip("/")):
-            for dirpath, _dirs, files in os.walk(top, onerror=fail):
-                rel = os.path.relpath(dirpath, self.root)
-                for name in files:
-                    if name.endswith(TMP_SUFFIX):
-                        continue
-                    key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-                    found.append(ObjectInfo(key, os.path.getsize(os.path.join(dirpath, name))))
+            try:
+                top = regular.open_dir(self.root, base.rstrip("/"))
+            except (FileNotFoundError, NotADirectoryError, regular.NotRegular):
+                return []
+            try:
+                # Only regular files are objects: a link or a FIFO someone planted is none.
+                for path, _dirs, files, dir_fd in os.fwalk(".", dir_fd=top):
+                    for name in files:
+                        if name.endswith(TMP_SUFFIX):
+                            continue
+                        info = _lstat(name, dir_fd)
+                        if info is None or not stat.S_ISREG(info.st_mode):
+                            continue
+                        rel = os.path.normpath(os.path.join(path, name)).replace(os.sep, "/")
+                        found.append(ObjectInfo(base + rel, info.st_size))
+            finally:
+                os.close(top)
         return sorted(found)
 
     def delete(self, key: str) -> None:
-        with self._errors("delete", key), contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(key))
+        with self._errors("delete", key):
+            regular.unlink(self.root, check_key(key))
 
     def delete_prefix(self, prefix: str) -> int:
         base = folder(prefix)
         if not base:
             raise ValueError("delete_prefix('') would empty the whole store; name a folder")
         count = len(self.list(base))
-        top = os.path.join(self.root, *base.split("/"))
         with self._errors("delete", base.rstrip("/")):
-            if os.path.isdir(top):
-                shutil.rmtree(top)
+            regular.remove_tree(self.root, base.rstrip("/"))
         return count
 
     def delete_all(self) -> int:

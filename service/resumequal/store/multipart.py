@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import queue
+import re
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -33,7 +34,9 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 )
 from typing_extensions import Buffer
 
+from resumequal.redact import redact
 from resumequal.store.base import ObjectWriter
+from resumequal.store.errors import StoreProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -187,17 +190,41 @@ class PartWriter:
             self._pool = None
 
 
-def _content_size(response: dict[str, Any]) -> int:
-    """The object's size from a ranged GET: ``Content-Range: bytes 0-99/1234``."""
-    content_range = response.get("ContentRange")
-    if content_range:
-        return int(str(content_range).rsplit("/", 1)[-1])
-    return int(response["ContentLength"])
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+
+
+def _ranged_answer(client: Any, bucket: str, key: str, start: int, end: int,
+                   response: dict[str, Any]) -> tuple[int, int]:
+    """How many bytes a ranged GET of bytes ``start..end`` (inclusive) answered, and the
+    object's size: a 206 whose ``Content-Range`` starts at ``start``, ends at ``end`` or
+    the object's end, and agrees with ``Content-Length``. StoreProtocolError saying what
+    the endpoint did otherwise (nothing of its body is read)."""
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    said = str(response.get("ContentRange") or "")
+    found = _CONTENT_RANGE.match(said)
+    asked = f"a GET of bytes {start}-{end} of s3://{bucket}/{key}"
+    endpoint = redact(str(getattr(getattr(client, "meta", None), "endpoint_url", "the endpoint")))
+    if status != 206 or found is None:
+        answer = (f"HTTP {status} with Content-Range {said[:80]!r}" if said else
+                  f"HTTP {status} without a Content-Range: it ignores Range and sends whole "
+                  "objects")
+        raise StoreProtocolError(f"{endpoint} answered {asked} with {answer}; an S3 "
+                                 "endpoint answers 206 with the range asked for")
+    first, last, size = (int(g) for g in found.groups())
+    declared = response.get("ContentLength")
+    if (first != start or last < first or last > end or last >= size
+            or (last != end and last != size - 1)
+            or (declared is not None and int(declared) != last - first + 1)):
+        raise StoreProtocolError(f"{endpoint} answered {asked} with Content-Range "
+                                 f"{said[:80]!r} (Content-Length {declared}): not the "
+                                 "range asked for")
+    return last - first + 1, size
 
 
 def _get_part(client: Any, bucket: str, key: str, start: int, end: int,
               etag: str | None, attempts: int) -> tuple[bytes, dict[str, Any]]:
-    """Bytes ``start..end`` (inclusive) of the object, retried when the body breaks off.
+    """Bytes ``start..end`` (inclusive) of the object (fewer where it ends), retried when
+    the body breaks off; at most what was asked is read, whatever the endpoint sends.
 
     ``etag``: the object must still be the one the first part came from; a replaced
     object fails with PreconditionFailed (as s3transfer/download.py sends IfMatch).
@@ -206,13 +233,20 @@ def _get_part(client: Any, bucket: str, key: str, start: int, end: int,
     for attempt in range(1, attempts + 1):
         response = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}",
                                      **extra)
+        body = response["Body"]
         try:
-            return response["Body"].read(), response
+            length, _ = _ranged_answer(client, bucket, key, start, end, response)
+            data = body.read(length)
+            if len(data) != length:
+                raise IncompleteReadError(actual_bytes=len(data), expected_bytes=length)
+            return data, response
         except _BODY_ERRORS as e:
             if attempt == attempts:
                 raise
             log.warning("retrying (%d/%d) GetObject s3://%s/%s bytes %d-%d: body broke off (%s)",
                         attempt + 1, attempts, bucket, key, start, end, type(e).__name__)
+        finally:
+            body.close()  # what the endpoint sent beyond the range is never read
     raise AssertionError("unreachable")
 
 
@@ -227,8 +261,8 @@ def get_range(client: Any, bucket: str, key: str, offset: int, out: memoryview,
         if str(e.response.get("Error", {}).get("Code", "")) != "InvalidRange":
             raise
         return 0  # ``offset`` is at or past the object's end
-    n = min(len(data), len(out))
-    out[:n] = memoryview(data)[:n]
+    n = len(data)
+    out[:n] = memoryview(data)
     return n
 
 
@@ -253,7 +287,7 @@ def download(client: Any, bucket: str, key: str, path: str, *, first_part: int,
             if str(e.response.get("Error", {}).get("Code", "")) != "InvalidRange":
                 raise
             return h.hexdigest()
-        size = _content_size(response)
+        size = _ranged_answer(client, bucket, key, 0, first_part - 1, response)[1]
         etag = response.get("ETag")
 
         def fetch(start: int) -> bytes:

@@ -6,7 +6,9 @@ web identity (``AWS_WEB_IDENTITY_TOKEN_FILE`` + ``AWS_ROLE_ARN``, as IRSA sets t
 container or instance role — never from the settings (:mod:`resumequal.store.s3settings`),
 which may be written into specs and reports. botocore retries throttling, 5xx and
 connection errors; what still fails is raised as one of :mod:`resumequal.store.errors`,
-naming the bucket or key and never a credential or a response body.
+naming the bucket or key and never a credential or a response body. With
+``S3Config.retry_seconds`` (a worker's), a request that still fails for want of the
+endpoint is made again for that long (:mod:`resumequal.store.patience`).
 
 S3 has no rename: a write of one object is atomic (readers see the old or the new
 object), but a group of objects is committed by writing a marker last.
@@ -51,13 +53,15 @@ from resumequal.store.base import (
 )
 from resumequal.store.errors import (
     StoreAccessDenied,
+    StoreConfigError,
     StoreNotFound,
     StoreUnavailable,
     too_large,
 )
 from resumequal.store.multipart import PartWriter, copy_file, download, get_range
+from resumequal.store.patience import PatientClient
 from resumequal.store.registry import register
-from resumequal.store.s3settings import S3Config
+from resumequal.store.s3settings import S3Config, endpoint_problem
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +183,11 @@ class S3Store:
                 endpoint_url=c.endpoint_url,
                 region_name=c.region,
                 config=BotoConfig(
-                    retries={"total_max_attempts": c.max_attempts, "mode": c.retry_mode},
+                    # A patient client (a worker's) makes every attempt itself
+                    # (resumequal.store.patience): botocore's jitter would draw from the
+                    # random generator the worker's training state holds.
+                    retries={"total_max_attempts": 1 if c.retry_seconds > 0 else c.max_attempts,
+                             "mode": c.retry_mode},
                     connect_timeout=c.connect_timeout_seconds,
                     read_timeout=c.read_timeout_seconds,
                     # Unset, botocore signs bodies over http and not over https.
@@ -189,6 +197,13 @@ class S3Store:
                 ),
             )
 
+        for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            # botocore takes these when the settings name no endpoint, and raises a bare
+            # ValueError at the client for one it cannot use: said here, by name.
+            problem = (None if c.endpoint_url is not None or var not in os.environ
+                       else endpoint_problem(os.environ[var], ours=False))
+            if problem is not None:
+                raise StoreConfigError(f"{var} {problem}")
         self._client: Any = client(c.sign_payloads)
         # Parts carry the checksum botocore computes by default, as boto3's uploads do.
         self._checksums = (
@@ -197,6 +212,9 @@ class S3Store:
             # Nothing would check a body on its way: bodies are signed after all.
             self._client = client(True)
         _warn_on_retries(self._client, c.max_attempts)
+        if c.retry_seconds > 0:
+            # A worker's requests ride out an outage (resumequal.store.patience).
+            self._client = PatientClient(self._client, c.retry_seconds, self.endpoint)
         # Objects up to the threshold (or one part, if that is larger) go in one request.
         self._first_part = max(c.multipart_threshold_mb, c.multipart_chunk_mb) * MiB
 
@@ -362,15 +380,22 @@ class S3Store:
         root = f"{self.prefix}/" if self.prefix else ""
         found = []
         with self._call("list", base.rstrip("/")):
-            pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=root + base
-            )
-            for page in pages:
+            for page in self._pages(root + base):
                 for obj in page.get("Contents", []):
                     key = str(obj["Key"])[len(root) :]
                     if key and not key.endswith("/"):  # "folder" markers made by consoles
                         found.append(ObjectInfo(key, int(obj["Size"])))
         return sorted(found)
+
+    def _pages(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """ListObjectsV2's pages of ``prefix``, each one request (each retried as one)."""
+        token: dict[str, str] = {}
+        while True:
+            page = self._client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, **token)
+            yield page
+            if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                return
+            token = {"ContinuationToken": str(page["NextContinuationToken"])}
 
     def delete(self, key: str) -> None:
         with self._call("delete", key):

@@ -10,10 +10,11 @@ they come from.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from typing import Literal
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
@@ -36,6 +37,61 @@ _MIN_PART_MB = 5
 _MAX_PART_MB = 5 * 1024
 
 
+# What botocore takes for a client's endpoint (botocore/utils.py is_valid_endpoint_url and
+# is_valid_ipv6_endpoint_url, checked by botocore/endpoint.py before a client is made,
+# which raises ValueError otherwise): no tab or line break anywhere, a host name of labels
+# of letters, digits and inner hyphens (an IPv4 address is one), or a bracketed IPv6
+# address. Written out here: the spec loads this module and must not load botocore;
+# tests/unit/test_store.py holds the two to the same answers.
+_UNSAFE_URL_CHARS = frozenset("\t\r\n")
+_HOST_NAME = re.compile(r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$",
+                        re.IGNORECASE)
+
+
+def endpoint_problem(value: str, *, ours: bool = True) -> str | None:
+    """Why ``value`` is no endpoint an S3 client can be made with (never echoing it: it may
+    hold a credential), or None. The one check of the spec, the S3 settings and the
+    environment's ``AWS_ENDPOINT_URL_S3``; ``ours`` adds what a spec may not hold
+    (user:password, a query), which botocore takes from the environment (and messages
+    redact)."""
+    if _UNSAFE_URL_CHARS.intersection(value) or any(c.isspace() for c in value):
+        return "holds whitespace or a line break"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises for a port that is no number or out of range)
+    except ValueError:
+        return "is not a URL (an unclosed [, a port out of range or not a number)"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be http(s)://host[:port]"
+    if ours and (parts.username is not None or parts.password is not None):
+        return ("holds user:password: an endpoint is http(s)://host[:port] without "
+                "user:password; credentials come from the AWS chain (env, profile, web "
+                "identity), never from the endpoint URL")
+    if ours and (parts.query or parts.fragment):
+        return "has a query or a fragment; an endpoint is http(s)://host[:port][/path]"
+    host = parts.hostname
+    if parts.netloc.rpartition("@")[2].startswith("["):
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            return "has a bracketed host that is no IPv6 address"
+        return None
+    if len(host) > 255 or not _HOST_NAME.match(host.removesuffix(".")):
+        return "has a host that is no host name (letters, digits, '-' and '.' only)"
+    return None
+
+
+def check_endpoint(value: str | None) -> str | None:
+    """``value`` without a trailing ``/`` if it is an endpoint (:func:`endpoint_problem`);
+    ValueError saying why, never echoing it, otherwise."""
+    if value is None:
+        return None
+    problem = endpoint_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value.rstrip("/")
+
+
 class S3Spec(BaseModel):
     """How workers and the comparator reach an ``s3://`` checkpoint store (AWS S3, MinIO,
     Ceph RGW). No credentials here: they come from the standard AWS chain (env, profile,
@@ -54,8 +110,9 @@ class S3Spec(BaseModel):
     )
     max_attempts: int = Field(
         default=5, ge=1, le=20,
-        description="Attempts per request (exponential backoff); 5 ride out ~15 s of "
-        "endpoint trouble before a save fails.",
+        description="Attempts botocore makes per request (exponential backoff) for the runner "
+        "and the operator: 5 ride out ~15 s of endpoint trouble. A worker makes its own "
+        "attempts for timeouts.backendErrorSeconds instead.",
     )
     connect_timeout_seconds: float = Field(
         default=3.0, gt=0, le=_MAX_SECONDS,
@@ -79,12 +136,7 @@ class S3Spec(BaseModel):
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not re.match(r"^https?://[^/@\s]+(/.*)?$", value):
-            # Not echoed: a URL with user:password would leak a credential into messages.
-            raise ValueError("must be http(s)://host[:port], without user:password")
-        return value.rstrip("/")
+        return check_endpoint(value)
 
 
 class S3Config(BaseModel):
@@ -101,8 +153,8 @@ class S3Config(BaseModel):
     """``path`` (``host/bucket/key``) is what MinIO and RGW without wildcard DNS need."""
     max_attempts: int = Field(5, ge=1, le=20)
     """Attempts per request, the first included. Standard mode backs off exponentially
-    (random, up to 1, 2, 4, 8 s), so 5 attempts ride out ~15 s of endpoint trouble — a
-    gateway pod restarting — before a leg fails."""
+    (random, up to 1, 2, 4, 8 s), so 5 attempts ride out ~15 s of endpoint trouble. A
+    client with ``retry_seconds`` (a worker's) makes one: it makes its own attempts."""
     sign_payloads: bool = False
     """Sign every request body (SigV4's ``x-amz-content-sha256``) over http as well, for a
     store that refuses ``UNSIGNED-PAYLOAD``. Off, a body goes unsigned wherever botocore
@@ -128,22 +180,18 @@ class S3Config(BaseModel):
     """Seconds without a byte from the server before an attempt fails. With the defaults an
     endpoint that accepts connections and never answers fails a request after 5 x 8 s plus
     the backoff between attempts (at most 15 s): under a minute, a warning per retry."""
+    retry_seconds: float = Field(0.0, ge=0, le=_MAX_SECONDS)
+    """How long a request is made again, with backoff (0.5 s doubling to 5 s), once
+    botocore's attempts have failed for want of the endpoint (a connection refused or
+    dropped, a timeout, a 5xx, throttling); 0: botocore's attempts alone. A worker's is its
+    spec's ``timeouts.backendErrorSeconds``, the time the runner and the operator give
+    their own store errors: an outage shorter than that is ridden out, a longer one ends
+    the request naming the endpoint, the object and the time."""
 
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parsed = urlparse(value)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL")
-        if parsed.username is not None or parsed.password is not None:
-            # Do not echo the value: it holds what looks like a credential.
-            raise ValueError(
-                "holds user:password; credentials come from the AWS chain "
-                "(env, profile, web identity), never from the endpoint URL"
-            )
-        return value.rstrip("/")
+        return check_endpoint(value)
 
 
 # botocore reads endpoint, region and credentials from the environment, but has no
@@ -154,19 +202,21 @@ ADDRESSING_STYLE_ENV = "RESUMEQUAL_S3_ADDRESSING_STYLE"
 SIGN_PAYLOADS_ENV = "RESUMEQUAL_S3_SIGN_PAYLOADS"
 
 
-def s3_config(spec: S3Spec | None) -> S3Config:
+def s3_config(spec: S3Spec | None, retry_seconds: float = 0.0) -> S3Config:
     """Client settings from a spec's ``checkpoint.s3``; without one, AWS defaults plus
     ``RESUMEQUAL_S3_ADDRESSING_STYLE`` and ``RESUMEQUAL_S3_SIGN_PAYLOADS`` from the
-    environment."""
+    environment. ``retry_seconds``: see :attr:`S3Config.retry_seconds`."""
     if spec is not None:
-        return S3Config(**spec.model_dump(by_alias=False))
+        return S3Config(**spec.model_dump(by_alias=False), retry_seconds=retry_seconds)
     style = os.environ.get(ADDRESSING_STYLE_ENV, "").strip() or "auto"
     if style not in ("path", "virtual", "auto"):
         raise StoreError(f"{ADDRESSING_STYLE_ENV}={style!r}: expected path, virtual or auto")
     sign = os.environ.get(SIGN_PAYLOADS_ENV, "").strip() or "0"
     if sign not in ("0", "1"):
         raise StoreError(f"{SIGN_PAYLOADS_ENV}={sign!r}: expected 0 or 1")
-    return S3Config(addressing_style=style, sign_payloads=sign == "1")  # type: ignore[arg-type]
+    return S3Config(addressing_style=style, sign_payloads=sign == "1",  # type: ignore[arg-type]
+                    retry_seconds=retry_seconds)
 
 
-__all__ = ["ADDRESSING_STYLE_ENV", "SIGN_PAYLOADS_ENV", "S3Config", "S3Spec", "s3_config"]
+__all__ = ["ADDRESSING_STYLE_ENV", "SIGN_PAYLOADS_ENV", "S3Config", "S3Spec", "check_endpoint",
+           "endpoint_problem", "s3_config"]

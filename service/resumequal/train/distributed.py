@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from resumequal.errors import TrainingError
+from resumequal.loopback import is_loopback, loopback_store
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ def init_process_group(requested_backend: str, timeout_seconds: float,
     a recreated pod's agent starts at 0, and a membership change restarts the surviving
     agents' workers without counting. With the agent's store (torchrun's default) the
     joins counted in it number the attempts. Without it (TORCH_DISABLE_SHARE_RDZV_TCP_STORE,
-    set in leg pods) every attempt gets a fresh store, and ``attempts_started`` — the
+    set in leg pods and local legs) rank 0 hosts a fresh store every attempt — on loopback
+    alone when the group's address is (a local run's) — and ``attempts_started`` — the
     attempts the run location has seen — does: every rank reads it before the group
     forms and nothing of this attempt is written until it has, so all read the same.
     """
@@ -108,14 +110,20 @@ def init_process_group(requested_backend: str, timeout_seconds: float,
         raise TrainingError("environment variable MASTER_ADDR is not set; run under torchrun")
     timeout = timedelta(seconds=timeout_seconds)
     try:
-        base = dist.TCPStore(
-            host,
-            port,
-            world_size=None if agent_store else world_size,
-            is_master=(not agent_store and rank == 0),
-            timeout=timeout,
-            wait_for_workers=False,
-        )
+        if not agent_store and rank == 0 and is_loopback(host):
+            # One machine's group (a local run names 127.0.0.1): its store listens on
+            # loopback alone, where torch's own would listen on every interface.
+            base = loopback_store(port, world_size=world_size, timeout=timeout,
+                                  wait_for_workers=False)
+        else:
+            base = dist.TCPStore(
+                host,
+                port,
+                world_size=None if agent_store else world_size,
+                is_master=(not agent_store and rank == 0),
+                timeout=timeout,
+                wait_for_workers=False,
+            )
         if agent_store:
             attempt = attempt_from_joins(int(base.add(JOINS_KEY, 1)), world_size, attempt)
         store = dist.PrefixStore(f"resumequal/attempt-{attempt}", base)
@@ -127,7 +135,7 @@ def init_process_group(requested_backend: str, timeout_seconds: float,
         dist.init_process_group(
             backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, OSError) as e:
         raise TrainingError(
             f"rank {rank}: cannot join the {backend} process group at {host}:{port} "
             f"(attempt {attempt}): {e}"

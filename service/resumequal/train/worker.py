@@ -67,7 +67,10 @@ def run_leg(
     # What the leg writes (its trace, its checkpoints' manifests) is bound to its run, and
     # what it reads back must be bound to it too.
     seal = RunSeal.from_env()
-    location = RunLocation.open(run, spec.checkpoint.s3, seal=seal)
+    # Every request to the store rides out an outage as long as the runner and the
+    # operator ride out their own store errors (resumequal.store.patience).
+    patience = spec.timeouts.backend_error_seconds
+    location = RunLocation.open(run, spec.checkpoint.s3, seal=seal, retry_seconds=patience)
     spec = location.leg_spec(spec)
     scratch = scratch or location.scratch()
     files = location.leg(leg)
@@ -90,7 +93,7 @@ def run_leg(
         sink = location.trace_sink(leg, placement.rank, placement.attempt, trace_every)
         # Checkpoints default to the run location itself; scratch holds only local copies.
         ckpt = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
-                                   scratch, leg, run=seal.run)
+                                   scratch, leg, run=seal.run, retry_seconds=patience)
         worker = Trainer(spec, leg, files, placement, omit=omit, checkpoint_root=ckpt, trace=sink,
                          scratch=scratch)
         try:
