@@ -38,7 +38,9 @@ from tests.waiting import eventually
 if TYPE_CHECKING:
     from testing.cluster.cluster import Cluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# The first test's setup starts the whole cluster (building what is missing): minutes on
+# two cores beside the rest of the suite.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 GROUP, VERSION, PLURAL = "resumequal.dev", "v1alpha1", "qualificationruns"
 TIMEOUT_S = float(os.environ.get("RESUMEQUAL_CLUSTER_TIMEOUT", "900"))
