@@ -159,49 +159,79 @@ def pin_threads(pid: int, cpu: int) -> None:
             os.sched_setaffinity(int(task.name), {cpu})
 
 
+def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    """Until the operator's /readyz answers; the end of its log when it never does."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+            return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("the operator did not become ready: "
+                                 f"{log.read_text(errors='replace')[-2000:]}") from None
+            time.sleep(0.1)
+
+
+def held_status(obj: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The status a run that finished an hour ago keeps (its machine in Succeeded, the
+    verdict summary), and its location."""
+    meta = obj["metadata"]
+    name = meta["name"]
+    # The spec a run keeps in its status as it started: the backend pinned in it.
+    run_spec = {**obj["spec"], "backend": "pytorchjob"}
+    spec = parse_run_spec(run_spec)
+    uri = run_uri(spec.store.uri, NAMESPACE, name, meta["uid"])
+    plan = qualification_plan(qualification_spec(spec, uri))
+    t = time.time() - 3600
+    machine = QualificationStatus(
+        phase=Phase.SUCCEEDED, reason=Reason.COMPLETED, message="PASS: held",
+        history=[PhaseEvent(phase=p.value, at=t + k) for k, p in enumerate(
+            (Phase.PENDING, Phase.LEGS_RUNNING, Phase.ARMED, Phase.PREEMPTED,
+             Phase.RESUMED, Phase.COMPARING, Phase.SUCCEEDED))],
+        legs={p.name: LegRun(launched_at=t, finished_at=t + 5, steps=6,
+                             attempts=2 if p.cut else 1,
+                             killed_at=t + 2 if p.cut else None,
+                             resumed_at=t + 3 if p.cut else None) for p in plan.legs})
+    machine.verdict = verdict(Result.PASS)
+    status = run_status(
+        machine, previous=None, generation=meta.get("generation"),
+        pin=spec.stack.effective_pin, run_uri=uri, report_url=f"{uri}/report.html",
+        leg_jobs={p.name: pytorchjob.leg_job_name(name, meta["uid"], p.name)
+                  for p in plan.legs},
+        comparator_job=pytorchjob.comparator_job_name(name, meta["uid"]),
+        preemption_mode=spec.preemption.mode, run_spec=run_spec, backend="pytorchjob")
+    return status.to_k8s(), uri
+
+
+def seal_verdict(uri: str, uid: str, master: MasterKey) -> None:
+    """The run's verdict.json in the store, sealed as the run's comparator seals it: with
+    the key the operator makes for it."""
+    body = verdict(Result.PASS).model_dump_json().encode()
+    location = RunLocation.open(uri, seal=master.seal(uid))
+    location.store.put_bytes("verdict.json", body, sync=False)
+    location.store.put_bytes("verdict.json.mac", master.seal(uid).digest_mac(
+        "verdict.json", hashlib.sha256(body).hexdigest()).encode(), sync=False)
+
+
+def held_manifest(i: int, store: dict[str, str]) -> dict[str, Any]:
+    manifest = run_manifest(f"held-{i:05d}", store, timeouts=TIMEOUTS)
+    manifest["metadata"]["finalizers"] = [FINALIZER]  # added when it was first seen
+    return manifest
+
+
 def hold_finished(api: KubeAPI, store: dict[str, str], count: int, master: MasterKey) -> None:
     """``count`` runs that finished before the operator started: each with the finalizer
-    and the status a finished run keeps (its machine in Succeeded, the verdict summary) and
-    its verdict.json in the store, written through the emulator's in-process accessors (no
-    HTTP). The operator finds nothing to change in them: it writes none of their statuses."""
-    body = verdict(Result.PASS).model_dump_json().encode()
+    and the status a finished run keeps and its verdict.json in the store, written
+    through the emulator's in-process accessors (no HTTP). The operator finds nothing to
+    change in them: it writes none of their statuses."""
     for i in range(count):
-        name = f"held-{i:05d}"
-        manifest = run_manifest(name, store, timeouts=TIMEOUTS)
-        manifest["metadata"]["finalizers"] = [FINALIZER]  # added when it was first seen
-        obj = api.create(QUALIFICATION_RUNS.plural, manifest)
-        meta = obj["metadata"]
-        # The spec a run keeps in its status as it started: the backend pinned in it.
-        run_spec = {**obj["spec"], "backend": "pytorchjob"}
-        spec = parse_run_spec(run_spec)
-        uri = run_uri(spec.store.uri, NAMESPACE, name, meta["uid"])
-        plan = qualification_plan(qualification_spec(spec, uri))
-        t = time.time() - 3600
-        machine = QualificationStatus(
-            phase=Phase.SUCCEEDED, reason=Reason.COMPLETED, message="PASS: held",
-            history=[PhaseEvent(phase=p.value, at=t + k) for k, p in enumerate(
-                (Phase.PENDING, Phase.LEGS_RUNNING, Phase.ARMED, Phase.PREEMPTED,
-                 Phase.RESUMED, Phase.COMPARING, Phase.SUCCEEDED))],
-            legs={p.name: LegRun(launched_at=t, finished_at=t + 5, steps=6,
-                                 attempts=2 if p.cut else 1,
-                                 killed_at=t + 2 if p.cut else None,
-                                 resumed_at=t + 3 if p.cut else None) for p in plan.legs})
-        machine.verdict = verdict(Result.PASS)
-        status = run_status(
-            machine, previous=None, generation=meta.get("generation"),
-            pin=spec.stack.effective_pin, run_uri=uri, report_url=f"{uri}/report.html",
-            leg_jobs={p.name: pytorchjob.leg_job_name(name, meta["uid"], p.name)
-                      for p in plan.legs},
-            comparator_job=pytorchjob.comparator_job_name(name, meta["uid"]),
-            preemption_mode=spec.preemption.mode, run_spec=run_spec, backend="pytorchjob")
+        obj = api.create(QUALIFICATION_RUNS.plural, held_manifest(i, store))
+        status, uri = held_status(obj)
         # Written whole, as the operator writes it (a merge patch would drop its nulls).
-        api.replace(QUALIFICATION_RUNS.plural, NAMESPACE, name,
-                    {**obj, "status": status.to_k8s()}, subresource="status")
-        # Sealed as the run's comparator seals it: with the key the operator makes for it.
-        location = RunLocation.open(uri, seal=master.seal(meta["uid"]))
-        location.store.put_bytes("verdict.json", body, sync=False)
-        location.store.put_bytes("verdict.json.mac", master.seal(meta["uid"]).digest_mac(
-            "verdict.json", hashlib.sha256(body).hexdigest()).encode(), sync=False)
+        api.replace(QUALIFICATION_RUNS.plural, NAMESPACE, obj["metadata"]["name"],
+                    {**obj, "status": status}, subresource="status")
+        seal_verdict(uri, obj["metadata"]["uid"], master)
 
 
 def main() -> None:
@@ -291,15 +321,7 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
         if args.cpus is not None:
             pin_threads(proc.pid, args.cpus[0])  # it starts its threads after its imports
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise SystemExit("the operator did not become ready") from None
-                    time.sleep(0.1)
+            wait_ready(proc, port, Path(tmp) / "operator.log")
             if args.cpus is not None:
                 pin_threads(proc.pid, args.cpus[0])  # and any it started before that
             created: dict[str, float] = {}
@@ -367,44 +389,15 @@ def pin_cluster(cluster_id: str, cpu: int) -> None:
 def hold_finished_real(objects: Any, store: dict[str, str], count: int,
                        master: MasterKey) -> None:
     """As :func:`hold_finished`, through the real API server (as the admin)."""
-    body = verdict(Result.PASS).model_dump_json().encode()
+    group, version, plural = (QUALIFICATION_RUNS.group, QUALIFICATION_RUNS.version,
+                              QUALIFICATION_RUNS.plural)
     for i in range(count):
-        name = f"held-{i:05d}"
-        manifest = run_manifest(name, store, timeouts=TIMEOUTS)
-        manifest["metadata"]["finalizers"] = [FINALIZER]
-        obj = objects.create_namespaced_custom_object(
-            QUALIFICATION_RUNS.group, QUALIFICATION_RUNS.version, NAMESPACE,
-            QUALIFICATION_RUNS.plural, manifest)
-        meta = obj["metadata"]
-        run_spec = {**obj["spec"], "backend": "pytorchjob"}
-        spec = parse_run_spec(run_spec)
-        uri = run_uri(spec.store.uri, NAMESPACE, name, meta["uid"])
-        plan = qualification_plan(qualification_spec(spec, uri))
-        t = time.time() - 3600
-        machine = QualificationStatus(
-            phase=Phase.SUCCEEDED, reason=Reason.COMPLETED, message="PASS: held",
-            history=[PhaseEvent(phase=p.value, at=t + k) for k, p in enumerate(
-                (Phase.PENDING, Phase.LEGS_RUNNING, Phase.ARMED, Phase.PREEMPTED,
-                 Phase.RESUMED, Phase.COMPARING, Phase.SUCCEEDED))],
-            legs={p.name: LegRun(launched_at=t, finished_at=t + 5, steps=6,
-                                 attempts=2 if p.cut else 1,
-                                 killed_at=t + 2 if p.cut else None,
-                                 resumed_at=t + 3 if p.cut else None) for p in plan.legs})
-        machine.verdict = verdict(Result.PASS)
-        status = run_status(
-            machine, previous=None, generation=meta.get("generation"),
-            pin=spec.stack.effective_pin, run_uri=uri, report_url=f"{uri}/report.html",
-            leg_jobs={p.name: pytorchjob.leg_job_name(name, meta["uid"], p.name)
-                      for p in plan.legs},
-            comparator_job=pytorchjob.comparator_job_name(name, meta["uid"]),
-            preemption_mode=spec.preemption.mode, run_spec=run_spec, backend="pytorchjob")
+        obj = objects.create_namespaced_custom_object(group, version, NAMESPACE, plural,
+                                                      held_manifest(i, store))
+        status, uri = held_status(obj)
         objects.replace_namespaced_custom_object_status(
-            QUALIFICATION_RUNS.group, QUALIFICATION_RUNS.version, NAMESPACE,
-            QUALIFICATION_RUNS.plural, name, {**obj, "status": status.to_k8s()})
-        location = RunLocation.open(uri, seal=master.seal(meta["uid"]))
-        location.store.put_bytes("verdict.json", body, sync=False)
-        location.store.put_bytes("verdict.json.mac", master.seal(meta["uid"]).digest_mac(
-            "verdict.json", hashlib.sha256(body).hexdigest()).encode(), sync=False)
+            group, version, NAMESPACE, plural, obj["metadata"]["name"], {**obj, "status": status})
+        seal_verdict(uri, obj["metadata"]["uid"], master)
 
 
 def measure_real(args: argparse.Namespace, held: int) -> dict[str, float]:
@@ -521,16 +514,7 @@ def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconf
                         return
 
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit("the operator did not become ready: "
-                                     f"{(tmp / 'operator.log').read_text()[-2000:]}") from None
-                time.sleep(0.1)
+        wait_ready(proc, port, tmp / "operator.log")
         if args.cpus is not None:
             pin_threads(proc.pid, args.cpus[0])
             pin_cluster(cluster_id, args.cpus[1])
