@@ -1,4 +1,4 @@
-"""Checkpoints on S3 (moto's server over HTTP): the commit protocol with real torchrun legs.
+"""Checkpoints on S3 (SeaweedFS over HTTP): the commit protocol with real torchrun legs.
 
 The workers reach the endpoint through the spec's ``checkpoint.s3.endpoint_url`` and take
 the dummy credentials from the AWS_* variables they inherit from the test process.
@@ -27,7 +27,7 @@ from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 pytest_plugins = ("tests.s3server",)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("aws_env")]
@@ -45,8 +45,8 @@ def _s3_spec(endpoint: str, bucket: str, **overrides: dict[str, Any]) -> dict[st
     return spec
 
 
-def _root(server: MotoServer, bucket: str, run_dir: Path, leg: str) -> RemoteRoot:
-    """The leg's checkpoints as the workers see them, reached directly at moto."""
+def _root(server: SeaweedFS, bucket: str, run_dir: Path, leg: str) -> RemoteRoot:
+    """The leg's checkpoints as the workers see them, reached directly at the server."""
     where = checkpoint_location(
         f"s3://{bucket}/runs",
         S3Spec(endpoint_url=server.endpoint, addressing_style="path"),
@@ -62,10 +62,10 @@ def _objects(root: RemoteRoot, name: str) -> set[str]:
 
 
 def test_control_and_hard_killed_legs_on_s3_are_bitwise_identical(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
-    bucket = moto_server.new_bucket()
-    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(moto_server.endpoint, bucket))
+    bucket = s3_server.new_bucket()
+    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(s3_server.endpoint, bucket))
     control = legs.launch(spec, "control", tmp_path)
     legs.preempt(spec, tmp_path, signal.SIGKILL)
     assert control.wait(240) == 0, control.tail()
@@ -75,7 +75,7 @@ def test_control_and_hard_killed_legs_on_s3_are_bitwise_identical(
         assert (restore.attempt, restore.checkpoint) == (1, STEP4)
     assert legs.first_divergence(tmp_path, tmp_path) is None
     for leg in ("control", "preempted"):
-        root = _root(moto_server, bucket, tmp_path, leg)
+        root = _root(s3_server, bucket, tmp_path, leg)
         assert remote.committed(root) == [Position(4), Position(8), Position(12)]
     assert not (tmp_path / "control" / "checkpoints").exists()  # nothing local but scratch
     # The comparator reads both final checkpoints where they lie, verified, for the drift.
@@ -85,15 +85,15 @@ def test_control_and_hard_killed_legs_on_s3_are_bitwise_identical(
 
 
 def test_a_kill_after_the_upload_before_the_marker_leaves_the_checkpoint_uncommitted(
-    moto_server: MotoServer, control_run: ControlRuns, tmp_path: Path
+    s3_server: SeaweedFS, control_run: ControlRuns, tmp_path: Path
 ) -> None:
-    bucket = moto_server.new_bucket()
+    bucket = s3_server.new_bucket()
     spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(
-        moto_server.endpoint, bucket,
+        s3_server.endpoint, bucket,
         preemption={"at": "checkpoint_commit", "step": 8, "microstep": 0}))
     lp = legs.launch(spec, "preempted", tmp_path)
     beacon = legs.wait_beacon(lp, rank=1)
-    root = _root(moto_server, bucket, tmp_path, "preempted")
+    root = _root(s3_server, bucket, tmp_path, "preempted")
     # Rank 1 holds after uploading its shards; no manifest, no marker: not a checkpoint.
     held = _objects(root, STEP8)
     assert {"dcp/__1_0.distcp", "rank-1.json"} <= held
@@ -112,15 +112,15 @@ def test_a_kill_after_the_upload_before_the_marker_leaves_the_checkpoint_uncommi
 
 
 def test_a_flipped_byte_in_a_committed_object_fails_the_resume_naming_it(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
-    bucket = moto_server.new_bucket()
-    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(moto_server.endpoint, bucket))
+    bucket = s3_server.new_bucket()
+    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(s3_server.endpoint, bucket))
     lp = legs.launch(spec, "preempted", tmp_path)
     beacon = legs.wait_beacon(lp, rank=1)
-    root = _root(moto_server, bucket, tmp_path, "preempted")
+    root = _root(s3_server, bucket, tmp_path, "preempted")
     assert remote.committed(root) == [Position(4)]
-    s3 = moto_server.client()
+    s3 = s3_server.client()
     key = "runs/" + root.key(STEP4, "dcp/__1_0.distcp")  # the bucket key, under the prefix
     body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     body[len(body) // 2] ^= 0x01  # same size: only the digest can tell
@@ -137,7 +137,7 @@ def test_a_flipped_byte_in_a_committed_object_fails_the_resume_naming_it(
 
 class CutableProxy:
     """A TCP forwarder to the S3 endpoint that can be cut: the endpoint "goes down" for the
-    workers while moto keeps its objects, so the test can inspect them afterwards."""
+    workers while the server keeps its objects, so the test can inspect them afterwards."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
@@ -186,23 +186,23 @@ class CutableProxy:
 
 
 @pytest.fixture
-def proxy(moto_server: MotoServer) -> Iterator[CutableProxy]:
-    p = CutableProxy(moto_server.port)
+def proxy(s3_server: SeaweedFS) -> Iterator[CutableProxy]:
+    p = CutableProxy(s3_server.port)
     yield p
     p.cut()
 
 
 def test_an_endpoint_down_during_a_save_fails_the_leg_and_keeps_the_committed_one(
-    moto_server: MotoServer, proxy: CutableProxy, tmp_path: Path
+    s3_server: SeaweedFS, proxy: CutableProxy, tmp_path: Path
 ) -> None:
-    bucket = moto_server.new_bucket()
+    bucket = s3_server.new_bucket()
     # Graceful: the SIGTERM makes every rank write an emergency checkpoint, a save that
     # runs while the endpoint is down.
     spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(
         proxy.endpoint, bucket, preemption={"mode": "graceful"}))
     lp = legs.launch(spec, "preempted", tmp_path)
     beacon = legs.wait_beacon(lp, rank=1)
-    root = _root(moto_server, bucket, tmp_path, "preempted")
+    root = _root(s3_server, bucket, tmp_path, "preempted")
     before = remote.download(root, STEP4, tmp_path / "before" / STEP4)
     proxy.cut()
     legs.os.kill(beacon["pid"], signal.SIGTERM)
@@ -215,17 +215,17 @@ def test_an_endpoint_down_during_a_save_fails_the_leg_and_keeps_the_committed_on
     assert re.search(down + r" to \w+ s3://.* after 3 attempts", log), lp.tail()
     assert re.search(r"error: checkpoint store s3://\S+: cannot reach .* after 3 attempts",
                      log), lp.tail()
-    # moto kept its objects behind the cut: step 4 is still committed, whole, unchanged.
+    # The server kept its objects behind the cut: step 4 is still committed, whole, unchanged.
     assert remote.committed(root) == [Position(4)]
     after = remote.download(root, STEP4, tmp_path / "after" / STEP4)
     assert after == before
 
 
 def test_a_missing_bucket_stops_the_leg_before_training(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
     spec = legs.write_spec(tmp_path / "spec.yaml",
-                           _s3_spec(moto_server.endpoint, "rq-no-such-bucket"))
+                           _s3_spec(s3_server.endpoint, "rq-no-such-bucket"))
     lp = legs.launch(spec, "control", tmp_path)
     assert lp.wait(120) != 0
     assert "bucket 'rq-no-such-bucket' does not exist" in lp.log.read_text(), lp.tail()

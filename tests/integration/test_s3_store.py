@@ -1,6 +1,7 @@
-"""The store against a real S3 endpoint: moto's server in a subprocess, over HTTP on
-loopback. Nothing in boto3 is patched: errors come from real responses, refused
-connections and a server that is killed mid-way."""
+"""The store against real S3 servers over HTTP on loopback: SeaweedFS for everything a
+server does, moto's server in a subprocess of the test's own where the server is killed
+mid-way. Nothing in boto3 is patched: errors come from real responses, refused
+connections and a server that dies."""
 
 from __future__ import annotations
 
@@ -33,16 +34,16 @@ from resumequal.store import (
 from resumequal.store.s3 import S3Store
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import MotoServer, S3Endpoint, SeaweedFS
 
-# The fixtures (moto_server, moto_servers, aws_env) come from this plugin: no conftest.
+# The fixtures (s3_server, moto_servers, aws_env) come from this plugin: no conftest.
 pytest_plugins = ("tests.s3server",)
 pytestmark = [pytest.mark.usefixtures("aws_env"), pytest.mark.timeout(120)]
 
 MiB = 1 << 20
 
 
-def s3_config(server: MotoServer, **fields: object) -> S3Config:
+def s3_config(server: S3Endpoint, **fields: object) -> S3Config:
     return S3Config.model_validate(
         {"endpoint_url": server.endpoint, "addressing_style": "path", **fields}
     )
@@ -52,13 +53,13 @@ def s3_config(server: MotoServer, **fields: object) -> S3Config:
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "file":
         return FileStore(str(tmp_path / "store"))
-    server: MotoServer = request.getfixturevalue("moto_server")
+    server: SeaweedFS = request.getfixturevalue("s3_server")
     return S3Store(f"s3://{server.new_bucket()}/runs/q1", s3_config(server))
 
 
 @pytest.fixture
-def s3(moto_server: MotoServer) -> S3Store:
-    return S3Store(f"s3://{moto_server.new_bucket()}/runs", s3_config(moto_server))
+def s3(s3_server: SeaweedFS) -> S3Store:
+    return S3Store(f"s3://{s3_server.new_bucket()}/runs", s3_config(s3_server))
 
 
 # --- every method on both stores ----------------------------------------------------------
@@ -181,18 +182,18 @@ def test_ranged_reads_fill_a_buffer_and_stop_at_the_end(store: Store) -> None:
 # --- S3 specifics ---------------------------------------------------------------------------
 
 
-def test_multipart_upload_and_ranged_download(moto_server: MotoServer, tmp_path: Path) -> None:
-    bucket = moto_server.new_bucket()
+def test_multipart_upload_and_ranged_download(s3_server: SeaweedFS, tmp_path: Path) -> None:
+    bucket = s3_server.new_bucket()
     store = S3Store(
         f"s3://{bucket}/big",
-        s3_config(moto_server, multipart_threshold_mb=5, multipart_chunk_mb=5),
+        s3_config(s3_server, multipart_threshold_mb=5, multipart_chunk_mb=5),
     )
     data = os.urandom(6 * MiB)
     src = tmp_path / "big.bin"
     src.write_bytes(data)
     digest = store.put_file("shard.bin", src)
     assert digest == hashlib.sha256(data).hexdigest()
-    head = moto_server.client().head_object(Bucket=bucket, Key="big/shard.bin")
+    head = s3_server.client().head_object(Bucket=bucket, Key="big/shard.bin")
     assert head["ETag"].strip('"').endswith("-2")  # uploaded as 5 MiB + 1 MiB parts
     assert head["ContentLength"] == 6 * MiB
     dest = tmp_path / "down.bin"
@@ -200,11 +201,11 @@ def test_multipart_upload_and_ranged_download(moto_server: MotoServer, tmp_path:
     assert dest.read_bytes() == data
 
 
-def test_prefix_isolates_stores_in_one_bucket(moto_server: MotoServer) -> None:
-    bucket = moto_server.new_bucket()
-    a = S3Store(f"s3://{bucket}/a", s3_config(moto_server))
-    ab = S3Store(f"s3://{bucket}/ab", s3_config(moto_server))
-    whole = S3Store(f"s3://{bucket}", s3_config(moto_server))
+def test_prefix_isolates_stores_in_one_bucket(s3_server: SeaweedFS) -> None:
+    bucket = s3_server.new_bucket()
+    a = S3Store(f"s3://{bucket}/a", s3_config(s3_server))
+    ab = S3Store(f"s3://{bucket}/ab", s3_config(s3_server))
+    whole = S3Store(f"s3://{bucket}", s3_config(s3_server))
     a.put_bytes("k", b"1")
     ab.put_bytes("k", b"2")
     assert a.list() == [ObjectInfo("k", 1)]
@@ -216,8 +217,8 @@ def test_prefix_isolates_stores_in_one_bucket(moto_server: MotoServer) -> None:
     "op",
     ["get_bytes", "get_file", "exists", "list", "put_bytes", "put_file", "delete_prefix"],
 )
-def test_missing_bucket_names_the_bucket(moto_server: MotoServer, tmp_path: Path, op: str) -> None:
-    store = S3Store("s3://rq-no-such-bucket/runs", s3_config(moto_server))
+def test_missing_bucket_names_the_bucket(s3_server: SeaweedFS, tmp_path: Path, op: str) -> None:
+    store = S3Store("s3://rq-no-such-bucket/runs", s3_config(s3_server))
     src = tmp_path / "src"
     src.write_bytes(b"x")
     calls: dict[str, Callable[[], object]] = {
@@ -251,13 +252,13 @@ FAKE_KEY_ID = "AKIARQFAKEKEYID12345"
 
 
 @pytest.fixture(scope="module")
-def iam_bucket(moto_server: MotoServer) -> tuple[str, dict[str, str]]:
+def iam_bucket(s3_server: SeaweedFS) -> tuple[str, dict[str, str]]:
     """A bucket with ``open/x``, and an IAM user allowed to read and write ``open/*`` only."""
-    bucket = moto_server.new_bucket()
-    raw = moto_server.client()
+    bucket = s3_server.new_bucket()
+    raw = s3_server.client()
     raw.put_object(Bucket=bucket, Key="data/open/x", Body=b"readable")
     raw.put_object(Bucket=bucket, Key="data/closed/x", Body=b"secret data")
-    iam = moto_server.client("iam")
+    iam = s3_server.client("iam")
     user = f"u-{bucket}"
     iam.create_user(UserName=user)
     key = iam.create_access_key(UserName=user)["AccessKey"]
@@ -289,7 +290,7 @@ def _operations(store: S3Store, key: str, tmp_path: Path) -> dict[str, Callable[
 
 @pytest.mark.parametrize("who", ["unknown key id", "wrong secret", "no permission"])
 def test_wrong_credentials_are_access_denied_and_never_shown(
-    moto_server: MotoServer,
+    s3_server: SeaweedFS,
     iam_bucket: tuple[str, dict[str, str]],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -305,37 +306,35 @@ def test_wrong_credentials_are_access_denied_and_never_shown(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     caplog.set_level(logging.DEBUG)
-    store = S3Store(f"s3://{bucket}/data", s3_config(moto_server, max_attempts=2))
-    with moto_server.enforce_auth():
-        for op, call in _operations(store, key, tmp_path).items():
-            with pytest.raises(StoreAccessDenied) as info:
-                call()
-            message = str(info.value)
-            assert message.startswith(
-                f"wrong credentials or no permission for s3://{bucket}/data/{key}"
-            ), (op, message)
-            chain = "".join(traceback.format_exception(info.value))  # with the boto3 cause
-            for shown in (message, chain, caplog.text):
-                assert secret not in shown
-                assert real["secret"] not in shown
-                assert FAKE_SECRET not in shown
-            assert key_id not in message
-        assert not (tmp_path / "out").exists()
+    store = S3Store(f"s3://{bucket}/data", s3_config(s3_server, max_attempts=2))
+    for op, call in _operations(store, key, tmp_path).items():
+        with pytest.raises(StoreAccessDenied) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(
+            f"wrong credentials or no permission for s3://{bucket}/data/{key}"
+        ), (op, message)
+        chain = "".join(traceback.format_exception(info.value))  # with the boto3 cause
+        for shown in (message, chain, caplog.text):
+            assert secret not in shown
+            assert real["secret"] not in shown
+            assert FAKE_SECRET not in shown
+        assert key_id not in message
+    assert not (tmp_path / "out").exists()
 
 
 def test_right_credentials_pass_with_auth_enforced(
-    moto_server: MotoServer,
+    s3_server: SeaweedFS,
     iam_bucket: tuple[str, dict[str, str]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     bucket, real = iam_bucket
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", real["id"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", real["secret"])
-    store = S3Store(f"s3://{bucket}/data", s3_config(moto_server))
-    with moto_server.enforce_auth():
-        store.put_bytes("open/y", b"written")
-        assert store.get_bytes("open/y") == b"written"
-        assert store.get_bytes("open/x") == b"readable"
+    store = S3Store(f"s3://{bucket}/data", s3_config(s3_server))
+    store.put_bytes("open/y", b"written")
+    assert store.get_bytes("open/y") == b"written"
+    assert store.get_bytes("open/x") == b"readable"
 
 
 def test_no_credentials_anywhere_is_access_denied(
@@ -500,7 +499,7 @@ def test_fixture_credentials_do_not_leak_either(
 # --- streamed writes and hashed ranged downloads ------------------------------------------
 
 
-def _parts_store(server: MotoServer, **fields: object) -> S3Store:
+def _parts_store(server: S3Endpoint, **fields: object) -> S3Store:
     """5 MiB parts (S3's smallest), so a few MiB make a multipart object."""
     config = s3_config(server, multipart_threshold_mb=5, multipart_chunk_mb=5, **fields)
     return S3Store(f"s3://{server.new_bucket()}/parts", config)
@@ -532,11 +531,11 @@ def _upload_small_and_in_parts(store: S3Store) -> None:
     writer.close()
 
 
-def test_bodies_go_unsigned_beside_a_checksum_the_store_checks(moto_server: MotoServer) -> None:
+def test_bodies_go_unsigned_beside_a_checksum_the_store_checks(s3_server: SeaweedFS) -> None:
     # Over plain http botocore would hash every body once more (SigV4's payload sha256)
     # after the sha256 a checkpoint's manifest keeps: the body goes UNSIGNED-PAYLOAD with
     # its CRC32, as botocore sends it over https.
-    store = _parts_store(moto_server)
+    store = _parts_store(s3_server)
     sent = _bodies_sent(store)
     _upload_small_and_in_parts(store)
     data = [(op, h) for op, _, h in sent if op in ("PutObject", "UploadPart")]
@@ -548,11 +547,11 @@ def test_bodies_go_unsigned_beside_a_checksum_the_store_checks(moto_server: Moto
 
 
 def test_bodies_are_signed_for_a_store_that_wants_them_or_without_checksums(
-    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+    s3_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    signed = _parts_store(moto_server, sign_payloads=True)
+    signed = _parts_store(s3_server, sign_payloads=True)
     monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
-    unchecked = _parts_store(moto_server)
+    unchecked = _parts_store(s3_server)
     for store in (signed, unchecked):
         sent = _bodies_sent(store)
         _upload_small_and_in_parts(store)
@@ -563,15 +562,15 @@ def test_bodies_are_signed_for_a_store_that_wants_them_or_without_checksums(
 
 
 def test_a_streamed_object_goes_up_in_parts_and_exists_only_once_closed(
-    moto_server: MotoServer,
+    s3_server: SeaweedFS,
 ) -> None:
-    store = _parts_store(moto_server, max_concurrency=2)
+    store = _parts_store(s3_server, max_concurrency=2)
     data = os.urandom(12 * MiB + 3)
     writer = store.writer("shard.bin")
     for start in range(0, len(data), 3 * MiB + 1):  # writes that straddle parts
         writer.write(memoryview(data)[start : start + 3 * MiB + 1])
     assert writer.tell() == len(data)
-    raw = moto_server.client()
+    raw = s3_server.client()
     assert store.list() == []  # parts are going up, the object does not exist yet
     assert len(raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])) == 1
     assert writer.close() == hashlib.sha256(data).hexdigest()
@@ -582,14 +581,14 @@ def test_a_streamed_object_goes_up_in_parts_and_exists_only_once_closed(
 
 
 def test_a_small_streamed_object_is_one_put_and_an_empty_one_round_trips(
-    moto_server: MotoServer, tmp_path: Path,
+    s3_server: SeaweedFS, tmp_path: Path,
 ) -> None:
-    store = _parts_store(moto_server)
+    store = _parts_store(s3_server)
     for key, data in (("small", os.urandom(1000)), ("empty", b"")):
         writer = store.writer(key)
         writer.write(data)
         assert writer.close() == hashlib.sha256(data).hexdigest()
-        head = moto_server.client().head_object(Bucket=store.bucket, Key=f"parts/{key}")
+        head = s3_server.client().head_object(Bucket=store.bucket, Key=f"parts/{key}")
         assert "-" not in head["ETag"].strip('"')  # a plain PUT, no multipart upload
         # A range of an empty object is unsatisfiable (416): the download still works.
         digest = store.get_file(key, tmp_path / key, expect_sha256=hashlib.sha256(data).hexdigest())
@@ -597,13 +596,13 @@ def test_a_small_streamed_object_is_one_put_and_an_empty_one_round_trips(
         assert (tmp_path / key).read_bytes() == data
 
 
-def test_an_aborted_stream_leaves_no_object_and_no_upload(moto_server: MotoServer) -> None:
-    store = _parts_store(moto_server)
+def test_an_aborted_stream_leaves_no_object_and_no_upload(s3_server: SeaweedFS) -> None:
+    store = _parts_store(s3_server)
     store.put_bytes("shard.bin", b"the committed one")
     writer = store.writer("shard.bin")
     writer.write(os.urandom(11 * MiB))  # two parts sent, one buffered
     writer.abort()
-    raw = moto_server.client()
+    raw = s3_server.client()
     assert not raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
     assert store.get_bytes("shard.bin") == b"the committed one"
     with pytest.raises(ValueError, match="after close or abort"):
@@ -624,9 +623,9 @@ def test_a_stream_to_a_dead_endpoint_fails_as_unavailable_and_leaves_nothing(
 
 
 def test_the_sha256_taken_while_uploading_catches_a_corrupted_object_on_download(
-    moto_server: MotoServer, tmp_path: Path,
+    s3_server: SeaweedFS, tmp_path: Path,
 ) -> None:
-    store = _parts_store(moto_server, max_concurrency=3)
+    store = _parts_store(s3_server, max_concurrency=3)
     data = bytearray(os.urandom(17 * MiB))  # four ranged GETs, three at a time
     writer = store.writer("shard.bin")
     writer.write(data)
@@ -635,7 +634,7 @@ def test_the_sha256_taken_while_uploading_catches_a_corrupted_object_on_download
     assert store.get_file("shard.bin", dest, expect_sha256=digest) == digest
     assert dest.read_bytes() == data  # every part landed at its offset
     data[16 * MiB + 5] ^= 0x01  # in the last part, hashed last
-    moto_server.client().put_object(Bucket=store.bucket, Key="parts/shard.bin", Body=bytes(data))
+    s3_server.client().put_object(Bucket=store.bucket, Key="parts/shard.bin", Body=bytes(data))
     with pytest.raises(StoreIntegrityError, match="does not match"):
         store.get_file("shard.bin", dest, expect_sha256=digest)
     assert not dest.exists()  # the earlier verified copy is gone too
