@@ -10,8 +10,7 @@ the session's end stops it and everything it started.
 moto's server is kept for tests whose fault is the endpoint itself going away: each gets
 a server of its own to SIGKILL (like a gateway pod dying) and start again on the same
 port, in about a second and in memory. ``moto_servers`` is the session-scoped factory
-(every server it started is stopped at the end of the session); ``moto_server`` is one
-shared server, for the tests not moved to SeaweedFS yet.
+(every server it started is stopped at the end of the session).
 
 A test module loads the fixtures as a plugin, without a conftest::
 
@@ -24,8 +23,6 @@ URL where nothing listens.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import signal
@@ -143,31 +140,6 @@ class MotoServer(S3Endpoint):
         self.stop()
         self.start()
 
-    def _post(self, path: str, body: bytes) -> Any:
-        request = urllib.request.Request(
-            f"{self.endpoint}{path}",
-            data=body,
-            method="POST",
-            headers={"Content-Type": "text/plain"},  # not a form: moto reads the raw body
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read() or b"{}")
-
-    @contextlib.contextmanager
-    def enforce_auth(self) -> Iterator[None]:
-        """Inside: requests must be signed by an access key moto's IAM knows, and allowed.
-
-        moto accepts any credentials until ``INITIAL_NO_AUTH_ACTION_COUNT`` requests have
-        been served (infinite by default); its ``/moto-api/reset-auth`` endpoint sets that
-        count at runtime, so 0 turns IAM authentication and authorization on for every
-        later request and ``inf`` turns it off again.
-        """
-        self._post("/moto-api/reset-auth", b"0")
-        try:
-            yield
-        finally:
-            self._post("/moto-api/reset-auth", b"inf")
-
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
@@ -208,12 +180,6 @@ def moto_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     yield start
     for server in started:
         server.stop()
-
-
-@pytest.fixture(scope="session")
-def moto_server(moto_servers: Callable[[], MotoServer]) -> MotoServer:
-    """The shared server: tests isolate themselves with a bucket each."""
-    return moto_servers()
 
 
 @pytest.fixture
