@@ -639,3 +639,48 @@ def test_the_sha256_taken_while_uploading_catches_a_corrupted_object_on_download
         store.get_file("shard.bin", dest, expect_sha256=digest)
     assert not dest.exists()  # the earlier verified copy is gone too
     assert os.listdir(dest.parent) == []
+
+
+def _changed_on_their_way(store: S3Store) -> None:
+    """From now on one bit of every object body the store sends flips after botocore took
+    its checksum and signature, as a faulty link or proxy would flip it."""
+    def flip(request: Any, **_: Any) -> None:
+        body = request.body
+        if body is not None and not isinstance(body, bytes | bytearray):
+            position = body.tell()
+            body, _ = body.read(), body.seek(position)
+        if body:
+            changed = bytearray(body)
+            changed[len(changed) // 2] ^= 0x01
+            request.body = bytes(changed)
+
+    for operation in ("PutObject", "UploadPart"):
+        store._client.meta.events.register(f"before-send.s3.{operation}", flip)
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["crc32", "signed"])
+def test_a_body_changed_on_its_way_is_refused_by_the_server(
+    s3_server: SeaweedFS, signed: bool
+) -> None:
+    # What an unsigned body's CRC32 (or a signed one's sha256) is for: the server checks
+    # it and stores nothing of a body that does not match. moto stores such a body.
+    store = _parts_store(s3_server, sign_payloads=signed)
+    store.put_bytes("shard.bin", b"the committed one")
+    _changed_on_their_way(store)
+    with pytest.raises(StoreIntegrityError, match=(
+            rf"^{s3_server.endpoint} refused the bytes sent to write "
+            rf"{store.uri('shard.bin')}: .* \((BadDigest|XAmzContentSHA256Mismatch)\)$")):
+        store.put_bytes("shard.bin", os.urandom(1000))
+    writer = store.writer("big.bin")
+    with pytest.raises(StoreIntegrityError, match=(
+            rf"refused the bytes sent to upload {store.uri('big.bin')}: ")):
+        try:
+            writer.write(os.urandom(11 * MiB))  # two parts sent, one buffered
+            writer.close()
+        finally:
+            writer.abort()
+    raw = s3_server.client()
+    assert raw.get_object(Bucket=store.bucket, Key="parts/shard.bin")["Body"].read() == (
+        b"the committed one")
+    assert not store.exists("big.bin")
+    assert not raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
