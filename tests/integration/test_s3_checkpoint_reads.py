@@ -192,7 +192,8 @@ def test_the_scale_bench_on_s3_gives_back_every_saved_state(
     finally:
         sys.path.pop(0)
     cfg = bench.Config(d_model=64, layers=2, heads=2, vocab=512, seq=16, ranks=1, rounds=1,
-                       endpoint=s3_server.endpoint, bucket=s3_server.new_bucket())
+                       endpoint=s3_server.endpoint, bucket=s3_server.new_bucket(),
+                       server="seaweedfs")
     figures = bench.measure(cfg, tmp_path)  # check_same raises on any difference
     (rounds,) = figures["ranks"]
     for op in ("rq_s3_save", "dcp_s3_save", "rq_s3_load", "dcp_s3_load"):
