@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -251,6 +252,23 @@ FAKE_SECRET = "rq-FAKE-SECRET-7f3a9c-must-never-be-logged"
 FAKE_KEY_ID = "AKIARQFAKEKEYID12345"
 
 
+def _iam_user(server: SeaweedFS, bucket: str, *grants: tuple[list[str], str]) -> dict[str, str]:
+    """A user of the server's IAM with a key, allowed each (actions, resource under the
+    bucket) of ``grants`` and nothing else; its key id and secret."""
+    iam = server.client("iam")
+    user = f"u-{uuid.uuid4().hex[:12]}"
+    iam.create_user(UserName=user)
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions,
+                       "Resource": f"arn:aws:s3:::{bucket}{resource}"}
+                      for actions, resource in grants],
+    }
+    iam.put_user_policy(UserName=user, PolicyName="granted", PolicyDocument=json.dumps(policy))
+    return {"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+
+
 @pytest.fixture(scope="module")
 def iam_bucket(s3_server: SeaweedFS) -> tuple[str, dict[str, str]]:
     """A bucket with ``open/x``, and an IAM user allowed to read and write ``open/*`` only."""
@@ -258,22 +276,7 @@ def iam_bucket(s3_server: SeaweedFS) -> tuple[str, dict[str, str]]:
     raw = s3_server.client()
     raw.put_object(Bucket=bucket, Key="data/open/x", Body=b"readable")
     raw.put_object(Bucket=bucket, Key="data/closed/x", Body=b"secret data")
-    iam = s3_server.client("iam")
-    user = f"u-{bucket}"
-    iam.create_user(UserName=user)
-    key = iam.create_access_key(UserName=user)["AccessKey"]
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:PutObject"],
-                "Resource": f"arn:aws:s3:::{bucket}/data/open/*",
-            }
-        ],
-    }
-    iam.put_user_policy(UserName=user, PolicyName="open-only", PolicyDocument=json.dumps(policy))
-    return bucket, {"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    return bucket, _iam_user(s3_server, bucket, (["s3:GetObject", "s3:PutObject"], "/data/open/*"))
 
 
 def _operations(store: S3Store, key: str, tmp_path: Path) -> dict[str, Callable[[], object]]:
@@ -335,6 +338,27 @@ def test_right_credentials_pass_with_auth_enforced(
     store.put_bytes("open/y", b"written")
     assert store.get_bytes("open/y") == b"written"
     assert store.get_bytes("open/x") == b"readable"
+
+
+def test_a_delete_refused_for_some_keys_names_one_and_counts_the_others(
+    s3_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DeleteObjects answers 200 with an error for each key it refused, and deletes the rest.
+    bucket = s3_server.new_bucket()
+    raw = s3_server.client()
+    for key in ("c/closed/a", "c/closed/b", "c/open/a", "c/open/b"):
+        raw.put_object(Bucket=bucket, Key=f"data/{key}", Body=b"1")
+    user = _iam_user(s3_server, bucket, (["s3:ListBucket"], ""),
+                     (["s3:DeleteObject"], "/data/c/open/*"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", user["id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", user["secret"])
+    store = S3Store(f"s3://{bucket}/data", s3_config(s3_server))
+    with pytest.raises(StoreAccessDenied, match=(
+            rf"^wrong credentials or no permission: cannot delete s3://{bucket}/data/c/closed/"
+            r"[ab] and 1 more \(AccessDenied\)$")):
+        store.delete_prefix("c")
+    left = raw.list_objects_v2(Bucket=bucket)["Contents"]
+    assert [o["Key"] for o in left] == ["data/c/closed/a", "data/c/closed/b"]
 
 
 def test_no_credentials_anywhere_is_access_denied(
