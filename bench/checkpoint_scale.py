@@ -1,5 +1,5 @@
 """resumequal's checkpoint save and restore next to plain DCP, at real sizes, in a folder
-and on S3 (moto's server on loopback).
+and on S3 (moto's server on loopback, or SeaweedFS with ``--server seaweedfs``).
 
 Builds a real training state — tiny-gpt (d_model 768, 12 layers, 12 heads, vocab 8192,
 seq 128: 98M parameters) after one AdamW step, model + optimizer ≈ 1.17 GB — on every
@@ -14,7 +14,9 @@ under DDP), and measures side by side in each round, every step between barriers
   rank reads checked as it is read) next to ``dcp.load`` of the plain checkpoint;
 - on S3 (unless ``--no-s3``; a moto server started here, ``bench/moto_ranges.py``, which
   serves a ranged GET from the bytes asked for where moto copies the whole object, its
-  objects in its memory: there is no cache to drop): the same save and restore through a
+  objects in its memory: there is no cache to drop; or, with ``--server seaweedfs``, a
+  real S3 server, :mod:`seaweedfs`, its objects in volume files under the work folder):
+  the same save and restore through a
   :class:`RemoteRoot` (shards streamed to the store as DCP writes them, hashed on the way;
   restores fetch each chunk a rank reads in a ranged GET and check it) next to plain DCP
   through the same store without resumequal: shards streamed by the same object writers,
@@ -30,6 +32,7 @@ rank's resident memory above what it held before the step (sampled every 5 ms), 
 the bound of issue 38: the bytes the rank saves or loads + 1 GB.
 
     python bench/checkpoint_scale.py [--ranks 2] [--rounds 2] [--head] [--no-s3] [--dir /tmp]
+        [--server seaweedfs]
     python bench/checkpoint_scale.py --d-model 64 --layers 1 --vocab 256   # a few MB
 """
 
@@ -74,6 +77,7 @@ from resumequal.store import Store
 from resumequal.store.s3 import S3Store
 from resumequal.store.s3settings import S3Config
 from resumequal.workloads.tiny_gpt import TinyGPT, TinyGPTParams
+from seaweedfs import SERVERS, seaweedfs_server
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -91,9 +95,10 @@ class Config:
     rounds: int = 2
     head: bool = False
     dir: str = ""
-    # The moto server's endpoint and bucket (started by :func:`run`); "" for no S3.
+    # The S3 server's endpoint and bucket (started by :func:`run`); "" for no S3.
     endpoint: str = ""
     bucket: str = ""
+    server: str = "moto"  # or "seaweedfs"
 
 
 class BenchState(BaseModel):
@@ -460,14 +465,28 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def moto_server(work: Path) -> Iterator[str]:
-    """moto's S3 server on loopback (ranged GETs served from their bytes alone), in a
-    process of its own (its objects in its memory),
-    with one bucket ``bench``; its endpoint. Dummy credentials for whoever reaches it."""
+def _dummy_credentials() -> None:
     for name, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):
         os.environ.setdefault(name, value)
+
+
+@contextlib.contextmanager
+def s3_server(server: str, work: Path) -> Iterator[str]:
+    """``server`` (moto or seaweedfs) on loopback with one bucket ``bench``; its endpoint.
+    Dummy credentials for whoever reaches it."""
+    _dummy_credentials()
+    with moto_server(work) if server == "moto" else seaweedfs_server(work) as endpoint:
+        import boto3  # type: ignore[import-untyped]
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+        yield endpoint
+
+
+@contextlib.contextmanager
+def moto_server(work: Path) -> Iterator[str]:
+    """moto's S3 server on loopback (ranged GETs served from their bytes alone), in a
+    process of its own (its objects in its memory); its endpoint."""
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     with (work / "moto.log").open("wb") as log:
@@ -485,9 +504,6 @@ def moto_server(work: Path) -> Iterator[str]:
                     raise RuntimeError(
                         f"moto server not answering; see {work}/moto.log") from None
                 time.sleep(0.1)
-        import boto3  # type: ignore[import-untyped]
-
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
         yield endpoint
     finally:
         proc.terminate()
@@ -496,13 +512,13 @@ def moto_server(work: Path) -> Iterator[str]:
 
 def run(cfg: Config, s3: bool = True) -> dict[str, Any]:
     """Spawn ``cfg.ranks`` ranks measuring in a fresh folder under ``cfg.dir`` (and, with
-    ``s3``, a moto server); their figures."""
+    ``s3``, the S3 server ``cfg.server``); their figures."""
     os.environ.setdefault(KEY_ENV, new_key())
     os.environ.setdefault(RUN_ID_ENV, new_run_id())
     work = Path(tempfile.mkdtemp(prefix="rq-ckpt-scale-", dir=cfg.dir or None))
     try:
         with contextlib.ExitStack() as stack:
-            endpoint = stack.enter_context(moto_server(work)) if s3 else ""
+            endpoint = stack.enter_context(s3_server(cfg.server, work)) if s3 else ""
             result = work / "result.json"
             ranked = Config(**{**asdict(cfg), "dir": str(work), "endpoint": endpoint,
                                "bucket": "bench" if s3 else ""})
@@ -570,8 +586,10 @@ def report(cfg: Config, figures: dict[str, Any]) -> str:
                          + ", ".join(f"rank {i} {mb:.0f} MB" for i, mb in enumerate(peaks))
                          + f" (bound: what a rank loads + 1 GB = {bound / 1e6:.0f} MB)")
     lines.append("folder restores are cold: every file of the checkpoint dropped from the page "
-                 "cache first (posix_fadvise DONTNEED, no root needed); S3's objects live in "
-                 "moto's memory: no cache to drop")
+                 "cache first (posix_fadvise DONTNEED, no root needed); "
+                 + ("S3's objects live in moto's memory: no cache to drop" if cfg.server == "moto"
+                    else "S3's objects are SeaweedFS's volume files, read through the page "
+                    "cache (not dropped)"))
     return "\n".join(lines)
 
 
@@ -589,9 +607,10 @@ def main() -> None:
                         help="also measure the copy path of before issue 38")
     parser.add_argument("--no-s3", action="store_true", help="measure the folder only")
     parser.add_argument("--dir", default="", help="where to write (default: the temp folder)")
+    parser.add_argument("--server", choices=SERVERS, default="moto", help="the S3 server")
     a = parser.parse_args()
     cfg = Config(d_model=a.d_model, layers=a.layers, heads=a.heads, vocab=a.vocab, seq=a.seq,
-                 ranks=a.ranks, rounds=a.rounds, head=a.head, dir=a.dir)
+                 ranks=a.ranks, rounds=a.rounds, head=a.head, dir=a.dir, server=a.server)
     print(report(cfg, run(cfg, s3=not a.no_s3)))
 
 

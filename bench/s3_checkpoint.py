@@ -1,6 +1,7 @@
 """resumequal's S3 checkpoint save and resume next to raw boto3, against moto on loopback.
 
-Starts ``python -m moto.server`` on a free 127.0.0.1 port (dummy credentials), builds a
+Starts ``python -m moto.server`` on a free 127.0.0.1 port (dummy credentials; SeaweedFS, a
+real S3 server, with ``--server seaweedfs``: :mod:`seaweedfs`), builds a
 ~300 MB state dict of float32 tensors of mixed sizes and, in a single-process gloo group
 (rank 0 of 1, over a FileStore), measures side by side in every round:
 
@@ -25,10 +26,11 @@ MB/s (median round) and the median over pairs of that ratio (1.00 = as fast as t
 transfer alone), and the ratio of each side's best round: on a machine shared with other
 work, the best round of each side is the one least disturbed.
 
-    python bench/s3_checkpoint.py [--mb 300] [--rounds 4]
+    python bench/s3_checkpoint.py [--mb 300] [--rounds 4] [--server seaweedfs]
 
 moto keeps objects in one Python process and shares the CPUs with the client, so
 absolute figures are far below a real endpoint; the ratios are what this measures.
+SeaweedFS is a real server, sharing the CPUs all the same.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.store import S3Config
 from resumequal.store.s3settings import S3Spec
 from s3_upload import moto_server  # the same loopback moto launcher
+from seaweedfs import SERVERS, seaweedfs_server
 
 MiB = 1 << 20
 BUCKET = "rq-bench"
@@ -77,7 +80,7 @@ def dummy_credentials() -> None:
         os.environ.pop(name, None)
     os.environ.update(
         AWS_ACCESS_KEY_ID="AKIARQBENCHDUMMYKEY0",
-        AWS_SECRET_ACCESS_KEY="rq-dummy-secret-for-moto-only",
+        AWS_SECRET_ACCESS_KEY="rq-dummy-secret-for-bench-only",
         AWS_DEFAULT_REGION=REGION,
         AWS_REGION=REGION,
         AWS_CONFIG_FILE=os.devnull,
@@ -200,6 +203,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=300, help="state size in MB")
     parser.add_argument("--rounds", type=int, default=4,
                         help="timed rounds, an even number (one of each order per pair)")
+    parser.add_argument("--server", choices=SERVERS, default="moto", help="the S3 server")
     args = parser.parse_args()
     args.rounds += args.rounds % 2
     quiet()
@@ -210,7 +214,8 @@ def main() -> None:
 
     state = make_state(args.mb)
     nbytes = state_bytes(state)
-    with (moto_server() as endpoint, tempfile.TemporaryDirectory(prefix="rq-s3ckpt-") as t,
+    server = seaweedfs_server() if args.server == "seaweedfs" else moto_server()
+    with (server as endpoint, tempfile.TemporaryDirectory(prefix="rq-s3ckpt-") as t,
           process_group(Path(t))):
         tmp = Path(t)
         raw = raw_client(endpoint)
@@ -234,7 +239,8 @@ def main() -> None:
         print(f"state: {len(state)} float32 tensors, {nbytes / 1e6:.0f} MB "
               f"(largest {max(t.numel() for t in state.values()) * 4 / 1e6:.1f} MB, smallest "
               f"{min(t.numel() for t in state.values()) * 4 / 1e3:.1f} kB); DCP files "
-              f"{len(files)}, {total_mb:.0f} MB; {os.cpu_count()} CPUs; moto at {endpoint}")
+              f"{len(files)}, {total_mb:.0f} MB; {os.cpu_count()} CPUs; "
+              f"{args.server} at {endpoint}")
 
         def raw_upload() -> None:
             for p in files:

@@ -1,6 +1,7 @@
-"""S3Store transfer cost next to raw boto3, against a moto server on loopback.
+"""S3Store transfer cost next to raw boto3, against a moto server (or SeaweedFS) on loopback.
 
-Starts ``python -m moto.server`` on 127.0.0.1 (dummy credentials), writes ~200 MB of
+Starts ``python -m moto.server`` on 127.0.0.1 (dummy credentials; SeaweedFS with
+``--server seaweedfs``, :mod:`seaweedfs`), writes ~200 MB of
 checkpoint-like files, then, alternating rounds so both sides see the same server state:
 
 - upload: ``S3Store.put_file`` (sha256 of the file + multipart upload) next to boto3's
@@ -11,10 +12,10 @@ checkpoint-like files, then, alternating rounds so both sides see the same serve
 Prints MB/s (best round) and the median over rounds of raw time / store time (1.0 = no
 overhead).
 
-    python bench/s3_upload.py [--files 8] [--mb 25] [--rounds 5]
+    python bench/s3_upload.py [--files 8] [--mb 25] [--rounds 5] [--server seaweedfs]
 
 moto keeps objects in one Python process, so absolute figures are far below a real
-endpoint; the ratio is what this measures.
+endpoint; the ratio is what this measures. SeaweedFS is a real server, on the same CPUs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from botocore.config import Config
 
 from resumequal.store import S3Config
 from resumequal.store.s3 import S3Store
+from seaweedfs import SERVERS, seaweedfs_server
 
 MiB = 1 << 20
 
@@ -82,6 +84,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--mb", type=int, default=25, help="MiB per file")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--server", choices=SERVERS, default="moto", help="the S3 server")
     args = parser.parse_args()
 
     os.environ.update(
@@ -91,7 +94,8 @@ def main() -> None:
         AWS_EC2_METADATA_DISABLED="true",
     )
     total_mb = args.files * args.mb * MiB / 1e6
-    with moto_server() as endpoint, tempfile.TemporaryDirectory() as tmp:
+    server = seaweedfs_server() if args.server == "seaweedfs" else moto_server()
+    with server as endpoint, tempfile.TemporaryDirectory() as tmp:
         files = []
         for i in range(args.files):
             path = Path(tmp, f"shard-{i}.distcp")
@@ -111,7 +115,7 @@ def main() -> None:
         print(
             f"{args.files} files x {args.mb} MiB = {total_mb:.0f} MB, parts of "
             f"{config.multipart_chunk_mb} MiB, {config.max_concurrency} threads, "
-            f"{os.cpu_count()} CPUs, moto at {endpoint}"
+            f"{os.cpu_count()} CPUs, {args.server} at {endpoint}"
         )
 
         # Store and raw boto3 alternate file by file (who goes first alternates too), so

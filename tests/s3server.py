@@ -1,23 +1,30 @@
-"""A real S3 endpoint for tests: moto's server as a subprocess on 127.0.0.1 (with S3's
-atomic conditional writes, :mod:`tests.moto_s3`).
+"""Real S3 endpoints for tests, on 127.0.0.1: SeaweedFS, a real S3 server, and moto's
+server as a subprocess (with S3's atomic conditional writes, :mod:`tests.moto_s3`).
 
-A subprocess, not moto's in-process mock, so that requests cross real HTTP and a test can
-kill the endpoint (SIGKILL, like a gateway pod dying) and start it again on the same port.
+``s3_server`` is SeaweedFS (``weed mini``, :mod:`testing.cluster.seaweed`), one for the
+session, built from its Go module if this checkout has not built it yet. Every test that
+needs an S3 server and no fault of one runs on it; each isolates itself with a bucket of
+its own. The server carries a tag of the session's (:mod:`testing.cluster.daemons`), and
+the session's end stops it and everything it started.
+
+moto's server is kept for tests whose fault is the endpoint itself going away: each gets
+a server of its own to SIGKILL (like a gateway pod dying) and start again on the same
+port, in about a second and in memory. ``moto_servers`` is the session-scoped factory
+(every server it started is stopped at the end of the session).
+
 A test module loads the fixtures as a plugin, without a conftest::
 
     pytest_plugins = ("tests.s3server",)
 
-``moto_servers`` is a session-scoped factory (every server it started is stopped at the
-end of the session); ``moto_server`` is one shared server; ``aws_env`` gives each test
-dummy credentials and nothing else from the AWS chain (no profile, no instance metadata);
-``closed_endpoint`` is a loopback URL where nothing listens.
+``aws_env`` gives each test the dummy credentials both servers accept, and nothing else
+from the AWS chain (no profile, no instance metadata); ``closed_endpoint`` is a loopback
+URL where nothing listens.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,20 +43,57 @@ from botocore.config import Config
 from tests.ports import free_port
 
 ACCESS_KEY = "AKIARQTESTDUMMYKEY00"
-SECRET_KEY = "rq-dummy-secret-for-moto-only"
+SECRET_KEY = "rq-dummy-secret-for-tests-only"
 REGION = "us-east-1"
 READY_TIMEOUT_S = 30.0
 REPO = Path(__file__).resolve().parents[1]
+# Every bucket is a SeaweedFS collection with a volume of its own, and a session makes a
+# few hundred: more than the dozen volumes SeaweedFS sizes a small disk for.
+SEAWEEDFS_VOLUMES = 2000
 
 
-class MotoServer:
+class S3Endpoint:
+    """An S3 endpoint on loopback: where it answers, raw clients, fresh buckets."""
+
+    endpoint: str
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rsplit(":", 1)[1])
+
+    def client(self, service: str = "s3", **keys: str) -> Any:
+        """A raw boto3 client (s3, or iam for users and policies) for setting up and
+        tampering; the dummy credentials by default."""
+        session = boto3.session.Session(
+            aws_access_key_id=keys.get("access_key", ACCESS_KEY),
+            aws_secret_access_key=keys.get("secret_key", SECRET_KEY),
+            region_name=REGION,
+        )
+        return session.client(
+            service, endpoint_url=self.endpoint, config=Config(s3={"addressing_style": "path"})
+        )
+
+    def new_bucket(self) -> str:
+        name = f"rq-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+class SeaweedFS(S3Endpoint):
+    """SeaweedFS's S3 gateway: its admin identity has the dummy credentials, and its IAM API
+    makes users, keys and policies that it enforces on every request, as AWS does."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+
+class MotoServer(S3Endpoint):
     """One moto server process; its state lives in memory and dies with it. ``env`` adds
     to its environment."""
 
     def __init__(self, log_path: Path, port: int | None = None,
                  env: dict[str, str] | None = None) -> None:
-        self.port = port or free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"http://127.0.0.1:{port or free_port()}"
         self.log_path = log_path
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -96,46 +140,29 @@ class MotoServer:
         self.stop()
         self.start()
 
-    def _post(self, path: str, body: bytes) -> Any:
-        request = urllib.request.Request(
-            f"{self.endpoint}{path}",
-            data=body,
-            method="POST",
-            headers={"Content-Type": "text/plain"},  # not a form: moto reads the raw body
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read() or b"{}")
 
-    @contextlib.contextmanager
-    def enforce_auth(self) -> Iterator[None]:
-        """Inside: requests must be signed by an access key moto's IAM knows, and allowed.
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """SeaweedFS for the session: tests isolate themselves with a bucket each."""
+    from resumequal.local.processes import tagged
+    from testing.cluster import build, daemons, seaweed
 
-        moto accepts any credentials until ``INITIAL_NO_AUTH_ACTION_COUNT`` requests have
-        been served (infinite by default); its ``/moto-api/reset-auth`` endpoint sets that
-        count at runtime, so 0 turns IAM authentication and authorization on for every
-        later request and ``inf`` turns it off again.
-        """
-        self._post("/moto-api/reset-auth", b"0")
-        try:
-            yield
-        finally:
-            self._post("/moto-api/reset-auth", b"inf")
-
-    def client(self, service: str = "s3", **keys: str) -> Any:
-        """A raw boto3 client for setting up and tampering (dummy credentials by default)."""
-        session = boto3.session.Session(
-            aws_access_key_id=keys.get("access_key", ACCESS_KEY),
-            aws_secret_access_key=keys.get("secret_key", SECRET_KEY),
-            region_name=REGION,
-        )
-        return session.client(
-            service, endpoint_url=self.endpoint, config=Config(s3={"addressing_style": "path"})
-        )
-
-    def new_bucket(self) -> str:
-        name = f"rq-{uuid.uuid4().hex[:12]}"
-        self.client().create_bucket(Bucket=name)
-        return name
+    # Built once per pin and cached in build/cluster/bin (CI builds it before the tests).
+    weed = build.build(build.SEAWEEDFS) / "weed"
+    root = tmp_path_factory.mktemp("seaweedfs")
+    tag = f"tests-{uuid.uuid4().hex[:10]}"
+    try:
+        server = seaweed.start(weed, root, cluster=tag, credentials=(ACCESS_KEY, SECRET_KEY),
+                               iam_writes=True, max_volumes=SEAWEEDFS_VOLUMES)
+        yield SeaweedFS(server.endpoint)
+    finally:
+        # Its objects are thrown away: a second for a clean exit, not the ten weed mini
+        # can take to close a few hundred volumes, then SIGKILL.
+        daemons.stop_all(tag, grace=1.0)
+        left = sorted(set(tagged(tag, daemons.TAG)) - {os.getpid()})
+        assert not left, f"SeaweedFS processes outlive the session: {left}"
+        # The objects go; the log stays with the session's other temporary files.
+        shutil.rmtree(root / "data", ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -153,12 +180,6 @@ def moto_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     yield start
     for server in started:
         server.stop()
-
-
-@pytest.fixture(scope="session")
-def moto_server(moto_servers: Callable[[], MotoServer]) -> MotoServer:
-    """The shared server: tests isolate themselves with a bucket each."""
-    return moto_servers()
 
 
 @pytest.fixture

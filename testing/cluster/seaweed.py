@@ -3,8 +3,13 @@ tests and the cluster.
 
 ``weed mini`` (SeaweedFS's one-process master, volume server, filer and S3 gateway, built
 from its Go module) with a data folder of its own, its S3 API on ``host:port`` and one
-identity whose access key and secret are made on the spot and required for every request
-(``-s3.config``, SeaweedFS's static identities file).
+identity whose access key and secret are made on the spot (or given) and required for every
+request (``-s3.config``, SeaweedFS's static identities file).
+
+It behaves as AWS S3 does where SeaweedFS's defaults differ: a write to a missing bucket
+fails with NoSuchBucket instead of creating the bucket. The Iceberg and Lance endpoints it
+would open on fixed ports (8181, 9101) stay closed, so several servers run side by side,
+and it reports nothing to SeaweedFS's telemetry.
 """
 
 from __future__ import annotations
@@ -59,12 +64,22 @@ def identities(access_key: str, secret_key: str) -> str:
 
 
 def start(weed: Path, root: Path, *, cluster: str, host: str = "127.0.0.1",
-          port: int | None = None) -> S3Server:
-    """Start ``weed mini`` under ``root`` and wait until its S3 API answers."""
+          port: int | None = None, credentials: tuple[str, str] | None = None,
+          iam_writes: bool = False, max_volumes: int = 0) -> S3Server:
+    """Start ``weed mini`` under ``root`` and wait until its S3 API answers.
+
+    ``credentials``: the admin identity's (access key, secret), made here when None.
+    ``iam_writes``: the IAM API on the S3 port may create users, keys and policies (mini
+    serves it read-only by default). ``max_volumes``: every bucket is a collection with
+    volumes of its own, and by default (0) the volume server takes as many volumes as the
+    free disk holds at mini's volume size of 1 GiB, a dozen with 12 GiB free: a server
+    that gets a bucket per test needs more (an empty volume is a few files, no space).
+    """
     root.mkdir(parents=True, exist_ok=True)
     data = root / "data"
     data.mkdir(exist_ok=True)
-    access, secret = "RQ" + secrets.token_hex(9).upper(), secrets.token_hex(20)
+    access, secret = credentials or ("RQ" + secrets.token_hex(9).upper(),
+                                     secrets.token_hex(20))
     config = root / "s3.json"
     config.write_text(identities(access, secret))
     config.chmod(0o600)
@@ -76,6 +91,9 @@ def start(weed: Path, root: Path, *, cluster: str, host: str = "127.0.0.1",
         f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
         f"-filer.port={ports['filer']}", f"-webdav.port={ports['webdav']}",
         f"-admin.port={ports['admin']}",
+        "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+        "-master.telemetry=false", f"-s3.iam.readOnly={str(not iam_writes).lower()}",
+        f"-volume.max={max_volumes}",
     ], cluster=cluster, logs=root / "logs")
     server = S3Server(f"http://{host}:{port}", access, secret)
 

@@ -1,5 +1,6 @@
-"""The test S3 endpoint (:mod:`tests.moto_s3`): conditional writes racing on one key are
-decided as S3 decides them, one winner, where moto as it is can let several win."""
+"""moto's server as the tests start it (:mod:`tests.moto_s3`): conditional writes racing on
+one key are decided as S3 decides them, one winner, where moto as it is can let several
+win."""
 
 from __future__ import annotations
 

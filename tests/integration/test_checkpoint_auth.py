@@ -1,4 +1,4 @@
-"""A bucket writer cannot run code in the workers or the comparator (moto over HTTP).
+"""A bucket writer cannot run code in the workers or the comparator (SeaweedFS over HTTP).
 
 A committed checkpoint on S3 gets a pickled payload as DCP's ``.metadata`` and as rank 0's
 state, behind a manifest whose sizes and BLAKE3 digests are recomputed, signed with a key that
@@ -34,7 +34,7 @@ from tests.unit.checkpoint_managers import rank0_manager
 from tests.unit.rank_states import Plain
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 pytest_plugins = ("tests.s3server",)
 pytestmark = [pytest.mark.usefixtures("aws_env")]
@@ -50,7 +50,7 @@ def process_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
-def _spec(server: MotoServer, bucket: str) -> QualificationSpec:
+def _spec(server: SeaweedFS, bucket: str) -> QualificationSpec:
     return parse_spec({"training": {"steps": STEPS}, "checkpoint": {
         "store": f"s3://{bucket}/runs",
         "s3": {"endpoint_url": server.endpoint, "addressing_style": "path"},
@@ -68,10 +68,10 @@ def _template(_: Plain) -> dict[str, Any]:
 
 
 @pytest.fixture
-def committed(moto_server: MotoServer, tmp_path: Path,
+def committed(s3_server: SeaweedFS, tmp_path: Path,
               process_group: None) -> tuple[QualificationSpec, RemoteRoot]:
-    """The control leg's final checkpoint, committed on moto by a worker's manager."""
-    spec = _spec(moto_server, moto_server.new_bucket())
+    """The control leg's final checkpoint, committed on S3 by a worker's manager."""
+    spec = _spec(s3_server, s3_server.new_bucket())
     root = _root(spec, tmp_path / "worker")
     assert rank0_manager(root, keep_last=2).save(Position(STEPS), {"x": torch.arange(3.0)},
                                                  Plain(step=STEPS)) == NAME

@@ -1,4 +1,4 @@
-"""RunLocation against a local folder and a real S3 endpoint (moto's server over HTTP)."""
+"""RunLocation against a local folder and a real S3 server (SeaweedFS over HTTP)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from resumequal.verdict import Cut, Result, Verdict
 from tests.trace_records import startup_record, step_record, trace_line
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 pytest_plugins = ("tests.s3server",)
 
@@ -51,7 +51,7 @@ def _verdict(result: Result = Result.PASS) -> Verdict:
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> RunLocation:
     if request.param == "folder":
         return RunLocation.open(str(tmp_path / "run"))
-    server: MotoServer = request.getfixturevalue("moto_server")
+    server: SeaweedFS = request.getfixturevalue("s3_server")
     request.getfixturevalue("aws_env")
     bucket = server.new_bucket()
     return RunLocation.open(f"s3://{bucket}/rq/local/q1/abc123",
@@ -252,10 +252,10 @@ def test_delete_all_removes_everything(location: RunLocation) -> None:
 
 
 @pytest.fixture
-def s3_location(moto_server: MotoServer, aws_env: dict[str, str]) -> RunLocation:
-    bucket = moto_server.new_bucket()
+def s3_location(s3_server: SeaweedFS, aws_env: dict[str, str]) -> RunLocation:
+    bucket = s3_server.new_bucket()
     return RunLocation.open(f"s3://{bucket}/rq/local/q1/uid",
-                            S3Spec(endpoint_url=moto_server.endpoint, addressing_style="path"))
+                            S3Spec(endpoint_url=s3_server.endpoint, addressing_style="path"))
 
 
 def test_segments_keep_order_across_ten_attempts_and_many_segments(
@@ -298,7 +298,7 @@ def test_a_sink_groups_records_and_continues_after_existing_segments(
     ],
 )
 def test_a_damaged_segment_is_named_by_materialize_and_skipped_by_progress(
-    s3_location: RunLocation, moto_server: MotoServer, tmp_path: Path,
+    s3_location: RunLocation, s3_server: SeaweedFS, tmp_path: Path,
     damage: Callable[[bytes], bytes], message: str,
 ) -> None:
     s3_location.claim(QualificationSpec())
@@ -306,7 +306,7 @@ def test_a_damaged_segment_is_named_by_materialize_and_skipped_by_progress(
     key = "control/trace/rank-0/attempt-0/00000001.jsonl"
     full = s3_location.store.uri(key)
     bucket, _, bucket_key = full.removeprefix("s3://").partition("/")
-    s3 = moto_server.client()
+    s3 = s3_server.client()
     body = s3.get_object(Bucket=bucket, Key=bucket_key)["Body"].read()
     s3.put_object(Bucket=bucket, Key=bucket_key, Body=damage(body))
     with pytest.raises(TraceError, match=f"{full}: {message}"):
@@ -337,18 +337,18 @@ def test_materialize_of_an_empty_prefix_says_it_is_not_a_run(
 
 
 def test_an_unreachable_store_and_wrong_credentials_are_clear_errors(
-    closed_endpoint: str, moto_server: MotoServer, aws_env: dict[str, str],
+    closed_endpoint: str, s3_server: SeaweedFS, aws_env: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     down = RunLocation.open("s3://b/rq/ns/run/uid",
                             S3Spec(endpoint_url=closed_endpoint, max_attempts=1))
     with pytest.raises(StoreUnavailable, match=f"cannot reach {closed_endpoint}"):
         down.leg_failure("control")
-    bucket = moto_server.new_bucket()
+    bucket = s3_server.new_bucket()
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     denied = RunLocation.open(f"s3://{bucket}/rq/ns/run/uid",
-                              S3Spec(endpoint_url=moto_server.endpoint, max_attempts=1))
-    with moto_server.enforce_auth(), pytest.raises(StoreAccessDenied) as info:
+                              S3Spec(endpoint_url=s3_server.endpoint, max_attempts=1))
+    with pytest.raises(StoreAccessDenied) as info:
         denied.read_beacon("preempted", 1)
     assert "not-the-secret" not in str(info.value)
     assert f"s3://{bucket}/rq/ns/run/uid/preempted/beacons/attempt-0-rank-1.json" in str(
@@ -356,10 +356,10 @@ def test_an_unreachable_store_and_wrong_credentials_are_clear_errors(
 
 
 def test_env_endpoint_reaches_the_store_without_a_spec(
-    s3_location: RunLocation, moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch,
+    s3_location: RunLocation, s3_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s3_location.write_leg_spec("control", QualificationSpec(), [])
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
     bare = RunLocation.open(s3_location.uri)
     got = bare.read_leg_spec("control")
     assert got is not None and got.spec.checkpoint.store == s3_location.uri
@@ -400,14 +400,14 @@ def test_compare_writes_the_result_files_into_a_folder(tmp_path: Path) -> None:
 
 
 def test_compare_of_an_empty_s3_prefix_exits_2_naming_it(
-    moto_server: MotoServer, aws_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+    s3_server: SeaweedFS, aws_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from click.testing import CliRunner
 
     from resumequal import cli
 
-    bucket = moto_server.new_bucket()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
+    bucket = s3_server.new_bucket()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
     uri = f"s3://{bucket}/rq/ns/run/uid"
     result = CliRunner().invoke(cli.main, ["compare", uri, "--write"])
     assert result.exit_code == 2

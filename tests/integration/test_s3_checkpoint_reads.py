@@ -1,4 +1,4 @@
-"""Restoring from S3 (moto's server) copies nothing: each rank fetches just the chunks it
+"""Restoring from S3 (SeaweedFS) copies nothing: each rank fetches just the chunks it
 loads, in ranged GETs, each checked against the authenticated manifest before DCP sees
 it. In one process with a world-1 gloo group."""
 
@@ -28,7 +28,7 @@ from tests.process_group import single_rank_group
 from tests.unit.rank_states import Plain
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 pytestmark = [pytest.mark.usefixtures("aws_env", "process_group"), pytest.mark.timeout(120)]
 
@@ -73,9 +73,9 @@ class _Ranges:
 
 
 @pytest.fixture
-def root(moto_server: MotoServer, tmp_path: Path) -> RemoteRoot:
-    config = S3Config(endpoint_url=moto_server.endpoint, addressing_style="path")
-    store = S3Store(f"s3://{moto_server.new_bucket()}/runs", config)
+def root(s3_server: SeaweedFS, tmp_path: Path) -> RemoteRoot:
+    config = S3Config(endpoint_url=s3_server.endpoint, addressing_style="path")
+    store = S3Store(f"s3://{s3_server.new_bucket()}/runs", config)
     root = RemoteRoot(store, "leg/checkpoints", tmp_path / "local")
     mgr = CheckpointManager(root, rank=0, world_size=1, attempt=0, keep_last=2)
     assert mgr.save(Position(4), _state(), Plain(step=4)) == NAME
@@ -90,9 +90,9 @@ def _where(checkpoint: VerifiedCheckpoint, key: str) -> tuple[int, int]:
     return info.offset, info.length
 
 
-def _flip(moto_server: MotoServer, root: RemoteRoot, rel: str, at: int) -> None:
+def _flip(s3_server: SeaweedFS, root: RemoteRoot, rel: str, at: int) -> None:
     assert isinstance(root.store, S3Store)
-    s3, key = moto_server.client(), f"runs/{root.key(NAME, rel)}"
+    s3, key = s3_server.client(), f"runs/{root.key(NAME, rel)}"
     body = bytearray(s3.get_object(Bucket=root.store.bucket, Key=key)["Body"].read())
     body[at] ^= 0x01  # same size: only the digest can tell
     s3.put_object(Bucket=root.store.bucket, Key=key, Body=bytes(body))
@@ -132,14 +132,14 @@ def test_a_reader_of_one_tensor_fetches_only_its_chunks(
 
 
 def test_a_changed_chunk_on_s3_is_refused_by_its_reader_only(
-    root: RemoteRoot, moto_server: MotoServer
+    root: RemoteRoot, s3_server: SeaweedFS
 ) -> None:
     checkpoint = root.open(NAME, 0)
     offset, length = _where(checkpoint, "a")
     b_offset, _ = _where(checkpoint, "b")
     chunk = (offset + length // 2) // CHUNK_BYTES  # wholly inside a's bytes
     assert chunk < b_offset // CHUNK_BYTES
-    _flip(moto_server, root, SHARD, chunk * CHUNK_BYTES + 7)
+    _flip(s3_server, root, SHARD, chunk * CHUNK_BYTES + 7)
     state = _zeros(("b",))
     dcp.load(state, storage_reader=checkpoint.reader())  # b's chunks are intact
     assert torch.equal(state["b"], _state()["b"])
@@ -182,7 +182,7 @@ def test_a_truncated_object_is_refused_where_it_ends(root: RemoteRoot) -> None:
 
 
 def test_the_scale_bench_on_s3_gives_back_every_saved_state(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
     """bench/checkpoint_scale.py's correctness path at a few MB, S3 included: every save
     and restore it times gives back the saved state (its timings are not checked)."""
@@ -192,7 +192,8 @@ def test_the_scale_bench_on_s3_gives_back_every_saved_state(
     finally:
         sys.path.pop(0)
     cfg = bench.Config(d_model=64, layers=2, heads=2, vocab=512, seq=16, ranks=1, rounds=1,
-                       endpoint=moto_server.endpoint, bucket=moto_server.new_bucket())
+                       endpoint=s3_server.endpoint, bucket=s3_server.new_bucket(),
+                       server="seaweedfs")
     figures = bench.measure(cfg, tmp_path)  # check_same raises on any difference
     (rounds,) = figures["ranks"]
     for op in ("rq_s3_save", "dcp_s3_save", "rq_s3_load", "dcp_s3_load"):

@@ -1,4 +1,4 @@
-"""Checkpoints on S3 (moto's server over HTTP): the commit protocol with real torchrun legs.
+"""Checkpoints on S3 (SeaweedFS over HTTP): the commit protocol with real torchrun legs.
 
 The workers reach the endpoint through the spec's ``checkpoint.s3.endpoint_url`` and take
 the dummy credentials from the AWS_* variables they inherit from the test process.
@@ -25,7 +25,7 @@ from tests.integration.conftest import ControlRuns, spec_for
 from tests.outage import Outage
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 pytest_plugins = ("tests.s3server",)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("aws_env")]
@@ -43,8 +43,8 @@ def _s3_spec(endpoint: str, bucket: str, **overrides: dict[str, Any]) -> dict[st
     return spec
 
 
-def _root(server: MotoServer, bucket: str, run_dir: Path, leg: str) -> RemoteRoot:
-    """The leg's checkpoints as the workers see them, reached directly at moto."""
+def _root(server: SeaweedFS, bucket: str, run_dir: Path, leg: str) -> RemoteRoot:
+    """The leg's checkpoints as the workers see them, reached directly at the server."""
     where = checkpoint_location(
         f"s3://{bucket}/runs",
         S3Spec(endpoint_url=server.endpoint, addressing_style="path"),
@@ -60,10 +60,10 @@ def _objects(root: RemoteRoot, name: str) -> set[str]:
 
 
 def test_control_and_hard_killed_legs_on_s3_are_bitwise_identical(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
-    bucket = moto_server.new_bucket()
-    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(moto_server.endpoint, bucket))
+    bucket = s3_server.new_bucket()
+    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(s3_server.endpoint, bucket))
     control = legs.launch(spec, "control", tmp_path)
     legs.preempt(spec, tmp_path, signal.SIGKILL)
     assert control.wait(240) == 0, control.tail()
@@ -73,7 +73,7 @@ def test_control_and_hard_killed_legs_on_s3_are_bitwise_identical(
         assert (restore.attempt, restore.checkpoint) == (1, STEP4)
     assert legs.first_divergence(tmp_path, tmp_path) is None
     for leg in ("control", "preempted"):
-        root = _root(moto_server, bucket, tmp_path, leg)
+        root = _root(s3_server, bucket, tmp_path, leg)
         assert remote.committed(root) == [Position(4), Position(8), Position(12)]
     assert not (tmp_path / "control" / "checkpoints").exists()  # nothing local but scratch
     # The comparator reads both final checkpoints where they lie, verified, for the drift.
@@ -83,15 +83,15 @@ def test_control_and_hard_killed_legs_on_s3_are_bitwise_identical(
 
 
 def test_a_kill_after_the_upload_before_the_marker_leaves_the_checkpoint_uncommitted(
-    moto_server: MotoServer, control_run: ControlRuns, tmp_path: Path
+    s3_server: SeaweedFS, control_run: ControlRuns, tmp_path: Path
 ) -> None:
-    bucket = moto_server.new_bucket()
+    bucket = s3_server.new_bucket()
     spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(
-        moto_server.endpoint, bucket,
+        s3_server.endpoint, bucket,
         preemption={"at": "checkpoint_commit", "step": 8, "microstep": 0}))
     lp = legs.launch(spec, "preempted", tmp_path)
     beacon = legs.wait_beacon(lp, rank=1)
-    root = _root(moto_server, bucket, tmp_path, "preempted")
+    root = _root(s3_server, bucket, tmp_path, "preempted")
     # Rank 1 holds after uploading its shards; no manifest, no marker: not a checkpoint.
     held = _objects(root, STEP8)
     assert {"dcp/__1_0.distcp", "rank-1.json"} <= held
@@ -110,15 +110,15 @@ def test_a_kill_after_the_upload_before_the_marker_leaves_the_checkpoint_uncommi
 
 
 def test_a_flipped_byte_in_a_committed_object_fails_the_resume_naming_it(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
-    bucket = moto_server.new_bucket()
-    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(moto_server.endpoint, bucket))
+    bucket = s3_server.new_bucket()
+    spec = legs.write_spec(tmp_path / "spec.yaml", _s3_spec(s3_server.endpoint, bucket))
     lp = legs.launch(spec, "preempted", tmp_path)
     beacon = legs.wait_beacon(lp, rank=1)
-    root = _root(moto_server, bucket, tmp_path, "preempted")
+    root = _root(s3_server, bucket, tmp_path, "preempted")
     assert remote.committed(root) == [Position(4)]
-    s3 = moto_server.client()
+    s3 = s3_server.client()
     key = "runs/" + root.key(STEP4, "dcp/__1_0.distcp")  # the bucket key, under the prefix
     body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     body[len(body) // 2] ^= 0x01  # same size: only the digest can tell
@@ -134,18 +134,18 @@ def test_a_flipped_byte_in_a_committed_object_fails_the_resume_naming_it(
 
 
 @pytest.fixture
-def proxy(moto_server: MotoServer) -> Iterator[Outage]:
-    """The S3 endpoint as the workers reach it, which the test can take down while moto
-    keeps its objects (to inspect them afterwards)."""
-    p = Outage(("127.0.0.1", moto_server.port))
+def proxy(s3_server: SeaweedFS) -> Iterator[Outage]:
+    """The S3 endpoint as the workers reach it, which the test can take down while the
+    server keeps its objects (to inspect them afterwards)."""
+    p = Outage(("127.0.0.1", s3_server.port))
     yield p
     p.close()
 
 
 def test_an_endpoint_down_during_a_save_fails_the_leg_and_keeps_the_committed_one(
-    moto_server: MotoServer, proxy: Outage, tmp_path: Path
+    s3_server: SeaweedFS, proxy: Outage, tmp_path: Path
 ) -> None:
-    bucket = moto_server.new_bucket()
+    bucket = s3_server.new_bucket()
     # Graceful: the SIGTERM makes every rank write an emergency checkpoint, a save that
     # runs while the endpoint is down. The workers wait for the store for
     # timeouts.backendErrorSeconds (here 3 s), then give up.
@@ -154,7 +154,7 @@ def test_an_endpoint_down_during_a_save_fails_the_leg_and_keeps_the_committed_on
         timeouts={"backend_error_seconds": 3}))
     lp = legs.launch(spec, "preempted", tmp_path)
     beacon = legs.wait_beacon(lp, rank=1)
-    root = _root(moto_server, bucket, tmp_path, "preempted")
+    root = _root(s3_server, bucket, tmp_path, "preempted")
     before = remote.download(root, STEP4, tmp_path / "before" / STEP4)
     proxy.close()
     legs.os.kill(beacon["pid"], signal.SIGTERM)
@@ -167,17 +167,17 @@ def test_an_endpoint_down_during_a_save_fails_the_leg_and_keeps_the_committed_on
             + r" kept failing to \w+ s3://\S+ for \d+ s .*retry budget of 3 s")
     assert re.search(r"error: cannot save step-00000005\+1: .*" + down, log), lp.tail()
     assert re.search(r"error: checkpoint store s3://\S+: " + down, log), lp.tail()
-    # moto kept its objects behind the cut: step 4 is still committed, whole, unchanged.
+    # The server kept its objects behind the cut: step 4 is still committed, whole, unchanged.
     assert remote.committed(root) == [Position(4)]
     after = remote.download(root, STEP4, tmp_path / "after" / STEP4)
     assert after == before
 
 
 def test_a_missing_bucket_stops_the_leg_before_training(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
     spec = legs.write_spec(tmp_path / "spec.yaml",
-                           _s3_spec(moto_server.endpoint, "rq-no-such-bucket"))
+                           _s3_spec(s3_server.endpoint, "rq-no-such-bucket"))
     lp = legs.launch(spec, "control", tmp_path)
     assert lp.wait(120) != 0
     assert "bucket 'rq-no-such-bucket' does not exist" in lp.log.read_text(), lp.tail()

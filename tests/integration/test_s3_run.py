@@ -1,4 +1,4 @@
-"""A whole qualification with its run location on S3 (moto's server over HTTP).
+"""A whole qualification with its run location on S3 (SeaweedFS over HTTP).
 
 Workers, the runner and the comparator reach the endpoint only through the standard AWS
 environment (``AWS_ENDPOINT_URL_S3`` and the dummy keys), as pods on a cluster do.
@@ -30,7 +30,7 @@ from tests.ports import free_port
 from tests.waiting import eventually
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 pytest_plugins = ("tests.s3server",)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("aws_env")]
@@ -43,12 +43,12 @@ def _resumequal(*args: str, env: dict[str, str],
 
 @pytest.mark.timeout(900)
 def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
-    moto_server: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_server: SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bucket = moto_server.new_bucket()
+    bucket = s3_server.new_bucket()
     # The run's checkpoint key, kept for the zoom at the end.
     # (and its id, kept by `resumequal run` for compare and zoom: none in the environment)
-    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint, KEY_ENV: new_key(), RUN_ID_ENV: ""}
+    env = {"AWS_ENDPOINT_URL_S3": s3_server.endpoint, KEY_ENV: new_key(), RUN_ID_ENV: ""}
     run_dir = tmp_path / "q1"
     # The default spec (tiny-gpt, 2 ranks, a hard kill mid-accumulation) with one of its
     # controls, killed gracefully (the preempted leg is the hard kill): every control leg
@@ -59,7 +59,7 @@ def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
                        env=env, timeout=840)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
-    keys = {o["Key"] for page in moto_server.client().get_paginator("list_objects_v2")
+    keys = {o["Key"] for page in s3_server.client().get_paginator("list_objects_v2")
             .paginate(Bucket=bucket) for o in page.get("Contents", [])}
     (uid,) = {k.split("/")[3] for k in keys}
     base = f"rq/local/q1/{uid}"
@@ -85,7 +85,7 @@ def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     assert f"{uri}/report.html" in proc.stdout
     assert "PASS" in proc.stdout
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
     location = RunLocation.open(uri)  # the operator's view: endpoint from the environment
     verdict = location.read_verdict()
     progress = location.leg_progress("preempted", 2)
@@ -94,12 +94,12 @@ def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     assert progress.resumed_at is not None
     assert [(c.omission, c.status) for c in verdict.controls
             if c.status != "not_applicable"] == [("pending_grads", "detected")]
-    report = json.loads(moto_server.client().get_object(
+    report = json.loads(s3_server.client().get_object(
         Bucket=bucket, Key=f"{base}/report.json")["Body"].read())
     assert report["verdict"]["result"] == "PASS"
 
     # The comparator Job: a fresh process that sees only the bucket.
-    s3 = moto_server.client()
+    s3 = s3_server.client()
     for name in ("verdict.json", "report.json", "report.html", "metrics.prom"):
         s3.delete_object(Bucket=bucket, Key=f"{base}/{name}")
     again = _resumequal("compare", uri, "--write", "--pin", "torch==test", "--json", env=env,
@@ -131,7 +131,7 @@ def test_a_qualification_on_s3_passes_with_every_artifact_in_the_bucket(
     assert report["zoom"]["step"] == 6
 
 
-def _leg_on_s3(server: MotoServer, bucket: str, tmp_path: Path, leg: str,
+def _leg_on_s3(server: SeaweedFS, bucket: str, tmp_path: Path, leg: str,
                **overrides: dict[str, object]) -> tuple[Path, str]:
     """A leg spec written to an S3 run location; the location's URI."""
     uri = f"s3://{bucket}/rq/test/{leg}/uid"
@@ -164,12 +164,12 @@ def _launch(uri: str, leg: str, log_dir: Path, env: dict[str, str]) -> legs.LegP
 
 @pytest.mark.timeout(400)
 def test_an_async_saving_leg_on_s3_is_killed_and_resumes_from_the_store(
-    moto_server: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_server: SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bucket = moto_server.new_bucket()
-    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint}
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
-    _, uri = _leg_on_s3(moto_server, bucket, tmp_path, "preempted",
+    bucket = s3_server.new_bucket()
+    env = {"AWS_ENDPOINT_URL_S3": s3_server.endpoint}
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
+    _, uri = _leg_on_s3(s3_server, bucket, tmp_path, "preempted",
                         checkpoint={"async": True})
     lp = _launch(uri, "preempted", tmp_path / "local", env)
     location = RunLocation.open(uri)
@@ -198,16 +198,15 @@ def test_an_async_saving_leg_on_s3_is_killed_and_resumes_from_the_store(
 
 @pytest.mark.timeout(200)
 def test_denied_credentials_at_leg_start_fail_the_leg_naming_the_object(
-    moto_server: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_server: SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bucket = moto_server.new_bucket()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server.endpoint)
-    _, uri = _leg_on_s3(moto_server, bucket, tmp_path, "control")
-    env = {"AWS_ENDPOINT_URL_S3": moto_server.endpoint,
+    bucket = s3_server.new_bucket()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
+    _, uri = _leg_on_s3(s3_server, bucket, tmp_path, "control")
+    env = {"AWS_ENDPOINT_URL_S3": s3_server.endpoint,
            "AWS_SECRET_ACCESS_KEY": "rq-wrong-secret"}
-    with moto_server.enforce_auth():
-        lp = _launch(uri, "control", tmp_path / "local", env)
-        code = lp.wait(150)
+    lp = _launch(uri, "control", tmp_path / "local", env)
+    code = lp.wait(150)
     assert code != 0
     log = lp.log.read_text()
     assert (f"error: wrong credentials or no permission for {uri}/legs/control.spec.json"

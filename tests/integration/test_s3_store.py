@@ -1,6 +1,7 @@
-"""The store against a real S3 endpoint: moto's server in a subprocess, over HTTP on
-loopback. Nothing in boto3 is patched: errors come from real responses, refused
-connections and a server that is killed mid-way."""
+"""The store against real S3 servers over HTTP on loopback: SeaweedFS for everything a
+server does, moto's server in a subprocess of the test's own where the server is killed
+mid-way. Nothing in boto3 is patched: errors come from real responses, refused
+connections and a server that dies."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import socket
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,16 +37,16 @@ from resumequal.store.s3 import S3Store
 from tests.outage import Outage
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import MotoServer, S3Endpoint, SeaweedFS
 
-# The fixtures (moto_server, moto_servers, aws_env) come from this plugin: no conftest.
+# The fixtures (s3_server, moto_servers, aws_env) come from this plugin: no conftest.
 pytest_plugins = ("tests.s3server",)
 pytestmark = [pytest.mark.usefixtures("aws_env"), pytest.mark.timeout(120)]
 
 MiB = 1 << 20
 
 
-def s3_config(server: MotoServer, **fields: object) -> S3Config:
+def s3_config(server: S3Endpoint, **fields: object) -> S3Config:
     return S3Config.model_validate(
         {"endpoint_url": server.endpoint, "addressing_style": "path", **fields}
     )
@@ -54,13 +56,13 @@ def s3_config(server: MotoServer, **fields: object) -> S3Config:
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "file":
         return FileStore(str(tmp_path / "store"))
-    server: MotoServer = request.getfixturevalue("moto_server")
+    server: SeaweedFS = request.getfixturevalue("s3_server")
     return S3Store(f"s3://{server.new_bucket()}/runs/q1", s3_config(server))
 
 
 @pytest.fixture
-def s3(moto_server: MotoServer) -> S3Store:
-    return S3Store(f"s3://{moto_server.new_bucket()}/runs", s3_config(moto_server))
+def s3(s3_server: SeaweedFS) -> S3Store:
+    return S3Store(f"s3://{s3_server.new_bucket()}/runs", s3_config(s3_server))
 
 
 # --- every method on both stores ----------------------------------------------------------
@@ -183,18 +185,18 @@ def test_ranged_reads_fill_a_buffer_and_stop_at_the_end(store: Store) -> None:
 # --- S3 specifics ---------------------------------------------------------------------------
 
 
-def test_multipart_upload_and_ranged_download(moto_server: MotoServer, tmp_path: Path) -> None:
-    bucket = moto_server.new_bucket()
+def test_multipart_upload_and_ranged_download(s3_server: SeaweedFS, tmp_path: Path) -> None:
+    bucket = s3_server.new_bucket()
     store = S3Store(
         f"s3://{bucket}/big",
-        s3_config(moto_server, multipart_threshold_mb=5, multipart_chunk_mb=5),
+        s3_config(s3_server, multipart_threshold_mb=5, multipart_chunk_mb=5),
     )
     data = os.urandom(6 * MiB)
     src = tmp_path / "big.bin"
     src.write_bytes(data)
     digest = store.put_file("shard.bin", src)
     assert digest == hashlib.sha256(data).hexdigest()
-    head = moto_server.client().head_object(Bucket=bucket, Key="big/shard.bin")
+    head = s3_server.client().head_object(Bucket=bucket, Key="big/shard.bin")
     assert head["ETag"].strip('"').endswith("-2")  # uploaded as 5 MiB + 1 MiB parts
     assert head["ContentLength"] == 6 * MiB
     dest = tmp_path / "down.bin"
@@ -202,11 +204,11 @@ def test_multipart_upload_and_ranged_download(moto_server: MotoServer, tmp_path:
     assert dest.read_bytes() == data
 
 
-def test_prefix_isolates_stores_in_one_bucket(moto_server: MotoServer) -> None:
-    bucket = moto_server.new_bucket()
-    a = S3Store(f"s3://{bucket}/a", s3_config(moto_server))
-    ab = S3Store(f"s3://{bucket}/ab", s3_config(moto_server))
-    whole = S3Store(f"s3://{bucket}", s3_config(moto_server))
+def test_prefix_isolates_stores_in_one_bucket(s3_server: SeaweedFS) -> None:
+    bucket = s3_server.new_bucket()
+    a = S3Store(f"s3://{bucket}/a", s3_config(s3_server))
+    ab = S3Store(f"s3://{bucket}/ab", s3_config(s3_server))
+    whole = S3Store(f"s3://{bucket}", s3_config(s3_server))
     a.put_bytes("k", b"1")
     ab.put_bytes("k", b"2")
     assert a.list() == [ObjectInfo("k", 1)]
@@ -218,8 +220,8 @@ def test_prefix_isolates_stores_in_one_bucket(moto_server: MotoServer) -> None:
     "op",
     ["get_bytes", "get_file", "exists", "list", "put_bytes", "put_file", "delete_prefix"],
 )
-def test_missing_bucket_names_the_bucket(moto_server: MotoServer, tmp_path: Path, op: str) -> None:
-    store = S3Store("s3://rq-no-such-bucket/runs", s3_config(moto_server))
+def test_missing_bucket_names_the_bucket(s3_server: SeaweedFS, tmp_path: Path, op: str) -> None:
+    store = S3Store("s3://rq-no-such-bucket/runs", s3_config(s3_server))
     src = tmp_path / "src"
     src.write_bytes(b"x")
     calls: dict[str, Callable[[], object]] = {
@@ -252,29 +254,31 @@ FAKE_SECRET = "rq-FAKE-SECRET-7f3a9c-must-never-be-logged"
 FAKE_KEY_ID = "AKIARQFAKEKEYID12345"
 
 
-@pytest.fixture(scope="module")
-def iam_bucket(moto_server: MotoServer) -> tuple[str, dict[str, str]]:
-    """A bucket with ``open/x``, and an IAM user allowed to read and write ``open/*`` only."""
-    bucket = moto_server.new_bucket()
-    raw = moto_server.client()
-    raw.put_object(Bucket=bucket, Key="data/open/x", Body=b"readable")
-    raw.put_object(Bucket=bucket, Key="data/closed/x", Body=b"secret data")
-    iam = moto_server.client("iam")
-    user = f"u-{bucket}"
+def _iam_user(server: SeaweedFS, bucket: str, *grants: tuple[list[str], str]) -> dict[str, str]:
+    """A user of the server's IAM with a key, allowed each (actions, resource under the
+    bucket) of ``grants`` and nothing else; its key id and secret."""
+    iam = server.client("iam")
+    user = f"u-{uuid.uuid4().hex[:12]}"
     iam.create_user(UserName=user)
     key = iam.create_access_key(UserName=user)["AccessKey"]
     policy = {
         "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:PutObject"],
-                "Resource": f"arn:aws:s3:::{bucket}/data/open/*",
-            }
-        ],
+        "Statement": [{"Effect": "Allow", "Action": actions,
+                       "Resource": f"arn:aws:s3:::{bucket}{resource}"}
+                      for actions, resource in grants],
     }
-    iam.put_user_policy(UserName=user, PolicyName="open-only", PolicyDocument=json.dumps(policy))
-    return bucket, {"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    iam.put_user_policy(UserName=user, PolicyName="granted", PolicyDocument=json.dumps(policy))
+    return {"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+
+
+@pytest.fixture(scope="module")
+def iam_bucket(s3_server: SeaweedFS) -> tuple[str, dict[str, str]]:
+    """A bucket with ``open/x``, and an IAM user allowed to read and write ``open/*`` only."""
+    bucket = s3_server.new_bucket()
+    raw = s3_server.client()
+    raw.put_object(Bucket=bucket, Key="data/open/x", Body=b"readable")
+    raw.put_object(Bucket=bucket, Key="data/closed/x", Body=b"secret data")
+    return bucket, _iam_user(s3_server, bucket, (["s3:GetObject", "s3:PutObject"], "/data/open/*"))
 
 
 def _operations(store: S3Store, key: str, tmp_path: Path) -> dict[str, Callable[[], object]]:
@@ -291,7 +295,7 @@ def _operations(store: S3Store, key: str, tmp_path: Path) -> dict[str, Callable[
 
 @pytest.mark.parametrize("who", ["unknown key id", "wrong secret", "no permission"])
 def test_wrong_credentials_are_access_denied_and_never_shown(
-    moto_server: MotoServer,
+    s3_server: SeaweedFS,
     iam_bucket: tuple[str, dict[str, str]],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -307,37 +311,56 @@ def test_wrong_credentials_are_access_denied_and_never_shown(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     caplog.set_level(logging.DEBUG)
-    store = S3Store(f"s3://{bucket}/data", s3_config(moto_server, max_attempts=2))
-    with moto_server.enforce_auth():
-        for op, call in _operations(store, key, tmp_path).items():
-            with pytest.raises(StoreAccessDenied) as info:
-                call()
-            message = str(info.value)
-            assert message.startswith(
-                f"wrong credentials or no permission for s3://{bucket}/data/{key}"
-            ), (op, message)
-            chain = "".join(traceback.format_exception(info.value))  # with the boto3 cause
-            for shown in (message, chain, caplog.text):
-                assert secret not in shown
-                assert real["secret"] not in shown
-                assert FAKE_SECRET not in shown
-            assert key_id not in message
-        assert not (tmp_path / "out").exists()
+    store = S3Store(f"s3://{bucket}/data", s3_config(s3_server, max_attempts=2))
+    for op, call in _operations(store, key, tmp_path).items():
+        with pytest.raises(StoreAccessDenied) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(
+            f"wrong credentials or no permission for s3://{bucket}/data/{key}"
+        ), (op, message)
+        chain = "".join(traceback.format_exception(info.value))  # with the boto3 cause
+        for shown in (message, chain, caplog.text):
+            assert secret not in shown
+            assert real["secret"] not in shown
+            assert FAKE_SECRET not in shown
+        assert key_id not in message
+    assert not (tmp_path / "out").exists()
 
 
 def test_right_credentials_pass_with_auth_enforced(
-    moto_server: MotoServer,
+    s3_server: SeaweedFS,
     iam_bucket: tuple[str, dict[str, str]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     bucket, real = iam_bucket
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", real["id"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", real["secret"])
-    store = S3Store(f"s3://{bucket}/data", s3_config(moto_server))
-    with moto_server.enforce_auth():
-        store.put_bytes("open/y", b"written")
-        assert store.get_bytes("open/y") == b"written"
-        assert store.get_bytes("open/x") == b"readable"
+    store = S3Store(f"s3://{bucket}/data", s3_config(s3_server))
+    store.put_bytes("open/y", b"written")
+    assert store.get_bytes("open/y") == b"written"
+    assert store.get_bytes("open/x") == b"readable"
+
+
+def test_a_delete_refused_for_some_keys_names_one_and_counts_the_others(
+    s3_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DeleteObjects answers 200 with an error for each key it refused, and deletes the rest.
+    bucket = s3_server.new_bucket()
+    raw = s3_server.client()
+    for key in ("c/closed/a", "c/closed/b", "c/open/a", "c/open/b"):
+        raw.put_object(Bucket=bucket, Key=f"data/{key}", Body=b"1")
+    user = _iam_user(s3_server, bucket, (["s3:ListBucket"], ""),
+                     (["s3:DeleteObject"], "/data/c/open/*"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", user["id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", user["secret"])
+    store = S3Store(f"s3://{bucket}/data", s3_config(s3_server))
+    with pytest.raises(StoreAccessDenied, match=(
+            rf"^wrong credentials or no permission: cannot delete s3://{bucket}/data/c/closed/"
+            r"[ab] and 1 more \(AccessDenied\)$")):
+        store.delete_prefix("c")
+    left = raw.list_objects_v2(Bucket=bucket)["Contents"]
+    assert [o["Key"] for o in left] == ["data/c/closed/a", "data/c/closed/b"]
 
 
 def test_no_credentials_anywhere_is_access_denied(
@@ -502,7 +525,7 @@ def test_fixture_credentials_do_not_leak_either(
 # --- streamed writes and hashed ranged downloads ------------------------------------------
 
 
-def _parts_store(server: MotoServer, **fields: object) -> S3Store:
+def _parts_store(server: S3Endpoint, **fields: object) -> S3Store:
     """5 MiB parts (S3's smallest), so a few MiB make a multipart object."""
     config = s3_config(server, multipart_threshold_mb=5, multipart_chunk_mb=5, **fields)
     return S3Store(f"s3://{server.new_bucket()}/parts", config)
@@ -534,11 +557,11 @@ def _upload_small_and_in_parts(store: S3Store) -> None:
     writer.close()
 
 
-def test_bodies_go_unsigned_beside_a_checksum_the_store_checks(moto_server: MotoServer) -> None:
+def test_bodies_go_unsigned_beside_a_checksum_the_store_checks(s3_server: SeaweedFS) -> None:
     # Over plain http botocore would hash every body once more (SigV4's payload sha256)
     # after the sha256 a checkpoint's manifest keeps: the body goes UNSIGNED-PAYLOAD with
     # its CRC32, as botocore sends it over https.
-    store = _parts_store(moto_server)
+    store = _parts_store(s3_server)
     sent = _bodies_sent(store)
     _upload_small_and_in_parts(store)
     data = [(op, h) for op, _, h in sent if op in ("PutObject", "UploadPart")]
@@ -550,11 +573,11 @@ def test_bodies_go_unsigned_beside_a_checksum_the_store_checks(moto_server: Moto
 
 
 def test_bodies_are_signed_for_a_store_that_wants_them_or_without_checksums(
-    moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch
+    s3_server: SeaweedFS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    signed = _parts_store(moto_server, sign_payloads=True)
+    signed = _parts_store(s3_server, sign_payloads=True)
     monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
-    unchecked = _parts_store(moto_server)
+    unchecked = _parts_store(s3_server)
     for store in (signed, unchecked):
         sent = _bodies_sent(store)
         _upload_small_and_in_parts(store)
@@ -565,15 +588,15 @@ def test_bodies_are_signed_for_a_store_that_wants_them_or_without_checksums(
 
 
 def test_a_streamed_object_goes_up_in_parts_and_exists_only_once_closed(
-    moto_server: MotoServer,
+    s3_server: SeaweedFS,
 ) -> None:
-    store = _parts_store(moto_server, max_concurrency=2)
+    store = _parts_store(s3_server, max_concurrency=2)
     data = os.urandom(12 * MiB + 3)
     writer = store.writer("shard.bin")
     for start in range(0, len(data), 3 * MiB + 1):  # writes that straddle parts
         writer.write(memoryview(data)[start : start + 3 * MiB + 1])
     assert writer.tell() == len(data)
-    raw = moto_server.client()
+    raw = s3_server.client()
     assert store.list() == []  # parts are going up, the object does not exist yet
     assert len(raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])) == 1
     assert writer.close() == hashlib.sha256(data).hexdigest()
@@ -584,14 +607,14 @@ def test_a_streamed_object_goes_up_in_parts_and_exists_only_once_closed(
 
 
 def test_a_small_streamed_object_is_one_put_and_an_empty_one_round_trips(
-    moto_server: MotoServer, tmp_path: Path,
+    s3_server: SeaweedFS, tmp_path: Path,
 ) -> None:
-    store = _parts_store(moto_server)
+    store = _parts_store(s3_server)
     for key, data in (("small", os.urandom(1000)), ("empty", b"")):
         writer = store.writer(key)
         writer.write(data)
         assert writer.close() == hashlib.sha256(data).hexdigest()
-        head = moto_server.client().head_object(Bucket=store.bucket, Key=f"parts/{key}")
+        head = s3_server.client().head_object(Bucket=store.bucket, Key=f"parts/{key}")
         assert "-" not in head["ETag"].strip('"')  # a plain PUT, no multipart upload
         # A range of an empty object is unsatisfiable (416): the download still works.
         digest = store.get_file(key, tmp_path / key, expect_sha256=hashlib.sha256(data).hexdigest())
@@ -599,13 +622,13 @@ def test_a_small_streamed_object_is_one_put_and_an_empty_one_round_trips(
         assert (tmp_path / key).read_bytes() == data
 
 
-def test_an_aborted_stream_leaves_no_object_and_no_upload(moto_server: MotoServer) -> None:
-    store = _parts_store(moto_server)
+def test_an_aborted_stream_leaves_no_object_and_no_upload(s3_server: SeaweedFS) -> None:
+    store = _parts_store(s3_server)
     store.put_bytes("shard.bin", b"the committed one")
     writer = store.writer("shard.bin")
     writer.write(os.urandom(11 * MiB))  # two parts sent, one buffered
     writer.abort()
-    raw = moto_server.client()
+    raw = s3_server.client()
     assert not raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
     assert store.get_bytes("shard.bin") == b"the committed one"
     with pytest.raises(ValueError, match="after close or abort"):
@@ -626,9 +649,9 @@ def test_a_stream_to_a_dead_endpoint_fails_as_unavailable_and_leaves_nothing(
 
 
 def test_the_sha256_taken_while_uploading_catches_a_corrupted_object_on_download(
-    moto_server: MotoServer, tmp_path: Path,
+    s3_server: SeaweedFS, tmp_path: Path,
 ) -> None:
-    store = _parts_store(moto_server, max_concurrency=3)
+    store = _parts_store(s3_server, max_concurrency=3)
     data = bytearray(os.urandom(17 * MiB))  # four ranged GETs, three at a time
     writer = store.writer("shard.bin")
     writer.write(data)
@@ -637,20 +660,66 @@ def test_the_sha256_taken_while_uploading_catches_a_corrupted_object_on_download
     assert store.get_file("shard.bin", dest, expect_sha256=digest) == digest
     assert dest.read_bytes() == data  # every part landed at its offset
     data[16 * MiB + 5] ^= 0x01  # in the last part, hashed last
-    moto_server.client().put_object(Bucket=store.bucket, Key="parts/shard.bin", Body=bytes(data))
+    s3_server.client().put_object(Bucket=store.bucket, Key="parts/shard.bin", Body=bytes(data))
     with pytest.raises(StoreIntegrityError, match="does not match"):
         store.get_file("shard.bin", dest, expect_sha256=digest)
     assert not dest.exists()  # the earlier verified copy is gone too
     assert os.listdir(dest.parent) == []
 
 
+def _changed_on_their_way(store: S3Store) -> None:
+    """From now on one bit of every object body the store sends flips after botocore took
+    its checksum and signature, as a faulty link or proxy would flip it."""
+    def flip(request: Any, **_: Any) -> None:
+        body = request.body
+        if body is not None and not isinstance(body, bytes | bytearray):
+            position = body.tell()
+            body, _ = body.read(), body.seek(position)
+        if body:
+            changed = bytearray(body)
+            changed[len(changed) // 2] ^= 0x01
+            request.body = bytes(changed)
+
+    for operation in ("PutObject", "UploadPart"):
+        store._client.meta.events.register(f"before-send.s3.{operation}", flip)
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["crc32", "signed"])
+def test_a_body_changed_on_its_way_is_refused_by_the_server(
+    s3_server: SeaweedFS, signed: bool
+) -> None:
+    # What an unsigned body's CRC32 (or a signed one's sha256) is for: the server checks
+    # it and stores nothing of a body that does not match. moto stores such a body.
+    store = _parts_store(s3_server, sign_payloads=signed)
+    store.put_bytes("shard.bin", b"the committed one")
+    _changed_on_their_way(store)
+    with pytest.raises(StoreIntegrityError, match=(
+            rf"^{s3_server.endpoint} refused the bytes sent to write "
+            rf"{store.uri('shard.bin')}: .* \((BadDigest|XAmzContentSHA256Mismatch)\)$")):
+        store.put_bytes("shard.bin", os.urandom(1000))
+    writer = store.writer("big.bin")
+    with pytest.raises(StoreIntegrityError, match=(
+            rf"refused the bytes sent to upload {store.uri('big.bin')}: ")):
+        try:
+            writer.write(os.urandom(11 * MiB))  # two parts sent, one buffered
+            writer.close()
+        finally:
+            writer.abort()
+    raw = s3_server.client()
+    assert raw.get_object(Bucket=store.bucket, Key="parts/shard.bin")["Body"].read() == (
+        b"the committed one")
+    assert not store.exists("big.bin")
+    assert not raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads")
+
+
 # --- an outage, ridden out within the retry budget ----------------------------------------
 
 
 @pytest.fixture
-def outage(moto_server: MotoServer) -> Iterator[Outage]:
-    """moto behind a proxy that can refuse connections for a while, keeping moto's state."""
-    proxy = Outage(("127.0.0.1", moto_server.port))
+def outage(s3_server: SeaweedFS) -> Iterator[Outage]:
+    """The server behind a proxy that can refuse connections for a while, keeping its
+    objects."""
+    proxy = Outage(("127.0.0.1", s3_server.port))
     yield proxy
     proxy.close()
 
@@ -662,11 +731,11 @@ def _patient(outage: Outage, bucket: str, seconds: float) -> S3Store:
 
 
 def test_a_worker_store_rides_out_a_ten_second_outage(
-    moto_server: MotoServer, outage: Outage, caplog: pytest.LogCaptureFixture
+    s3_server: SeaweedFS, outage: Outage, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Connections refused for 10 s: botocore's five attempts fail in half a second, and
     the request is made again with backoff until the endpoint is back."""
-    store = _patient(outage, moto_server.new_bucket(), seconds=60)
+    store = _patient(outage, s3_server.new_bucket(), seconds=60)
     store.put_bytes("before", b"x")
     caplog.set_level(logging.WARNING, logger="resumequal.store")
     impatient = S3Store(store.uri(), store.config.model_copy(update={"retry_seconds": 0.0}))
@@ -693,9 +762,9 @@ def test_a_worker_store_rides_out_a_ten_second_outage(
 
 
 def test_past_the_budget_a_request_fails_naming_the_endpoint_the_object_and_the_time(
-    moto_server: MotoServer, outage: Outage
+    s3_server: SeaweedFS, outage: Outage
 ) -> None:
-    store = _patient(outage, moto_server.new_bucket(), seconds=3)
+    store = _patient(outage, s3_server.new_bucket(), seconds=3)
     start = time.monotonic()
     with outage.down(), pytest.raises(StoreUnavailable, match=(
             rf"{outage.endpoint} kept failing to write s3://\S+/runs/k for [2-3] s "

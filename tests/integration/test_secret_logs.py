@@ -1,4 +1,4 @@
-"""A debug-level ``resumequal`` command against a real S3 endpoint (moto over HTTP), with
+"""A debug-level ``resumequal`` command against a real S3 server (SeaweedFS over HTTP), with
 credentials, a session token and endpoint userinfo in the environment: not one of them
 reaches what the command prints, nor (for a whole run) any file it writes, here or in the
 bucket. The command runs as a process of its own, so logging is configured exactly as a
@@ -19,7 +19,7 @@ from tests.integration.conftest import spec_for
 from tests.s3server import ACCESS_KEY, SECRET_KEY
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 pytest_plugins = ("tests.s3server",)
 pytestmark = [pytest.mark.usefixtures("aws_env"), pytest.mark.timeout(120)]
@@ -51,10 +51,10 @@ def _leaks_in(data: bytes) -> list[str]:
     return [s for s in SECRETS if s.encode() in data]
 
 
-def test_debug_run_against_s3_logs_no_key_token_or_userinfo(moto_server: MotoServer) -> None:
-    bucket = moto_server.new_bucket()
-    moto_server.client().put_object(Bucket=bucket, Key="runs/a/run.json", Body=b"{}")
-    done = _resumequal("-v", "compare", f"s3://{bucket}/runs/a", endpoint=moto_server.endpoint)
+def test_debug_run_against_s3_logs_no_key_token_or_userinfo(s3_server: SeaweedFS) -> None:
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="runs/a/run.json", Body=b"{}")
+    done = _resumequal("-v", "compare", f"s3://{bucket}/runs/a", endpoint=s3_server.endpoint)
     assert done.returncode == 2, done.stderr[-2000:]
     printed = done.stdout + done.stderr
     assert "DEBUG resumequal" in printed or "INFO botocore" in printed  # it did log
@@ -62,9 +62,9 @@ def test_debug_run_against_s3_logs_no_key_token_or_userinfo(moto_server: MotoSer
     assert _leaks(printed) == []
 
 
-def test_default_level_prints_nothing_of_botocore(moto_server: MotoServer) -> None:
-    bucket = moto_server.new_bucket()
-    done = _resumequal("compare", f"s3://{bucket}/none", endpoint=moto_server.endpoint)
+def test_default_level_prints_nothing_of_botocore(s3_server: SeaweedFS) -> None:
+    bucket = s3_server.new_bucket()
+    done = _resumequal("compare", f"s3://{bucket}/none", endpoint=s3_server.endpoint)
     assert done.returncode == 2
     assert "Found credentials" not in done.stderr
     assert done.stderr.startswith("error: s3://"), done.stderr[-2000:]
@@ -81,12 +81,12 @@ def test_an_unreachable_endpoint_is_named_without_its_userinfo(closed_endpoint: 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_debug_run_on_s3_leaves_no_key_token_or_userinfo_anywhere(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
     """A whole (small) qualification at DEBUG: every line it prints, every file it writes
     on this machine (run folder, leg logs, scratch under TMPDIR) and every object it puts
     in the bucket is free of the key, the secret, the session token and the userinfo."""
-    bucket = moto_server.new_bucket()
+    bucket = s3_server.new_bucket()
     spec = legs.write_spec(tmp_path / "spec.yaml", spec_for(
         "dropout-mlp", training={"steps": 4, "accumulation_steps": 2},
         checkpoint={"every_steps": 2, "keep_last": 2},
@@ -95,7 +95,7 @@ def test_a_debug_run_on_s3_leaves_no_key_token_or_userinfo_anywhere(
     scratch = tmp_path / "tmp"  # staging and downloaded copies: whatever is left is read
     scratch.mkdir()
     done = _resumequal("-v", "run", "--spec", str(spec), "--run-dir", str(tmp_path / "q1"),
-                       "--store", f"s3://{bucket}/rq", endpoint=moto_server.endpoint,
+                       "--store", f"s3://{bucket}/rq", endpoint=s3_server.endpoint,
                        timeout=540, TMPDIR=str(scratch))
     printed = done.stdout + done.stderr
     assert done.returncode == 0, printed[-4000:]
@@ -107,7 +107,7 @@ def test_a_debug_run_on_s3_leaves_no_key_token_or_userinfo_anywhere(
     assert {str(p): _leaks_in(p.read_bytes()) for p in written
             if _leaks_in(p.read_bytes())} == {}
 
-    s3 = moto_server.client()
+    s3 = s3_server.client()
     keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
             for o in page.get("Contents", [])]
     assert any(k.endswith("verdict.json") for k in keys) and any("/trace/" in k for k in keys)

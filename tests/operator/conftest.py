@@ -1,4 +1,5 @@
-"""The operator against the API emulator (real HTTP, the official client) and moto (real S3).
+"""The operator against the API emulator (real HTTP, the official client) and SeaweedFS
+(a real S3 server).
 
 Every object written to the emulator passes admission by the schemas in
 ``tests/k8s_schemas.py``: PyTorchJobs against Kubeflow's CRD, QualificationRuns (status
@@ -21,7 +22,7 @@ from tests.operator.workers import Workers
 
 if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here defeats
     # assert rewriting
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 
 @pytest.fixture
@@ -38,19 +39,19 @@ def api(kubeapi: KubeAPI, admission: Admission) -> KubeAPI:
 
 
 @pytest.fixture
-def store(moto_server: MotoServer, aws_env: dict[str, str]) -> dict[str, str]:
-    """A fresh bucket on the shared moto server: the ``store`` section of a run."""
-    return {"uri": f"s3://{moto_server.new_bucket()}/runs",
-            "endpointUrl": moto_server.endpoint, "region": "us-east-1",
+def store(s3_server: SeaweedFS, aws_env: dict[str, str]) -> dict[str, str]:
+    """A fresh bucket on the shared S3 server: the ``store`` section of a run."""
+    return {"uri": f"s3://{s3_server.new_bucket()}/runs",
+            "endpointUrl": s3_server.endpoint, "region": "us-east-1",
             "addressingStyle": "path"}
 
 
 @pytest.fixture
-def operators(api: KubeAPI, aws_env: dict[str, str], moto_server: MotoServer
+def operators(api: KubeAPI, aws_env: dict[str, str], s3_server: SeaweedFS
               ) -> Iterator[Operators]:
-    """Operator replicas, allowed to use the moto endpoint; stopped before the AWS
+    """Operator replicas, allowed to use the S3 server's endpoint; stopped before the AWS
     environment they read is taken away."""
-    ops = Operators(api, endpoints=(moto_server.endpoint,))
+    ops = Operators(api, endpoints=(s3_server.endpoint,))
     try:
         yield ops
     finally:

@@ -92,7 +92,8 @@ _RUNNING: weakref.WeakSet[Operator] = weakref.WeakSet()
 
 class Operators:
     """Starts operator replicas against the emulator; stops them all at the end.
-    ``endpoints``: the store endpoints the replicas' allowlist admits (the test's moto)."""
+    ``endpoints``: the store endpoints the replicas' allowlist admits (the tests' S3
+    server)."""
 
     def __init__(self, api: KubeAPI, endpoints: tuple[str, ...] = ()) -> None:
         self.api = api

@@ -1,7 +1,7 @@
 """The chart's alert rules in a real Prometheus scraping the operator's own ``/metrics``.
 
 A QualificationRun whose comparator says FAIL is driven through the operator (emulated
-API server, simulated training operator, moto S3); Prometheus, configured like the
+API server, simulated training operator, SeaweedFS S3); Prometheus, configured like the
 chart's ServiceMonitor (job ``resumequal-operator``, honorLabels), must fire
 ``QualificationFailed`` naming the run, and let it resolve once the run is deleted.
 """

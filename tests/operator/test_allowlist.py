@@ -27,7 +27,7 @@ from tests.operator.harness import (
 from tests.waiting import eventually
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -122,11 +122,11 @@ def _assert_refused(api: KubeAPI, name: str, field: str, rule: str,
 )
 def test_each_rule_refuses_a_run_naming_itself_while_an_allowed_run_proceeds(
     api: KubeAPI, operators: Operators, store: dict[str, str], aws_env: dict[str, str],
-    moto_server: MotoServer, rules: dict[str, Any], spec: dict[str, Any],
+    s3_server: SeaweedFS, rules: dict[str, Any], spec: dict[str, Any],
     field: str, says: str,
 ) -> None:
     bucket = store["uri"].removeprefix("s3://").split("/")[0]
-    allowlist = Allowlist(endpoints=(moto_server.endpoint,), **rules)
+    allowlist = Allowlist(endpoints=(s3_server.endpoint,), **rules)
     operators.start(allowlist=allowlist)
     api.create(QUALIFICATION_RUNS.plural, run_manifest("refused", store, **spec))
     message = _assert_refused(api, "refused", field, says, aws_env)
@@ -142,7 +142,7 @@ def test_each_rule_refuses_a_run_naming_itself_while_an_allowed_run_proceeds(
                if rules.get("security") and rules["security"].capabilities else {}}
     [rule] = rules
     if rule == "buckets":
-        moto_server.client("s3").create_bucket(Bucket=admitted)
+        s3_server.client("s3").create_bucket(Bucket=admitted)
         store = {**store, "uri": f"s3://{admitted}/x"}
     api.create(QUALIFICATION_RUNS.plural, run_manifest("allowed", store, **allowed[rule]))
     wait_phase(api, "allowed", "LegsRunning")
@@ -156,7 +156,7 @@ def test_an_endpoint_outside_the_allowlist_is_never_sent_a_request(
     elsewhere: tuple[str, list[tuple[str, str, dict[str, str]]]],
 ) -> None:
     url, seen = elsewhere
-    operators.start()  # the moto endpoint only
+    operators.start()  # the S3 server's endpoint only
     # retention Delete: even the finalizer must not ask that endpoint to delete anything.
     api.create(QUALIFICATION_RUNS.plural, run_manifest(
         "ssrf", {**store, "endpointUrl": url}, retention={"policy": "Delete"}))
@@ -183,7 +183,7 @@ def test_no_endpoint_is_allowed_by_default(
 
 
 def test_a_started_run_that_a_narrower_allowlist_refuses_is_stopped(
-    api: KubeAPI, operators: Operators, store: dict[str, str], moto_server: MotoServer,
+    api: KubeAPI, operators: Operators, store: dict[str, str], s3_server: SeaweedFS,
 ) -> None:
     first = operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("narrowed", store))
@@ -192,7 +192,7 @@ def test_a_started_run_that_a_narrower_allowlist_refuses_is_stopped(
                what="both legs' PyTorchJobs")
     operators.stop(first)
     narrow = operators.start(allowlist=Allowlist(images=("ghcr.io/trusted/*",),
-                                                 endpoints=(moto_server.endpoint,)))
+                                                 endpoints=(s3_server.endpoint,)))
     failed = wait_phase(api, "narrowed", "Failed")
     assert condition(failed, "Ready")["reason"] == "NotAllowed"
     assert "allowlist.images" in condition(failed, "Ready")["message"]
@@ -209,9 +209,9 @@ def test_a_started_run_that_a_narrower_allowlist_refuses_is_stopped(
 
 
 def test_a_run_the_security_allowlist_permits_gets_its_pods_as_asked(
-    api: KubeAPI, operators: Operators, store: dict[str, str], moto_server: MotoServer,
+    api: KubeAPI, operators: Operators, store: dict[str, str], s3_server: SeaweedFS,
 ) -> None:
-    operators.start(allowlist=Allowlist(endpoints=(moto_server.endpoint,),
+    operators.start(allowlist=Allowlist(endpoints=(s3_server.endpoint,),
                                         security=SecurityAllowlist(privileged=True,
                                                                    run_as_root=True)))
     security = {"podSecurityContext": {"runAsUser": 0, "runAsNonRoot": False},

@@ -40,7 +40,7 @@ from tests.s3server import use_dummy_credentials
 from tests.waiting import eventually
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 
 def _live(api: KubeAPI, plural: str, run: str) -> list[str]:
@@ -71,7 +71,7 @@ LABELS = {"namespace": NAMESPACE, "pin": "train:2026-11-29", "run": "nightly",
 
 
 @pytest.fixture(scope="module")
-def finished(moto_server: MotoServer) -> Iterator[Finished]:
+def finished(s3_server: SeaweedFS) -> Iterator[Finished]:
     """A QualificationRun from apply to verdict against scripted workers."""
     with pytest.MonkeyPatch.context() as mp, KubeAPI() as api:
         use_dummy_credentials(mp)
@@ -79,12 +79,12 @@ def finished(moto_server: MotoServer) -> Iterator[Finished]:
         api.register_crd(QUALIFICATIONRUN_CRD)
         admission = Admission()
         api.add_validator(admission)
-        store = {"uri": f"s3://{moto_server.new_bucket()}/runs",
-                 "endpointUrl": moto_server.endpoint, "region": "us-east-1",
+        store = {"uri": f"s3://{s3_server.new_bucket()}/runs",
+                 "endpointUrl": s3_server.endpoint, "region": "us-east-1",
                  "addressingStyle": "path"}
         workers = Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region="us-east-1",
                                     addressing_style="path"))
-        ops = Operators(api, endpoints=(moto_server.endpoint,))
+        ops = Operators(api, endpoints=(s3_server.endpoint,))
         with SimulatedTrainingOperator(api, run_container=workers):
             try:
                 op = ops.start()
@@ -330,7 +330,7 @@ def test_a_passing_run_starts_no_zoom(
 
 def test_a_finalizer_that_cannot_clean_up_gives_up(
     api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator,
-    moto_server: MotoServer, store: dict[str, str]
+    s3_server: SeaweedFS, store: dict[str, str]
 ) -> None:
     """Retention Delete with the bucket gone: the run is deleted all the same, after
     ``cleanup_seconds``, with a Warning Event naming what was left."""
@@ -339,7 +339,7 @@ def test_a_finalizer_that_cannot_clean_up_gives_up(
                                                        retention={"policy": "Delete"}))
     done = wait_phase(api, "orphan", ("Succeeded", "Failed"), timeout=30)
     bucket = store["uri"].removeprefix("s3://").split("/", 1)[0]
-    s3 = moto_server.client()
+    s3 = s3_server.client()
     for obj in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
         s3.delete_object(Bucket=bucket, Key=obj["Key"])
     s3.delete_bucket(Bucket=bucket)

@@ -2,7 +2,7 @@
 faithful training operator, Job controller and kubelet (testing/kubeapi), every container a
 real process tree — `resumequal launch` around real torchrun reading only the PET_*
 variables, real gloo, real signals from the kubelet, the real comparator Job
-(`resumequal compare --write`) — and the moto S3 server as the store.
+(`resumequal compare --write`) — and SeaweedFS as the S3 store.
 
 Each preemption users face: a hard pod kill (a lost node: the kubelet's SIGTERM is answered
 by SIGKILL, nothing is saved, the pod is recreated under its name), a graceful pod kill (a

@@ -29,7 +29,7 @@ from tests.operator.workers import Workers
 from tests.s3server import use_dummy_credentials
 
 if TYPE_CHECKING:
-    from tests.s3server import MotoServer
+    from tests.s3server import SeaweedFS
 
 CHART = Path(__file__).resolve().parents[2] / "charts/resumequal"
 RELEASE = "rq"
@@ -140,7 +140,7 @@ def chart_rules(values: dict[str, Any] | None = None) -> list[Rule]:
 
 
 @pytest.fixture(scope="module")
-def requests(moto_server: MotoServer) -> Iterator[list[Request]]:
+def requests(s3_server: SeaweedFS) -> Iterator[list[Request]]:
     """Every request one operator made over its whole working life."""
     with pytest.MonkeyPatch.context() as mp, KubeAPI() as api:
         use_dummy_credentials(mp)
@@ -154,12 +154,12 @@ def requests(moto_server: MotoServer) -> Iterator[list[Request]]:
             assert ensure_crd(kube, "apply") == "updated"
         finally:
             kube.close()
-        store = {"uri": f"s3://{moto_server.new_bucket()}/runs",
-                 "endpointUrl": moto_server.endpoint, "region": "us-east-1",
+        store = {"uri": f"s3://{s3_server.new_bucket()}/runs",
+                 "endpointUrl": s3_server.endpoint, "region": "us-east-1",
                  "addressingStyle": "path"}
         workers = Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region="us-east-1",
                                     addressing_style="path"))
-        ops = Operators(api, endpoints=(moto_server.endpoint,))
+        ops = Operators(api, endpoints=(s3_server.endpoint,))
         # A status write that conflicts once: the run is read again (its only read; every
         # reconcile takes it from the watch).
         api.inject_fault(method="PUT", kind=QUALIFICATION_RUNS.plural + ".resumequal.dev",

@@ -5,7 +5,7 @@ A store writer without the checkpoint key plants pickles that run a payload (DCP
 worker's resume and the comparator refuse the checkpoint, naming it, and the payload
 never runs. So are checkpoints under a wrong key, without a key, without a MAC, or with
 a manifest edited after signing. A folder root and an object-store root (a FileStore
-here, no sockets; moto in tests/integration/test_checkpoint_auth.py) alike.
+here, no sockets; SeaweedFS in tests/integration/test_checkpoint_auth.py) alike.
 """
 
 from __future__ import annotations

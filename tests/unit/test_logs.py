@@ -22,7 +22,7 @@ from resumequal_operator.events import EventRecorder
 from resumequal_operator.resource import Condition, Problem, QualificationRunStatus
 
 KEY_ID = "AKIARQTESTDUMMYKEY00"
-SECRET = "rq-dummy-secret-for-moto-only"
+SECRET = "rq-dummy-secret-for-tests-only"
 TOKEN = "rq-dummy-session-token-xyz"
 
 

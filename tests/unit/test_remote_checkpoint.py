@@ -1,7 +1,7 @@
 """Unit tests for checkpoints on an object store (the COMMITTED-marker protocol), in one
 process with a world-1 gloo group. The store is a FileStore behind a RemoteRoot: the
 protocol only uses the Store interface, so no S3 server is needed here (the integration
-tests run it against moto over HTTP)."""
+tests run it against SeaweedFS over HTTP)."""
 
 from __future__ import annotations
 

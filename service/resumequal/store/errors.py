@@ -4,7 +4,8 @@
     ├── StoreNotFound        the bucket, the key or the file does not exist
     ├── StoreAccessDenied    no credentials, wrong credentials, or no permission
     ├── StoreUnavailable     the endpoint cannot be reached or keeps failing, after retries
-    ├── StoreIntegrityError  what was read does not hash to what was expected
+    ├── StoreIntegrityError  what was read does not hash to what was expected, or what
+    │                        the endpoint received to what was sent
     ├── StoreObjectTooLarge  an object is larger than what its reader accepts
     ├── StoreProtocolError   the endpoint answered what no S3 API answers (a ranged GET
     │                        answered whole)
@@ -33,7 +34,8 @@ class StoreUnavailable(StoreError):
 
 
 class StoreIntegrityError(StoreError):
-    """The bytes read do not match the sha256 they were expected to have."""
+    """The bytes read do not match the sha256 they were expected to have, or the endpoint
+    refused the bytes it received for not matching the checksum sent with them."""
 
 
 class StoreObjectTooLarge(StoreError):

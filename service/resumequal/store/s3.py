@@ -54,6 +54,7 @@ from resumequal.store.base import (
 from resumequal.store.errors import (
     StoreAccessDenied,
     StoreConfigError,
+    StoreIntegrityError,
     StoreNotFound,
     StoreUnavailable,
     too_large,
@@ -84,6 +85,9 @@ _DENIED = frozenset(
 _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
 _CONDITION_FAILED = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout"})
+# The body that arrived does not match the checksum sent with it (its CRC32, or a signed
+# body's sha256): the server stored nothing of it.
+_BODY_CHANGED = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"})
 
 
 def _code(e: ClientError) -> str:
@@ -260,6 +264,11 @@ class S3Store:
             if code in _DENIED or status == 403:
                 return StoreAccessDenied(
                     f"wrong credentials or no permission for {uri} ({op}: {code or status})"
+                )
+            if code in _BODY_CHANGED:
+                return StoreIntegrityError(
+                    f"{self.endpoint} refused the bytes sent to {op} {uri}: they do not match "
+                    f"the checksum sent with them, so they changed on their way ({code})"
                 )
             if status >= 500 or code in _THROTTLED:
                 return StoreUnavailable(
