@@ -217,14 +217,14 @@ def test_denied_credentials_at_leg_start_fail_the_leg_naming_the_object(
         "legs/control.spec.json", "spec.json"]
 
 
-def _outage_run(moto_server: MotoServer, tmp_path: Path, outage: Outage, seconds: float,
+def _outage_run(s3_server: SeaweedFS, tmp_path: Path, outage: Outage, seconds: float,
                 *sets: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """``resumequal run`` on S3 reached through ``outage``, which goes down for ``seconds``
     once the control leg's workers have written three steps; what the run printed, and
     when the outage began (after the run's start)."""
-    bucket = moto_server.new_bucket()
+    bucket = s3_server.new_bucket()
     env = {"AWS_ENDPOINT_URL_S3": outage.endpoint, KEY_ENV: new_key(), RUN_ID_ENV: ""}
-    raw = moto_server.client()
+    raw = s3_server.client()
 
     def steps_written() -> int:
         keys = [o["Key"] for page in raw.get_paginator("list_objects_v2").paginate(
@@ -247,14 +247,14 @@ def _outage_run(moto_server: MotoServer, tmp_path: Path, outage: Outage, seconds
 
 @pytest.mark.timeout(600)
 def test_a_ten_second_outage_of_the_store_is_ridden_out_by_a_local_run(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
     """Connections refused for 10 s while the control leg trains (botocore alone gives up in
     half a second): every worker's and the runner's request waits for the store to come
     back, and the qualification passes."""
-    outage = Outage(("127.0.0.1", moto_server.port))
+    outage = Outage(("127.0.0.1", s3_server.port))
     try:
-        proc, _ = _outage_run(moto_server, tmp_path, outage, 10)
+        proc, _ = _outage_run(s3_server, tmp_path, outage, 10)
     finally:
         outage.close()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -265,11 +265,11 @@ def test_a_ten_second_outage_of_the_store_is_ridden_out_by_a_local_run(
 
 @pytest.mark.timeout(600)
 def test_an_outage_past_the_budget_ends_the_run_invalid_naming_the_store_and_the_time(
-    moto_server: MotoServer, tmp_path: Path
+    s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
-    outage = Outage(("127.0.0.1", moto_server.port))
+    outage = Outage(("127.0.0.1", s3_server.port))
     try:
-        proc, _ = _outage_run(moto_server, tmp_path, outage, 9,
+        proc, _ = _outage_run(s3_server, tmp_path, outage, 9,
                               "timeouts.backendErrorSeconds=4")
     finally:
         outage.close()
