@@ -6,7 +6,9 @@ metadata classes alone; an optimizer's param-group items (DCP's ``BYTE_IO``) thr
 
 from __future__ import annotations
 
+import enum
 import io
+import pathlib
 import pickle
 import zipfile
 from pathlib import Path
@@ -71,6 +73,52 @@ def test_signed_metadata_that_would_run_code_is_refused_and_never_runs(tmp_path:
     with pytest.raises(CheckpointError, match=r"io\.open is not part of DCP's metadata"):
         _load(root)
     assert not marker.exists()
+
+
+class _OldEnumPickler(pickle.Pickler):
+    """Pickles enum members as Python up to 3.11.4 does: ``getattr(EnumClass, "NAME")``."""
+
+    def __init__(self, file: io.BytesIO, attribute: tuple[Any, str] | None = None) -> None:
+        super().__init__(file)
+        self.attribute = attribute
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, enum.Enum):
+            cls, name = self.attribute or (type(obj), obj.name)
+            return getattr, (cls, name)
+        return NotImplemented
+
+
+def _old_pickle(obj: Any, attribute: tuple[Any, str] | None = None) -> bytes:
+    out = io.BytesIO()
+    _OldEnumPickler(out, attribute).dump(obj)
+    return out.getvalue()
+
+
+def test_metadata_written_by_a_python_that_pickles_enums_by_getattr_loads(
+    tmp_path: Path
+) -> None:
+    root = _saved(tmp_path)
+    folder = root.root / NAME
+    metadata = pickle.loads((folder / DCP_DIR / ".metadata").read_bytes())
+    old = _old_pickle(metadata)
+    assert b"getattr" in old
+    _resign(folder, {f"{DCP_DIR}/.metadata": old})
+    loaded = _load(root)
+    assert torch.equal(loaded["x"], torch.arange(3.0))
+
+
+@pytest.mark.parametrize("attribute", [(pathlib.PosixPath, "read_text"),
+                                       (torch.Size, "__class__")])
+def test_getattr_in_metadata_answers_enum_members_only(
+    tmp_path: Path, attribute: tuple[Any, str]
+) -> None:
+    root = _saved(tmp_path)
+    folder = root.root / NAME
+    metadata = pickle.loads((folder / DCP_DIR / ".metadata").read_bytes())
+    _resign(folder, {f"{DCP_DIR}/.metadata": _old_pickle(metadata, attribute)})
+    with pytest.raises(CheckpointError, match="is not an enum member of DCP's metadata"):
+        _load(root)
 
 
 def test_a_signed_param_group_item_that_would_run_code_is_refused_and_never_runs(

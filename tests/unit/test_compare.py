@@ -236,7 +236,7 @@ def test_identical_legs_pass_exactly(run: SyntheticRun) -> None:
     assert v.first_divergence is None
     assert v.resumed_from == RESUMED_FROM
     assert (v.steps_compared, v.ranks_compared) == (STEPS, WORLD)
-    assert all(c.ok for c in v.checks) and len(v.checks) == 7
+    assert all(c.ok for c in v.checks) and len(v.checks) == 8
     assert [row.step for row in v.boundary_table] == list(range(1, STEPS + 1))
     assert [row.attempt for row in v.boundary_table] == [0, 0, 1, 1, 1, 1]
     assert all(set(row.status.values()) == {"equal"} for row in v.boundary_table)
@@ -481,6 +481,14 @@ def _missing_rank_trace(run: SyntheticRun) -> None:
     del run.preempted[1]
 
 
+def _control_restarted(run: SyntheticRun) -> None:
+    # A control worker that died after step 3 and was started again by its launcher.
+    for records in run.control.values():
+        for i, r in enumerate(records):
+            if getattr(r, "step", 0) > 3:
+                records[i] = r.model_copy(update={"attempt": 1})
+
+
 def _missing_step(run: SyntheticRun) -> None:
     run.drop("control", 0, lambda r: isinstance(r, StepRecord) and r.step == 5)
 
@@ -490,6 +498,9 @@ INVALID_CASES = {
     "armed at another cut": (_armed_elsewhere, "armed",
                              "armed at step 3 microstep 0, expected step 4 microstep 1"),
     "no beacon": (_no_beacon, "armed", "left no beacon"),
+    "control restarted": (_control_restarted, "control_uninterrupted",
+                          "the control leg restarted (attempts [0, 1]), so it is not an "
+                          "uninterrupted run"),
     "no attempt 1": (_no_restart, "restarted", "the preempted leg never restarted"),
     "wrong checkpoint": (_wrong_checkpoint, "restored_checkpoint",
                          "the resumed attempt restored step-00000004 (rank 0), expected "

@@ -16,6 +16,7 @@ as if anyone could all the same:
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 from typing import Any
@@ -52,6 +53,16 @@ _ALLOWED = frozenset({
 })
 
 
+def _enum_member(cls: Any, name: Any) -> Any:
+    """What ``getattr`` means in an enum's pickle, and nothing more: a member, by name, of an
+    enum class the unpickler already allowed."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str)
+            and name in cls.__members__):
+        raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not an enum member of "
+                                     "DCP's metadata")
+    return cls.__members__[name]
+
+
 class MetadataUnpickler(pickle.Unpickler):
     """Finds DCP's metadata classes, torch's dtypes and the values listed in ``_ALLOWED``;
     UnpicklingError for any other global."""
@@ -59,6 +70,12 @@ class MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        # Python up to 3.11.4 pickles an enum member as getattr(EnumClass, "NAME")
+        # (enum.Enum.__reduce_ex__; later releases call the class with the value): the
+        # metadata's _MEM_FORMAT_ENCODING members written by such a Python, e.g. Debian
+        # bookworm's 3.11.2, arrive that way. Only member lookups are answered.
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if (module, name) not in _ALLOWED:
             raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
         return super().find_class(module, name)

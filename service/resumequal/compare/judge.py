@@ -16,6 +16,7 @@ from resumequal.compare.resize import judge_resize, resize_checks
 from resumequal.compare.restore import restore_divergence, restore_words, saved_records
 from resumequal.compare.validity import (
     check_armed,
+    check_control_uninterrupted,
     check_final_checkpoints,
     check_inventory,
     check_restarted,
@@ -146,8 +147,8 @@ def compare_run(
                        resumed_from=resumed_from, first_divergence=None, exact_through_step=0,
                        checks=checks)
 
-    checks = [check_traces(control, preempted), check_armed(spec, preempted, location),
-              check_restarted(preempted)]
+    checks = [check_traces(control, preempted), check_control_uninterrupted(control),
+              check_armed(spec, preempted, location), check_restarted(preempted)]
     if spec.preemption.resize is not None:
         # A world that changes size: restores, steps and state judged per world, not rank.
         if all(c.ok for c in checks):

@@ -89,6 +89,18 @@ def resumed_attempt(preempted: LegTrace) -> int | None:
     return later[0] if later else None
 
 
+def check_control_uninterrupted(control: LegTrace) -> ValidityCheck:
+    """The control leg trained in one attempt: a control its launcher restarted (a worker
+    that died, even after its last step) is not the uninterrupted run it stands for."""
+    attempts = control.attempts()
+    if len(attempts) > 1:
+        return _failed("control_uninterrupted",
+                       f"the control leg restarted (attempts {attempts}), so it is not an "
+                       "uninterrupted run; its log says why its launcher restarted it")
+    return _ok("control_uninterrupted", f"the control leg ran attempt {attempts[0]} alone"
+               if attempts else "the control leg wrote no attempt")
+
+
 def check_restarted(preempted: LegTrace) -> ValidityCheck:
     attempt = resumed_attempt(preempted)
     if attempt is None:
