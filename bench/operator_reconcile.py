@@ -574,6 +574,28 @@ class Figures:
     here: str  # what this process serves besides the bench
 
 
+def api_requests(metrics: dict[str, float], reconcile_seconds: float) -> None:
+    """The operator's requests to the API server by verb and resource (count, mean, p99),
+    and their seconds against the reconciles' (Events and the Lease are written apart)."""
+    family = "resumequal_operator_api_request_duration_seconds"
+    series = sorted(k[len(family) + len("_count"):] for k in metrics
+                    if k.startswith(f"{family}_count{{"))
+    within = 0.0
+    for labels in series:
+        count = metrics[f"{family}_count{labels}"]
+        if not count:
+            continue
+        total = metrics[f"{family}_sum{labels}"]
+        p99 = histogram_quantile(0.99, metrics, family, "," + labels[1:-1])
+        if 'resource="events"' not in labels and 'resource="leases"' not in labels:
+            within += total
+        print(f"API {labels[1:-1]:58s} {count:6.0f} requests, mean "
+              f"{total / count * 1000:6.1f}ms, p99 {p99 * 1000:6.1f}ms")
+    if series and reconcile_seconds:
+        print(f"API seconds (Events and the Lease aside) {within:.1f}s against reconciles' "
+              f"{reconcile_seconds:.1f}s ({within / reconcile_seconds:.0%})")
+
+
 def summarize(args: argparse.Namespace, held: int, f: Figures) -> dict[str, float]:
     """Print the figures; return reconcile p99 (s), peak RSS (MiB), queue wait p99 (s)."""
     metrics, created, finished, wall = f.metrics, f.created, f.finished, f.wall
@@ -607,6 +629,7 @@ def summarize(args: argparse.Namespace, held: int, f: Figures) -> dict[str, floa
                 f"p{round(q * 100)} {histogram_quantile(q, metrics, waits, labels) * 1000:.1f}ms"
                 for q in (0.5, 0.9, 0.99)) + f"  (mean {total / count * 1000:.1f}ms, "
                 f"{count:.0f} keys)")
+    api_requests(metrics, metrics[f"{family}_sum"])
     print(f"apply to verdict:   {percentiles(verdicts)}")
     # Wall time in a reconcile is its CPU plus waiting: on the API (served by this
     # process, which also plays the training operator, the Job controller and the kubelet)

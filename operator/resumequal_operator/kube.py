@@ -24,7 +24,8 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,12 +143,25 @@ def _error(e: ApiException, what: str) -> ClusterError:
     return _BY_STATUS.get(status, ClusterError)(text, status=status, reason=reason)
 
 
+# The verb (Kubernetes' names: get, list, create, update, patch, delete), the resource
+# (plural, "/status" for the subresource) and the seconds one request took.
+RequestObserver = Callable[[str, str, float], None]
+
+
+def _resource(kind: Kind, sub: str | None) -> str:
+    return f"{kind.plural}/{sub}" if sub else kind.plural
+
+
 class Kube:
     """JSON requests against one API server, thread-safe (the client's pool is shared)."""
 
-    def __init__(self, api_client: Any, request_timeout: float = 30.0) -> None:
+    def __init__(self, api_client: Any, request_timeout: float = 30.0,
+                 observe: RequestObserver | None = None) -> None:
         self.api = api_client
         self.request_timeout = request_timeout
+        # Told the verb, the resource and the seconds of every request but a watch (the
+        # operator's request-duration histogram), answered or not.
+        self.observe = observe
 
     @classmethod
     def from_configuration(cls, configuration: Any) -> Kube:
@@ -158,7 +172,18 @@ class Kube:
 
     def _call(self, method: str, path: str, what: str, *, query: list[tuple[str, Any]] | None
               = None, body: Any = None, content_type: str = "application/json",
-              timeout: float | None = None) -> Obj:
+              timeout: float | None = None, verb: str = "", resource: str = "") -> Obj:
+        start = time.perf_counter()
+        try:
+            return self._answer(method, path, what, query=query, body=body,
+                                content_type=content_type, timeout=timeout)
+        finally:
+            if self.observe is not None and verb:
+                self.observe(verb, resource, time.perf_counter() - start)
+
+    def _answer(self, method: str, path: str, what: str, *,
+                query: list[tuple[str, Any]] | None, body: Any, content_type: str,
+                timeout: float | None) -> Obj:
         try:
             resp = self.api.call_api(
                 path, method, query_params=query or [],
@@ -182,31 +207,35 @@ class Kube:
     # -- verbs ---------------------------------------------------------------------------
 
     def get(self, kind: Kind, namespace: str | None, name: str) -> Obj:
-        return self._call("GET", kind.path(namespace, name), f"get {kind.plural} {name}")
+        return self._call("GET", kind.path(namespace, name), f"get {kind.plural} {name}",
+                          verb="get", resource=kind.plural)
 
     def list(self, kind: Kind, namespace: str | None = None, *, labels: str | None = None,
              fields: str | None = None) -> Obj:
         query = [(k, v) for k, v in (("labelSelector", labels), ("fieldSelector", fields))
                  if v]
-        return self._call("GET", kind.path(namespace), f"list {kind.plural}", query=query)
+        return self._call("GET", kind.path(namespace), f"list {kind.plural}", query=query,
+                          verb="list", resource=kind.plural)
 
     def create(self, kind: Kind, namespace: str | None, obj: Obj) -> Obj:
         name = obj.get("metadata", {}).get("name") or obj.get("metadata", {}).get(
             "generateName", "")
         return self._call("POST", kind.path(namespace), f"create {kind.plural} {name}",
-                          body=obj)
+                          body=obj, verb="create", resource=kind.plural)
 
     def replace(self, kind: Kind, namespace: str | None, obj: Obj,
                 sub: str | None = None) -> Obj:
         name = obj["metadata"]["name"]
         what = f"replace {kind.plural} {name}" + (f"/{sub}" if sub else "")
-        return self._call("PUT", kind.path(namespace, name, sub), what, body=obj)
+        return self._call("PUT", kind.path(namespace, name, sub), what, body=obj,
+                          verb="update", resource=_resource(kind, sub))
 
     def patch(self, kind: Kind, namespace: str | None, name: str, patch: Any, *,
               sub: str | None = None) -> Obj:
         what = f"patch {kind.plural} {name}" + (f"/{sub}" if sub else "")
         return self._call("PATCH", kind.path(namespace, name, sub), what, body=patch,
-                          content_type="application/merge-patch+json")
+                          content_type="application/merge-patch+json", verb="patch",
+                          resource=_resource(kind, sub))
 
     def delete(self, kind: Kind, namespace: str | None, name: str, *,
                grace_seconds: int | None = None, propagation: str | None = None,
@@ -219,7 +248,7 @@ class Kube:
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         return self._call("DELETE", kind.path(namespace, name), f"delete {kind.plural} {name}",
-                          body=body)
+                          body=body, verb="delete", resource=kind.plural)
 
     def watch(self, kind: Kind, namespace: str | None, resource_version: str, *,
               timeout_seconds: int, labels: str | None = None,

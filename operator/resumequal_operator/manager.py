@@ -91,6 +91,7 @@ class Operator:
         self.kube, self.settings = kube, settings
         self.registry = registry or CollectorRegistry()
         self.metrics = OperatorMetrics(self.registry)
+        kube.observe = self.metrics.api_requested
         self.queue = WorkQueue(on_wait=self.metrics.queue_waited)
         self.metrics.watch_queue(lambda: len(self.queue))
         self.cache = ObjectCache()

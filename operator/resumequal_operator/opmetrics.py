@@ -58,6 +58,14 @@ class OperatorMetrics:
             "resumequal_operator_reconcile_duration_seconds", "Time one reconcile took.",
             buckets=RECONCILE_BUCKETS, registry=registry,
         )
+        # What the API server makes a reconcile (and the Event recorder) wait: by verb and
+        # resource, as client-go's rest_client_request_duration_seconds is by verb.
+        self.api_request = Histogram(
+            "resumequal_operator_api_request_duration_seconds",
+            "Time one request to the Kubernetes API took (watches aside), answered or not, "
+            "by verb and resource.",
+            ["verb", "resource"], buckets=RECONCILE_BUCKETS, registry=registry,
+        )
         self.queue_wait = Histogram(
             "resumequal_operator_queue_wait_seconds",
             "Time a QualificationRun waited in the work queue for a worker: from the change "
@@ -84,6 +92,10 @@ class OperatorMetrics:
             ["version"], registry=registry,
         )
         self.build_info.labels(version=build_version()).set(1)
+
+    def api_requested(self, verb: str, resource: str, seconds: float) -> None:
+        """One request to the API server took ``seconds``."""
+        self.api_request.labels(verb=verb, resource=resource).observe(seconds)
 
     def queue_waited(self, seconds: float, low: bool) -> None:
         """A key waited ``seconds`` in the work queue (``low``: at low priority)."""

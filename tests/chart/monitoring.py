@@ -127,6 +127,7 @@ OPERATOR_FAMILIES = {
     "resumequal_operator_queue_depth",
     "resumequal_operator_reconcile_duration_seconds",
     "resumequal_operator_queue_wait_seconds",
+    "resumequal_operator_api_request_duration_seconds",
     "resumequal_operator_events_dropped_total",
     "resumequal_operator_leader",
     "resumequal_operator_build_info",
