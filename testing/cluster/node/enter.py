@@ -28,8 +28,13 @@ NOT_FOUND = 127
 NOT_EXECUTABLE = 126
 
 
-def _mount(args: list[str]) -> None:
-    subprocess.run(["mount", *args], check=True, capture_output=True)
+def _mount(args: list[str], pass_fds: tuple[int, ...] = ()) -> None:
+    result = subprocess.run(["mount", *args], capture_output=True, text=True, check=False,
+                            pass_fds=pass_fds)
+    if result.returncode != 0:
+        # What mount(8) said reaches the container's log, as a runtime's mount error does.
+        raise OSError(f"mount {' '.join(args)} exited {result.returncode}: "
+                      f"{result.stderr.strip()}")
 
 
 def _prepare_target(target: Path, is_file: bool) -> None:
@@ -42,20 +47,38 @@ def _prepare_target(target: Path, is_file: bool) -> None:
 
 
 def mount_all(mounts: list[dict[str, object]]) -> None:
-    """Each bind or tmpfs at its target, read-only where asked."""
-    for m in mounts:
-        target = Path(str(m["target"]))
-        size = m.get("tmpfsSize")
-        if size is not None:
-            _prepare_target(target, False)
-            options = "mode=1777" + (f",size={size}" if size else "")
-            _mount(["-t", "tmpfs", "-o", options, "tmpfs", str(target)])
-        else:
-            source = Path(str(m["source"]))
-            _prepare_target(target, source.is_file())
-            _mount(["--bind", str(source), str(target)])
-        if m.get("readOnly"):
-            _mount(["-o", "remount,bind,ro", str(target)])
+    """Each bind or tmpfs at its target, read-only where asked.
+
+    A runtime binds host paths into a root of the container's own, so no mount of the
+    container can cover another's source. Here the container sees the machine's tree: an
+    emptyDir on /tmp covers a pod folder under /tmp (a checkout there) that later mounts
+    come from. So every source is held by a handle before anything is mounted, and bound
+    from it."""
+    sources: dict[int, tuple[int, bool]] = {}
+    try:
+        for index, m in enumerate(mounts):
+            if m.get("tmpfsSize") is None:
+                source = Path(str(m["source"]))
+                sources[index] = (os.open(source, os.O_PATH), source.is_file())
+        for index, m in enumerate(mounts):
+            target = Path(str(m["target"]))
+            size = m.get("tmpfsSize")
+            if size is not None:
+                _prepare_target(target, False)
+                options = "mode=1777" + (f",size={size}" if size else "")
+                _mount(["-t", "tmpfs", "-o", options, "tmpfs", str(target)])
+            else:
+                fd, is_file = sources[index]
+                _prepare_target(target, is_file)
+                # --no-canonicalize: mount(8) would resolve the descriptor's link to the
+                # source's path, which an earlier mount may cover.
+                _mount(["--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", str(target)],
+                       pass_fds=(fd,))
+            if m.get("readOnly"):
+                _mount(["-o", "remount,bind,ro", str(target)])
+    finally:
+        for fd, _ in sources.values():
+            os.close(fd)
 
 
 def _hidden_ancestor(path: Path) -> Path | None:
@@ -103,8 +126,8 @@ def restore(stashed: Stashed, for_user: bool) -> None:
             path.mkdir(parents=True, exist_ok=True)
             # --no-canonicalize: mount(8) would otherwise resolve the descriptor's link to
             # its path, the very path now covered.
-            subprocess.run(["mount", "--no-canonicalize", "--bind", f"/proc/self/fd/{fd}",
-                            str(path)], check=True, capture_output=True, pass_fds=(fd,))
+            _mount(["--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", str(path)],
+                   pass_fds=(fd,))
         os.close(fd)
 
 
