@@ -83,9 +83,13 @@ LEG_LABEL = "resumequal.dev/leg"
 # The operator times legs out itself; the deadline only backstops an operator that is down.
 DEADLINE_MARGIN_S = 60
 COMPARATOR_DEADLINE_S = 1800
-# Job names leave room for the training operator's "-worker-<index>" pod and service names,
-# which are DNS-1035 labels (<= 63 characters) too.
-MAX_JOB_NAME = 50
+# Job names leave room for what is named after them, DNS-1035 labels (<= 63 characters)
+# too: the training operator's "<job>-worker-<index>" pods and services, and a TrainJob's
+# JobSet pods "<trainjob>-node-0-<index>-<5 random>", which JobSet's webhook refuses to
+# create when the largest index would not fit (jobset pkg/webhooks/jobset_webhook.go:
+# GenPodName(...) + "-abcde"; a refused JobSet leaves the TrainJob idle), for up to
+# spec.MAX_NODES (1024) nodes: 63 - len("-node-0-") - len("1023") - len("-abcde").
+MAX_JOB_NAME = 45
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 OPTIONAL_SECRET_KEYS = ("AWS_SESSION_TOKEN",)

@@ -14,8 +14,8 @@ import yaml
 from resumequal.plan import LegPlan, qualification_plan
 from resumequal.runname import run_uri
 from resumequal.signing import KEY_ENV
-from resumequal.spec import QualificationSpec
-from resumequal_operator import pytorchjob
+from resumequal.spec import MAX_NODES, QualificationSpec
+from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.resource import (
     QualificationRunSpec,
     RunSpecError,
@@ -187,6 +187,10 @@ def test_job_names_are_stable_unique_and_short() -> None:
             # The training operator names pods and services <job>-worker-<i>.
             assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name + "-worker-999"), name
             assert len(name + "-worker-999") <= 63
+            # JobSet's webhook: its largest pod name, for the most nodes a spec may ask.
+            jobset_pod = f"{trainjob.node_job_name(name)}-{MAX_NODES - 1}-abcde"
+            assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", jobset_pod), jobset_pod
+            assert len(jobset_pod) <= 63, jobset_pod
             names.add(name)
         names.add(pytorchjob.comparator_job_name(run, UID))
     assert len(names) == 4 * 8
