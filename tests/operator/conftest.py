@@ -15,6 +15,7 @@ import pytest
 
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
+from resumequal_operator.kube import Kube
 from testing.kubeapi import KubeAPI
 from testing.kubeapi.training import SimulatedTrainingOperator
 from tests.operator.harness import Admission, Operators
@@ -79,3 +80,13 @@ def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperat
         yield sim
     finally:
         sim.stop()
+
+
+@pytest.fixture
+def kube(kubeapi: KubeAPI) -> Iterator[Kube]:
+    """The operator's API client for the test's API server, closed after the test."""
+    k = Kube(kubeapi.api_client())
+    try:
+        yield k
+    finally:
+        k.close()

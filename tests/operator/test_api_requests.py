@@ -3,27 +3,15 @@ resource, answered or refused: what of a reconcile's time the API server takes."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from prometheus_client import CollectorRegistry
 
 from resumequal.errors import ClusterError
 from resumequal_operator.kube import QUALIFICATION_RUNS, SECRETS, Kube
 from resumequal_operator.manager import Operator, Settings
-from testing.kubeapi import KubeAPI
 from tests.operator.harness import FAST, NAMESPACE, run_manifest
 
 HISTOGRAM = "resumequal_operator_api_request_duration_seconds"
-
-
-@pytest.fixture
-def kube(kubeapi: KubeAPI) -> Iterator[Kube]:
-    k = Kube(kubeapi.api_client())
-    try:
-        yield k
-    finally:
-        k.close()
 
 
 def _count(registry: CollectorRegistry, verb: str, resource: str) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,15 +21,6 @@ def _old_crd() -> dict[str, Any]:
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     del status["properties"]["comparatorJob"]
     return crd
-
-
-@pytest.fixture
-def kube(kubeapi: KubeAPI) -> Iterator[Kube]:
-    k = Kube(kubeapi.api_client())
-    try:
-        yield k
-    finally:
-        k.close()
 
 
 def _status_survives(api: KubeAPI, name: str) -> bool:
