@@ -154,6 +154,14 @@ def _apiserver_args(binary: Path, root: Path, ports: Ports, pki: ClusterPKI, hos
     ]
 
 
+def _component_flags(kubeconfig: Path) -> list[str]:
+    """What the controller manager and the scheduler share: one kubeconfig for the API,
+    for checking who calls their secure port and for asking whether they may, served on
+    loopback."""
+    return [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1"]
+
+
 def _component_kubeconfig(cp: ControlPlane, name: str, client: Pair) -> Path:
     path = cp.root / f"{name}.kubeconfig"
     path.write_text(kubeconfig(cp.server, cp.pki / "ca.crt", name, client=client))
@@ -185,11 +193,8 @@ def start(root: Path, binaries: dict[str, Path], *, cluster: str, host: str) -> 
 
     kcm_config = _component_kubeconfig(cp, "kube-controller-manager", pki.controller_manager)
     kcm = daemons.start("kube-controller-manager", [
-        str(binaries["kube-controller-manager"]),
-        f"--kubeconfig={kcm_config}",
-        f"--authentication-kubeconfig={kcm_config}",
-        f"--authorization-kubeconfig={kcm_config}",
-        "--bind-address=127.0.0.1", f"--secure-port={ports.controller_manager}",
+        str(binaries["kube-controller-manager"]), *_component_flags(kcm_config),
+        f"--secure-port={ports.controller_manager}",
         f"--service-account-private-key-file={pki.sa_private}",
         f"--root-ca-file={pki.ca.cert}",
         "--use-service-account-credentials=true",
@@ -202,11 +207,8 @@ def start(root: Path, binaries: dict[str, Path], *, cluster: str, host: str) -> 
     ], cluster=cluster, logs=logs)
     scheduler_config = _component_kubeconfig(cp, "kube-scheduler", pki.scheduler)
     scheduler = daemons.start("kube-scheduler", [
-        str(binaries["kube-scheduler"]),
-        f"--kubeconfig={scheduler_config}",
-        f"--authentication-kubeconfig={scheduler_config}",
-        f"--authorization-kubeconfig={scheduler_config}",
-        "--bind-address=127.0.0.1", f"--secure-port={ports.scheduler}",
+        str(binaries["kube-scheduler"]), *_component_flags(scheduler_config),
+        f"--secure-port={ports.scheduler}",
         "--leader-elect=false",
     ], cluster=cluster, logs=logs)
     insecure = ssl.create_default_context()
