@@ -312,6 +312,29 @@ def test_every_rank_uploads_only_the_files_it_wrote(tmp_path: Path) -> None:
     assert remote.own_files(tmp_path, 10) == ["dcp/__10_0.distcp", "rank-10.json"]
 
 
+def test_a_file_another_rank_renames_while_listed_is_not_uploaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks on one node share the staging folder: rank 2's temporary rank state, listed by
+    rank 1 and renamed before rank 1's stat, was once an upload failure (ENOENT)."""
+    import os
+
+    from resumequal.store import regular
+
+    for rel in ("dcp/__1_0.distcp", "rank-1.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    walk = os.fwalk
+
+    def listing_then_rename(*args: Any, **kwargs: Any) -> Any:
+        for path, dirs, files, fd in walk(*args, **kwargs):
+            # Listed, and gone (renamed to rank-2.json) before it is looked at.
+            yield path, dirs, [*files, ".rank-2.json.0123456789abcdef.rqtmp", "rank-3.json"], fd
+
+    monkeypatch.setattr(regular.os, "fwalk", listing_then_rename)
+    assert remote.own_files(tmp_path, 1) == ["dcp/__1_0.distcp", "rank-1.json"]
+    assert remote.own_files(tmp_path, 3) == []
+
+
 def test_download_writes_a_local_checkpoint_that_verifies(tmp_path: Path) -> None:
     from resumequal.checkpoint import verify
 

@@ -226,14 +226,20 @@ def unlink(root: LocalPath, rel: LocalPath) -> None:
 
 def regular_sizes(root: LocalPath, rel: LocalPath = "") -> dict[str, int]:
     """Every file below the folder ``root/rel`` (relative to it, ``/``-separated) with its
-    size; NotRegular naming the first link, FIFO, device or socket found there."""
+    size; NotRegular naming the first link, FIFO, device or socket found there.
+
+    A name gone between the listing and its stat is not there: ranks on one node share a
+    staging folder, and another rank's temporary file is renamed while this one lists."""
     top = open_dir(root, rel)
     shown = Path(root, rel)
     found: dict[str, int] = {}
     try:
         for path, dirs, files, dir_fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
             for name in (*files, *dirs):
-                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                try:
+                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
                 entry = os.path.normpath(os.path.join(path, name))
                 if stat.S_ISDIR(info.st_mode):
                     continue
