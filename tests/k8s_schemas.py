@@ -3,6 +3,7 @@
 - :func:`validate_pytorchjob`: against the openAPIV3Schema of Kubeflow's PyTorchJob CRD
   (training operator v1.9.0, the fixture), plus each pod template as a core/v1 Pod.
 - :func:`validate_qualificationrun`: against the CRD the chart ships.
+- :func:`validate_trainer`: Kubeflow Trainer v2 objects and JobSets as their webhooks do.
 - :func:`validate_core`: core, batch, coordination and events objects with
   kubernetes-validate's strict schemas of Kubernetes ``K8S_VERSION``.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -215,15 +217,109 @@ def validate_qualificationrun(obj: Obj) -> None:
     _metadata(obj, what)
 
 
+TRAINER_KINDS = ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime", "JobSet")
+# kubeflow/trainer pkg/constants: TorchRunReservedEnvNames (the torch plugin sets these)
+# and the trainer's container and ancestor label.
+RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                "PET_MASTER_PORT")
+_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+_NODE = "node"
+
+
+def _trainer_models() -> dict[str, Any]:
+    from kubeflow_trainer_api import models as m
+
+    return {"TrainJob": m.TrainerV1alpha1TrainJob,
+            "TrainingRuntime": m.TrainerV1alpha1TrainingRuntime,
+            "ClusterTrainingRuntime": m.TrainerV1alpha1ClusterTrainingRuntime,
+            "JobSet": m.JobsetV1alpha2JobSet}
+
+
+def unknown_fields(model: Any, value: Any, path: str = "") -> list[str]:
+    """Paths of ``value``'s keys that ``model`` (a generated kubeflow-trainer-api model)
+    does not declare, recursively: what a strict decoder of the Go types would refuse."""
+    if not isinstance(value, dict):
+        return []
+    fields = {f.alias or n: f.annotation for n, f in model.model_fields.items()}
+    out = []
+    for key, item in value.items():
+        if key not in fields:
+            out.append(f"{path}.{key}".lstrip("."))
+            continue
+        out += _unknown_in(fields[key], item, f"{path}.{key}")
+    return out
+
+
+def _unknown_in(annotation: Any, value: Any, path: str) -> list[str]:
+    from pydantic import BaseModel
+
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (list, typing.List) and isinstance(value, list):  # noqa: UP006
+        return [e for i, item in enumerate(value) for e in _unknown_in(args[0], item,
+                                                                       f"{path}[{i}]")]
+    if origin in (dict, typing.Dict) and isinstance(value, dict):  # noqa: UP006
+        return [e for k, item in value.items() for e in _unknown_in(args[1], item,
+                                                                    f"{path}.{k}")]
+    if args:  # Optional[X], Union
+        return [e for a in args if a is not type(None) for e in _unknown_in(a, value, path)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel) \
+            and annotation.__name__ != "IoK8sApimachineryPkgApisMetaV1ObjectMeta":
+        return unknown_fields(annotation, value, path)
+    return []
+
+
+def trainer_problem(obj: Obj) -> str | None:
+    """What the Trainer's and JobSet's validating webhooks refuse of ``obj``, or None: the
+    kubeflow-trainer-api models, strictly; the torch plugin's reserved env names
+    (trainer pkg/runtime/framework/plugins/torch/torch.go Validate, only with
+    ``numProcPerNode``); a runtime's ancestor replicated jobs have ``replicas`` 1 and the
+    trainer one a ``node`` container (pkg/webhooks/trainingruntime_webhook.go
+    validateReplicatedJobs)."""
+    kind = str(obj.get("kind"))
+    if kind not in TRAINER_KINDS:
+        return None
+    model = _trainer_models()[kind]
+    name = (obj.get("metadata") or {}).get("name", "")
+    unknown = unknown_fields(model, obj)
+    if unknown:
+        return f"{kind} {name}: unknown field(s) {', '.join(unknown[:5])}"
+    try:
+        model.from_dict(obj)
+    except ValueError as e:
+        return f"{kind} {name}: {e}"
+    spec = obj.get("spec") or {}
+    if kind == "TrainJob":
+        trainer = spec.get("trainer") or {}
+        reserved = sorted({e["name"] for e in trainer.get("env") or []} & set(RESERVED_ENV))
+        if trainer.get("numProcPerNode") is not None and reserved:
+            return (f"spec.trainer.env: Invalid value: must not have reserved envs, invalid "
+                    f"envs configured: {reserved}")
+    if kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        for i, rjob in enumerate(((spec.get("template") or {}).get("spec") or {}).get(
+                "replicatedJobs") or []):
+            labels = (rjob["template"].get("metadata") or {}).get("labels") or {}
+            if _ANCESTOR not in labels:
+                continue
+            where = f"spec.template.spec.replicatedJobs[{i}]"
+            if rjob.get("replicas", 1) != 1:
+                return f"{where}.replicas: Invalid value: always must be 1"
+            containers = (((rjob["template"].get("spec") or {}).get("template") or {})
+                          .get("spec") or {}).get("containers") or []
+            if labels[_ANCESTOR] == "trainer" and not any(c.get("name") == _NODE
+                                                           for c in containers):
+                return (f"{where}: must contain the required container for the ancestor: "
+                        f"trainer (a container named {_NODE})")
+    return None
+
+
 def validate_trainer(obj: Obj) -> None:
     """A Kubeflow Trainer v2 object (TrainJob, TrainingRuntime, ClusterTrainingRuntime) or a
-    JobSet against the kubeflow-trainer-api models, strictly (an unknown field fails, as
-    the Go types' strict decoding does); a runtime's or JobSet's Job templates also as
-    batch/v1 Jobs under Kubernetes' strict schemas."""
-    from testing.kubeapi.trainer import webhook
-
+    JobSet as the real webhooks check it (:func:`trainer_problem`); a runtime's or JobSet's
+    Job templates also as batch/v1 Jobs under Kubernetes' strict schemas. The real
+    Trainer and JobSet run in the cluster suite (tests/cluster)."""
     what = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')!r}"
-    problem = webhook(obj)
+    problem = trainer_problem(obj)
     if problem is not None:
         raise AssertionError(f"{what}: {problem}")
     _metadata(obj, what)

@@ -387,7 +387,8 @@ def up(*, chart: bool = True, node: bool = True, kubeflow: tuple[str, ...] = tup
     started = time.monotonic()
     bridge = network.create_bridge(cluster_id)
     try:
-        cp = controlplane.start(RUN, binaries, cluster=cluster_id, host=bridge.gateway)
+        cp = controlplane.start(RUN, binaries, cluster=cluster_id, host=bridge.gateway,
+                                audited=(OPERATOR_NAMESPACE,))
         # On the Service's port: a headless Service sends clients to the endpoint's port.
         s3 = seaweed.start(binaries["weed"], RUN / "seaweedfs", cluster=cluster_id,
                            host=bridge.gateway, port=S3_SERVICE[2])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from . import daemons
+from . import audit, daemons
 from .pki import ClusterPKI, Pair, make_pki
 
 log = logging.getLogger(__name__)
@@ -125,8 +125,8 @@ def _etcd_args(bin_etcd: Path, root: Path, ports: Ports) -> list[str]:
             "--unsafe-no-fsync", "--log-level=warn"]
 
 
-def _apiserver_args(binary: Path, root: Path, ports: Ports, pki: ClusterPKI, host: str
-                    ) -> list[str]:
+def _apiserver_args(binary: Path, root: Path, ports: Ports, pki: ClusterPKI, host: str,
+                    audited: tuple[str, ...]) -> list[str]:
     return [
         str(binary),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd}",
@@ -151,6 +151,12 @@ def _apiserver_args(binary: Path, root: Path, ports: Ports, pki: ClusterPKI, hos
         "--requestheader-username-headers=X-Remote-User",
         "--enable-aggregator-routing=true",
         f"--cert-dir={root / 'pki' / 'apiserver-generated'}",
+        # Who asked what, and what they were answered: tests read the operator's requests
+        # here (testing/cluster/audit.py), as the authorizer saw them.
+        f"--audit-policy-file={audit.write_policy(root / 'audit-policy.yaml', audited)}",
+        f"--audit-log-path={audit.log_path(root)}", "--audit-log-format=json",
+        "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s",
+        "--audit-log-maxbackup=1",
     ]
 
 
@@ -168,9 +174,11 @@ def _component_kubeconfig(cp: ControlPlane, name: str, client: Pair) -> Path:
     return path
 
 
-def start(root: Path, binaries: dict[str, Path], *, cluster: str, host: str) -> ControlPlane:
+def start(root: Path, binaries: dict[str, Path], *, cluster: str, host: str,
+          audited: tuple[str, ...] = ()) -> ControlPlane:
     """Make keys, start the four components and wait until each is ready; the API server
-    listens on ``host`` (the node's address, which pods reach), the rest on loopback."""
+    listens on ``host`` (the node's address, which pods reach), the rest on loopback, and
+    audits the requests of the service accounts of the namespaces ``audited``."""
     root.mkdir(parents=True, exist_ok=True)
     pki = make_pki(root / "pki", SERVICE_IP, host)
     ports = Ports.pick()
@@ -185,7 +193,7 @@ def start(root: Path, binaries: dict[str, Path], *, cluster: str, host: str) -> 
                        START_TIMEOUT_S, proc=etcd, logs=logs, name="etcd")
 
     apiserver = daemons.start("kube-apiserver", _apiserver_args(
-        binaries["kube-apiserver"], root, ports, pki, host), cluster=cluster, logs=logs)
+        binaries["kube-apiserver"], root, ports, pki, host, audited), cluster=cluster, logs=logs)
     context = cp.ssl_context()
     daemons.wait_until("kube-apiserver", lambda: daemons.http_ok(
         f"{cp.server}/readyz", context=context), START_TIMEOUT_S, proc=apiserver, logs=logs,

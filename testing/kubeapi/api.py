@@ -139,11 +139,9 @@ class KubeAPI:
 
     def register_trainer_crds(self) -> list[Kind]:
         """Serve Kubeflow Trainer v2's TrainJob, TrainingRuntime and ClusterTrainingRuntime
-        and JobSet (their webhook, :func:`.trainer.webhook`, checks them against the
-        kubeflow-trainer-api models)."""
-        from .trainer import CRDS
-
-        return [k for crd in CRDS for k in self.register_crd(crd)]
+        as objects only: nothing here runs them (the real Trainer and JobSet do, in the
+        local cluster, :mod:`testing.cluster`)."""
+        return [k for crd in _TRAINER_CRDS for k in self.register_crd(crd)]
 
     def add_validator(self, fn: Validator, kinds: Collection[str] | None = None) -> None:
         """Admission: ``fn(obj)`` sees every object (of ``kinds``, if given: the kinds its
@@ -279,3 +277,30 @@ class KubeAPI:
 
 
 __all__ = ["CRD_KEY", "PYTORCHJOB_CRD", "QUALIFICATIONRUN_CRD", "KubeAPI"]
+
+
+def _stored_crd(group: str, version: str, kind: str, plural: str, *,
+                namespaced: bool = True) -> Obj:
+    """A CRD serving ``kind`` with a status subresource, spec and status kept whole."""
+    loose = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {"group": group, "scope": "Namespaced" if namespaced else "Cluster",
+                 "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
+                           "listKind": f"{kind}List"},
+                 "versions": [{"name": version, "served": True, "storage": True,
+                               "subresources": {"status": {}},
+                               "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                                   "apiVersion": {"type": "string"},
+                                   "kind": {"type": "string"},
+                                   "metadata": {"type": "object"},
+                                   "spec": loose, "status": loose}}}}]}}
+
+
+_TRAINER_CRDS = (
+    _stored_crd("trainer.kubeflow.org", "v1alpha1", "TrainJob", "trainjobs"),
+    _stored_crd("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime", "trainingruntimes"),
+    _stored_crd("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime",
+                "clustertrainingruntimes", namespaced=False),
+)

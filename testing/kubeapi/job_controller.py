@@ -1,12 +1,7 @@
 """The batch/v1 Job controller (kubernetes/kubernetes pkg/controller/job, k8s 1.31), for the
-comparator's and zoom's Jobs (one pod) and a JobSet's node Job (Indexed, one pod per node).
+comparator's and zoom's Jobs (one pod each).
 
-- Pods: ``<job>-<random>``; Indexed (``completionMode: Indexed``) ``<job>-<index>-<random>``
-  with host name ``<job>-<index>``, the index as annotation and label
-  ``batch.kubernetes.io/job-completion-index`` and ``JOB_COMPLETION_INDEX`` in the container
-  (indexed_job_utils.go podGenerateNameWithIndex, addCompletionIndexAnnotation,
-  addCompletionIndexLabel, addCompletionIndexEnvVariables; job_controller.go sets
-  ``Hostname``). Every pod carries the ``batch.kubernetes.io/job-tracking`` finalizer
+- Pods: ``<job>-<random>``. Every pod carries the ``batch.kubernetes.io/job-tracking`` finalizer
   (appendJobCompletionFinalizerIfNotFound), removed once the pod is counted, or once its Job
   is gone (syncOrphanPod): a pod deleted with grace 0 stays until its exit is counted.
 - A pod is failed when its phase is Failed or, unless only failed pods are replaced
@@ -16,19 +11,20 @@ comparator's and zoom's Jobs (one pod) and a JobSet's node Job (Indexed, one pod
   matchPodFailurePolicy: ``onExitCodes`` over non-zero terminated containers, ``onPodConditions``):
   ``FailJob`` fails the Job (reason PodFailurePolicy), ``Ignore`` is not counted, ``Count``
   (and no rule, and no policy) adds to ``status.failed``.
-- Missing pods (indexes) are created while ``status.failed <= backoffLimit``, but only after
-  the pod failure backoff: 10 s after the last failure, doubling per failure, at most 10 min
+- A missing pod is created while ``status.failed <= backoffLimit``, but only after the pod
+  failure backoff: 10 s after the last failure, doubling per failure, at most 10 min
   (backoff_utils.go DefaultJobPodFailureBackOff, MaxJobPodFailureBackOff). A terminating
-  pod's index waits for it only when only failed pods are replaced (manageJob: ``diff :=
+  pod is waited for only when only failed pods are replaced (manageJob: ``diff :=
   wantActive - terminating - active``).
-- Success: every index (or the one completion) succeeded and none is active:
+- Success: the one completion succeeded and none is active:
   ``SuccessCriteriaMet`` then ``Complete``. Failure (backoffLimit exceeded, a FailJob rule,
   ``activeDeadlineSeconds``, a real timer there): ``FailureTarget``, the active pods deleted,
   then ``Failed`` once none is terminating (enactJobFinished).
 - ``ttlSecondsAfterFinished`` (pkg/controller/ttlafterfinished) deletes a finished Job.
 
-Not simulated (refused): suspend, successPolicy, backoffLimitPerIndex (FailIndex),
-parallelism other than completions, a NonIndexed Job of more than one completion.
+Not simulated (refused): suspend, successPolicy, backoffLimitPerIndex (FailIndex), a Job of
+more than one pod, Indexed Jobs (a JobSet's: the real JobSet and Job controller run them in
+the local cluster, :mod:`testing.cluster`).
 """
 
 from __future__ import annotations
@@ -45,16 +41,14 @@ from .store import Store
 Obj = dict[str, Any]
 CAUSE = "job-controller"
 TRACKING = "batch.kubernetes.io/job-tracking"
-INDEX = "batch.kubernetes.io/job-completion-index"
-INDEX_ENV = "JOB_COMPLETION_INDEX"
 BACKOFF_S, MAX_BACKOFF_S = 10.0, 600.0
 
 
 @dataclass
 class _Job:
     counted: set[str] = field(default_factory=set)  # uids of pods counted
-    launched: dict[str, int] = field(default_factory=dict)  # uid -> index, pods it created
-    succeeded: set[int] = field(default_factory=set)  # indexes
+    launched: set[str] = field(default_factory=set)  # uids of the pods it created
+    succeeded: bool = False
     failed: int = 0
     last_failure: float | None = None
     failure: tuple[str, str] | None = None  # reason and message, once FailureTarget is set
@@ -65,30 +59,11 @@ def _phase(pod: Obj) -> str:
     return str((pod.get("status") or {}).get("phase", "Pending"))
 
 
-def _index(pod: Obj) -> int:
-    return int((pod["metadata"].get("annotations") or {}).get(INDEX, 0))
-
-
 def _condition(status: Obj, ctype: str, reason: str, message: str) -> None:
     now = now_rfc3339()
     status["conditions"] = [*(status.get("conditions") or []), {
         "type": ctype, "status": "True", "reason": reason, "message": message,
         "lastProbeTime": now, "lastTransitionTime": now}]
-
-
-def _compressed(indexes: set[int]) -> str:
-    """``completedIndexes``: ``"0-2,5"`` (indexed_job_utils.go succeededIndexes.String)."""
-    out, run = [], []
-    for i in sorted(indexes):
-        if run and i == run[-1] + 1:
-            run.append(i)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [i]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
 
 
 def match_failure_policy(policy: Obj, pod: Obj) -> tuple[str, str | None]:
@@ -152,20 +127,16 @@ class JobController:
         only_failed = policy is not None or spec.get("podReplacementPolicy") == "Failed"
         fail_job = self._count(state, pods, policy, only_failed)
         self._release([p for p in pods if p["metadata"]["uid"] in state.counted])
-        completions = int(spec.get("completions", 1))
-        indexed = spec.get("completionMode") == "Indexed"
         active = [p for p in pods if _phase(p) not in ("Succeeded", "Failed")
                   and not p["metadata"].get("deletionTimestamp")]
         terminating = [p for p in pods if _phase(p) not in ("Succeeded", "Failed")
                        and p["metadata"].get("deletionTimestamp")]
         if state.failed:
             status["failed"] = state.failed
-        status["succeeded"] = len(state.succeeded)
-        if indexed:
-            status["completedIndexes"] = _compressed(state.succeeded)
+        status["succeeded"] = int(state.succeeded)
         status["terminating"] = len(terminating)
         if state.failure is None:
-            if len(state.succeeded) >= completions and not active:
+            if state.succeeded and not active:
                 done = "Reached expected number of succeeded pods"
                 _condition(status, "SuccessCriteriaMet", "CompletionsReached", done)
                 _condition(status, "Complete", "CompletionsReached", done)
@@ -190,8 +161,7 @@ class JobController:
                 _condition(status, "Failed", *state.failure)
             status.update(active=0, ready=0)
             return self._write(job, status)
-        self._create_missing(job, state, active, terminating if only_failed else [],
-                             completions, indexed)
+        self._create_missing(job, state, active, terminating if only_failed else [])
         status.update(active=len(active), ready=sum(_phase(p) == "Running" for p in active))
         self._write(job, status)
 
@@ -215,10 +185,9 @@ class JobController:
         refused = [k for k in ("suspend", "successPolicy", "backoffLimitPerIndex",
                                "maxFailedIndexes") if spec.get(k)]
         if spec.get("completionMode") == "Indexed":
-            if int(spec.get("parallelism", 1)) != int(spec.get("completions", 1)):
-                refused.append("parallelism other than completions")
-        elif int(spec.get("completions", 1)) != 1 or int(spec.get("parallelism", 1)) != 1:
-            refused.append("a NonIndexed Job of more than one pod")
+            refused.append("an Indexed Job")
+        if int(spec.get("completions", 1)) != 1 or int(spec.get("parallelism", 1)) != 1:
+            refused.append("a Job of more than one pod")
         if refused:
             raise NotImplementedError(f"Job {name}: {', '.join(refused)} not simulated")
 
@@ -235,7 +204,7 @@ class JobController:
             phase = _phase(pod)
             if phase == "Succeeded":
                 state.counted.add(uid)
-                state.succeeded.add(_index(pod))
+                state.succeeded = True
                 continue
             if phase != "Failed" and not (pod["metadata"].get("deletionTimestamp")
                                           and not only_failed):
@@ -257,21 +226,15 @@ class JobController:
         return fail_job
 
     def _create_missing(self, job: Obj, state: _Job, active: list[Obj],
-                        waiting: list[Obj], completions: int, indexed: bool) -> None:
+                        waiting: list[Obj]) -> None:
         if state.last_failure is not None:
             backoff = min(BACKOFF_S * 2 ** max(state.failed - 1, 0), MAX_BACKOFF_S)
             if time.time() < state.last_failure + backoff:
                 return
-        if not indexed:
-            if not active and not waiting and not state.succeeded:
-                self._create_pod(job, state, None)
-            return
-        taken = state.succeeded | {_index(p) for p in [*active, *waiting]}
-        for index in range(completions):
-            if index not in taken:
-                self._create_pod(job, state, index)
+        if not active and not waiting and not state.succeeded:
+            self._create_pod(job, state)
 
-    def _create_pod(self, job: Obj, state: _Job, index: int | None) -> None:
+    def _create_pod(self, job: Obj, state: _Job) -> None:
         meta = job["metadata"]
         template = job["spec"].get("template") or {}
         tmeta = template.get("metadata") or {}
@@ -284,15 +247,6 @@ class JobController:
             "finalizers": [TRACKING],
         }
         pod_spec = clone(template.get("spec") or {})
-        if index is not None:
-            pod_meta["generateName"] = f"{meta['name']}-{index}-"
-            pod_meta["annotations"][INDEX] = str(index)
-            pod_meta["labels"][INDEX] = str(index)
-            pod_spec["hostname"] = f"{meta['name']}-{index}"
-            for c in pod_spec.get("containers") or []:
-                if not any(e.get("name") == INDEX_ENV for e in c.get("env") or []):
-                    c.setdefault("env", []).append({"name": INDEX_ENV, "valueFrom": {
-                        "fieldRef": {"fieldPath": f"metadata.labels['{INDEX}']"}}})
         try:
             created: Obj = self.store.create(self.pods_kind, None, {
                 "apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": pod_spec})
@@ -300,7 +254,7 @@ class JobController:
             if e.code in (409, 422):
                 return
             raise
-        state.launched[created["metadata"]["uid"]] = index or 0
+        state.launched.add(created["metadata"]["uid"])
 
     def _release(self, pods: list[Obj], *, ended_only: bool = False) -> None:
         """Remove the tracking finalizer of ``pods`` (with ``ended_only``: of those that

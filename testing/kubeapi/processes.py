@@ -9,10 +9,9 @@ the pod's env as the kubelet resolved it. It runs in a session of its own, cwd a
 directory, stdout and stderr to ``<root>/<namespace>_<pod>_<uid8>.log``.
 
 Networking: every pod shares the loopback address, so the rendezvous host of node 0 (the
-training operator's ``PET_RDZV_ENDPOINT`` ``<job>-worker-0:<port>``, or a TrainJob's
-``<trainjob>-node-0-0.<trainjob>:<port>``) becomes ``127.0.0.1:<a free port chosen per
-job>``. On a cluster only node 0's agent finds its own host name in that endpoint and
-hosts the c10d store; on loopback every agent would, so
+training operator's ``PET_RDZV_ENDPOINT`` ``<job>-worker-0:<port>``) becomes
+``127.0.0.1:<a free port chosen per job>``. On a cluster only node 0's agent finds its own
+host name in that endpoint and hosts the c10d store; on loopback every agent would, so
 ``PET_RDZV_CONF`` gets ``is_host=1`` on index 0 and ``is_host=0`` elsewhere (torch's
 c10d_rendezvous_backend.py ``_create_tcp_store`` honours is_host before its host-name match),
 and ``PET_LOCAL_ADDR`` is ``127.0.0.<index + 1>``, an address of the pod's own that sorts
@@ -56,18 +55,12 @@ def container_pids(marker: str) -> list[int]:
 
 
 def _rendezvous_host(pod: Obj) -> tuple[str | None, str, str | None]:
-    """The job a leg pod belongs to, the host name of its node 0 (where the c10d store
-    lives: ``<job>-worker-0`` for a PyTorchJob, ``<trainjob>-node-0-0.<trainjob>`` for a
-    TrainJob's JobSet) and the pod's node index."""
-    meta = pod["metadata"]
-    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    """The PyTorchJob a leg pod belongs to, the host name of its node 0 (where the c10d
+    store lives: ``<job>-worker-0``) and the pod's node index."""
+    labels = pod["metadata"].get("labels") or {}
     job = labels.get("training.kubeflow.org/job-name")
     if job:
         return job, f"{job}-worker-0", labels.get("training.kubeflow.org/replica-index")
-    jobset = labels.get("jobset.sigs.k8s.io/jobset-name")
-    if jobset:
-        return (jobset, f"{jobset}-node-0-0.{jobset}",
-                annotations.get("batch.kubernetes.io/job-completion-index"))
     return None, "", None
 
 
@@ -154,8 +147,8 @@ class ProcessRuntime:
     def _env(self, spec: ContainerSpec) -> dict[str, str]:
         meta = spec.pod["metadata"]
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-        # The host name is spec.hostname when set (an Indexed Job's pod), else the pod's
-        # name (kubelet_pods.go GeneratePodHostNameAndDomain).
+        # The host name is spec.hostname when set, else the pod's name (kubelet_pods.go
+        # GeneratePodHostNameAndDomain).
         host = spec.pod["spec"].get("hostname") or meta["name"]
         env = {"PATH": path, **{k: os.environ[k] for k in IMAGE_ENV if k in os.environ},
                **self.node_env, "HOSTNAME": host, **spec.env, MARKER: meta["uid"]}

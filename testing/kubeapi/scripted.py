@@ -160,11 +160,9 @@ class Container:
 
     @property
     def index(self) -> int:
-        """The replica index, or an Indexed Job's completion index (0 for another pod)."""
-        meta = self.pod["metadata"]
-        return int((meta.get("labels") or {}).get(
-            "training.kubeflow.org/replica-index",
-            (meta.get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", 0)))
+        """The replica index (0 for a pod of another kind)."""
+        labels = self.pod["metadata"].get("labels") or {}
+        return int(labels.get("training.kubeflow.org/replica-index", 0))
 
     def rendezvous(self, timeout: float = 30.0) -> Round | None:
         """Join the next round as torchrun's agent would; None when the agent gives up

@@ -1,6 +1,6 @@
-"""The simulated cluster side: Kubeflow training operator v1.9 (PyTorchJob), Kubeflow Trainer
-v2 with JobSet (TrainJob), batch/v1 Job controller and kubelet, on one thread against a
-:class:`KubeAPI`.
+"""The simulated cluster side: Kubeflow training operator v1.9 (PyTorchJob), batch/v1 Job
+controller and kubelet, on one thread against a :class:`KubeAPI`. TrainJobs are not run
+here: the real Trainer and JobSet run them in the local cluster (:mod:`testing.cluster`).
 
     SimulatedTrainingOperator(api, run_container=fn)          # scripted containers
     SimulatedTrainingOperator(api, runtime=ProcessRuntime(dir)) # real processes
@@ -8,10 +8,8 @@ v2 with JobSet (TrainJob), batch/v1 Job controller and kubelet, on one thread ag
 Each pass looks at what changed in the emulator since the last one. PyTorchJobs are
 reconciled only when an event about them or one of their pods arrived (see
 :mod:`.training_operator`: no timed requeues upstream); Jobs and the kubelet run every pass
-(``tick`` s at most apart), their timers being real; so do TrainJobs and JobSets (the
-TrainJob's deadline is a real timer; both are otherwise idempotent on events). What each
-part does, and the upstream file it follows: :mod:`.training_operator` and :mod:`.kubeflow`
-(PyTorchJob), :mod:`.trainer` (TrainJob, JobSet),
+(``tick`` s at most apart), their timers being real. What each part does, and the upstream
+file it follows: :mod:`.training_operator` and :mod:`.kubeflow` (PyTorchJob),
 :mod:`.job_controller` (Job), :mod:`.kubelet` (pods and signals), :mod:`.scripted` and
 :mod:`.processes` (what runs in a container).
 """
@@ -22,7 +20,7 @@ import logging
 import threading
 from typing import Any
 
-from . import kubeflow, trainer
+from . import kubeflow
 from .api import KubeAPI
 from .errors import ApiError
 from .job_controller import JobController
@@ -40,13 +38,10 @@ JOB_KIND = "jobs.batch"
 # training operator: PyTorchJobs, their pods and Services (training-operator
 # pkg/controller.v1/pytorch/pytorchjob_controller.go SetupWithManager; this double makes no
 # Services); the Job controller: Jobs and pods (kubernetes pkg/controller/job/
-# job_controller.go NewController); JobSet: JobSets and the Jobs they own (jobset
-# pkg/controllers/jobset_controller.go SetupWithManager); the Trainer: TrainJobs, and
-# JobSets through its JobSet plugin's EventHandlerRegistrars (trainer
-# pkg/controller/trainjob_controller.go SetupWithManager); the kubelet: pods. Events,
+# job_controller.go NewController); the kubelet: pods. Events,
 # Secrets, QualificationRuns and Leases wake none of them; what the kubelet reads of a
 # Secret it retries on its own timer.
-WATCHED = frozenset({PTJ_KIND, "pods", JOB_KIND, trainer.TRAINJOB_KIND, trainer.JOBSET_KIND})
+WATCHED = frozenset({PTJ_KIND, "pods", JOB_KIND})
 
 __all__ = ["Container", "Round", "SimulatedTrainingOperator"]
 
@@ -68,8 +63,6 @@ class SimulatedTrainingOperator:
         store = api.store
         self.pytorchjobs = PyTorchJobController(store, Recorder(store, "pytorchjob-controller"))
         self.jobs = JobController(store)
-        self.trainjobs = trainer.TrainJobController(store)
-        self.jobsets = trainer.JobSetController(store)
         self.kubelet = Kubelet(store, self.runtime, self._wake, start_delay=start_delay)
         self._seen = -1
         self._retry: set[str] = set()
@@ -77,11 +70,9 @@ class SimulatedTrainingOperator:
         self._changed = store.changed_for(WATCHED)
         self._thread: threading.Thread | None = None
         if webhook:
-            api.add_validator(self._webhook, {"PyTorchJob", *trainer.WEBHOOK_KINDS})
+            api.add_validator(self._webhook, {"PyTorchJob"})
 
     def _webhook(self, obj: Obj) -> str | None:
-        if obj.get("kind") != "PyTorchJob":
-            return trainer.webhook(obj)
         error, warnings = kubeflow.webhook(obj)
         self.warnings += [w for w in warnings if w not in self.warnings]
         return error
@@ -116,11 +107,9 @@ class SimulatedTrainingOperator:
         self.stop()
 
     def pods(self, namespace: str, job: str) -> list[Obj]:
-        """The pods of a PyTorchJob, TrainJob or Job (by its controllers' labels) as they
-        are now."""
+        """The pods of a PyTorchJob or Job (by its controllers' labels) as they are now."""
         return [p for p in self.api.list("pods", namespace)
                 if job in (p["metadata"]["labels"].get(kubeflow.JOB_NAME),
-                           p["metadata"]["labels"].get(trainer.JOBSET_NAME),
                            p["metadata"]["labels"].get("batch.kubernetes.io/job-name"))]
 
     # ----------------------------------------------------------------- the loop
@@ -169,11 +158,6 @@ class SimulatedTrainingOperator:
         for job in jobs:
             if relist or job["metadata"]["uid"] in dirty:
                 self._guarded(self.pytorchjobs.reconcile, job)
-        if self._serves(trainer.TRAINJOB_KIND):
-            for tj in self.api.list(trainer.TRAINJOB_KIND):
-                self._guarded(self.trainjobs.reconcile, tj)
-            for js in self.api.list(trainer.JOBSET_KIND):
-                self._guarded(self.jobsets.reconcile, js)
         # Every Job, each pass (its timers are real), read as stored, not copied, as the Job
         # controller reads its informer's cache (it changes Jobs only through the store).
         jobs = self.api.store.snapshot(self.api.kind(JOB_KIND), None, None)[0]
@@ -181,13 +165,6 @@ class SimulatedTrainingOperator:
             self._guarded(self.jobs.reconcile, job)
         self.jobs.forget({j["metadata"]["uid"] for j in jobs})
         self.kubelet.sync()
-
-    def _serves(self, kind: str) -> bool:
-        try:
-            self.api.kind(kind)
-        except KeyError:
-            return False
-        return True
 
     def _guarded(self, fn: Any, job: Obj) -> None:
         try:

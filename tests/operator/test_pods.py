@@ -8,7 +8,8 @@ Each preemption users face: a hard pod kill (a lost node: the kubelet's SIGTERM 
 by SIGKILL, nothing is saved, the pod is recreated under its name), a graceful pod kill (a
 drained node: the emergency checkpoint), a process kill (a kill order: the worker SIGKILLs
 itself, torchrun restarts the group inside the same pods), and an elastic resize (the
-lost node is not replaced until the shrunk world asks to grow).
+lost node is not replaced until the shrunk world asks to grow). TrainJob legs run on the
+real Trainer and JobSet in the cluster suite (tests/cluster).
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ from resumequal.runstore import RunLocation
 from resumequal.store.s3settings import S3Spec
 from resumequal.trace.records import StepRecord
 from resumequal.verdict import Report
-from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, TRAINJOBS, Kind
-from resumequal_operator.legjobs import TrainerSettings
+from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator
 from resumequal_operator.pytorchjob import LEG_LABEL
-from resumequal_operator.trainjob import COMPLETION_INDEX, leg_runtime
 from testing.kubeapi import KubeAPI
 from testing.kubeapi.kubeflow import REPLICA_INDEX
 from testing.kubeapi.processes import ProcessRuntime
@@ -42,7 +41,6 @@ from tests.operator.harness import (
     run_manifest,
     wait_phase,
 )
-from tests.operator.test_rbac import chart_rules, request_of
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -80,11 +78,10 @@ def _events(api: KubeAPI, name: str) -> list[tuple[str, str]]:
 
 
 def _qualify(api: KubeAPI, operators: Operators, store: dict[str, str], name: str,
-             runtime: ProcessRuntime, *, backend: str = "pytorchjob",
-             **preemption: Any) -> tuple[Operator, Obj, RunLocation]:
-    op = operators.start(**({"trainer": TrainerSettings()} if backend == "trainjob" else {}))
+             runtime: ProcessRuntime, **preemption: Any) -> tuple[Operator, Obj, RunLocation]:
+    op = operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest(
-        name, store, **SPEC, backend=backend,
+        name, store, **SPEC,
         preemption={"step": 4, "microstep": 1, "rank": 1, **preemption}))
     done = wait_phase(api, name, ("Succeeded", "Failed"), timeout=400)
     assert done["status"]["phase"] == "Succeeded", (condition(done, "Ready"), runtime.logs())
@@ -98,10 +95,8 @@ def _checkpoints(location: RunLocation, leg: str) -> set[str]:
     return {o.key[len(base):].split("/", 1)[0] for o in location.store.list(f"{leg}/checkpoints")}
 
 
-def _check_pass(op: Operator, api: KubeAPI, done: Obj, name: str, admission: Admission,
-                kind: Kind = PYTORCHJOBS) -> Obj:
-    """The verdict, conditions, Events and metrics of a passing run whose legs ran as
-    ``kind``; its verdict."""
+def _check_pass(op: Operator, api: KubeAPI, done: Obj, name: str, admission: Admission) -> Obj:
+    """The verdict, conditions, Events and metrics of a passing run; its verdict."""
     status = done["status"]
     v = status["verdict"]
     assert v["result"] == "PASS" and v["firstDivergenceSummary"] == "none", v
@@ -121,11 +116,11 @@ def _check_pass(op: Operator, api: KubeAPI, done: Obj, name: str, admission: Adm
     assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **labels)
                       == 1.0, what="the passed series")
     assert (value(scrape(port), "resumequal_restart_seconds", **labels) or 0) > 0
-    leg_jobs = api.created(kind.plural)
-    assert len(leg_jobs) == 2 and len(api.created(JOBS.plural)) == (3 if kind == TRAINJOBS else 1)
+    leg_jobs = api.created(PYTORCHJOBS.plural)
+    assert len(leg_jobs) == 2 and len(api.created(JOBS.plural)) == 1
     assert admission.validated[leg_jobs[0]["kind"]] >= 2 and admission.validated["Job"] >= 1
     # Every job it started is deleted once it concluded.
-    assert [j["metadata"]["name"] for j in api.list(kind.plural, NAMESPACE)] == []
+    assert [j["metadata"]["name"] for j in api.list(PYTORCHJOBS.plural, NAMESPACE)] == []
     return dict(v)
 
 
@@ -309,147 +304,3 @@ def test_a_resize_shrinks_the_world_and_grows_it_back(
     assert location.ranks_done("preempted") == {0, 1} == location.ranks_done("control")
     assert len(api.created(JOBS.plural)) == 1 and admission.validated["PyTorchJob"] >= 4
     _check_resize_verdict(done, location)
-
-
-# -- TrainJob legs (Kubeflow Trainer v2) ----------------------------------------------------
-
-
-@pytest.fixture
-def trainjob_pods(kubeapi: KubeAPI, tmp_path: Path, aws_env: dict[str, str]
-                  ) -> Iterator[tuple[SimulatedTrainingOperator, ProcessRuntime]]:
-    """As ``pods``, with Kubeflow Trainer v2 and JobSet served and the runtime the chart
-    installs (tests/chart/test_chart.py holds the chart's rendering to this one); the
-    containers see this repository's ``tests`` package (a resume that is not exact)."""
-    kubeapi.register_trainer_crds()
-    kubeapi.create("clustertrainingruntimes", leg_runtime())
-    repo = str(Path(__file__).resolve().parents[2])
-    runtime = ProcessRuntime(tmp_path / "pods", node_env={**aws_env, "PYTHONPATH": repo})
-    sim = SimulatedTrainingOperator(kubeapi, runtime=runtime).start()
-    try:
-        yield sim, runtime
-    finally:
-        try:
-            sim.stop()
-        finally:
-            print(runtime.logs())
-
-
-def _node_pods(api: KubeAPI, leg: str) -> list[Obj]:
-    """Every pod ever created for a leg's TrainJob, oldest first."""
-    return [p for p in api.created("pods") if (p["metadata"].get("labels") or {}).get(
-        LEG_LABEL) == leg and "jobset.sigs.k8s.io/jobset-name" in p["metadata"]["labels"]]
-
-
-def _check_replaced(api: KubeAPI, kill_name: str) -> None:
-    """The deleted pod of node 1 came back under a new name (same index), created by the
-    Job controller after its pod failure backoff; node 0's pod was never touched."""
-    pods = _node_pods(api, "preempted")
-    by_index: dict[str, list[str]] = {}
-    for p in pods:
-        by_index.setdefault(p["metadata"]["annotations"][COMPLETION_INDEX], []).append(
-            p["metadata"]["name"])
-    assert len(by_index["0"]) == 1 and len(by_index["1"]) == 2, by_index
-    assert by_index["1"][0] == kill_name and by_index["1"][1] != kill_name
-    assert all(n.startswith(f"{kill_name.rsplit('-', 2)[0]}-1-") for n in by_index["1"])
-
-
-def test_a_trainjob_hard_pod_kill_resumes_from_the_periodic_checkpoint(
-    api: KubeAPI, operators: Operators, store: dict[str, str], admission: Admission,
-    trainjob_pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
-) -> None:
-    _, runtime = trainjob_pods
-    op, done, location = _qualify(api, operators, store, "tj-hard", runtime,
-                                  backend="trainjob", mode="hard", target="pod")
-    _check_pass(op, api, done, "tj-hard", admission, kind=TRAINJOBS)
-    assert done["status"]["backend"] == "trainjob"
-    [kill] = [d for d in api.deletions_of("pods") if d.cause == "api"]
-    assert kill.grace_period_seconds == 0
-    _check_replaced(api, kill.name)
-    # The Job counted the deleted pod (exit 137 after the launcher's SIGKILL) once, under
-    # its backoffLimit; no emergency checkpoint exists, the resume was from step 2.
-    assert _resumed_from(location) == "step-00000002"
-    assert not [c for c in _checkpoints(location, "preempted") if "+" in c]
-    assert admission.validated["TrainJob"] >= 2
-    _comparator_timeline(location, f"deleted pod {kill.name} (hard, grace 0s)")
-    # The chart's RBAC with TrainJob legs on allows every request this run made, and each
-    # TrainJob rule was needed (a leg's TrainJob is read from the watch, never patched).
-    rules = chart_rules({"trainjob": {"enabled": True}})
-    made = [request_of(m, p) for m, p in api.requests]
-    assert sorted({str(r) for r in made if not any(rule.allows(r) for rule in rules)}) == []
-    used = {r.verb for r in made if r.resource == "trainjobs"}
-    assert {rule.verb for rule in rules if rule.resource == "trainjobs"} - used <= {"get"}
-
-
-def test_a_trainjob_graceful_pod_kill_resumes_from_the_emergency_checkpoint(
-    api: KubeAPI, operators: Operators, store: dict[str, str], admission: Admission,
-    trainjob_pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
-) -> None:
-    _, runtime = trainjob_pods
-    op, done, location = _qualify(api, operators, store, "tj-graceful", runtime,
-                                  backend="trainjob", mode="graceful", target="pod",
-                                  graceSeconds=30)
-    _check_pass(op, api, done, "tj-graceful", admission, kind=TRAINJOBS)
-    [kill] = [d for d in api.deletions_of("pods") if d.cause == "api"]
-    assert kill.grace_period_seconds == 30
-    _check_replaced(api, kill.name)
-    # The launcher exited 143, which the runtime's podFailurePolicy counts (a signal
-    # death) rather than failing the Job: every rank stopped together and saved.
-    assert _resumed_from(location) == "step-00000003+1"
-    _comparator_timeline(location, f"deleted pod {kill.name} (graceful, grace 30s)")
-
-
-def test_a_trainjob_resume_that_is_not_exact_fails_and_is_zoomed_by_a_real_zoom_job(
-    api: KubeAPI, operators: Operators, store: dict[str, str],
-    trainjob_pods: tuple[SimulatedTrainingOperator, ProcessRuntime],
-) -> None:
-    _, runtime = trainjob_pods
-    operators.start(trainer=TrainerSettings())
-    api.create(QUALIFICATION_RUNS.plural, run_manifest(
-        "tj-fail", store, **{**SPEC, "workload": {"name": "tests.history_workload:build"}},
-        backend="trainjob", preemption={"step": 4, "microstep": 1, "rank": 1},
-        zoom="onFail"))
-    done = wait_phase(api, "tj-fail", ("Succeeded", "Failed"), timeout=400)
-    assert done["status"]["phase"] == "Succeeded", (condition(done, "Ready"), runtime.logs())
-    verdict = done["status"]["verdict"]
-    # The workload computes differently in a resumed process: the first step after the
-    # resume from step 2 differs.
-    assert verdict["result"] == "FAIL" and verdict["firstDivergence"]["step"] == 3, verdict
-    assert "after the resume from step-00000002" in verdict["reason"]
-    assert condition(done, "Qualified")["status"] == "False"
-    assert [j["metadata"]["name"] for j in api.list(TRAINJOBS.plural, NAMESPACE)] == []
-    # The zoom Job (the same batch Job for either backend) replays both legs in its pod,
-    # from the bucket, with the run's key, and names the module.
-    obj = eventually(lambda: (o := api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "tj-fail"))
-                     and o["status"].get("zoom", {}).get("state") in ("Succeeded", "Failed")
-                     and o, timeout=300, what="the zoom Job to conclude")
-    zoom = obj["status"]["zoom"]
-    assert zoom["state"] == "Succeeded", (zoom, runtime.logs())
-    assert zoom["originKind"] == "module" and zoom["origins"] == ["mix"], zoom
-    location = RunLocation.open(done["status"]["runUri"], S3Spec(
-        endpoint_url=store["endpointUrl"], region=store["region"], addressing_style="path"))
-    report = Report.model_validate_json(location.store.get_bytes("report.json", 1 << 26))
-    assert report.zoom is not None and all(r.reproduced for r in report.zoom.replays)
-    assert report.zoom.step == report.verdict.first_divergence.step  # type: ignore[union-attr]
-    assert b'id="zoom"' in location.store.get_bytes("report.html", 1 << 26)
-    reasons = [r for r, _ in _events(api, "tj-fail")]
-    assert reasons.count("ZoomStarted") == 1 and reasons.count("Zoomed") == 1
-
-
-@pytest.mark.usefixtures("trainjob_pods")
-def test_a_trainjob_leg_that_outlives_its_timeout_ends_the_run(
-    api: KubeAPI, operators: Operators, store: dict[str, str],
-) -> None:
-    operators.start(trainer=TrainerSettings())
-    # The killed pod comes back only after the Job's 10 s pod failure backoff: a leg
-    # cannot finish within 15 s.
-    api.create(QUALIFICATION_RUNS.plural, run_manifest(
-        "tj-timeout", store, **{**SPEC, "timeouts": {**SPEC["timeouts"], "legSeconds": 15}},
-        backend="trainjob", preemption={"step": 4, "microstep": 1, "rank": 1}))
-    done = wait_phase(api, "tj-timeout", ("Succeeded", "Failed"), timeout=120)
-    ready = condition(done, "Ready")
-    assert done["status"]["phase"] == "Failed" and ready["reason"] == "Timeout", ready
-    assert "did not finish within timeouts.legSeconds=15" in ready["message"], ready
-    assert done["status"]["verdict"]["result"] == "INVALID"
-    # Everything it started is deleted: the TrainJobs (their JobSets, Jobs and pods go
-    # with them).
-    eventually(lambda: not api.list(TRAINJOBS.plural, NAMESPACE), 30, "the TrainJobs deleted")

@@ -1,9 +1,10 @@
-"""TrainJob legs (``spec.backend: trainjob``): the manifests, what the backend refuses, and
-the pods the Trainer would make of them on the chart's runtime (validated against the
-kubeflow-trainer-api models and Kubernetes' schemas)."""
+"""TrainJob legs (``spec.backend: trainjob``): the manifests (validated against the
+kubeflow-trainer-api models and Kubernetes' schemas) and what the backend refuses. The pods
+the real Trainer and JobSet make of them are checked in the cluster suite (tests/cluster)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -15,9 +16,9 @@ from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.legjobs import PyTorchJobLegs, TrainerSettings, TrainJobLegs, leg_jobs
 from resumequal_operator.main import main
 from resumequal_operator.resource import parse_run_spec, qualification_spec
-from testing.kubeapi.trainer import RESERVED_ENV, jobset_for
-from tests.k8s_schemas import validate_core, validate_trainer
-from tests.pod_security import restricted_violations
+from tests.k8s_schemas import RESERVED_ENV, trainer_problem, validate_trainer
+from tests.trainer_refusals import refused
+from tests.trainer_refusals import trainjob as plain_trainjob
 from tests.unit.test_operator_manifests import EXAMPLE, NS, RUN, UID, example_spec, problems
 
 Obj = dict[str, Any]
@@ -34,16 +35,6 @@ def _trainjobs(**changes: Any) -> list[Obj]:
 
 def _env(obj: Obj) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in obj["spec"]["trainer"]["env"]}
-
-
-def _pod_template(tj: Obj, runtime: Obj | None = None) -> Obj:
-    """The pod template of the JobSet the Trainer builds from ``tj`` on the chart's runtime."""
-    js = jobset_for({**tj, "metadata": {**tj["metadata"], "uid": "tj-uid"}},
-                    runtime or trainjob.leg_runtime())
-    validate_trainer(js)
-    [rjob] = js["spec"]["replicatedJobs"]
-    template: Obj = rjob["template"]["spec"]["template"]
-    return template
 
 
 def test_every_leg_is_a_trainjob_on_the_runtime_that_validates() -> None:
@@ -75,28 +66,13 @@ def test_every_leg_is_a_trainjob_on_the_runtime_that_validates() -> None:
         assert len(trainjob.node_host(name, 99).split(".")[0]) <= 63
 
 
-def test_the_pods_the_trainer_makes_are_restricted_and_carry_the_runs_settings() -> None:
-    [_, preempted, *_] = _trainjobs(nodeSelector={"pool": "cpu"},
-                                    tolerations=[{"key": "dedicated", "operator": "Exists"}],
-                                    serviceAccountName="trainer",
-                                    security={"podSecurityContext": {"runAsUser": 1000}})
-    template = _pod_template(preempted)
-    pod = template["spec"]
-    assert restricted_violations(pod) == []
-    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
-    assert pod["nodeSelector"] == {"pool": "cpu"} and pod["serviceAccountName"] == "trainer"
-    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
-    assert pod["securityContext"]["runAsUser"] == 1000
-    assert pod["terminationGracePeriodSeconds"] == 20
-    assert pod["volumes"][0]["emptyDir"]["sizeLimit"] == "2Gi"
-    [c] = pod["containers"]
-    assert c["image"] == "ghcr.io/acme/train:2026-11-29"
-    assert c["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
-    assert c["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"},
-                              "limits": {"cpu": "2", "memory": "4Gi"}}
-    assert template["metadata"]["labels"][pytorchjob.LEG_LABEL] == "preempted"
-    validate_core({"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": "p", **template["metadata"]}, "spec": pod})
+def test_the_webhook_check_refuses_what_the_real_trainer_refuses() -> None:
+    # The same objects meet the real webhooks in tests/cluster.
+    for what, (obj, words) in refused("quals").items():
+        problem = trainer_problem(obj)
+        assert problem is not None and re.search(words, problem), (what, problem)
+    assert trainer_problem(trainjob.leg_runtime()) is None
+    assert trainer_problem(plain_trainjob("fine", "quals")) is None
 
 
 def test_what_a_trainjob_cannot_do_is_refused_naming_the_field() -> None:
