@@ -37,6 +37,7 @@ from kubernetes import client, config
 from tests.waiting import eventually
 
 if TYPE_CHECKING:
+    from resumequal.runstore import RunLocation
     from resumequal.verdict import Verdict
     from testing.cluster.audit import Request
     from testing.cluster.cluster import Cluster
@@ -184,8 +185,8 @@ def _operator_requests(target: Target) -> list[Request]:
                           f"system:serviceaccount:{local.OPERATOR_NAMESPACE}:{OPERATOR_SA}")
 
 
-def _verdict_file(target: Target, run_uri: str, monkeypatch: pytest.MonkeyPatch) -> Verdict:
-    """The comparator's verdict.json, read from the local cluster's S3 server."""
+def _location(target: Target, run_uri: str, monkeypatch: pytest.MonkeyPatch) -> RunLocation:
+    """The run's files, read from the local cluster's S3 server."""
     from resumequal.runstore import RunLocation
     from resumequal.store.s3settings import S3Spec
 
@@ -193,11 +194,58 @@ def _verdict_file(target: Target, run_uri: str, monkeypatch: pytest.MonkeyPatch)
     s3 = target.local.s3
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
-    location = RunLocation.open(run_uri, S3Spec(endpoint_url=s3.endpoint, region=s3.region,
-                                                 addressing_style="path"))
+    return RunLocation.open(run_uri, S3Spec(endpoint_url=s3.endpoint, region=s3.region,
+                                            addressing_style="path"))
+
+
+def _verdict_file(location: RunLocation) -> Verdict:
     verdict = location.read_verdict()
-    assert verdict is not None, f"no verdict.json under {run_uri}"
+    assert verdict is not None, "no verdict.json"
     return verdict
+
+
+def _events(target: Target, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the Events about run ``name``, in the order they were stored
+    (etcd's revisions grow with every write), once the last one (the ending) is there: the
+    operator writes Events from a thread of its own, after the status at times."""
+    core = client.CoreV1Api(target.api)
+
+    def ended() -> list[Any] | None:
+        found = core.list_namespaced_event(
+            target.namespace, field_selector=f"involvedObject.name={name}").items
+        return found if any(e.reason in ("Succeeded", "Failed") for e in found) else None
+
+    found = eventually(ended, 30, "the run's last Event", interval=1.0)
+    return [(e.reason, e.message or "") for e in sorted(
+        found, key=lambda e: int(e.metadata.resource_version))]
+
+
+def _check_files(location: RunLocation, kind: str, rank: int, node: str) -> None:
+    """What the run's files say of the kill and the resume: the checkpoint restored, the
+    comparator's timeline of the kill, the armed rank's pod."""
+    from resumequal.verdict import Report
+
+    verdict = _verdict_file(location)
+    assert verdict.resumed_from == RESUMED_FROM[kind], verdict.resumed_from
+    base = "preempted/checkpoints/"
+    saved = {o.key[len(base):].split("/", 1)[0] for o in location.store.list(base.rstrip("/"))}
+    emergency = [c for c in saved if "+" in c]
+    assert emergency == ([RESUMED_FROM[kind]] if kind == "graceful-pod" else []), saved
+    report = Report.model_validate_json(location.store.get_bytes("report.json", 1 << 26))
+    assert report.kill_at is not None and (report.restart_seconds or 0) > 0, report.phases
+    [preempted] = [p for p in report.phases if p.phase == "Preempted"]
+    assert preempted.at == report.kill_at
+    beacon = location.read_beacon("preempted", rank, 0)
+    assert beacon is not None and node in str(beacon.pod), beacon
+    if kind == "hard-process":
+        order = location.leg("preempted").read_kill_order(rank, 0)
+        assert order is not None and order.mode == "hard" and order.pod_uid
+        assert f"killed pid {order.pid} (hard)" in (preempted.message or ""), preempted
+    else:
+        grace = 0 if kind == "hard-pod" else PREEMPTIONS[kind]["graceSeconds"]
+        mode = PREEMPTIONS[kind]["mode"]
+        assert f"deleted pod {beacon.pod} ({mode}, grace {grace}s)" in (
+            preempted.message or ""), preempted
 
 
 def _check_leg_pods(target: Target, pods: list[Any], nproc: int) -> None:
@@ -261,11 +309,13 @@ def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
         assert node1 in reported["pod"], reported
         assert status["legs"]["preempted"]["attempts"] >= 2
         assert status["legs"]["preempted"]["restartSeconds"] > 0
-        # The operator writes Events from a thread of its own, after the status at times.
-        eventually(lambda: any(e.reason == "PreemptionInjected" for e in client.CoreV1Api(
-            target.api).list_namespaced_event(
-                target.namespace, field_selector=f"involvedObject.name={name}").items),
-            30, "the PreemptionInjected Event", interval=1.0)
+        events = _events(target, name)
+        reasons = [r for r, _ in events]
+        assert reasons[:2] == ["LegsRunning", "Armed"], reasons
+        assert reasons[-2:] == ["Comparing", "Succeeded"], reasons
+        assert {"Preempted", "PreemptionInjected", "Resumed"} <= set(reasons), reasons
+        injected = next(m for r, m in events if r == "PreemptionInjected")
+        assert f"{preemption['mode']} {preemption['target']} kill" in injected, injected
         _check_leg_pods(target, list(seen.values()), nproc)
         # Both nodes of both legs, and the armed node's pod again after the kill.
         assert len(seen) >= (5 if kind.endswith("-pod") else 4), sorted(
@@ -275,8 +325,11 @@ def test_a_qualification_run_gets_its_verdict_on_a_real_cluster(
                       if line.startswith("resumequal_qualification_passed{")
                       and f'run="{name}"' in line]
             assert len(passed) == 1 and passed[0].endswith(" 1.0"), passed
-            verdict_file = _verdict_file(target, status["runUri"], monkeypatch)
-            assert verdict_file.resumed_from == RESUMED_FROM[kind], verdict_file.resumed_from
+            restart = [line for line in _operator_metrics(target).splitlines()
+                       if line.startswith("resumequal_restart_seconds{")
+                       and f'run="{name}"' in line]
+            assert len(restart) == 1 and float(restart[0].rsplit(" ", 1)[1]) > 0, restart
+            _check_files(_location(target, status["runUri"], monkeypatch), kind, rank, node1)
     finally:
         _delete_and_wait_gone(objects, target.namespace, name)
     group, version, plural = (("kubeflow.org", "v1", "pytorchjobs") if backend == "pytorchjob"
@@ -344,15 +397,13 @@ def test_a_resize_shrinks_the_pytorchjob_and_grows_it_back(
         legs = status["legs"]
         assert legs["preempted"]["steps"] == 8 and legs["control"]["steps"] == 8
         assert legs["preempted"]["attempts"] == 3, legs["preempted"]
-        reasons = [e.reason for e in sorted(
-            client.CoreV1Api(target.api).list_namespaced_event(
-                target.namespace, field_selector=f"involvedObject.name={name}").items,
-            key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp))]
+        reasons = [r for r, _ in _events(target, name)]
+        assert reasons.index("Resized") < reasons.index("PreemptionInjected"), reasons
         assert reasons.count("Resized") == 1 and reasons.count("Grown") == 1, reasons
         assert reasons.index("Resized") < reasons.index("Grown") < reasons.index("Comparing"), \
             reasons
         if target.local is not None:
-            verdict = _verdict_file(target, status["runUri"], monkeypatch)
+            verdict = _verdict_file(_location(target, status["runUri"], monkeypatch))
             assert verdict.resize is not None and verdict.resumed_from == "step-00000004"
             assert verdict.reason.startswith(
                 "resize: 2→1→2 ranks; exact through step 4 before the resize; handoff exact"), \

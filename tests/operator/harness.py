@@ -72,7 +72,7 @@ def run_manifest(name: str, store: dict[str, str], namespace: str = NAMESPACE,
         "training": {"steps": 6, "accumulationSteps": 2},
         "checkpoint": {"everySteps": 2},
         # The scripted workers play pod kills (their pod is deleted); process kills, which
-        # torchrun restarts in place, are played by real pods (tests/operator/test_pods.py).
+        # torchrun restarts in place, run on the local cluster (tests/cluster).
         "preemption": {"step": 4, "microstep": 1, "rank": 1, "target": "pod"},
         "controls": {"enabled": False},
     }
