@@ -6,6 +6,7 @@ pytest accepts ``pytest_plugins`` only in the top-level conftest, so folders tha
 these fixtures get them from here.
 """
 
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -30,3 +31,16 @@ def checkpoint_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         mp.setenv(RUN_ID_ENV, TEST_RUN_ID)
         mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
         yield TEST_CHECKPOINT_KEY
+
+
+@pytest.fixture(autouse=True, scope="session")
+def session_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``TMPDIR`` for every process the session starts: torchrun's log folders
+    (``torchelastic_*``), multiprocessing's ``pymp-*`` and the rest go under the session's
+    base folder, which pytest prunes, instead of piling up in /tmp."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", folder)
+        mp.setattr(tempfile, "tempdir", None)  # re-read from TMPDIR by this process too
+        yield folder
+    tempfile.tempdir = None
