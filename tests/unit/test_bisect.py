@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -338,3 +339,12 @@ def test_the_command_exits_with_the_results_status(monkeypatch: pytest.MonkeyPat
     refused = CliRunner().invoke(cli.main, ["bisect", "--good", str(good), "--bad",
                                             str(tmp_path / "none.txt")])
     assert refused.exit_code == 2 and "cannot read pin file" in refused.output
+
+
+def test_the_help_lists_its_exit_statuses() -> None:
+    done = CliRunner().invoke(cli.main, ["bisect", "--help"])
+    assert done.exit_code == 0
+    for code, words in ((0, "a flip found"), (2, "spec, pin file or usage error"),
+                        (3, "an environment could not be built"), (5, "bisect, no flip"),
+                        (6, "bisect, undecided"), (70, "internal error"), (130, "interrupted")):
+        assert re.search(rf"^\s+{code}  {words}", done.output, re.MULTILINE), (code, done.output)

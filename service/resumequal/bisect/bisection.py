@@ -10,6 +10,7 @@ and ``bisect.html`` in the output folder.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -90,6 +91,11 @@ def bisect(options: BisectOptions, listener: Listener | None = None) -> BisectRe
     into ``options.out``. Raises :class:`~resumequal.spec.SpecError` or
     :class:`~resumequal.bisect.pins.PinError` before anything is built."""
     _check_spec(options)
+    # Absolute: every probe runs in its own folder, and a venv's paths are read from there.
+    options = dataclasses.replace(
+        options, out=options.out.resolve(), cache=options.cache.resolve(),
+        spec=options.spec.resolve() if options.spec else None,
+        base_env=options.base_env.resolve() if options.base_env else None)
     pins = [read_pins(p) for p in options.pins]
     if len(pins) < 2:
         raise UsageError("a bisection needs two pins (good and bad) or an ordered list of "

@@ -156,7 +156,7 @@ class Environments:
         venv = self.cache / "venvs" / key
         with _locked(venv):
             if not (venv / READY).exists():
-                log.info("bisect: building the common layer %s (%d packages)", venv, len(lines))
+                log.debug("bisect: building the common layer %s (%d packages)", venv, len(lines))
                 started = time.monotonic()
                 _new_venv(venv)
                 self._pip(venv, "install", "--no-deps", *self._requirements(venv, lines))
@@ -208,7 +208,7 @@ class Environments:
 
     def _build(self, key: str, venv: Path, layer: Sequence[Requirement],
                started: float) -> Built | Refused:
-        log.info("bisect: building %s (%d packages over the common layer)", venv, len(layer))
+        log.debug("bisect: building %s (%d packages over the common layer)", venv, len(layer))
         _new_venv(venv)
         site = _site_packages(venv)
         # Read in name order: resumequal first, then the common layer, after the venv's own.
