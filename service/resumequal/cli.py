@@ -433,8 +433,8 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
               help="Where probe venvs are kept and reused (default: "
               "~/.cache/resumequal/bisect).")
 @click.option("--base-env", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="An environment (a venv's folder) holding every package the pins share "
-              "at its pinned version: probes take those from it instead of installing them.")
+              help="An environment (a venv's folder) holding packages the pins share, at "
+              "their pinned versions: probes take those from it instead of installing them.")
 @click.option("--retries", type=click.IntRange(min=0, max=10), default=1, show_default=True,
               help="Qualify a probe that ends INVALID or NONDETERMINISTIC again, this often.")
 @click.option("--max-probes", type=click.IntRange(min=2, max=1000), default=32,

@@ -8,7 +8,9 @@ out ("derived on load", a plausible refactoring) and resumes at the start of the
 a resumed run reads other samples than the control leg: FAIL at the first step after the
 resume, boundary ``inputs``. The others are ``rqb-alpha`` .. ``rqb-golf``, 1.0 and 2.0, a
 module with a version each; ``rqb-alpha`` 2.0 needs ``rqb-golf>=2`` (a mix with alpha 2.0
-and golf 1.0 is one the resolver refuses).
+and golf 1.0 is one the resolver refuses). ``rqb-hotel`` and ``rqb-india`` flip the
+verdict only together: hotel 2.0 offers "lazy cursors", india 2.0 turns them on, and the
+data source (even 1.0) then leaves its position out; ``rqb-juliet`` changes beside them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ CURSOR = "rqb-cursor"
 HARMLESS = tuple(f"rqb-{n}" for n in ("alpha", "bravo", "charlie", "delta", "echo",
                                       "foxtrot", "golf"))
 NEEDS = {("rqb-alpha", "2.0"): ("rqb-golf>=2.0",)}
+PAIR = ("rqb-hotel", "rqb-india")
+BESIDE_PAIR = "rqb-juliet"
+# What each 2.0 of the pair adds to its module.
+PAIR_FLAGS = {"rqb-hotel": "LAZY_CURSORS = True\n", "rqb-india": "USE_LAZY_CURSORS = True\n"}
 
 WORKLOAD = '''\
 """dropout-mlp read through a data source whose cursor version {version} saves."""
@@ -34,6 +40,19 @@ import dataclasses
 from resumequal.workloads import dropout_mlp
 
 SAVES_POSITION = {saves}
+
+
+def saves_position():
+    """1.0 saves it, unless lazy cursors are both offered (rqb-hotel 2.0) and turned on
+    (rqb-india 2.0)."""
+    try:
+        import rqb_hotel
+        import rqb_india
+    except ImportError:
+        return SAVES_POSITION
+    lazy = getattr(rqb_hotel, "LAZY_CURSORS", False) and getattr(rqb_india, "USE_LAZY_CURSORS",
+                                                                  False)
+    return SAVES_POSITION and not lazy
 
 
 class CursorSource:
@@ -48,7 +67,7 @@ class CursorSource:
 
     def state_dict(self):
         cursor = self.stream.state_dict()
-        if not SAVES_POSITION:
+        if not saves_position():
             del cursor["position"]  # 2.0: "derived on load" -- it is not
         return cursor
 
@@ -93,9 +112,11 @@ def build_wheels(folder: Path) -> Path:
         wheel(folder, CURSOR, version, {
             "rqb_cursor/__init__.py": f'__version__ = "{version}"\n',
             "rqb_cursor/workload.py": WORKLOAD.format(version=version, saves=saves)})
-        for name in HARMLESS:
+        for name in (*HARMLESS, *PAIR, BESIDE_PAIR):
             module = name.replace("-", "_")
-            wheel(folder, name, version, {f"{module}/__init__.py": f'__version__ = "{version}"\n'},
+            flag = PAIR_FLAGS.get(name, "") if version == "2.0" else ""
+            wheel(folder, name, version,
+                  {f"{module}/__init__.py": f'__version__ = "{version}"\n{flag}'},
                   NEEDS.get((name, version), ()))
     return folder
 

@@ -27,7 +27,15 @@ import pytest
 
 from resumequal.bisect.envs import Environments
 from resumequal.bisect.pins import read_pins, shared
-from tests.integration.bisect_stack import CURSOR, HARMLESS, base_pins, build_wheels, pin_file
+from tests.integration.bisect_stack import (
+    BESIDE_PAIR,
+    CURSOR,
+    HARMLESS,
+    PAIR,
+    base_pins,
+    build_wheels,
+    pin_file,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -142,3 +150,21 @@ def test_ordered_bisection_finds_the_first_of_8_pins_to_flip_in_4_qualifications
     found = envs.probe_env(night0)
     assert found.reused and found.seconds < 1, found
     assert time.monotonic() - started < 300
+
+
+def test_a_pair_that_flips_only_together_is_named_as_the_pair(stack: Stack) -> None:
+    # Both ends assumed (the good PASS, the bad flip: the first test qualified such ends):
+    # three qualifications, {hotel, india} then each alone.
+    pins = [pin_file(stack.root / f"pair-{version}.txt", stack.base,
+                     {CURSOR: "1.0", **{n: version for n in (*PAIR, BESIDE_PAIR)}})
+            for version in ("1.0", "2.0")]
+    code, result, out = _bisect(stack, stack.root / "pair", "--good", str(pins[0]),
+                                "--bad", str(pins[1]), "--assume-good", "--assume-bad")
+    _report("pair", result)
+    assert (code, result["conclusion"], result["decided"]) == (0, "flip", True), out[-3000:]
+    assert [c["label"] for c in result["culprits"]] == ["rqb-hotel 1.0 → 2.0",
+                                                        "rqb-india 1.0 → 2.0"]
+    assert "(only together)" in result["summary"]
+    alone = {tuple(p["applied"]): p["outcome"] for p in result["probes"]}
+    assert alone[("rqb-hotel",)] == alone[("rqb-india",)] == "same"
+    assert result["qualifications"] == 3

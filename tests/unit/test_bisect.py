@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -348,3 +349,42 @@ def test_the_help_lists_its_exit_statuses() -> None:
                         (3, "an environment could not be built"), (5, "bisect, no flip"),
                         (6, "bisect, undecided"), (70, "internal error"), (130, "interrupted")):
         assert re.search(rf"^\s+{code}  {words}", done.output, re.MULTILINE), (code, done.output)
+
+
+def _site(venv: Path, **dists: str) -> Path:
+    """A venv folder whose site-packages holds the metadata of ``dists`` (name=version)."""
+    v = sys.version_info
+    site = venv / "lib" / f"python{v[0]}.{v[1]}" / "site-packages"
+    for name, version in dists.items():
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return site
+
+
+def test_a_base_env_gives_what_it_holds_and_the_probes_get_what_it_lacks(tmp_path: Path) -> None:
+    site = _site(tmp_path / "base", torch="2.13.0", numpy="2.1.0")
+    common = [Requirement("torch", "2.13.0", "torch==2.13.0"),
+              Requirement("extra", "1.0", "extra==1.0")]
+    environments = envs.Environments(tmp_path / "cache", common, (), tmp_path / "base")
+    assert environments.common_site() == site
+    mixed = [Requirement("pa", "2", "pa==2")]
+    assert [r.line for r in environments.with_absent(mixed)] == ["pa==2", "extra==1.0"]
+    environments.check_base_lacks(["pa"])
+    with pytest.raises(envs.EnvBuildError, match="holds numpy, which the pins change"):
+        environments.check_base_lacks(["NumPy"])
+    other = envs.Environments(tmp_path / "cache", [Requirement("torch", "2.9.1", "torch==2.9.1")],
+                              (), tmp_path / "base")
+    with pytest.raises(envs.EnvBuildError, match=r"torch==2.9.1 \(there: 2.13.0\)"):
+        other.common_site()
+
+
+def test_a_venv_key_is_the_exact_requirement_set_in_any_order(tmp_path: Path) -> None:
+    _site(tmp_path / "base", torch="2.13.0")
+    environments = envs.Environments(tmp_path / "cache",
+                                     [Requirement("torch", "2.13.0", "torch==2.13.0")], (),
+                                     tmp_path / "base")
+    a, b = Requirement("a", "1", "a==1"), Requirement("b", "2", "b==2")
+    assert environments.key([a, b]) == environments.key([b, a])
+    assert environments.key([a]) != environments.key([a, b])
+    assert environments.key([a]) != environments.key([Requirement("a", "2", "a==2")])

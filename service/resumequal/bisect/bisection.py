@@ -171,7 +171,7 @@ class _Bisection:
         minimal = search.ddmin(len(changes), self._budgeted(probe))
         culprits = [changes[i] for i in minimal.culprits]
         named = " and ".join(c.label for c in culprits)
-        flips = f"{describe(self.good_sig)} → {describe(self.bad_sig)}"
+        flips = self._flip_words()
         if not minimal.decided:
             unsure = ", ".join(changes[i].label for i in minimal.unsure)
             why = (minimal.why if not minimal.unsure else
@@ -210,10 +210,17 @@ class _Bisection:
         changes = [_pin_change(c) for c in diff(before, at)[1]]
         flip = FlipPin(index=found.index, path=at.source, previous=before.source)
         named = ", ".join(c.label for c in changes) or "no package change"
+        unproven = (" (assumed, never qualified)"
+                    if found.index == len(pins) - 1 and self.options.assume_bad else "")
         return self._result("ordered", "flip", f"{Path(at.source).name} is the first pin to "
-                            f"flip the verdict ({describe(self.good_sig)} → "
-                            f"{describe(self.bad_sig) if self.bad_sig else 'another'}); "
+                            f"flip the verdict{unproven} ({self._flip_words()}); "
                             f"it changes {named}", changes, changes, True, flip)
+
+    def _flip_words(self) -> str:
+        """``PASS → FAIL at step 5, inputs``; with the bad end assumed, what the probes
+        that flipped were held to."""
+        bad = describe(self.bad_sig) if self.bad_sig else "another verdict (bad end assumed)"
+        return f"{describe(self.good_sig)} → {bad}"
 
     # -- the ends ----------------------------------------------------------------------
 

@@ -5,9 +5,10 @@ few. So a probe environment has two layers:
 
 - the **common layer**: every package the pins hold alike, installed once per bisection
   cache (a venv of its own, ``pip install --no-deps`` of exactly those pins), or read
-  from an existing environment (``--base-env``) after checking that it holds every one of
-  them at exactly the pinned version. Those packages are the same in every probe, so
-  taking them from one place changes nothing a probe compares.
+  from an existing environment (``--base-env``) after checking that what it holds of them
+  is at exactly the pinned version (those it lacks join every probe layer). Those
+  packages are the same in every probe, so taking them from one place changes nothing a
+  probe compares.
 - the **probe layer**: a venv per mix holding the packages that differ, installed by pip's
   resolver with the common pins as constraints: a mix the resolver refuses is
   *unresolvable* (no probe), and nothing the common layer holds is ever replaced.
@@ -113,6 +114,7 @@ class Environments:
         self.options = list(options)
         self.base_env = base_env
         self._common_site: Path | None = None
+        self._absent: list[Requirement] = []  # common pins --base-env lacks
         self._self_dir: Path | None = None
 
     # -- the layers every probe shares ------------------------------------------------
@@ -130,11 +132,13 @@ class Environments:
         site = _site_packages(self.base_env)
         found = {canonical(d.metadata["Name"]): d.version
                  for d in metadata.distributions(path=[str(site)]) if d.metadata["Name"]}
-        wrong = [f"{r.name}=={r.version} (there: {found.get(r.name, 'absent')})"
-                 for r in self.common if found.get(r.name) != r.version]
+        wrong = [f"{r.name}=={r.version} (there: {found[r.name]})"
+                 for r in self.common if found.get(r.name, r.version) != r.version]
         if wrong:
-            raise EnvBuildError(f"--base-env {self.base_env} does not hold every package "
-                                f"both pins share at its pinned version: {', '.join(wrong)}")
+            raise EnvBuildError(f"--base-env {self.base_env} holds packages the pins share "
+                                f"at other versions: {', '.join(wrong)}")
+        # What it lacks goes into every probe venv (shared pins not in an image, say).
+        self._absent = [r for r in self.common if r.name not in found]
         return site
 
     def check_base_lacks(self, names: Sequence[str]) -> None:
@@ -190,10 +194,16 @@ class Environments:
         return _digest(_interpreter(), str(self.common_site()), str(self.self_dir()),
                        *self.options, *sorted(r.line for r in layer))
 
+    def with_absent(self, layer: Sequence[Requirement]) -> list[Requirement]:
+        """``layer`` and the shared pins the common layer lacks (``--base-env`` only)."""
+        self.common_site()
+        return [*layer, *self._absent]
+
     def probe_env(self, layer: Sequence[Requirement]) -> Built | Refused:
         """The venv holding ``layer`` over the common layer: reused when a previous
         probe (of any bisection) built it, built otherwise; or the resolver's refusal."""
         started = time.monotonic()
+        layer = self.with_absent(layer)
         key = self.key(layer)
         venv = self.cache / "venvs" / key
         with _locked(venv):
