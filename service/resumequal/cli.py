@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn, cast
@@ -406,6 +407,79 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
             click.echo(printable(line))
         for file_name, where in zoomed.files.items():
             click.echo(printable(f"{file_name}: {where}"))
+
+
+@main.command(cls=_Judging, epilog=epilog(
+    ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INVALID, ExitCode.NO_FLIP, ExitCode.UNDECIDED,
+    ExitCode.INTERNAL_ERROR, ExitCode.INTERRUPTED,
+    says={ExitCode.PASS: "a flip found: the change(s), or the first pin, that flip it named",
+          ExitCode.SPEC_ERROR: "spec, pin file or usage error: nothing was built",
+          ExitCode.INVALID: "an environment could not be built (not a resolver refusal)"}))
+@click.option("--good", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The pin that passes: pip freeze output or pylock.toml.")
+@click.option("--bad", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The pin that does not (or fails elsewhere).")
+@click.option("--ordered", is_flag=True,
+              help="Binary search over the PINS given in order for the first that flips.")
+@click.argument("pins", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="The spec every probe runs (default: the embedded default).")
+@click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
+              help="Override one spec field in every probe (repeatable).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where bisect.json, bisect.html and every probe's run go "
+              "(default: runs/bisect-<time>).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where probe venvs are kept and reused (default: "
+              "~/.cache/resumequal/bisect).")
+@click.option("--base-env", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="An environment (a venv's folder) holding packages the pins share, at "
+              "their pinned versions: probes take those from it instead of installing them.")
+@click.option("--retries", type=click.IntRange(min=0, max=10), default=1, show_default=True,
+              help="Qualify a probe that ends INVALID or NONDETERMINISTIC again, this often.")
+@click.option("--max-probes", type=click.IntRange(min=2, max=1000), default=32,
+              show_default=True, help="Stop, undecided, after this many probes.")
+@click.option("--probe-timeout", type=click.FloatRange(min=1), default=1800.0,
+              show_default=True, help="Seconds one qualification may take (a backstop).")
+@click.option("--assume-good", is_flag=True,
+              help="Take the good (first) pin's PASS as known: do not qualify it.")
+@click.option("--assume-bad", is_flag=True,
+              help="Take the bad (last) pin's flip as known: do not qualify it.")
+def bisect(good: Path | None, bad: Path | None, ordered: bool, pins: tuple[Path, ...],
+           spec_path: Path | None, overrides: tuple[str, ...], out: Path | None,
+           cache_dir: Path | None, base_env: Path | None, retries: int, max_probes: int,
+           probe_timeout: float, assume_good: bool, assume_bad: bool) -> None:
+    """Find which change between two stack pins flips the verdict (--good A --bad B), or
+    the first pin of an ordered list that flips it (--ordered PIN...)."""
+    from rich.console import Console
+
+    from resumequal.bisect.bisection import BisectOptions
+    from resumequal.bisect.bisection import bisect as run_bisection
+    from resumequal.bisect.envs import default_cache
+    from resumequal.bisect.terminal import TerminalProgress, print_result
+
+    if ordered == (good is not None or bad is not None) or (not ordered and pins):
+        raise click.UsageError("give --good and --bad, or --ordered and the pins in order")
+    if not ordered and (good is None or bad is None):
+        raise click.UsageError("give both --good and --bad")
+    listed = pins if ordered else (cast(Path, good), cast(Path, bad))
+    options = BisectOptions(
+        pins=listed, ordered=ordered,
+        out=out or Path("runs") / time.strftime("bisect-%Y%m%d-%H%M%S"),
+        cache=cache_dir or default_cache(), spec=spec_path, sets=overrides,
+        base_env=base_env, retries=retries, max_probes=max_probes,
+        probe_timeout_s=probe_timeout, assume_good=assume_good, assume_bad=assume_bad)
+    console = Console()
+    try:
+        with TerminalProgress(console) as progress:
+            result = run_bisection(options, progress)
+    except ResumequalError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        _interrupted("interrupted; the running probe was stopped")
+    print_result(result, console, {name: str(options.out / name)
+                                   for name in ("bisect.json", "bisect.html")})
+    sys.exit(result.exit_code)
 
 
 @main.command(hidden=True)

@@ -1,10 +1,11 @@
-"""What ``resumequal run``, ``compare``, ``validate`` and ``zoom`` exit with: one table for
-the command line, the runner, the ``--help`` epilogs and docs/exit-codes.md.
+"""What ``resumequal run``, ``compare``, ``validate``, ``zoom`` and ``bisect`` exit with: one
+table for the command line, the runner, the ``--help`` epilogs and docs/exit-codes.md.
 
 A verdict gives 0, 1, 3 or 4; an error gives 2 when the input was wrong (the spec, the
 command line, credentials, a location without a run) and 3 otherwise (nothing was judged);
 an exception no boundary expected (a bug) gives 70 (sysexits' EX_SOFTWARE), never a
-verdict's status.
+verdict's status. ``bisect`` exits 0 when it names what flips the verdict, and 5 or 6 when
+there is nothing to bisect or it cannot decide.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class ExitCode(IntEnum):
     SPEC_ERROR = 2
     INVALID = 3
     NONDETERMINISTIC = 4
+    NO_FLIP = 5
+    UNDECIDED = 6
     INTERNAL_ERROR = 70
     INTERRUPTED = 130
 
@@ -58,6 +61,14 @@ MEANINGS: dict[ExitCode, Meaning] = {
     ExitCode.NONDETERMINISTIC: Meaning(
         "NONDETERMINISTIC: the legs differed before the kill",
         "block the pin until training is reproducible run to run"),
+    ExitCode.NO_FLIP: Meaning(
+        "bisect, no flip: the bad pin ends as the good one; nothing to bisect",
+        "nothing to block: the pins agree (a FAIL in both is no change's doing)"),
+    ExitCode.UNDECIDED: Meaning(
+        "bisect, undecided: an end or the probes that would decide were not judged "
+        "(unresolvable, INVALID, NONDETERMINISTIC, no verdict) or the probe budget ran out",
+        "read bisect.json's probes: retry with more --retries or --max-probes, or bisect "
+        "the smaller set it names"),
     ExitCode.INTERNAL_ERROR: Meaning(
         "internal error: a bug in resumequal (the message says so, with its traceback); "
         "nothing was judged",

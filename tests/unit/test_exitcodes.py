@@ -36,7 +36,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "exit-codes.md"
 def test_every_outcome_has_a_status_of_its_own() -> None:
     assert {code.name: int(code) for code in ExitCode} == {
         "PASS": 0, "FAIL": 1, "SPEC_ERROR": 2, "INVALID": 3, "NONDETERMINISTIC": 4,
-        "INTERNAL_ERROR": 70, "INTERRUPTED": 130}
+        "NO_FLIP": 5, "UNDECIDED": 6, "INTERNAL_ERROR": 70, "INTERRUPTED": 130}
     assert set(MEANINGS) == set(ExitCode)
 
 

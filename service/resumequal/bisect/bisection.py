@@ -1,0 +1,360 @@
+"""The bisection ``resumequal bisect`` runs: confirm the ends, search, write the result.
+
+Changes mode: qualify the good pin and the bad pin; when they end differently, delta
+debugging (:func:`~resumequal.bisect.search.ddmin`) over the packages they differ in, each
+probe the good pin with some of the bad pin's versions. Ordered mode: qualify the first and
+the last pin of a list (unless assumed), then binary search for the first that flips.
+Either way, every probe's environment, verdict and first divergence go into ``bisect.json``
+and ``bisect.html`` in the output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+from resumequal.bisect import html, search
+from resumequal.bisect.envs import Built, Environments, Refused
+from resumequal.bisect.pins import (
+    Change,
+    PinSet,
+    Requirement,
+    diff,
+    layer,
+    mix,
+    read_pins,
+    shared,
+)
+from resumequal.bisect.probe import Qualified, qualify
+from resumequal.bisect.result import (
+    Attempt,
+    BisectResult,
+    FirstDivergence,
+    FlipPin,
+    PinChange,
+    Probe,
+    ProbeEnv,
+)
+from resumequal.bisect.search import BudgetSpent, Outcome
+from resumequal.errors import UsageError
+from resumequal.exitcodes import ExitCode
+from resumequal.spec import QualificationSpec, apply_overrides, load_spec
+from resumequal.verdict import Result
+
+log = logging.getLogger(__name__)
+
+# What a retry may change: chance (a timeout on a loaded machine) or a stack that is not
+# reproducible run to run. A FAIL or PASS is an answer; an error repeats.
+RETRIED = (Result.INVALID, Result.NONDETERMINISTIC)
+JUDGED = (Result.PASS, Result.FAIL)
+Signature = tuple[str, ...]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BisectOptions:
+    """What ``resumequal bisect`` was asked: ``pins`` are good and bad, or the ordered
+    list."""
+
+    pins: tuple[Path, ...]
+    ordered: bool
+    out: Path
+    cache: Path
+    spec: Path | None = None
+    sets: tuple[str, ...] = ()
+    base_env: Path | None = None
+    retries: int = 1
+    max_probes: int = 32
+    probe_timeout_s: float = 1800.0
+    assume_good: bool = False
+    assume_bad: bool = False
+
+
+class Listener:
+    """What the terminal hears of a bisection (this one hears nothing)."""
+
+    def probe_starts(self, number: int, limit: int, label: str) -> None: ...
+
+    def qualifying(self, number: int, attempt: int, env: Built) -> None: ...
+
+    def probe_done(self, probe: Probe) -> None: ...
+
+
+def bisect(options: BisectOptions, listener: Listener | None = None) -> BisectResult:
+    """Run the bisection ``options`` ask for; write ``bisect.json`` and ``bisect.html``
+    into ``options.out``. Raises :class:`~resumequal.spec.SpecError` or
+    :class:`~resumequal.bisect.pins.PinError` before anything is built."""
+    _check_spec(options)
+    # Absolute: every probe runs in its own folder, and a venv's paths are read from there.
+    options = dataclasses.replace(
+        options, out=options.out.resolve(), cache=options.cache.resolve(),
+        spec=options.spec.resolve() if options.spec else None,
+        base_env=options.base_env.resolve() if options.base_env else None)
+    pins = [read_pins(p) for p in options.pins]
+    if len(pins) < 2:
+        raise UsageError("a bisection needs two pins (good and bad) or an ordered list of "
+                         "at least two")
+    options.out.mkdir(parents=True, exist_ok=True)
+    run = _Bisection(options, pins, listener or Listener())
+    result = run.ordered() if options.ordered else run.changes()
+    (options.out / "bisect.json").write_text(result.model_dump_json(indent=2) + "\n")
+    (options.out / "bisect.html").write_text(html.render(result))
+    return result
+
+
+def _check_spec(options: BisectOptions) -> QualificationSpec:
+    """The spec every probe runs, refused here (exit 2) rather than once per probe."""
+    base = load_spec(str(options.spec)) if options.spec else QualificationSpec()
+    return apply_overrides(base, options.sets) if options.sets else base
+
+
+def _pin_change(change: Change) -> PinChange:
+    return PinChange(package=change.name,
+                     good=change.good.version if change.good else None,
+                     bad=change.bad.version if change.bad else None, label=change.label)
+
+
+def describe(signature: Signature | None) -> str:
+    """``PASS``; ``FAIL at step 5, inputs``."""
+    if signature is None:
+        return "no verdict"
+    result, *where = signature
+    return result if not where else f"{result} at step {where[0]}, {where[1]}"
+
+
+class _Bisection:
+    """The state of one bisection: its environments, its probes, what each end gave."""
+
+    def __init__(self, options: BisectOptions, pins: Sequence[PinSet],
+                 listener: Listener) -> None:
+        self.options, self.pins, self.listener = options, list(pins), listener
+        self.started = time.monotonic()
+        self.when = datetime.now(UTC).isoformat(timespec="seconds")
+        self.common = shared(self.pins)
+        options_lines = tuple(dict.fromkeys(o for p in self.pins for o in p.options))
+        self.envs = Environments(options.cache, self.common, options_lines, options.base_env)
+        self.probes: list[Probe] = []
+        self.good_sig: Signature | None = ("PASS",) if options.assume_good else None
+        self.bad_sig: Signature | None = None
+        self.end_problems: set[str] = set()
+        self.limit = options.max_probes
+
+    # -- the two modes -----------------------------------------------------------------
+
+    def changes(self) -> BisectResult:
+        good, bad = self.pins[0], self.pins[-1]
+        if len(self.pins) != 2:
+            raise UsageError("without --ordered, give exactly --good and --bad")
+        _, changes = diff(good, bad)
+        self.envs.check_base_lacks([c.name for c in changes])
+        labels = [_pin_change(c) for c in changes]
+        ends = self._ends(mix(changes, ()), mix(changes, range(len(changes))))
+        if ends is not None:
+            return self._result("changes", ends[0], ends[1], labels, [], False)
+        if not changes:
+            return self._result("changes", "undecided", "the pins hold the same packages, yet "
+                                "their qualifications ended differently: the stack is not "
+                                "reproducible run to run", labels, [], False)
+
+        def probe(subset: frozenset[int]) -> Outcome:
+            applied = sorted(subset)
+            names = [changes[i].name for i in applied]
+            return self._probe("mix", "good + " + ", ".join(changes[i].label for i in applied),
+                               mix(changes, subset), applied=names, check_mix=True).outcome_enum
+
+        minimal = search.ddmin(len(changes), self._budgeted(probe))
+        culprits = [changes[i] for i in minimal.culprits]
+        named = " and ".join(c.label for c in culprits)
+        flips = self._flip_words()
+        if not minimal.decided:
+            unsure = ", ".join(changes[i].label for i in minimal.unsure)
+            why = (minimal.why if not minimal.unsure else
+                   f"leaving out {unsure} was never judged (unresolved)")
+            return self._result("changes", "undecided", f"could not decide: {why}; the "
+                                f"smallest set found to flip it ({flips}) is {named}",
+                                labels, [_pin_change(c) for c in culprits], False)
+        together = " (only together)" if len(culprits) > 1 else ""
+        return self._result("changes", "flip", f"{named} flip{'s' if len(culprits) == 1 else ''}"
+                            f" the verdict{together}: {flips}", labels,
+                            [_pin_change(c) for c in culprits], True)
+
+    def ordered(self) -> BisectResult:
+        pins = self.pins
+        self.envs.check_base_lacks(sorted({n for p in pins for n in p.packages}
+                                          - {r.name for r in self.common}))
+        layers = [layer(p, set(self.common)) for p in pins]
+        ends = self._ends(layers[0], layers[-1], first=0, last=len(pins) - 1)
+        if ends is not None:
+            return self._result("ordered", ends[0], ends[1], [], [], False)
+
+        def probe(i: int) -> Outcome:
+            return self._probe("pin", Path(pins[i].source).name, layers[i],
+                               pin_index=i).outcome_enum
+
+        found = search.first_flip(len(pins), self._budgeted(probe))
+        if found.index is None:
+            skipped = ", ".join(Path(pins[i].source).name for i in found.unjudged)
+            why = (f"{skipped} could not be judged" if skipped else
+                   f"the probe budget ({self.limit}) ran out")
+            return self._result("ordered", "undecided", f"could not decide: the first pin to "
+                                f"flip is after {Path(pins[found.good].source).name} and at "
+                                f"or before {Path(pins[found.bad].source).name}; {why}",
+                                [], [], False)
+        before, at = pins[found.index - 1], pins[found.index]
+        changes = [_pin_change(c) for c in diff(before, at)[1]]
+        flip = FlipPin(index=found.index, path=at.source, previous=before.source)
+        named = ", ".join(c.label for c in changes) or "no package change"
+        unproven = (" (assumed, never qualified)"
+                    if found.index == len(pins) - 1 and self.options.assume_bad else "")
+        return self._result("ordered", "flip", f"{Path(at.source).name} is the first pin to "
+                            f"flip the verdict{unproven} ({self._flip_words()}); "
+                            f"it changes {named}", changes, changes, True, flip)
+
+    def _flip_words(self) -> str:
+        """``PASS → FAIL at step 5, inputs``; with the bad end assumed, what the probes
+        that flipped were held to."""
+        bad = describe(self.bad_sig) if self.bad_sig else "another verdict (bad end assumed)"
+        return f"{describe(self.good_sig)} → {bad}"
+
+    # -- the ends ----------------------------------------------------------------------
+
+    def _ends(self, good: list[Requirement], bad: list[Requirement], first: int | None = None,
+              last: int | None = None) -> tuple[str, str] | None:
+        """Qualify the ends not assumed: None when the bisection can go on, else its
+        conclusion and summary."""
+        if not self.options.assume_good:
+            probe = self._probe("good", "the good pin", good, pin_index=first)
+            self.good_sig = probe.signature
+            if probe.status != "judged":
+                return "undecided", f"could not decide: the good pin was not judged ({probe.why})"
+        if not self.options.assume_bad:
+            probe = self._probe("bad", "the bad pin", bad, pin_index=last)
+            if probe.status != "judged":
+                return "undecided", f"could not decide: the bad pin was not judged ({probe.why})"
+            if probe.signature == self.good_sig:
+                return "no-flip", (f"no flip: the bad pin ends as the good one "
+                                   f"({describe(self.good_sig)}); nothing to bisect")
+            self.bad_sig = probe.signature
+        return None
+
+    def _budgeted(self, probe: Callable[[T], Outcome]) -> Callable[[T], Outcome]:
+        def within(arg: T) -> Outcome:
+            if len(self.probes) >= self.limit:
+                raise BudgetSpent
+            return probe(arg)
+        return within
+
+    # -- one probe ---------------------------------------------------------------------
+
+    def _probe(self, role: str, label: str, packages: list[Requirement], *,
+               applied: Sequence[str] = (), pin_index: int | None = None,
+               check_mix: bool = False) -> _Probed:
+        number = len(self.probes) + 1
+        self.listener.probe_starts(number, self.limit, label)
+        started = time.monotonic()
+        env = self.envs.probe_env(packages)
+        penv = ProbeEnv(key=env.key, path=str(self.options.cache / "venvs" / env.key),
+                        reused=env.reused, build_seconds=round(env.seconds, 3),
+                        packages=[r.line for r in packages])
+        attempts: list[Qualified] = []
+        if isinstance(env, Refused):
+            status, outcome, why = "unresolvable", Outcome.UNRESOLVED, \
+                f"the resolver refuses this mix: {env.message}"
+        else:
+            broken = sorted(set(env.problems) - self.end_problems) if check_mix else []
+            if role in ("good", "bad"):
+                self.end_problems |= set(env.problems)
+            if broken:
+                status, outcome, why = "unresolvable", Outcome.UNRESOLVED, \
+                    f"pip check: {'; '.join(broken)}"
+            else:
+                attempts = self._attempts(number, role, env)
+                status, outcome, why = self._judge(attempts[-1])
+        probe = Probe(number=number, role=role, label=label, applied=list(applied),  # type: ignore[arg-type]
+                      pin_index=pin_index, env=penv, status=status,  # type: ignore[arg-type]
+                      outcome=outcome.value, why=why,
+                      attempts=[_attempt(q) for q in attempts],
+                      seconds=round(time.monotonic() - started, 3))
+        self.probes.append(probe)
+        self.listener.probe_done(probe)
+        last = attempts[-1] if attempts else None
+        return _Probed(probe, outcome, last.signature if last else None)
+
+    def _attempts(self, number: int, role: str, env: Built) -> list[Qualified]:
+        attempts: list[Qualified] = []
+        for attempt in range(1, self.options.retries + 2):
+            self.listener.qualifying(number, attempt, env)
+            suffix = "" if attempt == 1 else f"-retry{attempt - 1}"
+            run_dir = self.options.out / "probes" / f"{number:02d}-{role}{suffix}"
+            q = qualify(env.python, run_dir, spec=self.options.spec, sets=self.options.sets,
+                        pin=f"bisect-{env.key}", timeout_s=self.options.probe_timeout_s)
+            attempts.append(q)
+            if q.result not in RETRIED:
+                break
+        return attempts
+
+    def _judge(self, q: Qualified) -> tuple[str, Outcome, str]:
+        sig = q.signature
+        if q.verdict is None:
+            return "error", Outcome.UNRESOLVED, f"no verdict (exit {q.exit_code}): {q.error}"
+        if q.result not in JUDGED:
+            return "unjudged", Outcome.UNRESOLVED, f"{q.result}: {q.verdict.reason}"
+        if self.bad_sig is not None and sig == self.bad_sig:
+            return "judged", Outcome.FLIP, f"ends as the bad pin: {describe(sig)}"
+        if sig == self.good_sig or self.good_sig is None:
+            return "judged", Outcome.SAME, f"ends as the good pin: {describe(sig)}"
+        if self.bad_sig is None:
+            return "judged", Outcome.FLIP, f"ends unlike the good pin: {describe(sig)}"
+        return "judged", Outcome.UNRESOLVED, f"ends a third way: {describe(sig)}"
+
+    # -- the result --------------------------------------------------------------------
+
+    def _result(self, mode: str, conclusion: str, summary: str, changes: list[PinChange],
+                culprits: list[PinChange], decided: bool,
+                flip: FlipPin | None = None) -> BisectResult:
+        code = {"flip": ExitCode.PASS, "no-flip": ExitCode.NO_FLIP,
+                "undecided": ExitCode.UNDECIDED}[conclusion]
+        assumed = [end for end, yes in (("good", self.options.assume_good),
+                                        ("bad", self.options.assume_bad)) if yes]
+        return BisectResult(
+            mode=mode, conclusion=conclusion, summary=summary, exit_code=int(code),  # type: ignore[arg-type]
+            pins=[p.source for p in self.pins], assumed=assumed,  # type: ignore[arg-type]
+            spec=str(self.options.spec) if self.options.spec else None,
+            sets=list(self.options.sets), common_packages=len(self.common), changes=changes,
+            culprits=culprits, decided=decided, first_flip=flip, probes=self.probes,
+            qualifications=sum(len(p.attempts) for p in self.probes),
+            unresolvable=sum(p.status == "unresolvable" for p in self.probes),
+            started=self.when, seconds=round(time.monotonic() - self.started, 3))
+
+
+@dataclass(frozen=True)
+class _Probed:
+    probe: Probe
+    outcome_enum: Outcome
+    signature: Signature | None
+
+    @property
+    def status(self) -> str:
+        return self.probe.status
+
+    @property
+    def why(self) -> str:
+        return self.probe.why
+
+
+def _attempt(q: Qualified) -> Attempt:
+    first = q.verdict.first_divergence if q.verdict else None
+    return Attempt(
+        result=q.result, reason=q.verdict.reason if q.verdict else q.error,
+        first_divergence=FirstDivergence(step=first.step, boundary=first.boundary,
+                                         rank=first.rank) if first else None,
+        exit_code=q.exit_code, seconds=round(q.seconds, 3), run_dir=str(q.run_dir))
+
+
+__all__ = ["BisectOptions", "Listener", "bisect", "describe"]
