@@ -87,7 +87,8 @@ def start(weed: Path, root: Path, *, cluster: str, host: str = "127.0.0.1",
     ports = {name: free_port() for name in ("master", "volume", "filer", "webdav", "admin")}
     # Its glog files go with its other logs (by default every start leaves some in /tmp).
     proc = daemons.start("seaweedfs", [
-        str(weed), f"-logdir={root / 'logs'}", "mini", f"-dir={data}", f"-ip={host}", f"-ip.bind={host}",
+        str(weed), f"-logdir={root / 'logs'}", "mini", f"-dir={data}", f"-ip={host}",
+        f"-ip.bind={host}",
         f"-s3.port={port}", f"-s3.config={config}",
         f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
         f"-filer.port={ports['filer']}", f"-webdav.port={ports['webdav']}",

@@ -42,8 +42,9 @@ NOT_A_REQUEST = {("resumequal.dev", "qualificationruns/finalizers", "update")}
 # Requested only by a resize run, which the scripted workers below do not play: its Worker
 # replicas read, then patched down at the kill and up at the grow
 # (tests/cluster reads them from the real API server's audit log, and
-# tests/operator/test_backend.py records them). Otherwise a leg's PyTorchJob is read from the operator's watch of its
-# jobs, and read from the API server only while a job just created is not watched yet.
+# tests/operator/test_backend.py records them). Otherwise a leg's PyTorchJob is read from
+# the operator's watch of its jobs, and read from the API server only while a job just
+# created is not watched yet.
 RESIZE_ONLY = {("kubeflow.org", "pytorchjobs", "patch"), ("kubeflow.org", "pytorchjobs", "get")}
 # Requested only to follow a zoom Job (a FAIL with zoom: onFail; tests/operator/
 # test_lifecycle.py), or to read a job that exists but is not watched yet (the comparator
