@@ -216,8 +216,14 @@ def _events(target: Target, name: str) -> list[tuple[str, str]]:
         return found if any(e.reason in ("Succeeded", "Failed") for e in found) else None
 
     found = eventually(ended, 30, "the run's last Event", interval=1.0)
-    return [(e.reason, e.message or "") for e in sorted(
+    events = [(e.reason, e.message or "") for e in sorted(
         found, key=lambda e: int(e.metadata.resource_version))]
+    # A request the API server or a webhook failed under load, which the operator retried
+    # (a BackendError Event each time): shown, not part of the run's course.
+    for reason, message in events:
+        if reason == "BackendError":
+            print(f"{name}: retried after {message}")
+    return [(r, m) for r, m in events if r != "BackendError"]
 
 
 def _check_files(location: RunLocation, kind: str, rank: int, node: str) -> None:
