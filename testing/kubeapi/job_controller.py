@@ -1,7 +1,8 @@
 """The batch/v1 Job controller (kubernetes/kubernetes pkg/controller/job, k8s 1.31), for the
 comparator's and zoom's Jobs (one pod each).
 
-- Pods: ``<job>-<random>``. Every pod carries the ``batch.kubernetes.io/job-tracking`` finalizer
+- Pods: ``<job>-<random>`` (controller_utils.go GetPodFromTemplate, getPodsPrefix). Every
+  pod carries the ``batch.kubernetes.io/job-tracking`` finalizer
   (appendJobCompletionFinalizerIfNotFound), removed once the pod is counted, or once its Job
   is gone (syncOrphanPod): a pod deleted with grace 0 stays until its exit is counted.
 - A pod is failed when its phase is Failed or, unless only failed pods are replaced
