@@ -41,11 +41,17 @@ keeps, its verdict.json in the store), and prints the ratios of the second to th
 reconcile p99, peak memory and the queue wait p99 of changes with ``runs + N`` held
 against ``runs``.
 
-The operator runs on one CPU and this process (the API, the simulated cluster) and the
-pods' on another, as far as a machine of two cores can stand for a cluster, where the
-operator's pod and the API server run on machines of their own: the operator's requests
-do not wait for the API's CPU on its core, nor the API's answers for the operator's, and
-neither process's threads (which run one at a time anyway) move between the cores.
+Placed as far as a machine of two cores can stand for a cluster, where the operator's pod
+and the API server run on machines of their own. Against the real API server: the control
+plane (etcd, kube-apiserver, the controller manager, the scheduler) alone on one CPU, as
+on a control plane node; the operator on the other, with the services a worker node runs
+beside it (the Kubeflow training operator and its webhook, CoreDNS, SeaweedFS) at its
+priority, and the node agent (this process) and the pods' process at the lowest, as
+kubelets and training processes on other machines would take none of its CPU. Against the
+double: the operator on one CPU, this process (the API, the simulated cluster) and the
+pods' on the other. Either way the operator's requests do not wait for the API's CPU on
+its core, nor the API's answers for the operator's, and neither process's threads (which
+run one at a time anyway) move between the cores.
 ``--shared`` lets the scheduler place both on both cores (what the bench did by default
 before it placed them; ``--pin`` was then the placement above): the two processes then
 take turns on the cores, each waiting for the other's threads.
@@ -152,11 +158,14 @@ def percentiles(values: list[float]) -> str:
     return f"p50 {qs[49]:.3f}s  p90 {qs[89]:.3f}s  p99 {qs[98]:.3f}s"
 
 
-def pin_threads(pid: int, cpu: int) -> None:
-    """Every thread of process ``pid`` (and those it starts later) onto ``cpu``."""
+def pin_threads(pid: int, cpu: int, nice: int | None = None) -> None:
+    """Every thread of process ``pid`` (and those it starts later) onto ``cpu``, at
+    ``nice`` if given (a thread's priority is its own on Linux; new ones inherit it)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(ProcessLookupError):  # a thread that has ended
             os.sched_setaffinity(int(task.name), {cpu})
+            if nice is not None:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
 
 def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
@@ -246,8 +255,8 @@ def main() -> None:
                         help="also run with this many more runs finished beforehand, and "
                              "print the ratios")
     parser.add_argument("--shared", action="store_true",
-                        help="both processes on both CPUs, placed by the scheduler (default: "
-                             "the operator on one CPU, this process and the pods on another)")
+                        help="every process on both CPUs, placed by the scheduler (default: "
+                             "the operator apart from the API server: see the docstring)")
     parser.add_argument("--api", choices=["real", "double"], default="real",
                         help="real: the local cluster built from source (testing/cluster; "
                              "needs root); double: the API double (testing/kubeapi) with its "
@@ -264,7 +273,12 @@ def main() -> None:
         if len(cpus) < 2:
             parser.error("placing the operator apart needs two CPUs; with one, use --shared")
         args.cpus = (cpus[0], cpus[1])  # the operator's, this process's
-        pin_threads(os.getpid(), args.cpus[1])  # before any thread of the emulator starts
+        if args.api == "real":
+            # This process is the node agent: a worker node's, beside the operator at the
+            # lowest priority, the other core left to the control plane (place_cluster).
+            pin_threads(os.getpid(), args.cpus[0], nice=NODE_NICE)
+        else:
+            pin_threads(os.getpid(), args.cpus[1])  # before any thread of the emulator starts
     # This process serves the API and plays the training operator, the kubelet and every
     # pod: with its default thresholds, its garbage collector's full passes over that heap
     # stall the API for up to a second at a time (27 s of 86 s with 200 runs), and those
@@ -374,16 +388,25 @@ def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
                                          "API, controllers, kubelet"))
 
 
-def pin_cluster(cluster_id: str, cpu: int) -> None:
-    """Every process of the local cluster (the API server, etcd, the controllers, CoreDNS
-    and the pods' processes) onto ``cpu``: on a cluster they run on machines of their own,
-    apart from the operator's."""
+# The control plane's programs, as /proc/<pid>/comm names them (cut at 15 characters).
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller", "kube-scheduler")
+
+
+def place_cluster(cluster_id: str, control_plane_cpu: int, nodes_cpu: int) -> None:
+    """The local cluster's processes placed as a cluster's machines hold them: etcd, the API
+    server, the controller manager and the scheduler (a control plane node's) alone on
+    ``control_plane_cpu``; the rest (CoreDNS, the Kubeflow controllers, SeaweedFS: services
+    on worker nodes, as the operator is) on ``nodes_cpu`` beside the operator, at its
+    priority (this process, the node agent, and the scripted pods' at the lowest)."""
     from resumequal.local.processes import tagged
     from testing.cluster.daemons import TAG
 
     for pid in tagged(cluster_id, TAG):
         with contextlib.suppress(OSError):
-            pin_threads(pid, cpu)
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            # Started by this process (or the node agent in it): its priority undone.
+            pin_threads(pid, control_plane_cpu if comm in CONTROL_PLANE else nodes_cpu,
+                        nice=0)
 
 
 def hold_finished_real(objects: Any, store: dict[str, str], count: int,
@@ -516,8 +539,8 @@ def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconf
     try:
         wait_ready(proc, port, tmp / "operator.log")
         if args.cpus is not None:
-            pin_threads(proc.pid, args.cpus[0])
-            pin_cluster(cluster_id, args.cpus[1])
+            pin_threads(proc.pid, args.cpus[0], nice=0)
+            place_cluster(cluster_id, args.cpus[1], args.cpus[0])
         threading.Thread(target=follow, daemon=True).start()
         created: dict[str, float] = {}
         start = time.monotonic()
@@ -554,8 +577,7 @@ def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconf
     return summarize(args, held, Figures(
         metrics, created, {n: v for n, v in finished.items() if n in created}, wall, rss,
         operator_cpu, bench_cpu, pods_cpu, None,
-        "the node agent (the API server, etcd and the controllers are processes of their "
-        "own, on the same CPU)"))
+        "the node agent, at the lowest priority beside the operator"))
 
 
 @dataclass
@@ -609,7 +631,10 @@ def summarize(args: argparse.Namespace, held: int, f: Figures) -> dict[str, floa
                       "pods": "with the API" if args.pods_with_api else
                       f"a process of their own, nice {NODE_NICE}",
                       "cpus": None if args.cpus is None else
-                      {"operator": args.cpus[0], "api, cluster and pods": args.cpus[1]}}))
+                      {"operator": args.cpus[0], "api, cluster and pods": args.cpus[1]}
+                      if args.api == "double" else
+                      {"operator, worker nodes' services, node agent and pods": args.cpus[0],
+                       "control plane": args.cpus[1]}}))
     print(f"reconciles: {reconciles:.0f} in {wall:.1f}s ({reconciles / wall:.0f}/s), "
           f"errors {metrics.get('resumequal_operator_reconcile_errors_total', 0):.0f}")
     mean_ms = metrics[f"{family}_sum"] / reconciles * 1000

@@ -3,6 +3,8 @@
 ``local_cluster``: the running cluster (``make cluster-up``) if there is one, else one
 started for the session and stopped at its end (nothing of it left running).
 ``cluster_admin``: an official client for it as the cluster's admin.
+``test_api_server``: etcd and kube-apiserver alone (no controllers, no root needed) for the
+session, the CRDs the operator meets installed (:mod:`testing.cluster.testapi`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     import kubernetes.client
 
     from .cluster import Cluster
+    from .testapi import TestAPIServer
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +52,15 @@ def cluster_admin(local_cluster: Cluster) -> Iterator[kubernetes.client.ApiClien
                             client_configuration=configuration)
     with client.ApiClient(configuration) as api:
         yield api
+
+
+@pytest.fixture(scope="session")
+def test_api_server() -> Iterator[TestAPIServer]:
+    """A real API server for the session's API tests; stopped at its end."""
+    from .testapi import TestAPIServer
+
+    server = TestAPIServer()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,9 +1,11 @@
-"""The operator against the API emulator (real HTTP, the official client) and SeaweedFS
-(a real S3 server).
+"""The operator against a real API server and SeaweedFS (a real S3 server).
 
-Every object written to the emulator passes admission by the schemas in
-``tests/k8s_schemas.py``: PyTorchJobs against Kubeflow's CRD, QualificationRuns (status
-included) against the chart's CRD, Jobs, Leases and Events against Kubernetes' own.
+``api`` is the session's kube-apiserver (:mod:`testing.cluster.testapi`: etcd and the API
+server built from source, no controllers, the real CRDs; the operator talks to it through
+a recording proxy, as the cluster's admin). Tests that drive pods (the ``training``
+fixture: the simulated Kubeflow training operator, Job controller and kubelet) or that
+are marked ``double`` run on the API double instead (:mod:`testing.kubeapi`), where every
+object written passes admission by the schemas in ``tests/k8s_schemas.py``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import pytest
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
 from resumequal_operator.kube import Kube
+from testing.cluster.testapi import RealAPI, TestAPIServer
 from testing.kubeapi import KubeAPI
 from testing.kubeapi.training import SimulatedTrainingOperator
-from tests.operator.harness import Admission, Operators
+from tests.operator.harness import NAMESPACE, Admission, Operators
 from tests.operator.workers import Workers
 
 if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here defeats
@@ -33,10 +36,30 @@ def admission(kubeapi: KubeAPI) -> Admission:
     return check
 
 
+# Fixtures that need the double: its simulated cluster runs on the double's store.
+_DOUBLE_FIXTURES = frozenset({"training", "kubeapi", "training_operator", "real_pods"})
+
+
+def on_double(request: pytest.FixtureRequest) -> bool:
+    """Whether this test runs on the API double (see the module docstring)."""
+    return (request.node.get_closest_marker("double") is not None
+            or bool(_DOUBLE_FIXTURES & set(request.fixturenames)))
+
+
 @pytest.fixture
-def api(kubeapi: KubeAPI, admission: Admission) -> KubeAPI:
-    """The emulator, with admission by the real schemas."""
-    return kubeapi
+def api(request: pytest.FixtureRequest) -> Iterator[KubeAPI | RealAPI]:
+    """The session's real API server behind a proxy of this test's; the double (with
+    admission by the real schemas) for tests that drive pods or are marked ``double``."""
+    if on_double(request):
+        request.getfixturevalue("admission")
+        yield request.getfixturevalue("kubeapi")
+        return
+    server: TestAPIServer = request.getfixturevalue("test_api_server")
+    real = RealAPI(server, NAMESPACE)
+    try:
+        yield real
+    finally:
+        real.close()
 
 
 @pytest.fixture
@@ -83,9 +106,9 @@ def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperat
 
 
 @pytest.fixture
-def kube(kubeapi: KubeAPI) -> Iterator[Kube]:
+def kube(api: KubeAPI | RealAPI) -> Iterator[Kube]:
     """The operator's API client for the test's API server, closed after the test."""
-    k = Kube(kubeapi.api_client())
+    k = Kube(api.api_client())
     try:
         yield k
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 import uuid
 import weakref
 from pathlib import Path
@@ -165,6 +166,19 @@ def condition(obj: Obj, type_: str) -> Obj:
     raise AssertionError(f"no condition {type_} in {obj.get('status')}")
 
 
+
+
+def failed_job_status(reason: str = "BackoffLimitExceeded",
+                      message: str = "Job has reached the specified backoff limit") -> Obj:
+    """A Job's status as the Job controller writes it when the Job fails: the API server
+    refuses ``Failed`` without ``startTime`` and the ``FailureTarget`` condition before it
+    (pkg/apis/batch/validation/validation.go, validateJobStatusUpdate)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    conditions = [{"type": t, "status": "True", "reason": reason, "message": message,
+                   "lastProbeTime": now, "lastTransitionTime": now}
+                  for t in ("FailureTarget", "Failed")]
+    return {"startTime": now, "active": 0, "ready": 0, "failed": 1, "terminating": 0,
+            "conditions": conditions}
 
 
 def write_kubeconfig(api: KubeAPI, path: Path, namespace: str = NAMESPACE) -> Path:

@@ -22,7 +22,7 @@ from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.runkeys import MasterKey
 from testing.kubeapi import KubeAPI
-from tests.operator.harness import NAMESPACE, run_location, run_manifest
+from tests.operator.harness import NAMESPACE, failed_job_status, run_location, run_manifest
 from tests.operator.workers import verdict
 from tests.trace_records import step_record, trace_line
 
@@ -157,9 +157,7 @@ def test_the_comparator_job_is_created_once_and_read_when_it_ends(
     assert job is not None
     assert job["spec"]["template"]["spec"]["containers"][0]["args"][:2] == [
         "compare", backend.location.uri]
-    failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                              "message": "Job has reached the specified backoff limit"}]}
-    api.patch_status(JOBS.plural, NAMESPACE, backend.comparator_name, failed)
+    api.patch_status(JOBS.plural, NAMESPACE, backend.comparator_name, failed_job_status())
     with pytest.raises(ComparatorFailed, match="failed without a verdict: Job has reached"):
         backend.compare()
     # Exit 1 (FAIL) fails the Job too, after the verdict was written: that is a verdict.
@@ -314,8 +312,7 @@ def test_what_a_bucket_writer_plants_is_never_acted_on(
     # A PASS put where the comparator's FAIL would go, once its Job has ended.
     assert backend.compare() is None
     store.put_bytes("verdict.json", verdict(Result.PASS).model_dump_json().encode())
-    api.patch_status(JOBS.plural, NAMESPACE, backend.comparator_name, {"conditions": [
-        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
+    api.patch_status(JOBS.plural, NAMESPACE, backend.comparator_name, failed_job_status())
     with pytest.raises(ComparatorFailed, match=r"left no readable verdict: .*verdict\.json"):
         backend.compare()
     # What the operator itself wrote for the legs is sealed for them.

@@ -23,6 +23,9 @@ from tests.operator.harness import NAMESPACE, Operators, qr, run_manifest, wait_
 from tests.operator.workers import Workers
 from tests.waiting import eventually
 
+# Pods are the simulated training operator's, on the double's store.
+pytestmark = pytest.mark.double
+
 SLOW_S = 4.0  # how long rank 1 still writes after its last step
 BARRIER_S = 1.0  # torchrun's exit barrier, shortened from its 300 s
 
