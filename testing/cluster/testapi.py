@@ -51,6 +51,7 @@ CRDS = (REPO / "charts" / "resumequal" / "crds" / "qualificationruns.resumequal.
 # What the control plane makes for itself; never swept.
 SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 READY_TIMEOUT_S = 120.0
+CRD_KEY = "customresourcedefinitions.apiextensions.k8s.io"
 
 
 class APIError(ClusterError):
@@ -184,7 +185,7 @@ class TestAPIServer:
         return found
 
     def close(self) -> None:
-        daemons.stop_all(self.id)
+        daemons.stop_all(self.id, grace=3.0)  # a test server: no requests to drain
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -200,6 +201,7 @@ class RealAPI:
         self._created: list[tuple[str, Obj]] = []
         self._deletions: list[Deletion] = []
         self._namespaces: set[str] = set()
+        self._crds: dict[str, Obj | None] = {}  # CRDs a test changed: as they were before
         self._ensure_namespace(namespace)
 
     # ----------------------------------------------------------------- the operator's door
@@ -303,6 +305,23 @@ class RealAPI:
 
     # ----------------------------------------------------------------- accessors
 
+    def register_crd(self, crd: Obj) -> None:
+        """Install ``crd`` in place of the one served under its name (restored after the
+        test), and wait until the API server serves it."""
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        name = crd["metadata"]["name"]
+        have = self.get("customresourcedefinitions", "", name)
+        if name not in self._crds:
+            self._crds[name] = have
+        if have is None:
+            self.rest.call("POST", path, crd)
+        else:
+            body = {**crd, "metadata": {**crd["metadata"],
+                                        "resourceVersion": have["metadata"]["resourceVersion"]}}
+            self.rest.call("PUT", f"{path}/{name}", body)
+        self.wait_for(lambda: _established(self.get("customresourcedefinitions", "", name)),
+                      timeout=30, message=f"CRD {name} established")
+
     def kind(self, kind: str | Resource) -> Resource:
         if isinstance(kind, Resource):
             return kind
@@ -374,10 +393,15 @@ class RealAPI:
             options["gracePeriodSeconds"] = grace_period_seconds
         if propagation_policy is not None:
             options["propagationPolicy"] = propagation_policy
+        if r.key == CRD_KEY and name not in self._crds:
+            self._crds[name] = self.get(r.key, "", name)  # restored after the test
         out = self.rest.call("DELETE", r.path(namespace, name), options)
         uid = str((out.get("details") or out.get("metadata") or {}).get("uid", ""))
         self._deletions.append(Deletion(r.key, namespace, name, uid, grace_period_seconds,
                                         propagation_policy, "api", time.time()))
+        if r.key == CRD_KEY:  # gone once its objects are (kubectl waits)
+            self.wait_for(lambda: self.get(r.key, "", name) is None, timeout=30,
+                          message=f"CRD {name} deleted")
         return out
 
     def wait_for(self, predicate: Callable[[], T], timeout: float = 10.0,
@@ -413,7 +437,20 @@ class RealAPI:
         self.proxy.stop()
         namespaces = {n["metadata"]["name"] for n in self.rest.call(
             "GET", "/api/v1/namespaces")["items"]} - SYSTEM_NAMESPACES
+        self._restore_crds()
         sweep(self.rest, self.server.resources.values(), namespaces)
+
+    def _restore_crds(self) -> None:
+        """The session's CRDs back as they were (a test may have replaced or deleted one)."""
+        for name, before in self._crds.items():
+            if before is None:  # made by the test
+                with contextlib.suppress(APIError):
+                    self.delete("customresourcedefinitions", "", name)
+                continue
+            crd = {k: before[k] for k in ("apiVersion", "kind", "spec")}
+            crd["metadata"] = {k: v for k, v in before["metadata"].items()
+                               if k in ("name", "labels", "annotations")}
+            self.register_crd(crd)
 
 
 def sweep(rest: _Rest, resources: Iterable[Resource], namespaces: set[str]) -> None:
@@ -423,7 +460,12 @@ def sweep(rest: _Rest, resources: Iterable[Resource], namespaces: set[str]) -> N
     now = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
     for namespace in sorted(namespaces):
         for r in kinds.values():
-            items = rest.call("GET", r.path(namespace)).get("items", [])
+            try:
+                items = rest.call("GET", r.path(namespace)).get("items", [])
+            except APIError as e:
+                if e.code == 404:  # a custom resource whose CRD a test removed
+                    continue
+                raise
             for obj in items:
                 if obj["metadata"].get("finalizers"):
                     with contextlib.suppress(APIError):  # gone meanwhile
@@ -455,6 +497,12 @@ def sweep(rest: _Rest, resources: Iterable[Resource], namespaces: set[str]) -> N
             time.sleep(0.05)
         else:
             raise ClusterError(f"namespace {namespace} still there 30 s after its sweep")
+
+
+def _established(crd: Obj | None) -> bool:
+    conditions = ((crd or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in conditions)
 
 
 def _post_json(url: str, body: Obj) -> Obj:

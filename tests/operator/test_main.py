@@ -135,7 +135,6 @@ def test_the_operator_process_reconciles_and_stops_on_sigterm(
     assert lease is not None and lease["spec"]["holderIdentity"] == ""  # released
 
 
-@pytest.mark.double  # the older CRD would replace the session API server's for every test
 def test_the_operator_refuses_to_start_on_a_crd_it_may_not_update(
     api: KubeAPI, tmp_path: Path
 ) -> None:
