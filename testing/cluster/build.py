@@ -154,3 +154,16 @@ def build_all() -> dict[str, Path]:
         folder = build(module)
         found.update({name: folder / name for name, _ in module.programs})
     return found
+
+
+def module_dir(module: str) -> Path:
+    """Where a module our Go modules require lies in the module cache (its manifests and
+    CRDs are read from there)."""
+    out = subprocess.run([go(), "list", "-m", "-f", "{{.Dir}}", module],
+                         cwd=SOURCES / ("training-operator" if "training-operator" in module
+                                        else "kubernetes"),
+                         capture_output=True, text=True, check=True)
+    path = Path(out.stdout.strip())
+    if not path.is_dir():
+        raise ClusterError(f"{module}: not in the module cache")
+    return path

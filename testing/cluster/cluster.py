@@ -249,25 +249,14 @@ def _kustomize(cluster: Cluster, folder: Path | None = None, *, resources: tuple
         return cluster.kubectl("kustomize", "--load-restrictor=LoadRestrictionsNone", tmp)
 
 
-def _module_dir(module: str) -> Path:
-    out = subprocess.run([build.go(), "list", "-m", "-f", "{{.Dir}}", f"{module}"],
-                         cwd=build.SOURCES / ("training-operator" if "training-operator" in module
-                                              else "kubernetes"),
-                         capture_output=True, text=True, check=True)
-    path = Path(out.stdout.strip())
-    if not path.is_dir():
-        raise daemons.ClusterError(f"{module}: not in the module cache")
-    return path
-
-
 def _kubeflow_manifests(cluster: Cluster, part: str) -> str:
     """One Kubeflow part's release manifests, rendered from its module."""
     if part == "training-operator":
-        training = _module_dir("github.com/kubeflow/training-operator")
+        training = build.module_dir("github.com/kubeflow/training-operator")
         return _kustomize(cluster, training / "manifests/overlays/standalone")
     if part == "jobset":
-        return _kustomize(cluster, _module_dir("sigs.k8s.io/jobset") / "config/default")
-    trainer = _module_dir("github.com/kubeflow/trainer/v2")
+        return _kustomize(cluster, build.module_dir("sigs.k8s.io/jobset") / "config/default")
+    trainer = build.module_dir("github.com/kubeflow/trainer/v2")
     # The trainer's own overlay, less its third-party JobSet (fetched from GitHub there;
     # installed from its module instead).
     return _kustomize(

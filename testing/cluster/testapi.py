@@ -1,5 +1,6 @@
 """A real API server for the operator's tests: etcd and kube-apiserver built from source,
-no controllers, the CRDs the operator meets installed, behind a recording proxy.
+no controllers, the CRDs the operator meets installed (the chart's; PyTorchJob, TrainJob
+and the training runtimes as Kubeflow's releases ship them), behind a recording proxy.
 
 ``TestAPIServer`` starts once per test session (a few seconds) and ``RealAPI`` is what a
 test holds: the accessors the API double offered (``get``, ``list``, ``create``,
@@ -46,8 +47,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Obj = dict[str, Any]
 REPO = build.REPO
-CRDS = (REPO / "charts" / "resumequal" / "crds" / "qualificationruns.resumequal.dev.yaml",
-        REPO / "testing" / "kubeapi" / "crds" / "kubeflow.org_pytorchjobs.v1.9.0.yaml")
+CHART_CRD = REPO / "charts" / "resumequal" / "crds" / "qualificationruns.resumequal.dev.yaml"
+# Kubeflow's CRDs as their releases ship them (the modules the cluster builds from).
+KUBEFLOW_CRDS = (("github.com/kubeflow/training-operator", "manifests/base/crds",
+                  ("kubeflow.org_pytorchjobs.yaml",)),
+                 ("github.com/kubeflow/trainer/v2", "manifests/base/crds",
+                  ("trainer.kubeflow.org_trainjobs.yaml",
+                   "trainer.kubeflow.org_trainingruntimes.yaml",
+                   "trainer.kubeflow.org_clustertrainingruntimes.yaml")))
+SERVED = frozenset({"qualificationruns.resumequal.dev", "pytorchjobs.kubeflow.org",
+                    "trainjobs.trainer.kubeflow.org", "trainingruntimes.trainer.kubeflow.org",
+                    "clustertrainingruntimes.trainer.kubeflow.org"})
 # What the control plane makes for itself; never swept.
 SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 READY_TIMEOUT_S = 120.0
@@ -136,13 +146,15 @@ class TestAPIServer:
                 self.root, binaries, cluster=self.id, host="127.0.0.1", controllers=False,
                 watch_cache=False)
             self.rest = _Rest(self.cp.server, self.cp.ssl_context())
-            for crd in CRDS:
+            files = [CHART_CRD] + [build.module_dir(module) / folder / name
+                                   for module, folder, names in KUBEFLOW_CRDS
+                                   for name in names]
+            for crd in files:
                 for doc in yaml.safe_load_all(crd.read_text()):
                     if doc:
                         self.rest.call("POST", "/apis/apiextensions.k8s.io/v1/"
                                        "customresourcedefinitions", doc, what=str(crd))
-            self.resources = self._discover({"qualificationruns.resumequal.dev",
-                                             "pytorchjobs.kubeflow.org"})
+            self.resources = self._discover(set(SERVED))
         except BaseException:
             self.close()
             raise
@@ -305,20 +317,33 @@ class RealAPI:
 
     # ----------------------------------------------------------------- accessors
 
+    def register_trainer_crds(self) -> None:
+        """Kubeflow Trainer's TrainJob and runtimes: served from the start (their release's
+        CRDs), as on a cluster where Trainer is installed; nothing runs them here."""
+        for kind in ("trainjobs", "trainingruntimes", "clustertrainingruntimes"):
+            self.kind(kind)
+
     def register_crd(self, crd: Obj) -> None:
         """Install ``crd`` in place of the one served under its name (restored after the
         test), and wait until the API server serves it."""
         path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
         name = crd["metadata"]["name"]
-        have = self.get("customresourcedefinitions", "", name)
-        if name not in self._crds:
-            self._crds[name] = have
-        if have is None:
-            self.rest.call("POST", path, crd)
-        else:
-            body = {**crd, "metadata": {**crd["metadata"],
-                                        "resourceVersion": have["metadata"]["resourceVersion"]}}
-            self.rest.call("PUT", f"{path}/{name}", body)
+        for attempt in range(10):
+            have = self.get("customresourcedefinitions", "", name)
+            if name not in self._crds:
+                self._crds[name] = have
+            try:
+                if have is None:
+                    self.rest.call("POST", path, crd)
+                else:
+                    version = have["metadata"]["resourceVersion"]
+                    self.rest.call("PUT", f"{path}/{name}", {
+                        **crd, "metadata": {**crd["metadata"], "resourceVersion": version}})
+                break
+            except APIError as e:
+                # The API server's own controllers write a new CRD's status meanwhile.
+                if e.code != 409 or attempt == 9:
+                    raise
         self.wait_for(lambda: _established(self.get("customresourcedefinitions", "", name)),
                       timeout=30, message=f"CRD {name} established")
 

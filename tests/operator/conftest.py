@@ -30,9 +30,22 @@ if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here 
 
 
 @pytest.fixture
-def admission(kubeapi: KubeAPI) -> Admission:
+def _double(kubeapi: KubeAPI) -> tuple[KubeAPI, Admission]:
+    """The double, every object written to it checked by the real schemas."""
     check = Admission()
     kubeapi.add_validator(check)
+    return kubeapi, check
+
+
+@pytest.fixture
+def admission(request: pytest.FixtureRequest, api: KubeAPI | RealAPI) -> Admission:
+    """What was checked by the schemas of ``tests/k8s_schemas.py`` (Kubeflow's webhooks'
+    rules among them): on the real API server, what the operator creates or replaces, as
+    a validating webhook sees it, before the server's own validation."""
+    if on_double(request):
+        return request.getfixturevalue("_double")[1]  # type: ignore[no-any-return]
+    check = Admission()
+    api.add_validator(check)
     return check
 
 
@@ -51,8 +64,7 @@ def api(request: pytest.FixtureRequest) -> Iterator[KubeAPI | RealAPI]:
     """The session's real API server behind a proxy of this test's; the double (with
     admission by the real schemas) for tests that drive pods or are marked ``double``."""
     if on_double(request):
-        request.getfixturevalue("admission")
-        yield request.getfixturevalue("kubeapi")
+        yield request.getfixturevalue("_double")[0]
         return
     server: TestAPIServer = request.getfixturevalue("test_api_server")
     real = RealAPI(server, NAMESPACE)
