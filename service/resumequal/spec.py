@@ -27,6 +27,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from resumequal.boundaries import BOUNDARIES as BOUNDARIES
+from resumequal.boundaries import Boundary as Boundary
+from resumequal.boundaries import of_kind
 from resumequal.errors import ResumequalError
 from resumequal.launchers import DEFAULT_LAUNCHER, Launcher
 from resumequal.redact import redact
@@ -35,25 +38,6 @@ from resumequal.store.s3settings import S3Spec
 from resumequal.yamlread import MAX_CHARS, YAMLInputError, load_yaml
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
-
-Boundary = Literal[
-    "inputs",
-    "rng",
-    "loss",
-    "loss_scale",
-    "local_grads",
-    "bucket_layout",
-    "reduced_grads",
-    "grad_norm",
-    "clipped_grads",
-    "lr",
-    "params",
-    "optimizer_state",
-]
-
-# The Literal's order is the execution order inside one update; the comparator walks them
-# in this order.
-BOUNDARIES: tuple[Boundary, ...] = get_args(Boundary)
 
 # The parts of training state a negative control may leave out of a resume.
 # ``optimizer`` restores the model into a fresh optimizer (under fsdp2, without the sharded
@@ -640,13 +624,17 @@ class CompileSpec(_Section):
         return self
 
 
+# Held equal whatever the tolerances.
+_EXACT = of_kind("exact")
+
+
 class ComparisonSpec(_Section):
     """How the legs' traces and final checkpoints are compared."""
 
     mode: Literal["exact", "tolerance"] = Field(
         default="exact",
         description="exact: every compared boundary bitwise equal; tolerance: boundaries with "
-        "a declared tolerance may differ within it (inputs, rng, loss_scale and bucket_layout "
+        f"a declared tolerance may differ within it ({', '.join(_EXACT[:-1])} and {_EXACT[-1]} "
         "stay exact).",
     )
     tolerances: dict[Boundary, Annotated[float, Field(ge=0)]] = Field(

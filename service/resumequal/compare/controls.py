@@ -11,6 +11,10 @@ INVALID: its PASS has not been shown to mean anything.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final
+
+from resumequal.boundaries import TABLE
 from resumequal.compare.files import LegTrace
 from resumequal.compare.judge import compare_run
 from resumequal.plan import LegPlan, NotRun, qualification_plan
@@ -21,19 +25,8 @@ from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict
 
 Steps = dict[int, dict[int, StepRecord]]
 
-_NAMES = {
-    "inputs": "inputs (sample ids)",
-    "rng": "RNG states",
-    "loss": "loss",
-    "loss_scale": "loss scale",
-    "local_grads": "local gradients",
-    "bucket_layout": "DDP bucket layout",
-    "reduced_grads": "reduced gradients",
-    "grad_norm": "gradient norm",
-    "lr": "learning rate",
-    "params": "parameters",
-    "optimizer_state": "optimizer state",
-}
+# "learning rate differed from step 6": each boundary as a sentence names it.
+_NAMES: Final[Mapping[str, str]] = {b.name: b.label for b in TABLE}
 
 
 def compare_qualification(location: RunLocation,
