@@ -39,14 +39,9 @@ from resumequal.yamlread import MAX_CHARS, YAMLInputError, load_yaml
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
 
-# The parts of training state a negative control may leave out of a resume.
-# ``optimizer`` restores the model into a fresh optimizer (under fsdp2, without the sharded
-# optimizer state). ``scaler`` applies only to fp16 (a GradScaler), ``loader_state`` only to
-# a workload fed by a StatefulDataLoader (workload.loader).
-#
-# ``rank_cursor`` and ``rank_rng`` plant the bugs of a resize (``preemption.resize``): each
-# global microbatch's samples, or its random streams, taken by rank and microstep as if the
-# world still had ``world.nnodes`` nodes. Exact while it does; wrong once it has resized.
+# The negative controls, each a resume that leaves one part of the training state out (or,
+# under preemption.resize, a rank-keyed bug). What each leaves out, when it applies and
+# how its absence is shown is its descriptor's (resumequal.omissions.CONTROLS).
 Omission = Literal[
     "rng", "data_cursor", "scheduler", "optimizer", "model_optimizer_only", "pending_grads",
     "scaler", "loader_state", "rank_cursor", "rank_rng"
