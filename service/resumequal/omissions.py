@@ -128,7 +128,15 @@ def _mid_accumulation(spec: QualificationSpec) -> Inapplicable | None:
 # --------------------------------------------------------------------------- evidence
 
 
+def _observed(steps: Steps) -> bool:
+    """Whether the trace can show a state that never changed: two steps at least, for
+    one step alone never changes (and shows nothing)."""
+    return any(len(records) >= 2 for records in steps.values())
+
+
 def _rng_still(steps: Steps) -> str | None:
+    if not _observed(steps):
+        return None
     for records in steps.values():
         states = {repr(sorted(r.rng.items())) for r in records.values()}
         if len(states) != 1:
@@ -139,6 +147,8 @@ def _rng_still(steps: Steps) -> str | None:
 
 
 def _lr_constant(steps: Steps) -> str | None:
+    if not _observed(steps):
+        return None
     values = {tuple(r.lr) for records in steps.values() for r in records.values()}
     if len(values) != 1:
         return None
@@ -147,6 +157,8 @@ def _lr_constant(steps: Steps) -> str | None:
 
 
 def _inputs_constant(steps: Steps) -> str | None:
+    if not _observed(steps):
+        return None
     for records in steps.values():
         ids = {repr([m.sample_ids for m in r.microsteps]) for r in records.values()}
         if len(ids) != 1:
@@ -157,6 +169,8 @@ def _inputs_constant(steps: Steps) -> str | None:
 def _optimizer_still(steps: Steps) -> str | None:
     """A stateless optimizer at a constant learning rate (plain SGD, say): a fresh one is the
     same, and its state digest never moves."""
+    if not _observed(steps):
+        return None
     for records in steps.values():
         if len({r.optimizer_state for r in records.values()}) != 1:
             return None

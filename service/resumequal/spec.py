@@ -673,6 +673,12 @@ class ControlsSpec(_Section):
         description="Which broken resumes to run; each is a real preempted-and-restarted leg.",
     )
 
+    @field_validator("omissions")
+    @classmethod
+    def _once_each(cls, value: list[Omission]) -> list[Omission]:
+        # Each control is one leg, its folder named after it: one named twice runs once.
+        return list(dict.fromkeys(value))
+
 
 class MatrixSpec(_Section):
     """Repeat positive scenarios across seeds (a seed matrix); empty seeds: no matrix."""

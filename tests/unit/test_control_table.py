@@ -11,8 +11,9 @@ from resumequal.boundaries import BOUNDARIES
 from resumequal.compare.controls import _blind
 from resumequal.omissions import CONTROLS, StatePart, control, left_out, planted
 from resumequal.plan import qualification_plan
-from resumequal.spec import OMISSIONS, Omission, parse_spec
+from resumequal.spec import OMISSIONS, Omission, QualificationSpec, parse_spec
 from resumequal.state import omitted_parts
+from resumequal.trace.records import StepRecord
 from resumequal.train.globaldata import GlobalData
 
 RESIZE: dict[str, Any] = {
@@ -76,6 +77,30 @@ def test_the_plan_runs_a_leg_for_each_control_that_applies_and_says_why_not() ->
     assert set(legs) == {"scheduler", "optimizer", "model_optimizer_only", "rank_cursor",
                          "rank_rng"}
     assert set(not_run) == {"rng", "data_cursor", "pending_grads", "scaler", "loader_state"}
+
+
+def test_a_control_named_twice_runs_once() -> None:
+    spec = parse_spec({"controls": {"omissions": ["rng", "scheduler", "rng"]}})
+    assert spec.controls.omissions == ["rng", "scheduler"]
+    assert [leg.name for leg in qualification_plan(spec).negative_controls] == [
+        "nc-rng", "nc-scheduler"]
+
+
+def _steps(lrs: list[float]) -> dict[int, dict[int, StepRecord]]:
+    return {0: {s: StepRecord(rank=0, attempt=0, step=s, microsteps=[], rng={"t": "same"},
+                              local_grads="", reduced_grads="", grad_norm=0.0, lr=[lr],
+                              params="", optimizer_state="same", started_at=0.0,
+                              finished_at=0.0)
+                for s, lr in enumerate(lrs, start=1)}}
+
+
+@pytest.mark.parametrize("omission", ["rng", "scheduler", "optimizer", "model_optimizer_only"])
+def test_evidence_that_a_state_never_changed_needs_two_steps(omission: str) -> None:
+    evidence = control(omission).evidence
+    assert evidence is not None
+    spec = QualificationSpec()
+    assert evidence(_steps([0.1, 0.1]), [], spec)
+    assert evidence(_steps([0.1]), [], spec) is None  # one step never changes anything
 
 
 def test_a_blind_control_names_where_it_shows_first_when_that_is_not_compared() -> None:
