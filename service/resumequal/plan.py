@@ -7,8 +7,9 @@ Each leg has a role: ``reference`` (runs uninterrupted; its folder is named ``co
 scenario of a seed matrix).
 
 Negative controls are real preempted-and-restarted legs: the same cut and kill as the main
-leg, with one part of the state left out of the resume. The pending-gradients control
-needs a checkpoint that holds pending gradients, which only a graceful kill at a
+leg, with one part of the state left out of the resume; when each applies, and which kill it
+needs, is its descriptor's (:data:`resumequal.omissions.CONTROLS`). The pending-gradients
+control needs a checkpoint that holds pending gradients, which only a graceful kill at a
 mid-accumulation cut writes, so that control runs with a graceful kill. Controls of state
 a qualification does not have are reported not applicable, with no leg: the scaler control
 needs a GradScaler (only ``training.precision: fp16`` has one), the loader-state control a
@@ -26,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from resumequal.omissions import control
 from resumequal.spec import REFERENCE_LEG, Omission, QualificationSpec, ResizeSpec, Scenario
 
 Role = Literal["reference", "main", "negative_control", "scenario"]
@@ -74,7 +76,7 @@ class NotRun:
 
     omission: Omission
     evidence: str
-    mechanism: str = "not run: the omitted state cannot exist at this cut"
+    mechanism: str
 
 
 @dataclass(frozen=True)
@@ -108,59 +110,19 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
     legs = [reference_leg(spec), LegPlan("preempted", "main", spec)]
     not_run: list[NotRun] = []
     if spec.controls.enabled:
-        p = spec.preemption
         for omission in spec.controls.omissions:
+            nc = control(omission)
+            refused = nc.inapplicable(spec)
+            if refused is not None:
+                not_run.append(NotRun(omission, refused.evidence, refused.mechanism))
+                continue
             leg_spec, method = spec, REAL_LEG
-            reason = _resize_not_applicable(spec, omission)
-            if reason is not None:
-                not_run.append(NotRun(omission, reason,
-                                      "not run: the omitted state plays no part in this run"))
-                continue
-            if omission == "scaler" and spec.training.precision != "fp16":
-                not_run.append(NotRun(omission, (
-                    f"training.precision is {spec.training.precision}: there is no "
-                    "GradScaler, so no scaler state to leave out"),
-                    "not run: the omitted state does not exist in this precision"))
-                continue
-            if omission == "loader_state" and spec.workload.loader is None:
-                not_run.append(NotRun(omission, (
-                    "workload.loader is not set: the data does not come through a "
-                    "StatefulDataLoader, so no loader state to leave out"),
-                    "not run: the omitted state does not exist in this workload"))
-                continue
-            if omission == "pending_grads":
-                if p.microstep == 0 or p.at != "microbatch":
-                    not_run.append(NotRun(omission, (
-                        f"the cut (step {p.step}, microstep {p.microstep}, {p.at}) is at an "
-                        "optimizer-step boundary: no gradients are pending to be dropped")))
-                    continue
-                if p.mode != "graceful":
-                    leg_spec = spec.with_preemption(mode="graceful")
-                    method = (f"{REAL_LEG}, graceful kill: its emergency checkpoint carries the "
-                              "pending gradients the control then drops")
+            if nc.graceful is not None and spec.preemption.mode != "graceful":
+                leg_spec = spec.with_preemption(mode="graceful")
+                method = f"{REAL_LEG}, graceful kill: {nc.graceful}"
             legs.append(LegPlan(negative_control_leg_name(omission), "negative_control",
                                 leg_spec, (omission,), method))
     return Plan(legs, not_run)
-
-
-_GLOBAL_DATA = ("preemption.resize is set: every microbatch draws its samples and random "
-                "streams from its global position, ")
-_BY_RESIZE: dict[str, str] = {
-    "rng": _GLOBAL_DATA + "so no per-rank RNG state is restored to leave out",
-    "data_cursor": _GLOBAL_DATA + "so the position is the step counter, not a data cursor",
-    "pending_grads": "preemption.resize kills hard at a node: no checkpoint holds pending "
-                     "gradients to drop",
-}
-
-
-def _resize_not_applicable(spec: QualificationSpec, omission: Omission) -> str | None:
-    """Why a control does not apply to this spec's resize (or lack of one), if it does not."""
-    if spec.preemption.resize is None:
-        if omission in ("rank_cursor", "rank_rng"):
-            return ("preemption.resize is not set: a world that never changes size takes "
-                    "the same samples and streams by rank as by global position")
-        return None
-    return _BY_RESIZE.get(omission)
 
 
 def scenario_spec(spec: QualificationSpec, scenario: Scenario) -> QualificationSpec:

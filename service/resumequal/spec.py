@@ -27,6 +27,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from resumequal.boundaries import BOUNDARIES as BOUNDARIES
+from resumequal.boundaries import Boundary as Boundary
+from resumequal.boundaries import of_kind
 from resumequal.errors import ResumequalError
 from resumequal.launchers import DEFAULT_LAUNCHER, Launcher
 from resumequal.redact import redact
@@ -36,33 +39,9 @@ from resumequal.yamlread import MAX_CHARS, YAMLInputError, load_yaml
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
 
-Boundary = Literal[
-    "inputs",
-    "rng",
-    "loss",
-    "loss_scale",
-    "local_grads",
-    "bucket_layout",
-    "reduced_grads",
-    "grad_norm",
-    "clipped_grads",
-    "lr",
-    "params",
-    "optimizer_state",
-]
-
-# The Literal's order is the execution order inside one update; the comparator walks them
-# in this order.
-BOUNDARIES: tuple[Boundary, ...] = get_args(Boundary)
-
-# The parts of training state a negative control may leave out of a resume.
-# ``optimizer`` restores the model into a fresh optimizer (under fsdp2, without the sharded
-# optimizer state). ``scaler`` applies only to fp16 (a GradScaler), ``loader_state`` only to
-# a workload fed by a StatefulDataLoader (workload.loader).
-#
-# ``rank_cursor`` and ``rank_rng`` plant the bugs of a resize (``preemption.resize``): each
-# global microbatch's samples, or its random streams, taken by rank and microstep as if the
-# world still had ``world.nnodes`` nodes. Exact while it does; wrong once it has resized.
+# The negative controls, each a resume that leaves one part of the training state out (or,
+# under preemption.resize, a rank-keyed bug). What each leaves out, when it applies and
+# how its absence is shown is its descriptor's (resumequal.omissions.CONTROLS).
 Omission = Literal[
     "rng", "data_cursor", "scheduler", "optimizer", "model_optimizer_only", "pending_grads",
     "scaler", "loader_state", "rank_cursor", "rank_rng"
@@ -640,13 +619,17 @@ class CompileSpec(_Section):
         return self
 
 
+# Held equal whatever the tolerances.
+_EXACT = of_kind("exact")
+
+
 class ComparisonSpec(_Section):
     """How the legs' traces and final checkpoints are compared."""
 
     mode: Literal["exact", "tolerance"] = Field(
         default="exact",
         description="exact: every compared boundary bitwise equal; tolerance: boundaries with "
-        "a declared tolerance may differ within it (inputs, rng, loss_scale and bucket_layout "
+        f"a declared tolerance may differ within it ({', '.join(_EXACT[:-1])} and {_EXACT[-1]} "
         "stay exact).",
     )
     tolerances: dict[Boundary, Annotated[float, Field(ge=0)]] = Field(
@@ -689,6 +672,12 @@ class ControlsSpec(_Section):
         default_factory=lambda: list(OMISSIONS), max_length=4 * len(OMISSIONS),
         description="Which broken resumes to run; each is a real preempted-and-restarted leg.",
     )
+
+    @field_validator("omissions")
+    @classmethod
+    def _once_each(cls, value: list[Omission]) -> list[Omission]:
+        # Each control is one leg, its folder named after it: one named twice runs once.
+        return list(dict.fromkeys(value))
 
 
 class MatrixSpec(_Section):

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule
 
 from resumequal.errors import CheckpointError
+from resumequal.omissions import StatePart, left_out
 from resumequal.spec import OMISSIONS
 from resumequal.trace.records import StepPartial
 from resumequal.workloads.base import Workload
@@ -49,28 +50,6 @@ log = logging.getLogger(__name__)
 
 # 2: JSON (1 was a pickle, never loaded again).
 RANK_STATE_FORMAT: Final = 2
-
-# What each omission leaves out of a restore. Counters are always restored: they position
-# the loop, and every resume implementation stores at least the step it stopped at.
-# A StatefulDataLoader's state decides which samples come next: it is part of the data
-# cursor, and ``loader_state`` leaves out only it (the stream's epoch is still restored).
-_OMITTED_PARTS: dict[str, frozenset[str]] = {
-    "rng": frozenset({"rng"}),
-    "data_cursor": frozenset({"data_cursor", "loader"}),
-    "scheduler": frozenset({"scheduler"}),
-    "optimizer": frozenset({"optimizer"}),
-    "model_optimizer_only": frozenset(
-        {"rng", "data_cursor", "loader", "scheduler", "scaler", "pending_grads"}
-    ),
-    "pending_grads": frozenset({"pending_grads"}),
-    "loader_state": frozenset({"loader"}),
-    "scaler": frozenset({"scaler"}),
-    # Not left out of a restore: they change how a resized world takes its microbatches
-    # (resumequal.train.globaldata).
-    "rank_cursor": frozenset(),
-    "rank_rng": frozenset(),
-}
-assert set(_OMITTED_PARTS) == set(OMISSIONS)
 
 
 @dataclass
@@ -194,15 +173,13 @@ class RankState(_Strict):
 
 
 
-def omitted_parts(omit: frozenset[str]) -> frozenset[str]:
-    """The union of state parts the given omissions leave out."""
-    unknown = sorted(set(omit) - set(_OMITTED_PARTS))
+def omitted_parts(omit: frozenset[str]) -> frozenset[StatePart]:
+    """The union of state parts the given omissions leave out (their descriptors' in
+    :data:`resumequal.omissions.CONTROLS`)."""
+    unknown = sorted(set(omit) - set(OMISSIONS))
     if unknown:
         raise ValueError(f"unknown omission(s) {unknown}; allowed: {', '.join(OMISSIONS)}")
-    parts: set[str] = set()
-    for name in omit:
-        parts |= _OMITTED_PARTS[name]
-    return frozenset(parts)
+    return left_out(omit)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -360,7 +337,8 @@ def restore(
     With ``global_data`` (a resize run) the RNGs, data cursor and loader state are not
     restored: the loop draws every microbatch's samples and streams from its global
     position, and ``ranks`` may be another rank's state, of a world of another size."""
-    parts = omitted_parts(omit)
+    left = omitted_parts(omit)
+    parts: set[StatePart] = set(left)
     if global_data:
         parts |= {"rng", "data_cursor", "loader"}
     w = live.workload
@@ -403,7 +381,7 @@ def restore(
     live.counters = Counters(c.step, c.microstep, c.global_microstep)
     # Saved as the plain data the StepPartial TypedDict describes (it was written from one).
     live.trace_partial = cast("StepPartial | None", ranks.trace_partial)
-    if omit - {"rank_cursor", "rank_rng"}:
+    if left:  # the rank-keyed controls leave nothing out
         log.warning("rank %d restored %s without: %s", live.rank, source, ", ".join(sorted(parts)))
 
 

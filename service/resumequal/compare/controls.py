@@ -4,36 +4,29 @@ A negative control is *detected* when its leg, compared with the reference leg l
 preempted leg, FAILs. It is *not applicable* when the reference leg's own trace shows the
 omitted state was never used in the compared window (the RNG states never advanced, the
 learning rate never changed, no gradient was pending at the resume, the loss scaler was
-still in its initial state where the resume picked up) — the report gives that evidence.
+still in its initial state where the resume picked up) — the report gives that evidence,
+which each control's descriptor (:data:`resumequal.omissions.CONTROLS`) looks for.
 Otherwise the comparator is *blind* to that omission and the whole qualification is
 INVALID: its PASS has not been shown to mean anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final
+
+from resumequal.boundaries import TABLE
 from resumequal.compare.files import LegTrace
 from resumequal.compare.judge import compare_run
+from resumequal.omissions import control
 from resumequal.plan import LegPlan, NotRun, qualification_plan
 from resumequal.runstore import RunLocation
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
-from resumequal.trace.records import RestoreRecord, StepRecord
+from resumequal.trace.records import RestoreRecord
 from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict
 
-Steps = dict[int, dict[int, StepRecord]]
-
-_NAMES = {
-    "inputs": "inputs (sample ids)",
-    "rng": "RNG states",
-    "loss": "loss",
-    "loss_scale": "loss scale",
-    "local_grads": "local gradients",
-    "bucket_layout": "DDP bucket layout",
-    "reduced_grads": "reduced gradients",
-    "grad_norm": "gradient norm",
-    "lr": "learning rate",
-    "params": "parameters",
-    "optimizer_state": "optimizer state",
-}
+# "learning rate differed from step 6": each boundary as a sentence names it.
+_NAMES: Final[Mapping[str, str]] = {b.name: b.label for b in TABLE}
 
 
 def compare_qualification(location: RunLocation,
@@ -101,8 +94,18 @@ def evaluate_control(location: RunLocation, plan: LegPlan) -> ControlOutcome:
     evidence = not_applicable_evidence(location, plan, omission)
     if evidence is not None:
         return outcome("not_applicable", "no boundary differed", evidence=evidence)
-    return outcome("blind", f"no compared boundary differed: the comparator is blind to "
-                            f"{omission}")
+    return outcome("blind", _blind(omission, plan.spec))
+
+
+def _blind(omission: str, spec: QualificationSpec) -> str:
+    """The mechanism of a control no compared boundary caught; it names the boundary where
+    the omission shows first when the spec leaves that boundary out."""
+    words = f"no compared boundary differed: the comparator is blind to {omission}"
+    shows = control(omission).shows_at
+    if shows not in spec.comparison.boundaries:
+        words += (f" ({_NAMES[shows]}, where leaving it out shows first, is not among "
+                  "comparison.boundaries)")
+    return words
 
 
 def _param_drift(v: Verdict) -> float | None:
@@ -145,86 +148,13 @@ def mechanism(v: Verdict) -> str:
 
 
 def not_applicable_evidence(location: RunLocation, plan: LegPlan, omission: str) -> str | None:
-    """What in the reference leg's trace shows the omitted state never mattered, if anything."""
+    """What in the reference leg's trace shows the omitted state never mattered, if anything
+    (the control's descriptor says what would)."""
+    evidence = control(omission).evidence
+    if evidence is None:
+        return None
     world = plan.spec.world.world_size
-    control = LegTrace.read(location, REFERENCE_LEG, world)
-    steps = control.effective
-    if omission == "rng":
-        return _rng_still(steps)
-    if omission == "scheduler":
-        return _lr_constant(steps)
-    if omission == "optimizer":
-        return _optimizer_still(steps)
-    if omission in ("data_cursor", "loader_state"):
-        return _inputs_constant(steps)
-    if omission == "scaler":
-        leg = LegTrace.read(location, plan.name, world)
-        restores = [r for r in leg.of(RestoreRecord) if r.attempt >= 1]
-        s = plan.spec.training.grad_scaler
-        return _scaler_initial(steps, restores, s.init_scale)
-    if omission == "pending_grads":
-        leg = LegTrace.read(location, plan.name, world)
-        restores = [r for r in leg.of(RestoreRecord) if r.attempt >= 1]
-        if restores and all(r.microstep == 0 for r in restores):
-            return (f"the resume restored {restores[0].checkpoint}, taken at an optimizer-step "
-                    "boundary: no gradients were pending")
-        return None
-    if omission == "model_optimizer_only":
-        parts = [_rng_still(steps), _lr_constant(steps), _inputs_constant(steps)]
-        if all(parts):
-            return "; ".join(p for p in parts if p)
-    return None
-
-
-def _rng_still(steps: Steps) -> str | None:
-    for records in steps.values():
-        states = {repr(sorted(r.rng.items())) for r in records.values()}
-        if len(states) != 1:
-            return None
-    n = len(next(iter(steps.values()), {}))
-    return (f"the RNG states never advanced: every one of {n} steps started from the same "
-            "Python, NumPy and torch states on every rank")
-
-
-def _scaler_initial(steps: Steps, restores: list[RestoreRecord],
-                    init_scale: float) -> str | None:
-    """Evidence that a fresh scaler equals the one the resume dropped: at every resumed
-    step, the reference's scaler was still in its initial state on every rank."""
-    resumed = sorted({r.step + 1 for r in restores})
-    if not resumed:
-        return None
-    for step in resumed:
-        for records in steps.values():
-            record = records.get(step)
-            scale = record.loss_scale if record is not None else None
-            if scale is None or (scale.scale, scale.growth_tracker) != (init_scale, 0):
-                return None
-    return (f"at step {resumed[0]}, where the resume picked up, the reference's loss scaler "
-            f"was still in its initial state (scale {init_scale:g}, growth tracker 0) on every "
-            "rank: a fresh scaler is the same")
-
-
-def _optimizer_still(steps: Steps) -> str | None:
-    """A stateless optimizer at a constant learning rate (plain SGD, say): a fresh one is the
-    same, and its state digest never moves."""
-    for records in steps.values():
-        if len({r.optimizer_state for r in records.values()}) != 1:
-            return None
-    return "the optimizer's state never changed: every step ended with the same state on " \
-           "every rank"
-
-
-def _lr_constant(steps: Steps) -> str | None:
-    values = {tuple(r.lr) for records in steps.values() for r in records.values()}
-    if len(values) != 1:
-        return None
-    (lrs,) = values
-    return f"the learning rate was {', '.join(f'{x:g}' for x in lrs)} at every step"
-
-
-def _inputs_constant(steps: Steps) -> str | None:
-    for records in steps.values():
-        ids = {repr([m.sample_ids for m in r.microsteps]) for r in records.values()}
-        if len(ids) != 1:
-            return None
-    return "every step consumed the same sample ids on every rank"
+    reference = LegTrace.read(location, REFERENCE_LEG, world)
+    leg = LegTrace.read(location, plan.name, world)
+    restores = [r for r in leg.of(RestoreRecord) if r.attempt >= 1]
+    return evidence(reference.effective, restores, plan.spec)

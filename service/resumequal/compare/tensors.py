@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from resumequal.spec import BOUNDARIES, Boundary
+from resumequal.boundaries import BOUNDARIES, TABLE, Boundary
 from resumequal.trace.records import StepRecord, TensorDigests
 from resumequal.verdict import Bucket, ModuleDifference, TensorDifference
 
-_GRADIENTS: Final = frozenset({"local_grads", "reduced_grads", "clipped_grads"})
-PER_TENSOR: Final = frozenset({*_GRADIENTS, "params", "optimizer_state"})
+# The boundaries whose tensors are digested one by one (TensorDigests has a field of each).
+PER_TENSOR: Final = frozenset(b.name for b in TABLE if b.kind == "tensors")
+_GRADIENTS: Final = frozenset(b.name for b in TABLE if b.gradient)
 # The differing tensors a divergence lists by name.
 MAX_LISTED: Final = 1000
 

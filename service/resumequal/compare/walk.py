@@ -11,10 +11,13 @@ Exact mode compares each boundary's recorded value bitwise. Tolerance mode
   params, "optimizer" for optimizer_state) has a max abs difference at most that
   tolerance, no key held by one checkpoint only, and, for the optimizer, no differing
   non-tensor item other than the learning rates the ``lr`` boundary judges.
-- ``local_grads`` and ``reduced_grads`` follow the same rule with their own tolerance if
-  one is declared, else the ``params`` tolerance, measured on the model group's drift.
+- ``local_grads``, ``reduced_grads`` and ``clipped_grads`` follow the same rule with their
+  own tolerance if one is declared, else the ``params`` tolerance, measured on the model
+  group's drift.
 - ``inputs``, ``rng``, ``loss_scale`` and ``bucket_layout`` are always exact; a tolerance
   declared for them is ignored.
+
+Which boundary is which, and its drift group, is :data:`resumequal.boundaries.TABLE`'s.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from resumequal.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary
 from resumequal.compare.drift import values_equal
 from resumequal.compare.tensors import bucket_layouts, step_tensors, tensor_difference
-from resumequal.spec import BOUNDARIES, Boundary, ComparisonSpec
+from resumequal.spec import ComparisonSpec
 from resumequal.trace.records import StepRecord, boundary_value
 from resumequal.verdict import BoundaryRow, Divergence, DriftSummary, StepDelta
 from resumequal.words import count
@@ -35,13 +39,10 @@ from resumequal.words import count
 Status = Literal["equal", "within_tolerance", "differs", "missing", "not_compared"]
 Steps = Mapping[int, Mapping[int, StepRecord]]  # rank -> step -> record
 
-NUMERIC: Final = frozenset({"loss", "grad_norm", "lr"})
-_DIGEST_GROUP: Final = {
-    "params": "model",
-    "local_grads": "model",
-    "reduced_grads": "model",
-    "optimizer_state": "optimizer",
-}
+NUMERIC: Final = frozenset(b.name for b in TABLE if b.kind == "numeric")
+# A tensor boundary's digests say equal or not; under a tolerance, the drift of this group
+# of the final checkpoints measures by how much.
+_DIGEST_GROUP: Final = {b.name: b.drift_group for b in TABLE if b.drift_group is not None}
 # Non-tensor optimizer items the lr boundary judges (the optimizer_state digest skips them).
 _LR_ITEM = re.compile(r"\.(lr|initial_lr)$")
 _SEVERITY: Final[dict[Status, int]] = {
@@ -67,11 +68,12 @@ class Rules:
         if self.comparison.mode != "tolerance":
             return None
         tol: dict[str, float] = {str(k): v for k, v in self.comparison.tolerances.items()}
-        if boundary in ("local_grads", "reduced_grads"):
-            return tol.get(boundary, tol.get("params"))
-        if boundary in NUMERIC or boundary in _DIGEST_GROUP:
-            return tol.get(boundary)
-        return None
+        info = BY_NAME.get(boundary)
+        if info is None or info.kind == "exact":
+            return None
+        if info.tolerance_from is not None:
+            return tol.get(boundary, tol.get(info.tolerance_from))
+        return tol.get(boundary)
 
     def group_within(self, group: str, tol: float) -> bool:
         d = self.drift.get(group)

@@ -25,13 +25,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 
+from resumequal.boundaries import TABLE, StageOrigin
 from resumequal.errors import ReportError
-from resumequal.trace.capture import CAPTURE_FORMAT, ROOT, STAGES
+from resumequal.trace.capture import CAPTURE_FORMAT, ROOT, STAGES, STAGES_BEFORE
 from resumequal.verdict import (
     Bucket,
     ZoomKind,
@@ -277,16 +279,26 @@ def _stages(control: Mapping[int, Capture], preempted: Mapping[int, Capture]
     return out
 
 
+# Each boundary's zoom stage in the order the step runs them, with its zoom rule.
+_RULES: Final[tuple[tuple[str, StageOrigin | None], ...]] = tuple(
+    (b.stage, b.zoom) for b in TABLE if b.stage is not None)
+
+
 def _stage_origin(stages: Sequence[ZoomStage]) -> tuple[ZoomOriginKind, list[str]]:
+    """Where the stages say a difference starts: the state the step began from, else the
+    first rule whose stages differ while the stage before them was captured and equal (the
+    reduction, clipping and unscaling, the optimizer update)."""
     by = {s.name: s.differ for s in stages}
-    if by.get("params_before") or by.get("optimizer_state_before"):
-        return "state", [n for n in ("params_before", "optimizer_state_before") if by.get(n)]
-    if by.get("reduced_grads") and not by.get("local_grads") and "local_grads" in by:
-        return "reduction", ["reduced_grads"]
-    if by.get("clipped_grads") and not by.get("reduced_grads"):
-        return "clipping", ["clipped_grads"]
-    if (by.get("params") or by.get("optimizer_state")) and not by.get("clipped_grads"):
-        return "optimizer", [n for n in ("params", "optimizer_state") if by.get(n)]
+    before = [n for n in STAGES_BEFORE if by.get(n)]
+    if before:
+        return "state", before
+    previous: str | None = None  # the last stage of the rule before
+    for origin, rule in groupby(_RULES, key=lambda r: r[1]):
+        names = [stage for stage, _ in rule]
+        differing = [stage for stage in names if by.get(stage)]
+        if origin is not None and differing and previous in by and not by[previous]:
+            return origin, differing
+        previous = names[-1]
     return "none", []
 
 

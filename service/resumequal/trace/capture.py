@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from typing import Final
 
+from resumequal.boundaries import TABLE
+
 CAPTURE_FORMAT: Final = 1
 # The path a capture gives the model itself (named_modules' "").
 ROOT: Final = "(model)"
+# The state the step begins from (params_before, optimizer_state_before).
+STAGES_BEFORE: Final = tuple(b.stage_before for b in TABLE if b.stage_before is not None)
 # The stages around the modules, in the order the step runs them.
-STAGES: Final = ("params_before", "optimizer_state_before", "local_grads", "reduced_grads",
-                 "clipped_grads", "params", "optimizer_state")
+STAGES: Final = STAGES_BEFORE + tuple(b.stage for b in TABLE if b.stage is not None)

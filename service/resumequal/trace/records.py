@@ -4,14 +4,14 @@ Every worker appends JSON lines to its own trace (a :class:`TraceSink`): one
 ``InventoryRecord`` when it starts, a ``RestoreRecord`` when it resumes, an ``ArmRecord``
 when it reaches the cut, a ``SavedRecord`` when it saves in the middle of a step, one
 ``StepRecord`` per optimizer step holding a digest or exact value for every boundary of
-``resumequal.spec.BOUNDARIES``, and, under compile.enabled, a ``CompiledRecord`` after each
-step during which something compiled. The comparator reads
-two legs' traces and walks the boundaries in order.
+:data:`resumequal.boundaries.TABLE`, and, under compile.enabled, a ``CompiledRecord`` after
+each step during which something compiled. The comparator reads two legs' traces and walks
+the boundaries in order.
 
 This module is pure data and files: it imports no torch or numpy (the comparator's report
-assembly and the operator read traces), and nothing of ours but the spec and the errors.
-The digests are computed in :mod:`resumequal.trace.digest`, the inventory collected in
-:mod:`resumequal.trace.inventory`.
+assembly and the operator read traces), and nothing of ours but the spec, the boundaries
+and the errors. The digests are computed in :mod:`resumequal.trace.digest`, the inventory
+collected in :mod:`resumequal.trace.inventory`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import Annotated, Any, Final, Literal, Protocol, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from resumequal.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary
 from resumequal.built import BuiltOptimizer
 from resumequal.errors import TraceError
-from resumequal.spec import BOUNDARIES, Boundary, Omission
+from resumequal.spec import Omission
 
 logger = logging.getLogger(__name__)
 
@@ -338,36 +339,22 @@ _RECORD_ADAPTER: TypeAdapter[TraceRecord] = TypeAdapter(TraceRecord)
 
 # --------------------------------------------------------------------------- boundaries
 
+# Boundary -> the StepRecord field its value is read from.
 BOUNDARY_FIELDS: Final[Mapping[Boundary, str]] = MappingProxyType(
-    {
-        "inputs": "microsteps",
-        "rng": "rng",
-        "loss": "microsteps",
-        "loss_scale": "loss_scale",
-        "local_grads": "local_grads",
-        "bucket_layout": "bucket_layout",
-        "reduced_grads": "reduced_grads",
-        "grad_norm": "grad_norm",
-        "clipped_grads": "clipped_grads",
-        "lr": "lr",
-        "params": "params",
-        "optimizer_state": "optimizer_state",
-    }
-)
+    {b.name: b.field for b in TABLE})
 
 
 def boundary_value(record: StepRecord, boundary: Boundary) -> object:
     """What the comparator compares at ``boundary`` for one step record."""
-    if boundary == "inputs":
-        return [m.sample_ids for m in record.microsteps]
-    if boundary == "loss":
-        return [m.loss for m in record.microsteps]
-    if boundary == "loss_scale":
-        scale = record.loss_scale
-        return None if scale is None else scale.model_dump()
-    if boundary not in BOUNDARY_FIELDS:
+    info = BY_NAME.get(boundary)
+    if info is None:
         raise ValueError(f"unknown boundary {boundary!r}; allowed: {', '.join(BOUNDARIES)}")
-    value: object = getattr(record, BOUNDARY_FIELDS[boundary])
+    value: object = getattr(record, info.field)
+    if info.item is not None:
+        assert isinstance(value, list)
+        return [getattr(m, info.item) for m in value]
+    if isinstance(value, BaseModel):
+        return value.model_dump()
     return value
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resumequal.errors import TrainingError
+from resumequal.omissions import planted
 from resumequal.spec import QualificationSpec
 from resumequal.workloads.stream import splitmix64
 
@@ -59,7 +60,7 @@ class GlobalData:
             raise TrainingError(
                 f"a step's {g} microbatches do not divide among {world_size} ranks")
         return cls(g, spec.world.world_size, world_size, rank, spec.training.microbatch_size,
-                   spec.training.seed, "rank_cursor" in omit, "rank_rng" in omit)
+                   spec.training.seed, planted(omit, "data"), planted(omit, "rng"))
 
     @property
     def microsteps(self) -> int:
