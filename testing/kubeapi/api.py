@@ -159,19 +159,6 @@ class KubeAPI:
         with self._server.connections_lock:
             self._server.faults.append(Fault(method, key, name, subresource, code, times, message))
 
-    def faults_pending(self) -> int:
-        """How many injected failures are still to be served."""
-        if self._server is None:
-            return 0
-        with self._server.connections_lock:
-            return sum(f.times for f in self._server.faults)
-
-    def clear_faults(self) -> None:
-        """Serve no more of the failures injected."""
-        if self._server is not None:
-            with self._server.connections_lock:
-                self._server.faults.clear()
-
     def end_watches(self) -> None:
         """End every open watch stream cleanly; clients resume from their last resourceVersion."""
         if self._server is not None:

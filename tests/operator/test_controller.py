@@ -10,6 +10,7 @@ from resumequal_operator.manager import Operator, Settings
 from resumequal_operator.runtime.cache import ObjectCache
 from resumequal_operator.runtime.leader import LeaseSettings
 from resumequal_operator.runtime.watching import Watcher
+from testing.cluster.testapi import RealAPI
 from testing.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
@@ -224,7 +225,7 @@ def _metric(op: object, name: str, labels: dict[str, str] | None = None) -> floa
 
 
 def test_a_status_conflict_is_retried_after_reading_again(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     api.inject_fault(method="PUT", kind=QUALIFICATION_RUNS.plural + ".resumequal.dev",
                      subresource="status", code=409, times=2, message="the object changed")
@@ -311,7 +312,7 @@ def test_a_started_run_keeps_the_spec_it_started_with(
 
 
 def test_a_new_run_stores_and_creates_nothing_before_its_finalizer_is_on(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     # The finalizer's PATCH goes while the run starts; until it is answered nothing the
     # finalizer cleans up (its store artifacts, its jobs) may exist.
