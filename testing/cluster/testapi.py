@@ -450,7 +450,9 @@ class RealAPI:
         with contextlib.suppress(APIError):  # there already
             self.rest.call("POST", "/api/v1/namespaces", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        # What the controller manager's serviceaccount controller would make: pods name it.
+        # What the controller manager's serviceaccount controller would make (kubernetes
+        # pkg/controller/serviceaccount/serviceaccounts_controller.go, syncNamespace): the
+        # ServiceAccount admission plugin refuses pods in a namespace without it.
         with contextlib.suppress(APIError):
             self.rest.call("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {
                 "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
@@ -479,8 +481,11 @@ class RealAPI:
 
 
 def sweep(rest: _Rest, resources: Iterable[Resource], namespaces: set[str]) -> None:
-    """Delete every object in ``namespaces`` at once (what the namespace controller would
-    do, were it running), then the namespaces themselves."""
+    """Delete every object in ``namespaces`` at once, then the namespaces themselves: what
+    the namespace controller does, were it running (kubernetes
+    pkg/controller/namespace/deletion/namespaced_resources_deleter.go: deleteAllContent,
+    then finalizeNamespace's PUT of ``/finalize``); finalizers are cleared first, as no
+    controller is left here to clear them."""
     kinds = {r.key: r for r in resources if r.namespaced and {"list", "delete"} <= r.verbs}
     now = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
     for namespace in sorted(namespaces):

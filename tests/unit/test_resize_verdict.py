@@ -26,7 +26,6 @@ from resumequal.runstore import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import (
     ArmRecord,
-    InventoryRecord,
     MicrostepRecord,
     RestoreRecord,
     StepRecord,
@@ -34,6 +33,7 @@ from resumequal.trace.records import (
     TraceWriter,
 )
 from resumequal.verdict import DriftSummary, Result, ValidityCheck, Verdict
+from tests.unit.synthetic_runs import inventory
 
 STEPS = 8
 FULL, SMALL = 2, 1
@@ -90,15 +90,6 @@ def restore(rank: int, attempt: int, step: int, world: int, saved_by: int) -> Re
         global_microstep=step * GLOBAL, omitted=[], restored_at=20.0 + attempt,
         params=_digest("pa", step), optimizer_state=_digest("op", step), world_size=world,
         saved_world_size=saved_by, handoff=_digest("ho", step))
-
-
-def inventory(rank: int, attempt: int) -> InventoryRecord:
-    return InventoryRecord(
-        rank=rank, attempt=attempt, pid=1000 + 10 * attempt + rank, host=f"node-{rank}",
-        python="3.11.7", torch="2.13.0+cpu", cuda=None, cudnn=None, nccl=None, gloo=True,
-        numpy="2.1.0", platform="Linux", num_threads=1, deterministic_algorithms=True,
-        cudnn_deterministic=False, cudnn_benchmark=False, float32_matmul_precision="highest",
-        cudnn_allow_tf32=True, env={})
 
 
 def drift(model: float = 2e-7, optimizer: float = 3e-7) -> list[DriftSummary]:
