@@ -25,6 +25,8 @@ from . import daemons
 from .controlplane import free_port
 
 START_TIMEOUT_S = 90.0
+# Each of its servers also listens for gRPC on its port + 10000 (SeaweedFS's default).
+GRPC_OFFSET = 10000
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,9 @@ def start(weed: Path, root: Path, *, cluster: str, host: str = "127.0.0.1",
     config = root / "s3.json"
     config.write_text(identities(access, secret))
     config.chmod(0o600)
-    port = port or free_port()
-    ports = {name: free_port() for name in ("master", "volume", "filer", "webdav", "admin")}
+    port = port or free_port(also=(GRPC_OFFSET,))
+    ports = {name: free_port(also=(GRPC_OFFSET,))
+             for name in ("master", "volume", "filer", "webdav", "admin")}
     # Its glog files go with its other logs (by default every start leaves some in /tmp).
     proc = daemons.start("seaweedfs", [
         str(weed), f"-logdir={root / 'logs'}", "mini", f"-dir={data}", f"-ip={host}",
