@@ -80,7 +80,8 @@ lint: env
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict --follow-imports=silent tools/dashboard.py tools/grafana_alerts.py \
 	  tools/images.py tools/gpu_check.py tools/compat.py tools/spec_docs.py
-	$(VENV)/bin/mypy --strict --follow-imports=silent --ignore-missing-imports testing/cluster
+	$(VENV)/bin/mypy --strict --follow-imports=silent --ignore-missing-imports testing/cluster \
+	  testing/ports.py
 	$(VENV)/bin/lint-imports
 	$(PY) tools/spec_docs.py --check
 	$(MKDOCS) build --strict --quiet --site-dir build/site

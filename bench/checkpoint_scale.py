@@ -44,7 +44,6 @@ import gc
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -72,6 +71,7 @@ from torch.futures import Future
 
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, RemoteRoot
 from resumequal.checkpoint.manifest import copy_verified, fsync_dir, write_manifest
+from resumequal.local.backend import free_port
 from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.store import Store
 from resumequal.store.s3 import S3Store
@@ -459,12 +459,6 @@ def _worker(rank: int, cfg: Config, port: int, result: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _dummy_credentials() -> None:
     for name, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):
@@ -487,7 +481,7 @@ def s3_server(server: str, work: Path) -> Iterator[str]:
 def moto_server(work: Path) -> Iterator[str]:
     """moto's S3 server on loopback (ranged GETs served from their bytes alone), in a
     process of its own (its objects in its memory); its endpoint."""
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     with (work / "moto.log").open("wb") as log:
         proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("moto_ranges.py")),
@@ -522,7 +516,7 @@ def run(cfg: Config, s3: bool = True) -> dict[str, Any]:
             result = work / "result.json"
             ranked = Config(**{**asdict(cfg), "dir": str(work), "endpoint": endpoint,
                                "bucket": "bench" if s3 else ""})
-            mp.spawn(_worker, args=(ranked, _free_port(), str(result)), nprocs=cfg.ranks,
+            mp.spawn(_worker, args=(ranked, free_port(), str(result)), nprocs=cfg.ranks,
                      join=True)
             return json.loads(result.read_text())  # type: ignore[no-any-return]
     finally:

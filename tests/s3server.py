@@ -40,7 +40,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from tests.ports import free_port
+from testing.ports import free_port
 
 ACCESS_KEY = "AKIARQTESTDUMMYKEY00"
 SECRET_KEY = "rq-dummy-secret-for-tests-only"

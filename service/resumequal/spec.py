@@ -689,16 +689,18 @@ class MatrixSpec(_Section):
         "seed-N); empty: no matrix. resumequal run only: a QualificationRun refuses it.",
     )
     scenarios: list[Scenario] = Field(
-        default_factory=lambda: list(SCENARIOS), max_length=4 * len(SCENARIOS),
+        default_factory=lambda: list(SCENARIOS), max_length=len(SCENARIOS),
         description="boundary-*: cut at microstep 0 of preemption.step; mid-*: at "
         "preemption.microstep (1 if that is 0); hard or graceful kill.",
     )
 
-    @field_validator("seeds")
+    @field_validator("seeds", "scenarios")
     @classmethod
-    def _distinct(cls, value: list[int]) -> list[int]:
-        if len(set(value)) != len(value):
-            raise ValueError(f"seeds must be distinct, got {value}")
+    def _distinct(cls, value: list[Any]) -> list[Any]:
+        # A scenario or seed twice would run its legs twice under one name (its folder).
+        repeated = sorted({str(v) for v in value if value.count(v) > 1})
+        if repeated:
+            raise ValueError(f"must be distinct; repeated: {', '.join(repeated)}")
         return value
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from testing.ports import free_port
+
 from . import build, controlplane, daemons, network, seaweed
 from .controlplane import ControlPlane
 from .pki import Authority
@@ -181,7 +183,7 @@ def _start_coredns(cluster: Cluster) -> None:
     kubeconfig = cp.root / "coredns.kubeconfig"
     kubeconfig.write_text(controlplane.kubeconfig(cp.server, cp.pki / "ca.crt", "default",
                                                   token=token))
-    ready, health = controlplane.free_port(), controlplane.free_port()
+    ready, health = free_port(), free_port()
     config = cp.root / "Corefile"
     config.write_text(corefile(cluster.bridge.gateway, kubeconfig, ready, health))
     proc = daemons.start("coredns", [str(cluster.binaries["coredns"]), "-conf", str(config)],

@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from testing.ports import free_port
+
 from . import daemons
-from .controlplane import free_port
 
 START_TIMEOUT_S = 90.0
 # Each of its servers also listens for gRPC on its port + 10000 (SeaweedFS's default).

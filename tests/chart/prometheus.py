@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
-from tests.ports import free_port
+from testing.ports import free_port
 
 JOB = "resumequal-operator"
 T = TypeVar("T")

@@ -28,7 +28,7 @@ from resumequal.trace.records import (
     effective_steps,
     parse_records,
 )
-from tests.ports import free_port
+from testing.ports import free_port
 from tests.waiting import eventually
 
 TORCHRUN = [sys.executable, *launchers.TORCHRUN]

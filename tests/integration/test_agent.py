@@ -18,7 +18,7 @@ import pytest
 from resumequal.launchers import command
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
-from tests.ports import free_port
+from testing.ports import free_port
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from resumequal.errors import CheckpointError
 from resumequal.state import Counters
 from resumequal.train.loop import check_counters_agree
-from tests.ports import free_port
+from testing.ports import free_port
 
 
 def _worker(

@@ -21,8 +21,8 @@ from resumequal.plan import local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.signing import RunSeal
 from resumequal.spec import parse_spec
+from testing.ports import free_port
 from tests.integration.conftest import spec_for
-from tests.ports import free_port
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from resumequal.local.processes import ProcessTree
-from tests.ports import free_port
+from testing.ports import free_port
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]

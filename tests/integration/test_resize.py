@@ -19,8 +19,8 @@ import pytest
 
 from resumequal.launchers import TORCHRUN
 from resumequal.plan import leg_module_args, local_torchrun_args
+from testing.ports import free_port
 from tests.integration import legs
-from tests.ports import free_port
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow

@@ -22,11 +22,11 @@ from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.runstore import RunLocation
 from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key
 from resumequal.verdict import Result
+from testing.ports import free_port
 from tests.exposition import value
 from tests.integration import legs
 from tests.integration.conftest import spec_for
 from tests.outage import Outage
-from tests.ports import free_port
 from tests.waiting import eventually
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ import time
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS
 from testing.kubeapi import KubeAPI
+from testing.ports import free_port
 from tests.operator.harness import (
     NAMESPACE,
     Operators,
@@ -15,7 +16,6 @@ from tests.operator.harness import (
     run_manifest,
     wait_phase,
 )
-from tests.ports import free_port
 
 BOUND_S = 2.0  # timeouts.backendErrorSeconds of these runs
 

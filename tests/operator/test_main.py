@@ -23,6 +23,7 @@ from resumequal_operator.kube import LEASES, QUALIFICATION_RUNS
 from resumequal_operator.main import main
 from resumequal_operator.service import ServiceOptions, freeze_startup, settings_from
 from testing.kubeapi import KubeAPI
+from testing.ports import free_port
 from tests.operator.harness import (
     NAMESPACE,
     condition,
@@ -30,7 +31,6 @@ from tests.operator.harness import (
     wait_phase,
     write_kubeconfig,
 )
-from tests.ports import free_port
 from tests.waiting import eventually
 
 

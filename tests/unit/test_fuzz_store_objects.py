@@ -1,6 +1,6 @@
 """Property-based fuzzing of every reader of what a run keeps in its store: beacons, kill
 orders, ``FAILED.json``, the verdict, spec and run files, trace segments, progress, the
-comparator's copy, checkpoint manifests.
+checkpoint manifests (as a resume and the comparator read them).
 
 Whoever can write to the run's prefix decides these bytes. Whatever they are: a result or
 our own error (the ResumequalError tree: StoreError, TraceError, ReportError, SpecError,
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC
 from resumequal.checkpoint.manifest import authenticate, read_manifest, verify
-from resumequal.checkpoint.remote import COMMITTED, RemoteRoot, download, newest_verified
+from resumequal.checkpoint.remote import COMMITTED, RemoteRoot, newest_verified
 from resumequal.errors import CheckpointError, ResumequalError
 from resumequal.runstore import FAILED_MARKER, RunLocation, segment_bytes
 from resumequal.signing import KEY_ENV, new_key, sign
@@ -277,9 +277,15 @@ def test_remote_manifests(key: None, places: Callable[[], RunLocation], data: by
         if committed:
             loc.store.put_bytes(root.key(CKPT, COMMITTED), b"")
         ours_or_result(lambda: newest_verified(root, 1))
-        ours_or_result(lambda: download(root, CKPT, scratch / "copy"))
+        ours_or_result(lambda: _read_in_place(root))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _read_in_place(root: RemoteRoot) -> list[bytes]:
+    """Every file of the checkpoint, as the comparator reads a final one: in place."""
+    checkpoint = root.final(CKPT)
+    return [checkpoint.read(rel) for rel in sorted(checkpoint.manifest.files)]
 
 
 @fuzz

@@ -22,7 +22,6 @@ from resumequal.checkpoint import (
     remote,
 )
 from resumequal.checkpoint.chunks import chunk_digests
-from resumequal.checkpoint.manifest import Manifest
 from resumequal.errors import CheckpointError
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.store import FileStore, StoreUnavailable
@@ -333,19 +332,6 @@ def test_a_file_another_rank_renames_while_listed_is_not_uploaded(
     monkeypatch.setattr(regular.os, "fwalk", listing_then_rename)
     assert remote.own_files(tmp_path, 1) == ["dcp/__1_0.distcp", "rank-1.json"]
     assert remote.own_files(tmp_path, 3) == []
-
-
-def test_download_writes_a_local_checkpoint_that_verifies(tmp_path: Path) -> None:
-    from resumequal.checkpoint import verify
-
-    root = _root(tmp_path)
-    _save(rank0_manager(root), 4)
-    manifest = remote.download(root, "step-00000004", tmp_path / "copy" / "step-00000004")
-    assert isinstance(manifest, Manifest)
-    assert verify(tmp_path / "copy" / "step-00000004") == manifest
-    root.store.delete(root.key("step-00000004", remote.COMMITTED))
-    with pytest.raises(CheckpointError, match="not a committed checkpoint"):
-        remote.download(root, "step-00000004", tmp_path / "again")
 
 
 # --- spec -------------------------------------------------------------------------------------

@@ -175,6 +175,18 @@ def test_matrix_seeds_must_be_distinct() -> None:
     assert "matrix.seeds" in _error({"matrix": {"seeds": [3, 3]}})
 
 
+def test_matrix_scenarios_must_be_distinct() -> None:
+    # Each scenario's legs run in a folder named after it: one twice would share it.
+    error = _error({"matrix": {"seeds": [1], "scenarios": ["mid-hard", "mid-hard"]}})
+    assert "matrix.scenarios" in error and "repeated: mid-hard" in error
+
+
+def test_every_builtin_workload_the_spec_accepts_has_a_factory() -> None:
+    from resumequal.workloads import BUILTIN_FACTORIES
+
+    assert set(BUILTIN_WORKLOADS) == set(BUILTIN_FACTORIES)
+
+
 def test_with_preemption_validates_the_new_cut() -> None:
     spec = parse_spec({})
     assert spec.with_preemption(mode="graceful").preemption.mode == "graceful"

@@ -18,7 +18,7 @@ in ranged GETs (:class:`StoreSource`, several at once), each checked against the
 before DCP sees a byte of it (:mod:`resumequal.checkpoint.reading`); the comparator reads
 the final checkpoints the same way (:meth:`RemoteRoot.final`). The manifest itself is
 authenticated (:func:`resumequal.checkpoint.manifest.authenticate`) before anything it
-lists is listed, read or downloaded.
+lists is listed or read.
 
 This module does the store side; :mod:`resumequal.checkpoint.manager` runs the
 collectives around it.
@@ -49,8 +49,6 @@ from resumequal.checkpoint.manifest import (
     entry_of,
     make_manifest,
     signed,
-    stream_check,
-    write_manifest_file,
 )
 from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.checkpoint.streaming import StreamingWriter
@@ -61,7 +59,7 @@ from resumequal.store.base import TMP_SUFFIX
 log = logging.getLogger(__name__)
 
 COMMITTED = "COMMITTED"
-# Files of one rank uploaded or downloaded at once; each large file also moves
+# Files of one rank uploaded at once; each large file also moves
 # S3Config.max_concurrency parts at once.
 _FILES_AT_ONCE = 4
 # Chunks of one file a resuming rank fetches (and hashes) at once, in ranged GETs.
@@ -320,7 +318,7 @@ def newest_verified(root: RemoteRoot, world_size: int | None) -> str | None:
     """The newest committed checkpoint, its manifest checked against the listing.
 
     Every object the manifest names is there with its size, and nothing else is; the
-    contents are checked against the manifest's BLAKE3 digests when they are downloaded.
+    contents are checked against the manifest's BLAKE3 digests as they are read.
     """
     listing = _listing(root)
     positions = sorted(pos for pos, objs in listing.items() if COMMITTED in objs)
@@ -344,45 +342,3 @@ def check_objects(root: RemoteRoot, name: str, manifest: Manifest,
     and nothing else is; their contents are checked as they are read."""
     present = {rel: size for rel, size in listed.items() if rel not in _UNLISTED}
     check_sizes(root.uri(name), manifest, present, "objects")
-
-
-def download(root: RemoteRoot, name: str, dest: Path) -> Manifest:
-    """Download committed checkpoint ``name`` into folder ``dest``; its authenticated
-    manifest.
-
-    Every file is then checked against the manifest (a mismatch is a CheckpointError
-    naming the object) and ``dest`` holds the checkpoint with its manifest, as a
-    committed local checkpoint does.
-    """
-    if not root.store.exists(root.key(name, COMMITTED)):
-        raise CheckpointMissing(
-            f"{root.uri(name)} is not a committed checkpoint (no {COMMITTED})")
-    manifest = read_manifest(root, name)
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-
-    def one(item: tuple[str, FileEntry]) -> None:
-        rel, entry = item
-        root.store.get_file(root.key(name, rel), dest / rel)
-        _check_file(root, name, rel, dest / rel, entry, manifest.chunk_bytes)
-
-    # Side by side, so the small files cost no round trips after the shard's.
-    items = sorted(manifest.files.items())
-    with ThreadPoolExecutor(max_workers=max(1, min(_FILES_AT_ONCE, len(items)))) as pool:
-        for done in [pool.submit(one, item) for item in items]:
-            done.result()
-    write_manifest_file(dest, manifest)
-    return manifest
-
-
-def _check_file(root: RemoteRoot, name: str, rel: str, path: Path, entry: FileEntry,
-                chunk_bytes: int) -> None:
-    with path.open("rb", buffering=0) as f:
-        size, bad = stream_check(f, entry, chunk_bytes)
-    if size != entry.size:
-        raise CheckpointError(f"checkpoint {name} fails verification: "
-                              f"{root.uri(name, rel)} has {size} bytes, the manifest says "
-                              f"{entry.size}")
-    if bad is not None:
-        raise CheckpointError(f"checkpoint {name} fails verification: "
-                              f"{root.uri(name, rel)} fails its BLAKE3 check at chunk {bad}")

@@ -1,12 +1,11 @@
 """``resumequal compare``: judge a finished run location, and optionally publish the result.
 
 This is what the cluster's comparator Job runs. The location is read in place through its
-store, whatever the store (trace segments verified as they are read); final checkpoints
-in an object store are downloaded, verified, into a temporary folder, as the comparator
-always does. The comparison includes the negative controls, as
-``resumequal run`` does. With ``write``, ``verdict.json``, ``report.json``,
-``report.html`` and ``metrics.prom`` are written into the run location, with the zoom
-section of a ``zoom.json`` already there; the report's
+store, whatever the store: trace segments verified as they are read, final checkpoints
+read where they lie, each chunk checked against the manifest as it is read. The
+comparison includes the negative controls, as ``resumequal run`` does. With ``write``,
+``verdict.json``, ``report.json``, ``report.html`` and ``metrics.prom`` are written into
+the run location, with the zoom section of a ``zoom.json`` already there; the report's
 phases, kill time and restart time come from what the legs left there
 (:func:`resumequal.timeline.read_timeline`).
 """
