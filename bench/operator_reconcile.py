@@ -437,7 +437,7 @@ def measure_real(args: argparse.Namespace, held: int) -> dict[str, float]:
 
     from testing.cluster import cluster as local
     from testing.cluster import controlplane
-    from testing.cluster.node.agent import NodeAgent, machine_capacity
+    from testing.cluster.node.agent import API_CONNECTIONS, NodeAgent, machine_capacity
     from testing.cluster.node.images import cluster_images
     from testing.cluster.node.scripted import ScriptedRuntime
 
@@ -455,6 +455,7 @@ def measure_real(args: argparse.Namespace, held: int) -> dict[str, float]:
         node_config = client.Configuration()
         config.load_kube_config(config_file=str(local.node_kubeconfig(cp)),
                                 client_configuration=node_config)
+        node_config.connection_pool_maxsize = API_CONNECTIONS
         agent = NodeAgent(
             client.ApiClient(node_config), name=local.NODE, bridge=cluster.bridge,
             # The runs' image, as the scripted workers play it (the worker image's

@@ -239,3 +239,27 @@ def test_our_images_are_read_from_their_dockerfiles() -> None:
     assert env["PATH"].split(":")[0].endswith("bin")
     operator = dockerfile_image(REPO / "images/operator/Dockerfile")
     assert operator.entrypoint == ("resumequal-operator",) and operator.cmd == ("run",)
+
+
+def test_a_status_refused_for_the_uid_it_names_means_the_pod_wasrecreated() -> None:
+    import json
+
+    from kubernetes.client import ApiException
+
+    from testing.cluster.node.refusals import recreated
+
+    def refused(status: int, field: str) -> ApiException:
+        e = ApiException(status=status, reason="Unprocessable Entity")
+        # The real API server's answer to a status patch whose metadata.uid is not the pod's.
+        e.body = json.dumps({"kind": "Status", "code": status, "reason": "Invalid", "details": {
+            "name": "job-worker-1", "kind": "Pod",
+            "causes": [{"reason": "FieldValueInvalid", "field": field,
+                        "message": 'Invalid value: "u-1": field is immutable'}]}})
+        return e
+
+    assert recreated(refused(422, "metadata.uid"))
+    assert not recreated(refused(422, "status.phase"))
+    assert not recreated(refused(500, "metadata.uid"))
+    not_json = ApiException(status=422)
+    not_json.body = "<html>"
+    assert not recreated(not_json)

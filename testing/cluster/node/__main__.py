@@ -12,7 +12,7 @@ from kubernetes import client, config
 
 from ..build import KUBERNETES, TRAINING_OPERATOR, binaries_dir
 from ..network import Bridge
-from .agent import NodeAgent, machine_capacity
+from .agent import API_CONNECTIONS, NodeAgent, machine_capacity
 from .images import cluster_images
 
 
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     configuration = client.Configuration()
     config.load_kube_config(config_file=str(opts.kubeconfig),
                             client_configuration=configuration)
+    configuration.connection_pool_maxsize = API_CONNECTIONS
     binaries = {name: binaries_dir(module) / name for module in (KUBERNETES, TRAINING_OPERATOR)
                 for name, _ in module.programs}
     capacity = {**machine_capacity(), "cpu": opts.cpus, "memory": opts.memory}

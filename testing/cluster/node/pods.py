@@ -55,6 +55,7 @@ from resumequal.local.processes import tagged
 from . import sandbox as sandboxes
 from .envvars import ConfigError
 from .images import Image, image_paths
+from .refusals import recreated
 from .volumes import MountError, PodVolumes
 
 if TYPE_CHECKING:
@@ -644,7 +645,10 @@ class PodWorker:
                 _content_type="application/merge-patch+json")
             self.state.posted = digest
         except ApiException as e:
-            if e.status not in (404, 409):
+            # 422 on metadata.uid: the name now holds a pod recreated under it, which the
+            # uid in the patch may not become. status_manager.go syncPod skips such a pod
+            # ("Pod was deleted and then recreated, skipping status update"); so does this.
+            if e.status not in (404, 409) and not recreated(e):
                 raise
 
     def _event(self, pod: Obj, kind: str, reason: str, message: str) -> None:
