@@ -188,6 +188,7 @@ def test_a_run_without_a_verdict_in_time_is_deleted_and_unresolved(
     assert (result.conclusion, result.exit_code) == ("undecided", 6)
     [probe] = result.probes
     assert probe.status == "error" and "no verdict within 300 s (phase LegsRunning)" in probe.why
+    assert probe.attempts[0].run_dir == ""
     assert runs.deleted == ["bisect-abc123-p01"]
     assert probe.attempts[0].run is not None and probe.attempts[0].run.deleted
 
@@ -295,3 +296,14 @@ def test_an_api_error_says_the_status_and_its_message_never_the_body() -> None:
     assert error.status == 404
     raw = kubeapi._error(_ApiException(500, "<html>token=abc</html>"), "get QualificationRun n/r")
     assert "token" not in str(raw) and str(raw) == "get QualificationRun n/r: HTTP 500 Reason"
+
+
+def test_a_run_deleted_by_someone_else_is_unresolved(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path, manifest: Path) -> None:
+    runs = FakeRuns(lambda image, attempt: None)
+    monkeypatch.setattr(FakeRuns, "get", lambda self, namespace, name: None)
+    result = _bisect(monkeypatch, tmp_path, manifest, runs, images=IMAGES[:3],
+                     assume_good=True, assume_bad=True, retries=0)
+    [probe] = result.probes
+    assert "the QualificationRun was deleted before its verdict" in probe.why
+    assert runs.deleted == []

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from resumequal.bisect import html, search
 from resumequal.bisect.envs import Environments
@@ -126,11 +126,11 @@ def _on_cluster(options: BisectOptions, cluster: ClusterOptions,
     if len(options.images) < 2:
         raise UsageError("an ordered bisection needs at least two images")
     runner = ClusterRunner.connect(cluster, options.probe_timeout_s)
-    run = _Bisection(options, list(options.images), runner, listener,
-                     cluster=ClusterTarget(namespace=runner.namespace,
-                                           bisection=runner.bisection,
-                                           delete_runs=cluster.delete_runs))
-    return run.ordered_images()
+    run = _ImageBisection(options, list(options.images), runner, listener,
+                          cluster=ClusterTarget(namespace=runner.namespace,
+                                                bisection=runner.bisection,
+                                                delete_runs=cluster.delete_runs))
+    return run.ordered()
 
 
 def _write(options: BisectOptions, result: BisectResult) -> BisectResult:
@@ -202,17 +202,6 @@ class _Bisection(Generic[S]):
                     if index == len(self.labels) - 1 and self.options.assume_bad else "")
         return (f"{name} is the first pin to flip the verdict{unproven} "
                 f"({self._flip_words()})")
-
-    def ordered_images(self) -> BisectResult:
-        images = cast(Sequence[S], self.labels)
-        found = self._first_flip(images, self.labels)
-        if isinstance(found, BisectResult):
-            return found
-        at, before = self.labels[found.index or 0], self.labels[(found.index or 0) - 1]
-        flip = FlipPin(index=found.index or 0, path=at, previous=before)
-        return self._result("ordered", "flip", self._flip_summary(at, flip.index) +
-                            f"; what changed from {before} is the images' to tell (`pip "
-                            "freeze` in each, then --good/--bad)", [], [], True, flip)
 
     def _flip_words(self) -> str:
         """``PASS → FAIL at step 5, inputs``; with the bad end assumed, what the probes
@@ -316,6 +305,21 @@ class _Bisection(Generic[S]):
             qualifications=sum(len(p.attempts) for p in self.probes),
             unresolvable=sum(p.status == "unresolvable" for p in self.probes),
             started=self.when, seconds=round(time.monotonic() - self.started, 3))
+
+
+class _ImageBisection(_Bisection[str]):
+    """Images in order, each qualified on a cluster."""
+
+    def ordered(self) -> BisectResult:
+        found = self._first_flip(self.labels, self.labels)
+        if isinstance(found, BisectResult):
+            return found
+        index = found.index or 0
+        at, before = self.labels[index], self.labels[index - 1]
+        flip = FlipPin(index=index, path=at, previous=before)
+        return self._result("ordered", "flip", self._flip_summary(at, index) +
+                            f"; what changed from {before} is the images' to tell (`pip "
+                            "freeze` in each, then --good/--bad)", [], [], True, flip)
 
 
 class _PinBisection(_Bisection[list[Requirement]]):

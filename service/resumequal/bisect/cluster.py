@@ -227,14 +227,17 @@ class ClusterRunner:
             raise
         seconds = self.clock() - started
         if status is None or not status.ended:
-            gone = status is None
-            if not gone:
+            where = ""
+            if status is None:
+                why = "the QualificationRun was deleted before its verdict"
+            else:
+                where = status.run_uri or ""
                 self._delete(name)
-            phase = "deleted by someone else" if gone else f"phase {status.phase}"  # type: ignore[union-attr]
-            return Qualified(int(ExitCode.INVALID), seconds, (status.run_uri or "") if status
-                             else "", None, run=RunRef(namespace=self.namespace, name=name,
-                                                       uid=uid, deleted=True),
-                             error=f"no verdict within {self.timeout_s:g} s ({phase})")
+                why = (f"no verdict within {self.timeout_s:g} s (phase {status.phase}); "
+                       "the QualificationRun was deleted")
+            return Qualified(int(ExitCode.INVALID), seconds, where, None, error=why,
+                             run=RunRef(namespace=self.namespace, name=name, uid=uid,
+                                        deleted=True))
         deleted = self.options.delete_runs
         if deleted:
             self._delete(name)
