@@ -180,7 +180,8 @@ class _Bisection(Generic[S]):
     def _first_flip(self, subjects: Sequence[S],
                     names: Sequence[str]) -> search.FirstFlip | BisectResult:
         """Confirm the ends, then binary search: the flip found, or the result to give."""
-        ends = self._ends(subjects[0], subjects[-1], first=0, last=len(subjects) - 1)
+        ends = self._ends(subjects[0], subjects[-1], first=0, last=len(subjects) - 1,
+                          names=(names[0], names[-1]))
         if ends is not None:
             return self._result("ordered", ends[0], ends[1], [], [], False)
 
@@ -211,17 +212,19 @@ class _Bisection(Generic[S]):
 
     # -- the ends ----------------------------------------------------------------------
 
-    def _ends(self, good: S, bad: S, first: int | None = None,
-              last: int | None = None) -> tuple[str, str] | None:
+    def _ends(self, good: S, bad: S, first: int | None = None, last: int | None = None,
+              names: tuple[str, str] | None = None) -> tuple[str, str] | None:
         """Qualify the ends not assumed: None when the bisection can go on, else its
         conclusion and summary."""
+        named = ("the good pin", "the bad pin") if names is None else (
+            f"the good pin, {names[0]}", f"the bad pin, {names[1]}")
         if not self.options.assume_good:
-            probe = self._probe("good", "the good pin", good, pin_index=first)
+            probe = self._probe("good", named[0], good, pin_index=first)
             self.good_sig = probe.signature
             if probe.status != "judged":
                 return "undecided", f"could not decide: the good pin was not judged ({probe.why})"
         if not self.options.assume_bad:
-            probe = self._probe("bad", "the bad pin", bad, pin_index=last)
+            probe = self._probe("bad", named[1], bad, pin_index=last)
             if probe.status != "judged":
                 return "undecided", f"could not decide: the bad pin was not judged ({probe.why})"
             if probe.signature == self.good_sig:

@@ -186,7 +186,7 @@ def run_body(manifest: Obj, *, namespace: str, name: str, image: str, bisection:
 class ClusterRunner:
     """Qualifies an image as a QualificationRun the operator runs (see the module doc)."""
 
-    readying: str = "qualifying on the cluster:"
+    readying: str = "the QualificationRun of"
 
     def __init__(self, api: RunsApi, options: ClusterOptions, manifest: Obj, timeout_s: float,
                  *, bisection: str | None = None, poll_s: float = POLL_S,
@@ -219,7 +219,7 @@ class ClusterRunner:
         started = self.clock()
         created = self.api.create(self.namespace, body)
         uid = (created.get("metadata") or {}).get("uid")
-        log.info("created QualificationRun %s/%s for %s", self.namespace, name, prepared.image)
+        log.debug("created QualificationRun %s/%s for %s", self.namespace, name, prepared.image)
         try:
             status = self._wait(name)
         except BaseException:
