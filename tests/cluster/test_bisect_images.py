@@ -7,7 +7,8 @@ agent's ``load``, as ``kind load``): the data source package of
 tests/integration/bisect_stack.py, 1.0 in nights 1-5, 2.0 (no position saved: FAIL at
 step 5, ``inputs``) in nights 6-8. The first night is confirmed, the last assumed bad
 (``--assume-bad``), three binary-search probes between: four qualifications of one pod
-per leg, two ranks, eight steps, a process kill (about 30 s each on an idle machine).
+per leg, two ranks, eight steps, a process kill: 77 s in all on a quiet 2-core machine,
+about 150 s beside other work.
 """
 
 from __future__ import annotations
