@@ -13,7 +13,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 
@@ -33,6 +33,9 @@ from resumequal.spec import (
     load_spec,
     store_uri,
 )
+
+if TYPE_CHECKING:
+    from resumequal.bisect.cluster import ClusterOptions
 
 log = logging.getLogger("resumequal")
 
@@ -413,17 +416,23 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
     ExitCode.PASS, ExitCode.SPEC_ERROR, ExitCode.INVALID, ExitCode.NO_FLIP, ExitCode.UNDECIDED,
     ExitCode.INTERNAL_ERROR, ExitCode.INTERRUPTED,
     says={ExitCode.PASS: "a flip found: the change(s), or the first pin, that flip it named",
-          ExitCode.SPEC_ERROR: "spec, pin file or usage error: nothing was built",
-          ExitCode.INVALID: "an environment could not be built (not a resolver refusal)"}))
+          ExitCode.SPEC_ERROR: "spec, pin file, manifest, kubeconfig or usage error: "
+                               "nothing was built or created",
+          ExitCode.INVALID: "an environment could not be built (not a resolver refusal), "
+                            "or the cluster's API refused or failed a request"}))
 @click.option("--good", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The pin that passes: pip freeze output or pylock.toml.")
 @click.option("--bad", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The pin that does not (or fails elsewhere).")
 @click.option("--ordered", is_flag=True,
               help="Binary search over the PINS given in order for the first that flips.")
-@click.argument("pins", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--ordered-images", is_flag=True,
+              help="As --ordered, the PINS being images, each qualified on a cluster as a "
+              "QualificationRun made from --spec (a QualificationRun manifest).")
+@click.argument("pins", nargs=-1)
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="The spec every probe runs (default: the embedded default).")
+              default=None, help="The spec every probe runs (default: the embedded default); "
+              "with --ordered-images, the QualificationRun manifest (required).")
 @click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
               help="Override one spec field in every probe (repeatable).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -445,12 +454,24 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
               help="Take the good (first) pin's PASS as known: do not qualify it.")
 @click.option("--assume-bad", is_flag=True,
               help="Take the bad (last) pin's flip as known: do not qualify it.")
-def bisect(good: Path | None, bad: Path | None, ordered: bool, pins: tuple[Path, ...],
-           spec_path: Path | None, overrides: tuple[str, ...], out: Path | None,
-           cache_dir: Path | None, base_env: Path | None, retries: int, max_probes: int,
-           probe_timeout: float, assume_good: bool, assume_bad: bool) -> None:
-    """Find which change between two stack pins flips the verdict (--good A --bad B), or
-    the first pin of an ordered list that flips it (--ordered PIN...)."""
+@click.option("--namespace", default=None,
+              help="--ordered-images: where the runs go (default: the manifest's).")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="--ordered-images: the cluster's kubeconfig (default: $KUBECONFIG, "
+              "~/.kube/config, else the pod's service account).")
+@click.option("--context", default=None, help="--ordered-images: the kubeconfig's context.")
+@click.option("--delete-runs", is_flag=True,
+              help="--ordered-images: delete each QualificationRun once its verdict is read "
+              "(default: kept, listed in bisect.json).")
+def bisect(good: Path | None, bad: Path | None, ordered: bool, ordered_images: bool,
+           pins: tuple[str, ...], spec_path: Path | None, overrides: tuple[str, ...],
+           out: Path | None, cache_dir: Path | None, base_env: Path | None, retries: int,
+           max_probes: int, probe_timeout: float, assume_good: bool, assume_bad: bool,
+           namespace: str | None, kubeconfig: Path | None, context: str | None,
+           delete_runs: bool) -> None:
+    """Find which change between two stack pins flips the verdict (--good A --bad B), the
+    first pin of an ordered list that flips it (--ordered PIN...), or the first image that
+    flips it on a cluster (--ordered-images --spec RUN.yaml IMAGE...)."""
     from rich.console import Console
 
     from resumequal.bisect.bisection import BisectOptions
@@ -458,17 +479,21 @@ def bisect(good: Path | None, bad: Path | None, ordered: bool, pins: tuple[Path,
     from resumequal.bisect.envs import default_cache
     from resumequal.bisect.terminal import TerminalProgress, print_result
 
+    cluster = _bisect_cluster(ordered_images, spec_path, overrides, base_env, namespace,
+                              kubeconfig, context, delete_runs)
+    ordered = ordered or ordered_images
     if ordered == (good is not None or bad is not None) or (not ordered and pins):
         raise click.UsageError("give --good and --bad, or --ordered and the pins in order")
     if not ordered and (good is None or bad is None):
         raise click.UsageError("give both --good and --bad")
-    listed = pins if ordered else (cast(Path, good), cast(Path, bad))
+    listed = tuple(map(Path, pins)) if ordered else (cast(Path, good), cast(Path, bad))
     options = BisectOptions(
-        pins=listed, ordered=ordered,
+        pins=() if cluster else listed, ordered=ordered,
         out=out or Path("runs") / time.strftime("bisect-%Y%m%d-%H%M%S"),
         cache=cache_dir or default_cache(), spec=spec_path, sets=overrides,
         base_env=base_env, retries=retries, max_probes=max_probes,
-        probe_timeout_s=probe_timeout, assume_good=assume_good, assume_bad=assume_bad)
+        probe_timeout_s=probe_timeout, assume_good=assume_good, assume_bad=assume_bad,
+        images=pins if cluster else (), cluster=cluster)
     console = Console()
     try:
         with TerminalProgress(console) as progress:
@@ -480,6 +505,27 @@ def bisect(good: Path | None, bad: Path | None, ordered: bool, pins: tuple[Path,
     print_result(result, console, {name: str(options.out / name)
                                    for name in ("bisect.json", "bisect.html")})
     sys.exit(result.exit_code)
+
+
+def _bisect_cluster(ordered_images: bool, spec_path: Path | None, overrides: tuple[str, ...],
+                    base_env: Path | None, namespace: str | None, kubeconfig: Path | None,
+                    context: str | None, delete_runs: bool) -> ClusterOptions | None:
+    """The cluster of --ordered-images, or None; its options refused without it."""
+    from resumequal.bisect.cluster import ClusterOptions
+
+    if not ordered_images:
+        if namespace or kubeconfig or context or delete_runs:
+            raise click.UsageError("--namespace, --kubeconfig, --context and --delete-runs "
+                                   "go with --ordered-images")
+        return None
+    if spec_path is None:
+        raise click.UsageError("--ordered-images needs --spec: the QualificationRun manifest "
+                               "each image's run is made from")
+    if overrides or base_env:
+        raise click.UsageError("--set and --base-env do not go with --ordered-images (edit "
+                               "the manifest; the images hold the packages)")
+    return ClusterOptions(manifest=spec_path, namespace=namespace, kubeconfig=kubeconfig,
+                          context=context, delete_runs=delete_runs)
 
 
 @main.command(hidden=True)

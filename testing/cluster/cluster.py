@@ -219,6 +219,14 @@ def start_node(cluster: Cluster) -> None:
                        name="node-agent")
 
 
+def load_image(cluster: Cluster, reference: str, layer: Path, base: str = WORKER_IMAGE) -> None:
+    """Load image ``reference`` into the node, as ``kind load`` does: ``base`` with the
+    Python packages of folder ``layer`` first on its PYTHONPATH (node/images.py's load)."""
+    from .node.images import load
+
+    load(cluster.controlplane.root / "node" / "images", reference, base, layer)
+
+
 def _publish_s3(cluster: Cluster, port: int) -> None:
     """The S3 gateway as a Service of the cluster: a selector-less Service whose
     EndpointSlice names the node's address, as one publishes a server outside the pods."""

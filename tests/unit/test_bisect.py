@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from resumequal import cli
-from resumequal.bisect import bisection, envs, search
+from resumequal.bisect import bisection, envs, runner, search
 from resumequal.bisect.bisection import BisectOptions
 from resumequal.bisect.envs import Built, Refused
 from resumequal.bisect.pins import (
@@ -233,11 +233,11 @@ class FakeStack:
             stack.qualified.append(packages)
             v = verdict(packages)
             code = 2 if v is None else 0 if v.result is Result.PASS else 1
-            return Qualified(code, 1.0, run_dir,
-                             run_dir / "log", v, "" if v else "error: boom")
+            return Qualified.of(v, exit_code=code, seconds=1.0, where=str(run_dir),
+                                error="" if v else "error: boom")
 
         monkeypatch.setattr(envs.Environments, "probe_env", probe_env)
-        monkeypatch.setattr(bisection, "qualify", qualify)
+        monkeypatch.setattr(runner, "qualify", qualify)
 
 
 def _packages(python: Path) -> dict[str, str]:
@@ -345,7 +345,8 @@ def test_the_command_exits_with_the_results_status(monkeypatch: pytest.MonkeyPat
 def test_the_help_lists_its_exit_statuses() -> None:
     done = CliRunner().invoke(cli.main, ["bisect", "--help"])
     assert done.exit_code == 0
-    for code, words in ((0, "a flip found"), (2, "spec, pin file or usage error"),
+    for code, words in ((0, "a flip found"), (2, "spec, pin file, manifest, kubeconfig or "
+                                             "usage error"),
                         (3, "an environment could not be built"), (5, "bisect, no flip"),
                         (6, "bisect, undecided"), (70, "internal error"), (130, "interrupted")):
         assert re.search(rf"^\s+{code}  {words}", done.output, re.MULTILINE), (code, done.output)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from testing.cluster.node import envvars, sandbox, volumes
-from testing.cluster.node.images import Image, Images, dockerfile_image
+from testing.cluster.node.images import Image, Images, dockerfile_image, load
 
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
@@ -228,6 +228,22 @@ def test_images_give_the_cri_argv_and_stand_in_programs() -> None:
     assert images.find("localhost/resumequal-worker:dev") is manager
     assert images.find("reg:5000/ml/resumequal-worker@sha256:ab") is manager
     assert images.find("ghcr.io/acme/other:1") is None
+
+
+def test_a_loaded_image_is_its_base_with_a_layer_first_on_pythonpath(tmp_path: Path) -> None:
+    base = Image(("resumequal",), env=(("PATH", "/bin"),), user="65532:65532")
+    images = Images({"*resumequal-worker": base}, loaded=tmp_path / "loaded")
+    layer = tmp_path / "layer" / "pkg"
+    layer.mkdir(parents=True)
+    (layer / "__init__.py").write_text("X = 1\n")
+    held = load(tmp_path / "loaded", "localhost/nightly:01", "localhost/resumequal-worker:dev",
+                layer.parent)
+    found = images.find("localhost/nightly:01")
+    assert found is not None and found.entrypoint == base.entrypoint and found.user == base.user
+    assert dict(found.env) == {"PATH": "/bin", "PYTHONPATH": str(held)}
+    assert (held / "pkg" / "__init__.py").stat().st_mode & 0o777 == 0o644
+    # The whole reference: another tag of the same repository is another image.
+    assert images.find("localhost/nightly:02") is None
 
 
 def test_our_images_are_read_from_their_dockerfiles() -> None:

@@ -85,7 +85,7 @@ def _all_changes(result: BisectResult) -> list[PinChange]:
 
 
 def _table(probes: list[Probe]) -> str:
-    head = ("<tr><th>#</th><th>probe</th><th>venv</th><th>outcome</th><th>verdict, first "
+    head = ("<tr><th>#</th><th>probe</th><th>venv or run</th><th>outcome</th><th>verdict, first "
             "divergence</th><th>time</th></tr>")
     body = []
     for p in probes:
@@ -94,13 +94,22 @@ def _table(probes: list[Probe]) -> str:
                    + (f" at step {a.first_divergence.step}, {a.first_divergence.boundary}, "
                       f"rank {a.first_divergence.rank}" if a.first_divergence else "")
                    + f" ({a.seconds:.0f} s) — {a.reason[:200]}") for a in p.attempts)
-        env = (f"<code>{escape(p.env.key)}</code> {'reused' if p.env.reused else 'built'} in "
-               f"{p.env.build_seconds:.1f} s")
+        env = _where(p)
         body.append(f"<tr><td>{p.number}</td><td>{escape(p.role)}: {escape(p.label)}</td>"
                     f"<td>{env}</td><td class='{p.outcome}'>{escape(p.outcome)} — "
                     f"{escape(p.why)}</td><td>{verdicts or '—'}</td>"
                     f"<td>{p.seconds:.0f} s</td></tr>")
     return f"<table>{head}{''.join(body)}</table>"
+
+
+def _where(p: Probe) -> str:
+    """The probe's venv, or the QualificationRuns of its attempts."""
+    if p.env is not None:
+        return (f"<code>{escape(p.env.key)}</code> {'reused' if p.env.reused else 'built'} in "
+                f"{p.env.build_seconds:.1f} s")
+    runs = [a.run for a in p.attempts if a.run is not None]
+    return "<br>".join(f"<code>{escape(r.namespace)}/{escape(r.name)}</code>"
+                       + (" (deleted)" if r.deleted else "") for r in runs) or "—"
 
 
 __all__ = ["plot", "render"]

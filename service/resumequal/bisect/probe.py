@@ -4,7 +4,8 @@ The probe runs in a process of its own with the venv's interpreter, in its run f
 the caller's working directory, whose packages could shadow the venv's), and without this
 process's ``PYTHONPATH``. What the qualification wrote, its ``verdict.json``, is the
 probe's answer; a qualification that wrote none (a spec the probe's packages cannot run,
-a crash) has an exit status and the last error line of its log.
+a crash) has an exit status and the last error line of its log. :class:`Qualified` is what
+any probe runner answers (this one, or a QualificationRun on a cluster).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from resumequal.bisect.result import FirstDivergence, RunRef
 from resumequal.verdict import Result, Verdict
 
 log = logging.getLogger(__name__)
@@ -29,29 +31,38 @@ STOP_GRACE_S = 120.0  # after SIGINT, the runner stops every process it started
 
 @dataclass(frozen=True)
 class Qualified:
-    """One qualification's outcome: its verdict when it wrote one, else ``error``."""
+    """One qualification's outcome: its result when it reached one, else ``error``.
+    ``where`` is what to open: a run folder, or a QualificationRun's run location."""
 
     exit_code: int
     seconds: float
-    run_dir: Path
-    log: Path
-    verdict: Verdict | None
+    where: str
+    result: Result | None
+    reason: str = ""
+    first: FirstDivergence | None = None
     error: str = ""
+    run: RunRef | None = None  # on a cluster
 
-    @property
-    def result(self) -> Result | None:
-        return self.verdict.result if self.verdict is not None else None
+    @classmethod
+    def of(cls, verdict: Verdict | None, *, exit_code: int, seconds: float, where: str,
+           error: str = "") -> Qualified:
+        """From a ``verdict.json`` (None: the qualification wrote none)."""
+        if verdict is None:
+            return cls(exit_code, seconds, where, None, error=error)
+        d = verdict.first_divergence
+        first = None if d is None else FirstDivergence(step=d.step, boundary=d.boundary,
+                                                       rank=d.rank)
+        return cls(exit_code, seconds, where, verdict.result, verdict.reason, first, error)
 
     @property
     def signature(self) -> tuple[str, ...] | None:
         """What two qualifications must share to count as ending alike: the result, and
         for a divergence its step and boundary (not its rank or value, which move with
         the numbers rather than with the cause)."""
-        if self.verdict is None:
+        if self.result is None:
             return None
-        first = self.verdict.first_divergence
-        where = () if first is None else (str(first.step), first.boundary)
-        return (self.verdict.result.value, *where)
+        where = () if self.first is None else (str(self.first.step), self.first.boundary)
+        return (self.result.value, *where)
 
 
 def qualify(python: Path, run_dir: Path, *, spec: Path | None, sets: Sequence[str],
@@ -76,7 +87,9 @@ def qualify(python: Path, run_dir: Path, *, spec: Path | None, sets: Sequence[st
             _stop(proc)  # Ctrl-C: stop the qualification (and its legs) before leaving
             raise
     seconds = time.monotonic() - started
-    return Qualified(code, seconds, run_dir, log_path, *_read(run_dir, log_path))
+    verdict, error = _read(run_dir, log_path)
+    return Qualified.of(verdict, exit_code=code, seconds=seconds, where=str(run_dir),
+                        error=error)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:

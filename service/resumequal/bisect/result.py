@@ -39,6 +39,16 @@ class FirstDivergence(_Model):
     rank: int
 
 
+class RunRef(_Model):
+    """A QualificationRun a probe created on the cluster."""
+
+    namespace: str
+    name: str
+    uid: str | None = Field(description="its metadata.uid (null: never created)")
+    deleted: bool = Field(description="deleted by the bisection (--delete-runs, a timeout, "
+                          "an interruption); otherwise kept, with its status")
+
+
 class Attempt(_Model):
     """One qualification of a probe (a probe ending INVALID or NONDETERMINISTIC is
     qualified again, up to ``--retries`` more times)."""
@@ -48,9 +58,12 @@ class Attempt(_Model):
     reason: str = Field(description="the verdict's reason, or the qualification's last "
                         "error line")
     first_divergence: FirstDivergence | None = None
-    exit_code: int
+    exit_code: int = Field(description="what `resumequal run` exits with for this result "
+                           "(docs/exit-codes.md)")
     seconds: float
-    run_dir: str
+    run_dir: str = Field(description="the run folder; on a cluster, the run location in the "
+                         "store (the status' runUri; empty before one)")
+    run: RunRef | None = Field(default=None, description="on a cluster: the QualificationRun")
 
 
 class ProbeEnv(_Model):
@@ -77,7 +90,8 @@ class Probe(_Model):
                                "names) taken from the bad pin; the rest is the good pin's")
     pin_index: int | None = Field(default=None, description="ordered: the pin's position "
                                   "in the list (0-based)")
-    env: ProbeEnv
+    env: ProbeEnv | None = Field(default=None, description="the venv (null on a cluster)")
+    image: str | None = Field(default=None, description="on a cluster: the image qualified")
     status: Literal["judged", "unresolvable", "error", "unjudged"] = Field(
         description="judged: a PASS or FAIL verdict; unresolvable: pip's resolver refused "
         "the mix (no qualification ran); error: the qualification wrote no verdict; "
@@ -93,8 +107,17 @@ class FlipPin(_Model):
     """Ordered bisection: the first pin that flips."""
 
     index: int = Field(description="its position in the list (0-based)")
-    path: str
+    path: str = Field(description="the pin file, or the image")
     previous: str = Field(description="the pin before it, which does not flip")
+
+
+class ClusterTarget(_Model):
+    """Where a bisection over images ran its QualificationRuns."""
+
+    namespace: str
+    bisection: str = Field(description="the value of label resumequal.dev/bisection on "
+                           "every run it created")
+    delete_runs: bool = Field(description="runs deleted once their verdict was read")
 
 
 class BisectResult(_Model):
@@ -108,10 +131,14 @@ class BisectResult(_Model):
         "no-flip: the ends end alike; undecided: the probes could not decide")
     summary: str = Field(description="one sentence a person can act on")
     exit_code: int = Field(description="what the command exits with (docs/exit-codes.md)")
-    pins: list[str] = Field(description="the pin files: good then bad, or the ordered list")
+    pins: list[str] = Field(description="the pin files: good then bad, or the ordered list "
+                            "(images, on a cluster)")
     assumed: list[Literal["good", "bad"]] = Field(
         default_factory=list, description="ends taken as known instead of qualified")
-    spec: str | None = Field(description="the spec every probe ran (null: the defaults)")
+    spec: str | None = Field(description="the spec every probe ran (null: the defaults); on "
+                             "a cluster, the QualificationRun manifest")
+    cluster: ClusterTarget | None = Field(default=None, description="images qualified on a "
+                                          "cluster (null: pins in probe venvs)")
     sets: list[str] = Field(default_factory=list, description="--set overrides of every probe")
     common_packages: int = Field(description="packages every pin holds alike (the common "
                                  "layer)")
@@ -130,5 +157,6 @@ class BisectResult(_Model):
     seconds: float
 
 
-__all__ = ["SCHEMA_VERSION", "Attempt", "BisectResult", "Conclusion", "FirstDivergence",
-           "FlipPin", "Mode", "PinChange", "Probe", "ProbeEnv", "ProbeOutcome"]
+__all__ = ["SCHEMA_VERSION", "Attempt", "BisectResult", "ClusterTarget", "Conclusion",
+           "FirstDivergence", "FlipPin", "Mode", "PinChange", "Probe", "ProbeEnv",
+           "ProbeOutcome", "RunRef"]

@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.status import Status
 
 from resumequal.bisect.bisection import Listener, describe
-from resumequal.bisect.envs import Built
 from resumequal.bisect.result import Attempt, BisectResult, Probe
 from resumequal.redact import printable
 
@@ -61,12 +60,11 @@ class TerminalProgress(Listener):
 
     def probe_starts(self, number: int, limit: int, label: str) -> None:
         self.head = f"probe {number} of ≤ {limit}"
-        self._show(f"{self.head}: building or finding the venv for {label}")
+        self._show(f"{self.head}: {label}")
 
-    def qualifying(self, number: int, attempt: int, env: Built) -> None:
+    def qualifying(self, number: int, attempt: int, where: str) -> None:
         again = f" (retry {attempt - 1})" if attempt > 1 else ""
-        how = "reused" if env.reused else f"built in {env.seconds:.1f} s"
-        self._show(f"{self.head}: qualifying{again} in venv {env.key} ({how})")
+        self._show(f"{self.head}: qualifying{again} {where}")
 
     def probe_done(self, probe: Probe) -> None:
         self._stop()

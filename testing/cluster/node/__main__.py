@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     binaries = {name: binaries_dir(module) / name for module in (KUBERNETES, TRAINING_OPERATOR)
                 for name, _ in module.programs}
     capacity = {**machine_capacity(), "cpu": opts.cpus, "memory": opts.memory}
+    images = cluster_images(binaries, dict(a.split("=", 1) for a in opts.image_alias))
+    images.loaded = opts.root / "images"  # what cluster.load_image loads
     agent = NodeAgent(client.ApiClient(configuration), name=opts.name,
                       bridge=Bridge(opts.bridge, opts.subnet),
-                      images=cluster_images(binaries, dict(a.split("=", 1)
-                                                           for a in opts.image_alias)),
+                      images=images,
                       root=opts.root, api_host=opts.api_host, api_port=opts.api_port,
                       dns_ip=opts.dns_ip, capacity=capacity, netns_prefix=opts.netns_prefix)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())

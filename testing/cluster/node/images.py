@@ -6,15 +6,22 @@ machine's file system plus its configuration, read from where it is defined —
 ``images/*/Dockerfile`` for resumequal's own (parsed with the official Dockerfile parser:
 ENTRYPOINT, CMD, ENV, USER), the upstream Dockerfiles' ``ENTRYPOINT ["/manager"]`` for
 the Kubeflow controllers, whose ``/manager`` is the program built from the same release.
-A pod naming any other image waits with ``ErrImagePull``, as a node that cannot pull it.
-The Python programs run from this checkout's environment (its ``bin`` first on PATH).
+An image can also be *loaded* into the node, as ``kind load`` loads one built elsewhere
+(:func:`load`): a known image plus one layer of its own, a folder of Python packages put
+first on its ``PYTHONPATH``, held under its whole reference (tag included: two nightly tags
+are two images). A pod naming any other image waits with ``ErrImagePull``, as a node that
+cannot pull it. The Python programs run from this checkout's environment (its ``bin``
+first on PATH).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,12 +82,54 @@ def by_repository(patterns: Mapping[str, T], reference: str) -> T | None:
 
 @dataclass
 class Images:
-    """Known images by repository glob (tag and digest ignored: one build each)."""
+    """Known images by repository glob (tag and digest ignored: one build each), and the
+    images loaded into ``loaded`` by their whole reference (see :func:`load`)."""
 
     known: dict[str, Image] = field(default_factory=dict)
+    loaded: Path | None = None
 
     def find(self, reference: str) -> Image | None:
-        return by_repository(self.known, reference)
+        return self._loaded(reference) or by_repository(self.known, reference)
+
+    def _loaded(self, reference: str) -> Image | None:
+        # Read at each pod start: an image loaded while the node runs is found.
+        if self.loaded is None:
+            return None
+        try:
+            entry = json.loads((self.loaded / f"{_key(reference)}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        base = by_repository(self.known, entry["from"])
+        if base is None or entry.get("reference") != reference:
+            return None
+        env = dict(base.env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (entry["pythonpath"],
+                                                        env.get("PYTHONPATH")) if p)
+        return Image(base.entrypoint, base.cmd, tuple(sorted(env.items())), base.user,
+                     base.files)
+
+
+def _key(reference: str) -> str:
+    return hashlib.sha256(reference.encode()).hexdigest()[:20]
+
+
+def load(folder: Path, reference: str, base: str, layer: Path) -> Path:
+    """Hold image ``reference`` in the node's ``folder``: the known image ``base`` with a
+    copy of ``layer`` (a folder of Python packages) first on its ``PYTHONPATH``, readable
+    by any user, as an image's files are. Returns where the layer lies."""
+    key = _key(reference)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / key
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(layer, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    folder.chmod(0o755)
+    entry = {"reference": reference, "from": base, "pythonpath": str(target)}
+    tmp = folder / f".{key}.json"
+    tmp.write_text(json.dumps(entry))
+    tmp.replace(folder / f"{key}.json")  # whole, or not at all: a pod may be starting
+    return target
 
 
 def dockerfile_image(path: Path) -> Image:
