@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Callable
 
 from testing.kubeapi.kubelet import ContainerSpec
 from testing.kubeapi.kubelet import Handle as ScriptedHandle
@@ -52,3 +53,38 @@ class ScriptedRuntime:
     def start(self, launch: Launch, wake: threading.Event) -> Handle:
         spec = ContainerSpec(copy.deepcopy(launch.pod), list(launch.argv), dict(launch.env))
         return _Scripted(self.runtime.start(spec, wake.set))
+
+
+class Scripts:
+    """Scripted containers whose script changes hands (a test session's tests, one after
+    another, on one node): ``bind`` takes what makes the scripted runtime, called when the
+    first container starts, so what a user set up before its first pod counts; ``unbind``
+    closes it, ending whatever of its containers still runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._make: Callable[[], ScriptedRuntimes] | None = None
+        self._runtime: ScriptedRuntimes | None = None
+
+    def bind(self, make: Callable[[], ScriptedRuntimes]) -> None:
+        self.unbind()
+        with self._lock:
+            self._make = make
+
+    def unbind(self) -> None:
+        with self._lock:
+            runtime, self._runtime, self._make = self._runtime, None, None
+        if runtime is not None:
+            runtime.close()
+
+    def start(self, spec: ContainerSpec, wake: Callable[[], None]) -> ScriptedHandle:
+        with self._lock:
+            if self._runtime is None:
+                if self._make is None:
+                    raise RuntimeError("no scripts bound for this container")
+                self._runtime = self._make()
+            runtime = self._runtime
+        return runtime.start(spec, wake)
+
+    def close(self) -> None:
+        self.unbind()
