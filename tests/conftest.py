@@ -1,6 +1,6 @@
 """Fixture plugins shared across test folders: the S3 servers (SeaweedFS, and moto for
-the tests that kill theirs), the API emulator and the local cluster; and the checkpoint key
-every test runs with.
+the tests that kill theirs) and the local cluster (with the tests' API server and pod
+cluster); and the checkpoint key every test runs with.
 
 pytest accepts ``pytest_plugins`` only in the top-level conftest, so folders that need
 these fixtures get them from here.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from kubernetes import client, config
@@ -26,7 +27,7 @@ from . import cluster as local
 from .node.agent import NodeAgent, machine_capacity
 from .node.images import cluster_images
 from .node.scripted import ScriptedRuntime, Scripts
-from .testapi import APIServer
+from .testapi import APIError, APIServer
 
 # The image the operator tests' runs name (tests/operator/harness.py's manifests): its
 # containers are the scripts bound, the worker image's configuration held under its name.
@@ -63,9 +64,24 @@ class PodCluster:
                                  ("qualificationruns.resumequal.dev", "pytorchjobs.kubeflow.org"),
                                  kept=frozenset(there - {namespace}),
                                  namespace_labels=RESTRICTED)
+            self._wait_served(namespace)
         except BaseException:
             self.close()
             raise
+
+    def _wait_served(self, namespace: str) -> None:
+        """Until the CRDs' objects can be listed: a CRD the chart has just written answers
+        429 (its storage (re)initializing) for a while."""
+        deadline = time.monotonic() + local.READY_TIMEOUT_S
+        for kind in ("qualificationruns", "pytorchjobs"):
+            while True:
+                try:
+                    self.api.rest.call("GET", self.api.resources[kind].path(namespace))
+                    break
+                except APIError as e:
+                    if e.code != 429 or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
 
     def _start_agent(self) -> None:
         cluster = self.cluster

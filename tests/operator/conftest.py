@@ -18,9 +18,9 @@ import pytest
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
 from resumequal_operator.kube import Kube
+from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import APIServer, RealAPI
-from testing.kubeapi.node import NodeRuntime
 from tests.operator.harness import NAMESPACE, Admission, Operators
 from tests.operator.workers import Workers
 

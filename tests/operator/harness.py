@@ -191,10 +191,10 @@ def write_kubeconfig(api: RealAPI, path: Path, namespace: str = NAMESPACE) -> Pa
     """A kubeconfig for the test's API server (its proxy), as ``kubectl`` and the operator's
     CLI read it."""
     path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-        "clusters": [{"name": "emulator", "cluster": {"server": api.url}}],
+        "apiVersion": "v1", "kind": "Config", "current-context": "tests",
+        "clusters": [{"name": "tests", "cluster": {"server": api.url}}],
         "users": [{"name": "tests", "user": {"token": "not-checked"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tests",
+        "contexts": [{"name": "tests", "context": {"cluster": "tests", "user": "tests",
                                                       "namespace": namespace}}],
     }))
     return path

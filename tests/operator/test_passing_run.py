@@ -22,10 +22,10 @@ from resumequal.store.s3settings import S3Spec
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator
+from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.proxy import Deletion
 from testing.cluster.testapi import History, RealAPI
-from testing.kubeapi.node import NodeRuntime
 from tests.exposition import scrape, value
 from tests.operator.harness import (
     NAMESPACE,

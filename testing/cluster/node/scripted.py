@@ -1,8 +1,8 @@
-"""Scripted containers on the node agent, for a bench that runs many runs at once: the
-containers of chosen images played by the API double's scripted runtimes
-(:mod:`testing.kubeapi.scripted`, :mod:`testing.kubeapi.node`) instead of processes, while
-everything else — the real API server, controllers and scheduler, and the node agent's
-handling of the pods — stays as it is."""
+"""Scripted containers on the node agent, for the operator's tests and a bench that runs
+many runs at once: the containers of chosen images played by scripted runtimes
+(:mod:`.scriptrt`, :mod:`.scriptnode`) instead of processes, while everything else — the
+real API server, controllers and scheduler, and the node agent's handling of the pods —
+stays as it is."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from testing.kubeapi.kubelet import ContainerSpec
-from testing.kubeapi.kubelet import Handle as ScriptedHandle
-from testing.kubeapi.kubelet import Runtime as ScriptedRuntimes
-
 from .pods import Handle, Launch, now_rfc3339
+from .scriptrt import ContainerSpec
+from .scriptrt import Handle as ScriptedHandle
+from .scriptrt import Runtime as ScriptedRuntimes
 
 
 class _Scripted:
@@ -44,8 +43,8 @@ class _Scripted:
 
 
 class ScriptedRuntime:
-    """The node agent's runtime over one of the double's: a container is its script, given
-    the pod, the command line and the resolved environment, as the double's kubelet gives."""
+    """The node agent's runtime over a scripted one: a container is its script, given the
+    pod, the command line and the resolved environment."""
 
     def __init__(self, runtime: ScriptedRuntimes) -> None:
         self.runtime = runtime
