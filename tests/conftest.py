@@ -13,7 +13,7 @@ import pytest
 
 from resumequal.signing import KEY_ENV, RUN_ID_ENV
 
-pytest_plugins = ("tests.s3server", "testing.kubeapi.fixtures", "testing.cluster.fixtures")
+pytest_plugins = ("tests.s3server", "testing.cluster.fixtures")
 
 # The checkpoint key and run id every test's legs are started with (workers started by a
 # test inherit them; `resumequal run` makes a run id of its own); tests of a missing or

@@ -2,18 +2,18 @@
 no controllers, the CRDs the operator meets installed (the chart's; PyTorchJob, TrainJob
 and the training runtimes as Kubeflow's releases ship them), behind a recording proxy.
 
-``TestAPIServer`` starts once per test session (a few seconds) and ``RealAPI`` is what a
-test holds: the accessors the API double offered (``get``, ``list``, ``create``,
-``patch``, ``patch_status``, ``delete``, ``wait_for``), as the cluster's admin straight to
-the API server, and the proxy's records and faults (``requests``, ``created``,
-``deletions_of``, ``inject_fault``, ``end_watches``, ``stop``/``start``) for what the
-operator under test sends through it (``api_client``). ``compact`` compacts etcd: with
-the watch cache off, a watch from a compacted resourceVersion gets the real 410.
+``TestAPIServer`` starts once per test session (a few seconds); the pod cluster
+(:mod:`.podcluster`) offers its API server as an :class:`APIServer` too. ``RealAPI`` is
+what a test holds: accessors (``get``, ``list``, ``create``, ``patch``, ``patch_status``,
+``delete``, ``wait_for``) as the cluster's admin straight to the API server, watches it
+keeps for their history (``watch``), and the proxy's records and faults (``requests``,
+``created``, ``deletions_of``, ``inject_fault``, ``end_watches``, ``stop``/``start``) for
+what the operator under test sends through it (``api_client``). ``compact`` compacts etcd:
+with the watch cache off, a watch from a compacted resourceVersion gets the real 410.
 
-Nothing runs pods here: objects stay as written (no controller moves a Job or a
-PyTorchJob, no garbage collector follows owner references), as in the double's API-only
-tests. Between tests every namespace a test wrote to is emptied and removed, and the
-test namespace made again.
+On ``TestAPIServer`` nothing runs pods: objects stay as written (no controller moves a Job
+or a PyTorchJob, no garbage collector follows owner references). Between tests every
+namespace a test wrote to is emptied and removed, and the test namespace made again.
 """
 
 from __future__ import annotations
@@ -227,8 +227,8 @@ class WatchEvent:
 
 
 class History:
-    """A watch a test keeps, from its start until ``close``: every event in order, what
-    the double's store history was (the API server keeps none)."""
+    """A watch a test keeps, from its start until ``close``: every event in order (the API
+    server keeps no history a test could ask for afterwards)."""
 
     def __init__(self, cp: ControlPlane, path: str) -> None:
         self.events: list[WatchEvent] = []
