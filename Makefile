@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # promtool (alert rule checks) and prometheus (the end-to-end alert test) come from
-# Debian's prometheus package, kubectl (driven against the API emulator) from the kubectl
+# Debian's prometheus package, kubectl (driven against the tests' API server) from the kubectl
 # package; each installed when missing and we may install packages.
 tools:
 	@command -v promtool >/dev/null || { \
@@ -51,7 +51,8 @@ run: env bytecode
 # and the slow ones that mostly wait (marked waits), run beside them in a second session,
 # in the slow tests' idle CPU, their output shown after. Both must pass. The cluster suite
 # (tests/cluster, slow) starts the local cluster (testing/cluster) for the session, or uses
-# the one `make cluster-up` left running.
+# the one `make cluster-up` left running; the operator tests that drive pods (not slow)
+# start a cluster of their own beside it (testing/cluster/podcluster.py, build/podcluster-*).
 SELECT := not matrix
 test: env tools bytecode
 	@mkdir -p build

@@ -1,23 +1,17 @@
 """The operator under load: N QualificationRuns reconciled from apply to verdict.
 
-By default (``--api real``) the operator runs as its own process (``resumequal-operator
-run``, as in a pod, with a token of the chart's ServiceAccount) against the local cluster
-built from source (:mod:`testing.cluster`: the real kube-apiserver, etcd, controller
-manager and scheduler, the real Kubeflow training operator), the chart installed by helm
-for its CRD and RBAC, and the node agent running every pod, the legs' and comparator's
-containers played by the scripted workers below in a process of their own. Needs root
-(the pods' network namespaces). ``--api double`` runs it against the API double instead
-(:mod:`testing.kubeapi`: real HTTP, the official client), with the simulated
-Kubeflow training operator and Job controller moving PyTorchJobs, Jobs and pods, and the
-tests' simulated workers writing traces, beacons and verdicts into a ``file://`` store
-(no S3 endpoint in the way: what is measured is the operator). Every run has 2 legs of
-2 nodes x 1 rank, a hard kill on rank 1, and a comparator Job.
-
-The pods run in a process of their own (:class:`testing.kubeapi.node.NodeRuntime`: the
-kubelet stays with the API and signals them there), as on nodes apart from the control
-plane, at the lowest CPU priority: on two cores they get what the operator and the API
-leave, as training processes on other machines would take none of it.
-``--pods-with-api`` runs them on threads of the API's process instead, at its priority.
+The operator runs as its own process (``resumequal-operator run``, as in a pod, with a
+token of the chart's ServiceAccount) against the local cluster built from source
+(:mod:`testing.cluster`: the real kube-apiserver, etcd, controller manager and scheduler,
+the real Kubeflow training operator), the chart installed by helm for its CRD and RBAC,
+and the node agent running every pod, the legs' and comparator's containers played by the
+scripted workers below in a process of their own
+(:class:`testing.cluster.node.scriptnode.NodeRuntime`) at the lowest CPU priority: on two
+cores they get what the operator and the API leave, as training processes on other
+machines would take none of it. Needs root (the pods' network namespaces). The workers
+write traces, beacons and verdicts into a ``file://`` store (no S3 endpoint in the way:
+what is measured is the operator). Every run has 2 legs of 2 nodes x 1 rank, a hard kill
+on rank 1, and a comparator Job.
 
 Printed: reconcile latency percentiles (from the operator's own
 ``resumequal_operator_reconcile_duration_seconds`` histogram, interpolated within buckets as
@@ -31,7 +25,6 @@ a QualificationRun and status writes counted apart).
 
     python bench/operator_reconcile.py [--runs 200] [--concurrency 50] [--workers 4]
                                        [--poll-seconds 1] [--held 1800] [--shared]
-                                       [--pods-with-api]
 
 At most ``--concurrency`` runs are in flight; finished ones stay (the operator keeps
 resyncing them), so it ends holding all of them. ``--held N`` runs the same load twice in
@@ -42,16 +35,14 @@ reconcile p99, peak memory and the queue wait p99 of changes with ``runs + N`` h
 against ``runs``.
 
 Placed as far as a machine of two cores can stand for a cluster, where the operator's pod
-and the API server run on machines of their own. Against the real API server: the control
-plane (etcd, kube-apiserver, the controller manager, the scheduler) alone on one CPU, as
-on a control plane node; the operator on the other, with the services a worker node runs
-beside it (the Kubeflow training operator and its webhook, CoreDNS, SeaweedFS) at its
-priority, and the node agent (this process) and the pods' process at the lowest, as
-kubelets and training processes on other machines would take none of its CPU. Against the
-double: the operator on one CPU, this process (the API, the simulated cluster) and the
-pods' on the other. Either way the operator's requests do not wait for the API's CPU on
-its core, nor the API's answers for the operator's, and neither process's threads (which
-run one at a time anyway) move between the cores.
+and the API server run on machines of their own: the control plane (etcd, kube-apiserver,
+the controller manager, the scheduler) alone on one CPU, as on a control plane node; the
+operator on the other, with the services a worker node runs beside it (the Kubeflow
+training operator and its webhook, CoreDNS, SeaweedFS) at its priority, and the node agent
+(this process) and the pods' process at the lowest, as kubelets and training processes on
+other machines would take none of its CPU. The operator's requests do not wait for the
+API's CPU on its core, nor the API's answers for the operator's, and neither process's
+threads (which run one at a time anyway) move between the cores.
 ``--shared`` lets the scheduler place both on both cores (what the bench did by default
 before it placed them; ``--pin`` was then the placement above): the two processes then
 take turns on the cores, each waiting for the other's threads.
@@ -77,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# The repository root: the API double (testing/) and the operator tests' harness (tests/).
+# The repository root: the local cluster (testing/) and the operator tests' harness (tests/).
 sys.path.insert(0, str(REPO))
 
 from resumequal.local.backend import free_port  # noqa: E402
@@ -93,10 +84,8 @@ from resumequal_operator.kube import QUALIFICATION_RUNS  # noqa: E402
 from resumequal_operator.resource import parse_run_spec, qualification_spec  # noqa: E402
 from resumequal_operator.runkeys import MasterKey  # noqa: E402
 from resumequal_operator.status import run_status  # noqa: E402
-from testing.kubeapi import QUALIFICATIONRUN_CRD, KubeAPI  # noqa: E402
-from testing.kubeapi.node import NodeRuntime  # noqa: E402
-from testing.kubeapi.training import SimulatedTrainingOperator  # noqa: E402
-from tests.operator.harness import run_manifest, write_kubeconfig  # noqa: E402
+from testing.cluster.node.scriptnode import NodeRuntime  # noqa: E402
+from tests.operator.harness import run_manifest  # noqa: E402
 from tests.operator.workers import Workers, verdict  # noqa: E402
 
 NAMESPACE = "quals"
@@ -229,20 +218,6 @@ def held_manifest(i: int, store: dict[str, str]) -> dict[str, Any]:
     return manifest
 
 
-def hold_finished(api: KubeAPI, store: dict[str, str], count: int, master: MasterKey) -> None:
-    """``count`` runs that finished before the operator started: each with the finalizer
-    and the status a finished run keeps and its verdict.json in the store, written
-    through the emulator's in-process accessors (no HTTP). The operator finds nothing to
-    change in them: it writes none of their statuses."""
-    for i in range(count):
-        obj = api.create(QUALIFICATION_RUNS.plural, held_manifest(i, store))
-        status, uri = held_status(obj)
-        # Written whole, as the operator writes it (a merge patch would drop its nulls).
-        api.replace(QUALIFICATION_RUNS.plural, NAMESPACE, obj["metadata"]["name"],
-                    {**obj, "status": status}, subresource="status")
-        seal_verdict(uri, obj["metadata"]["uid"], master)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -257,13 +232,6 @@ def main() -> None:
     parser.add_argument("--shared", action="store_true",
                         help="every process on both CPUs, placed by the scheduler (default: "
                              "the operator apart from the API server: see the docstring)")
-    parser.add_argument("--api", choices=["real", "double"], default="real",
-                        help="real: the local cluster built from source (testing/cluster; "
-                             "needs root); double: the API double (testing/kubeapi) with its "
-                             "simulated training operator and kubelet")
-    parser.add_argument("--pods-with-api", action="store_true",
-                        help="the pods on threads of this process, beside the API (their CPU "
-                             "then holds the API's interpreter lock), at the same priority")
     args = parser.parse_args()
     # A SIGTERM (a timeout's) unwinds like Ctrl-C, so the cluster started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -272,120 +240,23 @@ def main() -> None:
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2:
             parser.error("placing the operator apart needs two CPUs; with one, use --shared")
-        args.cpus = (cpus[0], cpus[1])  # the operator's, this process's
-        if args.api == "real":
-            # This process is the node agent: a worker node's, beside the operator at the
-            # lowest priority, the other core left to the control plane (place_cluster).
-            pin_threads(os.getpid(), args.cpus[0], nice=NODE_NICE)
-        else:
-            pin_threads(os.getpid(), args.cpus[1])  # before any thread of the emulator starts
-    # This process serves the API and plays the training operator, the kubelet and every
-    # pod: with its default thresholds, its garbage collector's full passes over that heap
-    # stall the API for up to a second at a time (27 s of 86 s with 200 runs), and those
-    # stalls, not the operator, would set the reconcile tail measured.
+        args.cpus = (cpus[0], cpus[1])  # the operator's, the control plane's
+        # This process is the node agent: a worker node's, beside the operator at the
+        # lowest priority, the other core left to the control plane (place_cluster).
+        pin_threads(os.getpid(), args.cpus[0], nice=NODE_NICE)
+    # This process runs the node agent for every pod: with its default thresholds, its
+    # garbage collector's full passes over that heap would stall the agent at times.
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    run = measure_real if args.api == "real" else measure
-    first = run(args, held=0)
+    first = measure_real(args, held=0)
     if args.held:
-        second = run(args, held=args.held)
+        second = measure_real(args, held=args.held)
         print(f"held {args.runs + args.held} / {args.runs}: reconcile p99 "
               f"{second['p99'] / first['p99']:.2f}x ({second['p99'] * 1000:.1f}ms / "
               f"{first['p99'] * 1000:.1f}ms), peak RSS {second['rss'] / first['rss']:.2f}x "
               f"({second['rss']:.0f} / {first['rss']:.0f} MiB), queue wait p99 of changes "
               f"{second['wait_p99'] / first['wait_p99']:.2f}x ({second['wait_p99'] * 1000:.0f}"
               f"ms / {first['wait_p99'] * 1000:.0f}ms)")
-
-
-def measure(args: argparse.Namespace, held: int) -> dict[str, float]:
-    """One operator process through ``args.runs`` runs (``held`` more finished already);
-    prints its figures and returns reconcile p99 (s) and peak RSS (MiB)."""
-
-    with tempfile.TemporaryDirectory(prefix="rq-bench-") as tmp, KubeAPI() as api:
-        api.register_pytorchjob_crd()
-        api.register_crd(QUALIFICATIONRUN_CRD)
-        store = {"uri": f"file://{tmp}/store"}
-        # The operator's master key, as the chart mounts it: the held runs' verdicts are
-        # sealed with the run keys it makes.
-        key_file = Path(tmp) / "master-key"
-        key_file.write_text(new_key())
-        key_file.chmod(0o400)
-        hold_finished(api, store, held, MasterKey.from_file(key_file))
-        workers = Workers(hold_timeout=args.timeout)
-        if args.pods_with_api:
-            sim = SimulatedTrainingOperator(api, run_container=workers)
-        else:
-            node = NodeRuntime(workers)
-            assert node.pid is not None
-            # The pods stand for training processes on nodes of their own: here they get
-            # the CPU that the operator and the control plane leave.
-            os.setpriority(os.PRIO_PROCESS, node.pid, NODE_NICE)
-            sim = SimulatedTrainingOperator(api, runtime=node)
-        sim.start()
-        port = free_port()
-        env = dict(os.environ, KUBECONFIG=str(write_kubeconfig(api, Path(tmp) / "kubeconfig")),
-                   POD_NAME="bench", POD_NAMESPACE=NAMESPACE)
-        log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from resumequal_operator.main import main; main()", "run",
-             "--port", str(port), "--workers", str(args.workers),
-             "--poll-seconds", str(args.poll_seconds), "--key-file", str(key_file),
-             "--log-level", "WARNING"],
-            env=env, stdout=log, stderr=subprocess.STDOUT)
-        if args.cpus is not None:
-            pin_threads(proc.pid, args.cpus[0])  # it starts its threads after its imports
-        try:
-            wait_ready(proc, port, Path(tmp) / "operator.log")
-            if args.cpus is not None:
-                pin_threads(proc.pid, args.cpus[0])  # and any it started before that
-            created: dict[str, float] = {}
-            runs_kind = api.kind(QUALIFICATION_RUNS.plural)
-            start = time.monotonic()
-            bench_cpu_start = time.process_time()
-            pods_cpu_start = 0.0 if args.pods_with_api else cpu_seconds(node.pid)
-            finished: dict[str, tuple[float, str]] = {}
-            while len(finished) < args.runs:
-                while len(created) < min(args.runs, len(finished) + args.concurrency):
-                    name = f"run-{len(created):04d}"
-                    api.create("qualificationruns", run_manifest(name, store,
-                                                                 timeouts=TIMEOUTS))
-                    created[name] = time.time()
-                if time.monotonic() - start > args.timeout:
-                    raise SystemExit(f"only {len(finished)} of {args.runs} runs finished in "
-                                     f"{args.timeout:g}s")
-                # Only the runs in flight, read as stored (no copy): a listing of every run
-                # held, or a copy of each run 5 times a second, would load the API emulator
-                # the operator is measured against.
-                for name in [n for n in created if n not in finished]:
-                    obj = api.store.current(runs_kind, NAMESPACE, name) or {}
-                    status = obj.get("status") or {}
-                    if status.get("phase") in ("Succeeded", "Failed"):
-                        ready = next((c for c in status.get("conditions") or []
-                                      if c["type"] == "Ready"), {})
-                        finished[name] = (time.time(), status["phase"] if status["phase"] ==
-                                          "Succeeded" else f"{ready.get('reason')}: "
-                                          f"{ready.get('message')}")
-                time.sleep(0.2)
-            wall = time.monotonic() - start
-            metrics = scrape(port)
-            rss = peak_rss_mib(proc.pid)
-            operator_cpu = cpu_seconds(proc.pid)
-            bench_cpu = time.process_time() - bench_cpu_start
-            pods_cpu = None if args.pods_with_api else cpu_seconds(node.pid) - pods_cpu_start
-            requests = api.requests
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-            sim.stop()
-
-    return summarize(args, held, Figures(metrics, created, finished, wall, rss, operator_cpu,
-                                         bench_cpu, pods_cpu, requests,
-                                         "API, controllers, kubelet"))
 
 
 # The control plane's programs, as /proc/<pid>/comm names them (cut at 15 characters).
@@ -411,7 +282,10 @@ def place_cluster(cluster_id: str, control_plane_cpu: int, nodes_cpu: int) -> No
 
 def hold_finished_real(objects: Any, store: dict[str, str], count: int,
                        master: MasterKey) -> None:
-    """As :func:`hold_finished`, through the real API server (as the admin)."""
+    """``count`` runs that finished before the operator started: each with the finalizer
+    and the status a finished run keeps and its verdict.json in the store, written through
+    the API server as the admin. The operator finds nothing to change in them: it writes
+    none of their statuses."""
     group, version, plural = (QUALIFICATION_RUNS.group, QUALIFICATION_RUNS.version,
                               QUALIFICATION_RUNS.plural)
     for i in range(count):
@@ -424,7 +298,8 @@ def hold_finished_real(objects: Any, store: dict[str, str], count: int,
 
 
 def measure_real(args: argparse.Namespace, held: int) -> dict[str, float]:
-    """As :func:`measure`, against the local cluster built from source: the real
+    """One operator process through ``args.runs`` runs (``held`` more finished already),
+    against the local cluster built from source: the real
     kube-apiserver, etcd, controller manager and scheduler, the real Kubeflow training
     operator; the node agent in this process with the legs' and comparator's containers
     played by the scripted workers in a node process of their own (at the lowest CPU
@@ -577,7 +452,7 @@ def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconf
         log.close()
     return summarize(args, held, Figures(
         metrics, created, {n: v for n, v in finished.items() if n in created}, wall, rss,
-        operator_cpu, bench_cpu, pods_cpu, None,
+        operator_cpu, bench_cpu, pods_cpu,
         "the node agent, at the lowest priority beside the operator"))
 
 
@@ -593,7 +468,6 @@ class Figures:
     operator_cpu: float
     bench_cpu: float
     pods_cpu: float | None
-    requests: list[tuple[str, str]] | None  # (method, path) of the operator's, when recorded
     here: str  # what this process serves besides the bench
 
 
@@ -629,11 +503,8 @@ def summarize(args: argparse.Namespace, held: int, f: Figures) -> dict[str, floa
     print(json.dumps({"runs": args.runs, "held": held, "succeeded": args.runs - len(failed),
                       "concurrency": args.concurrency, "workers": args.workers,
                       "poll_seconds": args.poll_seconds,
-                      "pods": "with the API" if args.pods_with_api else
-                      f"a process of their own, nice {NODE_NICE}",
+                      "pods": f"a process of their own, nice {NODE_NICE}",
                       "cpus": None if args.cpus is None else
-                      {"operator": args.cpus[0], "api, cluster and pods": args.cpus[1]}
-                      if args.api == "double" else
                       {"operator, worker nodes' services, node agent and pods": args.cpus[0],
                        "control plane": args.cpus[1]}}))
     print(f"reconciles: {reconciles:.0f} in {wall:.1f}s ({reconciles / wall:.0f}/s), "
@@ -668,19 +539,6 @@ def summarize(args: argparse.Namespace, held: int, f: Figures) -> dict[str, floa
           f"process ({here}) {bench_cpu:.1f}s{pods}, in {wall:.1f}s on "
           f"{os.cpu_count()} CPUs")
     print(f"operator peak RSS:  {rss:.0f} MiB")
-    if f.requests is not None:
-        requests = f.requests
-        runs_path = QUALIFICATION_RUNS.path(NAMESPACE)
-        run_gets = sum(1 for m, p in requests if m == "GET" and p.startswith(runs_path + "/"))
-        status_writes = [p for m, p in requests if m == "PUT" and p.endswith("/status")]
-        held_writes = sum(1 for p in status_writes if p.startswith(runs_path + "/held-"))
-        # Events are written by the operator's recorder thread, off the reconcile path.
-        events = sum(1 for m, p in requests
-                     if m == "POST" and p.split("?")[0].endswith("/events"))
-        print(f"API requests:       {len(requests)}, of which {events} Events written apart; "
-              f"the rest {(len(requests) - events) / reconciles:.2f}/reconcile; "
-              f"GETs of a run {run_gets} ({run_gets / reconciles:.2f}/reconcile), "
-              f"status writes {len(status_writes)} ({held_writes} of runs held finished)")
     for name in failed[:5]:
         print(f"not Succeeded: {name}: {finished[name][1]}")
     return {"p99": histogram_quantile(0.99, metrics, family), "rss": rss,

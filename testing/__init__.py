@@ -1,7 +1,8 @@
-"""Test doubles of other people's systems (the Kubernetes API server and the cluster side
-around it), used by the tests and the benches.
+"""Other people's systems as the tests and the benches run them: a Kubernetes cluster
+built from source on this machine (testing/cluster), its node agent standing in for the
+kubelet.
 
-Owns: stand-ins that behave as the upstream systems do, each rule naming the upstream
-source it follows. Must not: be imported by the product (service/, operator/), nor hold
-tests of its own (those are under tests/).
+Owns: starting them, and what stands in for upstream (the node agent, the scripted
+containers), each rule naming the upstream source it follows. Must not: be imported by the
+product (service/, operator/), nor hold tests of its own (those are under tests/).
 """

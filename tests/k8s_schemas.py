@@ -30,8 +30,8 @@ import kubernetes_validate
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-# The training operator v1.9.0 release CRD (Apache-2.0), kept with the API emulator.
-PYTORCHJOB_CRD = ROOT / "testing/kubeapi/crds/kubeflow.org_pytorchjobs.v1.9.0.yaml"
+# The training operator v1.9.0 release CRD (Apache-2.0), kept with the tests.
+PYTORCHJOB_CRD = ROOT / "tests/crds/kubeflow.org_pytorchjobs.v1.9.0.yaml"
 QUALIFICATIONRUN_CRD = ROOT / "charts/resumequal/crds/qualificationruns.resumequal.dev.yaml"
 K8S_VERSION = "1.33"
 
@@ -47,7 +47,8 @@ _DNS_LABEL_KINDS = frozenset({"PyTorchJob", "Job", "Service", "Namespace"})
 
 class SchemaViolation(AssertionError):
     """A failed check; ``field`` is where (``spec.world.nnodes``), ``detail`` what is wrong.
-    The API emulator names the field in its 422 when such a check rejects a write."""
+    The tests' admission check (a validating webhook's, in their API proxy) quotes it when
+    it refuses a write."""
 
     def __init__(self, message: str, field: str = "", detail: str = "") -> None:
         super().__init__(message)

@@ -9,7 +9,9 @@ training operator, Trainer and JobSet from their upstream manifests, as Deployme
 pods the node agent runs; and the resumequal chart with the real ``helm install``. The
 admin kubeconfig is written to ``build/cluster/kubeconfig``; ``state.json`` beside it says
 what runs where. ``down`` stops every process the cluster started (they carry its tag),
-removes its network namespaces and bridge and its folder.
+removes its network namespaces and bridge and its folder. A caller that needs a cluster
+apart from that one (a test session beside ``make cluster-up``'s) names a root folder of
+its own: ``up``, ``current`` and ``down`` then keep its state, kubeconfig and files there.
 """
 
 from __future__ import annotations
@@ -70,10 +72,11 @@ class Cluster:
     bridge: network.Bridge
     s3: S3Server
     binaries: dict[str, Path]
+    root: Path = ROOT
 
     @property
     def kubeconfig(self) -> Path:
-        return KUBECONFIG
+        return self.root / KUBECONFIG.name
 
     @property
     def s3_in_cluster(self) -> str:
@@ -84,13 +87,15 @@ class Cluster:
         return {"id": self.id, "controlplane": self.controlplane.to_json(),
                 "bridge": {"name": self.bridge.name, "subnet": self.bridge.subnet},
                 "s3": self.s3.to_json(),
-                "binaries": {k: str(v) for k, v in self.binaries.items()}}
+                "binaries": {k: str(v) for k, v in self.binaries.items()},
+                "root": str(self.root)}
 
     @classmethod
     def from_json(cls, data: Obj) -> Cluster:
         return cls(data["id"], ControlPlane.from_json(data["controlplane"]),
                    network.Bridge(**data["bridge"]), S3Server.from_json(data["s3"]),
-                   {k: Path(v) for k, v in data["binaries"].items()})
+                   {k: Path(v) for k, v in data["binaries"].items()},
+                   Path(data.get("root", ROOT)))
 
     def kubectl(self, *args: str, input: str | None = None,
                 kubeconfig: Path | None = None) -> str:
@@ -103,10 +108,10 @@ class Cluster:
                                context=self.controlplane.ssl_context())
 
 
-def current() -> Cluster | None:
-    """The cluster ``state.json`` describes, if one is recorded."""
+def current(root: Path = ROOT) -> Cluster | None:
+    """The cluster ``state.json`` under ``root`` describes, if one is recorded."""
     try:
-        return Cluster.from_json(json.loads(STATE.read_text()))
+        return Cluster.from_json(json.loads((root / STATE.name).read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -371,29 +376,31 @@ def _namespaces_for_operator(cluster: Cluster) -> None:
 
 
 def up(*, chart: bool = True, node: bool = True, kubeflow: tuple[str, ...] = tuple(KUBEFLOW),
-       keep_failed: bool = False) -> Cluster:
-    """Build what is missing and start the whole cluster; the running one if it is up.
-    Without ``node`` (a caller runs its own node agent), nothing that needs pods is
-    installed. A start that fails stops what it started, unless ``keep_failed``."""
-    running = current()
+       keep_failed: bool = False, root: Path = ROOT) -> Cluster:
+    """Build what is missing and start the whole cluster (its files under ``root``); the
+    running one if it is up. Without ``node`` (a caller runs its own node agent), nothing
+    that needs pods is installed. A start that fails stops what it started, unless
+    ``keep_failed``."""
+    running = current(root)
     if running is not None and running.healthy():
         return running
     if running is not None:
-        down()
+        down(root=root)
     binaries = build.build_all()
     cluster_id = secrets.token_hex(5)
-    RUN.mkdir(parents=True, exist_ok=True)
+    run = root / RUN.name
+    run.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     bridge = network.create_bridge(cluster_id)
     try:
-        cp = controlplane.start(RUN, binaries, cluster=cluster_id, host=bridge.gateway,
+        cp = controlplane.start(run, binaries, cluster=cluster_id, host=bridge.gateway,
                                 audited=(OPERATOR_NAMESPACE,))
         # On the Service's port: a headless Service sends clients to the endpoint's port.
-        s3 = seaweed.start(binaries["weed"], RUN / "seaweedfs", cluster=cluster_id,
+        s3 = seaweed.start(binaries["weed"], run / "seaweedfs", cluster=cluster_id,
                            host=bridge.gateway, port=S3_SERVICE[2])
-        cluster = Cluster(cluster_id, cp, bridge, s3, binaries)
-        STATE.write_text(json.dumps(cluster.to_json(), indent=1))
-        shutil.copyfile(cp.admin_kubeconfig, KUBECONFIG)
+        cluster = Cluster(cluster_id, cp, bridge, s3, binaries, root)
+        (root / STATE.name).write_text(json.dumps(cluster.to_json(), indent=1))
+        shutil.copyfile(cp.admin_kubeconfig, cluster.kubeconfig)
         _start_coredns(cluster)
         s3.client().create_bucket(Bucket=BUCKET)  # type: ignore[attr-defined]
         _publish_s3(cluster, int(s3.endpoint.rsplit(":", 1)[1]))
@@ -405,16 +412,18 @@ def up(*, chart: bool = True, node: bool = True, kubeflow: tuple[str, ...] = tup
                 install_chart(cluster)
     except BaseException:
         if not keep_failed:
-            down(cluster_id=cluster_id, bridge=bridge.name)
+            down(cluster_id=cluster_id, bridge=bridge.name, root=root)
         raise
     log.info("cluster %s up in %.0f s: kubectl --kubeconfig %s", cluster_id,
-             time.monotonic() - started, KUBECONFIG)
+             time.monotonic() - started, cluster.kubeconfig)
     return cluster
 
 
-def down(*, cluster_id: str | None = None, bridge: str | None = None) -> None:
-    """Stop every process of the cluster, remove its namespaces, bridge and folder."""
-    running = current()
+def down(*, cluster_id: str | None = None, bridge: str | None = None,
+         root: Path = ROOT) -> None:
+    """Stop every process of the cluster under ``root``, remove its namespaces, bridge and
+    folder."""
+    running = current(root)
     cluster_id = cluster_id or (running.id if running else None)
     bridge = bridge or (running.bridge.name if running else None)
     if cluster_id:
@@ -423,6 +432,6 @@ def down(*, cluster_id: str | None = None, bridge: str | None = None) -> None:
             network.remove_pod(netns)
     if bridge:
         network.delete_bridge(bridge)
-    STATE.unlink(missing_ok=True)
-    KUBECONFIG.unlink(missing_ok=True)
-    shutil.rmtree(RUN, ignore_errors=True)
+    (root / STATE.name).unlink(missing_ok=True)
+    (root / KUBECONFIG.name).unlink(missing_ok=True)
+    shutil.rmtree(root / RUN.name, ignore_errors=True)

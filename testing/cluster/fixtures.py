@@ -5,6 +5,8 @@ started for the session and stopped at its end (nothing of it left running).
 ``cluster_admin``: an official client for it as the cluster's admin.
 ``test_api_server``: etcd and kube-apiserver alone (no controllers, no root needed) for the
 session, the CRDs the operator meets installed (:mod:`testing.cluster.testapi`).
+``pod_cluster``: a cluster of its own for the session's operator tests that drive pods
+(:mod:`testing.cluster.podcluster`), apart from ``local_cluster``'s; stopped at its end.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     import kubernetes.client
 
     from .cluster import Cluster
+    from .podcluster import PodCluster
     from .testapi import TestAPIServer
 
 
@@ -64,3 +67,20 @@ def test_api_server() -> Iterator[TestAPIServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def pod_cluster() -> Iterator[PodCluster]:
+    """The pod cluster, its tests' namespace ``quals``; stopped at the session's end."""
+    import os
+
+    from .podcluster import PodCluster
+
+    if os.geteuid() != 0:
+        pytest.skip("the pod cluster needs root: its pods run in network namespaces of "
+                    "their own (make cluster-up explains)")
+    started = PodCluster("quals")
+    try:
+        yield started
+    finally:
+        started.close()

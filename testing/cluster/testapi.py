@@ -2,30 +2,33 @@
 no controllers, the CRDs the operator meets installed (the chart's; PyTorchJob, TrainJob
 and the training runtimes as Kubeflow's releases ship them), behind a recording proxy.
 
-``TestAPIServer`` starts once per test session (a few seconds) and ``RealAPI`` is what a
-test holds: the accessors the API double offered (``get``, ``list``, ``create``,
-``patch``, ``patch_status``, ``delete``, ``wait_for``), as the cluster's admin straight to
-the API server, and the proxy's records and faults (``requests``, ``created``,
-``deletions_of``, ``inject_fault``, ``end_watches``, ``stop``/``start``) for what the
-operator under test sends through it (``api_client``). ``compact`` compacts etcd: with
-the watch cache off, a watch from a compacted resourceVersion gets the real 410.
+``TestAPIServer`` starts once per test session (a few seconds); the pod cluster
+(:mod:`.podcluster`) offers its API server as an :class:`APIServer` too. ``RealAPI`` is
+what a test holds: accessors (``get``, ``list``, ``create``, ``patch``, ``patch_status``,
+``delete``, ``wait_for``) as the cluster's admin straight to the API server, watches it
+keeps for their history (``watch``), and the proxy's records and faults (``requests``,
+``created``, ``deletions_of``, ``inject_fault``, ``end_watches``, ``stop``/``start``) for
+what the operator under test sends through it (``api_client``). ``compact`` compacts etcd:
+with the watch cache off, a watch from a compacted resourceVersion gets the real 410.
 
-Nothing runs pods here: objects stay as written (no controller moves a Job or a
-PyTorchJob, no garbage collector follows owner references), as in the double's API-only
-tests. Between tests every namespace a test wrote to is emptied and removed, and the
-test namespace made again.
+On ``TestAPIServer`` nothing runs pods: objects stay as written (no controller moves a Job
+or a PyTorchJob, no garbage collector follows owner references). Between tests every
+namespace a test wrote to is emptied and removed, and the test namespace made again.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import logging
 import secrets
 import shutil
+import socket
 import ssl
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -132,32 +135,21 @@ class _Rest:
             raise APIError(e.code, status, what or f"{method} {path}") from e
 
 
-class TestAPIServer:
-    """etcd and kube-apiserver for a test session; ``close`` stops both, nothing left."""
+class APIServer:
+    """A running API server the tests reach as its admin: its control plane, plain REST
+    calls and the resources it serves. ``kept``: namespaces no test's sweep touches;
+    ``namespace_labels``: what each namespace a test writes to is made with."""
 
-    __test__ = False  # not a test class, whatever its name
+    __test__ = False  # not a test class, whatever its subclasses are named
 
-    def __init__(self) -> None:
-        binaries = build.build_all()
-        self.id = "t" + secrets.token_hex(4)
-        self.root = Path(tempfile.mkdtemp(prefix="rq-testapi-"))
-        try:
-            self.cp: ControlPlane = controlplane.start(
-                self.root, binaries, cluster=self.id, host="127.0.0.1", controllers=False,
-                watch_cache=False)
-            self.rest = _Rest(self.cp.server, self.cp.ssl_context())
-            files = [CHART_CRD] + [build.module_dir(module) / folder / name
-                                   for module, folder, names in KUBEFLOW_CRDS
-                                   for name in names]
-            for crd in files:
-                for doc in yaml.safe_load_all(crd.read_text()):
-                    if doc:
-                        self.rest.call("POST", "/apis/apiextensions.k8s.io/v1/"
-                                       "customresourcedefinitions", doc, what=str(crd))
-            self.resources = self._discover(set(SERVED))
-        except BaseException:
-            self.close()
-            raise
+    def __init__(self, cp: ControlPlane, wanted: Iterable[str] = SERVED, *,
+                 kept: frozenset[str] = SYSTEM_NAMESPACES,
+                 namespace_labels: dict[str, str] | None = None) -> None:
+        self.cp = cp
+        self.rest = _Rest(cp.server, cp.ssl_context())
+        self.kept = kept
+        self.namespace_labels = dict(namespace_labels or {})
+        self.resources = self._discover(set(wanted))
 
     def _discover(self, wanted: set[str]) -> dict[str, Resource]:
         """Every served resource by plural, plural.group, Kind and short name; waits until
@@ -196,24 +188,96 @@ class TestAPIServer:
                                       tuple(r.get("shortNames", []))))
         return found
 
+
+class TestAPIServer(APIServer):
+    """etcd and kube-apiserver for a test session; ``close`` stops both, nothing left."""
+
+    def __init__(self) -> None:
+        binaries = build.build_all()
+        self.id = "t" + secrets.token_hex(4)
+        self.root = Path(tempfile.mkdtemp(prefix="rq-testapi-"))
+        try:
+            cp = controlplane.start(self.root, binaries, cluster=self.id, host="127.0.0.1",
+                                    controllers=False, watch_cache=False)
+            rest = _Rest(cp.server, cp.ssl_context())
+            files = [CHART_CRD] + [build.module_dir(module) / folder / name
+                                   for module, folder, names in KUBEFLOW_CRDS
+                                   for name in names]
+            for crd in files:
+                for doc in yaml.safe_load_all(crd.read_text()):
+                    if doc:
+                        rest.call("POST", "/apis/apiextensions.k8s.io/v1/"
+                                  "customresourcedefinitions", doc, what=str(crd))
+            super().__init__(cp)
+        except BaseException:
+            self.close()
+            raise
+
     def close(self) -> None:
         daemons.stop_all(self.id, grace=3.0)  # a test server: no requests to drain
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class WatchEvent:
+    """One event of a watch: ADDED, MODIFIED or DELETED, and the object as it then was."""
+
+    type: str
+    object: Obj
+
+
+class History:
+    """A watch a test keeps, from its start until ``close``: every event in order (the API
+    server keeps no history a test could ask for afterwards)."""
+
+    def __init__(self, cp: ControlPlane, path: str) -> None:
+        self.events: list[WatchEvent] = []
+        self._lock = threading.Lock()
+        self._conn = http.client.HTTPSConnection(cp.host, cp.ports.apiserver,
+                                                 context=cp.ssl_context(), timeout=3600)
+        # From now: the watch's first events are the objects there (ADDED), then changes.
+        self._conn.request("GET", f"{path}?watch=true&timeoutSeconds=3600")
+        self._response = self._conn.getresponse()
+        if self._response.status != 200:
+            raise APIError(self._response.status, {}, f"watch {path}")
+        self._thread = threading.Thread(target=self._read, daemon=True, name=f"watch {path}")
+        self._thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+            for line in self._response:
+                event = json.loads(line)
+                with self._lock:
+                    self.events.append(WatchEvent(event["type"], event["object"]))
+
+    def __call__(self) -> list[WatchEvent]:
+        """The events so far."""
+        with self._lock:
+            return list(self.events)
+
+    def close(self) -> None:
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5)
+        self._conn.close()
+
+
 class RealAPI:
     """What one test holds: accessors, and a proxy of its own for the operator."""
 
-    def __init__(self, server: TestAPIServer, namespace: str) -> None:
+    def __init__(self, server: APIServer, namespace: str) -> None:
         self.server = server
         self.rest = server.rest
         self.namespace = namespace
-        self.proxy = RecordingProxy(("127.0.0.1", server.cp.ports.apiserver),
+        self.proxy = RecordingProxy((server.cp.host, server.cp.ports.apiserver),
                                     server.cp.ssl_context()).start()
         self._created: list[tuple[str, Obj]] = []
         self._deletions: list[Deletion] = []
         self._namespaces: set[str] = set()
         self._crds: dict[str, Obj | None] = {}  # CRDs a test changed: as they were before
+        self._watches: list[History] = []
         self._ensure_namespace(namespace)
 
     # ----------------------------------------------------------------- the operator's door
@@ -314,6 +378,13 @@ class RealAPI:
         with self.proxy.lock:
             found = [d for d in [*self.proxy.deletions, *self._deletions] if d.kind == key]
         return sorted(found, key=lambda d: d.time)
+
+    def watch(self, kind: str, namespace: str | None = None) -> History:
+        """A watch of ``kind`` (in ``namespace``, or the test's) kept from now until the
+        test ends: its events, in order."""
+        history = History(self.server.cp, self.kind(kind).path(namespace or self.namespace))
+        self._watches.append(history)
+        return history
 
     # ----------------------------------------------------------------- accessors
 
@@ -449,7 +520,8 @@ class RealAPI:
             return
         with contextlib.suppress(APIError):  # there already
             self.rest.call("POST", "/api/v1/namespaces", {
-                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": self.server.namespace_labels}})
         # What the controller manager's serviceaccount controller would make (kubernetes
         # pkg/controller/serviceaccount/serviceaccounts_controller.go, syncNamespace): the
         # ServiceAccount admission plugin refuses pods in a namespace without it.
@@ -462,8 +534,10 @@ class RealAPI:
         """Stop the proxy; empty and remove every namespace the test wrote to (the
         operator's finalizers cleared: no operator is left to clear them)."""
         self.proxy.stop()
+        for history in self._watches:
+            history.close()
         namespaces = {n["metadata"]["name"] for n in self.rest.call(
-            "GET", "/api/v1/namespaces")["items"]} - SYSTEM_NAMESPACES
+            "GET", "/api/v1/namespaces")["items"]} - self.server.kept
         self._restore_crds()
         sweep(self.rest, self.server.resources.values(), namespaces)
 
@@ -481,42 +555,26 @@ class RealAPI:
 
 
 def sweep(rest: _Rest, resources: Iterable[Resource], namespaces: set[str]) -> None:
-    """Delete every object in ``namespaces`` at once, then the namespaces themselves: what
-    the namespace controller does, were it running (kubernetes
+    """Delete each namespace, then every object in it at once, then finalize it: what the
+    namespace controller does (kubernetes
     pkg/controller/namespace/deletion/namespaced_resources_deleter.go: deleteAllContent,
-    then finalizeNamespace's PUT of ``/finalize``); finalizers are cleared first, as no
-    controller is left here to clear them."""
+    then finalizeNamespace's PUT of ``/finalize``), without its waits for grace periods;
+    finalizers are cleared first, as no operator is left to clear them. Deleted first, the
+    namespace takes no new objects (NamespaceLifecycle admission): where controllers run,
+    none makes one again while it is emptied."""
     kinds = {r.key: r for r in resources if r.namespaced and {"list", "delete"} <= r.verbs}
-    now = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
     for namespace in sorted(namespaces):
-        for r in kinds.values():
-            try:
-                items = rest.call("GET", r.path(namespace)).get("items", [])
-            except APIError as e:
-                if e.code == 404:  # a custom resource whose CRD a test removed
-                    continue
-                raise
-            for obj in items:
-                if obj["metadata"].get("finalizers"):
-                    with contextlib.suppress(APIError):  # gone meanwhile
-                        rest.call("PATCH", r.path(namespace, obj["metadata"]["name"]),
-                                  {"metadata": {"finalizers": None}},
-                                  content_type="application/merge-patch+json")
-            if not items:
-                continue
-            if "deletecollection" in r.verbs:
-                rest.call("DELETE", r.path(namespace), now)
-                continue
-            for obj in items:
-                with contextlib.suppress(APIError):
-                    rest.call("DELETE", r.path(namespace, obj["metadata"]["name"]), now)
         with contextlib.suppress(APIError):
             rest.call("DELETE", f"/api/v1/namespaces/{namespace}")
+        deadline = time.monotonic() + 30
+        while _empty_once(rest, kinds.values(), namespace):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"namespace {namespace} not emptied within 30 s")
+        with contextlib.suppress(APIError):
             # Emptied above: what the namespace controller does last, done here.
             rest.call("PUT", f"/api/v1/namespaces/{namespace}/finalize", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace},
                 "spec": {"finalizers": []}})
-        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
                 rest.call("GET", f"/api/v1/namespaces/{namespace}")
@@ -527,6 +585,40 @@ def sweep(rest: _Rest, resources: Iterable[Resource], namespaces: set[str]) -> N
             time.sleep(0.05)
         else:
             raise ClusterError(f"namespace {namespace} still there 30 s after its sweep")
+
+
+def _empty_once(rest: _Rest, kinds: Iterable[Resource], namespace: str) -> bool:
+    """One pass deleting every object in ``namespace`` (grace 0, finalizers cleared);
+    whether it found any."""
+    now = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
+    found = False
+    for r in kinds:
+        try:
+            items = rest.call("GET", r.path(namespace)).get("items", [])
+        except APIError as e:
+            if e.code == 404:  # a custom resource whose CRD a test removed
+                continue
+            if e.code == 429:  # its CRD put back by a test: served again in a moment
+                found = True
+                continue
+            raise
+        for obj in items:
+            if obj["metadata"].get("finalizers"):
+                with contextlib.suppress(APIError):  # gone meanwhile
+                    rest.call("PATCH", r.path(namespace, obj["metadata"]["name"]),
+                              {"metadata": {"finalizers": None}},
+                              content_type="application/merge-patch+json")
+        if not items:
+            continue
+        found = True
+        if "deletecollection" in r.verbs:
+            with contextlib.suppress(APIError):
+                rest.call("DELETE", r.path(namespace), now)
+            continue
+        for obj in items:
+            with contextlib.suppress(APIError):
+                rest.call("DELETE", r.path(namespace, obj["metadata"]["name"]), now)
+    return found
 
 
 def _established(crd: Obj | None) -> bool:

@@ -2,10 +2,10 @@
 
 ``api`` is the session's kube-apiserver (:mod:`testing.cluster.testapi`: etcd and the API
 server built from source, no controllers, the real CRDs; the operator talks to it through
-a recording proxy, as the cluster's admin). Tests that drive pods (the ``training``
-fixture: the simulated Kubeflow training operator, Job controller and kubelet) or that
-are marked ``double`` run on the API double instead (:mod:`testing.kubeapi`), where every
-object written passes admission by the schemas in ``tests/k8s_schemas.py``.
+a recording proxy, as the cluster's admin). Tests that drive pods (the ``pods`` fixture)
+run on the session's pod cluster instead (:mod:`testing.cluster.podcluster`: the real
+controllers, the real Kubeflow training operator, a node agent whose runs' containers are
+played by the test's ``workers``), through the same kind of proxy.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
 from resumequal_operator.kube import Kube
-from testing.cluster.testapi import RealAPI, TestAPIServer
-from testing.kubeapi import KubeAPI
-from testing.kubeapi.training import SimulatedTrainingOperator
+from testing.cluster.node.scriptnode import NodeRuntime
+from testing.cluster.podcluster import PodCluster
+from testing.cluster.testapi import APIServer, RealAPI
 from tests.operator.harness import NAMESPACE, Admission, Operators
 from tests.operator.workers import Workers
 
@@ -30,43 +30,25 @@ if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here 
 
 
 @pytest.fixture
-def _double(kubeapi: KubeAPI) -> tuple[KubeAPI, Admission]:
-    """The double, every object written to it checked by the real schemas."""
-    check = Admission()
-    kubeapi.add_validator(check)
-    return kubeapi, check
-
-
-@pytest.fixture
-def admission(request: pytest.FixtureRequest, api: KubeAPI | RealAPI) -> Admission:
+def admission(api: RealAPI) -> Admission:
     """What was checked by the schemas of ``tests/k8s_schemas.py`` (Kubeflow's webhooks'
-    rules among them): on the real API server, what the operator creates or replaces, as
-    a validating webhook sees it, before the server's own validation."""
-    if on_double(request):
-        return request.getfixturevalue("_double")[1]  # type: ignore[no-any-return]
+    rules among them): what the operator creates or replaces, as a validating webhook sees
+    it, before the server's own validation."""
     check = Admission()
     api.add_validator(check)
     return check
 
 
-# Fixtures that need the double: its simulated cluster runs on the double's store.
-_DOUBLE_FIXTURES = frozenset({"training", "kubeapi", "training_operator", "real_pods"})
-
-
-def on_double(request: pytest.FixtureRequest) -> bool:
-    """Whether this test runs on the API double (see the module docstring)."""
-    return (request.node.get_closest_marker("double") is not None
-            or bool(_DOUBLE_FIXTURES & set(request.fixturenames)))
-
-
 @pytest.fixture
-def api(request: pytest.FixtureRequest) -> Iterator[KubeAPI | RealAPI]:
-    """The session's real API server behind a proxy of this test's; the double (with
-    admission by the real schemas) for tests that drive pods or are marked ``double``."""
-    if on_double(request):
-        yield request.getfixturevalue("_double")[0]
-        return
-    server: TestAPIServer = request.getfixturevalue("test_api_server")
+def api(request: pytest.FixtureRequest) -> Iterator[RealAPI]:
+    """The session's real API server behind a proxy of this test's; the pod cluster's for
+    tests that drive pods (``pods``), its scripts bound to this test's ``workers`` first
+    (so they are let go only after the test's namespaces are swept)."""
+    server: APIServer
+    if "pods" in request.fixturenames:
+        server = request.getfixturevalue("pods").api
+    else:
+        server = request.getfixturevalue("test_api_server")
     real = RealAPI(server, NAMESPACE)
     try:
         yield real
@@ -83,7 +65,7 @@ def store(s3_server: SeaweedFS, aws_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture
-def operators(api: KubeAPI, aws_env: dict[str, str], s3_server: SeaweedFS
+def operators(api: RealAPI, aws_env: dict[str, str], s3_server: SeaweedFS
               ) -> Iterator[Operators]:
     """Operator replicas, allowed to use the S3 server's endpoint; stopped before the AWS
     environment they read is taken away."""
@@ -108,17 +90,28 @@ def workers(store: dict[str, str], verdict_result: Result) -> Workers:
 
 
 @pytest.fixture
-def training(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperator]:
-    """The simulated Kubeflow training operator, its containers played by ``workers``."""
-    sim = SimulatedTrainingOperator(api, run_container=workers).start()
+def pods(pod_cluster: PodCluster, workers: Workers) -> Iterator[PodCluster]:
+    """The pod cluster, its runs' containers played by ``workers`` (in a node process of
+    their own, started with the first pod: what the test set on ``workers`` before counts);
+    a script that raised fails the test."""
+    made: list[NodeRuntime] = []
+
+    def node() -> NodeRuntime:
+        made.append(NodeRuntime(workers))
+        return made[-1]
+
+    pod_cluster.scripts.bind(node)
     try:
-        yield sim
+        yield pod_cluster
     finally:
-        sim.stop()
+        pod_cluster.scripts.unbind()
+    errors = [e for n in made for e in n.errors]
+    if errors:
+        raise RuntimeError("a scripted container failed") from errors[0]
 
 
 @pytest.fixture
-def kube(api: KubeAPI | RealAPI) -> Iterator[Kube]:
+def kube(api: RealAPI) -> Iterator[Kube]:
     """The operator's API client for the test's API server, closed after the test."""
     k = Kube(api.api_client())
     try:

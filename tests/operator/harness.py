@@ -1,6 +1,6 @@
 """What the operator tests share: admission, run manifests, operator replicas, waits.
 
-Every object written to the emulator passes admission by the schemas in
+Every object the operator writes passes admission by the schemas in
 ``tests/k8s_schemas.py``: PyTorchJobs against Kubeflow's CRD, QualificationRuns (status
 included) against the chart's CRD, Jobs, Leases, Events and NetworkPolicies against
 Kubernetes' own.
@@ -25,7 +25,7 @@ from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.manager import Operator, Settings
 from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.runtime.leader import LeaseSettings
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.k8s_schemas import (
     validate_core,
     validate_pytorchjob,
@@ -92,11 +92,11 @@ _RUNNING: weakref.WeakSet[Operator] = weakref.WeakSet()
 
 
 class Operators:
-    """Starts operator replicas against the emulator; stops them all at the end.
+    """Starts operator replicas against the test's API server; stops them all at the end.
     ``endpoints``: the store endpoints the replicas' allowlist admits (the tests' S3
     server)."""
 
-    def __init__(self, api: KubeAPI, endpoints: tuple[str, ...] = ()) -> None:
+    def __init__(self, api: RealAPI, endpoints: tuple[str, ...] = ()) -> None:
         self.api = api
         self.allowlist = Allowlist(endpoints=endpoints)
         self.started: list[tuple[Operator, Kube]] = []
@@ -132,13 +132,13 @@ def run_location(uri: str, uid: str, s3: S3Spec | None = None) -> RunLocation:
     return RunLocation.open(uri, s3, seal=MasterKey.generated().seal(uid))
 
 
-def qr(api: KubeAPI, name: str) -> Obj:
+def qr(api: RealAPI, name: str) -> Obj:
     obj = api.get(QUALIFICATION_RUNS.plural, NAMESPACE, name)
     assert obj is not None, f"QualificationRun {name} is gone"
     return obj
 
 
-def wait_phase(api: KubeAPI, name: str, phases: str | tuple[str, ...],
+def wait_phase(api: RealAPI, name: str, phases: str | tuple[str, ...],
                timeout: float = 20.0) -> Obj:
     """Wait until the run's status.phase is one of ``phases``; the object."""
     wanted = (phases,) if isinstance(phases, str) else phases
@@ -157,6 +157,12 @@ def wait_phase(api: KubeAPI, name: str, phases: str | tuple[str, ...],
         obj = api.get(QUALIFICATION_RUNS.plural, NAMESPACE, name) or {}
         conds = (obj.get("status") or {}).get("conditions")
         raise AssertionError(f"{e}; phases seen: {seen}; conditions: {conds}") from None
+
+
+def live(api: RealAPI, plural: str, run: str) -> list[str]:
+    """The names of the objects of ``plural`` that run ``run`` owns, there now."""
+    return [o["metadata"]["name"] for o in api.list(plural, NAMESPACE)
+            if o["metadata"]["labels"].get("resumequal.dev/run") == run]
 
 
 def condition(obj: Obj, type_: str) -> Obj:
@@ -181,13 +187,14 @@ def failed_job_status(reason: str = "BackoffLimitExceeded",
             "conditions": conditions}
 
 
-def write_kubeconfig(api: KubeAPI, path: Path, namespace: str = NAMESPACE) -> Path:
-    """A kubeconfig for the emulator, as ``kubectl`` and the operator's CLI read it."""
+def write_kubeconfig(api: RealAPI, path: Path, namespace: str = NAMESPACE) -> Path:
+    """A kubeconfig for the test's API server (its proxy), as ``kubectl`` and the operator's
+    CLI read it."""
     path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-        "clusters": [{"name": "emulator", "cluster": {"server": api.url}}],
+        "apiVersion": "v1", "kind": "Config", "current-context": "tests",
+        "clusters": [{"name": "tests", "cluster": {"server": api.url}}],
         "users": [{"name": "tests", "user": {"token": "not-checked"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tests",
+        "contexts": [{"name": "tests", "context": {"cluster": "tests", "user": "tests",
                                                       "namespace": namespace}}],
     }))
     return path
@@ -203,7 +210,7 @@ def flush_events(timeout: float = 10.0) -> None:
             f"{timeout:g}s")
 
 
-def events(api: KubeAPI, name: str) -> list[tuple[str, str, str]]:
+def events(api: RealAPI, name: str) -> list[tuple[str, str, str]]:
     """(reason, type, message) of the Events about run ``name``, oldest first, once every
     replica running here has written the Events it recorded (``flush_events``)."""
     flush_events()

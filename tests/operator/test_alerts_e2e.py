@@ -1,9 +1,10 @@
 """The chart's alert rules in a real Prometheus scraping the operator's own ``/metrics``.
 
-A QualificationRun whose comparator says FAIL is driven through the operator (emulated
-API server, simulated training operator, SeaweedFS S3); Prometheus, configured like the
-chart's ServiceMonitor (job ``resumequal-operator``, honorLabels), must fire
-``QualificationFailed`` naming the run, and let it resolve once the run is deleted.
+A QualificationRun whose comparator says FAIL is driven through the operator (the pod
+cluster: the real API server, controllers and Kubeflow training operator; SeaweedFS S3);
+Prometheus, configured like the chart's ServiceMonitor (job ``resumequal-operator``,
+honorLabels), must fire ``QualificationFailed`` naming the run, and let it resolve once the
+run is deleted.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pytest
 
 from resumequal.verdict import Result
 from resumequal_operator.kube import QUALIFICATION_RUNS
-from testing.kubeapi import KubeAPI
-from testing.kubeapi.training import SimulatedTrainingOperator
+from testing.cluster.podcluster import PodCluster
+from testing.cluster.testapi import RealAPI
 from tests.chart.prometheus import JOB, Prometheus, running_prometheus
 from tests.exposition import samples, scrape, value
 from tests.operator.harness import NAMESPACE, Operators, run_manifest, wait_phase
@@ -38,10 +39,10 @@ def _active(prometheus: Prometheus, name: str) -> list[dict[str, Any]]:
     return [a for a in prometheus.alerts() if a["labels"]["alertname"] == name]
 
 
-# About 7 s (Prometheus' start overlaps the run): under the suite's bar for slow.
-@pytest.mark.timeout(120)
+# About 10 s (Prometheus' start overlaps the run): under the suite's bar for slow.
+@pytest.mark.timeout(240)
 def test_a_failed_run_fires_qualification_failed_until_it_is_deleted(
-    api: KubeAPI, operators: Operators, training: SimulatedTrainingOperator,
+    api: RealAPI, operators: Operators, pods: PodCluster,
     store: dict[str, str], tmp_path: Path,
 ) -> None:
     require("prometheus")
@@ -50,7 +51,7 @@ def test_a_failed_run_fires_qualification_failed_until_it_is_deleted(
     # Prometheus starts while the qualification runs.
     with running_prometheus(tmp_path, port, [ALERTS]) as prometheus:
         api.create(QUALIFICATION_RUNS.plural, run_manifest(RUN, store))
-        done = wait_phase(api, RUN, ("Succeeded", "Failed"), timeout=30)
+        done = wait_phase(api, RUN, ("Succeeded", "Failed"), timeout=120)
         assert done["status"]["verdict"]["result"] == "FAIL", done["status"]
         assert done["status"]["pin"] == PIN
 

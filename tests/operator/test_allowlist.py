@@ -14,7 +14,7 @@ import pytest
 
 from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import (
     NAMESPACE,
     Operators,
@@ -62,7 +62,7 @@ def elsewhere() -> Iterator[tuple[str, list[tuple[str, str, dict[str, str]]]]]:
         server.server_close()
 
 
-def _created_for(api: KubeAPI, run: str) -> list[str]:
+def _created_for(api: RealAPI, run: str) -> list[str]:
     """Everything ever created for ``run``: jobs, PyTorchJobs, its checkpoint key Secret."""
     return [f"{plural}/{o['metadata']['name']}"
             for plural in (PYTORCHJOBS.plural, JOBS.plural, "secrets")
@@ -70,7 +70,7 @@ def _created_for(api: KubeAPI, run: str) -> list[str]:
             if (o["metadata"].get("labels") or {}).get("resumequal.dev/run") == run]
 
 
-def _assert_refused(api: KubeAPI, name: str, field: str, rule: str,
+def _assert_refused(api: RealAPI, name: str, field: str, rule: str,
                     aws_env: dict[str, str]) -> str:
     """The run ended Failed, NotAllowed, naming ``field`` and ``rule``; nothing created."""
     failed = wait_phase(api, name, "Failed")
@@ -121,7 +121,7 @@ def _assert_refused(api: KubeAPI, name: str, field: str, rule: str,
          "privileged", "root"],
 )
 def test_each_rule_refuses_a_run_naming_itself_while_an_allowed_run_proceeds(
-    api: KubeAPI, operators: Operators, store: dict[str, str], aws_env: dict[str, str],
+    api: RealAPI, operators: Operators, store: dict[str, str], aws_env: dict[str, str],
     s3_server: SeaweedFS, rules: dict[str, Any], spec: dict[str, Any],
     field: str, says: str,
 ) -> None:
@@ -152,7 +152,7 @@ def test_each_rule_refuses_a_run_naming_itself_while_an_allowed_run_proceeds(
 
 
 def test_an_endpoint_outside_the_allowlist_is_never_sent_a_request(
-    api: KubeAPI, operators: Operators, store: dict[str, str], aws_env: dict[str, str],
+    api: RealAPI, operators: Operators, store: dict[str, str], aws_env: dict[str, str],
     elsewhere: tuple[str, list[tuple[str, str, dict[str, str]]]],
 ) -> None:
     url, seen = elsewhere
@@ -170,7 +170,7 @@ def test_an_endpoint_outside_the_allowlist_is_never_sent_a_request(
 
 
 def test_no_endpoint_is_allowed_by_default(
-    api: KubeAPI, operators: Operators, store: dict[str, str], aws_env: dict[str, str],
+    api: RealAPI, operators: Operators, store: dict[str, str], aws_env: dict[str, str],
     elsewhere: tuple[str, list[tuple[str, str, dict[str, str]]]],
 ) -> None:
     url, seen = elsewhere
@@ -183,7 +183,7 @@ def test_no_endpoint_is_allowed_by_default(
 
 
 def test_a_started_run_that_a_narrower_allowlist_refuses_is_stopped(
-    api: KubeAPI, operators: Operators, store: dict[str, str], s3_server: SeaweedFS,
+    api: RealAPI, operators: Operators, store: dict[str, str], s3_server: SeaweedFS,
 ) -> None:
     first = operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("narrowed", store))
@@ -209,7 +209,7 @@ def test_a_started_run_that_a_narrower_allowlist_refuses_is_stopped(
 
 
 def test_a_run_the_security_allowlist_permits_gets_its_pods_as_asked(
-    api: KubeAPI, operators: Operators, store: dict[str, str], s3_server: SeaweedFS,
+    api: RealAPI, operators: Operators, store: dict[str, str], s3_server: SeaweedFS,
 ) -> None:
     operators.start(allowlist=Allowlist(endpoints=(s3_server.endpoint,),
                                         security=SecurityAllowlist(privileged=True,

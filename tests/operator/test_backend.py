@@ -1,4 +1,4 @@
-"""KubernetesBackend against the emulator: what it refuses to kill, a resize's replicas,
+"""KubernetesBackend against the real API server: what it refuses to kill, a resize's replicas,
 and the comparator Job."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from resumequal_operator.backend import ComparatorFailed, KillRefused, Kubernete
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.runkeys import MasterKey
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import NAMESPACE, failed_job_status, run_location, run_manifest
 from tests.operator.workers import verdict
 from tests.trace_records import step_record, trace_line
@@ -32,7 +32,7 @@ RESIZE = {"preemption": {"mode": "hard", "resize": {"toNodes": 1, "growAfterStep
               "loss": 1e-4, "grad_norm": 1e-4, "params": 1e-4}}}
 
 
-def _backend(api: KubeAPI, tmp_path: Path, name: str = "unit",
+def _backend(api: RealAPI, tmp_path: Path, name: str = "unit",
              **spec: Any) -> KubernetesBackend:
     manifest = run_manifest(name, {"uri": f"file://{tmp_path}/store"}, **spec)
     obj = api.create(QUALIFICATION_RUNS.plural, manifest)
@@ -45,11 +45,11 @@ def _backend(api: KubeAPI, tmp_path: Path, name: str = "unit",
 
 
 @pytest.fixture
-def backend(api: KubeAPI, tmp_path: Path) -> KubernetesBackend:
+def backend(api: RealAPI, tmp_path: Path) -> KubernetesBackend:
     return _backend(api, tmp_path)
 
 
-def _pod(api: KubeAPI, name: str, job: dict[str, Any], index: int) -> str:
+def _pod(api: RealAPI, name: str, job: dict[str, Any], index: int) -> str:
     m = job["metadata"]
     pod = api.create("pods", {
         "apiVersion": "v1", "kind": "Pod",
@@ -72,12 +72,12 @@ def _kill(mode: str = "hard", target: str = "pod", grace: float = 20) -> Preempt
                           target=target, grace_seconds=grace)  # type: ignore[arg-type]
 
 
-def _api_deletions(api: KubeAPI) -> list[Any]:
+def _api_deletions(api: RealAPI) -> list[Any]:
     return [d for d in api.deletions_of("pods") if d.cause == "api"]
 
 
 def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
-    api: KubeAPI, backend: KubernetesBackend
+    api: RealAPI, backend: KubernetesBackend
 ) -> None:
     backend.launch_legs([backend.plan.leg("preempted")])
     backend.launch_legs([backend.plan.leg("preempted")])  # idempotent: 409 is "launched"
@@ -113,7 +113,7 @@ def test_kills_only_a_non_rendezvous_pod_of_its_own_legs(
 
 
 def test_a_beacon_without_a_pod_uid_falls_back_to_the_creation_time(
-    api: KubeAPI, backend: KubernetesBackend
+    api: RealAPI, backend: KubernetesBackend
 ) -> None:
     backend.launch_legs([backend.plan.leg("preempted")])
     job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name("preempted"))
@@ -127,7 +127,7 @@ def test_a_beacon_without_a_pod_uid_falls_back_to_the_creation_time(
 
 
 def test_a_process_kill_is_an_order_in_the_store_and_deletes_nothing(
-    api: KubeAPI, backend: KubernetesBackend
+    api: RealAPI, backend: KubernetesBackend
 ) -> None:
     backend.launch_legs([backend.plan.leg("preempted")])
     beacon = _beacon("unit-preempted-worker-0", "uid-0")
@@ -148,7 +148,7 @@ def test_a_leg_whose_job_vanished_is_failed(backend: KubernetesBackend) -> None:
 
 
 def test_the_comparator_job_is_created_once_and_read_when_it_ends(
-    api: KubeAPI, backend: KubernetesBackend
+    api: RealAPI, backend: KubernetesBackend
 ) -> None:
     assert backend.compare() is None
     assert backend.compare() is None
@@ -173,13 +173,13 @@ def test_the_comparator_job_is_created_once_and_read_when_it_ends(
 # -- resize ---------------------------------------------------------------------------------
 
 
-def _replicas(api: KubeAPI, backend: KubernetesBackend, leg: str = "preempted") -> int:
+def _replicas(api: RealAPI, backend: KubernetesBackend, leg: str = "preempted") -> int:
     job = api.get(PYTORCHJOBS.plural, NAMESPACE, backend.job_name(leg))
     assert job is not None
     return int(job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"])
 
 
-def _writes(api: KubeAPI) -> list[tuple[str, str]]:
+def _writes(api: RealAPI) -> list[tuple[str, str]]:
     """(method, resource) of the PATCH and DELETE requests so far."""
     return [(m, p.rsplit("/", 2)[-2]) for m, p in api.requests if m in ("PATCH", "DELETE")]
 
@@ -190,7 +190,7 @@ def _step(backend: KubernetesBackend, leg: str, rank: int, attempt: int, step: i
 
 
 def test_a_resize_kill_lowers_the_replicas_first_and_once(
-    api: KubeAPI, tmp_path: Path
+    api: RealAPI, tmp_path: Path
 ) -> None:
     backend = _backend(api, tmp_path, **RESIZE)
     backend.launch_legs(backend.plan.legs)
@@ -209,7 +209,7 @@ def test_a_resize_kill_lowers_the_replicas_first_and_once(
 
 
 def test_a_resize_kill_is_refused_on_a_pod_that_lowering_the_replicas_keeps(
-    api: KubeAPI, tmp_path: Path
+    api: RealAPI, tmp_path: Path
 ) -> None:
     backend = _backend(api, tmp_path, **{
         **RESIZE, "world": {"nnodes": 3, "nprocPerNode": 1},
@@ -226,7 +226,7 @@ def test_a_resize_kill_is_refused_on_a_pod_that_lowering_the_replicas_keeps(
 
 
 def test_the_shrunk_world_grows_back_once_its_rank_0_waits_for_it(
-    api: KubeAPI, tmp_path: Path
+    api: RealAPI, tmp_path: Path
 ) -> None:
     backend = _backend(api, tmp_path, **RESIZE)
     backend.launch_legs([backend.plan.leg("preempted")])
@@ -250,7 +250,7 @@ def test_the_shrunk_world_grows_back_once_its_rank_0_waits_for_it(
 
 
 def test_without_a_grow_the_leg_is_done_when_the_shrunk_world_is(
-    api: KubeAPI, tmp_path: Path
+    api: RealAPI, tmp_path: Path
 ) -> None:
     backend = _backend(api, tmp_path, **{
         **RESIZE, "preemption": {**RESIZE["preemption"], "resize": {"toNodes": 1}}})
@@ -265,7 +265,7 @@ def test_without_a_grow_the_leg_is_done_when_the_shrunk_world_is(
 
 
 def test_legs_launched_together_find_their_specs_and_key_before_their_jobs(
-    api: KubeAPI, tmp_path: Path
+    api: RealAPI, tmp_path: Path
 ) -> None:
     backend = _backend(api, tmp_path)
     seen: list[str] = []
@@ -288,7 +288,7 @@ def test_legs_launched_together_find_their_specs_and_key_before_their_jobs(
 
 
 def test_what_a_bucket_writer_plants_is_never_acted_on(
-    api: KubeAPI, backend: KubernetesBackend
+    api: RealAPI, backend: KubernetesBackend
 ) -> None:
     """Markers, a beacon and a verdict written without the run's key: the operator counts
     no rank done, fails no leg, kills nothing and concludes nothing from them."""

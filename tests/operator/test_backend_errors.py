@@ -6,7 +6,7 @@ import time
 
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from testing.ports import free_port
 from tests.operator.harness import (
     NAMESPACE,
@@ -20,14 +20,14 @@ from tests.operator.harness import (
 BOUND_S = 2.0  # timeouts.backendErrorSeconds of these runs
 
 
-def _events(api: KubeAPI, run: str) -> list[tuple[str, str]]:
+def _events(api: RealAPI, run: str) -> list[tuple[str, str]]:
     flush_events()
     return [(e["reason"], e["message"]) for e in api.list("events", NAMESPACE)
             if e["involvedObject"]["name"] == run]
 
 
 def test_a_launch_that_keeps_failing_ends_the_run(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     # A validating webhook that refuses every PyTorchJob (or RBAC that forbids them).
     api.inject_fault(method="POST", kind="pytorchjobs.kubeflow.org", code=403, times=10_000,
@@ -51,7 +51,7 @@ def test_a_launch_that_keeps_failing_ends_the_run(
 
 
 def test_a_store_that_does_not_answer_ends_the_run(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     dead = {**store, "endpointUrl": f"http://127.0.0.1:{free_port()}"}
     operators.start(allowlist=Allowlist(endpoints=(dead["endpointUrl"],)))

@@ -10,14 +10,14 @@ import pytest
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS, TRAINJOBS
 from resumequal_operator.legjobs import TrainerSettings
 from resumequal_operator.trainjob import leg_runtime
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import Admission, Operators, condition, qr, run_manifest, wait_phase
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_a_trainjob_run_on_an_operator_without_trainjobs_is_refused_before_anything(
-        api: KubeAPI, operators: Operators, store: dict[str, str]) -> None:
+        api: RealAPI, operators: Operators, store: dict[str, str]) -> None:
     operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("tj", store, backend="trainjob"))
     done = wait_phase(api, "tj", "Failed")
@@ -29,7 +29,7 @@ def test_a_trainjob_run_on_an_operator_without_trainjobs_is_refused_before_anyth
 
 
 def test_the_default_backend_is_pinned_when_the_run_starts(
-        api: KubeAPI, operators: Operators, store: dict[str, str],
+        api: RealAPI, operators: Operators, store: dict[str, str],
         admission: Admission) -> None:
     api.register_trainer_crds()
     api.create("clustertrainingruntimes", leg_runtime())

@@ -16,51 +16,52 @@ import pytest
 from resumequal.runstore import RunLocation
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
-from testing.kubeapi import KubeAPI
-from testing.kubeapi.scripted import ScriptedRuntime
-from testing.kubeapi.training import SimulatedTrainingOperator
+from testing.cluster.node.scriptnode import NodeRuntime
+from testing.cluster.podcluster import PodCluster
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import NAMESPACE, Operators, qr, run_manifest, wait_phase
 from tests.operator.workers import Workers
 from tests.waiting import eventually
-
-# Pods are the simulated training operator's, on the double's store.
-pytestmark = pytest.mark.double
 
 SLOW_S = 4.0  # how long rank 1 still writes after its last step
 BARRIER_S = 1.0  # torchrun's exit barrier, shortened from its 300 s
 
 
-def _succeeded(api: KubeAPI, job: str) -> bool:
+def _succeeded(api: RealAPI, job: str) -> bool:
     obj = api.get(PYTORCHJOBS.plural, NAMESPACE, job) or {}
     return any(c["type"] == "Succeeded" and c["status"] == "True"
                for c in (obj.get("status") or {}).get("conditions", []))
 
 
 @pytest.fixture
-def slow_rank(api: KubeAPI, workers: Workers) -> Iterator[SimulatedTrainingOperator]:
+def pods(pod_cluster: PodCluster, workers: Workers) -> Iterator[PodCluster]:
+    """The pod cluster, rank 1 slow to finish and torchrun's exit barrier short."""
     workers.finish_seconds = {1: SLOW_S}
-    runtime = ScriptedRuntime(workers, exit_barrier_timeout=BARRIER_S)
-    with SimulatedTrainingOperator(api, runtime=runtime) as sim:
-        yield sim
+    pod_cluster.scripts.bind(lambda: NodeRuntime(workers, exit_barrier_timeout=BARRIER_S))
+    try:
+        yield pod_cluster
+    finally:
+        pod_cluster.scripts.unbind()
 
 
 def test_the_comparison_waits_for_the_last_rank_and_no_pod_is_deleted_under_it(
-    api: KubeAPI, operators: Operators, slow_rank: SimulatedTrainingOperator,
-    store: dict[str, str],
+    api: RealAPI, operators: Operators, pods: PodCluster, store: dict[str, str],
 ) -> None:
+    seen = api.watch("pods")
     operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("slow-rank", store))
     job = eventually(lambda: qr(api, "slow-rank").get("status", {}).get("legs", {}).get(
-        "control", {}).get("job"), what="the control leg's job")
+        "control", {}).get("job"), what="the control leg's job", timeout=60)
     # Rank 0 finished: the elastic job is Succeeded while rank 1 still writes.
-    eventually(lambda: _succeeded(api, job), timeout=20, what="the first worker's success")
+    eventually(lambda: _succeeded(api, job), timeout=60, what="the first worker's success")
     status = qr(api, "slow-rank")["status"]
     assert status["legs"]["control"].get("finishedAt") is None
     assert status["phase"] != "Comparing"
     # cleanPodPolicy None: the training operator deletes nothing under the writing rank.
-    assert not [d for d in api.deletions_of("pods") if d.name.startswith(job)]
+    assert not [e for e in seen() if e.object["metadata"]["name"].startswith(job)
+                and (e.type == "DELETED" or e.object["metadata"].get("deletionTimestamp"))]
 
-    done = wait_phase(api, "slow-rank", ("Succeeded", "Failed"), timeout=40)
+    done = wait_phase(api, "slow-rank", ("Succeeded", "Failed"), timeout=120)
     assert done["status"]["phase"] == "Succeeded"
     location = RunLocation.open(done["status"]["runUri"], S3Spec(
         endpoint_url=store["endpointUrl"], region=store["region"], addressing_style="path"))

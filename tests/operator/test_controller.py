@@ -11,7 +11,6 @@ from resumequal_operator.runtime.cache import ObjectCache
 from resumequal_operator.runtime.leader import LeaseSettings
 from resumequal_operator.runtime.watching import Watcher
 from testing.cluster.testapi import RealAPI
-from testing.kubeapi import KubeAPI
 from tests.operator.harness import (
     NAMESPACE,
     Admission,
@@ -25,13 +24,13 @@ from tests.operator.harness import (
 from tests.waiting import eventually
 
 
-def _jobs(api: KubeAPI, run: str) -> list[str]:
+def _jobs(api: RealAPI, run: str) -> list[str]:
     return sorted(j["metadata"]["name"] for j in api.list(PYTORCHJOBS.plural, NAMESPACE)
                   if j["metadata"]["labels"].get("resumequal.dev/run") == run)
 
 
 def test_an_invalid_spec_fails_naming_the_field_while_a_valid_run_proceeds(
-    api: KubeAPI, operators: Operators, store: dict[str, str], admission: Admission
+    api: RealAPI, operators: Operators, store: dict[str, str], admission: Admission
 ) -> None:
     operators.start()
     api.create(QUALIFICATION_RUNS.plural,
@@ -58,7 +57,7 @@ def test_an_invalid_spec_fails_naming_the_field_while_a_valid_run_proceeds(
 
 
 def test_a_corrected_spec_starts_the_run(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("fixme", store, preemption={"rank": 0}))
@@ -69,7 +68,7 @@ def test_a_corrected_spec_starts_the_run(
 
 
 def test_watch_expiry_is_recovered_by_listing_again(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     op = operators.start()
     eventually(lambda: all(w.synced.is_set() for w in op.watchers), what="synced caches")
@@ -84,7 +83,7 @@ def test_watch_expiry_is_recovered_by_listing_again(
 
 
 def test_a_run_deleted_while_the_watch_was_down_leaves_the_cache_after_the_410(
-    api: KubeAPI, store: dict[str, str]
+    api: RealAPI, store: dict[str, str]
 ) -> None:
     for name in ("kept", "deleted"):
         api.create(QUALIFICATION_RUNS.plural, run_manifest(name, store))
@@ -114,7 +113,7 @@ def test_a_run_deleted_while_the_watch_was_down_leaves_the_cache_after_the_410(
 
 
 def test_a_listing_enqueues_what_it_shows_unchanged_at_low_priority(
-    api: KubeAPI, store: dict[str, str]
+    api: RealAPI, store: dict[str, str]
 ) -> None:
     for name in ("kept", "edited", "deleted"):
         api.create(QUALIFICATION_RUNS.plural, run_manifest(name, store))
@@ -148,7 +147,7 @@ def test_a_listing_enqueues_what_it_shows_unchanged_at_low_priority(
 
 
 def test_at_start_up_runs_in_flight_go_before_concluded_ones(
-    api: KubeAPI, store: dict[str, str]
+    api: RealAPI, store: dict[str, str]
 ) -> None:
     for name, phase in (("done-1", "Succeeded"), ("flying", "LegsRunning"),
                         ("done-2", "Failed"), ("new", None)):
@@ -170,7 +169,7 @@ def test_at_start_up_runs_in_flight_go_before_concluded_ones(
 
 
 def test_only_the_leader_reconciles_and_a_standby_takes_over(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     # A lease a loaded machine renews in time (the harness's 0.8 s renew deadline can lapse
     # under load, and the standby then rightly leads), yet short enough to wait out below.
@@ -202,7 +201,7 @@ def test_only_the_leader_reconciles_and_a_standby_takes_over(
 
 
 def test_a_leader_that_stops_releases_the_lease_at_once(
-    api: KubeAPI, operators: Operators
+    api: RealAPI, operators: Operators
 ) -> None:
     slow = LeaseSettings(namespace=NAMESPACE, lease_seconds=30, renew_deadline_seconds=20,
                          retry_seconds=0.1)
@@ -239,7 +238,7 @@ def test_a_status_conflict_is_retried_after_reading_again(
 
 
 def test_an_api_error_backs_off_and_the_run_still_proceeds(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     api.inject_fault(method="POST", kind="pytorchjobs.kubeflow.org", code=500, times=3)
     op = operators.start()
@@ -249,13 +248,13 @@ def test_an_api_error_backs_off_and_the_run_still_proceeds(
     assert _metric(op, "resumequal_operator_reconcile_total", {"result": "error"}) >= 1.0
 
 
-def _phase(api: KubeAPI, namespace: str, name: str) -> str | None:
+def _phase(api: RealAPI, namespace: str, name: str) -> str | None:
     obj = api.get(QUALIFICATION_RUNS.plural, namespace, name) or {}
     return (obj.get("status") or {}).get("phase")
 
 
 def test_watches_the_namespaces_it_is_given(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     operators.start(namespaces=(NAMESPACE, "team-b"))
     for ns in (NAMESPACE, "team-b", "team-c"):
@@ -266,7 +265,7 @@ def test_watches_the_namespaces_it_is_given(
 
 
 def test_watches_every_namespace(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     operators.start(namespaces=())
     for ns in ("team-x", "team-y"):
@@ -276,7 +275,7 @@ def test_watches_every_namespace(
 
 
 def test_an_unchanged_run_is_polled_without_writing_its_status(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     op = operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("idle", store))
@@ -292,7 +291,7 @@ def test_an_unchanged_run_is_polled_without_writing_its_status(
 
 
 def test_a_started_run_keeps_the_spec_it_started_with(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     op = operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest("pinned", store))

@@ -10,7 +10,7 @@ import pytest
 from resumequal_operator.crd import CRD_NAME, DIGEST_ANNOTATION, build_crd
 from resumequal_operator.crdsync import CRDS, CRDMismatch, ensure_crd
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import NAMESPACE, run_manifest
 from tests.waiting import eventually
 
@@ -24,7 +24,7 @@ def _old_crd() -> dict[str, Any]:
     return crd
 
 
-def _status_survives(api: KubeAPI, name: str) -> bool:
+def _status_survives(api: RealAPI, name: str) -> bool:
     """Whether a status field of the current schema is stored, or pruned."""
     api.create(QUALIFICATION_RUNS.plural, run_manifest(name, {"uri": "s3://b/runs"}))
     api.patch_status(QUALIFICATION_RUNS.plural, NAMESPACE, name,
@@ -34,7 +34,7 @@ def _status_survives(api: KubeAPI, name: str) -> bool:
     return (stored.get("status") or {}).get("comparatorJob") == f"{name}-compare-1"
 
 
-def test_an_old_crd_left_by_a_helm_upgrade_is_updated(api: KubeAPI, kube: Kube) -> None:
+def test_an_old_crd_left_by_a_helm_upgrade_is_updated(api: RealAPI, kube: Kube) -> None:
     api.register_crd(_old_crd())
     # What happens without the start-up check: the new status field is pruned.
     assert ensure_crd(kube, "skip") == "skipped"
@@ -51,13 +51,13 @@ def test_an_old_crd_left_by_a_helm_upgrade_is_updated(api: KubeAPI, kube: Kube) 
     assert ensure_crd(kube, "apply") == "current"  # idempotent: nothing written again
 
 
-def test_a_missing_crd_is_created(api: KubeAPI, kube: Kube) -> None:
+def test_a_missing_crd_is_created(api: RealAPI, kube: Kube) -> None:
     api.delete("customresourcedefinitions", "", CRD_NAME)
     assert ensure_crd(kube, "apply") == "created"
     assert ensure_crd(kube, "verify") == "current"
 
 
-def test_verify_refuses_to_start_on_an_old_crd(api: KubeAPI, kube: Kube) -> None:
+def test_verify_refuses_to_start_on_an_old_crd(api: RealAPI, kube: Kube) -> None:
     api.register_crd(_old_crd())
     with pytest.raises(CRDMismatch, match=r"schema digest \(none\)"):
         ensure_crd(kube, "verify")
@@ -66,6 +66,6 @@ def test_verify_refuses_to_start_on_an_old_crd(api: KubeAPI, kube: Kube) -> None
         ensure_crd(kube, "verify")
 
 
-def test_the_chart_ships_the_crd_the_operator_expects(api: KubeAPI, kube: Kube) -> None:
+def test_the_chart_ships_the_crd_the_operator_expects(api: RealAPI, kube: Kube) -> None:
     # The fixture installs the chart's crds/ file: a fresh install is current at once.
     assert ensure_crd(kube, "verify") == "current"

@@ -16,7 +16,7 @@ from resumequal_operator import pytorchjob
 from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import (
     NAMESPACE,
     Operators,
@@ -47,7 +47,7 @@ def _key_of(secret: dict[str, Any]) -> str:
 
 
 def test_a_secret_created_first_under_the_runs_name_is_never_used(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     run = api.create(QUALIFICATION_RUNS.plural, run_manifest("taken", store))
     uid = run["metadata"]["uid"]
@@ -76,7 +76,7 @@ def test_a_secret_created_first_under_the_runs_name_is_never_used(
 
 
 def test_a_status_write_lost_after_the_secret_leaves_no_pod_naming_that_secret(
-    api: KubeAPI, operators: Operators, store: dict[str, str]
+    api: RealAPI, operators: Operators, store: dict[str, str]
 ) -> None:
     # The first status write (the new Secret's record) fails: as a crash between the
     # Secret's creation and its record. Nothing may name that Secret; the retry makes and
@@ -99,7 +99,7 @@ def test_a_status_write_lost_after_the_secret_leaves_no_pod_naming_that_secret(
 
 
 def test_the_backend_records_a_new_secret_before_any_job_names_it(
-    api: KubeAPI, tmp_path: Path
+    api: RealAPI, tmp_path: Path
 ) -> None:
     obj = api.create(QUALIFICATION_RUNS.plural,
                      run_manifest("unit", {"uri": f"file://{tmp_path}/store"}))

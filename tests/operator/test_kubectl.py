@@ -1,9 +1,10 @@
-"""The real ``kubectl`` against the API emulator, as a user drives a QualificationRun:
+"""The real ``kubectl`` against the test's API server, as a user drives a QualificationRun:
 ``apply`` (server-side field validation), ``get`` with the printer columns as the run
 progresses, ``get -w``, ``describe`` (camelCase spec and status, Events) and ``delete``.
 
-kubectl talks to the emulator over loopback HTTP with a kubeconfig of its own and a
-private cache directory; nothing else is read from the machine.
+kubectl talks to the test's proxy over loopback HTTP with a kubeconfig of its own and a
+private cache directory; nothing else is read from the machine. The run that kubectl
+follows has its pods on the pod cluster.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import pytest
 import yaml
 
 from resumequal.verdict import Result
-from testing.kubeapi import KubeAPI
-from testing.kubeapi.training import SimulatedTrainingOperator
+from testing.cluster.podcluster import PodCluster
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import (
     NAMESPACE,
     Operators,
@@ -39,13 +40,13 @@ PHASES = ("Pending", "LegsRunning", "Armed", "Preempted", "Resumed", "Comparing"
           "Failed")
 HEADER = ["NAME", "PHASE", "VERDICT", "FIRST", "DIVERGENCE", "PIN", "AGE"]
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 
 class Kubectl:
     """Runs kubectl against ``api`` in ``namespace``, with its own kubeconfig and cache."""
 
-    def __init__(self, api: KubeAPI, home: Path, namespace: str) -> None:
+    def __init__(self, api: RealAPI, home: Path, namespace: str) -> None:
         self.binary = require("kubectl")
         home.mkdir(parents=True, exist_ok=True)
         config = write_kubeconfig(api, home / "kubeconfig", namespace)
@@ -114,11 +115,11 @@ def without_age(row: list[str]) -> list[str]:
 
 
 @pytest.fixture
-def kubectl(api: KubeAPI, tmp_path: Path) -> Kubectl:
+def kubectl(api: RealAPI, tmp_path: Path) -> Kubectl:
     return Kubectl(api, tmp_path / "kubectl", NAMESPACE)
 
 
-def test_apply_the_example_then_get_describe_and_delete(api: KubeAPI, tmp_path: Path) -> None:
+def test_apply_the_example_then_get_describe_and_delete(api: RealAPI, tmp_path: Path) -> None:
     api.create("namespaces", {"metadata": {"name": "training"}})  # the example's namespace
     kubectl = Kubectl(api, tmp_path / "kubectl", "training")
     created = kubectl("apply", "-f", str(EXAMPLE))
@@ -156,7 +157,7 @@ def test_apply_the_example_then_get_describe_and_delete(api: KubeAPI, tmp_path: 
      'value: "string": spec.world.nnodes in body must be of type integer: "string"'),
 ])
 def test_unknown_and_ill_typed_fields_are_refused_naming_them(
-        api: KubeAPI, kubectl: Kubectl, tmp_path: Path, change: dict[str, Any],
+        api: RealAPI, kubectl: Kubectl, tmp_path: Path, change: dict[str, Any],
         names: str) -> None:
     manifest: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     manifest["metadata"]["namespace"] = NAMESPACE
@@ -172,8 +173,8 @@ def test_unknown_and_ill_typed_fields_are_refused_naming_them(
 
 @pytest.mark.parametrize("verdict_result", [Result.FAIL])
 def test_get_and_watch_follow_a_run_then_describe_and_delete(
-        api: KubeAPI, kubectl: Kubectl, operators: Operators,
-        training: SimulatedTrainingOperator, store: dict[str, str], tmp_path: Path) -> None:
+        api: RealAPI, kubectl: Kubectl, operators: Operators,
+        pods: PodCluster, store: dict[str, str], tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(run_manifest("nightly", store)))
     kubectl("apply", "-f", str(path))
@@ -183,7 +184,7 @@ def test_get_and_watch_follow_a_run_then_describe_and_delete(
     with kubectl.streaming("get", "qr", "-w") as watch:
         watch.wait_for(lambda lines: len(lines) >= 2, timeout=20)  # header and first row
         operators.start()
-        wait_phase(api, "nightly", ("Succeeded", "Failed"), timeout=40)
+        wait_phase(api, "nightly", ("Succeeded", "Failed"), timeout=120)
         printed = watch.wait_for(
             lambda lines: any("Succeeded" in line and "FAIL" in line for line in lines),
             timeout=20)

@@ -9,18 +9,18 @@ from typing import Any
 import pytest
 
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import Operators, qr, run_manifest
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _launched(api: KubeAPI, name: str) -> dict[str, Any]:
+def _launched(api: RealAPI, name: str) -> dict[str, Any]:
     return api.wait_for(lambda: (r := qr(api, name)).get("status", {}).get("legs", {}).get(
         "preempted", {}).get("job") and r, 20, f"{name}'s legs launched")
 
 
-def _commands(api: KubeAPI, name: str) -> list[list[str]]:
+def _commands(api: RealAPI, name: str) -> list[list[str]]:
     return [job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "command"] for job in api.created(PYTORCHJOBS.plural)
         if job["metadata"]["name"].startswith(name)]
@@ -28,7 +28,7 @@ def _commands(api: KubeAPI, name: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("launcher", ["torchrun", "forked"])
 def test_the_status_and_the_leg_pods_say_which_launcher_runs_the_workers(
-        api: KubeAPI, operators: Operators, store: dict[str, str], launcher: str) -> None:
+        api: RealAPI, operators: Operators, store: dict[str, str], launcher: str) -> None:
     operators.start()
     world = {"world": {"launcher": launcher}} if launcher != "torchrun" else {}
     api.create(QUALIFICATION_RUNS.plural, run_manifest("lr", store, **world))

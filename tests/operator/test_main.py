@@ -22,7 +22,7 @@ from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import LEASES, QUALIFICATION_RUNS
 from resumequal_operator.main import main
 from resumequal_operator.service import ServiceOptions, freeze_startup, settings_from
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from testing.ports import free_port
 from tests.operator.harness import (
     NAMESPACE,
@@ -83,7 +83,7 @@ def test_start_up_is_frozen_and_the_collector_still_collects_what_comes_after() 
 
 
 def test_serve_freezes_start_up_before_the_operator_runs(
-    api: KubeAPI, monkeypatch: pytest.MonkeyPatch
+    api: RealAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     frozen: list[int] = []
 
@@ -104,7 +104,7 @@ def test_serve_freezes_start_up_before_the_operator_runs(
 
 
 def test_the_operator_process_reconciles_and_stops_on_sigterm(
-    api: KubeAPI, store: dict[str, str], tmp_path: Path, aws_env: dict[str, str]
+    api: RealAPI, store: dict[str, str], tmp_path: Path, aws_env: dict[str, str]
 ) -> None:
     port = free_port()
     env = dict(os.environ, KUBECONFIG=str(write_kubeconfig(api, tmp_path / "kubeconfig")),
@@ -136,7 +136,7 @@ def test_the_operator_process_reconciles_and_stops_on_sigterm(
 
 
 def test_the_operator_refuses_to_start_on_a_crd_it_may_not_update(
-    api: KubeAPI, tmp_path: Path
+    api: RealAPI, tmp_path: Path
 ) -> None:
     from tests.operator.test_crdsync import _old_crd
 

@@ -5,14 +5,14 @@ feature the same spec proceeds."""
 from __future__ import annotations
 
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import Operators, condition, events, run_manifest, wait_phase
 from tests.waiting import eventually
 
 FSDP2 = {"parallelism": {"kind": "fsdp2"}}
 
 
-def _created_for(api: KubeAPI, run: str) -> list[str]:
+def _created_for(api: RealAPI, run: str) -> list[str]:
     """Everything ever created for ``run``: jobs, PyTorchJobs, its checkpoint key Secret."""
     return [f"{plural}/{o['metadata']['name']}"
             for plural in (PYTORCHJOBS.plural, JOBS.plural, "secrets")
@@ -21,7 +21,7 @@ def _created_for(api: KubeAPI, run: str) -> list[str]:
 
 
 def test_a_feature_the_images_torch_lacks_is_refused_before_anything_is_created(
-    api: KubeAPI, operators: Operators, store: dict[str, str],
+    api: RealAPI, operators: Operators, store: dict[str, str],
 ) -> None:
     operators.start()
     api.create(QUALIFICATION_RUNS.plural, run_manifest(

@@ -2,7 +2,8 @@
 
 One operator does everything it ever does — applies its CRD (create, then update), elects
 itself through a Lease, drives a run from apply to verdict with a pod kill, and lets the
-run go through its finalizer on deletion — while the emulator records every HTTP request.
+run go through its finalizer on deletion, on the pod cluster — while the proxy between
+them records every HTTP request.
 Each request must be allowed by a rule the chart binds to the operator's ServiceAccount,
 and every rule must be used by some request: no verb granted that nothing uses.
 """
@@ -22,8 +23,9 @@ import yaml
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator.crdsync import CRD_NAME, DIGEST_ANNOTATION, ensure_crd
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
-from testing.kubeapi import KubeAPI
-from testing.kubeapi.training import SimulatedTrainingOperator
+from testing.cluster.node.scriptnode import NodeRuntime
+from testing.cluster.podcluster import PodCluster
+from testing.cluster.testapi import RealAPI
 from tests.operator.harness import NAMESPACE, Admission, Operators, run_manifest, wait_phase
 from tests.operator.workers import Workers
 from tests.s3server import use_dummy_credentials
@@ -141,12 +143,15 @@ def chart_rules(values: dict[str, Any] | None = None) -> list[Rule]:
 
 
 @pytest.fixture(scope="module")
-def requests(s3_server: SeaweedFS) -> Iterator[list[Request]]:
+def requests(s3_server: SeaweedFS, pod_cluster: PodCluster) -> Iterator[list[Request]]:
     """Every request one operator made over its whole working life."""
-    with pytest.MonkeyPatch.context() as mp, KubeAPI() as api:
+    with pytest.MonkeyPatch.context() as mp:
         use_dummy_credentials(mp)
-        api.register_pytorchjob_crd()
+        api = RealAPI(pod_cluster.api, NAMESPACE)
         api.add_validator(Admission())
+        # The chart installed the CRD: gone, as before the operator's first start (put
+        # back when the module ends).
+        api.delete("customresourcedefinitions", "", CRD_NAME)
         kube = Kube(api.api_client())
         try:
             assert ensure_crd(kube, "apply") == "created"
@@ -165,19 +170,24 @@ def requests(s3_server: SeaweedFS) -> Iterator[list[Request]]:
         # reconcile takes it from the watch).
         api.inject_fault(method="PUT", kind=QUALIFICATION_RUNS.plural + ".resumequal.dev",
                          subresource="status", code=409, times=1, message="the object changed")
-        with SimulatedTrainingOperator(api, run_container=workers):
+        pod_cluster.scripts.bind(lambda: NodeRuntime(workers))
+        try:
+            ops.start()
+            api.create(QUALIFICATION_RUNS.plural, run_manifest("rbac", store))
+            run = wait_phase(api, "rbac", ("Succeeded", "Failed"), timeout=120)
+            assert run["status"]["phase"] == "Succeeded"
+            api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "rbac")
+            api.wait_for(
+                lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "rbac") is None,
+                10, "the finalizer to let the run go")
+            ops.stop_all()  # releases the Lease
+            yield [request_of(m, p) for m, p in api.requests]
+        finally:
             try:
-                ops.start()
-                api.create(QUALIFICATION_RUNS.plural, run_manifest("rbac", store))
-                run = wait_phase(api, "rbac", ("Succeeded", "Failed"), timeout=30)
-                assert run["status"]["phase"] == "Succeeded"
-                api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "rbac")
-                api.wait_for(
-                    lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "rbac") is None,
-                    10, "the finalizer to let the run go")
+                ops.stop_all()
+                api.close()
             finally:
-                ops.stop_all()  # releases the Lease
-        yield [request_of(m, p) for m, p in api.requests]
+                pod_cluster.scripts.unbind()
 
 
 def test_every_request_the_operator_makes_is_allowed(requests: list[Request]) -> None:

@@ -22,7 +22,7 @@ from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.status import run_status
-from testing.kubeapi import KubeAPI
+from testing.cluster.testapi import RealAPI
 from tests.k8s_schemas import validate_qualificationrun
 from tests.operator.harness import NAMESPACE, run_location, run_manifest
 from tests.trace_records import step_record, trace_line
@@ -44,7 +44,7 @@ def test_a_finished_at_no_timestamp_can_hold_is_no_resume_time(at: float) -> Non
 
 
 def test_a_trace_record_with_finished_at_1e300_leaves_the_leg_unresumed(
-    api: KubeAPI, tmp_path: Path
+    api: RealAPI, tmp_path: Path
 ) -> None:
     obj = api.create(QUALIFICATION_RUNS.plural,
                      run_manifest("huge", {"uri": f"file://{tmp_path}/store"}))
@@ -67,7 +67,7 @@ def test_a_trace_record_with_finished_at_1e300_leaves_the_leg_unresumed(
     ("armed_at", float("inf")), ("armed_at", float("nan")),
 ])
 def test_a_beacon_whose_numbers_no_status_holds_is_refused_naming_the_field(
-    api: KubeAPI, tmp_path: Path, field: str, value: float,
+    api: RealAPI, tmp_path: Path, field: str, value: float,
 ) -> None:
     obj = api.create(QUALIFICATION_RUNS.plural,
                      run_manifest("beacon", {"uri": f"file://{tmp_path}/store"}))

@@ -1,6 +1,7 @@
 """What the workers of a leg and the comparator write into the run location, without torch.
 
-The simulated kubelet runs pods; these functions play their containers the way our
+The node agent runs the pods (its runs' image scripted: testing/cluster/node/scripted.py);
+these functions play their containers the way our
 launcher around torchrun (``resumequal leg`` under it) and ``resumequal compare`` do,
 through the same :class:`RunLocation`: each rank reads its leg's spec file, appends step
 records as trace segments, the cut rank of a cut leg writes its beacon on attempt 0 and
@@ -31,7 +32,7 @@ from resumequal.verdict import (
     Zoom,
     ZoomReplay,
 )
-from testing.kubeapi.scripted import SIGTERM_EXIT, Container
+from testing.cluster.node.scriptrt import SIGTERM_EXIT, Container
 from tests.trace_records import step_record, trace_line
 
 
@@ -91,7 +92,7 @@ class Workers:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __getstate__(self) -> dict[str, object]:
-        """What a node process (:class:`testing.kubeapi.node.NodeRuntime`) is sent: the
+        """What a node process (:class:`testing.cluster.node.scriptnode.NodeRuntime`) is sent: the
         script's settings, not the locations opened here or the lock."""
         return {k: v for k, v in self.__dict__.items() if k not in ("_locations", "_lock")}
 
@@ -163,7 +164,7 @@ class Workers:
         return self.zoom_exit
 
     def __call__(self, container: Container) -> int | None:
-        """``run_container`` of the simulated kubelet: a leg's pod or the comparator, decided
+        """``run_container`` of the scripted runtime: a leg's pod or the comparator, decided
         by the container's command line as the image would. A leg's pod plays our launcher
         around torchrun: its agent restarts the workers whenever the group changes, and a
         SIGTERM ends it with 128+15, as a signalled launcher exits."""

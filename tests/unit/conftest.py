@@ -1,6 +1,6 @@
 """The unit tier: pure logic, so every test here is refused a socket and a process (an
 attempt fails the test, naming it) and runs under a short timeout. What needs either
-belongs in tests/integration (or tests/emulator, tests/operator, tests/chart)."""
+belongs in tests/integration (or tests/operator, tests/chart)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,20 @@
-"""Scripted containers on the node agent, for a bench that runs many runs at once: the
-containers of chosen images played by the API double's scripted runtimes
-(:mod:`testing.kubeapi.scripted`, :mod:`testing.kubeapi.node`) instead of processes, while
-everything else — the real API server, controllers and scheduler, and the node agent's
-handling of the pods — stays as it is."""
+"""Scripted containers on the node agent, for the operator's tests and a bench that runs
+many runs at once: the containers of chosen images played by scripted runtimes
+(:mod:`.scriptrt`, :mod:`.scriptnode`) instead of processes, while everything else — the
+real API server, controllers and scheduler, and the node agent's handling of the pods —
+stays as it is."""
 
 from __future__ import annotations
 
 import copy
 import threading
 import time
-
-from testing.kubeapi.kubelet import ContainerSpec
-from testing.kubeapi.kubelet import Handle as ScriptedHandle
-from testing.kubeapi.kubelet import Runtime as ScriptedRuntimes
+from collections.abc import Callable
 
 from .pods import Handle, Launch, now_rfc3339
+from .scriptrt import ContainerSpec
+from .scriptrt import Handle as ScriptedHandle
+from .scriptrt import Runtime as ScriptedRuntimes
 
 
 class _Scripted:
@@ -43,8 +43,8 @@ class _Scripted:
 
 
 class ScriptedRuntime:
-    """The node agent's runtime over one of the double's: a container is its script, given
-    the pod, the command line and the resolved environment, as the double's kubelet gives."""
+    """The node agent's runtime over a scripted one: a container is its script, given the
+    pod, the command line and the resolved environment."""
 
     def __init__(self, runtime: ScriptedRuntimes) -> None:
         self.runtime = runtime
@@ -52,3 +52,38 @@ class ScriptedRuntime:
     def start(self, launch: Launch, wake: threading.Event) -> Handle:
         spec = ContainerSpec(copy.deepcopy(launch.pod), list(launch.argv), dict(launch.env))
         return _Scripted(self.runtime.start(spec, wake.set))
+
+
+class Scripts:
+    """Scripted containers whose script changes hands (a test session's tests, one after
+    another, on one node): ``bind`` takes what makes the scripted runtime, called when the
+    first container starts, so what a user set up before its first pod counts; ``unbind``
+    closes it, ending whatever of its containers still runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._make: Callable[[], ScriptedRuntimes] | None = None
+        self._runtime: ScriptedRuntimes | None = None
+
+    def bind(self, make: Callable[[], ScriptedRuntimes]) -> None:
+        self.unbind()
+        with self._lock:
+            self._make = make
+
+    def unbind(self) -> None:
+        with self._lock:
+            runtime, self._runtime, self._make = self._runtime, None, None
+        if runtime is not None:
+            runtime.close()
+
+    def start(self, spec: ContainerSpec, wake: Callable[[], None]) -> ScriptedHandle:
+        with self._lock:
+            if self._runtime is None:
+                if self._make is None:
+                    raise RuntimeError("no scripts bound for this container")
+                self._runtime = self._make()
+            runtime = self._runtime
+        return runtime.start(spec, wake)
+
+    def close(self) -> None:
+        self.unbind()

@@ -1,22 +1,18 @@
-"""Scripted containers on a node of their own: a :class:`~.scripted.ScriptedRuntime` in a
-child process, driven over a pipe.
+"""Scripted containers in a process of their own: a :class:`~.scriptrt.ScriptedRuntime` in
+a child process, driven over a pipe.
 
-On a cluster the pods run on nodes, not in the API server's process. With every pod of
-many runs on threads of the process that also serves the API, the containers' CPU holds
-that process's interpreter lock while requests wait for it, and the API answers late for
-reasons no API server has. :class:`NodeRuntime` keeps the kubelet (which decides what
-runs, and signals it) in the emulator's process, as the kubelet drives its container
-runtime over a socket (the CRI, k8s.io/cri-api pkg/apis/runtime/v1/api.proto
-``RuntimeService``: StartContainer, StopContainer, ContainerStatus), and runs the
-containers in a process of their own: the kubelet's start, SIGTERM and SIGKILL go to it,
-and each exit comes back. Upstream the kubelet passes the grace to StopContainer
-(kuberuntime_container.go ``killContainer``) and the runtime sends SIGKILL once it has
-passed; the double's kubelet sends both signals itself (:mod:`.kubelet`), so this process
-only delivers them. The rendezvous of a job's agents lives in that process too, as on one
-node.
+The node agent (:mod:`.agent`, in the tests' process beside the operator under test)
+decides what runs and signals it, as the kubelet drives its container runtime over a
+socket (the CRI, k8s.io/cri-api pkg/apis/runtime/v1/api.proto ``RuntimeService``:
+StartContainer, StopContainer, ContainerStatus); the containers' scripts run in a process
+of their own, so their CPU never holds the interpreter lock of the process that runs the
+operator. The agent's start, SIGTERM and SIGKILL go to it, and each exit comes back. The
+rendezvous of a job's agents lives in that process too, as on one node. The settings of
+``run_container`` are pickled when the process starts: a test sets them before its first
+pod starts.
 
-A SIGKILL is final at once, as with :class:`~.scripted.ScriptedRuntime`: the handle says
-137 from the moment the kubelet sends it, whatever the script still does. An exception in
+A SIGKILL is final at once, as with :class:`~.scriptrt.ScriptedRuntime`: the handle says
+137 from the moment the agent sends it, whatever the script still does. An exception in
 a script is kept in :attr:`NodeRuntime.errors` (its traceback as text), as the scripted
 runtime keeps its own.
 """
@@ -33,8 +29,7 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .kubelet import ContainerSpec
-from .scripted import SIGKILL_EXIT, RunContainer, ScriptedRuntime
+from .scriptrt import SIGKILL_EXIT, ContainerSpec, RunContainer, ScriptedRuntime
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +42,7 @@ class ContainerFailed(RuntimeError):
 
 
 class _Handle:
-    """The kubelet's side of one container on the node."""
+    """The node agent's side of one container."""
 
     def __init__(self, runtime: NodeRuntime, ident: int, wake: Callable[[], None]) -> None:
         self.runtime, self.ident, self.wake = runtime, ident, wake
@@ -78,7 +73,7 @@ class NodeRuntime:
 
     def __init__(self, run_container: RunContainer, *,
                  exit_barrier_timeout: float = 300.0) -> None:
-        context = multiprocessing.get_context("spawn")  # the emulator's process has threads
+        context = multiprocessing.get_context("spawn")  # the tests' process has threads
         self._conn, child = context.Pipe()
         self._process = context.Process(target=_serve, args=(child, run_container,
                                                              exit_barrier_timeout),

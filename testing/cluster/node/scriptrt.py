@@ -1,9 +1,10 @@
-"""Scripted containers: a test function plays each pod's main process on a thread.
+"""Scripted containers: a test function plays each pod's main process on a thread, for the
+node agent's runs' pods in the operator's tests (:mod:`.scripted`).
 
 ``run_container(container) -> exit code | None`` runs once per container, from the moment
-its pod runs. ``container.killed`` is SIGTERM (the pod is deleted, or the kubelet enforces
+its pod runs. ``container.killed`` is SIGTERM (the pod is deleted, or the node agent enforces
 a deadline); returning None means the process does not end by itself and dies of that
-SIGTERM (exit 143). SIGKILL cannot be scripted away: once the kubelet sends it, the
+SIGTERM (exit 143). SIGKILL cannot be scripted away: once the node agent sends it, the
 container has exited 137 whatever the function still does.
 
 For PyTorchJob pods (``PET_RDZV_ENDPOINT`` in the env) :meth:`Container.rendezvous` plays
@@ -25,14 +26,45 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from .kubelet import ContainerSpec
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 SIGTERM_EXIT, SIGKILL_EXIT = 143, 137
+
+
+@dataclass
+class ContainerSpec:
+    """What a runtime starts: the pod as it was, its only container, env resolved."""
+
+    pod: Obj
+    command: list[str]  # the container's command followed by its args
+    env: dict[str, str]
+
+
+class Handle(Protocol):
+    """A started container."""
+
+    def exit_code(self) -> int | None:
+        """The exit code (128+signal when a signal ended it), None while it runs."""
+
+    def terminate(self) -> None:
+        """SIGTERM to the container's main process."""
+
+    def kill(self) -> None:
+        """SIGKILL to every process of the container."""
+
+
+class Runtime(Protocol):
+    """Starts scripted containers: on threads (:class:`ScriptedRuntime`) or in a process
+    of their own (:class:`~.scriptnode.NodeRuntime`)."""
+
+    def start(self, spec: ContainerSpec, wake: Callable[[], None]) -> Handle:
+        """Start the container; ``wake()`` when it exits."""
+
+    def close(self) -> None:
+        """Kill whatever still runs."""
 
 
 @dataclass
