@@ -10,11 +10,14 @@ other pod (the training operator's) runs as a process, as on ``make cluster-up``
 Its files live under a folder of its own (``build/podcluster-*``, not ``build/cluster``), so
 ``cluster.current()`` never finds it and a session started beside it (the slow tier's
 ``local_cluster``) starts one of its own; ``close`` stops every process, network
-namespace and link it made.
+namespace and link it made. A session that died without closing its cluster (SIGKILL)
+leaves its folder, naming the process that made it: the next one stops that cluster first.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -24,10 +27,14 @@ from pathlib import Path
 from kubernetes import client, config
 
 from . import cluster as local
-from .node.agent import NodeAgent, machine_capacity
+from .node.agent import API_CONNECTIONS, NodeAgent, machine_capacity
 from .node.images import cluster_images
 from .node.scripted import ScriptedRuntime, Scripts
 from .testapi import APIError, APIServer
+
+log = logging.getLogger(__name__)
+
+OWNER = "owner"  # in the folder: the pid and start time of the process that made it
 
 # The image the operator tests' runs name (tests/operator/harness.py's manifests): its
 # containers are the scripts bound, the worker image's configuration held under its name.
@@ -44,8 +51,10 @@ class PodCluster:
         # Beside build/cluster, not under the session's temporary folder: the pods' users
         # (the training operator's 65532) must reach their folders, and pytest's are 0700.
         local.REPO.joinpath("build").mkdir(exist_ok=True)
+        reap_orphans(local.REPO / "build")
         self.root = Path(tempfile.mkdtemp(prefix="podcluster-", dir=local.REPO / "build"))
         self.root.chmod(0o755)
+        (self.root / OWNER).write_text(_process_id(os.getpid()) or "")
         self.scripts = Scripts()
         self.agent: NodeAgent | None = None
         self._agent_thread: threading.Thread | None = None
@@ -89,6 +98,7 @@ class PodCluster:
         node_config = client.Configuration()
         config.load_kube_config(config_file=str(local.node_kubeconfig(cp)),
                                 client_configuration=node_config)
+        node_config.connection_pool_maxsize = API_CONNECTIONS
         self.agent = NodeAgent(
             client.ApiClient(node_config), name=local.NODE, bridge=cluster.bridge,
             images=cluster_images(cluster.binaries, {RUN_IMAGE: local.WORKER_IMAGE}),
@@ -114,3 +124,32 @@ class PodCluster:
         finally:
             local.down(root=self.root)
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _process_id(pid: int) -> str | None:
+    """``pid`` with its start time (a pid alone may be reused); None if it is not running."""
+    try:
+        # Field 22 of /proc/<pid>/stat, counted after the command's closing parenthesis.
+        start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+    return f"{pid} {start}"
+
+
+def reap_orphans(build: Path) -> list[Path]:
+    """Stop the pod clusters under ``build`` whose session is gone (killed before it could
+    close them) and remove their folders; those reaped. A live session's is left alone."""
+    reaped = []
+    for folder in sorted(build.glob("podcluster-*")):
+        try:
+            owner = (folder / OWNER).read_text().strip()
+        except OSError:
+            continue  # being made, or not ours
+        pid = owner.split()[0] if owner else ""
+        if pid.isdigit() and _process_id(int(pid)) == owner:
+            continue
+        log.warning("stopping the pod cluster of a session that is gone: %s", folder)
+        local.down(root=folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        reaped.append(folder)
+    return reaped

@@ -279,3 +279,4 @@ def test_a_status_refused_for_the_uid_it_names_means_the_pod_wasrecreated() -> N
     not_json = ApiException(status=422)
     not_json.body = "<html>"
     assert not recreated(not_json)
+

@@ -21,9 +21,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-# A container's process gets this exit status when its command cannot start
-# (runc: 127 not found, 126 not executable), as runtimes report a StartError.
+# When the command cannot start, this process exits so (runc's codes: 127 not found, 126
+# not executable) after writing why into the spec's ``start_error`` file, from which the
+# node agent reports a StartError as containerd does (exit code 128, the reason, the
+# message): the process's own status alone would not tell it from a program exiting 127.
 NOT_FOUND = 127
 NOT_EXECUTABLE = 126
 
@@ -143,6 +146,10 @@ def become(uid: int | None, gid: int | None, groups: list[int]) -> None:
 
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    # Opened while still root (the container's user may not write the pod's folder); closed
+    # by the exec, so the container never holds it.
+    start_error = os.open(spec["start_error"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                          | os.O_CLOEXEC, 0o600)
     socket.sethostname(spec["hostname"])
     stashed = stash(spec.get("image") or [])
     mount_all(spec["mounts"])
@@ -153,13 +160,18 @@ def main(spec_path: str) -> None:
     env: dict[str, str] = spec["env"]
     program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH", ""))
     if program is None or not os.path.exists(program):
-        print(f'exec: "{argv[0]}": executable file not found in $PATH', file=sys.stderr)
-        sys.exit(NOT_FOUND)
+        _cannot_start(start_error, f'exec: "{argv[0]}": executable file not found in $PATH',
+                      NOT_FOUND)
     try:
         os.execve(program, argv, env)
     except OSError as e:
-        print(f'exec: "{argv[0]}": {e.strerror}', file=sys.stderr)
-        sys.exit(NOT_EXECUTABLE)
+        _cannot_start(start_error, f'exec: "{argv[0]}": {e.strerror}', NOT_EXECUTABLE)
+
+
+def _cannot_start(fd: int, message: str, code: int) -> NoReturn:
+    print(message, file=sys.stderr)
+    os.write(fd, message.encode())
+    sys.exit(code)
 
 
 if __name__ == "__main__":

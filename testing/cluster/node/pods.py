@@ -70,6 +70,7 @@ DEFAULT_GRACE_S = 30  # PodSpec.terminationGracePeriodSeconds
 BACKOFF_START_S, BACKOFF_MAX_S, BACKOFF_RESET_S = 10.0, 300.0, 600.0
 RESYNC_S = 10.0  # volumes refreshed, status re-posted at least this often
 ENTER = Path(__file__).resolve().parent / "enter.py"
+START_ERROR_CODE = 128
 DEADLINE = ("DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
 
 
@@ -103,6 +104,10 @@ class Handle(Protocol):
     def kill(self) -> None:
         """SIGKILL to every process of the container."""
 
+    @property
+    def start_error(self) -> str | None:
+        """Why its command could not start (then ``code`` is the starter's), else None."""
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -132,9 +137,11 @@ class Runtime(Protocol):
 class Process:
     """A running container: its main process and, by marker, everything it started."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], marker: str, wake: threading.Event
-                 ) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], marker: str, wake: threading.Event,
+                 start_error: Path) -> None:
         self.popen, self.marker, self.wake = popen, marker, wake
+        self._start_error_file = start_error
+        self.start_error: str | None = None
         self.code: int | None = None
         self.started_at = now_rfc3339()
         self.started_mono = time.monotonic()
@@ -143,6 +150,8 @@ class Process:
     def _wait(self) -> None:
         rc = self.popen.wait()
         self.kill()  # the PID namespace dies with its init process
+        with contextlib.suppress(OSError):
+            self.start_error = self._start_error_file.read_text(errors="replace") or None
         self.code = rc if rc >= 0 else 128 - rc
         self.wake.set()
 
@@ -176,7 +185,10 @@ class ProcessRuntime:
         etc_mounts = [{"target": f"/etc/{n}", "source": str(sandbox.etc / n),
                        "readOnly": False, "tmpfsSize": None}
                       for n in ("hosts", "resolv.conf", "hostname")]
+        start_error = root / f"container-{launch.restart}.start-error"
+        start_error.unlink(missing_ok=True)
         spec = {"hostname": hostname, "uid": uid, "gid": gid, "groups": launch.groups,
+                "start_error": str(start_error),
                 "cwd": str(root / "work"), "argv": launch.argv,
                 "env": {**launch.env, MARKER: marker, "RESUMEQUAL_CLUSTER": cluster},
                 "mounts": etc_mounts + [m.to_json() for m in launch.mounts],
@@ -194,7 +206,7 @@ class ProcessRuntime:
                      "RESUMEQUAL_CLUSTER": cluster},
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        return Process(popen, marker, wake)
+        return Process(popen, marker, wake, start_error)
 
 
 @dataclass
@@ -428,6 +440,13 @@ class PodWorker:
         terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                       "startedAt": st.process.started_at, "finishedAt": now_rfc3339(),
                       "containerID": self._container_id()}
+        if st.process.start_error is not None:
+            # containerd's CRI (internal/cri/server/container_start.go): a container whose
+            # task could not start is exited with errorStartExitCode 128, errorStartReason
+            # "StartError" and the error as its message.
+            code = START_ERROR_CODE
+            terminated.update(exitCode=code, reason="StartError",
+                              message=st.process.start_error)
         ran = now - st.process.started_mono
         st.process = None
         st.probes = []

@@ -41,6 +41,10 @@ class _Scripted:
     def kill(self) -> None:
         self.handle.kill()
 
+    @property
+    def start_error(self) -> str | None:
+        return None  # a script always starts
+
 
 class ScriptedRuntime:
     """The node agent's runtime over a scripted one: a container is its script, given the
