@@ -76,6 +76,11 @@ class ProbeEnv(_Model):
     build_seconds: float = Field(description="to build it, or to find it ready when reused")
     packages: list[str] = Field(description="the requirement lines of its probe layer (the "
                                 "packages that differ between the pins)")
+    pulled_in: list[str] = Field(
+        default_factory=list,
+        description="name==version of what pip installed beyond those lines: a dependency "
+        "the pins leave out (pip freeze omits setuptools), at the version pip chose, or one "
+        "a left-out change names, at the version its pin gives")
 
 
 class Probe(_Model):
