@@ -8,7 +8,7 @@ import math
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import jsonschema
@@ -444,3 +444,30 @@ def test_a_mix_is_held_to_the_pins_versions_of_what_it_leaves_out_and_says_what_
     assert prepared.record is not None
     assert prepared.record.pulled_in == ["rqt-helper==1.0", "rqt-tool==3.0"]
     assert "pip added rqt-helper==1.0, rqt-tool==3.0" in prepared.shown
+
+
+def test_the_common_layers_build_is_its_own_not_the_first_probes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fake clock: pip takes 40 s for the common layer, 5 s for a probe layer.
+    now = [1000.0]
+
+    def pip(venv: Path, args: Sequence[str]) -> object:
+        now[0] += 40.0 if "--no-deps" in args else 5.0 if "install" in args else 0.0
+        return subprocess.CompletedProcess([], 0, "No broken requirements found.\n", "")
+
+    def new_venv(venv: Path) -> None:
+        v = sys.version_info
+        (venv / "lib" / f"python{v[0]}.{v[1]}" / "site-packages").mkdir(parents=True)
+
+    monkeypatch.setattr(envs, "_new_venv", new_venv)
+    monkeypatch.setattr(envs, "_run_pip", pip)
+    monkeypatch.setattr(envs.time, "monotonic", lambda: now[0])
+    environments = envs.Environments(tmp_path / "cache",
+                                     [Requirement("torch", "2.13.0", "torch==2.13.0")], ())
+    first = environments.probe_env([Requirement("a", "1", "a==1")])
+    assert isinstance(first, Built) and first.seconds == 5.0
+    assert environments.common_seconds == 40.0
+    found = envs.Environments(tmp_path / "cache",
+                              [Requirement("torch", "2.13.0", "torch==2.13.0")], ())
+    found.common_site()
+    assert found.common_seconds == 0.0

@@ -117,7 +117,9 @@ def bisect(options: BisectOptions, listener: Listener | None = None) -> BisectRe
                         known=_one_version(pins))
     runner = VenvRunner(envs, options.out, options.spec, options.sets, options.probe_timeout_s)
     run = _PinBisection(options, pins, runner, listener or Listener())
-    return _write(options, run.ordered() if options.ordered else run.changes())
+    result = run.ordered() if options.ordered else run.changes()
+    seconds = None if envs.common_seconds is None else round(envs.common_seconds, 3)
+    return _write(options, result.model_copy(update={"common_build_seconds": seconds}))
 
 
 def _one_version(pins: Sequence[PinSet]) -> list[Requirement]:

@@ -126,6 +126,7 @@ class Environments:
         self.options = list(options)
         self.base_env = base_env
         self._common_site: Path | None = None
+        self.common_seconds: float | None = None  # to build or find the common layer
         self._absent: list[Requirement] = []  # common pins --base-env lacks
         self._self_dir: Path | None = None
 
@@ -135,8 +136,11 @@ class Environments:
         """The common layer's site-packages: ``--base-env``'s, checked, or a venv built
         from the common pins (once per cache)."""
         if self._common_site is None:
+            started = time.monotonic()
             self._common_site = (self._checked_base() if self.base_env is not None
                                  else self._built_common())
+            self.common_seconds = (0.0 if self.base_env is not None
+                                   else time.monotonic() - started)
         return self._common_site
 
     def _checked_base(self) -> Path:
@@ -222,9 +226,10 @@ class Environments:
 
     def probe_env(self, layer: Sequence[Requirement]) -> Built | Refused:
         """The venv holding ``layer`` over the common layer: reused when a previous
-        probe (of any bisection) built it, built otherwise; or the resolver's refusal."""
-        started = time.monotonic()
+        probe (of any bisection) built it, built otherwise; or the resolver's refusal.
+        Its seconds leave out the common layer's build (the first probe's, once)."""
         layer = self.with_absent(layer)
+        started = time.monotonic()
         key = self.key(layer)
         venv = self.cache / "venvs" / key
         with _locked(venv):
