@@ -25,8 +25,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from resumequal.bisect.envs import Environments
-from resumequal.bisect.pins import read_pins, shared
+from resumequal.bisect.bisection import _one_version
+from resumequal.bisect.envs import Built, Environments
+from resumequal.bisect.pins import diff, mix, parse_freeze, read_pins, shared
 from tests.integration.bisect_stack import (
     BESIDE_PAIR,
     CURSOR,
@@ -35,6 +36,7 @@ from tests.integration.bisect_stack import (
     base_pins,
     build_wheels,
     pin_file,
+    wheel,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -168,3 +170,31 @@ def test_a_pair_that_flips_only_together_is_named_as_the_pair(stack: Stack) -> N
     alone = {tuple(p["applied"]): p["outcome"] for p in result["probes"]}
     assert alone[("rqb-hotel",)] == alone[("rqb-india",)] == "same"
     assert result["qualifications"] == 3
+
+
+def test_a_left_out_package_pulled_in_comes_at_its_pins_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real pip: as torch 2.13 pulls in cuda-pathfinder (only the new pin holds it) and
+    setuptools (no freeze names it), rqt-app 2.0 pulls in rqt-helper and rqt-tool."""
+    links = tmp_path / "wheels"
+    links.mkdir()
+    wheel(links, "rqt-app", "1.0", {"rqt_app/__init__.py": ""})
+    wheel(links, "rqt-app", "2.0", {"rqt_app/__init__.py": ""}, ["rqt-helper>=1.0", "rqt-tool"])
+    for version in ("1.0", "2.0"):
+        wheel(links, "rqt-helper", version, {"rqt_helper/__init__.py": ""})
+    wheel(links, "rqt-tool", "3.0", {"rqt_tool/__init__.py": ""})
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    base = [line for line in base_pins(Path(sysconfig.get_paths()["purelib"]))
+            if line.split("==")[0].lower() in ("numpy", "pyyaml")]
+    good = parse_freeze("\n".join([*base, "rqt-app==1.0"]), "old.txt")
+    bad = parse_freeze("\n".join([*base, "rqt-app==2.0", "rqt-helper==1.0"]), "new.txt")
+    common, changes = diff(good, bad)
+    envs = Environments(tmp_path / "cache", common, (), Path(sys.prefix),
+                        known=_one_version([good, bad]))
+    app2 = [c.bad for c in changes if c.name == "rqt-app" and c.bad]
+    built = envs.probe_env(app2)  # rqt-helper left out: the index's newest is 2.0
+    assert isinstance(built, Built) and not built.problems, built
+    assert built.pulled_in == ("rqt-helper==1.0", "rqt-tool==3.0")
+    whole = envs.probe_env(mix(changes, range(len(changes))))
+    assert isinstance(whole, Built) and whole.pulled_in == ("rqt-tool==3.0",)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import jsonschema
@@ -389,3 +390,84 @@ def test_a_venv_key_is_the_exact_requirement_set_in_any_order(tmp_path: Path) ->
     assert environments.key([a, b]) == environments.key([b, a])
     assert environments.key([a]) != environments.key([a, b])
     assert environments.key([a]) != environments.key([Requirement("a", "2", "a==2")])
+
+
+
+def test_a_mix_is_held_to_the_pins_versions_of_what_it_leaves_out_and_says_what_pip_added(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pip stood in: it "installs" the layer and what the layer's first package needs
+    # (rqt-helper, rqt-tool), each at the version the constraints give, else 3.0.
+    _site(tmp_path / "base", torch="2.13.0")
+    good = parse_freeze("torch==2.13.0\nrqt-app==1.0\nrqt-gone==1.0\n", "old.txt")
+    bad = parse_freeze("torch==2.13.0\nrqt-app==2.0\nrqt-helper==1.0\n", "new.txt")
+    common, changes = diff(good, bad)
+    environments = envs.Environments(tmp_path / "cache", common, (), tmp_path / "base",
+                                     known=bisection._one_version([good, bad]))
+    assert sorted(r.line for r in environments.known.values()) == ["rqt-gone==1.0",
+                                                                    "rqt-helper==1.0"]
+    seen: list[str] = []
+
+    def new_venv(venv: Path) -> None:
+        v = sys.version_info
+        (venv / "lib" / f"python{v[0]}.{v[1]}" / "site-packages").mkdir(parents=True)
+
+    def pip(venv: Path, args: list[str]) -> object:
+        if "install" in args:
+            held = dict(line.strip().split("==") for line in
+                        Path(args[args.index("-c") + 1]).read_text().splitlines())
+            seen.append(json.dumps(sorted(held.items())))
+            lines = Path(args[-1]).read_text().split()
+            wanted = dict(line.split("==") for line in lines)
+            for dep in ("rqt-helper", "rqt-tool"):
+                wanted.setdefault(dep, held.get(dep, "3.0"))
+            _site(venv.parent / venv.name, **{n: v for n, v in wanted.items()})
+        return subprocess.CompletedProcess([], 0, "No broken requirements found.\n", "")
+
+    monkeypatch.setattr(envs, "_new_venv", new_venv)
+    monkeypatch.setattr(envs, "_run_pip", lambda venv, args: pip(venv, list(args)))
+    app2 = [c.bad for c in changes if c.name == "rqt-app" and c.bad]
+    assert [r.line for r in environments.left_out(app2)] == ["rqt-gone==1.0",
+                                                             "rqt-helper==1.0"]
+    built = environments.probe_env(app2)
+    assert isinstance(built, Built) and not built.reused
+    # The helper the layer leaves out comes at the bad pin's version, not the index's.
+    assert json.loads(seen[-1]) == [["rqt-gone", "1.0"], ["rqt-helper", "1.0"],
+                                    ["torch", "2.13.0"]]
+    assert built.pulled_in == ("rqt-helper==1.0", "rqt-tool==3.0")
+    again = environments.probe_env(app2)
+    assert again.reused and again.pulled_in == built.pulled_in
+    # The same lines held to other versions of what they leave out are another venv.
+    assert environments.key(app2) != envs.Environments(
+        tmp_path / "cache", common, (), tmp_path / "base").key(app2)
+    prepared = runner.VenvRunner(environments, tmp_path / "out", None, (), 60).prepare(
+        app2, "mix", check_mix=True)
+    assert prepared.record is not None
+    assert prepared.record.pulled_in == ["rqt-helper==1.0", "rqt-tool==3.0"]
+    assert "pip added rqt-helper==1.0, rqt-tool==3.0" in prepared.shown
+
+
+def test_the_common_layers_build_is_its_own_not_the_first_probes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fake clock: pip takes 40 s for the common layer, 5 s for a probe layer.
+    now = [1000.0]
+
+    def pip(venv: Path, args: Sequence[str]) -> object:
+        now[0] += 40.0 if "--no-deps" in args else 5.0 if "install" in args else 0.0
+        return subprocess.CompletedProcess([], 0, "No broken requirements found.\n", "")
+
+    def new_venv(venv: Path) -> None:
+        v = sys.version_info
+        (venv / "lib" / f"python{v[0]}.{v[1]}" / "site-packages").mkdir(parents=True)
+
+    monkeypatch.setattr(envs, "_new_venv", new_venv)
+    monkeypatch.setattr(envs, "_run_pip", pip)
+    monkeypatch.setattr(envs.time, "monotonic", lambda: now[0])
+    environments = envs.Environments(tmp_path / "cache",
+                                     [Requirement("torch", "2.13.0", "torch==2.13.0")], ())
+    first = environments.probe_env([Requirement("a", "1", "a==1")])
+    assert isinstance(first, Built) and first.seconds == 5.0
+    assert environments.common_seconds == 40.0
+    found = envs.Environments(tmp_path / "cache",
+                              [Requirement("torch", "2.13.0", "torch==2.13.0")], ())
+    found.common_site()
+    assert found.common_seconds == 0.0

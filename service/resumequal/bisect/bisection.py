@@ -113,10 +113,23 @@ def bisect(options: BisectOptions, listener: Listener | None = None) -> BisectRe
                          "at least two")
     common = shared(pins)
     options_lines = tuple(dict.fromkeys(o for p in pins for o in p.options))
-    envs = Environments(options.cache, common, options_lines, options.base_env)
+    envs = Environments(options.cache, common, options_lines, options.base_env,
+                        known=_one_version(pins))
     runner = VenvRunner(envs, options.out, options.spec, options.sets, options.probe_timeout_s)
     run = _PinBisection(options, pins, runner, listener or Listener())
-    return _write(options, run.ordered() if options.ordered else run.changes())
+    result = run.ordered() if options.ordered else run.changes()
+    seconds = None if envs.common_seconds is None else round(envs.common_seconds, 3)
+    return _write(options, result.model_copy(update={"common_build_seconds": seconds}))
+
+
+def _one_version(pins: Sequence[PinSet]) -> list[Requirement]:
+    """The requirements of the packages the pins give exactly one version (whichever pins
+    hold them): what a probe that pulls one in without naming it gets."""
+    versions: dict[str, set[Requirement]] = {}
+    for pin in pins:
+        for name, req in pin.packages.items():
+            versions.setdefault(name, set()).add(req)
+    return [next(iter(reqs)) for _, reqs in sorted(versions.items()) if len(reqs) == 1]
 
 
 def _on_cluster(options: BisectOptions, cluster: ClusterOptions,

@@ -13,6 +13,12 @@ few. So a probe environment has two layers:
   resolver with the common pins as constraints: a mix the resolver refuses is
   *unresolvable* (no probe), and nothing the common layer holds is ever replaced.
 
+A package a probe layer leaves out (one only the bad pin holds, say) can still be pulled in
+by a package the layer holds: pip installs it at the version a pin gives it (a constraint,
+when the pins give it one version), never at whatever its index offers that day. What
+pip installs beyond the layer's own lines (such a package, or one no pin names because
+``pip freeze`` leaves it out: setuptools) is recorded as the probe's ``pulled_in``.
+
 A probe venv sees the common layer's site-packages through a ``.pth`` line, after its own
 (its packages shadow none of the common layer's: they are different packages), and sees
 the running resumequal through a second ``.pth`` line (a folder holding only a link to
@@ -69,6 +75,7 @@ class Built:
     seconds: float
     reused: bool
     problems: tuple[str, ...]
+    pulled_in: tuple[str, ...] = ()  # name==version pip installed beyond the layer's lines
 
     @property
     def python(self) -> Path:
@@ -108,12 +115,18 @@ class Environments:
     """Builds and reuses the probe venvs of one bisection under ``cache``."""
 
     def __init__(self, cache: Path, common: Sequence[Requirement], options: Sequence[str],
-                 base_env: Path | None = None) -> None:
+                 base_env: Path | None = None, known: Sequence[Requirement] = ()) -> None:
         self.cache = cache
         self.common = list(common)
+        # The one version the pins give each package they do not share (URLs aside: pip
+        # takes no links as constraints): what a layer that leaves one out is held to.
+        shared_names = {r.name for r in self.common}
+        self.known = {r.name: r for r in known
+                      if r.name not in shared_names and " @ " not in r.line}
         self.options = list(options)
         self.base_env = base_env
         self._common_site: Path | None = None
+        self.common_seconds: float | None = None  # to build or find the common layer
         self._absent: list[Requirement] = []  # common pins --base-env lacks
         self._self_dir: Path | None = None
 
@@ -123,8 +136,11 @@ class Environments:
         """The common layer's site-packages: ``--base-env``'s, checked, or a venv built
         from the common pins (once per cache)."""
         if self._common_site is None:
+            started = time.monotonic()
             self._common_site = (self._checked_base() if self.base_env is not None
                                  else self._built_common())
+            self.common_seconds = (0.0 if self.base_env is not None
+                                   else time.monotonic() - started)
         return self._common_site
 
     def _checked_base(self) -> Path:
@@ -190,9 +206,18 @@ class Environments:
     # -- probe venvs ------------------------------------------------------------------
 
     def key(self, layer: Sequence[Requirement]) -> str:
-        """The venv key of a probe layer: interpreter, common layer, resumequal, lines."""
+        """The venv key of a probe layer: interpreter, common layer, resumequal, lines
+        (and the constraints on what it leaves out)."""
+        held = self.left_out(layer)
         return _digest(_interpreter(), str(self.common_site()), str(self.self_dir()),
-                       *self.options, *sorted(r.line for r in layer))
+                       *self.options, *sorted(r.line for r in layer),
+                       *(["constraints:", *sorted(r.line for r in held)] if held else []))
+
+    def left_out(self, layer: Sequence[Requirement]) -> list[Requirement]:
+        """The pins' versions of the packages ``layer`` leaves out, sorted by name: the
+        constraints that hold one to its pin's version should the layer pull it in."""
+        names = {r.name for r in layer}
+        return [r for name, r in sorted(self.known.items()) if name not in names]
 
     def with_absent(self, layer: Sequence[Requirement]) -> list[Requirement]:
         """``layer`` and the shared pins the common layer lacks (``--base-env`` only)."""
@@ -201,9 +226,10 @@ class Environments:
 
     def probe_env(self, layer: Sequence[Requirement]) -> Built | Refused:
         """The venv holding ``layer`` over the common layer: reused when a previous
-        probe (of any bisection) built it, built otherwise; or the resolver's refusal."""
-        started = time.monotonic()
+        probe (of any bisection) built it, built otherwise; or the resolver's refusal.
+        Its seconds leave out the common layer's build (the first probe's, once)."""
         layer = self.with_absent(layer)
+        started = time.monotonic()
         key = self.key(layer)
         venv = self.cache / "venvs" / key
         with _locked(venv):
@@ -213,7 +239,7 @@ class Environments:
             if (venv / READY).exists():
                 ready = json.loads((venv / READY).read_text())
                 return Built(key, venv, time.monotonic() - started, True,
-                             tuple(ready["problems"]))
+                             tuple(ready["problems"]), tuple(ready.get("pulled_in", ())))
             return self._build(key, venv, layer, started)
 
     def _build(self, key: str, venv: Path, layer: Sequence[Requirement],
@@ -225,7 +251,8 @@ class Environments:
         (site / "00-resumequal-bisect.pth").write_text(f"{self.self_dir()}\n")
         (site / "10-bisect-common.pth").write_text(f"{self.common_site()}\n")
         constraints = venv / "common-constraints.txt"
-        constraints.write_text("".join(f"{r.line}\n" for r in self.common))
+        constraints.write_text("".join(f"{r.line}\n"
+                                       for r in (*self.common, *self.left_out(layer))))
         if layer:
             try:
                 self._pip(venv, "install", "-c", str(constraints),
@@ -234,9 +261,10 @@ class Environments:
                 (venv / REFUSED).write_text(refusal.message)
                 return Refused(key, time.monotonic() - started, False, refusal.message)
         problems = self._problems(venv)
+        pulled = _pulled_in(site, layer)
         seconds = time.monotonic() - started
-        _mark_ready(venv, seconds, problems)
-        return Built(key, venv, seconds, False, problems)
+        _mark_ready(venv, seconds, problems, pulled)
+        return Built(key, venv, seconds, False, problems, pulled)
 
     def _requirements(self, venv: Path, lines: Sequence[str]) -> list[str]:
         path = venv / "bisect-requirements.txt"
@@ -300,9 +328,19 @@ def _new_venv(venv: Path) -> None:
         raise EnvBuildError(f"cannot make a venv at {venv}: {proc.stderr.strip()[-500:]}")
 
 
-def _mark_ready(venv: Path, seconds: float, problems: Sequence[str]) -> None:
+def _pulled_in(site: Path, layer: Sequence[Requirement]) -> tuple[str, ...]:
+    """``name==version`` of what pip installed into ``site`` that ``layer`` does not name."""
+    named = {r.name for r in layer}
+    found = {canonical(d.metadata["Name"]): f"{d.metadata['Name']}=={d.version}"
+             for d in metadata.distributions(path=[str(site)]) if d.metadata["Name"]}
+    return tuple(line for name, line in sorted(found.items()) if name not in named)
+
+
+def _mark_ready(venv: Path, seconds: float, problems: Sequence[str],
+                pulled_in: Sequence[str] = ()) -> None:
     (venv / READY).write_text(json.dumps({"seconds": round(seconds, 3),
-                                          "problems": list(problems)}))
+                                          "problems": list(problems),
+                                          "pulled_in": list(pulled_in)}))
 
 
 @contextmanager

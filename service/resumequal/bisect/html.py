@@ -29,7 +29,9 @@ def render(result: BisectResult) -> str:
     facts = [("mode", result.mode), ("pins", ", ".join(result.pins)),
              ("assumed", ", ".join(result.assumed) or "none: both ends qualified"),
              ("spec", result.spec or "the defaults"), ("--set", " ".join(result.sets) or "—"),
-             ("packages alike", str(result.common_packages)),
+             ("packages alike", str(result.common_packages) + (
+                 "" if result.common_build_seconds is None
+                 else f" (their layer built or found in {result.common_build_seconds:.1f} s)")),
              ("probes", f"{len(result.probes)} ({result.qualifications} qualifications, "
                         f"{result.unresolvable} unresolvable)"),
              ("took", f"{result.seconds:.0f} s, from {result.started}")]

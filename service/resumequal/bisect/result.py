@@ -76,6 +76,11 @@ class ProbeEnv(_Model):
     build_seconds: float = Field(description="to build it, or to find it ready when reused")
     packages: list[str] = Field(description="the requirement lines of its probe layer (the "
                                 "packages that differ between the pins)")
+    pulled_in: list[str] = Field(
+        default_factory=list,
+        description="name==version of what pip installed beyond those lines: a dependency "
+        "the pins leave out (pip freeze omits setuptools), at the version pip chose, or one "
+        "a left-out change names, at the version its pin gives")
 
 
 class Probe(_Model):
@@ -142,6 +147,9 @@ class BisectResult(_Model):
     sets: list[str] = Field(default_factory=list, description="--set overrides of every probe")
     common_packages: int = Field(description="packages every pin holds alike (the common "
                                  "layer)")
+    common_build_seconds: float | None = Field(
+        default=None, description="to build the common layer's venv, or to find it ready "
+        "(0 with --base-env); in no probe's build_seconds. null: no common layer (images)")
     changes: list[PinChange] = Field(description="changes: between good and bad; ordered: "
                                      "between the first flipping pin and the one before it")
     culprits: list[PinChange] = Field(

@@ -79,7 +79,8 @@ class VenvRunner:
         env = self.envs.probe_env(list(subject))
         record = ProbeEnv(key=env.key, path=str(self.envs.cache / "venvs" / env.key),
                           reused=env.reused, build_seconds=round(env.seconds, 3),
-                          packages=[r.line for r in subject])
+                          packages=[r.line for r in subject],
+                          pulled_in=list(env.pulled_in) if isinstance(env, Built) else [])
         if isinstance(env, Refused):
             return Prepared(refused=f"the resolver refuses this mix: {env.message}",
                             record=record)
@@ -89,6 +90,8 @@ class VenvRunner:
         if broken:
             return Prepared(refused=f"pip check: {'; '.join(broken)}", record=record)
         how = "reused" if env.reused else f"built in {env.seconds:.1f} s"
+        if env.pulled_in:
+            how += f"; pip added {', '.join(env.pulled_in)}"
         return Prepared(shown=f"in venv {env.key} ({how})", record=record, env=env)
 
     def qualify(self, prepared: Prepared, probe: ProbeId) -> Qualified:
