@@ -89,8 +89,6 @@ from tests.operator.harness import run_manifest  # noqa: E402
 from tests.operator.workers import Workers, verdict  # noqa: E402
 
 NAMESPACE = "quals"
-# The image the runs name (tests/operator/harness.py's manifests).
-RUN_IMAGE = "ghcr.io/acme/train"
 # The pods' process runs at the lowest CPU priority (see measure).
 NODE_NICE = 19
 # Timeouts sized for many runs' pods simulated on 2 cores.
@@ -306,48 +304,23 @@ def measure_real(args: argparse.Namespace, held: int) -> dict[str, float]:
     priority), every other pod a real process; the chart installed with helm (its CRD,
     RBAC and ServiceAccount; no operator Deployment), and the operator as a process of
     its own with a token of the chart's ServiceAccount."""
-    import threading
-
     from kubernetes import client, config
 
     from testing.cluster import cluster as local
     from testing.cluster import controlplane
-    from testing.cluster.node.agent import API_CONNECTIONS, NodeAgent, machine_capacity
-    from testing.cluster.node.images import cluster_images
-    from testing.cluster.node.scripted import ScriptedRuntime
+    from testing.cluster.podcluster import PodCluster
 
-    if local.current() is not None:
-        raise SystemExit("a local cluster is running (make cluster-down first): the bench "
-                         "starts one of its own")
-    cluster = local.up(node=False)
-    agent: NodeAgent | None = None
+    # The operator tests' pod cluster, apart from make cluster-up's: its node agent in this
+    # process, the runs' containers the scripted workers of one node process, bound here.
+    pods = PodCluster(NAMESPACE)
     try:
+        cluster = pods.cluster
         cp = cluster.controlplane
         workers = Workers(hold_timeout=args.timeout)
         node = NodeRuntime(workers)
         assert node.pid is not None
         os.setpriority(os.PRIO_PROCESS, node.pid, NODE_NICE)
-        node_config = client.Configuration()
-        config.load_kube_config(config_file=str(local.node_kubeconfig(cp)),
-                                client_configuration=node_config)
-        node_config.connection_pool_maxsize = API_CONNECTIONS
-        agent = NodeAgent(
-            client.ApiClient(node_config), name=local.NODE, bridge=cluster.bridge,
-            # The runs' image, as the scripted workers play it (the worker image's
-            # configuration, held under the runs' name; its containers are scripts).
-            images=cluster_images(cluster.binaries, {RUN_IMAGE: local.WORKER_IMAGE}),
-            root=cp.root / "node",
-            api_host=cluster.bridge.gateway, api_port=cp.ports.apiserver,
-            dns_ip=cluster.bridge.gateway, netns_prefix=f"rq{cluster.id[:6]}-",
-            capacity={**machine_capacity(), "cpu": "1000", "memory": "4000Gi",
-                      "pods": "5000"},
-            runtimes={RUN_IMAGE: ScriptedRuntime(node)})
-        threading.Thread(target=agent.run, daemon=True, name="node-agent").start()
-        local.install_kubeflow(cluster, ("training-operator",))
-        cluster.kubectl("create", "namespace", NAMESPACE)
-        cluster.kubectl("label", "namespace", NAMESPACE,
-                        "pod-security.kubernetes.io/enforce=restricted")
-        local.install_chart(cluster, {"replicas": 0, "watch": {"namespaces": [NAMESPACE]}})
+        pods.scripts.bind(lambda: node)
         token = cluster.kubectl("create", "token", "resumequal", "-n",
                                 local.OPERATOR_NAMESPACE, "--duration=6h").strip()
         with tempfile.TemporaryDirectory(prefix="rq-bench-") as tmp:
@@ -366,9 +339,7 @@ def measure_real(args: argparse.Namespace, held: int) -> dict[str, float]:
             return _run_operator(args, held, cluster.id, kubeconfig, key_file, objects,
                                  store, node.pid, Path(tmp))
     finally:
-        if agent is not None:
-            agent.stop()
-        local.down()
+        pods.close()
 
 
 def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconfig: Path,

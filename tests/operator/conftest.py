@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result
 from resumequal_operator.kube import Kube
 from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import APIServer, RealAPI
-from tests.operator.harness import NAMESPACE, Admission, Operators
+from tests.operator.harness import NAMESPACE, Admission, Operators, s3_store, store_s3
 from tests.operator.workers import Workers
 
 if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here defeats
@@ -59,9 +58,7 @@ def api(request: pytest.FixtureRequest) -> Iterator[RealAPI]:
 @pytest.fixture
 def store(s3_server: SeaweedFS, aws_env: dict[str, str]) -> dict[str, str]:
     """A fresh bucket on the shared S3 server: the ``store`` section of a run."""
-    return {"uri": f"s3://{s3_server.new_bucket()}/runs",
-            "endpointUrl": s3_server.endpoint, "region": "us-east-1",
-            "addressingStyle": "path"}
+    return s3_store(s3_server.endpoint, s3_server.new_bucket())
 
 
 @pytest.fixture
@@ -85,8 +82,7 @@ def verdict_result() -> Result:
 @pytest.fixture
 def workers(store: dict[str, str], verdict_result: Result) -> Workers:
     """Scripted workers and comparator writing into the run's store."""
-    return Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region=store["region"],
-                             addressing_style="path"), result=verdict_result)
+    return Workers(s3=store_s3(store), result=verdict_result)
 
 
 @pytest.fixture

@@ -218,3 +218,15 @@ def events(api: RealAPI, name: str) -> list[tuple[str, str, str]]:
                    key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [(e["reason"], e["type"], e["message"]) for e in found
             if e["involvedObject"]["name"] == name]
+
+
+def s3_store(endpoint: str, bucket: str) -> dict[str, str]:
+    """The ``store`` section of a run in ``bucket`` of the S3 server at ``endpoint``."""
+    return {"uri": f"s3://{bucket}/runs", "endpointUrl": endpoint, "region": "us-east-1",
+            "addressingStyle": "path"}
+
+
+def store_s3(store: dict[str, str]) -> S3Spec:
+    """The settings scripted workers reach a run's ``store`` section with."""
+    return S3Spec(endpoint_url=store["endpointUrl"], region=store["region"],
+                  addressing_style="path")

@@ -36,6 +36,8 @@ from tests.operator.harness import (
     live,
     qr,
     run_manifest,
+    s3_store,
+    store_s3,
     wait_phase,
 )
 from tests.operator.workers import Workers
@@ -79,11 +81,8 @@ def finished(s3_server: SeaweedFS, pod_cluster: PodCluster) -> Iterator[Finished
         api = RealAPI(pod_cluster.api, NAMESPACE)
         admission = Admission()
         api.add_validator(admission)
-        store = {"uri": f"s3://{s3_server.new_bucket()}/runs",
-                 "endpointUrl": s3_server.endpoint, "region": "us-east-1",
-                 "addressingStyle": "path"}
-        workers = Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region="us-east-1",
-                                    addressing_style="path"))
+        store = s3_store(s3_server.endpoint, s3_server.new_bucket())
+        workers = Workers(s3=store_s3(store))
         pod_cluster.scripts.bind(lambda: NodeRuntime(workers))
         ops = Operators(api, endpoints=(s3_server.endpoint,))
         try:

@@ -20,13 +20,20 @@ import helm_python as helm
 import pytest
 import yaml
 
-from resumequal.store.s3settings import S3Spec
 from resumequal_operator.crdsync import CRD_NAME, DIGEST_ANNOTATION, ensure_crd
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import NAMESPACE, Admission, Operators, run_manifest, wait_phase
+from tests.operator.harness import (
+    NAMESPACE,
+    Admission,
+    Operators,
+    run_manifest,
+    s3_store,
+    store_s3,
+    wait_phase,
+)
 from tests.operator.workers import Workers
 from tests.s3server import use_dummy_credentials
 
@@ -160,11 +167,8 @@ def requests(s3_server: SeaweedFS, pod_cluster: PodCluster) -> Iterator[list[Req
             assert ensure_crd(kube, "apply") == "updated"
         finally:
             kube.close()
-        store = {"uri": f"s3://{s3_server.new_bucket()}/runs",
-                 "endpointUrl": s3_server.endpoint, "region": "us-east-1",
-                 "addressingStyle": "path"}
-        workers = Workers(s3=S3Spec(endpoint_url=store["endpointUrl"], region="us-east-1",
-                                    addressing_style="path"))
+        store = s3_store(s3_server.endpoint, s3_server.new_bucket())
+        workers = Workers(s3=store_s3(store))
         ops = Operators(api, endpoints=(s3_server.endpoint,))
         # A status write that conflicts once: the run is read again (its only read; every
         # reconcile takes it from the watch).
