@@ -48,6 +48,7 @@ class LegFiles:
     seal: RunSeal | None = field(default=None, repr=False, compare=False)
 
     def key(self, name: str) -> str:
+        """The store key of ``name`` under the leg's prefix."""
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def traces(self) -> LegTraces:
@@ -60,15 +61,19 @@ class LegFiles:
         return cls(open_store(str(leg_dir)))
 
     def beacon_key(self, rank: int, attempt: int) -> str:
+        """Where the armed worker of ``rank`` in ``attempt`` publishes its beacon."""
         return self.key(f"beacons/attempt-{attempt}-rank-{rank}.json")
 
     def kill_order_key(self, rank: int, attempt: int) -> str:
+        """Where the order to kill that worker is written."""
         return self.key(f"beacons/kill-attempt-{attempt}-rank-{rank}.json")
 
     def pod_kill_key(self, rank: int, attempt: int) -> str:
+        """Where the record of that worker's pod deletion is written."""
         return self.key(f"beacons/pod-kill-attempt-{attempt}-rank-{rank}.json")
 
     def done_key(self, rank: int) -> str:
+        """Where ``rank`` says it finished the leg."""
         return self.key(f"done/rank-{rank}.json")
 
     def write_beacon(self, rank: int, attempt: int, step: int, microstep: int,
@@ -89,7 +94,7 @@ class LegFiles:
     def _put_model(self, key: str, body: BaseModel) -> str:
         """Seal ``body`` (camelCase where its model says so) and write it at ``key``; its URI."""
         self.store.put_bytes(key, sealed(self.seal, key,
-                                        body.model_dump(mode="json", by_alias=True)))
+                                         body.model_dump(mode="json", by_alias=True)))
         return self.store.uri(key)
 
     def _get_model(self, key: str, model: type[_M], what: str,

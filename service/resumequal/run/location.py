@@ -136,7 +136,7 @@ class RunLocation(RunResults):
     def write_spec(self, spec: QualificationSpec) -> None:
         """``spec.json``: the qualification's spec, for people and the comparator."""
         self.store.put_bytes(SPEC_FILE, sealed(self.seal, SPEC_FILE,
-                                              self.leg_spec(spec).model_dump(mode="json")))
+                                               self.leg_spec(spec).model_dump(mode="json")))
 
     def has_spec(self) -> bool:
         """Whether a runner or the operator has written the qualification's spec here."""
@@ -218,8 +218,8 @@ class RunLocation(RunResults):
         where = self.url(RUN_FILE)
         try:
             theirs = unsealed(self.seal, RUN_FILE,
-                             self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES), where,
-                             "a run file")["spec_digest"]
+                              self.store.get_bytes(RUN_FILE, SMALL_OBJECT_BYTES), where,
+                              "a run file")["spec_digest"]
         except StoreNotFound as e:
             raise TrainingError(f"{self.uri} is not a run directory (no {RUN_FILE})") from e
         except NotAuthentic as e:

@@ -79,6 +79,7 @@ class LegTraces:
                                                 compare=False)
 
     def rank_prefix(self, rank: int) -> str:
+        """The store prefix of one rank's segments."""
         return f"{self.prefix}/rank-{rank}"
 
     def uri(self, rank: int) -> str:
