@@ -72,7 +72,7 @@ from torch.futures import Future
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, RemoteRoot
 from resumequal.checkpoint.manifest import copy_verified, fsync_dir, write_manifest
 from resumequal.local.backend import free_port
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.store import Store
 from resumequal.store.s3 import S3Store
 from resumequal.store.s3settings import S3Config

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
+from resumequal.trace.records import CompiledRecord, StartupRecord, StepRecord
 
 RUNS = {
     "eager": ["compile.enabled=false"],
@@ -61,17 +62,17 @@ def split(run_dir: Path) -> dict[tuple[str, int], dict[str, float]]:
     out: dict[tuple[str, int], dict[str, float]] = {}
     for leg in LEGS:
         per_rank: dict[tuple[int, int], dict[str, float]] = {}
-        for rank in range(WORLD):
-            for rec in location.trace_records(leg, rank):
-                cell = per_rank.setdefault((int(rec.get("attempt", 0)), rank),
+        for rank, records in location.traces(leg).records_so_far(WORLD).items():
+            for rec in records:
+                cell = per_rank.setdefault((rec.attempt, rank),
                                            {"compile": 0.0, "built": 0.0, "end": 0.0,
                                             "steps": 0})
-                if rec["kind"] == "compiled":
-                    cell["compile"] += float(rec["seconds"])
-                elif rec["kind"] == "startup":
-                    cell["built"] = float(rec["built_at"])
-                elif rec["kind"] == "step":
-                    cell["end"] = max(cell["end"], float(rec["finished_at"]))
+                if isinstance(rec, CompiledRecord):
+                    cell["compile"] += rec.seconds
+                elif isinstance(rec, StartupRecord):
+                    cell["built"] = rec.built_at
+                elif isinstance(rec, StepRecord):
+                    cell["end"] = max(cell["end"], rec.finished_at)
                     cell["steps"] += 1
         for cell in per_rank.values():
             cell["wall"] = cell["end"] - cell["built"]

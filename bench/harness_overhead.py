@@ -43,10 +43,10 @@ from resumequal.launchers import TORCHRUN
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
-from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.spec import QualificationSpec, load_spec
-from resumequal.trace.records import StepRecord, parse_records
+from resumequal.trace.records import StepRecord
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_loop.py")
 LABEL = {"ddp": "bare DDP", "fsdp2": "bare FSDP2"}
@@ -141,9 +141,9 @@ def harness_run(
                     "--run-dir", str(run_dir)])
     wall = launch(tree, cmd, run_dir.with_suffix(".log"), timeout)
     best: tuple[float, float, int] | None = None
-    traces = RunLocation.open(str(run_dir)).leg("control").traces()
+    traces = RunLocation.open(str(run_dir)).traces("control")
     for rank in range(NPROC):
-        recs = parse_records(traces.lines(rank), traces.uri(rank))
+        recs = traces.records(rank)
         steps = sorted((r for r in recs if isinstance(r, StepRecord)), key=lambda r: r.step)
         if len(steps) != spec.training.steps:
             raise BenchError(f"rank {rank} traced {len(steps)} of {spec.training.steps} steps")

@@ -74,9 +74,9 @@ sys.path.insert(0, str(REPO))
 from resumequal.local.backend import free_port  # noqa: E402
 from resumequal.plan import qualification_plan  # noqa: E402
 from resumequal.qualify import LegRun, Phase, QualificationStatus, Reason  # noqa: E402
-from resumequal.runname import run_uri  # noqa: E402
-from resumequal.runstore import RunLocation  # noqa: E402
-from resumequal.signing import new_key  # noqa: E402
+from resumequal.run.location import RunLocation  # noqa: E402
+from resumequal.run.name import run_uri  # noqa: E402
+from resumequal.run.signing import new_key  # noqa: E402
 from resumequal.verdict import PhaseEvent, Result  # noqa: E402
 from resumequal_operator import pytorchjob  # noqa: E402
 from resumequal_operator.controller import FINALIZER  # noqa: E402

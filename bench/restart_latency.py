@@ -63,9 +63,9 @@ from resumequal.launchers import LAUNCHERS, TORCHRUN, command
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
-from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
-from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord, parse_records
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
+from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")
 TORCH_SCRIPT = Path(__file__).with_name("_torch_resume.py")
@@ -162,10 +162,9 @@ def resumequal_run(tree: ProcessTree, spec_path: Path, run_dir: Path, timeout: f
     startups: list[StartupRecord] = []
     restores: list[RestoreRecord] = []
     first_steps: list[float] = []
-    traces = RunLocation.open(str(run_dir)).leg("preempted").traces()
+    traces = RunLocation.open(str(run_dir)).traces("preempted")
     for rank in range(NPROC):
-        records = [r for r in parse_records(traces.lines(rank), traces.uri(rank))
-                   if r.attempt == 1]
+        records = [r for r in traces.records(rank) if r.attempt == 1]
         startups += [r for r in records if isinstance(r, StartupRecord)]
         restores += [r for r in records if isinstance(r, RestoreRecord)]
         first_steps += [r.finished_at for r in records if isinstance(r, StepRecord)][:1]

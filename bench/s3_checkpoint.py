@@ -59,7 +59,7 @@ from botocore.config import Config  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict
 
 from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot, checkpoint_location
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.store import S3Config
 from resumequal.store.s3settings import S3Spec
 from s3_upload import moto_server  # the same loopback moto launcher

@@ -39,7 +39,7 @@ import torch.distributed as dist
 import xxhash
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import DDPSpec, TrainingSpec, WorkloadSpec
 from resumequal.trace.digest import (
     bucket_layout_digest,

@@ -15,7 +15,7 @@ from typing import Any
 
 from resumequal.checkpoint.layout import DCP_DIR, MANIFEST, MANIFEST_MAC, rank_state_file
 from resumequal.checkpoint.manifest import Manifest, entry_of
-from resumequal.signing import sign
+from resumequal.run.signing import sign
 
 ATTACKER_KEY = b"not-the-run-key-" * 4
 

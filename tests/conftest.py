@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from resumequal.signing import KEY_ENV, RUN_ID_ENV
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV
 
 pytest_plugins = ("tests.s3server", "testing.cluster.fixtures")
 

@@ -9,6 +9,6 @@ package of its own, ``runtime``: of the rest it imports only the API door, ``kub
 
 Must never import torch or numpy, directly or through anything it imports: the operator
 image carries no training stack. Of resumequal it uses only the torch-free packages and
-modules (spec, plan, qualify, verdict, metrics, store, errors, runstore). Training runs in
+modules (spec, plan, qualify, verdict, metrics, store, errors, run). Training runs in
 the pods it starts, never in the operator.
 """

@@ -34,8 +34,9 @@ from pydantic import ValidationError
 from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
 from resumequal.plan import LegPlan, Plan
 from resumequal.qualify import LegObservation, LegState, kill_order
-from resumequal.runfiles import Beacon, InvalidBeacon, PodKill
-from resumequal.runstore import GROW, ZOOM_JSON, RunLocation
+from resumequal.run.beacons import GROW, Beacon, InvalidBeacon, PodKill
+from resumequal.run.layout import ZOOM_JSON
+from resumequal.run.location import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.verdict import Verdict, Zoom

@@ -36,10 +36,11 @@ from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreE
 from resumequal.plan import Plan, qualification_plan
 from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason, failed_verdict
 from resumequal.redact import redact
-from resumequal.runname import run_uri
-from resumequal.runstore import ZOOM_JSON, RunLocation
+from resumequal.run.layout import ZOOM_JSON
+from resumequal.run.location import RunLocation
+from resumequal.run.name import run_uri
+from resumequal.run.timeline import Timeline
 from resumequal.spec import QualificationSpec
-from resumequal.timeline import Timeline
 from resumequal.verdict import Result, Zoom
 from resumequal.words import clip
 from resumequal_operator import pytorchjob

@@ -36,7 +36,7 @@ from pydantic.alias_generators import to_camel
 
 from resumequal.qualify import Phase
 from resumequal.redact import redact, redact_tree
-from resumequal.runfiles import MAX_EPOCH_SECONDS
+from resumequal.run.beacons import MAX_EPOCH_SECONDS
 from resumequal.spec import (
     MAX_SECONDS,
     MAX_URI,

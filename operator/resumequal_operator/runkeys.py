@@ -1,6 +1,6 @@
 """The operator's master key, and each run's key and seal made from it.
 
-A run's key is HMAC(master, uid) (:func:`resumequal.signing.derive_run_key`): the operator
+A run's key is HMAC(master, uid) (:func:`resumequal.run.signing.derive_run_key`): the operator
 puts it in the run's Secret for the pods, and seals and authenticates what it writes and
 reads in the run's location (leg specs, kill orders, beacons, markers, the verdict) with
 it, on every reconcile and after a restart, without ever reading a Secret back. The
@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from resumequal.errors import CheckpointError
-from resumequal.signing import RunSeal, check_key, derive_run_key, new_key
+from resumequal.run.signing import RunSeal, check_key, derive_run_key, new_key
 from resumequal.store import regular
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from resumequal.launchers import caveats
 from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus, failed_reason
 from resumequal.redact import redact
-from resumequal.timeline import restart_seconds
+from resumequal.run.timeline import restart_seconds
 from resumequal.verdict import Result, Verdict
 from resumequal.words import clip
 from resumequal_operator.resource import (

@@ -6,33 +6,26 @@ matrix, the timeline, the legs' summaries, the runtime inventory and what was bu
 Publishing the report is :mod:`resumequal.publish`'s.
 
 Shared with the operator: it must import neither torch nor numpy, nor ``compare`` or the
-worker side; traces are read as JSON objects through ``runstore``.
+worker side; traces are read as their records' models (:mod:`resumequal.trace.records`)
+through :mod:`resumequal.run.traces`.
 """
 
 from __future__ import annotations
 
-import logging
 import statistics
 from typing import Any
-
-from pydantic import ValidationError
 
 from resumequal.built import BuiltOptimizer
 from resumequal.launchers import caveats
 from resumequal.matrix import fold_matrix
 from resumequal.qualify import QualificationStatus
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
+from resumequal.run.timeline import REPORTED_LEGS, Timeline
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
-from resumequal.timeline import REPORTED_LEGS, Timeline
+from resumequal.trace.records import CompiledRecord, InventoryRecord, StepRecord
 from resumequal.verdict import AttemptCompile, LegSummary, Matrix, Report, Verdict
 
-log = logging.getLogger(__name__)
-
 __all__ = ["build_report", "built", "claimed_spec", "inventory", "leg_summary"]
-
-
-def _records(location: RunLocation, leg: str, world_size: int) -> dict[int, list[dict[str, Any]]]:
-    return {r: location.trace_records(leg, r) for r in range(world_size)}
 
 
 def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
@@ -42,20 +35,20 @@ def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
     # (never a merge per rank: after a resize a rank's record of an earlier attempt is stale).
     per_attempt: dict[int, dict[int, list[float]]] = {}
     attempts = 0
-    compiled: dict[tuple[int, int], list[dict[str, Any]]] = {}  # (attempt, rank) -> records
-    for r, records in _records(location, leg, spec.world.world_size).items():
-        attempts = max([attempts] + [int(x.get("attempt", 0)) + 1 for x in records])
+    compiled: dict[tuple[int, int], list[CompiledRecord]] = {}  # (attempt, rank) -> records
+    traces = location.traces(leg).records_so_far(spec.world.world_size)
+    for r, records in traces.items():
+        attempts = max([attempts] + [x.attempt + 1 for x in records])
         for rec in records:
-            if rec.get("kind") == "compiled":
-                compiled.setdefault((int(rec["attempt"]), r), []).append(rec)
-        final: dict[tuple[int, int], dict[str, Any]] = {}
+            if isinstance(rec, CompiledRecord):
+                compiled.setdefault((rec.attempt, r), []).append(rec)
+        final: dict[tuple[int, int], StepRecord] = {}
         for rec in records:
-            if rec.get("kind") == "step" and rec.get("rank") == r:
-                final[int(rec["step"]), int(rec["attempt"])] = rec
+            if isinstance(rec, StepRecord) and rec.rank == r:
+                final[rec.step, rec.attempt] = rec
         for (step, attempt), rec in final.items():
-            # float(): a NaN or infinite loss is stored as the string "NaN" / "Infinity".
             per_attempt.setdefault(step, {}).setdefault(attempt, []).extend(
-                float(m["loss"]) for m in rec["microsteps"])
+                m.loss for m in rec.microsteps)
     per_step = {step: by[max(by)] for step, by in per_attempt.items()}
     run = status.legs.get(leg) if status is not None else None
     return LegSummary(
@@ -69,7 +62,7 @@ def leg_summary(location: RunLocation, leg: str, spec: QualificationSpec,
     )
 
 
-def _attempt_compiles(records: dict[tuple[int, int], list[dict[str, Any]]]
+def _attempt_compiles(records: dict[tuple[int, int], list[CompiledRecord]]
                       ) -> list[AttemptCompile]:
     """Per attempt: the slowest rank's compile seconds, the ranks' cache hits and misses."""
     out = []
@@ -77,10 +70,10 @@ def _attempt_compiles(records: dict[tuple[int, int], list[dict[str, Any]]]
         ranks = [recs for (a, _), recs in records.items() if a == attempt]
         out.append(AttemptCompile(
             attempt=attempt,
-            seconds=max(sum(float(r["seconds"]) for r in recs) for recs in ranks),
-            fx_cache_hits=sum(int(r["fx_cache_hits"]) for recs in ranks for r in recs),
-            fx_cache_misses=sum(int(r["fx_cache_misses"]) for recs in ranks for r in recs),
-            autotuned=sum(len(r["autotuned"]) for recs in ranks for r in recs)))
+            seconds=max(sum(r.seconds for r in recs) for recs in ranks),
+            fx_cache_hits=sum(r.fx_cache_hits for recs in ranks for r in recs),
+            fx_cache_misses=sum(r.fx_cache_misses for recs in ranks for r in recs),
+            autotuned=sum(len(r.autotuned) for recs in ranks for r in recs)))
     return out
 
 
@@ -88,31 +81,24 @@ def _attempt_compiles(records: dict[tuple[int, int], list[dict[str, Any]]]
 _NOT_COMPARABLE = frozenset({"pid", "host", "rank", "attempt", "built"})
 
 
-def _inventory_record(location: RunLocation) -> dict[str, Any]:
-    """The reference leg's first inventory record on rank 0; empty when it wrote none."""
-    for rec in location.trace_records(REFERENCE_LEG, 0):
-        if rec.get("kind") == "inventory":
-            return rec
-    return {}
+def _inventory_record(location: RunLocation) -> InventoryRecord | None:
+    """The reference leg's first inventory record on rank 0; None when it wrote none."""
+    records = location.traces(REFERENCE_LEG).records_so_far(1).get(0, [])
+    return next((rec for rec in records if isinstance(rec, InventoryRecord)), None)
 
 
 def inventory(location: RunLocation) -> dict[str, object]:
     """The reference leg's runtime inventory (rank 0), as the legs must agree on it."""
-    return {k: v for k, v in _inventory_record(location).items() if k not in _NOT_COMPARABLE}
+    rec = _inventory_record(location)
+    if rec is None:
+        return {}
+    return {k: v for k, v in rec.model_dump(mode="json").items() if k not in _NOT_COMPARABLE}
 
 
 def built(location: RunLocation) -> BuiltOptimizer | None:
     """What the reference leg's workload built (rank 0); None where its trace has none."""
-    raw = _inventory_record(location).get("built")
-    if raw is None:
-        return None
-    try:
-        return BuiltOptimizer.model_validate(raw)
-    except ValidationError as e:
-        # The report stands without it: it only says what was built.
-        log.warning("the inventory's record of the optimizer is refused: %s",
-                    e.errors()[0]["msg"])
-        return None
+    rec = _inventory_record(location)
+    return rec.built if rec is not None else None
 
 
 def claimed_spec(spec: QualificationSpec, made: BuiltOptimizer | None) -> dict[str, Any]:

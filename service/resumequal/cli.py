@@ -224,8 +224,8 @@ def _leg_spec(
     """The spec and omissions a worker runs: --spec, else the run location's leg spec."""
     if spec_path is not None:
         return load_spec(spec_path), frozenset(omit)
-    from resumequal.runstore import RunLocation
-    from resumequal.signing import RunSeal
+    from resumequal.run.location import RunLocation
+    from resumequal.run.signing import RunSeal
 
     # What the workers run (their module, their store) is read only from a spec file
     # this run wrote: the run's key and id come with the leg's environment.

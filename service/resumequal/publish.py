@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from resumequal.metrics import QualificationMetrics, push, write_textfile
 from resumequal.report.files import report_files, write_reports
-from resumequal.runstore import METRICS_PROM, RunLocation
+from resumequal.run.layout import METRICS_PROM
+from resumequal.run.location import RunLocation
 from resumequal.verdict import Report
 
 __all__ = ["publish"]

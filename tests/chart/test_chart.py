@@ -707,7 +707,7 @@ def test_the_master_key_is_made_at_install_kept_and_read_by_the_operator(
     # An uninstall keeps it: runs it made keys for may be judged again after a reinstall.
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     key = base64.b64decode(secret["data"]["key"])
-    # A key's one form (resumequal.signing.check_key): 64 hex characters, 32 random bytes.
+    # A key's one form (resumequal.run.signing.check_key): 64 hex characters, 32 random bytes.
     assert re.fullmatch(rb"[0-9a-f]{64}", key), key
     # Another render (no cluster to look the Secret up in) makes another key: random.
     [again] = by_kind(render(chart), "Secret")

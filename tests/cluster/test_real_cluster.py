@@ -37,7 +37,7 @@ from kubernetes import client, config
 from tests.waiting import eventually
 
 if TYPE_CHECKING:
-    from resumequal.runstore import RunLocation
+    from resumequal.run.location import RunLocation
     from resumequal.verdict import Verdict
     from testing.cluster.audit import Request
     from testing.cluster.cluster import Cluster
@@ -187,7 +187,7 @@ def _operator_requests(target: Target) -> list[Request]:
 
 def _location(target: Target, run_uri: str, monkeypatch: pytest.MonkeyPatch) -> RunLocation:
     """The run's files, read from the local cluster's S3 server."""
-    from resumequal.runstore import RunLocation
+    from resumequal.run.location import RunLocation
     from resumequal.store.s3settings import S3Spec
 
     assert target.local is not None

@@ -17,8 +17,8 @@ import yaml
 
 from resumequal import launchers
 from resumequal.plan import leg_module_args, local_torchrun_args
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal
 from resumequal.spec import BOUNDARIES
 from resumequal.trace.records import (
     RestoreRecord,
@@ -26,7 +26,6 @@ from resumequal.trace.records import (
     TraceRecord,
     boundary_value,
     effective_steps,
-    parse_records,
 )
 from testing.ports import free_port
 from tests.waiting import eventually
@@ -178,8 +177,7 @@ def preempt(
 
 def trace(run: Path | str, leg: str, rank: int) -> list[TraceRecord]:
     """One rank's whole trace, read from the run location (a folder or a URI)."""
-    traces = RunLocation.open(str(run)).leg(leg).traces()
-    return parse_records(traces.lines(rank), traces.uri(rank))
+    return RunLocation.open(str(run)).traces(leg).records(rank)
 
 
 def location(run: Path | str) -> RunLocation:
@@ -191,9 +189,9 @@ def location(run: Path | str) -> RunLocation:
 def records(run: Path | str, leg: str, kind: str, ranks: tuple[int, ...] = (0, 1)
             ) -> list[dict[str, Any]]:
     """The records of one kind in the ranks' traces, as JSON objects, rank by rank."""
-    location = RunLocation.open(str(run))
-    return [r for rank in ranks for r in location.trace_records(leg, rank)
-            if r["kind"] == kind]
+    per_rank = RunLocation.open(str(run)).traces(leg).records_so_far(max(ranks) + 1)
+    return [r.model_dump(mode="json") for rank in ranks for r in per_rank.get(rank, [])
+            if r.kind == kind]
 
 
 def steps(run: Path | str, leg: str, rank: int) -> dict[int, StepRecord]:

@@ -25,8 +25,8 @@ from resumequal.checkpoint import (
 from resumequal.checkpoint.remote import COMMITTED
 from resumequal.compare.files import final_checkpoint
 from resumequal.errors import CheckpointError
-from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, new_key
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import KEY_ENV, new_key
 from resumequal.spec import QualificationSpec, parse_spec
 from tests.checkpoint_attacks import tamper
 from tests.process_group import single_rank_group

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from resumequal.runstore import RunLocation, default_scratch
+from resumequal.run.location import RunLocation, default_scratch
 from resumequal.train.compiling import CACHE_FOLDER
 from tests.integration import legs
 

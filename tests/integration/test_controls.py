@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, new_key
-from tests.integration.legs import FORKED
+from resumequal.run.signing import KEY_ENV, new_key
+from tests.integration.legs import FORKED, records
 from tests.integration.test_run import _resumequal
 
 pytestmark = pytest.mark.slow
@@ -122,8 +121,7 @@ def test_with_the_reducer_prime_three_ranks_resume_exactly(tmp_path: Path) -> No
 
 
 def _steps(leg_dir: Path, rank: int) -> list[dict[str, Any]]:
-    records = RunLocation.open(str(leg_dir.parent)).trace_records(leg_dir.name, rank)
-    return [r for r in records if r["kind"] == "step"]
+    return records(leg_dir.parent, leg_dir.name, "step", (rank,))
 
 
 @pytest.mark.timeout(1200)
@@ -147,8 +145,7 @@ def test_seed_matrix_over_two_seeds_for_the_default_workload(tmp_path: Path) -> 
         # Each seed trained its own control: the last step's losses differ between seeds.
         assert (run_dir / f"seed-{seed}" / "boundary-graceful" / "trace").is_dir()
     last_losses = {
-        RunLocation.open(str(run_dir / f"seed-{seed}")).trace_records("control", 0)[-1]
-        ["microsteps"][0]["loss"]
+        _steps(run_dir / f"seed-{seed}" / "control", 0)[-1]["microsteps"][0]["loss"]
         for seed in seeds
     }
     assert len(last_losses) == len(seeds)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from resumequal.local.processes import alive
-from resumequal.runfiles import KillOrder
-from resumequal.runstore import RunLocation
+from resumequal.run.beacons import KillOrder
+from resumequal.run.location import RunLocation
 from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for
 

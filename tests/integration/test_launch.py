@@ -18,8 +18,8 @@ import pytest
 
 from resumequal.local.processes import ProcessTree, alive
 from resumequal.plan import local_torchrun_args
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal
 from resumequal.spec import parse_spec
 from testing.ports import free_port
 from tests.integration.conftest import spec_for

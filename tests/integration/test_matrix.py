@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from resumequal.runstore import RunLocation, default_scratch
+from resumequal.run.location import RunLocation, default_scratch
 from resumequal.train.compiling import CACHE_FOLDER
 from tests.integration import legs
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from resumequal.signing import RUN_ID_ENV
+from resumequal.run.signing import RUN_ID_ENV
 from tests.exposition import value
 from tests.integration import legs
 from tests.waiting import eventually

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from resumequal.exitcodes import ExitCode
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key
 from tests.integration.legs import FORKED
 from tests.integration.test_run import FAST, _resumequal
 

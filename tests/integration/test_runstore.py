@@ -10,17 +10,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
-from resumequal.runfiles import KillOrder
-from resumequal.runstore import (
-    SMALL_OBJECT_BYTES,
-    LegFiles,
-    LegProgress,
-    RunLocation,
-    parse_segment,
-    segment_bytes,
-)
+from resumequal.run.beacons import KillOrder
+from resumequal.run.layout import SMALL_OBJECT_BYTES
+from resumequal.run.legfiles import LegFiles
+from resumequal.run.location import RunLocation
+from resumequal.run.progress import LegProgress
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.store import StoreAccessDenied, StoreObjectTooLarge, StoreUnavailable
+from resumequal.store.log import parse_segment, segment_bytes
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Cut, Result, Verdict
 from tests.trace_records import startup_record, step_record, trace_line
@@ -425,6 +422,6 @@ def test_trace_writer_groups_steps_but_flushes_what_the_backend_acts_on(
     writer.write(arm)  # not a step: in the store before the beacon is written
     segments = s3_location.store.list("preempted/trace")
     assert [o.key.rsplit("/", 1)[1] for o in segments] == ["00000000.jsonl"]
-    records = s3_location.trace_records("preempted", 1)
-    assert [r["kind"] for r in records] == ["arm"]
+    records = s3_location.traces("preempted").records_so_far(2)[1]
+    assert [r.kind for r in records] == ["arm"]
     writer.close()

@@ -17,7 +17,7 @@ import pytest
 from resumequal.checkpoint import Position, RemoteRoot, checkpoint_location, remote
 from resumequal.checkpoint.manifest import Manifest
 from resumequal.compare import compare_run
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import Result

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from resumequal.plan import leg_module_args, local_torchrun_args
-from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key
 from resumequal.verdict import Result
 from testing.ports import free_port
 from tests.exposition import value

@@ -30,7 +30,7 @@ NOT_IN_A_WORKER = (
     "resumequal.qualify",
     "resumequal.assembly",
     "resumequal.publish",
-    "resumequal.timeline",
+    "resumequal.run.timeline",
     "resumequal.matrix",
     "resumequal.metrics",
     "resumequal.verdict",  # read by the runner and the operator, never written by a worker
@@ -57,7 +57,7 @@ def test_the_leg_entry_point_loads_nothing_the_leg_does_not_use() -> None:
 def test_a_folder_store_opens_without_boto3() -> None:
     loaded = _modules_after(
         "import tempfile\n"
-        "from resumequal.runstore import RunLocation\n"
+        "from resumequal.run.location import RunLocation\n"
         "RunLocation.open(tempfile.mkdtemp()).leg('control').failure()")
     assert "resumequal.store.s3" in loaded  # the registry found every store class
     assert "boto3" not in loaded

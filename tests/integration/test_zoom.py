@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, new_key
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key
 from tests.integration import legs
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube

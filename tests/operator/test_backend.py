@@ -13,8 +13,8 @@ import pytest
 from resumequal.errors import NotAuthentic
 from resumequal.plan import qualification_plan
 from resumequal.qualify import LegState
-from resumequal.runfiles import Beacon
-from resumequal.runstore import GROW, RunLocation
+from resumequal.run.beacons import GROW, Beacon
+from resumequal.run.location import RunLocation
 from resumequal.spec import PreemptionSpec
 from resumequal.verdict import Result
 from resumequal_operator.backend import ComparatorFailed, KillRefused, KubernetesBackend, RunRef

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from resumequal.plan import qualification_plan
-from resumequal.signing import new_key
+from resumequal.run.signing import new_key
 from resumequal_operator import pytorchjob
 from resumequal_operator.resource import parse_run_spec, qualification_spec
 from testing.cluster.node.scriptnode import NodeRuntime

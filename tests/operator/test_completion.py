@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
 from testing.cluster.node.scriptnode import NodeRuntime

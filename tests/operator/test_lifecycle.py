@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from resumequal.runfiles import PodKill
-from resumequal.runstore import LegFiles, RunLocation
-from resumequal.signing import KEY_ENV
+from resumequal.run.beacons import PodKill
+from resumequal.run.legfiles import LegFiles
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import KEY_ENV
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal_operator import pytorchjob
 from resumequal_operator.backend import Notice, RunRef, observe_zoom
 from resumequal_operator.kube import JOBS, NETWORK_POLICIES, PYTORCHJOBS, QUALIFICATION_RUNS, Kube

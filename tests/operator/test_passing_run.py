@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.store.s3settings import S3Spec
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS

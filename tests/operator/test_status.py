@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from resumequal.qualify import LegRun, Phase, QualificationStatus, Reason
-from resumequal.runfiles import Beacon
+from resumequal.run.beacons import Beacon
 from resumequal.verdict import Cut, Divergence, Result, Verdict
 from resumequal_operator.resource import QualificationRunStatus
 from resumequal_operator.status import machine_of, run_status

@@ -15,8 +15,8 @@ import pytest
 from resumequal.errors import NotAuthentic
 from resumequal.plan import qualification_plan
 from resumequal.qualify import LegRun, Phase, QualificationStatus
-from resumequal.runfiles import MAX_EPOCH_SECONDS, InvalidBeacon
-from resumequal.runstore import progress_of
+from resumequal.run.beacons import MAX_EPOCH_SECONDS, InvalidBeacon
+from resumequal.run.progress import progress_of
 from resumequal.trace.records import StepRecord
 from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal
 from resumequal.store.s3settings import S3Spec
 from resumequal.verdict import (
     Cut,

@@ -29,8 +29,8 @@ from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.omissions import control
 from resumequal.plan import LegPlan, qualification_plan
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import (
     ArmRecord,

@@ -33,8 +33,8 @@ from resumequal.compare.files import final_checkpoint
 from resumequal.compare.validity import check_final_checkpoints
 from resumequal.errors import CheckpointError
 from resumequal.local.backend import LocalBackend
-from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, key_from_env, new_key
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import KEY_ENV, key_from_env, new_key
 from resumequal.spec import parse_spec
 from resumequal.store import FileStore
 from tests.checkpoint_attacks import payload, planted_files, tamper

@@ -27,7 +27,7 @@ from resumequal.checkpoint.manifest import (
 )
 from resumequal.checkpoint.reading import VerifiedCheckpoint, _windows
 from resumequal.errors import CheckpointError
-from resumequal.signing import key_from_env, sign
+from resumequal.run.signing import key_from_env, sign
 from tests.checkpoint_attacks import payload
 from tests.unit.rank_states import Plain
 

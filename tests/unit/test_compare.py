@@ -24,8 +24,8 @@ from resumequal.assembly import leg_summary
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.compare import checkpoint_drift, compare_run, drift, expected_checkpoint
 from resumequal.compare.drift import tensor_stats, values_equal
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal
 from resumequal.spec import QualificationSpec, SpecError
 from resumequal.trace.records import (
     ArmRecord,

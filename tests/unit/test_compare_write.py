@@ -8,7 +8,7 @@ from html import escape
 from pathlib import Path
 
 from resumequal.jobs.comparator import compare_location
-from resumequal.runstore import ZOOM_JSON
+from resumequal.run.layout import ZOOM_JSON
 from tests.unit.report_samples import make_zoom
 from tests.unit.test_compare import SyntheticRun, make_spec
 

@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from resumequal.local import runkey
-from resumequal.signing import KEY_ENV, RUN_ID_ENV
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV
 from resumequal_operator import main as operator_main
 from resumequal_operator.render import render_yaml
 

@@ -32,9 +32,11 @@ from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC
 from resumequal.checkpoint.manifest import authenticate, read_manifest, verify
 from resumequal.checkpoint.remote import COMMITTED, RemoteRoot, newest_verified
 from resumequal.errors import CheckpointError, ResumequalError
-from resumequal.runstore import FAILED_MARKER, RunLocation, segment_bytes
-from resumequal.signing import KEY_ENV, new_key, sign
+from resumequal.run.layout import FAILED_MARKER
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import KEY_ENV, new_key, sign
 from resumequal.store import FileStore
+from resumequal.store.log import segment_bytes
 
 EXAMPLES = 200
 DEADLINE = timedelta(seconds=5)
@@ -223,7 +225,8 @@ def test_trace_segments(places: Callable[[], RunLocation],
     progress = ours_or_result(lambda: loc.leg_progress(LEG, 2))
     if progress is not None:
         assert 0 <= progress.steps_done < 2**31 and 0 <= progress.attempts < 2**31
-    ours_or_result(lambda: loc.trace_records(LEG, 1))
+    ours_or_result(lambda: loc.traces(LEG).records_so_far(2))
+    ours_or_result(lambda: loc.traces(LEG).records(1))
     started = ours_or_result(lambda: loc.attempts_started(LEG))
     assert started is None or 0 <= started < 2**31
     dest = Path(tempfile.mkdtemp(prefix="rq-fuzz-copy-"))

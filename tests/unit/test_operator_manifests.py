@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from resumequal.plan import LegPlan, qualification_plan
-from resumequal.runname import run_uri
-from resumequal.signing import KEY_ENV
+from resumequal.run.name import run_uri
+from resumequal.run.signing import KEY_ENV
 from resumequal.spec import MAX_NODES, QualificationSpec
 from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.resource import (

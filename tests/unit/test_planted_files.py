@@ -22,8 +22,8 @@ from resumequal.checkpoint.manifest import read_manifest, verify
 from resumequal.errors import CheckpointError, StoreError
 from resumequal.local import runkey
 from resumequal.local.backend import _tail
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal, new_key
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal, new_key
 from resumequal.spec import QualificationSpec
 from resumequal.store import FileStore, StoreNotFound
 from tests.unit.checkpoint_managers import rank0_manager

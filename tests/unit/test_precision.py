@@ -16,7 +16,7 @@ from resumequal import cli
 from resumequal.checkpoint import FolderRoot
 from resumequal.errors import TrainingError
 from resumequal.plan import qualification_plan
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import parse_spec
 from resumequal.store.log import FileSink
 from resumequal.trace.records import LossScaleRecord, StepRecord, boundary_value

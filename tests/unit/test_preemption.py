@@ -17,8 +17,9 @@ import pytest
 
 from resumequal.checkpoint import FolderRoot, RemoteRoot
 from resumequal.errors import TrainingError
-from resumequal.runfiles import KillOrder
-from resumequal.runstore import FAILED_MARKER, RUN_FILE, LegFiles
+from resumequal.run.beacons import KillOrder
+from resumequal.run.layout import FAILED_MARKER, RUN_FILE
+from resumequal.run.legfiles import LegFiles
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.train.preemption import (
     Arming,

@@ -17,7 +17,7 @@ from resumequal.qualify import (
     QualificationStatus,
     Reason,
 )
-from resumequal.runfiles import Beacon, InvalidBeacon
+from resumequal.run.beacons import Beacon, InvalidBeacon
 from resumequal.spec import PreemptionSpec, QualificationSpec, parse_spec
 from resumequal.verdict import Cut, Result, Verdict
 

@@ -88,7 +88,7 @@ def test_the_checkpoint_key_secret_is_rendered_with_a_placeholder_never_a_key(
     def no_key(*args: object) -> str:
         raise AssertionError("render drew or made a checkpoint key")
 
-    monkeypatch.setattr("resumequal.signing.new_key", no_key)
+    monkeypatch.setattr("resumequal.run.signing.new_key", no_key)
     monkeypatch.setattr("resumequal_operator.runkeys.new_key", no_key)
     monkeypatch.setattr("resumequal_operator.runkeys.derive_run_key", no_key)
     code, out, err = _render(str(EXAMPLES / "qualificationrun.yaml"))

@@ -22,7 +22,7 @@ from resumequal.assembly import leg_summary
 from resumequal.checkpoint.layout import Position
 from resumequal.compare import judge
 from resumequal.compare.controls import mechanism
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import (
     ArmRecord,

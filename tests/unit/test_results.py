@@ -31,11 +31,11 @@ from resumequal.qualify import (
 from resumequal.report.files import read_report
 from resumequal.report.html import render_html
 from resumequal.report.terminal import print_summary
-from resumequal.runfiles import Beacon
-from resumequal.runname import run_names, run_uri
-from resumequal.runstore import RunLocation
+from resumequal.run.beacons import Beacon
+from resumequal.run.location import RunLocation
+from resumequal.run.name import run_names, run_uri
+from resumequal.run.timeline import Timeline, read_timeline, restart_seconds
 from resumequal.spec import PreemptionSpec, QualificationSpec
-from resumequal.timeline import Timeline, read_timeline, restart_seconds
 from resumequal.trace.records import InventoryRecord, StartupRecord
 from resumequal.verdict import PhaseEvent, Result
 from tests.unit.test_compare import STEPS, WORLD, SyntheticRun, at, make_spec

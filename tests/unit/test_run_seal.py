@@ -16,14 +16,16 @@ import pytest
 from resumequal.checkpoint.manifest import Manifest, check_bound
 from resumequal.errors import CheckpointError, TraceError, TraceNotAuthentic, UsageError
 from resumequal.local import runkey
-from resumequal.runstore import RunLocation
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import QualificationSpec
 from resumequal.store.log import parse_segment, segment_bytes
+from tests.trace_records import step_record, trace_line
 
 SEAL = RunSeal(new_key().encode(), "run-a")
 NAME = "preempted/trace/rank-1/attempt-1/00000003.jsonl"
-LINES = [b'{"kind": "step", "step": 5}\n', b'{"kind": "step", "step": 6}\n']
+RECORDS = [step_record(0, 0, 5), step_record(0, 0, 6)]
+LINES = [trace_line(r) for r in RECORDS]
 
 
 def test_a_sealed_segment_reads_back_under_its_own_run_and_name() -> None:
@@ -75,7 +77,7 @@ def test_a_sealed_location_writes_and_reads_its_legs_and_sub_runs(tmp_path: Path
     location = RunLocation.open(str(tmp_path / "run"), seal=SEAL)
     for loc in (location, location.child("seed-11")):
         _write(loc)
-        assert loc.leg("control").traces().lines(0) == LINES
+        assert loc.traces("control").records(0) == RECORDS
     # The export verifies each sub-run's segments under that sub-run's seal.
     (tmp_path / "run" / "run.json").write_text("{}")
     out = location.materialize(tmp_path / "export")
@@ -87,11 +89,11 @@ def test_a_sealed_location_writes_and_reads_its_legs_and_sub_runs(tmp_path: Path
     for segment in sorted(seed.iterdir()):
         (mine / segment.name).write_bytes(segment.read_bytes())
     with pytest.raises(TraceNotAuthentic):
-        location.leg("control").traces().lines(0)
+        location.traces("control").records(0)
     with pytest.raises(TraceNotAuthentic):
         location.materialize(tmp_path / "export-2")
     # Progress skips them: never counted as steps.
-    assert location.leg("control").traces().records(1) == {}
+    assert location.traces("control").records_so_far(1) == {}
 
 
 def _manifest(**changes: object) -> Manifest:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from resumequal.errors import StoreError
-from resumequal.runstore import default_scratch
+from resumequal.run.location import default_scratch
 
 URI = "s3://bucket/runs/local/q1/abc"
 

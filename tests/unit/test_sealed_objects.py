@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from resumequal.errors import CheckpointError, NotAuthentic, ReportError, TrainingError
-from resumequal.runfiles import KillOrder, PodKill
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal, derive_run_key, new_key
+from resumequal.run.beacons import KillOrder, PodKill
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal, derive_run_key, new_key
 from resumequal.spec import QualificationSpec, SpecError
 from resumequal.verdict import Result
 from resumequal_operator.runkeys import MasterKey
@@ -134,7 +134,7 @@ def test_markers_not_of_this_run_count_for_nothing(
     other.mark_rank_done(0, 0, 6)
     other.mark_failed("planted")
     (tmp_path / "control/done/rank-1.json").write_text('{"rank": 1}')
-    with caplog.at_level(logging.WARNING, logger="resumequal.runstore"):
+    with caplog.at_level(logging.WARNING, logger="resumequal.run"):
         assert loc.ranks_done("control") == set()
         assert loc.leg("control").failure() is None
     assert "control/FAILED.json" in caplog.text and "not a failure marker" in caplog.text
@@ -155,7 +155,7 @@ def test_a_failure_marker_that_does_not_authenticate_is_ignored_whatever_its_for
     loc = _at(tmp_path)
     (tmp_path / "control").mkdir()
     (tmp_path / "control/FAILED.json").write_bytes(planted)
-    with caplog.at_level(logging.WARNING, logger="resumequal.runstore"):
+    with caplog.at_level(logging.WARNING, logger="resumequal.run"):
         assert loc.leg_failure("control") is None
         assert loc.leg_failure("control") is None  # read again, said once
     said = [r for r in caplog.records if "control/FAILED.json" in r.getMessage()]

@@ -19,7 +19,7 @@ from typing import ClassVar
 import pytest
 from typing_extensions import Buffer
 
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec, SpecError, parse_spec, store_uri
 from resumequal.store import (
     ObjectInfo,
@@ -33,7 +33,7 @@ from resumequal.store import registry as registry_module
 from resumequal.store.base import LocalPath, check_key, folder
 from resumequal.store.errors import too_large
 from resumequal.store.file import FileStore
-from resumequal.trace.records import StepRecord, TraceWriter, parse_records
+from resumequal.trace.records import StepRecord, TraceWriter
 from tests.unit.test_compare import step_record
 
 
@@ -202,11 +202,11 @@ def test_a_run_location_round_trips_through_a_registered_store() -> None:
     with TraceWriter(location.trace_sink("control", rank=0, attempt=0)) as writer:
         for record in records:
             writer.write(record)
-    traces = location.leg("control").traces()
+    traces = location.traces("control")
     assert [k.key for k in traces.segments()] == [
         "control/trace/rank-0/attempt-0/00000000.jsonl",
         "control/trace/rank-0/attempt-0/00000001.jsonl"]
-    read = parse_records(traces.lines(0), traces.uri(0))
+    read = traces.records(0)
     assert [r.step for r in read if isinstance(r, StepRecord)] == [1, 2]
     assert location.leg_progress("control", 1).steps_done == 2
 

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from resumequal.plan import qualification_plan
-from resumequal.runname import run_uri
+from resumequal.run.name import run_uri
 from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.legjobs import PyTorchJobLegs, TrainerSettings, TrainJobLegs, leg_jobs
 from resumequal_operator.main import main

@@ -15,7 +15,7 @@ from pathlib import Path
 STAGING_DIR = ".staging"
 TRASH_DIR = ".trash"
 MANIFEST = "manifest.json"
-# The manifest's HMAC-SHA256 under the checkpoint key (resumequal.signing), hex.
+# The manifest's HMAC-SHA256 under the checkpoint key (resumequal.run.signing), hex.
 MANIFEST_MAC = "manifest.hmac"
 DCP_DIR = "dcp"
 

@@ -7,7 +7,7 @@ before it is used: a torn, truncated, tampered or padded checkpoint fails, namin
 (:mod:`resumequal.checkpoint.reading`); :func:`verify` and :func:`copy_verified` check
 whole folders.
 
-The manifest's bytes are authenticated with the checkpoint key (:mod:`resumequal.signing`;
+The manifest's bytes are authenticated with the checkpoint key (:mod:`resumequal.run.signing`;
 HMAC-SHA256 in ``manifest.hmac`` beside it) before anything else of the checkpoint is
 read, the manifest's own JSON included: whoever can write to the store can recompute the
 BLAKE3 digests, not the MAC. Every reader (the folder and object-store roots, the comparator)
@@ -42,7 +42,7 @@ from typing_extensions import Buffer, TypedDict  # pydantic needs it before Pyth
 from resumequal.checkpoint.chunks import CHUNK_BYTES, ChunkHasher, chunk_count, chunk_digests
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.errors import CheckpointError
-from resumequal.signing import authentic, key_from_env, run_id_from_env, sign
+from resumequal.run.signing import authentic, key_from_env, run_id_from_env, sign
 from resumequal.store import regular
 
 # 2: the manifest names its run. 3: a BLAKE3 digest per chunk of each file instead of per file.

@@ -91,7 +91,7 @@ def checkpoint_location(
     """A leg's checkpoint root: ``<store>/<leg>/checkpoints`` (the store defaults to the run
     folder ``run_dir``, which is also where scratch files of an object store go). Its
     manifests must name ``leg`` and run ``run`` (default: this process's run id).
-    ``retry_seconds``: see :meth:`resumequal.runstore.RunLocation.open`."""
+    ``retry_seconds``: see :meth:`resumequal.run.location.RunLocation.open`."""
     try:
         opened = open_store(str(run_dir) if store is None else store,
                             s3_config(s3, retry_seconds))

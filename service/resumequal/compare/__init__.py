@@ -1,7 +1,7 @@
 """The comparator: validity checks, the boundary walk, drift statistics, the verdict.
 
 Reads what the workers wrote to a run location (the spec, per-rank traces, beacons,
-committed checkpoints) through :class:`~resumequal.runstore.RunLocation`, and concludes
+committed checkpoints) through :class:`~resumequal.run.location.RunLocation`, and concludes
 PASS, FAIL, NONDETERMINISTIC or INVALID. It must not import the worker side
 (``resumequal.train``, ``resumequal.state``, workloads): it judges the files, not the code
 that wrote them.

@@ -20,7 +20,7 @@ from resumequal.compare.files import LegTrace
 from resumequal.compare.judge import compare_run
 from resumequal.omissions import control
 from resumequal.plan import LegPlan, NotRun, qualification_plan
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.trace.records import RestoreRecord
 from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict

@@ -1,9 +1,9 @@
 """What a finished run location holds, read back for the comparator.
 
-A run location (:class:`~resumequal.runstore.RunLocation`, a folder or an object store)
-has the spec, and per leg its trace (read through :meth:`LegFiles.traces`), its beacons
-and, unless the spec names a checkpoint store, its checkpoints. This module only reads; it
-never imports the worker side (``resumequal.train``).
+A run location (:class:`~resumequal.run.location.RunLocation`, a folder or an object
+store) has the spec, and per leg its trace (read through :mod:`resumequal.run.traces`), its
+beacons and, unless the spec names a checkpoint store, its checkpoints. This module only
+reads; it never imports the worker side (``resumequal.train``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from resumequal.checkpoint import checkpoint_location
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.errors import CheckpointError, StoreError, TraceError
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.store import StoreNotFound
 from resumequal.trace.records import (
@@ -31,7 +31,6 @@ from resumequal.trace.records import (
     StepRecord,
     TraceRecord,
     effective_steps,
-    parse_records,
 )
 
 LEGS: tuple[str, str] = (REFERENCE_LEG, "preempted")
@@ -76,10 +75,10 @@ class LegTrace:
     @classmethod
     def read(cls, location: RunLocation, leg: str, world_size: int) -> LegTrace:
         out = cls(leg, world_size)
-        traces = location.leg(leg).traces()
+        traces = location.traces(leg)
         for rank in range(world_size):
             try:
-                out.ranks[rank] = parse_records(traces.lines(rank), traces.uri(rank))
+                out.ranks[rank] = traces.records(rank)
             except StoreNotFound:
                 out.problems.append(f"the {leg} leg has no trace of rank {rank} "
                                     f"({traces.uri(rank)})")

@@ -27,7 +27,7 @@ from resumequal.compare.validity import (
 )
 from resumequal.compare.walk import Rules, Walk, divergence, loss_deltas, walk
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, Boundary, QualificationSpec
 from resumequal.trace.records import CompiledRecord, RestoreRecord, StepRecord
 from resumequal.verdict import (

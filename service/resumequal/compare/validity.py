@@ -14,7 +14,7 @@ from typing import Any
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.compare.files import LegTrace
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord
 from resumequal.verdict import ValidityCheck

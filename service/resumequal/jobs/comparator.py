@@ -7,7 +7,7 @@ comparison includes the negative controls, as ``resumequal run`` does. With ``wr
 ``verdict.json``, ``report.json``, ``report.html`` and ``metrics.prom`` are written into
 the run location, with the zoom section of a ``zoom.json`` already there; the report's
 phases, kill time and restart time come from what the legs left there
-(:func:`resumequal.timeline.read_timeline`).
+(:func:`resumequal.run.timeline.read_timeline`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from resumequal.assembly import build_report
 from resumequal.compare import compare_qualification
 from resumequal.jobs.location import open_run, publish_aside
-from resumequal.runname import run_names
-from resumequal.timeline import read_timeline
+from resumequal.run.name import run_names
+from resumequal.run.timeline import read_timeline
 from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)

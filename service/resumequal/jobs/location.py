@@ -8,7 +8,7 @@ from pathlib import Path
 
 from resumequal.local import runkey
 from resumequal.publish import publish
-from resumequal.runstore import RunLocation
+from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.verdict import Report
 

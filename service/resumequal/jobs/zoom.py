@@ -17,8 +17,9 @@ from pydantic import ValidationError
 from resumequal.errors import ReportError
 from resumequal.jobs.location import open_run, publish_aside
 from resumequal.local.zoom import MAIN_LEG, write_zoom, zoom_of
-from resumequal.runname import run_names
-from resumequal.runstore import REPORT_JSON, ZOOM_JSON, RunLocation
+from resumequal.run.layout import REPORT_JSON, ZOOM_JSON
+from resumequal.run.location import RunLocation
+from resumequal.run.name import run_names
 from resumequal.store import StoreNotFound
 from resumequal.verdict import Report, Zoom
 

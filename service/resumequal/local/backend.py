@@ -13,7 +13,7 @@ grace), and on cleanup stops every process it started. A leg succeeded when torc
 exited 0 and every rank left its completion marker. Logs stay in the local ``run_dir``;
 the legs' local files (inductor's caches, torchrun's error files, an object store's
 checkpoint staging) go to a private scratch folder
-(:func:`resumequal.runstore.default_scratch`), removed on cleanup.
+(:func:`resumequal.run.location.default_scratch`), removed on cleanup.
 
 Nothing of a local leg listens beyond loopback: its workers' group store is rank 0's,
 bound to 127.0.0.1 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and ``--local-addr=127.0.0.1``:
@@ -38,7 +38,7 @@ admit it by a membership change, which torchrun does not count as a restart
 (``SimpleElasticAgent._invoke_run``). The rendezvous's last call is 1 s instead of torch's
 30 s, which every re-rendezvous at the minimum size waits out (``_add_to_participants``).
 
-The run's checkpoint key (:mod:`resumequal.signing`) is the caller's
+The run's checkpoint key (:mod:`resumequal.run.signing`) is the caller's
 ``RESUMEQUAL_CHECKPOINT_KEY`` if it set one, else a fresh random one made here. It lives
 only in this process's environment: the legs inherit it, the comparison (in this
 process) reads it; it is never written to the run folder or the store, nor logged.
@@ -73,9 +73,9 @@ from resumequal.plan import (
     rdzv_conf,
 )
 from resumequal.qualify import LegObservation, LegState, kill_order
-from resumequal.runfiles import Beacon
-from resumequal.runstore import GROW, RunLocation, default_scratch
-from resumequal.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
+from resumequal.run.beacons import GROW, Beacon
+from resumequal.run.location import RunLocation, default_scratch
+from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.store import regular
 from resumequal.verdict import Verdict

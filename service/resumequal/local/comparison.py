@@ -94,8 +94,8 @@ def _last_error(path: Path) -> str:
 def _judge(uri: str, legs: Sequence[str]) -> dict[str, Verdict]:
     # The comparator (DCP readers, drift statistics, and with them torch) loads here.
     from resumequal.compare import compare_qualification, compare_run
-    from resumequal.runstore import RunLocation
-    from resumequal.signing import RunSeal
+    from resumequal.run.location import RunLocation
+    from resumequal.run.signing import RunSeal
 
     seal = RunSeal.from_env()
     spec = RunLocation.open(uri, seal=seal).read_spec()

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from resumequal.errors import CheckpointError, TraceError, TraceNotAuthentic, UsageError
-from resumequal.runstore import RUN_FILE, SMALL_OBJECT_BYTES, RunLocation
-from resumequal.signing import (
+from resumequal.run.layout import RUN_FILE, SMALL_OBJECT_BYTES
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import (
     KEY_ENV,
     RUN_ID_ENV,
     RunSeal,
@@ -215,7 +216,7 @@ def check_seal(location: RunLocation, doing: str) -> None:
     foreign (and a finished verdict be replaced). A leg damaged or copied from elsewhere is
     for the comparison to judge and name."""
     try:
-        location.leg(REFERENCE_LEG).traces().lines(0)
+        location.traces(REFERENCE_LEG).records(0)
     except TraceNotAuthentic as e:
         raise CheckpointError(
             f"{location.uri} cannot be {doing} with this key and run id (the {REFERENCE_LEG} "

@@ -27,12 +27,13 @@ from resumequal.publish import publish
 from resumequal.qualify import Qualification, QualificationStatus, failed_verdict
 from resumequal.redact import printable
 from resumequal.report.terminal import ProgressDisplay, say
-from resumequal.runname import run_uri
-from resumequal.runstore import RUN_FILE, RunLocation
-from resumequal.signing import KEY_ENV, RunSeal, key_from_env, new_key, new_run_id
+from resumequal.run.layout import RUN_FILE
+from resumequal.run.location import RunLocation
+from resumequal.run.name import run_uri
+from resumequal.run.signing import KEY_ENV, RunSeal, key_from_env, new_key, new_run_id
+from resumequal.run.timeline import Timeline
 from resumequal.spec import Omission, QualificationSpec, SpecError, apply_overrides
 from resumequal.store import open_store, s3_config
-from resumequal.timeline import Timeline
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 log = logging.getLogger(__name__)

@@ -32,15 +32,15 @@ from resumequal.compare.zoom import Capture, compare_captures, load_capture, sum
 from resumequal.errors import ReportError, UsageError
 from resumequal.launchers import TORCHRUN
 from resumequal.local.processes import ProcessTree
-from resumequal.runstore import ZOOM_JSON, RunLocation
-from resumequal.signing import RunSeal, key_from_env
+from resumequal.run.layout import ZOOM_JSON
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal, key_from_env
 from resumequal.spec import BOUNDARIES, REFERENCE_LEG, QualificationSpec
 from resumequal.trace.records import (
     InventoryRecord,
     RestoreRecord,
     StepRecord,
     boundary_value,
-    parse_records,
 )
 from resumequal.verdict import Verdict, Zoom, ZoomReplay
 
@@ -126,11 +126,10 @@ def _reproduced(start: ReplayStart, work: Path, step: int,
                 seal: RunSeal | None) -> tuple[bool, str]:
     """Whether the replay recorded the step as the leg did, boundary by boundary."""
     local = RunLocation.open(str(work / start.leg / "run"), seal=seal)
-    traces = local.leg(start.leg).traces()
+    traces = local.traces(start.leg)
     differ: dict[str, list[int]] = {}
     for rank, original in sorted(start.records.items()):
-        lines = traces.lines(rank)
-        replayed = [r for r in parse_records(lines, traces.uri(rank))
+        replayed = [r for r in traces.records(rank)
                     if isinstance(r, StepRecord) and r.step == step]
         if not replayed:
             return False, f"the replay recorded no step {step} on rank {rank}"

@@ -5,7 +5,7 @@ No store is asked to append: a writer puts immutable segment objects
 line count and sha256, so a segment is whole or absent after a SIGKILL, and a corrupted or
 missing one is reported by name. This is the one trace format of a run location.
 
-Written with a :class:`Sealer` (the run's, see ``resumequal.signing.RunSeal``), the trailer
+Written with a :class:`Sealer` (the run's, see ``resumequal.run.signing.RunSeal``), the trailer
 also holds the MAC of the records under the segment's name: a reader with the seal
 refuses a segment written without it, changed since, or copied from another run, leg,
 rank, attempt or place in the sequence, before it parses a byte of it.

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
 from resumequal.checkpoint.manifest import CheckpointInfo, manifest_digest
 from resumequal.errors import CheckpointError, TrainingError
-from resumequal.runstore import LegFiles
+from resumequal.run.legfiles import LegFiles
 from resumequal.spec import REFERENCE_LEG, QualificationSpec, SpecError, check_leg_name
 from resumequal.state import (
     Counters,

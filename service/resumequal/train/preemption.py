@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from resumequal.errors import NotAuthentic, StoreError, TrainingError
-from resumequal.runfiles import KillOrder
-from resumequal.runstore import GROW, LegFiles
+from resumequal.run.beacons import GROW, KillOrder
+from resumequal.run.legfiles import LegFiles
 
 log = logging.getLogger(__name__)
 

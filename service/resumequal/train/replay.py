@@ -16,8 +16,8 @@ from pathlib import Path
 
 from resumequal.checkpoint import checkpoint_location
 from resumequal.errors import TrainingError
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal
 from resumequal.spec import QualificationSpec
 from resumequal.train.capture import StepCapture
 from resumequal.train.distributed import destroy_process_group, init_process_group

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from resumequal.checkpoint import CheckpointRoot, checkpoint_location
-from resumequal.runstore import RunLocation
-from resumequal.signing import RunSeal
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal
 from resumequal.spec import QualificationSpec
 from resumequal.train.distributed import destroy_process_group, init_process_group
 from resumequal.train.loop import Trainer

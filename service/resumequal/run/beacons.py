@@ -1,9 +1,9 @@
 """The small JSON files of a run location, one model each: beacons, kill orders and pod
 kill records (camelCase on disk and on S3).
 
-The run location (:mod:`resumequal.runstore`) seals, writes, reads, authenticates and
-validates them through these models; the qualification machine and the backends act on
-them. Pure data: imports nothing of ours but the error tree (no store, no torch).
+The run location (:mod:`.legfiles`) seals, writes, reads, authenticates and validates them
+through these models; the qualification machine and the backends act on them. Pure data:
+imports nothing of ours but the error tree (no store, no torch).
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from pydantic.alias_generators import to_camel
 
 from resumequal.errors import StoreError
 
-__all__ = ["MAX_EPOCH_SECONDS", "Beacon", "Count", "InvalidBeacon", "KillOrder", "PodKill"]
+__all__ = ["GROW", "MAX_EPOCH_SECONDS", "Beacon", "Count", "InvalidBeacon", "KillOrder",
+           "PodKill"]
+
+# A beacon's ``at`` when rank 0 of a world shrunk by a resize waits for a node to join.
+GROW = "grow"
 
 # The last second a status timestamp can hold (9999-12-31T23:59:59Z, RFC 3339's last year
 # and datetime's): a time past it is no time a worker recorded.

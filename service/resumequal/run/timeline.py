@@ -6,7 +6,8 @@ runner, the controller), and otherwise from the run location (the comparator): t
 records, beacons and kill orders carry the same timestamps on a folder and on S3.
 
 Shared with the operator: it must import neither torch nor numpy, nor the reports; traces
-are read as their records' models (:mod:`resumequal.trace.records`) through ``runstore``.
+are read as their records' models (:mod:`resumequal.trace.records`) through
+:mod:`.traces`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resumequal.errors import StoreError
 from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus, Reason
-from resumequal.runfiles import Beacon, InvalidBeacon
-from resumequal.runstore import RunLocation, progress_of
+from resumequal.run.beacons import Beacon, InvalidBeacon
+from resumequal.run.location import RunLocation
+from resumequal.run.progress import progress_of
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.trace.records import ArmRecord, StartupRecord, StepRecord
 from resumequal.verdict import PhaseEvent, Result, Verdict
@@ -75,7 +77,7 @@ def read_timeline(location: RunLocation, spec: QualificationSpec, *, compared_at
     Comparing at ``compared_at``; then Succeeded or Failed as ``verdict`` concludes.
     """
     world, p = spec.world.world_size, spec.preemption
-    legs = {leg: location.leg_records(leg, world) for leg in REPORTED_LEGS}
+    legs = {leg: location.traces(leg).records_so_far(world) for leg in REPORTED_LEGS}
     every = [rec for per_rank in legs.values() for recs in per_rank.values() for rec in recs]
     started = _earliest(r.process_started_at for r in every if isinstance(r, StartupRecord))
     started = started if started is not None else _earliest(
