@@ -18,11 +18,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from resumequal.built import BuiltOptimizer
-from resumequal.launchers import caveats
 from resumequal.matrix import fold_matrix
 from resumequal.qualify import QualificationStatus
 from resumequal.runstore import RunLocation
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
+from resumequal.spec.launchers import caveats
 from resumequal.timeline import REPORTED_LEGS, Timeline
 from resumequal.verdict import AttemptCompile, LegSummary, Matrix, Report, Verdict
 

@@ -8,7 +8,7 @@ scenario of a seed matrix).
 
 Negative controls are real preempted-and-restarted legs: the same cut and kill as the main
 leg, with one part of the state left out of the resume; when each applies, and which kill it
-needs, is its descriptor's (:data:`resumequal.omissions.CONTROLS`). The pending-gradients
+needs, is its descriptor's (:data:`resumequal.spec.omissions.CONTROLS`). The pending-gradients
 control needs a checkpoint that holds pending gradients, which only a graceful kill at a
 mid-accumulation cut writes, so that control runs with a graceful kill. Controls of state
 a qualification does not have are reported not applicable, with no leg: the scaler control
@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from resumequal.omissions import control
 from resumequal.spec import REFERENCE_LEG, Omission, QualificationSpec, ResizeSpec, Scenario
+from resumequal.spec.omissions import control
 
 Role = Literal["reference", "main", "negative_control", "scenario"]
 

@@ -30,11 +30,12 @@ from typing import Any
 from resumequal.compare.files import LegTrace
 from resumequal.compare.zoom import Capture, compare_captures, load_capture, summary
 from resumequal.errors import ReportError, UsageError
-from resumequal.launchers import TORCHRUN
 from resumequal.local.processes import ProcessTree
 from resumequal.runstore import ZOOM_JSON, RunLocation
 from resumequal.signing import RunSeal, key_from_env
-from resumequal.spec import BOUNDARIES, REFERENCE_LEG, QualificationSpec
+from resumequal.spec import REFERENCE_LEG, QualificationSpec
+from resumequal.spec.boundaries import BOUNDARIES
+from resumequal.spec.launchers import TORCHRUN
 from resumequal.trace.records import (
     InventoryRecord,
     RestoreRecord,

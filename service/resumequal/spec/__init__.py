@@ -6,7 +6,6 @@ comparator, the reports or the runner: every command and the operator read it.
 """
 
 from resumequal.spec.sections import (
-    BOUNDARIES,
     BUILTIN_WORKLOADS,
     MAX_NODES,
     MAX_SECONDS,
@@ -18,7 +17,6 @@ from resumequal.spec.sections import (
     REFERENCE_LEG,
     SCENARIOS,
     SECTION_CONFIG,
-    Boundary,
     CheckpointSpec,
     ComparisonSpec,
     CompileSpec,
@@ -54,9 +52,9 @@ from resumequal.spec.sections import (
 )
 
 __all__ = [
-    "BOUNDARIES", "BUILTIN_WORKLOADS", "MAX_NODES", "MAX_SECONDS", "MAX_SEED", "MAX_STEPS",
+    "BUILTIN_WORKLOADS", "MAX_NODES", "MAX_SECONDS", "MAX_SEED", "MAX_STEPS",
     "MAX_URI", "OMISSIONS", "PIN_PATTERN", "REFERENCE_LEG", "SCENARIOS", "SECTION_CONFIG",
-    "Boundary", "CheckpointSpec", "ComparisonSpec", "CompileSpec", "ControlsSpec",
+    "CheckpointSpec", "ComparisonSpec", "CompileSpec", "ControlsSpec",
     "DDPSpec", "GradScalerSpec", "LoaderSpec", "MatrixSpec", "Omission", "OptimizerSpec",
     "ParallelismSpec", "Precision", "PreemptionSpec", "QualificationSpec", "ResizeSpec",
     "Scenario", "ScheduleSpec", "SpecError", "SpecSections", "TimeoutSpec", "TrainingSpec",

@@ -27,21 +27,19 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from resumequal.boundaries import BOUNDARIES as BOUNDARIES
-from resumequal.boundaries import Boundary as Boundary
-from resumequal.boundaries import of_kind
 from resumequal.errors import ResumequalError
-from resumequal.launchers import DEFAULT_LAUNCHER, Launcher
 from resumequal.redact import redact
+from resumequal.spec.boundaries import BOUNDARIES, Boundary, of_kind
+from resumequal.spec.launchers import DEFAULT_LAUNCHER, Launcher
+from resumequal.spec.yamlread import MAX_CHARS, YAMLInputError, load_yaml
 from resumequal.store.registry import store_class, supported
 from resumequal.store.s3settings import S3Spec
-from resumequal.yamlread import MAX_CHARS, YAMLInputError, load_yaml
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
 
 # The negative controls, each a resume that leaves one part of the training state out (or,
 # under preemption.resize, a rank-keyed bug). What each leaves out, when it applies and
-# how its absence is shown is its descriptor's (resumequal.omissions.CONTROLS).
+# how its absence is shown is its descriptor's (resumequal.spec.omissions.CONTROLS).
 Omission = Literal[
     "rng", "data_cursor", "scheduler", "optimizer", "model_optimizer_only", "pending_grads",
     "scaler", "loader_state", "rank_cursor", "rank_rng"
@@ -950,7 +948,7 @@ def parse_spec(data: Any, source: str = "spec") -> QualificationSpec:
 
 
 def load_spec(path: str | Path) -> QualificationSpec:
-    """Load a spec from a YAML or JSON file (read through :mod:`resumequal.yamlread`)."""
+    """Load a spec from a YAML or JSON file (read through :mod:`resumequal.spec.yamlread`)."""
     p = Path(path)
     try:
         with p.open("rb") as f:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from resumequal.spec import QualificationSpec, SpecError
+from resumequal.spec.sections import QualificationSpec, SpecError
 
 
 @dataclass(frozen=True)
