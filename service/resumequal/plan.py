@@ -27,7 +27,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from resumequal.spec import REFERENCE_LEG, Omission, QualificationSpec, ResizeSpec, Scenario
+from resumequal.spec import (
+    REFERENCE_LEG,
+    Omission,
+    QualificationSpec,
+    ResizeSpec,
+    Scenario,
+    with_preemption,
+)
 from resumequal.spec.omissions import control
 
 Role = Literal["reference", "main", "negative_control", "scenario"]
@@ -118,7 +125,7 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
                 continue
             leg_spec, method = spec, REAL_LEG
             if nc.graceful is not None and spec.preemption.mode != "graceful":
-                leg_spec = spec.with_preemption(mode="graceful")
+                leg_spec = with_preemption(spec, mode="graceful")
                 method = f"{REAL_LEG}, graceful kill: {nc.graceful}"
             legs.append(LegPlan(negative_control_leg_name(omission), "negative_control",
                                 leg_spec, (omission,), method))
@@ -130,7 +137,7 @@ def scenario_spec(spec: QualificationSpec, scenario: Scenario) -> QualificationS
     where, _, mode = scenario.partition("-")
     p = spec.preemption
     microstep = 0 if where == "boundary" else (p.microstep or 1)
-    return spec.with_preemption(microstep=microstep, mode=mode, at="microbatch")
+    return with_preemption(spec, microstep=microstep, mode=mode, at="microbatch")
 
 
 def scenario_plan(spec: QualificationSpec) -> Plan:

@@ -22,7 +22,8 @@ from types import MappingProxyType
 from typing import Final, Literal, Protocol, get_args
 
 from resumequal.spec.boundaries import Boundary
-from resumequal.spec.sections import OMISSIONS, Omission, QualificationSpec
+from resumequal.spec.qualification import QualificationSpec
+from resumequal.spec.sections import OMISSIONS, Omission
 
 __all__ = ["CONTROLS", "Inapplicable", "NegativeControl", "Planted", "StatePart",
            "TracedLossScale", "TracedMicrostep", "TracedRestore", "TracedStep", "control",
