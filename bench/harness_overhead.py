@@ -39,13 +39,13 @@ from pathlib import Path
 
 import yaml
 
-from resumequal.launchers import TORCHRUN
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.spec import QualificationSpec, load_spec
+from resumequal.spec.launchers import TORCHRUN
 from resumequal.trace.records import StepRecord
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_loop.py")

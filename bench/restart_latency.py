@@ -59,12 +59,12 @@ from typing import Any
 
 import yaml
 
-from resumequal.launchers import LAUNCHERS, TORCHRUN, command
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
+from resumequal.spec.launchers import LAUNCHERS, TORCHRUN, command
 from resumequal.trace.records import RestoreRecord, StartupRecord, StepRecord
 
 BARE_SCRIPT = Path(__file__).with_name("_bare_restart.py")

@@ -33,7 +33,7 @@ BUILD = ROOT / "build" / "compat"
 # What a compat venv installs beside torch: the loader feature needs torchdata.
 EXTRAS = "data"
 RUN_TIMEOUT_S = 1800.0  # a backstop: each leg has its own timeouts (timeouts.legSeconds)
-# What resumequal.capabilities.NotSupported says; how a refusal is told from an error.
+# What resumequal.spec.capabilities.NotSupported says; how a refusal is told from an error.
 REFUSED_MARK = "is not supported by torch"
 # resize and its tolerances as in tests/integration/test_resize.py (2 nodes x 1 rank).
 RESIZE = ("world.nnodes=2", "world.nprocPerNode=1", "preemption.target=pod",

@@ -27,7 +27,7 @@ import yaml
 
 from resumequal.plan import qualification_plan
 from resumequal.run.name import run_uri
-from resumequal.yamlread import YAMLInputError, load_yaml_all
+from resumequal.spec.yamlread import YAMLInputError, load_yaml_all
 from resumequal_operator import netpolicy, openapi, pytorchjob
 from resumequal_operator.crd import open_api_schema
 from resumequal_operator.kube import Obj

@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from resumequal.launchers import caveats
 from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus, failed_reason
 from resumequal.redact import redact
 from resumequal.run.timeline import restart_seconds
+from resumequal.spec.launchers import caveats
 from resumequal.verdict import Result, Verdict
 from resumequal.words import clip
 from resumequal_operator.resource import (

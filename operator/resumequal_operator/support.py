@@ -1,7 +1,7 @@
 """What a QualificationRun needs of its image's torch, judged before anything is created.
 
 The operator cannot import the image's torch; ``stack.torchVersion`` says which it is, and
-:mod:`resumequal.capabilities` which features that release lacks. A run whose spec needs
+:mod:`resumequal.spec.capabilities` which features that release lacks. A run whose spec needs
 one is refused (``NotSupported``) naming the feature, its field and the first torch that
 has it. Without ``stack.torchVersion`` nothing is judged here: the legs refuse it when they
 start.
@@ -11,7 +11,7 @@ Must not: talk to the cluster or the store, or import torch.
 
 from __future__ import annotations
 
-from resumequal.capabilities import TorchInfo, missing_features, refusal
+from resumequal.spec.capabilities import TorchInfo, missing_features, refusal
 from resumequal_operator.resource import Problem, QualificationRunSpec, qualification_spec
 
 

@@ -23,7 +23,7 @@ missing from the installed torch (with a warning).
 
 This is an opt-in launcher (``world.launcher: forked``): a forked worker inherits what the
 forkserver had, its str-hash secret, its memory layout, what its imports drew or read
-(:data:`resumequal.launchers.FORKED_BLIND_SPOTS`). Everything else is made as torchrun
+(:data:`resumequal.spec.launchers.FORKED_BLIND_SPOTS`). Everything else is made as torchrun
 makes it: each worker runs in a session of its own and is stopped by process group (its
 loader workers with it), gets the platform's default start method back, and ends as
 ``python -m`` ends (non-daemon threads joined, then ``atexit``, then open files flushed).
@@ -46,7 +46,7 @@ import time
 import uuid
 from typing import Any
 
-from resumequal.launchers import FORKED_ENV
+from resumequal.spec.launchers import FORKED_ENV
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ import statistics
 from typing import Any
 
 from resumequal.built import BuiltOptimizer
-from resumequal.launchers import caveats
 from resumequal.matrix import fold_matrix
 from resumequal.qualify import QualificationStatus
 from resumequal.run.location import RunLocation
 from resumequal.run.timeline import REPORTED_LEGS, Timeline
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
+from resumequal.spec.launchers import caveats
 from resumequal.trace.records import CompiledRecord, InventoryRecord, StepRecord
 from resumequal.verdict import AttemptCompile, LegSummary, Matrix, Report, Verdict
 

@@ -19,7 +19,6 @@ import click
 
 from resumequal.errors import ResumequalError
 from resumequal.exitcodes import ExitCode, epilog, for_error, for_result
-from resumequal.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from resumequal.logs import configure_logging
 from resumequal.redact import printable, redact
 from resumequal.spec import (
@@ -33,6 +32,7 @@ from resumequal.spec import (
     load_spec,
     store_uri,
 )
+from resumequal.spec.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 
 if TYPE_CHECKING:
     from resumequal.bisect.cluster import ClusterOptions

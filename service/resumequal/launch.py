@@ -1,6 +1,6 @@
 """``resumequal launch``: the main process of a leg's pod, a thin parent of torchrun.
 
-"torchrun" here is the leg's launcher (:mod:`resumequal.launchers`): stock torchrun by
+"torchrun" here is the leg's launcher (:mod:`resumequal.spec.launchers`): stock torchrun by
 default, or with ``--launcher forked`` torchrun's own agent, options and exits with its
 workers forked from a process that loaded their code once (:mod:`resumequal.agent`).
 
@@ -33,8 +33,8 @@ import uuid
 from types import FrameType
 from typing import Literal
 
-from resumequal.launchers import DEFAULT_LAUNCHER, command
 from resumequal.local.processes import Tagged, send_signal
+from resumequal.spec.launchers import DEFAULT_LAUNCHER, command
 
 log = logging.getLogger(__name__)
 

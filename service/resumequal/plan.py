@@ -8,7 +8,7 @@ scenario of a seed matrix).
 
 Negative controls are real preempted-and-restarted legs: the same cut and kill as the main
 leg, with one part of the state left out of the resume; when each applies, and which kill it
-needs, is its descriptor's (:data:`resumequal.omissions.CONTROLS`). The pending-gradients
+needs, is its descriptor's (:data:`resumequal.spec.omissions.CONTROLS`). The pending-gradients
 control needs a checkpoint that holds pending gradients, which only a graceful kill at a
 mid-accumulation cut writes, so that control runs with a graceful kill. Controls of state
 a qualification does not have are reported not applicable, with no leg: the scaler control
@@ -27,8 +27,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from resumequal.omissions import control
-from resumequal.spec import REFERENCE_LEG, Omission, QualificationSpec, ResizeSpec, Scenario
+from resumequal.spec import (
+    REFERENCE_LEG,
+    Omission,
+    QualificationSpec,
+    ResizeSpec,
+    Scenario,
+    with_preemption,
+)
+from resumequal.spec.omissions import control
 
 Role = Literal["reference", "main", "negative_control", "scenario"]
 
@@ -118,7 +125,7 @@ def qualification_plan(spec: QualificationSpec) -> Plan:
                 continue
             leg_spec, method = spec, REAL_LEG
             if nc.graceful is not None and spec.preemption.mode != "graceful":
-                leg_spec = spec.with_preemption(mode="graceful")
+                leg_spec = with_preemption(spec, mode="graceful")
                 method = f"{REAL_LEG}, graceful kill: {nc.graceful}"
             legs.append(LegPlan(negative_control_leg_name(omission), "negative_control",
                                 leg_spec, (omission,), method))
@@ -130,7 +137,7 @@ def scenario_spec(spec: QualificationSpec, scenario: Scenario) -> QualificationS
     where, _, mode = scenario.partition("-")
     p = spec.preemption
     microstep = 0 if where == "boundary" else (p.microstep or 1)
-    return spec.with_preemption(microstep=microstep, mode=mode, at="microbatch")
+    return with_preemption(spec, microstep=microstep, mode=mode, at="microbatch")
 
 
 def scenario_plan(spec: QualificationSpec) -> Plan:

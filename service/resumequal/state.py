@@ -40,8 +40,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule
 
 from resumequal.errors import CheckpointError
-from resumequal.omissions import StatePart, left_out
 from resumequal.spec import OMISSIONS
+from resumequal.spec.omissions import StatePart, left_out
 from resumequal.trace.records import StepPartial
 from resumequal.workloads.base import Workload
 from resumequal.workloads.loader import LoaderStream
@@ -175,7 +175,7 @@ class RankState(_Strict):
 
 def omitted_parts(omit: frozenset[str]) -> frozenset[StatePart]:
     """The union of state parts the given omissions leave out (their descriptors' in
-    :data:`resumequal.omissions.CONTROLS`)."""
+    :data:`resumequal.spec.omissions.CONTROLS`)."""
     unknown = sorted(set(omit) - set(OMISSIONS))
     if unknown:
         raise ValueError(f"unknown omission(s) {unknown}; allowed: {', '.join(OMISSIONS)}")

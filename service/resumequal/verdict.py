@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from resumequal.built import BuiltOptimizer
-from resumequal.spec import Boundary
+from resumequal.spec.boundaries import Boundary
 
 SCHEMA_VERSION = "resumequal.dev/report/v1"
 

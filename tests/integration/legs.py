@@ -15,11 +15,11 @@ from typing import Any
 import torch
 import yaml
 
-from resumequal import launchers
 from resumequal.plan import leg_module_args, local_torchrun_args
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
-from resumequal.spec import BOUNDARIES
+from resumequal.spec import launchers
+from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.trace.records import (
     RestoreRecord,
     StepRecord,

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from resumequal.launchers import command
 from resumequal.local.processes import ProcessTree
 from resumequal.plan import local_torchrun_args
+from resumequal.spec.launchers import command
 from testing.ports import free_port
 from tests.waiting import eventually
 

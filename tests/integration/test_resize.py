@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from resumequal.launchers import TORCHRUN
 from resumequal.plan import leg_module_args, local_torchrun_args
+from resumequal.spec.launchers import TORCHRUN
 from testing.ports import free_port
 from tests.integration import legs
 from tests.waiting import eventually

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from resumequal.spec import BOUNDARIES, SCENARIOS
+from resumequal.spec import SCENARIOS
+from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.verdict import (
     BoundaryRow,
     Bucket,

@@ -10,7 +10,7 @@ kill leaves (a graceful stop's emergency one, else the newest committed before t
 step) and finishes, on the smaller world after a resize, and a grown world (attempt 2)
 resumes from the checkpoint after ``growAfterStep``. A negative control's leg differs from
 the step after its restore on, from the boundary where its descriptor says leaving its
-state out first shows (:data:`resumequal.omissions.CONTROLS`).
+state out first shows (:data:`resumequal.spec.omissions.CONTROLS`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from typing import Any, Literal
 import torch
 import torch.distributed.checkpoint as dcp
 
-from resumequal.boundaries import BOUNDARIES, BY_NAME, Boundary
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import write_manifest
-from resumequal.omissions import control
 from resumequal.plan import LegPlan, qualification_plan
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
 from resumequal.spec import QualificationSpec
+from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, Boundary
+from resumequal.spec.omissions import control
 from resumequal.trace.records import (
     ArmRecord,
     BucketRecord,

@@ -1,4 +1,4 @@
-"""One table of boundaries (resumequal.boundaries), and every list of them derived from it:
+"""One table of boundaries (resumequal.spec.boundaries), and every list of them derived from it:
 the spec's names, the trace's fields, the comparator's kinds, tolerances and labels, the
 per-tensor digests and a zoom replay's stages and rules."""
 
@@ -10,10 +10,9 @@ from typing import get_args
 
 import pytest
 
-from resumequal import spec as spec_module
-from resumequal.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary, of_kind
 from resumequal.compare import controls, tensors, walk, zoom
 from resumequal.spec import ComparisonSpec
+from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary, of_kind
 from resumequal.trace.capture import STAGES, STAGES_BEFORE
 from resumequal.trace.records import (
     BOUNDARY_FIELDS,
@@ -31,7 +30,7 @@ ALL = set(get_args(Boundary))
 
 
 def test_the_table_names_the_literals_boundaries_in_execution_order() -> None:
-    assert BOUNDARIES == get_args(Boundary) == spec_module.BOUNDARIES
+    assert get_args(Boundary) == BOUNDARIES
     assert len({b.label for b in TABLE}) == len(TABLE)  # no two read alike in a sentence
 
 
@@ -130,4 +129,4 @@ def test_the_verdict_page_lists_every_boundary_in_execution_order() -> None:
     rows = re.findall(r"^\| `(\w+)` \|", table.split("\n\n")[0], flags=re.MULTILINE)
     assert tuple(rows) == BOUNDARIES
     adding = text[text.index("### Adding a boundary"):]
-    assert "service/resumequal/boundaries.py" in adding and "BoundaryInfo(" in adding
+    assert "service/resumequal/spec/boundaries.py" in adding and "BoundaryInfo(" in adding

@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from torch.distributed.fsdp import FSDPModule
 
 from resumequal import capabilities, cli
-from resumequal.capabilities import (
+from resumequal.errors import ResumequalError
+from resumequal.spec import QualificationSpec, SpecError, apply_overrides
+from resumequal.spec.capabilities import (
     FEATURES,
     NotSupported,
     TorchInfo,
@@ -19,8 +21,6 @@ from resumequal.capabilities import (
     missing_features,
     version_key,
 )
-from resumequal.errors import ResumequalError
-from resumequal.spec import QualificationSpec, SpecError, apply_overrides
 from resumequal.train import probes, worker
 
 FSDP2 = apply_overrides(QualificationSpec(), ["parallelism.kind=fsdp2",

@@ -11,8 +11,8 @@ from types import ModuleType
 
 import pytest
 
-from resumequal.capabilities import NotSupported, TorchInfo, check_supported
 from resumequal.spec import QualificationSpec, apply_overrides
+from resumequal.spec.capabilities import NotSupported, TorchInfo, check_supported
 
 ROOT = Path(__file__).resolve().parents[2]
 

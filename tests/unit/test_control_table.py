@@ -1,4 +1,4 @@
-"""One descriptor per negative control (resumequal.omissions), read by the restore, the
+"""One descriptor per negative control (resumequal.spec.omissions), read by the restore, the
 data of a resized world, the plan and the comparator."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from typing import Any, get_args
 
 import pytest
 
-from resumequal.boundaries import BOUNDARIES
 from resumequal.compare.controls import _blind
-from resumequal.omissions import CONTROLS, StatePart, control, left_out, planted
 from resumequal.plan import qualification_plan
 from resumequal.spec import OMISSIONS, Omission, QualificationSpec, parse_spec
+from resumequal.spec.boundaries import BOUNDARIES
+from resumequal.spec.omissions import CONTROLS, StatePart, control, left_out, planted
 from resumequal.state import omitted_parts
 from resumequal.trace.records import StepRecord
 from resumequal.train.globaldata import GlobalData

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from resumequal.launch import Launcher
-from resumequal.launchers import FORKED_BLIND_SPOTS, caveats, command
 from resumequal.spec import QualificationSpec, SpecError, apply_overrides, parse_spec
+from resumequal.spec.launchers import FORKED_BLIND_SPOTS, caveats, command
 
 
 def test_the_default_spec_runs_stock_torchrun_and_a_pod_launcher_too() -> None:

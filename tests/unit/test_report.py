@@ -29,7 +29,8 @@ from resumequal.report import (
 )
 from resumequal.report.html import CONTROL_STATUS_LABELS
 from resumequal.report.svg import SVG_NS, fmt, nice_ticks
-from resumequal.spec import BOUNDARIES, SCENARIOS
+from resumequal.spec import SCENARIOS
+from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.verdict import SCHEMA_VERSION, AttemptCompile, Report, Result
 from tests.unit.report_samples import (
     BLIND_OMISSION,

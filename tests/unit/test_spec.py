@@ -20,6 +20,7 @@ from resumequal.spec import (
     apply_overrides,
     load_spec,
     parse_spec,
+    with_preemption,
 )
 
 
@@ -189,9 +190,9 @@ def test_every_builtin_workload_the_spec_accepts_has_a_factory() -> None:
 
 def test_with_preemption_validates_the_new_cut() -> None:
     spec = parse_spec({})
-    assert spec.with_preemption(mode="graceful").preemption.mode == "graceful"
+    assert with_preemption(spec, mode="graceful").preemption.mode == "graceful"
     with pytest.raises(SpecError, match="after the last step"):
-        spec.with_preemption(step=99)
+        with_preemption(spec, step=99)
 
 
 # --- cross-field rules -----------------------------------------------------------------------
@@ -437,7 +438,7 @@ def test_set_takes_either_spelling_and_writes_one_key() -> None:
 
 def test_with_preemption_takes_python_names() -> None:
     spec = parse_spec({})
-    cut = spec.with_preemption(mode="graceful", grace_seconds=5)
+    cut = with_preemption(spec, mode="graceful", grace_seconds=5)
     assert (cut.preemption.mode, cut.preemption.grace_seconds) == ("graceful", 5)
 
 

@@ -22,7 +22,7 @@ from resumequal.spec import (
     spec_from_text,
     store_uri,
 )
-from resumequal.yamlread import MAX_CHARS, MAX_DEPTH, YAMLInputError, load_yaml
+from resumequal.spec.yamlread import MAX_CHARS, MAX_DEPTH, YAMLInputError, load_yaml
 
 # 379 bytes that stand for 9**9 strings once expanded.
 ALIAS_BOMB = """\

@@ -37,7 +37,6 @@ from hypothesis import strategies as st
 # libc is, a process) on first use: import it here, before the unit guard refuses processes.
 import resumequal.local.trial  # noqa: F401
 from resumequal import cli
-from resumequal.boundaries import BOUNDARIES, BY_NAME, Boundary
 from resumequal.exitcodes import ExitCode, for_error
 from resumequal.jobs.comparator import compare_location
 from resumequal.plan import qualification_plan
@@ -49,6 +48,7 @@ from resumequal.spec import (
     apply_overrides,
     spec_from_text,
 )
+from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, Boundary
 from resumequal.verdict import Result, Verdict
 from tests.unit.synthetic_runs import (
     OVER,

@@ -16,7 +16,7 @@ import torch
 from pydantic import ValidationError
 
 from resumequal.errors import TraceError
-from resumequal.spec import BOUNDARIES
+from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.store.log import FileSink
 from resumequal.trace.digest import (
     DIGEST_ALGORITHM,

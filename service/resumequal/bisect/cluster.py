@@ -30,9 +30,9 @@ from resumequal.errors import ClusterError
 from resumequal.exitcodes import ExitCode, for_result
 from resumequal.redact import redact
 from resumequal.spec import SpecError
+from resumequal.spec.yamlread import YAMLInputError, load_yaml
 from resumequal.verdict import Result
 from resumequal.words import clip
-from resumequal.yamlread import YAMLInputError, load_yaml
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from resumequal.spec import Boundary
+from resumequal.spec.boundaries import Boundary
 from resumequal.verdict import Result
 
 SCHEMA_VERSION = "resumequal.dev/bisect/v1"

@@ -5,7 +5,7 @@ preempted leg, FAILs. It is *not applicable* when the reference leg's own trace 
 omitted state was never used in the compared window (the RNG states never advanced, the
 learning rate never changed, no gradient was pending at the resume, the loss scaler was
 still in its initial state where the resume picked up) — the report gives that evidence,
-which each control's descriptor (:data:`resumequal.omissions.CONTROLS`) looks for.
+which each control's descriptor (:data:`resumequal.spec.omissions.CONTROLS`) looks for.
 Otherwise the comparator is *blind* to that omission and the whole qualification is
 INVALID: its PASS has not been shown to mean anything.
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from resumequal.boundaries import TABLE
 from resumequal.compare.files import LegTrace
 from resumequal.compare.judge import compare_run
-from resumequal.omissions import control
 from resumequal.plan import LegPlan, NotRun, qualification_plan
 from resumequal.run.location import RunLocation
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
+from resumequal.spec.boundaries import TABLE
+from resumequal.spec.omissions import control
 from resumequal.trace.records import RestoreRecord
 from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict
 

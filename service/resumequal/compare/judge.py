@@ -28,7 +28,8 @@ from resumequal.compare.validity import (
 from resumequal.compare.walk import Rules, Walk, divergence, loss_deltas, walk
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
 from resumequal.run.location import RunLocation
-from resumequal.spec import BOUNDARIES, REFERENCE_LEG, Boundary, QualificationSpec
+from resumequal.spec import REFERENCE_LEG, QualificationSpec
+from resumequal.spec.boundaries import BOUNDARIES, Boundary
 from resumequal.trace.records import CompiledRecord, RestoreRecord, StepRecord
 from resumequal.verdict import (
     Cut,

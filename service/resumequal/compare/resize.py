@@ -38,7 +38,8 @@ from resumequal.compare.ledger import (
     within,
 )
 from resumequal.compare.walk import Rules, Walk, divergence, loss_deltas, walk
-from resumequal.spec import BOUNDARIES, QualificationSpec
+from resumequal.spec import QualificationSpec
+from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.verdict import (
     BoundaryRow,

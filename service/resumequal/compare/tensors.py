@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from resumequal.boundaries import BOUNDARIES, TABLE, Boundary
+from resumequal.spec.boundaries import BOUNDARIES, TABLE, Boundary
 from resumequal.trace.records import StepRecord, TensorDigests
 from resumequal.verdict import Bucket, ModuleDifference, TensorDifference
 

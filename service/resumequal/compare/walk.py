@@ -17,7 +17,7 @@ Exact mode compares each boundary's recorded value bitwise. Tolerance mode
 - ``inputs``, ``rng``, ``loss_scale`` and ``bucket_layout`` are always exact; a tolerance
   declared for them is ignored.
 
-Which boundary is which, and its drift group, is :data:`resumequal.boundaries.TABLE`'s.
+Which boundary is which, and its drift group, is :data:`resumequal.spec.boundaries.TABLE`'s.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from resumequal.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary
 from resumequal.compare.drift import values_equal
 from resumequal.compare.tensors import bucket_layouts, step_tensors, tensor_difference
 from resumequal.spec import ComparisonSpec
+from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary
 from resumequal.trace.records import StepRecord, boundary_value
 from resumequal.verdict import BoundaryRow, Divergence, DriftSummary, StepDelta
 from resumequal.words import count

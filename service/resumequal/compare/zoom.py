@@ -31,8 +31,8 @@ from typing import Any, Final
 
 import torch
 
-from resumequal.boundaries import TABLE, StageOrigin
 from resumequal.errors import ReportError
+from resumequal.spec.boundaries import TABLE, StageOrigin
 from resumequal.trace.capture import CAPTURE_FORMAT, ROOT, STAGES, STAGES_BEFORE
 from resumequal.verdict import (
     Bucket,

@@ -1,6 +1,6 @@
 """LocalBackend: each leg is a torchrun elastic launch on this machine: stock torchrun, or
 with ``world.launcher: forked`` torchrun's agent with its workers forked from a process
-that loaded their code once (:mod:`resumequal.launchers`, :mod:`resumequal.agent`).
+that loaded their code once (:mod:`resumequal.spec.launchers`, :mod:`resumequal.agent`).
 
 Legs use a c10d rendezvous on a free loopback port, served by a store process of the leg's
 own that listens on loopback alone (:mod:`resumequal.local.rdzv_store`: torch's rendezvous
@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resumequal.errors import ResumequalError
-from resumequal.launchers import command
 from resumequal.local.comparison import QUALIFICATION, Comparison, first_failing
 from resumequal.local.processes import ProcessTree, Tagged, send_signal
 from resumequal.loopback import LOOPBACK
@@ -77,6 +76,7 @@ from resumequal.run.beacons import GROW, Beacon
 from resumequal.run.location import RunLocation, default_scratch
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import PreemptionSpec, QualificationSpec
+from resumequal.spec.launchers import command
 from resumequal.store import regular
 from resumequal.verdict import Verdict
 

@@ -30,12 +30,13 @@ from typing import Any
 from resumequal.compare.files import LegTrace
 from resumequal.compare.zoom import Capture, compare_captures, load_capture, summary
 from resumequal.errors import ReportError, UsageError
-from resumequal.launchers import TORCHRUN
 from resumequal.local.processes import ProcessTree
 from resumequal.run.layout import ZOOM_JSON
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal, key_from_env
-from resumequal.spec import BOUNDARIES, REFERENCE_LEG, QualificationSpec
+from resumequal.spec import REFERENCE_LEG, QualificationSpec
+from resumequal.spec.boundaries import BOUNDARIES
+from resumequal.spec.launchers import TORCHRUN
 from resumequal.trace.records import (
     InventoryRecord,
     RestoreRecord,

@@ -21,7 +21,8 @@ from resumequal.report import svg
 from resumequal.report.markup import check_items, opt
 from resumequal.report.resize import resize_markers, resize_section
 from resumequal.report.zoom import zoom_section
-from resumequal.spec import BOUNDARIES, REFERENCE_LEG
+from resumequal.spec import REFERENCE_LEG
+from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.verdict import (
     BoundaryRow,
     ControlOutcome,

@@ -21,7 +21,8 @@ from rich.text import Text
 
 from resumequal.redact import printable, printable_tree
 from resumequal.report.resize import resize_lines
-from resumequal.spec import BOUNDARIES, REFERENCE_LEG
+from resumequal.spec import REFERENCE_LEG
+from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 VERDICT_STYLES: dict[Result, str] = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from resumequal.boundaries import TABLE
+from resumequal.spec.boundaries import TABLE
 
 CAPTURE_FORMAT: Final = 1
 # The path a capture gives the model itself (named_modules' "").

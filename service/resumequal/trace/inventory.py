@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from resumequal.built import BuiltOptimizer
-from resumequal.launchers import FORKED_ENV
+from resumequal.spec.launchers import FORKED_ENV
 from resumequal.trace.records import CompileRecord, InventoryRecord
 
 __all__ = ["collect_inventory", "relevant_env"]

@@ -4,7 +4,7 @@ Every worker appends JSON lines to its own trace (a :class:`TraceSink`): one
 ``InventoryRecord`` when it starts, a ``RestoreRecord`` when it resumes, an ``ArmRecord``
 when it reaches the cut, a ``SavedRecord`` when it saves in the middle of a step, one
 ``StepRecord`` per optimizer step holding a digest or exact value for every boundary of
-:data:`resumequal.boundaries.TABLE`, and, under compile.enabled, a ``CompiledRecord`` after
+:data:`resumequal.spec.boundaries.TABLE`, and, under compile.enabled, a ``CompiledRecord`` after
 each step during which something compiled. The comparator reads two legs' traces and walks
 the boundaries in order.
 
@@ -25,10 +25,10 @@ from typing import Annotated, Any, Final, Literal, Protocol, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from resumequal.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary
 from resumequal.built import BuiltOptimizer
 from resumequal.errors import TraceError
 from resumequal.spec import Omission
+from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from resumequal.errors import TrainingError
-from resumequal.omissions import planted
 from resumequal.spec import QualificationSpec
+from resumequal.spec.omissions import planted
 from resumequal.workloads.stream import splitmix64
 
 

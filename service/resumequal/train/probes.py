@@ -1,6 +1,6 @@
 """What the torch of this process provides, probed API by API (never by its version).
 
-One probe per feature of :data:`resumequal.capabilities.FEATURES`: whether the APIs the
+One probe per feature of :data:`resumequal.spec.capabilities.FEATURES`: whether the APIs the
 feature calls can be imported and looked up here. The CLI checks a spec against them
 before it launches anything, and every leg again when it starts.
 """
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from resumequal.capabilities import TorchInfo, check_supported
 from resumequal.spec import QualificationSpec
+from resumequal.spec.capabilities import TorchInfo, check_supported
 
 
 def _has(module: str, *names: str) -> bool:

@@ -16,7 +16,7 @@ The rank-local gradients before the reduce-scatter are observed by a custom redu
 unsharded, accumulated gradients laid out per destination rank, zero-padded) and then runs
 the same collective FSDP2's default does (``reduce_scatter_single``, or in an older torch
 ``reduce_scatter_tensor``). The interface it implements lives in a private torch module
-(torch >= 2.9): :mod:`resumequal.capabilities` refuses fsdp2 on a torch without it.
+(torch >= 2.9): :mod:`resumequal.spec.capabilities` refuses fsdp2 on a torch without it.
 """
 
 from __future__ import annotations

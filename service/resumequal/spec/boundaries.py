@@ -104,7 +104,7 @@ BY_NAME: Final[Mapping[str, BoundaryInfo]] = MappingProxyType({b.name: b for b i
 
 # A table that drifted from the Literal would let a spec name a boundary nothing records.
 if get_args(Boundary) != BOUNDARIES:
-    raise ImportError(f"resumequal.boundaries: TABLE names {BOUNDARIES}, the Boundary "
+    raise ImportError(f"resumequal.spec.boundaries: TABLE names {BOUNDARIES}, the Boundary "
                       f"Literal {get_args(Boundary)}: one entry each, in the same order")
 
 

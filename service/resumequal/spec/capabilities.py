@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from resumequal.spec import QualificationSpec, SpecError
+from resumequal.spec.qualification import QualificationSpec
+from resumequal.spec.section import SpecError
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ shows, and what in the reference leg's trace shows that the state never mattered
 (:mod:`resumequal.compare.controls`: not applicable rather than blind).
 
 Adding a control is one entry in :data:`CONTROLS` (its name also in
-:data:`resumequal.spec.Omission`) plus, for a new part of the state, its restore.
+:data:`resumequal.spec.sections.Omission`) plus, for a new part of the state, its restore.
 
-Pure data and functions of the spec and trace records: no torch.
+Pure data and functions of the spec and of what a trace recorded: no torch, nor the trace.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Literal, get_args
+from typing import Final, Literal, Protocol, get_args
 
-from resumequal.boundaries import Boundary
-from resumequal.spec import OMISSIONS, Omission, QualificationSpec
-from resumequal.trace.records import RestoreRecord, StepRecord
+from resumequal.spec.boundaries import Boundary
+from resumequal.spec.qualification import QualificationSpec
+from resumequal.spec.sections import OMISSIONS, Omission
 
-__all__ = ["CONTROLS", "Inapplicable", "NegativeControl", "Planted", "StatePart", "control",
+__all__ = ["CONTROLS", "Inapplicable", "NegativeControl", "Planted", "StatePart",
+           "TracedLossScale", "TracedMicrostep", "TracedRestore", "TracedStep", "control",
            "left_out", "planted"]
 
 # The parts of a rank's state a restore may leave out (resumequal.state.restore).
@@ -34,11 +35,57 @@ StatePart = Literal["rng", "data_cursor", "loader", "scheduler", "optimizer", "s
 # What a rank-keyed control takes by rank and microstep in a resized world, as if it had
 # never resized: a microbatch's samples, or its random streams.
 Planted = Literal["data", "rng"]
+
+
+# What evidence reads of the trace's records (resumequal.trace.records): the trace imports
+# the spec, so the spec names the fields it reads rather than the records.
+class TracedMicrostep(Protocol):
+    """A microbatch of a traced step: the samples it consumed."""
+
+    @property
+    def sample_ids(self) -> Sequence[int]: ...
+
+
+class TracedLossScale(Protocol):
+    """A traced step's loss scaler."""
+
+    @property
+    def scale(self) -> float: ...
+    @property
+    def growth_tracker(self) -> int: ...
+
+
+class TracedStep(Protocol):
+    """A traced optimizer step of one rank (a ``StepRecord``)."""
+
+    @property
+    def rng(self) -> Mapping[str, str]: ...
+    @property
+    def lr(self) -> Sequence[float]: ...
+    @property
+    def microsteps(self) -> Sequence[TracedMicrostep]: ...
+    @property
+    def optimizer_state(self) -> str: ...
+    @property
+    def loss_scale(self) -> TracedLossScale | None: ...
+
+
+class TracedRestore(Protocol):
+    """A traced restore of one rank (a ``RestoreRecord``): where it resumed."""
+
+    @property
+    def checkpoint(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def microstep(self) -> int: ...
+
+
 # Rank -> step -> record: the reference leg's effective steps.
-Steps = Mapping[int, Mapping[int, StepRecord]]
+Steps = Mapping[int, Mapping[int, TracedStep]]
 # (reference steps, the control leg's restores after the kill, spec) -> the evidence that
 # the omitted state never mattered in the compared window, or None.
-Evidence = Callable[[Steps, Sequence[RestoreRecord], QualificationSpec], str | None]
+Evidence = Callable[[Steps, Sequence[TracedRestore], QualificationSpec], str | None]
 
 
 @dataclass(frozen=True)
@@ -178,7 +225,7 @@ def _optimizer_still(steps: Steps) -> str | None:
             "every rank")
 
 
-def _scaler_initial(steps: Steps, restores: Sequence[RestoreRecord],
+def _scaler_initial(steps: Steps, restores: Sequence[TracedRestore],
                     spec: QualificationSpec) -> str | None:
     """A fresh scaler equals the one the resume dropped: at every resumed step, the
     reference's scaler was still in its initial state on every rank."""
@@ -197,7 +244,7 @@ def _scaler_initial(steps: Steps, restores: Sequence[RestoreRecord],
             "rank: a fresh scaler is the same")
 
 
-def _nothing_pending(steps: Steps, restores: Sequence[RestoreRecord],
+def _nothing_pending(steps: Steps, restores: Sequence[TracedRestore],
                      spec: QualificationSpec) -> str | None:
     if restores and all(r.microstep == 0 for r in restores):
         return (f"the resume restored {restores[0].checkpoint}, taken at an optimizer-step "
@@ -207,7 +254,7 @@ def _nothing_pending(steps: Steps, restores: Sequence[RestoreRecord],
 
 def _of_steps(found: Callable[[Steps], str | None]) -> Evidence:
     """Evidence that needs the reference's steps alone."""
-    def evidence(steps: Steps, restores: Sequence[RestoreRecord],
+    def evidence(steps: Steps, restores: Sequence[TracedRestore],
                  spec: QualificationSpec) -> str | None:
         return found(steps)
     return evidence
@@ -272,7 +319,7 @@ _BY_OMISSION: Final[Mapping[str, NegativeControl]] = MappingProxyType(
 
 # A control missing here would be accepted by the spec and then fail a run's restore.
 if tuple(_BY_OMISSION) != OMISSIONS or len(CONTROLS) != len(get_args(Omission)):
-    raise ImportError(f"resumequal.omissions: CONTROLS names {tuple(_BY_OMISSION)}, the "
+    raise ImportError(f"resumequal.spec.omissions: CONTROLS names {tuple(_BY_OMISSION)}, the "
                       f"Omission Literal {OMISSIONS}: one entry each, in the same order")
 
 
