@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 from torch.distributed.fsdp import FSDPModule
 
-from resumequal import capabilities, cli
+from resumequal import cli
 from resumequal.errors import ResumequalError
-from resumequal.spec import QualificationSpec, SpecError, apply_overrides
+from resumequal.spec import QualificationSpec, SpecError, apply_overrides, capabilities
 from resumequal.spec.capabilities import (
     FEATURES,
     NotSupported,
