@@ -34,7 +34,8 @@ from resumequal.spec import load_spec
 from resumequal.state import seed_everything
 from resumequal.train.distributed import process_started_at
 from resumequal.train.precision import Precision
-from resumequal.train.sharding import parameter_names, rebind_optimizer, shard_units
+from resumequal.train.recording import parameter_names
+from resumequal.train.sharding import rebind_optimizer, shard_units
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
 

@@ -55,7 +55,7 @@ from resumequal.trace.records import (
     TensorDigests,
     TraceWriter,
 )
-from resumequal.train import loop
+from resumequal.train.recording import GradRecorder, local_digests
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
 
@@ -94,7 +94,7 @@ DIGEST_LABELS = ("rng", "local grads", "reduced grads", "clipped grads", "params
                  "optimizer", "record")
 
 
-class _TimedRecorder(loop._GradRecorder):
+class _TimedRecorder(GradRecorder):
     """The loop's comm hook, its digests of each bucket timed; ``per_bucket``: one digest
     per bucket, as the hook did before per-tensor digests."""
 
@@ -163,7 +163,7 @@ def run_steps(steps: int, trace_dir: Path, *, per_tensor: bool,
             tensors = TensorDigests()
             if per_tensor:
                 local = recorder.local_digest()
-                tensors.local_grads.update(loop._local_digests(model, recorder.local))
+                tensors.local_grads.update(local_digests(model, recorder.local))
             else:
                 local = "sha256:" + hashlib.sha256("\n".join(
                     d for _, d in sorted(recorder.local.items())).encode()).hexdigest()

@@ -116,6 +116,18 @@ def _key_secret(ref: RunRef, previous: QualificationRunStatus | None,
     return None
 
 
+def _tick(q: Qualification) -> ResumequalError | None:
+    """One tick of the machine: a failed comparator or a refused kill fails the run; API or
+    store trouble is returned, to be raised once the progress is written."""
+    try:
+        q.tick()
+    except (ComparatorFailed, KillRefused) as e:
+        q.fail(Reason.ERROR, str(e))
+    except ResumequalError as e:  # API or store trouble: write progress, then retry
+        return e
+    return None
+
+
 class Reconciler:
     """Reconciles QualificationRuns by key (``namespace/name``); safe for one key per thread."""
 
@@ -296,35 +308,17 @@ class Reconciler:
             run.obj = self._write_status(run.obj, status)
             run.key_secret = name
 
-        backend = KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
-                                    self._location(run), reads=self.reads,
-                                    legs=leg_jobs(run.spec.backend or self.default_backend,
-                                                  self.trainer),
-                                    kinds=self.kinds, store_ready=finalized,
-                                    key_secret=run.key_secret,
-                                    record_key_secret=record_key_secret,
-                                    network_policies=self.network_policies)
+        backend = self._backend(run, plan, finalized, record_key_secret)
         q = Qualification(run.qspec, backend, plan=plan, status=machine, side_by_side=True,
                           clock=self.clock)
         seen = len(q.status.history)
         prior_error = q.status.errors.message if q.status.errors is not None else None
         killed = {n for n, leg in q.status.legs.items() if leg.killed_at is not None}
-        error: Exception | None = None
-        try:
-            q.tick()
-        except (ComparatorFailed, KillRefused) as e:
-            q.fail(Reason.ERROR, str(e))
-        except ResumequalError as e:  # API or store trouble: write progress, then retry
-            error = e
+        error = _tick(q)
         if finalized is not None:
             run.obj = finalized()  # its error, if it failed, is this reconcile's
         self._announce(run, plan, q.status, seen, killed, backend.notices)
-        streak = q.status.errors
-        if streak is not None and streak.message != prior_error:
-            # Once per streak and per new message, not once per retry.
-            self.events.record(run.obj, "BackendError", (
-                f"{streak.message}; retrying until timeouts.backendErrorSeconds="
-                f"{run.qspec.timeouts.backend_error_seconds:g} have passed"), warning=True)
+        self._announce_backend_error(run, q.status, prior_error)
         zoom = self._zoom(run, q.status, previous) if error is None and q.status.done else None
         try:
             obj = self._write_status(run.obj, self._status(run, plan, q.status, previous,
@@ -336,6 +330,29 @@ class Reconciler:
         if q.status.done:
             return self._concluded(key, run, q.status, zoom, obj)
         return self.poll_seconds
+
+    def _backend(self, run: _Run, plan: Plan, finalized: Callable[[], Obj] | None,
+                 record_key_secret: Callable[[str], None]) -> KubernetesBackend:
+        """The backend one tick of ``run`` drives its legs through."""
+        return KubernetesBackend(self.kube, run.ref, run.spec, run.qspec, plan,
+                                 self._location(run), reads=self.reads,
+                                 legs=leg_jobs(run.spec.backend or self.default_backend,
+                                               self.trainer),
+                                 kinds=self.kinds, store_ready=finalized,
+                                 key_secret=run.key_secret,
+                                 record_key_secret=record_key_secret,
+                                 network_policies=self.network_policies)
+
+    def _announce_backend_error(self, run: _Run, machine: QualificationStatus,
+                                prior: str | None) -> None:
+        """An Event for the machine's backend error streak, unless it says what ``prior``
+        (the message before this tick) said."""
+        streak = machine.errors
+        if streak is not None and streak.message != prior:
+            # Once per streak and per new message, not once per retry.
+            self.events.record(run.obj, "BackendError", (
+                f"{streak.message}; retrying until timeouts.backendErrorSeconds="
+                f"{run.qspec.timeouts.backend_error_seconds:g} have passed"), warning=True)
 
     def _concluded(self, key: str, run: _Run, machine: QualificationStatus,
                    zoom: ZoomStatus | None, obj: Obj) -> float | None:

@@ -155,28 +155,8 @@ def run_status(
     checkpoint_key_secret: str | None = None,
 ) -> QualificationRunStatus:
     """The whole status of a run from its machine (see the module docstring)."""
-    legs = {}
-    for name, leg in machine.legs.items():
-        legs[name] = LegStatus.model_validate({
-            "job": leg_jobs.get(name) if leg.launched_at is not None else None,
-            "attempts": leg.attempts, "steps": leg.steps, "launchedAt": leg.launched_at,
-            "killedAt": leg.killed_at, "resumedAt": leg.resumed_at,
-            "finishedAt": leg.finished_at,
-            "restartSeconds": restart_seconds(leg.killed_at, leg.resumed_at),
-        })
-    main = machine.legs.get(MAIN_LEG)
-    preemption = None
-    if main is not None and main.beacon is not None and main.killed_at is not None:
-        preemption = PreemptionStatus.model_validate({
-            "leg": MAIN_LEG, "pod": main.beacon.pod, "rank": main.beacon.rank,
-            "mode": preemption_mode, "injectedAt": main.killed_at})
     verdict = (verdict_summary(machine.verdict) if machine.verdict is not None
                else previous.verdict if previous is not None else None)
-    shown = verdict
-    if shown is None and machine.phase == Phase.FAILED:
-        # A run that failed before its comparison tested nothing: INVALID, as the metrics
-        # and the local runner say, so `kubectl get qr` shows a verdict for every finished run.
-        shown = VerdictStatus(result=Result.INVALID, reason=clip(failed_reason(machine)))
     done = machine.done
     history = machine.history
     return QualificationRunStatus.model_validate({
@@ -192,15 +172,48 @@ def run_status(
         "pin": pin,
         "runUri": run_uri,
         "reportUrl": report_url,
-        "legs": legs,
-        "preemption": preemption,
+        "legs": _leg_statuses(machine, leg_jobs),
+        "preemption": _preemption(machine, preemption_mode),
         "comparatorJob": comparator_job,
-        "verdict": shown,
+        "verdict": _shown_verdict(machine, verdict),
         "zoom": zoom if zoom is not None else previous.zoom if previous is not None else None,
         "startedAt": history[0].at if history else None,
         "completedAt": history[-1].at if done and history else None,
         "machine": stored_machine(machine, run_spec),
     })
+
+
+def _leg_statuses(machine: QualificationStatus,
+                  leg_jobs: dict[str, str]) -> dict[str, LegStatus]:
+    """Each leg's progress, naming its Job once it was launched."""
+    return {name: LegStatus.model_validate({
+        "job": leg_jobs.get(name) if leg.launched_at is not None else None,
+        "attempts": leg.attempts, "steps": leg.steps, "launchedAt": leg.launched_at,
+        "killedAt": leg.killed_at, "resumedAt": leg.resumed_at,
+        "finishedAt": leg.finished_at,
+        "restartSeconds": restart_seconds(leg.killed_at, leg.resumed_at),
+    }) for name, leg in machine.legs.items()}
+
+
+def _preemption(machine: QualificationStatus,
+                mode: Literal["hard", "graceful"]) -> PreemptionStatus | None:
+    """The kill of the main preempted leg: which pod and rank, and when; None before it."""
+    main = machine.legs.get(MAIN_LEG)
+    if main is None or main.beacon is None or main.killed_at is None:
+        return None
+    return PreemptionStatus.model_validate({
+        "leg": MAIN_LEG, "pod": main.beacon.pod, "rank": main.beacon.rank,
+        "mode": mode, "injectedAt": main.killed_at})
+
+
+def _shown_verdict(machine: QualificationStatus,
+                   verdict: VerdictStatus | None) -> VerdictStatus | None:
+    """The verdict the status shows: the run's, or INVALID for a run that failed first."""
+    if verdict is None and machine.phase == Phase.FAILED:
+        # A run that failed before its comparison tested nothing: INVALID, as the metrics
+        # and the local runner say, so `kubectl get qr` shows a verdict for every finished run.
+        return VerdictStatus(result=Result.INVALID, reason=clip(failed_reason(machine)))
+    return verdict
 
 
 def invalid_status(previous: QualificationRunStatus | None, generation: int | None,

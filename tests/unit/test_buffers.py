@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from resumequal.train.loop import unsaved_buffers
+from resumequal.train.recording import unsaved_buffers
 from resumequal.workloads.buffers import sync_buffers_after_step
 
 

@@ -20,15 +20,15 @@ from resumequal.state import _set_pending_grads, pending_grads
 from resumequal.trace.digest import named_tensors_digest, sharding, tensor_digest
 from resumequal.trace.records import StepRecord, boundary_value
 from resumequal.train import precision
-from resumequal.train.loop import _no_sync
 from resumequal.train.precision import check_precision, dtensor_agrees_on_found_inf
+from resumequal.train.recording import parameter_names
 from resumequal.train.sharding import (
     ReduceScatterRecorder,
-    parameter_names,
     rebind_optimizer,
     shard_model,
     shard_units,
 )
+from resumequal.train.update import no_sync
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import Workload, WorkloadContext
 
@@ -144,7 +144,7 @@ def test_sharding_rebinds_the_optimizer_and_digests_local_shards() -> None:
 
     # Mid-accumulation: unsharded gradients wait on FSDP2's unsharded parameters.
     mb = w.dataset.next_microbatch()
-    with _no_sync(model):
+    with no_sync(model):
         w.loss_fn(model, mb).backward()
     pending = pending_grads(model)
     assert set(pending) == set(params)

@@ -27,7 +27,7 @@ from resumequal.report import (
     render_html,
     write_reports,
 )
-from resumequal.report.html import CONTROL_STATUS_LABELS
+from resumequal.report.sections import CONTROL_STATUS_LABELS
 from resumequal.report.svg import SVG_NS, fmt, nice_ticks
 from resumequal.spec import SCENARIOS
 from resumequal.spec.boundaries import BOUNDARIES

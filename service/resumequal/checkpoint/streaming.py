@@ -27,15 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-from torch.futures import Future
-from typing_extensions import Buffer
-
-from resumequal.checkpoint import layout
 from resumequal.checkpoint.chunks import ChunkHasher
 from resumequal.checkpoint.manifest import FileEntry
-from resumequal.checkpoint.writing import HashingFiles, hashing_writes
+from resumequal.checkpoint.writing import HashedStream, HashingFiles, HashingWriter
 from resumequal.store import Store
 from resumequal.store.base import ObjectWriter
 
@@ -44,7 +38,7 @@ log = logging.getLogger(__name__)
 SHARD_SUFFIX = ".distcp"
 
 
-class _ShardStream:
+class _ShardStream(HashedStream):
     """What DCP writes a shard to: ``write``, ``tell``, ``flush``, ``close``.
 
     Not an ``io.IOBase`` on purpose: those close themselves when collected, and a close
@@ -53,25 +47,10 @@ class _ShardStream:
 
     def __init__(self, writer: ObjectWriter, done: Callable[[FileEntry], None],
                  pool: Executor | None) -> None:
+        super().__init__(writer, ChunkHasher(), pool)
         self._writer = writer
         self._done = done
-        self._hasher = ChunkHasher()
-        self._pool = pool
         self.closed = False
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Buffer) -> int:
-        # The whole chunks of a large write are hashed in the pool while it is sent on.
-        finish = self._hasher.start(data, self._pool)
-        try:
-            return self._writer.write(data)
-        finally:
-            finish()
-
-    def tell(self) -> int:
-        return self._writer.tell()
 
     def flush(self) -> None:
         """Nothing to flush: full parts are already on their way."""
@@ -116,32 +95,21 @@ class _StoreShards(HashingFiles):
             raise
 
 
-class StreamingWriter(dcp.FileSystemWriter):
+class StreamingWriter(HashingWriter):
     """A ``FileSystemWriter`` into ``staging/dcp`` that sends this rank's shards to the
     store as they are written, under ``key(<path relative to staging>)``.
 
-    ``sent``: the shards that made it, with their manifest entries.
+    ``sent``: the shards that made it, with their manifest entries. ``written``: what went
+    into the staging folder (DCP's ``.metadata``); it goes up at the publish.
     """
 
     def __init__(self, staging: Path, store: Store, key: Callable[[str], str]) -> None:
+        self._shards = _StoreShards(staging, store, key)
         # Staged files are scratch (the store holds the checkpoint): no fsync. With
         # sync_files, DCP would call os.sync() on a stream that has no file descriptor.
-        super().__init__(str(staging / layout.DCP_DIR), sync_files=False)
-        self.fs: _StoreShards = _StoreShards(staging, store, key)
-
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[Any]:
-        # FileSystemWriter writes everything before it returns (a completed future).
-        with hashing_writes(self.fs):
-            return super().write_data(plan, planner)
+        super().__init__(staging, sync=False, files=self._shards)
 
     @property
     def sent(self) -> dict[str, FileEntry]:
-        with self.fs._lock:
-            return dict(self.fs.sent)
-
-    @property
-    def written(self) -> dict[str, FileEntry]:
-        """The files written into the staging folder (DCP's ``.metadata``), with their
-        entries from the bytes as written; they go up at the publish."""
-        with self.fs._lock:
-            return dict(self.fs.written)
+        with self._shards._lock:
+            return dict(self._shards.sent)

@@ -40,7 +40,7 @@ from resumequal.checkpoint.manifest import FileEntry
 from resumequal.store import regular
 from resumequal.store.base import TMP_SUFFIX
 
-__all__ = ["HashingFiles", "HashingWriter", "hashing_writes", "no_zip_crc"]
+__all__ = ["HashedStream", "HashingFiles", "HashingWriter", "hashing_writes", "no_zip_crc"]
 
 _crc_lock = threading.Lock()
 _crc_off = 0  # writes in progress that switched the zip CRC off
@@ -88,12 +88,18 @@ def hashing_writes(fs: _Hashing) -> Iterator[None]:
             fs.pool = None
 
 
-class _HashedFile:
-    """What DCP writes a file through: every byte hashed (the whole chunks of a large
-    write in ``pool``, while it is written) and written."""
+class _Sink(Protocol):
+    def write(self, data: Buffer, /) -> int: ...
 
-    def __init__(self, file: IO[bytes], hasher: ChunkHasher, pool: Executor | None) -> None:
-        self._file = file
+    def tell(self) -> int: ...
+
+
+class HashedStream:
+    """Writes on to ``sink``, every byte hashed as it goes (the whole chunks of a large
+    write in ``pool``, while it is written)."""
+
+    def __init__(self, sink: _Sink, hasher: ChunkHasher, pool: Executor | None) -> None:
+        self._sink = sink
         self._hasher = hasher
         self._pool = pool
 
@@ -105,12 +111,20 @@ class _HashedFile:
         # Its whole chunks are hashed in the pool while this thread writes it.
         finish = self._hasher.start(data, self._pool)
         try:
-            return self._file.write(data)
+            return self._sink.write(data)
         finally:
             finish()
 
     def tell(self) -> int:
-        return self._file.tell()
+        return self._sink.tell()
+
+
+class _HashedFile(HashedStream):
+    """What DCP writes a file through: every byte hashed and written to the file."""
+
+    def __init__(self, file: IO[bytes], hasher: ChunkHasher, pool: Executor | None) -> None:
+        super().__init__(file, hasher, pool)
+        self._file = file
 
     def flush(self) -> None:
         self._file.flush()
@@ -193,12 +207,13 @@ class HashingWriter(dcp.FileSystemWriter):
     """A ``FileSystemWriter`` into ``staging/dcp`` that hashes what it writes.
 
     ``written``: every file it wrote, relative to ``staging``, with its manifest entry.
-    ``sync``: fsync each file once written (it becomes the checkpoint).
+    ``sync``: fsync each file once written (it becomes the checkpoint). ``files``: the file
+    system it writes through, where not a plain :class:`HashingFiles` of ``staging``.
     """
 
-    def __init__(self, staging: Path, *, sync: bool) -> None:
+    def __init__(self, staging: Path, *, sync: bool, files: HashingFiles | None = None) -> None:
         super().__init__(str(staging / layout.DCP_DIR), sync_files=False)
-        self.fs: HashingFiles = HashingFiles(staging, sync)
+        self.fs: HashingFiles = files if files is not None else HashingFiles(staging, sync)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[Any]:
         # FileSystemWriter writes everything before it returns (a completed future).
@@ -207,5 +222,7 @@ class HashingWriter(dcp.FileSystemWriter):
 
     @property
     def written(self) -> dict[str, FileEntry]:
+        """The files written into the staging folder, with their entries from the bytes as
+        written."""
         with self.fs._lock:
             return dict(self.fs.written)

@@ -94,15 +94,9 @@ def init_process_group(requested_backend: str, timeout_seconds: float,
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK", 0)
-    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
     # Under torchrun the agent hosts the store; standalone launches make rank 0 host it.
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
-    if not agent_store and attempts_started is not None:
-        started = attempts_started()
-        if started != attempt:
-            log.info("attempt %d from the run location (this agent's restart count is %d)",
-                     started, attempt)
-        attempt = started
+    attempt = _restart_count(None if agent_store else attempts_started)
     backend = resolve_backend(requested_backend)
     host = os.environ.get("MASTER_ADDR")
     port = _env_int("MASTER_PORT")
@@ -110,28 +104,12 @@ def init_process_group(requested_backend: str, timeout_seconds: float,
         raise TrainingError("environment variable MASTER_ADDR is not set; run under torchrun")
     timeout = timedelta(seconds=timeout_seconds)
     try:
-        if not agent_store and rank == 0 and is_loopback(host):
-            # One machine's group (a local run names 127.0.0.1): its store listens on
-            # loopback alone, where torch's own would listen on every interface.
-            base = loopback_store(port, world_size=world_size, timeout=timeout,
-                                  wait_for_workers=False)
-        else:
-            base = dist.TCPStore(
-                host,
-                port,
-                world_size=None if agent_store else world_size,
-                is_master=(not agent_store and rank == 0),
-                timeout=timeout,
-                wait_for_workers=False,
-            )
+        base = _rendezvous_store(host, port, rank, world_size, agent_store=agent_store,
+                                 timeout=timeout)
         if agent_store:
             attempt = attempt_from_joins(int(base.add(JOINS_KEY, 1)), world_size, attempt)
         store = dist.PrefixStore(f"resumequal/attempt-{attempt}", base)
-        if backend == "nccl":
-            device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
+        device = _device(backend, local_rank)
         dist.init_process_group(
             backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
@@ -151,6 +129,47 @@ def init_process_group(requested_backend: str, timeout_seconds: float,
         host=socket.gethostname(),
         joined_at=time.time(),
     )
+
+
+def _restart_count(attempts_started: Callable[[], int] | None) -> int:
+    """This agent's restart count, or the attempts the run location has seen where the
+    caller reads them from there."""
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    if attempts_started is None:
+        return attempt
+    started = attempts_started()
+    if started != attempt:
+        log.info("attempt %d from the run location (this agent's restart count is %d)",
+                 started, attempt)
+    return started
+
+
+def _rendezvous_store(host: str, port: int, rank: int, world_size: int, *,
+                      agent_store: bool, timeout: timedelta) -> dist.Store:
+    """The store the group meets through: the agent's, or one rank 0 hosts."""
+    if not agent_store and rank == 0 and is_loopback(host):
+        # One machine's group (a local run names 127.0.0.1): its store listens on
+        # loopback alone, where torch's own would listen on every interface.
+        store: dist.Store = loopback_store(port, world_size=world_size, timeout=timeout,
+                                           wait_for_workers=False)
+        return store
+    return dist.TCPStore(
+        host,
+        port,
+        world_size=None if agent_store else world_size,
+        is_master=(not agent_store and rank == 0),
+        timeout=timeout,
+        wait_for_workers=False,
+    )
+
+
+def _device(backend: str, local_rank: int) -> torch.device:
+    """The device this rank trains on: its GPU under nccl (made current), else the CPU."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
 
 
 def process_started_at() -> float:

@@ -1,18 +1,18 @@
 """One training leg inside one worker process: build, resume, train, trace, checkpoint.
 
 The loop is the same for the control and the preempted leg; only the cut point (and, for
-negative controls, the omissions applied on resume) differ.
+negative controls, the omissions applied on resume) differ. The arithmetic of an update is
+:mod:`resumequal.train.update`'s; what is digested of the model,
+:mod:`resumequal.train.recording`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.checkpoint import CheckpointManager, CheckpointRoot, Position
@@ -39,18 +37,10 @@ from resumequal.state import (
     seed_everything,
     tensor_state,
 )
-from resumequal.trace.digest import (
-    Digests,
-    bucket_layout_digest,
-    named_tensors_digest,
-    optimizer_digests,
-    rng_digests,
-    tensor_digests,
-)
+from resumequal.trace.digest import Digests, bucket_layout_digest, rng_digests
 from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
     ArmRecord,
-    BucketRecord,
     CompileRecord,
     LossScaleRecord,
     MicrostepPartial,
@@ -75,7 +65,7 @@ from resumequal.train.devices import check_trains_on
 from resumequal.train.distributed import Placement, process_started_at
 from resumequal.train.globaldata import GlobalData
 from resumequal.train.handoff import handoff_digest
-from resumequal.train.precision import Precision, scaler_state
+from resumequal.train.precision import Precision
 from resumequal.train.preemption import (
     Arming,
     CutPoint,
@@ -85,121 +75,31 @@ from resumequal.train.preemption import (
     mark_failed,
 )
 from resumequal.train.prime import prime_reducer
+from resumequal.train.recording import (
+    GradRecorder,
+    grad_digests,
+    local_digests,
+    named_grads,
+    named_state,
+    optimizer_state_digests,
+    param_digests,
+    parameter_names,
+    unsaved_buffers,
+    unwrapped,
+)
 from resumequal.train.sharding import (
     ReduceScatterRecorder,
-    parameter_names,
     rebind_optimizer,
     shard_model,
     shard_units,
 )
 from resumequal.train.startup import resume_gc, thaw_gc
+from resumequal.train.update import forward_backward, step_optimizer, unscale_and_clip
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import PositionalDataset, WorkloadContext
 from resumequal.workloads.optim import describe_built
 
 log = logging.getLogger(__name__)
-
-
-
-@dataclass
-class _GradRecorder:
-    """A DDP comm hook that digests rank-local gradients before they are all-reduced."""
-
-    names: dict[int, str]
-    local: dict[str, str] = field(default_factory=dict)
-    buckets: list[BucketRecord] = field(default_factory=list)
-    # Under a capture (resumequal zoom), the local gradients themselves, not just digests.
-    keep: bool = False
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def reset(self) -> None:
-        self.local = {}
-        self.buckets = []
-        self.tensors = {}
-
-    def hook(
-        self, group: dist.ProcessGroup | None, bucket: dist.GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:
-        params = [self.names[id(p)] for p in bucket.parameters()]
-        self.digest(params, bucket.gradients())
-        self.buckets.append(
-            BucketRecord(index=bucket.index(), params=params, numel=bucket.buffer().numel())
-        )
-        # The same arithmetic as DDP's built-in allreduce: divide, then sum.
-        buffer = bucket.buffer()
-        pg = group if group is not None else dist.group.WORLD
-        assert pg is not None
-        buffer.div_(pg.size())
-        work = dist.all_reduce(buffer, group=pg, async_op=True)
-        assert work is not None
-        reduced: torch.futures.Future[torch.Tensor] = work.get_future().then(
-            lambda fut: fut.value()[0]
-        )
-        return reduced
-
-    def digest(self, params: list[str], grads: list[torch.Tensor]) -> None:
-        """Digest one bucket's rank-local gradients, each by its parameter's name."""
-        for name, grad in zip(params, grads, strict=True):
-            self.local[name] = named_tensors_digest([(name, grad)])
-            if self.keep:
-                self.tensors[name] = grad.detach().to("cpu", copy=True)
-
-    def local_digest(self) -> str:
-        joined = "\n".join(f"{n}={d}" for n, d in sorted(self.local.items()))
-        return "sha256:" + hashlib.sha256(joined.encode()).hexdigest()
-
-    def layout(self) -> list[BucketRecord]:
-        return sorted(self.buckets, key=lambda b: b.index)
-
-
-def _unwrapped(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "module", None)
-    return inner if isinstance(inner, nn.Module) else model
-
-
-def _param_digests(model: nn.Module) -> Digests:
-    """Parameters and buffers, by name (their names never collide)."""
-    m = _unwrapped(model)
-    return tensor_digests(
-        [(n, p.detach()) for n, p in m.named_parameters()] + list(m.named_buffers()))
-
-
-def unsaved_buffers(model: nn.Module) -> list[str]:
-    """The buffers ``model.state_dict()`` leaves out (registered ``persistent=False``): a
-    checkpoint never holds them, a resumed process has whatever the workload built."""
-    saved = set(model.state_dict(keep_vars=True))
-    return [n for n, _ in model.named_buffers() if n not in saved]
-
-
-def _named_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    m = _unwrapped(model)
-    return [(n, p.detach()) for n, p in m.named_parameters()] + list(m.named_buffers())
-
-
-def _named_grads(model: nn.Module) -> list[tuple[str, torch.Tensor | None]]:
-    return [(n, p.grad) for n, p in _unwrapped(model).named_parameters()]
-
-
-def _grad_digests(model: nn.Module) -> Digests:
-    return tensor_digests((n, p.grad) for n, p in _unwrapped(model).named_parameters())
-
-
-def _optimizer_digests(model: nn.Module, optimizer: torch.optim.Optimizer) -> Digests:
-    names = {id(p): n for n, p in _unwrapped(model).named_parameters()}
-    return optimizer_digests(optimizer, names)
-
-
-def _bare(digest: str) -> str:
-    return digest.partition(":")[2] or digest
-
-
-def _local_digests(model: nn.Module, local: dict[str, str]) -> dict[str, str]:
-    """The recorder's digests (by parameter under DDP, by sharded module under FSDP2) in the
-    model's order, not the order the reductions ran in."""
-    m = _unwrapped(model)
-    order = {n: i for i, n in enumerate(
-        [n for n, _ in m.named_parameters()] + [n for n, _ in m.named_modules()])}
-    return {n: _bare(local[n]) for n in sorted(local, key=lambda n: order.get(n, len(order)))}
 
 
 class Trainer:
@@ -231,48 +131,21 @@ class Trainer:
         self.compile_watch: CompileWatch | None = None
         # Set by a replay (resumequal zoom): the step whose tensors are captured whole.
         self.capture: StepCapture | None = None
-        try:
+        # Every attempt would meet these: fail the leg for good, not be restarted into it.
+        with _failing_leg(files, placement.rank):
             self.precision = Precision.of(spec.training, placement.device,
                                           spec.parallelism.kind)
-        except TrainingError as e:
-            # Every attempt would meet it: fail the leg for good, not be restarted into it.
-            mark_failed(files, f"rank {placement.rank}: {e}")
-            raise
-        # A resize run takes each step's microbatches by global position (train.globaldata).
-        self.global_data = None
-        if spec.preemption.resize is not None:
-            try:
-                self.global_data = GlobalData.of(spec, placement.rank, placement.world_size,
-                                                 omit)
-            except TrainingError as e:
-                mark_failed(files, f"rank {placement.rank}: {e}")
-                raise
+            # A resize run takes each step's microbatches by global position (train.globaldata).
+            self.global_data = (GlobalData.of(spec, placement.rank, placement.world_size, omit)
+                                if spec.preemption.resize is not None else None)
         self.stop = StopFlag()
-        cut = None
-        # Every leg but the control is cut: the main preempted leg, scenarios, controls.
-        if leg != REFERENCE_LEG:
-            pre = spec.preemption
-            cut = CutPoint(pre.step, pre.microstep, pre.rank, pre.at, spec.timeouts.arm_seconds)
-        self.arming = Arming(
-            cut,
-            rank=placement.rank,
-            attempt=placement.attempt,
-            files=files,
-            stop=self.stop,
-            on_arm=self._on_arm,
-        )
-        self.ckpt = CheckpointManager(
-            checkpoint_root,
-            rank=placement.rank,
-            world_size=placement.world_size,
-            attempt=placement.attempt,
-            keep_last=spec.checkpoint.keep_last,
-            async_save=spec.checkpoint.async_save,
-            resizable=self.global_data is not None,
-            group_timeout=timedelta(seconds=spec.timeouts.process_group_seconds),
-        )
+        self.arming = Arming(_cut_point(spec, leg), rank=placement.rank,
+                             attempt=placement.attempt, files=files, stop=self.stop,
+                             on_arm=self._on_arm)
+        self.ckpt = _checkpoint_manager(spec, checkpoint_root, placement,
+                                        resizable=self.global_data is not None)
         self.trace = TraceWriter(trace)
-        self.recorder: _GradRecorder | ReduceScatterRecorder
+        self.recorder: GradRecorder | ReduceScatterRecorder
 
     # -- setup --------------------------------------------------------------------------
 
@@ -320,7 +193,7 @@ class Trainer:
             device_ids=[self.p.local_rank] if self.p.device.type == "cuda" else None,
             bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
         )
-        self.recorder = _GradRecorder({id(p): n for n, p in model.named_parameters()})
+        self.recorder = GradRecorder(parameter_names(model))
         # DDP inspects the hook's annotations, which postponed evaluation turns into strings.
         recorder = self.recorder
         ddp.register_comm_hook(None, lambda state, bucket: recorder.hook(state, bucket))
@@ -362,8 +235,8 @@ class Trainer:
         check_counters_agree(live.counters, self.p.device)
         handoff = handoff_digest(live) if self.global_data is not None else None
         c = live.counters
-        params = _param_digests(live.model)
-        optim = _optimizer_digests(live.model, live.workload.optimizer)
+        params = param_digests(live.model)
+        optim = optimizer_state_digests(live.model, live.workload.optimizer)
         manifest = loaded.manifest
         self.trace.write(
             RestoreRecord(
@@ -384,8 +257,8 @@ class Trainer:
                 leg=manifest.info.get("leg"),
                 manifest=manifest_digest(manifest),
                 tensors=TensorDigests(params=params.tensors, optimizer_state=optim.tensors),
-                buffers=[n for n, _ in _unwrapped(live.model).named_buffers()],
-                unsaved=unsaved_buffers(_unwrapped(live.model)),
+                buffers=[n for n, _ in unwrapped(live.model).named_buffers()],
+                unsaved=unsaved_buffers(unwrapped(live.model)),
             )
         )
         log.info("rank %d resumed from %s (saved by %d rank(s), restored by %d)", self.p.rank,
@@ -444,21 +317,21 @@ class Trainer:
         self.recorder.reset()
         cap = self.capture if self.capture is not None and self.capture.step == step else None
         if cap is not None:
-            optimizer_names = {id(p): n for n, p in _unwrapped(live.model).named_parameters()}
-            cap.stage("params_before", _named_state(live.model))
+            optimizer_names = parameter_names(unwrapped(live.model))
+            cap.stage("params_before", named_state(live.model))
             cap.stage("optimizer_state_before",
                       named_optimizer_tensors(w.optimizer, optimizer_names).items())
-            if isinstance(self.recorder, _GradRecorder):
+            if isinstance(self.recorder, GradRecorder):
                 self.recorder.keep = True
-        with nullcontext() if cap is None else cap.hooks(_unwrapped(live.model)):
+        with nullcontext() if cap is None else cap.hooks(unwrapped(live.model)):
             self._microsteps(live, step, accum, cap)
 
         params = [p for p in live.model.parameters() if p.grad is not None]
-        reduced = _grad_digests(live.model)
+        reduced = grad_digests(live.model)
         if cap is not None:
-            if isinstance(self.recorder, _GradRecorder):
+            if isinstance(self.recorder, GradRecorder):
                 cap.stage("local_grads", self.recorder.tensors.items())
-            cap.stage("reduced_grads", _named_grads(live.model))
+            cap.stage("reduced_grads", named_grads(live.model))
         self._finish_step(live, step, params, reduced, cap)
 
     def _microsteps(self, live: LiveState, step: int, accum: int,
@@ -486,13 +359,7 @@ class Trainer:
                 assert isinstance(w.dataset, PositionalDataset)
                 mb = w.dataset.microbatch_at(gd.position(step, slot.data_index),
                                              gd.microbatch_size)
-            sync = m == accum - 1
-            with nullcontext() if sync else _no_sync(live.model):
-                loss = self.precision.loss(w.loss_fn, live.model, mb)
-                scaled = loss / accum
-                if live.scaler is not None:
-                    scaled = live.scaler.scale(scaled)
-                scaled.backward()
+            loss = forward_backward(live, self.precision, mb, accum, sync=m == accum - 1)
             partial["microsteps"].append(
                 MicrostepPartial(index=m, global_index=global_index, sample_ids=list(mb.sample_ids),
                                  loss=loss.item())
@@ -504,14 +371,14 @@ class Trainer:
                      reduced: Digests, cap: StepCapture | None) -> None:
         """Unscale, clip, step the optimizer and the scheduler, and trace the step."""
         t = self.spec.training
-        loss_scale, norm = self._unscale_and_clip(live, params)
+        loss_scale, norm = unscale_and_clip(live, params, t.grad_clip_norm)
         # What the optimizer takes: unscaled (fp16) and clipped.
         clipped = reduced if t.grad_clip_norm is None and live.scaler is None \
-            else _grad_digests(live.model)
+            else grad_digests(live.model)
         if cap is not None:
-            cap.stage("clipped_grads", _named_grads(live.model))
+            cap.stage("clipped_grads", named_grads(live.model))
         lrs = [float(g["lr"]) for g in live.workload.optimizer.param_groups]
-        self._step_optimizer(live, cap)
+        step_optimizer(live, cap)
         live.counters.step = step
         live.counters.microstep = 0
         self._trace_step(live, step, cap, loss_scale=loss_scale, norm=norm, reduced=reduced,
@@ -522,51 +389,13 @@ class Trainer:
             if compiled is not None:
                 self.trace.write(compiled)
 
-    def _unscale_and_clip(self, live: LiveState, params: list[nn.Parameter]
-                          ) -> tuple[LossScaleRecord | None, torch.Tensor]:
-        """Unscale the gradients (fp16) and clip them; the loss scale this step ran with and
-        the gradients' total norm before clipping."""
-        t = self.spec.training
-        # The scaler's state this step ran with (update() in _step_optimizer moves it on).
-        loss_scale = None
-        if live.scaler is not None:
-            scale, tracker = scaler_state(live.scaler)
-            loss_scale = LossScaleRecord(scale=scale, growth_tracker=tracker)
-            live.scaler.unscale_(live.workload.optimizer)
-        if t.grad_clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip_norm, foreach=False)
-        else:
-            grads = [p.grad for p in params if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads, foreach=False)
-        if isinstance(norm, DTensor):  # FSDP2: the norm over every rank's shards
-            norm = norm.full_tensor()
-        return loss_scale, norm
-
-    def _step_optimizer(self, live: LiveState, cap: StepCapture | None) -> None:
-        """Step the optimizer (through the scaler) and the scheduler, then zero the grads."""
-        w = live.workload
-        if live.scaler is not None:
-            # Skips the optimizer step when the unscaled gradients hold inf or NaN.
-            live.scaler.step(w.optimizer)
-            live.scaler.update()
-        else:
-            w.optimizer.step()
-        if w.scheduler is not None:
-            w.scheduler.step()
-        if cap is not None:
-            cap.stage("params", _named_state(live.model))
-            cap.stage("optimizer_state", named_optimizer_tensors(
-                w.optimizer, {id(p): n for n, p in _unwrapped(live.model).named_parameters()}
-            ).items())
-        w.optimizer.zero_grad(set_to_none=True)
-
     def _trace_step(self, live: LiveState, step: int, cap: StepCapture | None, *,
                     loss_scale: LossScaleRecord | None, norm: torch.Tensor, reduced: Digests,
                     clipped: Digests, lrs: list[float]) -> None:
         """Write the step's StepRecord: its microsteps, gradients, norm, rates and state."""
         w = live.workload
         # FSDP2 has no buckets: its reduce-scatter groups are fixed when the model is wrapped.
-        layout = self.recorder.layout() if isinstance(self.recorder, _GradRecorder) else None
+        layout = self.recorder.layout() if isinstance(self.recorder, GradRecorder) else None
         if cap is not None and layout is not None:
             cap.buckets = [b.model_dump() for b in layout]
         partial = live.trace_partial
@@ -575,8 +404,8 @@ class Trainer:
         if self.global_data is not None and self.spec.checkpoint.saves_after(
                 step, self.spec.training.steps):
             handoff = handoff_digest(live)
-        param_digests = _param_digests(live.model)
-        optim_digests = _optimizer_digests(live.model, w.optimizer)
+        params = param_digests(live.model)
+        optim = optimizer_state_digests(live.model, w.optimizer)
         self.trace.write(
             StepRecord(
                 rank=self.p.rank,
@@ -592,16 +421,16 @@ class Trainer:
                 grad_norm=float(norm.item()),
                 clipped_grads=clipped.whole,
                 lr=lrs,
-                params=param_digests.whole,
-                optimizer_state=optim_digests.whole,
+                params=params.whole,
+                optimizer_state=optim.whole,
                 started_at=partial["started_at"],
                 finished_at=time.time(),
                 world_size=self.p.world_size,
                 handoff=handoff,
                 tensors=TensorDigests(
-                    local_grads=_local_digests(live.model, self.recorder.local),
+                    local_grads=local_digests(live.model, self.recorder.local),
                     reduced_grads=reduced.tensors, clipped_grads=clipped.tensors,
-                    params=param_digests.tensors, optimizer_state=optim_digests.tensors),
+                    params=params.tensors, optimizer_state=optim.tensors),
             )
         )
 
@@ -642,8 +471,8 @@ class Trainer:
                               and hold_step is not None)
         if name is not None and c.microstep > 0:
             # No step record holds what this one saved: its window's forwards moved buffers.
-            params = _param_digests(live.model)
-            optim = _optimizer_digests(live.model, live.workload.optimizer)
+            params = param_digests(live.model)
+            optim = optimizer_state_digests(live.model, live.workload.optimizer)
             self.trace.write(SavedRecord(
                 rank=self.p.rank, attempt=self.p.attempt, checkpoint=name,
                 params=params.whole, optimizer_state=optim.whole,
@@ -655,19 +484,38 @@ class Trainer:
 
 
 @contextmanager
-def _no_sync(model: nn.Module) -> Iterator[None]:
-    if isinstance(model, DDP):
-        with model.no_sync():
-            yield
-    elif isinstance(model, FSDPModule):
-        # FSDP2 accumulates unsharded gradients and reduce-scatters only when this is True.
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-    else:
+def _failing_leg(files: LegFiles, rank: int) -> Iterator[None]:
+    """A TrainingError raised inside marks the leg failed for good, then goes on."""
+    try:
         yield
+    except TrainingError as e:
+        mark_failed(files, f"rank {rank}: {e}")
+        raise
+
+
+def _cut_point(spec: QualificationSpec, leg: str) -> CutPoint | None:
+    """Where this leg is cut: every leg but the control is (the main preempted leg,
+    scenarios, controls)."""
+    if leg == REFERENCE_LEG:
+        return None
+    pre = spec.preemption
+    return CutPoint(pre.step, pre.microstep, pre.rank, pre.at, spec.timeouts.arm_seconds)
+
+
+def _checkpoint_manager(spec: QualificationSpec, root: CheckpointRoot, p: Placement, *,
+                        resizable: bool) -> CheckpointManager:
+    """This rank's checkpoints of the leg under ``root``, as the spec's checkpoint section
+    says."""
+    return CheckpointManager(
+        root,
+        rank=p.rank,
+        world_size=p.world_size,
+        attempt=p.attempt,
+        keep_last=spec.checkpoint.keep_last,
+        async_save=spec.checkpoint.async_save,
+        resizable=resizable,
+        group_timeout=timedelta(seconds=spec.timeouts.process_group_seconds),
+    )
 
 
 def check_counters_agree(counters: Counters, device: torch.device) -> None:

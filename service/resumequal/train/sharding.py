@@ -21,7 +21,6 @@ the same collective FSDP2's default does (``reduce_scatter_single``, or in an ol
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from resumequal.errors import TrainingError
 from resumequal.trace.digest import tensor_digest
+from resumequal.train.recording import joined_digest
 
 
 def _reduce_scatter_base() -> type | None:
@@ -76,8 +76,7 @@ class ReduceScatterRecorder:
         self.local = {}
 
     def local_digest(self) -> str:
-        joined = "\n".join(f"{n}={d}" for n, d in sorted(self.local.items()))
-        return "sha256:" + hashlib.sha256(joined.encode()).hexdigest()
+        return joined_digest(self.local)
 
 
 def _recording_comm(recorder: ReduceScatterRecorder, group_name: str) -> Any:
@@ -119,11 +118,6 @@ def shard_model(model: nn.Module, device: torch.device, world_size: int,
         assert isinstance(unit, FSDPModule)
         unit.set_custom_reduce_scatter(_recording_comm(recorder, name))
     return model
-
-
-def parameter_names(model: nn.Module) -> dict[int, str]:
-    """``id(parameter) -> name``, taken before sharding replaces the parameters."""
-    return {id(p): n for n, p in model.named_parameters()}
 
 
 def rebind_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str],
