@@ -13,9 +13,11 @@ Its modules, in the order a zoom uses them:
 It owns the replays it starts and the comparison of their captures. It must not judge a
 run (the verdict is :mod:`resumequal.compare`'s; a zoom only explains a divergence) nor lay
 a zoom out for people (:mod:`resumequal.report.zoom` renders the ``Zoom`` model, as the
-report renders every other part of it). It sits over :mod:`resumequal.jobs`, whose run
-location opening and publishing its Job uses, and :mod:`resumequal.local`, whose process
-tree runs its replays; ``resumequal run`` is handed :func:`~resumequal.zoom.replays.zoomed`
-rather than importing it. This package imports nothing on its own: import the module you
-need.
+report renders every other part of it).
+
+It sits over :mod:`resumequal.jobs`, whose opening of and publishing into a run location
+its Job uses, and over :mod:`resumequal.local`, whose process tree runs its replays: the
+local runner is handed :func:`~resumequal.zoom.replays.zoomed` for ``spec.zoom: onFail``
+and never imports this package. It imports nothing on its own: import the module you need
+(:mod:`~resumequal.zoom.captures` loads torch).
 """
