@@ -312,6 +312,7 @@ def run(
     from resumequal.local.runner import RunOptions, default_run_dir, qualify_here
     from resumequal.report.terminal import print_summary
     from resumequal.train.probes import check_installed
+    from resumequal.zoom.replays import zoomed
 
     console = Console(stderr=False)
     try:
@@ -328,7 +329,7 @@ def run(
             pushgateway=pushgateway,
             store=store,
         )
-        outcome = qualify_here(spec, opts, console)
+        outcome = qualify_here(spec, opts, console, zoomed)
     except ResumequalError as e:
         _fail(e)
     except KeyboardInterrupt:
@@ -392,7 +393,7 @@ def zoom(uri: str, step: int | None, leg_name: str, no_write: bool, namespace: s
          as_json: bool) -> None:
     """Replay a divergent step of both legs in fresh processes, every module hooked, and say
     which module (or stage) the difference starts in. Needs the run's checkpoint key."""
-    from resumequal.jobs.zoom import zoom_location
+    from resumequal.zoom.job import zoom_location
 
     try:
         zoomed = zoom_location(uri, step=step, leg=leg_name, write=not no_write,

@@ -10,7 +10,7 @@ from typing import get_args
 
 import pytest
 
-from resumequal.compare import controls, tensors, walk, zoom
+from resumequal.compare import controls, tensors, walk
 from resumequal.spec import ComparisonSpec
 from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary, of_kind
 from resumequal.trace.capture import STAGES, STAGES_BEFORE
@@ -24,6 +24,7 @@ from resumequal.trace.records import (
     boundary_value,
 )
 from resumequal.verdict import ZoomStage
+from resumequal.zoom import captures
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 ALL = set(get_args(Boundary))
@@ -44,8 +45,8 @@ def test_every_derived_table_covers_every_boundary() -> None:
     assert set(TensorDigests.model_fields) == set(tensor)
     # A zoom replay captures every tensor boundary, and judges each stage but the first.
     assert {b.stage for b in TABLE if b.kind == "tensors"} <= set(STAGES)
-    assert [stage for stage, _ in zoom._RULES] == [s for s in STAGES if s not in STAGES_BEFORE]
-    assert all(rule is not None for _, rule in zoom._RULES[1:])
+    assert [stage for stage, _ in captures._RULES] == [s for s in STAGES if s not in STAGES_BEFORE]
+    assert all(rule is not None for _, rule in captures._RULES[1:])
 
 
 def test_each_boundary_is_read_from_a_field_a_step_record_has() -> None:
@@ -109,18 +110,19 @@ def test_a_zoom_names_where_a_stage_first_differs_after_an_equal_one(boundary: s
     info = BY_NAME[boundary]
     assert info.stage is not None
     later = STAGES[STAGES.index(info.stage):]
-    origin, stages = zoom._stage_origin(_stages(dict.fromkeys(later, 1)))
+    origin, stages = captures._stage_origin(_stages(dict.fromkeys(later, 1)))
     assert origin == info.zoom
     assert stages == [s for s in later if BY_NAME[s].zoom == info.zoom]
 
 
 def test_a_zoom_blames_the_state_a_step_began_from_before_any_stage() -> None:
-    assert zoom._stage_origin(_stages(dict.fromkeys(STAGES, 1))) == ("state", list(STAGES_BEFORE))
+    assert captures._stage_origin(_stages(dict.fromkeys(STAGES, 1))) == (
+        "state", list(STAGES_BEFORE))
     # A difference from the first stage on (no stage before it equal) names no stage.
-    assert zoom._stage_origin(_stages(dict.fromkeys(STAGES[2:], 1))) == ("none", [])
+    assert captures._stage_origin(_stages(dict.fromkeys(STAGES[2:], 1))) == ("none", [])
     # The reduction is named only where the local gradients were captured, and equal.
     no_local = [s for s in _stages({"reduced_grads": 1}) if s.name != "local_grads"]
-    assert zoom._stage_origin(no_local) == ("none", [])
+    assert captures._stage_origin(no_local) == ("none", [])
 
 
 def test_the_verdict_page_lists_every_boundary_in_execution_order() -> None:

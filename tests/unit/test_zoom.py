@@ -8,12 +8,12 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
-from resumequal.compare.zoom import compare_captures, summary, tensor_diff
 from resumequal.metrics import QualificationMetrics
 from resumequal.report.html import render_html
 from resumequal.report.zoom import zoom_lines
 from resumequal.trace.capture import CAPTURE_FORMAT, ROOT
 from resumequal.verdict import Result, ZoomReplay
+from resumequal.zoom.captures import compare_captures, summary, tensor_diff
 from tests.unit.report_samples import make_report, make_zoom, with_forensics
 
 T = torch.tensor

@@ -9,7 +9,7 @@ that wrote them.
 Modules: ``files`` (reading a run location), ``validity`` (did the experiment test what
 it claims), ``walk`` (boundaries in execution order, tolerance rules), ``drift`` (final
 checkpoints, streamed tensor by tensor), ``judge`` (``compare_run``), ``ledger`` and
-``resize`` (the verdict of a run whose world changes size).
+``resize`` (the verdict of a run whose world changes size), ``resizechecks`` (its validity).
 """
 
 from resumequal.compare.controls import compare_qualification, evaluate_control

@@ -12,7 +12,8 @@ from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.compare.drift import FinalCheckpointRefused, checkpoint_drift, is_exact
 from resumequal.compare.files import LegTrace, final_checkpoint
-from resumequal.compare.resize import judge_resize, resize_checks
+from resumequal.compare.resize import judge_resize
+from resumequal.compare.resizechecks import resize_checks
 from resumequal.compare.restore import restore_divergence, restore_words, saved_records
 from resumequal.compare.validity import (
     check_armed,

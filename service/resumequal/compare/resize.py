@@ -13,7 +13,8 @@
    microbatch, the gradient norm per step, and the final checkpoints' drift.
 
 A failed part 2, 3 or 4 is FAIL (in that order). Missing world sizes, global indices or
-handoff digests make the run INVALID: the traces do not show what the verdict claims.
+handoff digests make the run INVALID (:mod:`.resizechecks`): the traces do not show what
+the verdict claims.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from resumequal.compare.ledger import (
     loss_diff,
     within,
 )
-from resumequal.compare.walk import Rules, Walk, divergence, loss_deltas, walk
+from resumequal.compare.walk import Rules, Steps, Walk, divergence, loss_deltas, walk
 from resumequal.spec import QualificationSpec
 from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.trace.records import RestoreRecord, StepRecord
@@ -93,102 +94,11 @@ class Shape:
         return [self.full, self.small] + ([self.full] if self.grow_step is not None else [])
 
 
-def _ok(name: str, detail: str) -> ValidityCheck:
-    return ValidityCheck(name=name, ok=True, detail=detail)
+# --------------------------------------------------------------------------- handoffs
 
 
-def _failed(name: str, detail: str) -> ValidityCheck:
-    return ValidityCheck(name=name, ok=False, detail=detail)
-
-
-# --------------------------------------------------------------------------- validity
-
-
-def _step_problem(leg: str, s: StepRecords | None, step: int, world: int,
-                  global_microbatches: int | None) -> str | None:
-    if s is None:
-        return f"the {leg} leg has no record of step {step}"
-    ranks = sorted(s.records)
-    if ranks != list(range(world)):
-        return (f"the {leg} leg's step {step} (attempt {s.attempt}) has records of ranks "
-                f"{ranks}, expected one from each of {count(world, 'rank')}")
-    if any(r.world_size not in (None, world) for r in s.records.values()):
-        return (f"the {leg} leg's step {step} (attempt {s.attempt}) says it ran on "
-                f"{s.world_size or 'differing world sizes'}, expected {world}")
-    if any(m.global_index is None for _, m in s.microbatches()):
-        return (f"the {leg} leg's step {step} (attempt {s.attempt}) has microbatches without "
-                "a global index, so its data ledger cannot be read")
-    if global_microbatches is not None:
-        indices = sorted(m.global_index for _, m in s.microbatches() if m.global_index is not None)
-        if indices != list(range(global_microbatches)):
-            return (f"the {leg} leg's step {step} does not run global microbatches "
-                    f"0..{global_microbatches - 1} once each, so it is no reference")
-    return None
-
-
-def check_resize_steps(shape: Shape, control: dict[int, StepRecords],
-                       preempted: dict[int, StepRecords]) -> ValidityCheck:
-    """Every step of both legs has one authoritative record per rank of the world it must
-    have run on, each microbatch with its global index."""
-    for step in range(1, shape.steps + 1):
-        problem = (_step_problem("control", control.get(step), step, shape.full,
-                                 shape.global_microbatches)
-                   or _step_problem("preempted", preempted.get(step), step,
-                                    shape.world_at(step), None))
-        if problem is not None:
-            return _failed("steps", problem)
-    spans = _spans(shape)
-    return _ok("steps", f"steps 1..{shape.steps} recorded by every rank of the world each ran "
-                        f"on: the control at {shape.full} ranks, the preempted leg {spans}")
-
-
-def _spans(shape: Shape) -> str:
-    """E.g. "steps 1..4 at 2 ranks, 5..8 at 1, 9..12 at 2"."""
-    out: list[str] = []
-    start = 1
-    for step in range(1, shape.steps + 1):
-        if step == shape.steps or shape.world_at(step + 1) != shape.world_at(step):
-            out.append(f"{start}..{step} at {shape.world_at(step)}")
-            start = step + 1
-    return "steps " + ", ".join(out) + " ranks"
-
-
-def _restores(leg: LegTrace, attempt: int) -> dict[int, RestoreRecord]:
+def restores_of(leg: LegTrace, attempt: int) -> dict[int, RestoreRecord]:
     return {r.rank: r for r in leg.of(RestoreRecord) if r.attempt == attempt}
-
-
-def check_resize_restores(shape: Shape, preempted: LegTrace,
-                          records: dict[int, StepRecords]) -> ValidityCheck:
-    """The attempt that ran the step after the resize's checkpoint restored it on every
-    rank of the smaller world; after a grow, likewise at the full world."""
-    name = "restored_checkpoint"
-    resumes = [(shape.resize_step, shape.small, shape.full)]
-    if shape.grow_step is not None:
-        resumes.append((shape.grow_step, shape.full, shape.small))
-    done = []
-    for step, world, saved_by in resumes:
-        expected = Position(step).name
-        after = records.get(step + 1)
-        if after is None or after.attempt == 0:
-            return _failed(name, f"no resumed attempt ran step {step + 1}, so nothing resumed "
-                                 f"from {expected}")
-        attempt = after.attempt
-        restores = _restores(preempted, attempt)
-        if sorted(restores) != list(range(world)):
-            return _failed(name, f"attempt {attempt}, which ran step {step + 1}, restored on "
-                                 f"ranks {sorted(restores)}, expected every one of "
-                                 f"{count(world, 'rank')}")
-        for rank, r in restores.items():
-            if r.checkpoint != expected:
-                return _failed(name, f"attempt {attempt} restored {r.checkpoint} (rank {rank}), "
-                                     f"expected {expected}")
-            if r.world_size not in (None, world) or r.saved_world_size not in (None, saved_by):
-                return _failed(name, f"attempt {attempt} restored {expected} on rank {rank} in "
-                                     f"a world of {r.world_size} saved by {r.saved_world_size}, "
-                                     f"expected {world} saved by {saved_by}")
-        done.append(f"attempt {attempt} restored {expected} on {count(world, 'rank')} "
-                    f"(saved by {saved_by})")
-    return _ok(name, "; ".join(done))
 
 
 @dataclass(frozen=True)
@@ -217,7 +127,7 @@ def handoffs(control: LegTrace, preempted: LegTrace) -> Handoffs:
     disagreeing: dict[int, list[str]] = {}
     attempts = sorted({r.attempt for r in preempted.of(RestoreRecord) if r.attempt >= 1})
     for i, attempt in enumerate(attempts):
-        restores = _restores(preempted, attempt)
+        restores = restores_of(preempted, attempt)
         first = restores[min(restores)]
         lacking = sorted(rank for rank, r in restores.items() if r.handoff is None)
         if lacking:
@@ -247,25 +157,6 @@ def handoffs(control: LegTrace, preempted: LegTrace) -> Handoffs:
     return Handoffs(rows, None, disagreeing)
 
 
-def check_handoff_digests(control: LegTrace, preempted: LegTrace) -> ValidityCheck:
-    """Every restore, the step record that saved it, and the control carry a handoff."""
-    h = handoffs(control, preempted)
-    if h.missing is not None:
-        return _failed("handoff_digests", h.missing)
-    return _ok("handoff_digests", f"{count(len(h.rows), 'restore')} and the steps that saved "
-                                  "them carry handoff digests")
-
-
-def resize_checks(spec: QualificationSpec, control: LegTrace,
-                  preempted: LegTrace) -> list[ValidityCheck]:
-    """The validity checks a fixed world would make, for a leg whose world changes."""
-    shape = Shape.of(spec)
-    records = authoritative(preempted)
-    return [check_resize_restores(shape, preempted, records),
-            check_handoff_digests(control, preempted),
-            check_resize_steps(shape, authoritative(control), records)]
-
-
 # --------------------------------------------------------------------------- the parts
 
 
@@ -291,17 +182,6 @@ def _figures(shape: Shape, tolerances: dict[str, float], control: dict[int, Step
             grad_norm_abs_diff=norm.diff if norm else None, within_tolerance=ok),
             ledger, loss, norm))
     return out
-
-
-def _before_part(shape: Shape, early: Walk, precut_steps: list[int]) -> ResizePart:
-    if early.first is not None:
-        p = early.first
-        return ResizePart(name="before_resize", ok=False, detail=(
-            f"the legs differ at step {p.step} ({p.boundary}, rank {p.rank}) before the kill"))
-    span = f"1..{precut_steps[-1]}" if precut_steps else "none"
-    return ResizePart(name="before_resize", ok=True, detail=(
-        f"attempt 0's {count(len(precut_steps), 'step')} ({span}) on {shape.full} ranks equal "
-        "the control's on every compared boundary"))
 
 
 def _handoff_part(h: Handoffs) -> ResizePart:
@@ -471,6 +351,94 @@ def _resized_rows(figures: list[_StepFigures], tolerances: dict[str, float],
     return rows
 
 
+@dataclass(frozen=True)
+class _BeforeResize:
+    """Attempt 0 of the preempted leg, on the full world, walked against the control."""
+
+    walk: Walk
+    precut: Steps  # rank -> step -> attempt 0's record
+    steps: list[int]
+
+    @classmethod
+    def of(cls, spec: QualificationSpec, shape: Shape, ctrl_steps: Steps,
+           preempted: LegTrace) -> _BeforeResize:
+        """The walk of attempt 0's steps: the legs ran the same world, so it is bitwise,
+        whatever the tolerances."""
+        exact = Rules(spec.comparison.model_copy(update={"mode": "exact", "tolerances": {}}))
+        precut = preempted.attempt_steps(0)
+        steps = sorted({s for r in precut.values() for s in r})
+        return cls(walk(ctrl_steps, precut, steps, range(shape.full), exact, skip_missing=True),
+                   precut, steps)
+
+    def part(self, shape: Shape) -> ResizePart:
+        """Part 1: bitwise exact before the resize."""
+        if self.walk.first is not None:
+            p = self.walk.first
+            return ResizePart(name="before_resize", ok=False, detail=(
+                f"the legs differ at step {p.step} ({p.boundary}, rank {p.rank}) before the kill"))
+        span = f"1..{self.steps[-1]}" if self.steps else "none"
+        return ResizePart(name="before_resize", ok=True, detail=(
+            f"attempt 0's {count(len(self.steps), 'step')} ({span}) on {shape.full} ranks equal "
+            "the control's on every compared boundary"))
+
+    def nondeterministic(self, ctrl_steps: Steps) -> tuple[str, Divergence] | None:
+        """The reason and the divergence when the legs differ before the kill, else None."""
+        p = self.walk.first
+        if p is None:
+            return None
+        div = divergence(p, ctrl_steps, self.precut, before_cut=True)
+        words = div.tensor_words() or div.spread_words()
+        which = f"; {words}" if words else ""
+        return (f"not run-to-run deterministic: legs already differ at step {p.step} "
+                f"({p.boundary}, rank {p.rank}{which}) before the kill, at the full world"), div
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """Parts 2 to 4 (handoff, data ledger, drift) and the figures they were judged on."""
+
+    handoffs: Handoffs
+    figures: list[_StepFigures]
+    samples: Counter[int]  # sample id -> how often the run consumed it
+    handoff: ResizePart
+    ledger: ResizePart
+    drift: ResizePart
+    over: _StepFigures | None  # the first step after the resize over a tolerance
+    fault: DriftSummary | None  # else the final drift over its tolerance
+
+    @classmethod
+    def judge(cls, shape: Shape, tolerances: dict[str, float], rules: Rules,
+              traces: tuple[LegTrace, LegTrace], ctrl: dict[int, StepRecords],
+              pre: dict[int, StepRecords], drift: list[DriftSummary]) -> _Parts:
+        """Each part judged from the legs' ``traces`` and authoritative records."""
+        figures = _figures(shape, tolerances, ctrl, pre)
+        h = handoffs(*traces)
+        # Equal per step, so equal over the run: the run's total is what the control consumed.
+        samples = sum((consumed(s) for s in pre.values()), Counter[int]())
+        drifted, over, fault = _drift_part(shape, figures, drift, rules, tolerances)
+        return cls(h, figures, samples, _handoff_part(h), _ledger_part(shape, figures, samples),
+                   drifted, over, fault)
+
+    @property
+    def failed(self) -> list[ResizePart]:
+        return [part for part in (self.handoff, self.ledger, self.drift) if not part.ok]
+
+    def first_divergence(self, tolerances: dict[str, float], ctrl: dict[int, StepRecords],
+                         pre: dict[int, StepRecords], steps: int) -> Divergence:
+        """Where the first failed part shows: a restore, a step's samples, a step's drift or
+        the final checkpoints'."""
+        first = self.failed[0]
+        if first is self.handoff:
+            return _handoff_divergence(self.handoffs)
+        if first is self.ledger:
+            bad = next(f for f in self.figures if not f.ledger.ok)
+            return _ledger_divergence(bad.ledger, ctrl[bad.row.step], pre[bad.row.step])
+        if self.over is not None:
+            return _drift_divergence(self.over, tolerances)
+        assert self.fault is not None
+        return _final_divergence(self.fault, steps)
+
+
 def judge_resize(spec: QualificationSpec, control: LegTrace, preempted: LegTrace,
                  drift: list[DriftSummary], checks: list[ValidityCheck], cut: Cut) -> Verdict:
     """The verdict of a valid resize run (its checks passed, its final drift measured)."""
@@ -478,63 +446,34 @@ def judge_resize(spec: QualificationSpec, control: LegTrace, preempted: LegTrace
     tolerances: dict[str, float] = {str(k): v for k, v in spec.comparison.tolerances.items()}
     ctrl, pre = authoritative(control), authoritative(preempted)
     ctrl_steps = as_steps(ctrl)
-    # Before the resize the legs ran the same world: bitwise, whatever the tolerances.
-    exact = Rules(spec.comparison.model_copy(update={"mode": "exact", "tolerances": {}}))
-    precut = preempted.attempt_steps(0)
-    precut_steps = sorted({s for r in precut.values() for s in r})
-    early = walk(ctrl_steps, precut, precut_steps, range(shape.full), exact, skip_missing=True)
+    early = _BeforeResize.of(spec, shape, ctrl_steps, preempted)
     rules = Rules(spec.comparison, {d.group: d for d in drift})
-    figures = _figures(shape, tolerances, ctrl, pre)
-    h = handoffs(control, preempted)
-    before = _before_part(shape, early, precut_steps)
-    handoff = _handoff_part(h)
-    # Equal per step, so equal over the run: the run's total is what the control consumed.
-    samples = sum((consumed(s) for s in pre.values()), Counter[int]())
-    ledger = _ledger_part(shape, figures, samples)
-    drifted, over, fault = _drift_part(shape, figures, drift, rules, tolerances)
-    outcome = ResizeOutcome(
-        world_sizes=shape.worlds, resize_step=shape.resize_step, grow_step=shape.grow_step,
-        parts=[before, handoff, ledger, drifted], handoffs=h.rows,
-        steps=[f.row for f in figures])
-    exact_through = min(early.exact_through, shape.resize_step)
-    table = ([r for r in early.rows if r.step <= shape.resize_step]
-             + _resized_rows(figures, tolerances, rules, shape.resize_step + 1))
-    resumed = h.rows[0].checkpoint if h.rows else None
-
-    def verdict(result: Result, reason: str, first: Divergence | None) -> Verdict:
-        return Verdict(result=result, reason=reason, cut=cut, resumed_from=resumed,
-                       first_divergence=first, exact_through_step=exact_through,
-                       checks=checks, drift=drift,
-                       loss_deltas=loss_deltas(ctrl_steps, as_steps(pre),
-                                               range(1, shape.steps + 1)),
-                       boundary_table=table, steps_compared=shape.steps,
-                       ranks_compared=shape.full, resize=outcome)
-
-    worlds = "→".join(map(str, shape.worlds))
-    if early.first is not None:
-        p = early.first
-        div = divergence(p, ctrl_steps, precut, before_cut=True)
-        words = div.tensor_words() or div.spread_words()
-        which = f"; {words}" if words else ""
-        return verdict(Result.NONDETERMINISTIC, (
-            f"not run-to-run deterministic: legs already differ at step {p.step} "
-            f"({p.boundary}, rank {p.rank}{which}) before the kill, at the full world"), div)
-    failed = [part for part in (handoff, ledger, drifted) if not part.ok]
-    if failed:
-        first = failed[0]
-        if first is handoff:
-            div = _handoff_divergence(h)
-        elif first is ledger:
-            bad = next(f for f in figures if not f.ledger.ok)
-            div = _ledger_divergence(bad.ledger, ctrl[bad.row.step], pre[bad.row.step])
-        elif over is not None:
-            div = _drift_divergence(over, tolerances)
-        else:
-            assert fault is not None
-            div = _final_divergence(fault, shape.steps)
-        return verdict(Result.FAIL, _fail_reason(worlds, failed), div)
-    return verdict(Result.PASS, _pass_reason(shape, exact_through, h, figures, drift, samples),
-                   None)
+    parts = _Parts.judge(shape, tolerances, rules, (control, preempted), ctrl, pre, drift)
+    exact_through = min(early.walk.exact_through, shape.resize_step)
+    nondeterministic = early.nondeterministic(ctrl_steps)
+    first: Divergence | None = None
+    if nondeterministic is not None:
+        result, (reason, first) = Result.NONDETERMINISTIC, nondeterministic
+    elif parts.failed:
+        result = Result.FAIL
+        reason = _fail_reason("→".join(map(str, shape.worlds)), parts.failed)
+        first = parts.first_divergence(tolerances, ctrl, pre, shape.steps)
+    else:
+        result = Result.PASS
+        reason = _pass_reason(shape, exact_through, parts, drift)
+    h = parts.handoffs
+    return Verdict(
+        result=result, reason=reason, cut=cut, first_divergence=first,
+        resumed_from=h.rows[0].checkpoint if h.rows else None,
+        exact_through_step=exact_through, checks=checks, drift=drift,
+        loss_deltas=loss_deltas(ctrl_steps, as_steps(pre), range(1, shape.steps + 1)),
+        boundary_table=([r for r in early.walk.rows if r.step <= shape.resize_step]
+                        + _resized_rows(parts.figures, tolerances, rules, shape.resize_step + 1)),
+        steps_compared=shape.steps, ranks_compared=shape.full,
+        resize=ResizeOutcome(
+            world_sizes=shape.worlds, resize_step=shape.resize_step, grow_step=shape.grow_step,
+            parts=[early.part(shape), parts.handoff, parts.ledger, parts.drift],
+            handoffs=h.rows, steps=[f.row for f in parts.figures]))
 
 
 def _fail_reason(worlds: str, failed: list[ResizePart]) -> str:
@@ -546,15 +485,15 @@ def _fail_reason(worlds: str, failed: list[ResizePart]) -> str:
     return reason + f": {first.detail}{also}"
 
 
-def _pass_reason(shape: Shape, exact_through: int, h: Handoffs, figures: list[_StepFigures],
-                 drift: list[DriftSummary], samples: Counter[int]) -> str:
+def _pass_reason(shape: Shape, exact_through: int, parts: _Parts,
+                 drift: list[DriftSummary]) -> str:
     """E.g. "resize: 2→1→2 ranks; exact through step 4 before the resize; handoff exact
     (2 restores); ledger exact (12 steps, 576 samples each once); drift within ..."."""
-    after = [f for f in figures if f.row.step > shape.resize_step]
+    after = [f for f in parts.figures if f.row.step > shape.resize_step]
     params = next((d.max_abs_diff for d in drift if d.group == "model"), 0.0)
     return (f"resize: {'→'.join(map(str, shape.worlds))} ranks; exact through step "
             f"{exact_through} before the resize; handoff exact "
-            f"({count(len(h.rows), 'restore')}); ledger exact "
-            f"({count(shape.steps, 'step')}, {_samples(samples)}); drift within tolerance (loss ≤ "
-            f"{_largest([f.loss for f in after]):.3g}, grad norm ≤ "
+            f"({count(len(parts.handoffs.rows), 'restore')}); ledger exact "
+            f"({count(shape.steps, 'step')}, {_samples(parts.samples)}); drift within "
+            f"tolerance (loss ≤ {_largest([f.loss for f in after]):.3g}, grad norm ≤ "
             f"{_largest([f.grad_norm for f in after]):.3g}, params ≤ {params:.3g})")

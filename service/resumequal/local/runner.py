@@ -7,7 +7,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -15,7 +15,7 @@ from types import FrameType
 from rich.console import Console
 
 from resumequal.assembly import build_report
-from resumequal.errors import ResumequalError, TrainingError, UsageError
+from resumequal.errors import TrainingError, UsageError
 from resumequal.exitcodes import for_result
 from resumequal.local import runkey
 from resumequal.local.backend import LocalBackend
@@ -37,6 +37,10 @@ from resumequal.store import open_store, s3_config
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 log = logging.getLogger(__name__)
+
+# What replays a FAIL's first divergence into its report (spec.zoom: onFail):
+# resumequal.zoom.replays.zoomed, handed in because the zoom package sits over this one.
+Zoomer = Callable[[Report, RunLocation, QualificationSpec, Console], Report]
 
 
 @dataclass(frozen=True)
@@ -106,15 +110,17 @@ def check_runs_here(spec: QualificationSpec) -> None:
     trial_build(spec)
 
 
-def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Console) -> Report:
+def run_qualification(spec: QualificationSpec, opts: RunOptions, console: Console,
+                      zoom: Zoomer) -> Report:
     """Run every leg, deliver the kills, compare, and write reports and metrics."""
-    return qualify_here(spec, opts, console).report
+    return qualify_here(spec, opts, console, zoom).report
 
 
-def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) -> Outcome:
+def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console,
+                 zoom: Zoomer) -> Outcome:
     """:func:`run_qualification`, also saying where the result files were published.
 
-    With ``spec.zoom: onFail``, a FAIL's first divergence is replayed before the results
+    With ``spec.zoom: onFail``, a FAIL's report goes through ``zoom`` before the results
     are published, so report.json, report.html and the metrics carry the zoom."""
     check_runs_here(spec)
     if opts.store is not None:
@@ -143,27 +149,10 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console) ->
     report = build_report(spec, verdict, Timeline.of(status), run=opts.run_dir.name,
                           pin=opts.pin, location=patient, status=status, matrix=matrix)
     if spec.zoom == "onFail" and verdict.result is Result.FAIL:
-        report = _with_zoom(report, patient, spec, console)
+        report = zoom(report, patient, spec, console)
     published = publish(report, patient, opts.run_dir, namespace=opts.namespace,
                         metrics_file=opts.metrics_file, pushgateway=opts.pushgateway)
     return Outcome(report, location, published)
-
-
-def _with_zoom(report: Report, location: RunLocation, spec: QualificationSpec,
-               console: Console) -> Report:
-    """``report`` with a zoom into its first divergence (``spec.zoom: onFail``); a zoom that
-    cannot run is said, and the verdict stands without it."""
-    from resumequal.local.zoom import write_zoom, zoom_of
-
-    say(console, "zooming into the first divergence (spec.zoom: onFail)")
-    try:
-        zoom = zoom_of(location, spec, report.verdict)
-        write_zoom(location, zoom)
-    except ResumequalError as e:
-        log.warning("zoom failed: %s", e)
-        say(console, printable(f"zoom: error: {e}"))
-        return report
-    return report.model_copy(update={"zoom": zoom})
 
 
 def _run_plan(

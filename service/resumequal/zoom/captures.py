@@ -152,8 +152,94 @@ class CaptureComparison:
     buckets: dict[str, list[Bucket]] | None
 
 
+_Call = Mapping[str, Any]
+_Where = tuple[str, int, int]  # module, microstep, call
+
+
+@dataclass
+class _RankCalls:
+    """One rank's module calls compared in execution order, into ``modules``."""
+
+    rank: int
+    modules: dict[str, _Module]
+    own_params: dict[str, list[ZoomTensor]]  # module -> its state that differed
+    # A forward call -> whether its inputs and its outputs differed.
+    forward: dict[_Where, tuple[bool, bool]] = field(default_factory=dict)
+    # Modules that received something different in some call on this rank: their
+    # parameters' gradients, summed over every microstep, cannot be an origin.
+    tainted: set[str] = field(default_factory=set)
+    backward_at: dict[str, int] = field(default_factory=dict)  # module -> first backward
+
+    def compare(self, position: int, call: _Call, other: _Call | None) -> None:
+        """Note what differs in one call of the control replay, ``other`` its counterpart."""
+        path = call["module"]
+        mod = self.modules.setdefault(path, _Module(path, position))
+        if other is None:  # the preempted replay made no such call: it differs
+            mod.outputs = True
+            self.tainted.add(path)
+            mod.note(position, call["phase"], self.rank, [])
+            return
+        forward = call["phase"] == "forward"
+        ins = _list_diffs("input" if forward else "grad_output", self.rank,
+                          call["inputs"], other["inputs"])
+        outs = _list_diffs("output" if forward else "grad_input", self.rank,
+                           call["outputs"], other["outputs"])
+        params = bool(self.own_params.get(path))
+        mod.params |= params
+        where = (path, call["microstep"], call["call"])
+        if forward:
+            self._forward(mod, position, where, ins, outs, params)
+        else:
+            self._backward(mod, position, where, ins, outs, params)
+
+    def _forward(self, mod: _Module, position: int, where: _Where, ins: list[ZoomTensor],
+                 outs: list[ZoomTensor], params: bool) -> None:
+        self.forward[where] = (bool(ins), bool(outs))
+        mod.inputs |= bool(ins)
+        mod.outputs |= bool(outs)
+        if ins or params:
+            self.tainted.add(mod.path)
+        if outs:
+            mod.forward_origin |= not ins and not params
+            mod.note(position, "forward", self.rank, outs)
+
+    def _backward(self, mod: _Module, position: int, where: _Where, ins: list[ZoomTensor],
+                  outs: list[ZoomTensor], params: bool) -> None:
+        self.backward_at.setdefault(mod.path, position)
+        f_ins, f_outs = self.forward.get(where, (True, True))
+        mod.grads_in |= bool(ins)
+        received = bool(ins) or f_ins or f_outs or params
+        if received:
+            self.tainted.add(mod.path)
+        if outs:
+            mod.grads_out = True
+            mod.backward_origin |= not received
+            mod.note(position, "backward", self.rank, outs)
+
+    def param_grads(self, a: Capture, b: Capture) -> None:
+        """Note the modules whose own parameters' local gradients differ."""
+        for path, mod in self.modules.items():
+            # Accumulated over the step's microsteps: an origin only if nothing the module
+            # received in any of them differed.
+            grads = _param_grad_diffs(a, b, self.rank, a["module_params"].get(path, []))
+            if grads:
+                mod.grads_out = True
+                mod.backward_origin |= path not in self.tainted
+                mod.note(self.backward_at.get(path, mod.order), "backward", self.rank, grads)
+
+    def param_state(self, after: int) -> None:
+        """Note the modules whose own state differed when the step began; one that made no
+        call is ordered ``after`` every call."""
+        for path, diffs in self.own_params.items():
+            if diffs:
+                mod = self.modules.setdefault(path, _Module(path, after))
+                mod.params = True
+                mod.note(mod.order, "forward", self.rank, diffs)
+
+
 def _compare_modules(control: Mapping[int, Capture], preempted: Mapping[int, Capture],
-                     ) -> tuple[dict[str, _Module], int]:
+                     ) -> dict[str, _Module]:
+    """Every module that made a call or holds state, with what differed in it on any rank."""
     modules: dict[str, _Module] = {}
     for rank in sorted(control):
         a, b = control[rank], preempted[rank]
@@ -161,64 +247,13 @@ def _compare_modules(control: Mapping[int, Capture], preempted: Mapping[int, Cap
         # A replay that resumed inside the step (a graceful emergency checkpoint) runs only
         # its later microsteps: the ones both replays ran are compared.
         common = {c["microstep"] for c in a["calls"]} & {c["microstep"] for c in b["calls"]}
-        forward: dict[tuple[str, int, int], tuple[bool, bool]] = {}
-        own_params = _param_diffs(a, b, rank)
-        # Modules that received something different in some call on this rank: their
-        # parameters' gradients, summed over every microstep, cannot be an origin.
-        tainted: set[str] = set()
-        backward_at: dict[str, int] = {}
+        calls = _RankCalls(rank, modules, _param_diffs(a, b, rank))
         for position, call in enumerate(a["calls"]):
-            if call["microstep"] not in common:
-                continue
-            path = call["module"]
-            mod = modules.setdefault(path, _Module(path, position))
-            other = b_calls.get(_key(call))
-            if other is None:  # the preempted replay made no such call: it differs
-                mod.outputs = True
-                tainted.add(path)
-                mod.note(position, call["phase"], rank, [])
-                continue
-            ins = _list_diffs("input" if call["phase"] == "forward" else "grad_output", rank,
-                              call["inputs"], other["inputs"])
-            outs = _list_diffs("output" if call["phase"] == "forward" else "grad_input", rank,
-                               call["outputs"], other["outputs"])
-            params = bool(own_params.get(path))
-            mod.params |= params
-            where = (path, call["microstep"], call["call"])
-            if call["phase"] == "forward":
-                forward[where] = (bool(ins), bool(outs))
-                mod.inputs |= bool(ins)
-                mod.outputs |= bool(outs)
-                if ins or params:
-                    tainted.add(path)
-                if outs:
-                    mod.forward_origin |= not ins and not params
-                    mod.note(position, "forward", rank, outs)
-            else:
-                backward_at.setdefault(path, position)
-                f_ins, f_outs = forward.get(where, (True, True))
-                mod.grads_in |= bool(ins)
-                if ins or f_ins or f_outs or params:
-                    tainted.add(path)
-                if outs:
-                    mod.grads_out = True
-                    mod.backward_origin |= not (ins or f_ins or f_outs or params)
-                    mod.note(position, "backward", rank, outs)
-        for path, mod in modules.items():
-            # Accumulated over the step's microsteps: an origin only if nothing the module
-            # received in any of them differed.
-            grads = _param_grad_diffs(a, b, rank, a["module_params"].get(path, []))
-            if grads:
-                mod.grads_out = True
-                mod.backward_origin |= path not in tainted
-                mod.note(backward_at.get(path, mod.order), "backward", rank, grads)
-        for path, diffs in own_params.items():
-            if diffs:
-                mod = modules.setdefault(path, _Module(path, len(a["calls"])))
-                mod.params = True
-                mod.note(mod.order, "forward", rank, diffs)
-    total = len(modules)
-    return modules, total
+            if call["microstep"] in common:
+                calls.compare(position, call, b_calls.get(_key(call)))
+        calls.param_grads(a, b)
+        calls.param_state(len(a["calls"]))
+    return modules
 
 
 def _param_diffs(a: Capture, b: Capture, rank: int) -> dict[str, list[ZoomTensor]]:
@@ -331,7 +366,7 @@ def compare_captures(control: Mapping[int, Capture],
     if sorted(control) != sorted(preempted):
         raise ReportError(f"the replays captured different ranks: control {sorted(control)}, "
                           f"preempted {sorted(preempted)}")
-    raw, total = _compare_modules(control, preempted)
+    raw = _compare_modules(control, preempted)
     stages = _stages(control, preempted)
     differing = sorted((m for m in raw.values() if m.differs),
                        key=lambda m: (m.first_call if m.first_call is not None else m.order))
@@ -358,7 +393,7 @@ def compare_captures(control: Mapping[int, Capture],
         kind, origins = entry, ["loss_fn"]
     else:
         kind, origins = _stage_origin(stages)
-    return CaptureComparison(modules=modules, modules_total=total, stages=stages,
+    return CaptureComparison(modules=modules, modules_total=len(raw), stages=stages,
                              origin_kind=kind, origins=origins,
                              buckets=_buckets(control, preempted))
 

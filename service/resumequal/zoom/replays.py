@@ -1,4 +1,4 @@
-"""Zoom: replay a divergent step of both legs and say where it went different.
+"""The replays of a divergent step, one per leg, and what their comparison found.
 
 For each leg, the attempt whose run of the step is authoritative (its last record of it)
 is found in the leg's trace, with the checkpoint that attempt restored. Each leg is then
@@ -10,8 +10,9 @@ before the step: a difference that comes from a process's history (a DDP reducer
 module that counts its calls) is reproduced, not only one that comes from state.
 
 Each replay's digests of the step are checked against the leg's own, and the captures are
-compared (:mod:`resumequal.compare.zoom`). ``resumequal run`` zooms here (``spec.zoom:
-onFail``); ``resumequal zoom``, the cluster's zoom Job, is :mod:`resumequal.jobs.zoom`.
+compared (:mod:`resumequal.zoom.captures`). ``resumequal run`` zooms here (``spec.zoom:
+onFail``, :func:`zoomed`); ``resumequal zoom``, the cluster's zoom Job, is
+:mod:`resumequal.zoom.job`.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from resumequal.compare.files import LegTrace
-from resumequal.compare.zoom import Capture, compare_captures, load_capture, summary
-from resumequal.errors import ReportError, UsageError
+from resumequal.errors import ReportError, ResumequalError, UsageError
 from resumequal.local.processes import ProcessTree
+from resumequal.redact import printable
+from resumequal.report.terminal import say
 from resumequal.run.layout import ZOOM_JSON
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal, key_from_env
@@ -43,7 +47,8 @@ from resumequal.trace.records import (
     StepRecord,
     boundary_value,
 )
-from resumequal.verdict import Verdict, Zoom, ZoomReplay
+from resumequal.verdict import Report, Verdict, Zoom, ZoomReplay
+from resumequal.zoom.captures import Capture, compare_captures, load_capture, summary
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +230,18 @@ def zoom_of(location: RunLocation, spec: QualificationSpec, verdict: Verdict | N
 def write_zoom(location: RunLocation, zoom: Zoom) -> str:
     """Put ``zoom.json`` into the run location; its URI."""
     return location.put_result(ZOOM_JSON, zoom.model_dump_json(indent=1).encode())
+
+
+def zoomed(report: Report, location: RunLocation, spec: QualificationSpec,
+           console: Console) -> Report:
+    """``report`` with a zoom into its first divergence (``spec.zoom: onFail``); a zoom that
+    cannot run is said, and the verdict stands without it."""
+    say(console, "zooming into the first divergence (spec.zoom: onFail)")
+    try:
+        zoom = zoom_of(location, spec, report.verdict)
+        write_zoom(location, zoom)
+    except ResumequalError as e:
+        log.warning("zoom failed: %s", e)
+        say(console, printable(f"zoom: error: {e}"))
+        return report
+    return report.model_copy(update={"zoom": zoom})

@@ -1,7 +1,7 @@
 """``resumequal zoom``: replay a divergent step of a run location's legs; this is what the
 cluster's zoom Job runs.
 
-The replays and their comparison are :func:`resumequal.local.zoom.zoom_of`'s. ``zoom.json``
+The replays and their comparison are :func:`resumequal.zoom.replays.zoom_of`'s. ``zoom.json``
 is written into the run location and, when the run has a report, ``report.json`` and
 ``report.html`` gain a zoom section. Checkpoints are authenticated as the legs' are: the
 run's checkpoint key must be set.
@@ -16,12 +16,12 @@ from pydantic import ValidationError
 
 from resumequal.errors import ReportError
 from resumequal.jobs.location import open_run, publish_aside
-from resumequal.local.zoom import MAIN_LEG, write_zoom, zoom_of
 from resumequal.run.layout import REPORT_JSON, ZOOM_JSON
 from resumequal.run.location import RunLocation
 from resumequal.run.name import run_names
 from resumequal.store import StoreNotFound
 from resumequal.verdict import Report, Zoom
+from resumequal.zoom.replays import MAIN_LEG, write_zoom, zoom_of
 
 
 @dataclass(frozen=True)
