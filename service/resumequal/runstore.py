@@ -69,15 +69,14 @@ from resumequal.store import (
     StoreIntegrityError,
     StoreNotFound,
     StoreObjectTooLarge,
+    StoreSettings,
     open_store,
-    s3_config,
 )
 from resumequal.store.log import (
     SegmentSink,
     parse_segment,
     segment_bytes,
 )
-from resumequal.store.s3settings import S3Spec
 from resumequal.trace.records import StepRecord, TraceRecord, records_in
 from resumequal.words import clip
 
@@ -125,7 +124,6 @@ __all__ = [
     "RunLocation",
     "SegmentSink",
     "parse_segment",
-    "s3_config",
     "segment_bytes",
 ]
 
@@ -572,7 +570,7 @@ class RunLocation:
 
     uri: str
     store: Store
-    s3: S3Spec | None = None
+    settings: StoreSettings | None = None
     _trace_cache: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     _record_cache: dict[str, list[TraceRecord]] = field(default_factory=dict, repr=False)
     # Completion markers read and found authentic (they are never rewritten).
@@ -582,27 +580,30 @@ class RunLocation:
     seal: RunSeal | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, uri: str, s3: S3Spec | None = None,
+    def open(cls, uri: str, settings: StoreSettings | None = None,
              seal: RunSeal | None = None, retry_seconds: float = 0.0) -> RunLocation:
-        """A path, ``file:///abs/path`` or ``s3://bucket/prefix/...``; nothing is created.
+        """A path, ``file:///abs/path`` or an object store's URI (``s3://bucket/prefix/...``);
+        nothing is created.
 
-        ``s3`` says how to reach an S3 endpoint; without it the standard AWS environment
-        applies (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION``, keys).
-        ``seal`` binds what is written and read to the run (see :mod:`resumequal.signing`).
-        ``retry_seconds``: how long a request to an endpoint that cannot serve it is made
-        again (a worker's ``timeouts.backendErrorSeconds``; ``S3Config.retry_seconds``).
+        ``settings`` say how to reach the store (the spec's ``checkpoint`` settings; those
+        of another scheme are ignored); without them the store's own environment applies
+        (:meth:`resumequal.store.StoreSettings.environment`). ``seal`` binds what is
+        written and read to the run (see :mod:`resumequal.signing`). ``retry_seconds``: how
+        long a request to an endpoint that cannot serve it is made again (a worker's
+        ``timeouts.backendErrorSeconds``).
         """
         parsed = urlparse(uri)
         if parsed.netloc and not parsed.path.strip("/"):
             raise StoreError(f"run location {uri!r}: name a prefix under the bucket "
                              "(s3://bucket/prefix/<namespace>/<run>/<uid>)")
-        store = open_store(uri, s3_config(s3, retry_seconds))
-        return cls(store.uri(), store, s3, seal=seal)
+        store = open_store(uri, settings, retry_seconds)
+        return cls(store.uri(), store, settings, seal=seal)
 
     def patient(self, retry_seconds: float) -> RunLocation:
         """This location, its requests made again for ``retry_seconds`` while the endpoint
         cannot serve them (see :meth:`open`)."""
-        return RunLocation.open(self.uri, self.s3, seal=self.seal, retry_seconds=retry_seconds)
+        return RunLocation.open(self.uri, self.settings, seal=self.seal,
+                                retry_seconds=retry_seconds)
 
     def scratch(self) -> Path:
         """A local folder for what is not kept (checkpoint staging, downloaded copies of an
@@ -627,8 +628,10 @@ class RunLocation:
         anywhere reach them; a folder keeps the spec's own (by default the folder)."""
         if not self.store.shared():
             return spec
-        ckpt = spec.checkpoint.model_copy(update={"store": self.uri,
-                                                  "s3": spec.checkpoint.s3 or self.s3})
+        # The spec's settings if they are this store's, else the ones it was opened with.
+        fits = [s for s in (spec.checkpoint.store_settings, self.settings)
+                if s is not None and self.uri.startswith(f"{s.scheme}://")]
+        ckpt = spec.checkpoint.with_store(self.uri, fits[0] if fits else None)
         return spec.model_copy(update={"checkpoint": ckpt})
 
     def write_spec(self, spec: QualificationSpec) -> None:
@@ -788,7 +791,7 @@ class RunLocation:
 
     def child(self, name: str) -> RunLocation:
         """A sub-run under this location (e.g. ``seed-11`` of a seed matrix)."""
-        return RunLocation(self.store.uri(name), self.store.child(name), self.s3,
+        return RunLocation(self.store.uri(name), self.store.child(name), self.settings,
                            seal=None if self.seal is None else self.seal.child(name))
 
     def trace_sink(self, leg: str, rank: int, attempt: int, every: int = 1) -> SegmentSink:
