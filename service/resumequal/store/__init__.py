@@ -78,7 +78,7 @@ def open_store(uri: str, settings: StoreSettings | None = None,
     if found is None:
         raise StoreError(
             f"store {uri!r}: scheme {scheme!r} is not supported; use a path or "
-            f"{supported()} (MinIO and Ceph RGW through S3Config.endpoint_url)"
+            f"{supported()} (MinIO and Ceph RGW through S3Settings.endpoint_url)"
         )
     own = settings if found.settings is not None and isinstance(settings, found.settings) \
         else None

@@ -14,7 +14,9 @@ again here. Every wait is logged, naming the object and the reason, never a body
 Such a client makes every attempt itself: botocore's own retries are off for it. They draw
 their jitter from Python's global random generator, which a worker's training state holds
 (a checkpoint saves it, the trace compares it): one retry of theirs would make two legs
-differ where the stack did not. The jitter here comes from a generator of its own.
+differ where the stack did not. The jitter here comes from a generator of its own. The
+Cloud Storage store makes every request through :func:`keep_trying` for the same reason,
+its client's retries off.
 """
 
 from __future__ import annotations
