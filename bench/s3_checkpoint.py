@@ -61,7 +61,7 @@ from pydantic import BaseModel, ConfigDict
 from resumequal.checkpoint import CheckpointManager, Position, RemoteRoot, checkpoint_location
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.store import S3Config
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from s3_upload import moto_server  # the same loopback moto launcher
 from seaweedfs import SERVERS, seaweedfs_server
 
@@ -129,7 +129,7 @@ def zeros_like_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def s3_root(endpoint: str, run_dir: Path, leg: str = "control") -> RemoteRoot:
     """The checkpoint root a worker builds for ``checkpoint.store=s3://…`` (worker.py)."""
-    spec = S3Spec(endpoint_url=endpoint, addressing_style="path")
+    spec = S3Settings(endpoint_url=endpoint, addressing_style="path")
     root = checkpoint_location(f"s3://{BUCKET}/runs", spec, run_dir, leg)
     assert isinstance(root, RemoteRoot)
     return root

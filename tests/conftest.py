@@ -1,5 +1,6 @@
 """Fixture plugins shared across test folders: the S3 servers (SeaweedFS, and moto for
-the tests that kill theirs) and the local cluster (with the tests' API server and pod
+the tests that kill theirs), the Cloud Storage emulator (fake-gcs-server) and the local
+cluster (with the tests' API server and pod
 cluster); and the checkpoint key every test runs with.
 
 pytest accepts ``pytest_plugins`` only in the top-level conftest, so folders that need
@@ -13,7 +14,7 @@ import pytest
 
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV
 
-pytest_plugins = ("tests.s3server", "testing.cluster.fixtures")
+pytest_plugins = ("tests.s3server", "tests.gcsserver", "testing.cluster.fixtures")
 
 # The checkpoint key and run id every test's legs are started with (workers started by a
 # test inherit them; `resumequal run` makes a run id of its own); tests of a missing or

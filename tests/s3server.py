@@ -144,23 +144,20 @@ class MotoServer(S3Endpoint):
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     """SeaweedFS for the session: tests isolate themselves with a bucket each."""
-    from resumequal.local.processes import tagged
     from testing.cluster import build, daemons, seaweed
 
     # Built once per pin and cached in build/cluster/bin (CI builds it before the tests).
     weed = build.build(build.SEAWEEDFS) / "weed"
     root = tmp_path_factory.mktemp("seaweedfs")
-    tag = f"tests-{uuid.uuid4().hex[:10]}"
+    # Its objects are thrown away: a second for a clean exit, not the ten weed mini can
+    # take to close a few hundred volumes, then SIGKILL.
     try:
-        server = seaweed.start(weed, root, cluster=tag, credentials=(ACCESS_KEY, SECRET_KEY),
-                               iam_writes=True, max_volumes=SEAWEEDFS_VOLUMES)
-        yield SeaweedFS(server.endpoint)
+        with daemons.stopped_after("SeaweedFS", grace=1.0) as tag:
+            server = seaweed.start(weed, root, cluster=tag,
+                                   credentials=(ACCESS_KEY, SECRET_KEY), iam_writes=True,
+                                   max_volumes=SEAWEEDFS_VOLUMES)
+            yield SeaweedFS(server.endpoint)
     finally:
-        # Its objects are thrown away: a second for a clean exit, not the ten weed mini
-        # can take to close a few hundred volumes, then SIGKILL.
-        daemons.stop_all(tag, grace=1.0)
-        left = sorted(set(tagged(tag, daemons.TAG)) - {os.getpid()})
-        assert not left, f"SeaweedFS processes outlive the session: {left}"
         # The objects go; the log stays with the session's other temporary files.
         shutil.rmtree(root / "data", ignore_errors=True)
 

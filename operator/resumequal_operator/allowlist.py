@@ -11,14 +11,16 @@ run's store with *its own* credentials. The allowlists, set by whoever installs 
   ``ghcr.io/acme/*``. Empty: any image.
 - ``service_accounts``: globs over the pods' ServiceAccount; a run that names none runs
   as its namespace's ``default``, and is judged as ``default``. Empty: any.
-- ``buckets``: globs over the bucket of ``store.uri``; when set, only ``s3://`` stores.
-  Empty: any bucket (the operator's IAM policy is then the only bound).
-- ``endpoints``: exact ``http(s)://host[:port]`` URLs a run may name in
-  ``store.endpointUrl``. Empty: none — a run then uses the operator's own endpoint (AWS S3,
-  or its ``AWS_ENDPOINT_URL_S3``). This one is closed by default because the operator signs
-  its store requests with its own credentials: a run naming any URL would have it send
-  signed requests (with its session token) wherever the run creator likes, a server-side
-  request forgery that hands out what the run creator could not otherwise reach.
+- ``buckets``: globs over the bucket of ``store.uri``; when set, only object stores
+  (``s3://``, ``gs://``). Empty: any bucket (the operator's IAM policy is then the only bound).
+- ``endpoints``: exact ``http(s)://host[:port]`` URLs a run may name as its store's
+  endpoint (``store.s3.endpointUrl``, ``store.gcs.endpointUrl``, ``store.endpointUrl``).
+  Empty: none — a run then uses the operator's own endpoint (AWS S3 or its
+  ``AWS_ENDPOINT_URL_S3``, Cloud Storage or its ``STORAGE_EMULATOR_HOST``). This one is
+  closed by default because the operator signs its store requests with its own
+  credentials: a run naming any URL would have it send signed requests (with its session
+  token) wherever the run creator likes, a server-side request forgery that hands out what
+  the run creator could not otherwise reach.
 - ``security``: what of the Pod Security "restricted" profile a run's ``spec.security``
   may leave (:mod:`.podsecurity`): ``privileged``, ``runAsRoot``,
   ``allowPrivilegeEscalation``, ``unconfined`` (seccomp or AppArmor) each a yes or no;
@@ -173,24 +175,26 @@ class Allowlist(BaseModel):
     def _store_refusals(self, spec: QualificationRunSpec) -> list[Problem]:
         out: list[Problem] = []
         store = spec.store
+        settings = store.settings()
         if self.buckets:
-            if not store.is_s3:
+            if settings is None:
                 out.append(Problem(path="spec.store.uri", message=(
-                    f"allowlist.buckets {_shown(self.buckets)} is set: only s3:// stores "
-                    "in those buckets are allowed")))
+                    f"allowlist.buckets {_shown(self.buckets)} is set: only object stores "
+                    "(s3://, gs://) in those buckets are allowed")))
             else:
-                bucket = store.uri.removeprefix("s3://").split("/", 1)[0]
+                bucket = store.uri.partition("://")[2].split("/", 1)[0]
                 if not _matches(self.buckets, bucket):
                     out.append(Problem(path="spec.store.uri", message=(
                         f"bucket {bucket} is not allowed by allowlist.buckets "
                         f"{_shown(self.buckets)}")))
-        if store.endpoint_url is not None:
-            key = endpoint_key(store.endpoint_url)
+        endpoint = None if settings is None else settings.endpoint()
+        if endpoint is not None:
+            key = endpoint_key(endpoint)
             if key is None or key not in self.endpoints:
                 shown = key or "this endpoint (not a plain http(s)://host[:port] URL)"
                 listed = (_shown(self.endpoints) if self.endpoints else
                           "[] (empty: runs use the operator's own endpoint; name none)")
-                out.append(Problem(path="spec.store.endpointUrl", message=(
+                out.append(Problem(path=f"{store.settings_path()}.endpointUrl", message=(
                     f"endpoint {shown} is not allowed by allowlist.endpoints {listed}; the "
                     "operator signs store requests with its own credentials and sends "
                     "them only to listed endpoints")))

@@ -270,12 +270,12 @@ class Reconciler:
         return _Run(obj, ref, spec, qualification_spec(spec, uri), uri, pinned, body)
 
     def _location(self, run: _Run) -> RunLocation:
-        """The run's location, opened once per run while it is running (an S3 client, and
+        """The run's location, opened once per run while it is running (a store client, and
         the trace segments already read)."""
         with self._lock:
             location = self._locations.get(run.ref.uid)
             if location is None:
-                location = RunLocation.open(run.uri, run.spec.store.s3_spec(),
+                location = RunLocation.open(run.uri, run.spec.store.settings(),
                                             seal=self.master_key.seal(run.ref.uid))
                 self._locations[run.ref.uid] = location
             return location

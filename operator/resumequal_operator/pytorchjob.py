@@ -60,7 +60,6 @@ from resumequal.plan import (
     rdzv_conf,
 )
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV
-from resumequal.store import ADDRESSING_STYLE_ENV, SIGN_PAYLOADS_ENV
 from resumequal_operator.resource import (
     API_VERSION,
     KIND,
@@ -228,17 +227,10 @@ def _env(spec: QualificationRunSpec, run_name: str, uid: str,
             if key in OPTIONAL_SECRET_KEYS:
                 ref["optional"] = True
             env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
-    if store.endpoint_url:
-        # S3 only: AWS_ENDPOINT_URL would also send STS (web identity) to the object store.
-        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": store.endpoint_url})
-    if store.region:
-        env += [{"name": "AWS_REGION", "value": store.region},
-                {"name": "AWS_DEFAULT_REGION", "value": store.region}]
-    if store.addressing_style != "auto":
-        # botocore has no variable of its own for it; a worker reads this before it has a spec.
-        env.append({"name": ADDRESSING_STYLE_ENV, "value": store.addressing_style})
-    if store.sign_payloads:
-        env.append({"name": SIGN_PAYLOADS_ENV, "value": "1"})  # the same: no spec yet
+    settings = store.settings()
+    if settings is not None:
+        # A worker reads its leg's spec from the store before it has the spec's settings.
+        env += [{"name": k, "value": v} for k, v in settings.environment().items()]
     return env
 
 

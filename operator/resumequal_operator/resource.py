@@ -31,6 +31,7 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -48,7 +49,8 @@ from resumequal.spec import (
     error_lines,
     store_uri,
 )
-from resumequal.store.s3settings import S3Spec
+from resumequal.store import GCSSettings, S3Settings, StoreSettings
+from resumequal.store.settings import settings_problem
 from resumequal.verdict import Result
 
 log = logging.getLogger(__name__)
@@ -152,34 +154,46 @@ def pin_of(image: str) -> str:
     return last
 
 
+# v1alpha1's first spelling of store.s3: its fields flat in store (still accepted).
+_FLAT_S3 = ("endpoint_url", "region", "addressing_style", "sign_payloads")
+
+
+def _older(name: str) -> str:
+    """The description of a flat field of the first spelling: the S3 settings' own."""
+    return (f"Older spelling of s3.{to_camel(name)} (still accepted; not beside s3): "
+            f"{S3Settings.model_fields[name].description}")
+
+
 class StoreSpec(_Section):
     """Where the run's traces, beacons, checkpoints and reports live, and how to reach it."""
 
     uri: str = Field(
         max_length=MAX_URI,
-        description="s3://bucket/prefix; each run lives under <uri>/<namespace>/<name>/<uid>. "
-        "file:///abs/path only where the operator and every pod see one filesystem "
-        "(tests, development).",
+        description="s3://bucket/prefix or gs://bucket/prefix; each run lives under "
+        "<uri>/<namespace>/<name>/<uid>. file:///abs/path only where the operator and every "
+        "pod see one filesystem (tests, development).",
     )
     credentials_secret: str | None = Field(
         default=None,
         pattern=_DNS_SUBDOMAIN,
         max_length=_NAME,
-        description="Secret in the run's namespace with AWS_ACCESS_KEY_ID and "
+        description="s3:// only: Secret in the run's namespace with AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY (optionally AWS_SESSION_TOKEN); unset: the pods' own AWS "
-        "chain (IRSA, instance role).",
+        "chain (IRSA, instance role). A gs:// store takes the pods' Application Default "
+        "Credentials (workload identity).",
     )
-    endpoint_url: str | None = Field(
-        default=None, max_length=MAX_URI,
-        description="http(s)://host:port of MinIO / Ceph RGW; unset for AWS S3.",
-    )
-    region: str | None = Field(default=None, max_length=64,
-                               description="Signing region (AWS_REGION).")
+    # One section per store with settings, the store's own model, as in checkpoint: at most
+    # the one of uri's scheme is set (settings()).
+    s3: S3Settings | None = Field(default=None, exclude_if=lambda v: v is None,
+                                  description="How to reach an s3:// store.")
+    gcs: GCSSettings | None = Field(default=None, exclude_if=lambda v: v is None,
+                                    description="How to reach a gs:// store.")
+    endpoint_url: str | None = Field(default=None, max_length=MAX_URI,
+                                     description=_older("endpoint_url"))
+    region: str | None = Field(default=None, max_length=64, description=_older("region"))
     addressing_style: Literal["path", "virtual", "auto"] = Field(
-        default="auto", description="'path' for MinIO and RGW without wildcard DNS."
-    )
-    sign_payloads: bool = Field(
-        default=False, description=S3Spec.model_fields["sign_payloads"].description)
+        default="auto", description=_older("addressing_style"))
+    sign_payloads: bool = Field(default=False, description=_older("sign_payloads"))
 
     @field_validator("uri")
     @classmethod
@@ -196,22 +210,37 @@ class StoreSpec(_Section):
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
-        # The spec's own check, which never echoes a URL that may hold user:password.
+        # The settings' own check, which never echoes a URL that may hold user:password.
         try:
-            return S3Spec(endpoint_url=value).endpoint_url
+            return S3Settings(endpoint_url=value).endpoint_url
         except ValidationError as e:
             raise ValueError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
-    @property
-    def is_s3(self) -> bool:
-        return self.uri.startswith("s3://")
+    @model_validator(mode="after")
+    def _settings_of_the_store(self) -> StoreSpec:
+        # Against the defaults, which the API server writes into every stored object.
+        flat = [k for k in _FLAT_S3 if getattr(self, k) != type(self).model_fields[k].default]
+        if flat and self.s3 is not None:
+            raise ValueError("store.s3 and its older flat spelling (store.endpointUrl, ...) "
+                             "are both set; keep store.s3")
+        for name, value in self:
+            problem = settings_problem(f"store.{name}", value, self.uri)
+            if problem is not None:
+                raise ValueError(problem)
+        return self
 
-    def s3_spec(self) -> S3Spec | None:
-        """How workers reach the store (no credentials: those come from the AWS chain)."""
-        if not self.is_s3:
-            return None
-        return S3Spec(endpoint_url=self.endpoint_url, region=self.region,
-                      addressing_style=self.addressing_style, sign_payloads=self.sign_payloads)
+    def settings(self) -> StoreSettings | None:
+        """How workers reach the store (no credentials: those come from the store's own
+        chain): its scheme's section, or the flat fields of an s3:// store."""
+        own = next((v for _, v in self if isinstance(v, StoreSettings)), None)
+        if own is not None or not self.uri.startswith(f"{S3Settings.scheme}://"):
+            return own
+        return S3Settings.model_validate({k: getattr(self, k) for k in _FLAT_S3})
+
+    def settings_path(self) -> str:
+        """Where in a QualificationRun the store's settings are written."""
+        own = next((n for n, v in self if isinstance(v, StoreSettings)), None)
+        return f"spec.store.{own}" if own is not None else "spec.store"
 
 
 class ResourceRequirements(_Section):
@@ -452,10 +481,10 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
         out.append(Problem(path="spec.checkpoint.store", message=(
             "set by the operator (checkpoints live in the run location under store.uri); "
             "leave it unset")))
-    if ck.s3 is not None:
-        out.append(Problem(path="spec.checkpoint.s3", message=(
-            "set by the operator from store.endpointUrl, store.region and "
-            "store.addressingStyle; leave it unset")))
+    for name, value in ck:
+        if isinstance(value, StoreSettings):
+            out.append(Problem(path=f"spec.checkpoint.{name}", message=(
+                f"set by the operator from store.{name}; leave it unset")))
     out += _cut_problems(spec)
     gpus = _gpu_limit(spec.resources)
     if w.backend == "nccl" and gpus is None:
@@ -478,7 +507,7 @@ def _cluster_problems(spec: QualificationRunSpec) -> list[Problem]:
         out.append(Problem(path="spec.stack.pin", message=(
             "unset, and the image's last path segment is no pin (letters, digits and "
             ". _ + : @ = - only, at most 128): set stack.pin")))
-    if spec.store.credentials_secret and not spec.store.is_s3:
+    if spec.store.credentials_secret and not spec.store.uri.startswith("s3://"):
         out.append(Problem(path="spec.store.credentialsSecret",
                            message="only used with an s3:// store.uri"))
     return out
@@ -569,8 +598,7 @@ def parse_run_spec(data: Any) -> QualificationRunSpec:
 def _as_qualification_spec(spec: QualificationRunSpec, location: str | None) -> QualificationSpec:
     data = {name: getattr(spec, name) for name in SPEC_SECTIONS}
     if location is not None:
-        data["checkpoint"] = spec.checkpoint.model_copy(
-            update={"store": location, "s3": spec.store.s3_spec()})
+        data["checkpoint"] = spec.checkpoint.with_store(location, spec.store.settings())
     # Revalidated from plain data: the spec's checks across sections must run again.
     return QualificationSpec.model_validate(
         {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
@@ -581,7 +609,7 @@ def qualification_spec(
     spec: QualificationRunSpec, location: str | None = None
 ) -> QualificationSpec:
     """The spec every leg runs: the CR's sections, checkpoints stored in the run location
-    (``location``, default: ``store.uri``) with the store's S3 settings."""
+    (``location``, default: ``store.uri``) with the store's settings."""
     try:
         return _as_qualification_spec(spec, location or spec.store.uri)
     except ValidationError as e:

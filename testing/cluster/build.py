@@ -73,7 +73,8 @@ TRAINING_OPERATOR = GoModule("training-operator", (
     ("training-operator", "github.com/kubeflow/training-operator/cmd/training-operator.v1"),
 ))
 SEAWEEDFS = GoModule("seaweedfs", (("weed", "github.com/seaweedfs/seaweedfs/weed"),))
-MODULES = (ETCD, KUBERNETES, TRAINING_OPERATOR, SEAWEEDFS)
+FAKE_GCS = GoModule("fake-gcs-server", (("fake-gcs-server", "github.com/fsouza/fake-gcs-server"),))
+MODULES = (ETCD, KUBERNETES, TRAINING_OPERATOR, SEAWEEDFS, FAKE_GCS)
 
 
 def go() -> str:

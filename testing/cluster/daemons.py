@@ -18,7 +18,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from resumequal.local.processes import alive, tagged
@@ -28,7 +29,16 @@ from .errors import ClusterError
 log = logging.getLogger(__name__)
 
 TAG = "RESUMEQUAL_CLUSTER"
-__all__ = ["TAG", "ClusterError", "http_ok", "log_tail", "start", "stop_all", "wait_until"]
+__all__ = [
+    "TAG",
+    "ClusterError",
+    "http_ok",
+    "log_tail",
+    "start",
+    "stop_all",
+    "stopped_after",
+    "wait_until",
+]
 
 
 def start(name: str, argv: Sequence[str], *, cluster: str, logs: Path,
@@ -101,3 +111,17 @@ def stop_all(cluster: str, *, grace: float = 10.0) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
     raise ClusterError(f"processes of cluster {cluster} survive SIGKILL: {left}")
+
+
+@contextlib.contextmanager
+def stopped_after(what: str, *, grace: float = 1.0) -> Iterator[str]:
+    """A fresh tag for the processes started inside (a test session's server); at the end
+    every one of them is stopped (SIGKILL after ``grace``) and none may be left."""
+    tag = f"tests-{uuid.uuid4().hex[:10]}"
+    try:
+        yield tag
+    finally:
+        stop_all(tag, grace=grace)
+        left = sorted(set(tagged(tag, TAG)) - {os.getpid()})
+        if left:
+            raise ClusterError(f"{what} processes outlive the session: {left}")

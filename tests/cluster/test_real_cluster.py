@@ -188,13 +188,13 @@ def _operator_requests(target: Target) -> list[Request]:
 def _location(target: Target, run_uri: str, monkeypatch: pytest.MonkeyPatch) -> RunLocation:
     """The run's files, read from the local cluster's S3 server."""
     from resumequal.run.location import RunLocation
-    from resumequal.store.s3settings import S3Spec
+    from resumequal.store.s3settings import S3Settings
 
     assert target.local is not None
     s3 = target.local.s3
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
-    return RunLocation.open(run_uri, S3Spec(endpoint_url=s3.endpoint, region=s3.region,
+    return RunLocation.open(run_uri, S3Settings(endpoint_url=s3.endpoint, region=s3.region,
                                             addressing_style="path"))
 
 

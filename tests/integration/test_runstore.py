@@ -17,15 +17,17 @@ from resumequal.run.location import RunLocation
 from resumequal.run.progress import LegProgress
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.store import StoreAccessDenied, StoreObjectTooLarge, StoreUnavailable
+from resumequal.store.gcssettings import GCSSettings
 from resumequal.store.log import parse_segment, segment_bytes
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from resumequal.verdict import Cut, Result, Verdict
 from tests.trace_records import startup_record, step_record, trace_line
 
 if TYPE_CHECKING:
+    from tests.gcsserver import FakeGCS
     from tests.s3server import SeaweedFS
 
-pytest_plugins = ("tests.s3server",)
+pytest_plugins = ("tests.s3server", "tests.gcsserver")
 
 Opener = Callable[[], RunLocation]
 
@@ -44,15 +46,19 @@ def _verdict(result: Result = Result.PASS) -> Verdict:
                    first_divergence=None, exact_through_step=12, checks=[])
 
 
-@pytest.fixture(params=["folder", "s3"])
+@pytest.fixture(params=["folder", "s3", "gs"])
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> RunLocation:
     if request.param == "folder":
         return RunLocation.open(str(tmp_path / "run"))
+    if request.param == "gs":
+        gcs: FakeGCS = request.getfixturevalue("gcs_server")
+        return RunLocation.open(f"gs://{gcs.new_bucket()}/rq/local/q1/abc123",
+                                GCSSettings(endpoint_url=gcs.endpoint))
     server: SeaweedFS = request.getfixturevalue("s3_server")
     request.getfixturevalue("aws_env")
     bucket = server.new_bucket()
     return RunLocation.open(f"s3://{bucket}/rq/local/q1/abc123",
-                            S3Spec(endpoint_url=server.endpoint, addressing_style="path"))
+                            S3Settings(endpoint_url=server.endpoint, addressing_style="path"))
 
 
 def _append(location: RunLocation, leg: str, rank: int, attempt: int,
@@ -70,7 +76,8 @@ def _append(location: RunLocation, leg: str, rank: int, attempt: int,
 def test_url_names_artifacts_under_the_location(location: RunLocation) -> None:
     url = location.url("report.html")
     assert url.endswith("/report.html")
-    assert url.startswith("s3://" if location.store.shared() else "/")
+    assert url == f"{location.uri}/report.html"
+    assert url.startswith(("s3://", "gs://") if location.store.shared() else "/")
 
 
 def test_claim_then_check_and_refuse_another_spec(location: RunLocation) -> None:
@@ -252,7 +259,7 @@ def test_delete_all_removes_everything(location: RunLocation) -> None:
 def s3_location(s3_server: SeaweedFS, aws_env: dict[str, str]) -> RunLocation:
     bucket = s3_server.new_bucket()
     return RunLocation.open(f"s3://{bucket}/rq/local/q1/uid",
-                            S3Spec(endpoint_url=s3_server.endpoint, addressing_style="path"))
+                            S3Settings(endpoint_url=s3_server.endpoint, addressing_style="path"))
 
 
 def test_segments_keep_order_across_ten_attempts_and_many_segments(
@@ -338,13 +345,13 @@ def test_an_unreachable_store_and_wrong_credentials_are_clear_errors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     down = RunLocation.open("s3://b/rq/ns/run/uid",
-                            S3Spec(endpoint_url=closed_endpoint, max_attempts=1))
+                            S3Settings(endpoint_url=closed_endpoint, max_attempts=1))
     with pytest.raises(StoreUnavailable, match=f"cannot reach {closed_endpoint}"):
         down.leg_failure("control")
     bucket = s3_server.new_bucket()
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     denied = RunLocation.open(f"s3://{bucket}/rq/ns/run/uid",
-                              S3Spec(endpoint_url=s3_server.endpoint, max_attempts=1))
+                              S3Settings(endpoint_url=s3_server.endpoint, max_attempts=1))
     with pytest.raises(StoreAccessDenied) as info:
         denied.read_beacon("preempted", 1)
     assert "not-the-secret" not in str(info.value)
@@ -369,8 +376,8 @@ def test_leg_files_of_a_folder_keep_the_old_layout(tmp_path: Path) -> None:
 
 
 def test_open_refuses_other_schemes_and_a_bare_bucket() -> None:
-    with pytest.raises(StoreError, match="scheme 'gs' is not supported"):
-        RunLocation.open("gs://b/x")
+    with pytest.raises(StoreError, match="scheme 'az' is not supported"):
+        RunLocation.open("az://b/x")
     with pytest.raises(StoreError, match="name a prefix under the bucket"):
         RunLocation.open("s3://bucket")
 

@@ -19,7 +19,7 @@ from resumequal.checkpoint.manifest import Manifest
 from resumequal.compare import compare_run
 from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from resumequal.verdict import Result
 from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for
@@ -48,7 +48,7 @@ def _root(server: SeaweedFS, bucket: str, run_dir: Path, leg: str) -> RemoteRoot
     """The leg's checkpoints as the workers see them, reached directly at the server."""
     where = checkpoint_location(
         f"s3://{bucket}/runs",
-        S3Spec(endpoint_url=server.endpoint, addressing_style="path"),
+        S3Settings(endpoint_url=server.endpoint, addressing_style="path"),
         run_dir / "inspect",
         leg,
     )

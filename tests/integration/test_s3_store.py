@@ -1,7 +1,8 @@
 """The store against real S3 servers over HTTP on loopback: SeaweedFS for everything a
 server does, moto's server in a subprocess of the test's own where the server is killed
 mid-way. Nothing in boto3 is patched: errors come from real responses, refused
-connections and a server that dies."""
+connections and a server that dies. The contract every store keeps (the ``store``
+fixture's tests) runs on a folder, S3 and Cloud Storage (fake-gcs-server)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import pytest
 
 from resumequal.store import (
     FileStore,
+    GCSSettings,
     ObjectInfo,
     S3Config,
     Store,
@@ -33,14 +35,16 @@ from resumequal.store import (
     StoreNotFound,
     StoreUnavailable,
 )
+from resumequal.store.gcs import GCSStore
 from resumequal.store.s3 import S3Store
 from tests.outage import Outage
 
 if TYPE_CHECKING:
+    from tests.gcsserver import FakeGCS
     from tests.s3server import MotoServer, S3Endpoint, SeaweedFS
 
-# The fixtures (s3_server, moto_servers, aws_env) come from this plugin: no conftest.
-pytest_plugins = ("tests.s3server",)
+# The fixtures (s3_server, moto_servers, aws_env, gcs_server) come from these plugins.
+pytest_plugins = ("tests.s3server", "tests.gcsserver")
 pytestmark = [pytest.mark.usefixtures("aws_env"), pytest.mark.timeout(120)]
 
 MiB = 1 << 20
@@ -52,10 +56,14 @@ def s3_config(server: S3Endpoint, **fields: object) -> S3Config:
     )
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", "s3", "gs"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "file":
         return FileStore(str(tmp_path / "store"))
+    if request.param == "gs":
+        gcs: FakeGCS = request.getfixturevalue("gcs_server")
+        return GCSStore(f"gs://{gcs.new_bucket()}/runs/q1",
+                        GCSSettings(endpoint_url=gcs.endpoint))
     server: SeaweedFS = request.getfixturevalue("s3_server")
     return S3Store(f"s3://{server.new_bucket()}/runs/q1", s3_config(server))
 

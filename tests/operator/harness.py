@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from resumequal.run.location import RunLocation
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.manager import Operator, Settings
@@ -126,7 +126,7 @@ class Operators:
             self.stop(op)
 
 
-def run_location(uri: str, uid: str, s3: S3Spec | None = None) -> RunLocation:
+def run_location(uri: str, uid: str, s3: S3Settings | None = None) -> RunLocation:
     """A run's location sealed as an operator of this process seals it (no --key-file:
     the process's own master key), to write what the operator or the run's pods would."""
     return RunLocation.open(uri, s3, seal=MasterKey.generated().seal(uid))
@@ -226,7 +226,7 @@ def s3_store(endpoint: str, bucket: str) -> dict[str, str]:
             "addressingStyle": "path"}
 
 
-def store_s3(store: dict[str, str]) -> S3Spec:
+def store_s3(store: dict[str, str]) -> S3Settings:
     """The settings scripted workers reach a run's ``store`` section with."""
-    return S3Spec(endpoint_url=store["endpointUrl"], region=store["region"],
+    return S3Settings(endpoint_url=store["endpointUrl"], region=store["region"],
                   addressing_style="path")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from resumequal.run.location import RunLocation
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
 from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
@@ -63,7 +63,7 @@ def test_the_comparison_waits_for_the_last_rank_and_no_pod_is_deleted_under_it(
 
     done = wait_phase(api, "slow-rank", ("Succeeded", "Failed"), timeout=120)
     assert done["status"]["phase"] == "Succeeded"
-    location = RunLocation.open(done["status"]["runUri"], S3Spec(
+    location = RunLocation.open(done["status"]["runUri"], S3Settings(
         endpoint_url=store["endpointUrl"], region=store["region"], addressing_style="path"))
     assert location.ranks_done("control") == {0, 1}
     assert done["status"]["legs"]["control"]["steps"] == 6

@@ -15,7 +15,7 @@ from resumequal.run.beacons import PodKill
 from resumequal.run.legfiles import LegFiles
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from testing.cluster.podcluster import PodCluster
@@ -72,7 +72,7 @@ def test_a_failing_verdict_and_graceful_kill(
                                     **labels) == 5.0, what="the divergent step series")
     # Retention Delete: the store artifacts go with the run.
     loc = RunLocation.open(done["status"]["runUri"],
-                           S3Spec(endpoint_url=store["endpointUrl"], addressing_style="path"))
+                           S3Settings(endpoint_url=store["endpointUrl"], addressing_style="path"))
     assert loc.store.list()
     api.delete(QUALIFICATION_RUNS.plural, NAMESPACE, "spot")
     api.wait_for(lambda: api.get(QUALIFICATION_RUNS.plural, NAMESPACE, "spot") is None,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from resumequal.run.location import RunLocation
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from resumequal_operator.manager import Operator
@@ -229,6 +229,6 @@ def test_deletion_removes_the_series_and_keeps_the_artifacts(finished: Finished)
                  10, "the finalizer to let the run go")
     assert eventually(lambda: value(scrape(port), "resumequal_qualification_passed", **LABELS)
                       is None, what="the series to be removed")
-    loc = RunLocation.open(finished.status["runUri"], S3Spec(
+    loc = RunLocation.open(finished.status["runUri"], S3Settings(
         endpoint_url=finished.store["endpointUrl"], addressing_style="path"))
     assert loc.read_verdict() is not None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from resumequal.verdict import (
     Cut,
     Divergence,
@@ -71,7 +71,7 @@ def zoom_result() -> Zoom:
 class Workers:
     """Plays every leg's ranks and the comparator against run locations (S3 via ``s3``)."""
 
-    s3: S3Spec | None = None
+    s3: S3Settings | None = None
     result: Result = Result.PASS
     hold_timeout: float = 30.0
     arm: bool = True  # False: the cut rank never reaches its cut (an arm timeout)

@@ -73,7 +73,7 @@ def test_buckets_and_file_stores() -> None:
     assert str(other) == ("spec.store.uri: bucket other is not allowed by allowlist.buckets "
                           "[acme-*]")
     [local] = allowlist.refusals(_spec(store={"uri": "file:///srv/runs"}))
-    assert "only s3:// stores" in local.message
+    assert "only object stores (s3://, gs://)" in local.message
 
 
 @pytest.mark.parametrize(("url", "key"), [

@@ -15,6 +15,7 @@ from resumequal.plan import LegPlan, qualification_plan
 from resumequal.run.name import run_uri
 from resumequal.run.signing import KEY_ENV
 from resumequal.spec import MAX_NODES, QualificationSpec
+from resumequal.store import GCSSettings, S3Settings, StoreSettings
 from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.resource import (
     QualificationRunSpec,
@@ -462,11 +463,42 @@ def test_a_store_that_wants_signed_payloads_says_so_to_every_pod() -> None:
     cr, _, jobs, comparator = _manifests({"store": {
         "uri": "s3://acme-runs/q", "endpointUrl": "http://rgw.storage.svc:7480",
         "signPayloads": True}})
-    assert cr.store.s3_spec() is not None and cr.store.s3_spec().sign_payloads  # type: ignore[union-attr]
+    assert cr.store.settings() == S3Settings(endpoint_url="http://rgw.storage.svc:7480",
+                                             sign_payloads=True)
     for obj in [*jobs, comparator]:
         for c in _containers(obj):
             env = {e["name"]: e.get("value") for e in c["env"]}
             assert env["RESUMEQUAL_S3_SIGN_PAYLOADS"] == "1"
+
+
+@pytest.mark.parametrize(("store", "settings", "env"), [
+    ({"uri": "s3://acme-runs/q", "s3": {"endpointUrl": "http://rgw:7480", "region": "eu-1"}},
+     S3Settings(endpoint_url="http://rgw:7480", region="eu-1"),
+     {"AWS_ENDPOINT_URL_S3": "http://rgw:7480", "AWS_REGION": "eu-1"}),
+    ({"uri": "gs://acme-runs/q", "gcs": {"endpointUrl": "http://fake-gcs:4443"}},
+     GCSSettings(endpoint_url="http://fake-gcs:4443"),
+     {"STORAGE_EMULATOR_HOST": "http://fake-gcs:4443"}),
+])
+def test_a_store_section_reaches_the_legs_spec_and_every_pod(
+    store: dict[str, Any], settings: StoreSettings, env: dict[str, str],
+) -> None:
+    """The store's own settings model, embedded in store: the legs' spec carries it in the
+    checkpoint section of its scheme, and the pods its environment."""
+    cr, _, jobs, comparator = _manifests({"store": store})
+    assert cr.store.settings() == settings
+    assert qualification_spec(cr).checkpoint.store_settings == settings
+    for obj in [*jobs, comparator]:
+        for c in _containers(obj):
+            got = {e["name"]: e.get("value") for e in c["env"]}
+            assert env.items() <= got.items()
+
+
+def test_a_store_section_of_another_scheme_or_beside_the_flat_fields_is_refused() -> None:
+    found = problems(example_spec(store={"uri": "s3://acme-runs/q", "gcs": {}}))
+    assert "gs:// stores" in found["spec.store"]
+    found = problems(example_spec(store={"uri": "s3://acme-runs/q", "s3": {},
+                                         "endpointUrl": "http://rgw:7480"}))
+    assert "keep store.s3" in found["spec.store"]
 
 
 def test_graceful_pods_get_the_grace_period() -> None:

@@ -342,5 +342,5 @@ def test_checkpoint_root_on_s3_is_a_remote_root(tmp_path: Path) -> None:
 
 
 def test_other_object_stores_are_refused_by_the_spec() -> None:
-    with pytest.raises(SpecError, match="scheme 'gs' is not supported"):
-        _with_store("gs://bucket/prefix")
+    with pytest.raises(SpecError, match="scheme 'az' is not supported"):
+        _with_store("az://bucket/prefix")

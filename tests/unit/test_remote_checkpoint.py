@@ -26,7 +26,7 @@ from resumequal.errors import CheckpointError
 from resumequal.spec import QualificationSpec, SpecError, parse_spec
 from resumequal.store import FileStore, StoreUnavailable
 from resumequal.store.base import LocalPath, ObjectWriter
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
 from tests.unit.checkpoint_managers import rank0_manager
 from tests.unit.rank_states import Plain
 
@@ -342,7 +342,7 @@ def test_an_s3_store_with_its_settings_is_a_valid_spec(tmp_path: Path) -> None:
     spec = QualificationSpec.model_validate({"checkpoint": {
         "store": "s3://bucket/runs", "s3": {"endpoint_url": "http://127.0.0.1:9000/",
                                             "addressing_style": "path", "max_attempts": 2}}})
-    assert spec.checkpoint.s3 == S3Spec(endpoint_url="http://127.0.0.1:9000",
+    assert spec.checkpoint.s3 == S3Settings(endpoint_url="http://127.0.0.1:9000",
                                         addressing_style="path", max_attempts=2)
     where = checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, tmp_path, "control")
     assert isinstance(where, RemoteRoot)
@@ -353,9 +353,12 @@ def test_an_s3_store_with_its_settings_is_a_valid_spec(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("checkpoint", "message"), [
-    ({"store": "gs://bucket"}, "scheme 'gs' is not supported"),
+    ({"store": "az://bucket"}, "scheme 'az' is not supported"),
     ({"store": "s3:///prefix"}, "names a bucket"),
-    ({"store": "/data", "s3": {}}, "checkpoint.s3 configures an s3:// store"),
+    ({"store": "gs:///prefix"}, "names a bucket"),
+    ({"store": "/data", "s3": {}}, "checkpoint.s3 configures s3:// stores"),
+    ({"store": "s3://b", "gcs": {}}, "checkpoint.gcs configures gs:// stores"),
+    ({"store": "gs://b", "s3": {}}, "checkpoint.s3 configures s3:// stores"),
     ({"store": "s3://b", "s3": {"endpoint_url": "http://user:secret@host"}},
      "without user:password"),
 ])
@@ -370,7 +373,7 @@ def test_the_commit_backend_follows_the_store_not_its_scheme(tmp_path: Path) -> 
     folder = checkpoint_location(f"file://{tmp_path}/ckpts", None, tmp_path / "run", "control")
     assert folder == FolderRoot(tmp_path / "ckpts" / "control" / "checkpoints")
     assert folder.durable_staging and folder.scratch == folder.root
-    marker = checkpoint_location("s3://bucket/runs", S3Spec(endpoint_url="http://127.0.0.1:9"),
+    marker = checkpoint_location("s3://bucket/runs", S3Settings(endpoint_url="http://127.0.0.1:9"),
                                  tmp_path / "run", "control")
     assert isinstance(marker, RemoteRoot) and not marker.durable_staging
     assert marker.scratch == tmp_path / "run" / "control" / ".ckpt-local"

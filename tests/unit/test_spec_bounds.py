@@ -160,7 +160,8 @@ def test_last_save_before_agrees_with_a_walk(every: int | None, at: list[int]) -
         ("s3:///x", "names a bucket"),
         ("s3://b/x?versionId=1", "'?' or '#'"),
         ("s3://b/x\x1b[2J", "control characters"),
-        ("gs://b/x", "use file:///abs/path or s3://bucket/prefix"),
+        ("az://b/x", "use file:///abs/path, gs://bucket/prefix or s3://bucket/prefix"),
+        ("gs:///x", "names a bucket"),
         ("file://host/x", "no host"),
     ],
 )

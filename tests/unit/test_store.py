@@ -14,14 +14,17 @@ from pydantic import ValidationError
 from resumequal.errors import StoreError
 from resumequal.store import (
     FileStore,
+    GCSSettings,
     ObjectInfo,
     S3Config,
+    S3Settings,
     StoreIntegrityError,
     StoreNotFound,
     StoreObjectTooLarge,
     open_store,
 )
 from resumequal.store import file as file_module
+from resumequal.store.gcs import GCSStore
 from resumequal.store.s3 import S3Store
 
 
@@ -180,12 +183,17 @@ def test_temporary_files_are_not_listed(store: FileStore) -> None:
 def test_open_store_dispatches_on_scheme(tmp_path: Path) -> None:
     assert isinstance(open_store(str(tmp_path)), FileStore)
     assert isinstance(open_store(f"file://{tmp_path}"), FileStore)
-    s3 = open_store("s3://bucket/runs/x/", S3Config(endpoint_url="http://127.0.0.1:9"))
+    s3 = open_store("s3://bucket/runs/x/", S3Settings(endpoint_url="http://127.0.0.1:9"))
     assert isinstance(s3, S3Store)
     assert s3.uri("a/b") == "s3://bucket/runs/x/a/b"
+    assert s3.config.endpoint_url == "http://127.0.0.1:9"  # the settings reached the client
     assert S3Store("s3://bucket").uri("k") == "s3://bucket/k"
-    with pytest.raises(StoreError, match="scheme 'gs' is not supported"):
-        open_store("gs://bucket/x")
+    gs = open_store("gs://bucket/x", GCSSettings(endpoint_url="http://127.0.0.1:9"))
+    assert isinstance(gs, GCSStore) and gs.uri("k") == "gs://bucket/x/k"
+    # Settings of another scheme's store are not its own: a folder ignores them.
+    assert isinstance(open_store(str(tmp_path), S3Settings()), FileStore)
+    with pytest.raises(StoreError, match="scheme 'az' is not supported"):
+        open_store("az://bucket/x")
     with pytest.raises(StoreError, match="s3://bucket"):
         open_store("s3:///no-bucket")
 
@@ -211,61 +219,62 @@ def test_s3_config_rejects_bad_fields_without_echoing_them(
 
 
 def test_s3_config_from_a_spec_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumequal.store import ADDRESSING_STYLE_ENV, StoreError, s3_config
-    from resumequal.store.s3settings import S3Spec
+    from resumequal.store import StoreError
+    from resumequal.store.s3settings import ADDRESSING_STYLE_ENV, s3_config
 
-    spec = S3Spec(endpoint_url="http://minio:9000", addressing_style="path")
+    spec = S3Settings(endpoint_url="http://minio:9000", addressing_style="path")
     assert s3_config(spec).addressing_style == "path"
     monkeypatch.delenv(ADDRESSING_STYLE_ENV, raising=False)
     assert s3_config(None) == S3Config()
     monkeypatch.setenv(ADDRESSING_STYLE_ENV, "path")
     assert s3_config(None).addressing_style == "path"
     # A spec says it all: the environment does not override it.
-    assert s3_config(S3Spec()).addressing_style == "auto"
+    assert s3_config(S3Settings()).addressing_style == "auto"
     monkeypatch.setenv(ADDRESSING_STYLE_ENV, "sideways")
     with pytest.raises(StoreError, match=f"{ADDRESSING_STYLE_ENV}='sideways'"):
         s3_config(None)
 
 
 def test_s3_timeouts_come_from_the_spec_and_bound_a_silent_endpoint_under_a_minute() -> None:
-    from resumequal.store import s3_config
-    from resumequal.store.s3settings import S3Spec
+    from resumequal.store.s3settings import s3_config
 
-    default = s3_config(S3Spec())
+    default = s3_config(S3Settings())
     assert default == S3Config()
     # Each attempt at an endpoint that never answers waits out the read timeout; standard
     # retries back off at most 1 + 2 + 4 + 8 s between five attempts.
     assert default.max_attempts * default.read_timeout_seconds + 15 < 60
-    tuned = s3_config(S3Spec(connect_timeout_seconds=1.5, read_timeout_seconds=30))
+    tuned = s3_config(S3Settings(connect_timeout_seconds=1.5, read_timeout_seconds=30))
     assert (tuned.connect_timeout_seconds, tuned.read_timeout_seconds) == (1.5, 30)
 
 
 def test_whether_payloads_are_signed_from_a_spec_or_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumequal.store import SIGN_PAYLOADS_ENV, StoreError, s3_config
-    from resumequal.store.s3settings import S3Spec
+    from resumequal.store import StoreError
+    from resumequal.store.s3settings import SIGN_PAYLOADS_ENV, s3_config
 
     monkeypatch.delenv(SIGN_PAYLOADS_ENV, raising=False)
     assert s3_config(None).sign_payloads is False
-    assert s3_config(S3Spec(sign_payloads=True)).sign_payloads is True
+    assert s3_config(S3Settings(sign_payloads=True)).sign_payloads is True
     monkeypatch.setenv(SIGN_PAYLOADS_ENV, "1")
     assert s3_config(None).sign_payloads is True
-    assert s3_config(S3Spec()).sign_payloads is False  # a spec says it all
+    assert s3_config(S3Settings()).sign_payloads is False  # a spec says it all
     monkeypatch.setenv(SIGN_PAYLOADS_ENV, "yes")
     with pytest.raises(StoreError, match=f"{SIGN_PAYLOADS_ENV}='yes': expected 0 or 1"):
         s3_config(None)
 
 
-def test_the_s3_section_is_spelt_and_bounded_like_every_spec_section() -> None:
-    """S3Spec lives with the store, which the spec imports, so it spells the spec's
-    section convention and ceilings itself: they must stay the spec's."""
+@pytest.mark.parametrize("model", [S3Settings, GCSSettings])
+def test_store_settings_are_spelt_and_bounded_like_every_spec_section(
+    model: type[S3Settings | GCSSettings],
+) -> None:
+    """A store's settings live with the store, which the spec imports, so they spell the
+    spec's section convention and ceilings themselves: they must stay the spec's."""
     from resumequal.spec import MAX_SECONDS, MAX_URI, SECTION_CONFIG
-    from resumequal.store.s3settings import S3Spec
 
-    assert S3Spec.model_config == SECTION_CONFIG
-    assert S3Spec.model_fields["endpoint_url"].metadata[0].max_length == MAX_URI
+    assert model.model_config == SECTION_CONFIG
+    assert model.model_fields["endpoint_url"].metadata[0].max_length == MAX_URI
     for name in ("connect_timeout_seconds", "read_timeout_seconds"):
-        assert [m.le for m in S3Spec.model_fields[name].metadata if hasattr(m, "le")] \
+        assert [m.le for m in model.model_fields[name].metadata if hasattr(m, "le")] \
             == [MAX_SECONDS]
 
 
@@ -367,7 +376,7 @@ def test_the_spec_the_s3_settings_and_botocore_take_the_same_endpoints(endpoint:
         is_valid_ipv6_endpoint_url,
     )
 
-    from resumequal.store.s3settings import S3Spec, endpoint_problem
+    from resumequal.store.s3settings import S3Settings, endpoint_problem
 
     ours = endpoint_problem(endpoint) is None
     try:
@@ -386,7 +395,7 @@ def test_the_spec_the_s3_settings_and_botocore_take_the_same_endpoints(endpoint:
         assert not ours, endpoint
     spec_takes = True
     try:
-        S3Spec(endpoint_url=endpoint)
+        S3Settings(endpoint_url=endpoint)
         S3Config(endpoint_url=endpoint)
     except ValidationError as e:
         spec_takes = False

@@ -23,8 +23,8 @@ from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec, SpecError, parse_spec, store_uri
 from resumequal.store import (
     ObjectInfo,
-    S3Config,
     StoreNotFound,
+    StoreSettings,
     open_store,
     register,
     schemes,
@@ -70,8 +70,10 @@ class MemoryStore:
     def authority_problem(cls, authority: str) -> str | None:
         return None if authority else "a mem:// store names a bucket"
 
+    settings: ClassVar[None] = None
+
     @classmethod
-    def open(cls, uri: str, s3: S3Config | None) -> MemoryStore:
+    def open(cls, uri: str, settings: StoreSettings | None, retry_seconds: float) -> MemoryStore:
         return cls(uri)
 
     def __init__(self, uri: str) -> None:
@@ -170,9 +172,9 @@ def mem(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_a_scheme_is_unknown_until_its_store_registers() -> None:
-    assert set(schemes()) == {"file", "s3"}
-    with pytest.raises(ValueError, match="scheme 'mem' is not supported; use file:///abs/path "
-                                         "or s3://bucket/prefix"):
+    assert set(schemes()) == {"file", "gs", "s3"}
+    with pytest.raises(ValueError, match="scheme 'mem' is not supported; use file:///abs/path, "
+                                         "gs://bucket/prefix or s3://bucket/prefix"):
         store_uri("mem://bucket/x")
 
 

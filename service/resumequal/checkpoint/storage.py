@@ -19,8 +19,7 @@ from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry
 from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.checkpoint.remote import RemoteRoot
 from resumequal.errors import CheckpointError, StoreError
-from resumequal.store import open_store, s3_config
-from resumequal.store.s3settings import S3Spec
+from resumequal.store import StoreSettings, open_store
 
 
 class CheckpointRoot(Protocol):
@@ -85,16 +84,16 @@ class CheckpointRoot(Protocol):
 
 
 def checkpoint_location(
-    store: str | None, s3: S3Spec | None, run_dir: Path, leg: str, run: str | None = None,
-    retry_seconds: float = 0.0,
+    store: str | None, settings: StoreSettings | None, run_dir: Path, leg: str,
+    run: str | None = None, retry_seconds: float = 0.0,
 ) -> CheckpointRoot:
     """A leg's checkpoint root: ``<store>/<leg>/checkpoints`` (the store defaults to the run
-    folder ``run_dir``, which is also where scratch files of an object store go). Its
+    folder ``run_dir``, which is also where scratch files of an object store go), reached
+    with ``settings`` (the spec's ``checkpoint`` settings of its scheme). Its
     manifests must name ``leg`` and run ``run`` (default: this process's run id).
     ``retry_seconds``: see :meth:`resumequal.run.location.RunLocation.open`."""
     try:
-        opened = open_store(str(run_dir) if store is None else store,
-                            s3_config(s3, retry_seconds))
+        opened = open_store(str(run_dir) if store is None else store, settings, retry_seconds)
     except StoreError as e:
         raise CheckpointError(f"checkpoint.store={store!r}: {e}") from e
     # The one medium question outside the store: the commit backend. DCP writes a folder's

@@ -52,7 +52,8 @@ def final_checkpoint(
         # Its manifest must name this run (the location's seal says which) and this leg.
         run = location.seal.run if location.seal is not None else None
         # An object store's root names a working folder for saves; reading writes none.
-        where = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
+        where = checkpoint_location(spec.checkpoint.store or location.uri,
+                                    spec.checkpoint.store_settings,
                                     Path(tempfile.gettempdir()), leg, run=run)
     except CheckpointError:
         return None

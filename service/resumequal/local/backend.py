@@ -222,10 +222,10 @@ class LocalBackend:
             # the key the location seals with.
             env[RUN_ID_ENV] = self.location.seal.run
             env[KEY_ENV] = self.location.seal.key.decode()
-        # Workers find their leg spec with the standard AWS settings, as on a cluster.
-        s3 = self.spec.checkpoint.s3
-        if s3 is not None and s3.endpoint_url:
-            env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
+        # Workers find their leg spec with the store's own environment, as on a cluster.
+        settings = self.spec.checkpoint.store_settings
+        if settings is not None:
+            env.update(settings.environment())
         return env
 
     def _rendezvous_store(self, leg: str) -> int:

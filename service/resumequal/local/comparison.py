@@ -99,7 +99,7 @@ def _judge(uri: str, legs: Sequence[str]) -> dict[str, Verdict]:
 
     seal = RunSeal.from_env()
     spec = RunLocation.open(uri, seal=seal).read_spec()
-    location = RunLocation.open(uri, spec.checkpoint.s3, seal=seal)
+    location = RunLocation.open(uri, spec.checkpoint.store_settings, seal=seal)
     if not legs:
         return {QUALIFICATION: compare_qualification(location, spec)}
     verdicts = {}

@@ -33,7 +33,7 @@ from resumequal.run.name import run_uri
 from resumequal.run.signing import KEY_ENV, RunSeal, key_from_env, new_key, new_run_id
 from resumequal.run.timeline import Timeline
 from resumequal.spec import Omission, QualificationSpec, SpecError, apply_overrides
-from resumequal.store import open_store, s3_config
+from resumequal.store import open_store
 from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,10 @@ def run_location(spec: QualificationSpec, opts: RunOptions,
     """The run folder, or ``<store>/<namespace>/<run>/<uid>`` when the checkpoint store is
     shared (an object store holds the whole run, for whoever reads it elsewhere)."""
     store = opts.store or spec.checkpoint.store
-    if store is None or not open_store(store, s3_config(spec.checkpoint.s3)).shared():
+    if store is None or not open_store(store, spec.checkpoint.store_settings).shared():
         return RunLocation.open(str(opts.run_dir), seal=seal)
     uri = run_uri(store, opts.namespace, opts.run_dir.name, uuid.uuid4().hex[:12])
-    return RunLocation.open(uri, spec.checkpoint.s3, seal=seal)
+    return RunLocation.open(uri, spec.checkpoint.store_settings, seal=seal)
 
 
 def new_seal() -> RunSeal:

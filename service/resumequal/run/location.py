@@ -40,9 +40,8 @@ from resumequal.spec import (
     check_leg_name,
     format_validation_error,
 )
-from resumequal.store import Store, StoreNotFound, open_store, s3_config
+from resumequal.store import Store, StoreNotFound, StoreSettings, open_store
 from resumequal.store.log import SegmentSink
-from resumequal.store.s3settings import S3Spec
 from resumequal.trace.records import TraceRecord
 
 __all__ = ["LegSpecFile", "RunLocation", "default_scratch"]
@@ -68,7 +67,7 @@ class RunLocation(RunResults):
 
     uri: str
     store: Store
-    s3: S3Spec | None = None
+    settings: StoreSettings | None = None
     # Parsed trace segments, shared by every leg's LegTraces (segments never change).
     _trace_cache: dict[str, list[TraceRecord]] = field(default_factory=dict, repr=False)
     # Completion markers read and found authentic (they are never rewritten).
@@ -78,27 +77,30 @@ class RunLocation(RunResults):
     seal: RunSeal | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, uri: str, s3: S3Spec | None = None,
+    def open(cls, uri: str, settings: StoreSettings | None = None,
              seal: RunSeal | None = None, retry_seconds: float = 0.0) -> RunLocation:
-        """A path, ``file:///abs/path`` or ``s3://bucket/prefix/...``; nothing is created.
+        """A path, ``file:///abs/path`` or an object store's URI (``s3://bucket/prefix/...``);
+        nothing is created.
 
-        ``s3`` says how to reach an S3 endpoint; without it the standard AWS environment
-        applies (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION``, keys).
-        ``seal`` binds what is written and read to the run (see :mod:`resumequal.run.signing`).
-        ``retry_seconds``: how long a request to an endpoint that cannot serve it is made
-        again (a worker's ``timeouts.backendErrorSeconds``; ``S3Config.retry_seconds``).
+        ``settings`` say how to reach the store (the spec's ``checkpoint`` settings; those
+        of another scheme are ignored); without them the store's own environment applies
+        (:meth:`resumequal.store.StoreSettings.environment`). ``seal`` binds what is
+        written and read to the run (see :mod:`resumequal.run.signing`). ``retry_seconds``:
+        how long a request to an endpoint that cannot serve it is made again (a worker's
+        ``timeouts.backendErrorSeconds``).
         """
         parsed = urlparse(uri)
         if parsed.netloc and not parsed.path.strip("/"):
             raise StoreError(f"run location {uri!r}: name a prefix under the bucket "
                              "(s3://bucket/prefix/<namespace>/<run>/<uid>)")
-        store = open_store(uri, s3_config(s3, retry_seconds))
-        return cls(store.uri(), store, s3, seal=seal)
+        store = open_store(uri, settings, retry_seconds)
+        return cls(store.uri(), store, settings, seal=seal)
 
     def patient(self, retry_seconds: float) -> RunLocation:
         """This location, its requests made again for ``retry_seconds`` while the endpoint
         cannot serve them (see :meth:`open`)."""
-        return RunLocation.open(self.uri, self.s3, seal=self.seal, retry_seconds=retry_seconds)
+        return RunLocation.open(self.uri, self.settings, seal=self.seal,
+                                retry_seconds=retry_seconds)
 
     def scratch(self) -> Path:
         """A local folder for what is not kept (checkpoint staging, downloaded copies of an
@@ -117,7 +119,7 @@ class RunLocation(RunResults):
 
     def child(self, name: str) -> RunLocation:
         """A sub-run under this location (e.g. ``seed-11`` of a seed matrix)."""
-        return RunLocation(self.store.uri(name), self.store.child(name), self.s3,
+        return RunLocation(self.store.uri(name), self.store.child(name), self.settings,
                            seal=None if self.seal is None else self.seal.child(name))
 
     # -- specs ------------------------------------------------------------------------------
@@ -129,8 +131,10 @@ class RunLocation(RunResults):
         anywhere reach them; a folder keeps the spec's own (by default the folder)."""
         if not self.store.shared():
             return spec
-        ckpt = spec.checkpoint.model_copy(update={"store": self.uri,
-                                                  "s3": spec.checkpoint.s3 or self.s3})
+        # The spec's settings if they are this store's, else the ones it was opened with.
+        fits = [s for s in (spec.checkpoint.store_settings, self.settings)
+                if s is not None and self.uri.startswith(f"{s.scheme}://")]
+        ckpt = spec.checkpoint.with_store(self.uri, fits[0] if fits else None)
         return spec.model_copy(update={"checkpoint": ckpt})
 
     def write_spec(self, spec: QualificationSpec) -> None:

@@ -31,8 +31,10 @@ from resumequal.spec.training import (
     WorkloadSpec,
     WorldSpec,
 )
+from resumequal.store.gcssettings import GCSSettings
 from resumequal.store.registry import store_class, supported
-from resumequal.store.s3settings import S3Spec
+from resumequal.store.s3settings import S3Settings
+from resumequal.store.settings import StoreSettings, settings_problem
 
 # The negative controls, each a resume that leaves one part of the training state out (or,
 # under preemption.resize, a rank-keyed bug). What each leaves out, when it applies and
@@ -66,8 +68,9 @@ def store_uri(value: str) -> str:
         raise ValueError(f"{shown}: no spaces, control characters, '?' or '#' in a store URI")
     authority, _, path = rest.partition("/")
     if "@" in authority:
-        raise ValueError("holds user:password; credentials come from the AWS chain (env, "
-                         "profile, web identity), never from the store URI")
+        raise ValueError("holds user:password; credentials come from the store's own chain "
+                         "(AWS's, Google's Application Default Credentials), never from the "
+                         "store URI")
     problem = found.authority_problem(authority)
     if problem is not None:
         raise ValueError(f"{shown}: {problem}")
@@ -104,11 +107,19 @@ class CheckpointSpec(Section):
     )
     store: str | None = Field(
         default=None, max_length=MAX_URI,
-        description="Where checkpoints live: a path, file:///abs/path or s3://bucket/prefix "
-        "(legs under <store>/<leg>/checkpoints/); default: the leg's run directory.",
+        description="Where checkpoints live: a path, file:///abs/path, s3://bucket/prefix or "
+        "gs://bucket/prefix (legs under <store>/<leg>/checkpoints/); default: the leg's run "
+        "directory.",
     )
-    s3: S3Spec | None = Field(
+    # One section per store with settings, each its store's own model: at most the one of
+    # checkpoint.store's scheme is set (store_settings). Unset sections stay out of dumps, so
+    # a spec's digest is what it was before its store had a section.
+    s3: S3Settings | None = Field(
         default=None, description="How to reach an s3:// store (endpoint, region, retries)."
+    )
+    gcs: GCSSettings | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="How to reach a gs:// store (endpoint, retries).",
     )
     async_save: bool = Field(
         default=False,
@@ -126,12 +137,28 @@ class CheckpointSpec(Section):
         return store_uri(value)
 
     @model_validator(mode="after")
-    def _s3_only_for_s3(self) -> CheckpointSpec:
-        # S3's own settings, checked against S3's scheme: not a branch on the medium.
-        if self.s3 is not None and not (self.store or "").startswith("s3://"):
-            raise ValueError("checkpoint.s3 configures an s3:// store; checkpoint.store is "
-                             f"{self.store!r}")
+    def _settings_of_the_store(self) -> CheckpointSpec:
+        # Each store's settings, checked against its scheme: not a branch on the medium.
+        for name, value in self:
+            problem = settings_problem(f"checkpoint.{name}", value, self.store)
+            if problem is not None:
+                raise ValueError(problem)
         return self
+
+    @property
+    def store_settings(self) -> StoreSettings | None:
+        """How to reach ``store``: its scheme's settings section, if set."""
+        return next((v for _, v in self if isinstance(v, StoreSettings)), None)
+
+    def with_store(self, store: str, settings: StoreSettings | None) -> CheckpointSpec:
+        """This section with checkpoints in ``store``, reached with ``settings`` (in the
+        section of their model; the others unset)."""
+        update: dict[str, Any] = {"store": store}
+        for name, field in type(self).model_fields.items():
+            kinds = get_args(field.annotation)
+            if any(isinstance(k, type) and issubclass(k, StoreSettings) for k in kinds):
+                update[name] = settings if type(settings) in kinds else None
+        return self.model_copy(update=update)
 
     @field_validator("at_steps")
     @classmethod

@@ -1,23 +1,25 @@
-"""The store: object layout and I/O against ``file://`` and ``s3://`` stores.
+"""The store: object layout and I/O against ``file://``, ``s3://`` and ``gs://`` stores.
 
 Everything a run keeps — checkpoints, traces, beacons, verdicts, reports — is an object
 under one root URI, addressed by a relative string key. This package owns how keys map to
-files or S3 objects, atomic writes, transfers, sha256 checks, append-only line logs
-(:mod:`resumequal.store.log`) and the translation of OS and botocore failures into
-:mod:`resumequal.store.errors`. It must not know about torch, training or the checkpoint
-format: callers decide what the keys mean.
+files or objects, atomic writes, transfers, sha256 checks, append-only line logs
+(:mod:`resumequal.store.log`), each store's settings (:mod:`resumequal.store.settings`)
+and the translation of OS and SDK failures into :mod:`resumequal.store.errors`. It must
+not know about torch, training or the checkpoint format: callers decide what the keys
+mean.
 
 What differs between media is asked of the store, never of its URI scheme: whether other
 machines reach it (``shared``), and whether its objects are files in a folder on this
 machine (``local_folder``), which allows a rename commit. A new kind of store is one
-module here holding one class that declares its scheme and registers itself
-(:mod:`resumequal.store.registry`); :func:`open_store` and the spec find it there.
+module here holding one class that declares its scheme and its settings and registers
+itself (:mod:`resumequal.store.registry`), and a settings module beside it; :func:`open_store`
+and the spec find it there.
 
-Importing the package loads no store SDK: the spec imports its S3 settings
-(:mod:`resumequal.store.s3settings`), and :class:`~resumequal.store.s3.S3Store` (with
-botocore) loads when the registry first looks a scheme up.
+Importing the package loads no store SDK: the spec imports the settings models
+(:mod:`resumequal.store.s3settings`, :mod:`resumequal.store.gcssettings`), and the stores
+(with botocore, the Cloud Storage client) load when the registry first looks a scheme up.
 
-    store = open_store("s3://bucket/runs", S3Config(endpoint_url="http://minio:9000"))
+    store = open_store("s3://bucket/runs", S3Settings(endpoint_url="http://minio:9000"))
     digest = store.put_file("ns/run/uid/control/checkpoints/step-00000004/dcp/0.distcp", path)
 """
 
@@ -35,46 +37,49 @@ from resumequal.store.errors import (
     StoreUnavailable,
 )
 from resumequal.store.file import FileStore
+from resumequal.store.gcssettings import GCSSettings
 from resumequal.store.registry import register, schemes, store_class, supported
-from resumequal.store.s3settings import (
-    ADDRESSING_STYLE_ENV,
-    SIGN_PAYLOADS_ENV,
-    S3Config,
-    s3_config,
-)
+from resumequal.store.s3settings import S3Config, S3Settings
+from resumequal.store.settings import StoreSettings
 
 __all__ = [
-    "ADDRESSING_STYLE_ENV",
-    "SIGN_PAYLOADS_ENV",
     "FileStore",
+    "GCSSettings",
     "ObjectInfo",
     "S3Config",
+    "S3Settings",
     "Store",
     "StoreAccessDenied",
     "StoreError",
     "StoreIntegrityError",
     "StoreNotFound",
     "StoreObjectTooLarge",
+    "StoreSettings",
     "StoreUnavailable",
     "open_store",
     "register",
-    "s3_config",
     "schemes",
     "sha256_file",
 ]
 
 
-def open_store(uri: str, s3: S3Config | None = None) -> Store:
+def open_store(uri: str, settings: StoreSettings | None = None,
+               retry_seconds: float = 0.0) -> Store:
     """The store at ``uri``: a path, or a URI of a registered scheme (``file:///abs/path``,
-    ``s3://bucket[/prefix]``, ...).
+    ``s3://bucket[/prefix]``, ``gs://bucket[/prefix]``, ...).
 
-    ``s3`` configures how an ``s3://`` store is reached and is ignored by the others.
+    ``settings`` configure how a store of their scheme is reached and are ignored by the
+    others (a run's settings are its checkpoint store's, its location may be a folder).
+    ``retry_seconds``: how long a request the endpoint cannot serve is made again (a
+    worker's ``timeouts.backendErrorSeconds``); 0: the settings' attempts alone.
     """
     scheme = urlparse(uri).scheme if "://" in uri else FileStore.scheme
     found = store_class(scheme)
     if found is None:
         raise StoreError(
             f"store {uri!r}: scheme {scheme!r} is not supported; use a path or "
-            f"{supported()} (MinIO and Ceph RGW through S3Config.endpoint_url)"
+            f"{supported()} (MinIO and Ceph RGW through S3Settings.endpoint_url)"
         )
-    return found.open(uri, s3)
+    own = settings if found.settings is not None and isinstance(settings, found.settings) \
+        else None
+    return found.open(uri, own, retry_seconds)

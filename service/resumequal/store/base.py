@@ -15,11 +15,14 @@ import hashlib
 import os
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import BinaryIO, Protocol
+from urllib.parse import urlparse
 
 from typing_extensions import Buffer
 
+from resumequal.errors import StoreError
 from resumequal.store.errors import StoreIntegrityError
 
 CHUNK = 1 << 20
@@ -151,6 +154,88 @@ class Store(Protocol):
         """Whether processes on other machines reach these objects through the same URI
         (an object store), rather than only processes on this machine (a folder)."""
         ...
+
+
+class LocalFileWriter:
+    """An :class:`ObjectWriter` whose bytes go to a local file first, hashed and counted on
+    the way; a store's subclass makes the object of the file at ``close`` (:meth:`_commit`)
+    and drops it on ``abort`` (:meth:`_discard`)."""
+
+    def __init__(self, uri: str, file: BinaryIO) -> None:
+        self._uri = uri
+        self._file: BinaryIO | None = file
+        self._hash = hashlib.sha256()
+        self._size = 0
+
+    def _errors(self) -> AbstractContextManager[None]:
+        """Where the file's own errors become the store's (none by default)."""
+        return contextlib.nullcontext()
+
+    def _commit(self, file: BinaryIO) -> None:
+        """Make the object of ``file`` (closing it)."""
+        raise NotImplementedError
+
+    def _discard(self) -> None:
+        """Drop what the file held (it is closed already); never raises."""
+
+    def write(self, data: Buffer) -> int:
+        if self._file is None:
+            raise ValueError(f"{self._uri}: write after close or abort")
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        with self._errors():
+            self._file.write(view)
+        self._size += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self._size
+
+    def close(self) -> str:
+        if self._file is None:
+            raise ValueError(f"{self._uri}: closed or aborted already")
+        file, self._file = self._file, None
+        self._commit(file)
+        return self._hash.hexdigest()
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._discard()
+
+
+@dataclass(frozen=True)
+class BucketPath:
+    """Where an object store's objects live: ``scheme://bucket[/prefix]``."""
+
+    scheme: str
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, uri: str, scheme: str, owner: str) -> BucketPath:
+        """The bucket and prefix of ``uri``; StoreError naming ``owner`` (the store's
+        class) when it is no ``scheme://bucket[/prefix]``."""
+        parsed = urlparse(uri)
+        if parsed.scheme != scheme or not parsed.netloc:
+            raise StoreError(f"{uri!r}: {owner} takes {scheme}://bucket[/prefix]")
+        if parsed.query or parsed.fragment:
+            raise StoreError(f"{uri!r}: a store URI has no query or fragment")
+        prefix = parsed.path.strip("/")
+        if prefix:
+            check_key(prefix)
+        return cls(scheme, parsed.netloc, prefix)
+
+    def uri(self, key: str = "") -> str:
+        """The URI of ``key`` (the root for ``""``)."""
+        path = "/".join(p for p in (self.prefix, key and check_key(key)) if p)
+        return f"{self.scheme}://{self.bucket}/{path}"
+
+    def name(self, key: str) -> str:
+        """The object name of ``key`` in the bucket."""
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
 
 
 def check_key(key: str) -> str:

@@ -25,6 +25,7 @@ import secrets
 import shutil
 import stat
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, BinaryIO, ClassVar, cast
 from urllib.parse import urlparse
 
@@ -35,6 +36,7 @@ from resumequal.store import regular
 from resumequal.store.base import (
     CHUNK,
     TMP_SUFFIX,
+    LocalFileWriter,
     LocalPath,
     ObjectInfo,
     check_key,
@@ -46,7 +48,7 @@ from resumequal.store.errors import StoreAccessDenied, StoreNotFound, too_large
 from resumequal.store.registry import register
 
 if TYPE_CHECKING:
-    from resumequal.store.s3settings import S3Config
+    from resumequal.store.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def _copy_hashing(src: BinaryIO, dst: BinaryIO) -> str:
     return h.hexdigest()
 
 
-class _FileWriter:
+class _FileWriter(LocalFileWriter):
     """An :class:`~resumequal.store.base.ObjectWriter` into a fresh file beside the
     object's (created ``O_EXCL|O_NOFOLLOW``), renamed over it (after an fsync) at ``close``."""
 
@@ -99,44 +101,24 @@ class _FileWriter:
         parent, _, name = key.rpartition("/")
         self._tmp = f"{parent}/.{name}.{secrets.token_hex(8)}{TMP_SUFFIX}".lstrip("/")
         with store._errors("write", key):
-            self._file: BinaryIO | None = os.fdopen(regular.create_file(store.root, self._tmp),
-                                                    "wb")
-        self._hash = hashlib.sha256()
-        self._size = 0
+            file = os.fdopen(regular.create_file(store.root, self._tmp), "wb")
+        super().__init__(store.uri(key), file)
 
-    def write(self, data: Buffer) -> int:
-        if self._file is None:
-            raise ValueError(f"{self._store.uri(self._key)}: write after close or abort")
-        view = memoryview(data).cast("B")
-        self._hash.update(view)
-        with self._store._errors("write", self._key):
-            self._file.write(view)
-        self._size += len(view)
-        return len(view)
+    def _errors(self) -> AbstractContextManager[None]:
+        return self._store._errors("write", self._key)
 
-    def tell(self) -> int:
-        return self._size
-
-    def close(self) -> str:
-        if self._file is None:
-            raise ValueError(f"{self._store.uri(self._key)}: closed or aborted already")
-        f, self._file = self._file, None
+    def _commit(self, file: BinaryIO) -> None:
         try:
-            with self._store._errors("write", self._key):
-                with f:
-                    f.flush()
-                    os.fsync(f.fileno())
+            with self._errors():
+                with file:
+                    file.flush()
+                    os.fsync(file.fileno())
                 regular.rename(self._store.root, self._tmp, self._key)
                 fsync_dir(os.path.dirname(self._store._path(self._key)))
         finally:
-            with contextlib.suppress(OSError):
-                regular.unlink(self._store.root, self._tmp)
-        return self._hash.hexdigest()
+            self._discard()
 
-    def abort(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def _discard(self) -> None:
         with contextlib.suppress(OSError):
             regular.unlink(self._store.root, self._tmp)
 
@@ -147,13 +129,14 @@ class FileStore:
 
     scheme: ClassVar[str] = "file"
     example: ClassVar[str] = "file:///abs/path"
+    settings: ClassVar[None] = None
 
     @classmethod
     def authority_problem(cls, authority: str) -> str | None:
         return "a file:// store is file:///abs/path (no host)" if authority else None
 
     @classmethod
-    def open(cls, uri: str, s3: S3Config | None) -> FileStore:
+    def open(cls, uri: str, settings: StoreSettings | None, retry_seconds: float) -> FileStore:
         return cls(uri)
 
     def __init__(self, root: str) -> None:

@@ -1,5 +1,5 @@
-"""An S3 client whose calls ride out an outage: tried again, with backoff, for a budget of
-seconds.
+"""Requests that ride out an outage: tried again, with backoff, for a budget of seconds
+(:func:`keep_trying`, and :class:`PatientClient`, an S3 client whose every call does).
 
 botocore's attempts (``S3Config.max_attempts``) ride out a few seconds of trouble; a
 gateway that refuses connections fails all five in half a second. A worker's request
@@ -14,7 +14,9 @@ again here. Every wait is logged, naming the object and the reason, never a body
 Such a client makes every attempt itself: botocore's own retries are off for it. They draw
 their jitter from Python's global random generator, which a worker's training state holds
 (a checkpoint saves it, the trace compares it): one retry of theirs would make two legs
-differ where the stack did not. The jitter here comes from a generator of its own.
+differ where the stack did not. The jitter here comes from a generator of its own. The
+Cloud Storage store makes every request through :func:`keep_trying` for the same reason,
+its client's retries off.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from botocore.exceptions import (  # type: ignore[import-untyped]
-    BotoCoreError,
     ClientError,
     ConnectionError,
     HTTPClientError,
@@ -37,7 +39,9 @@ from resumequal.store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_BACKOFF", "PatientClient", "transient"]
+__all__ = ["MAX_BACKOFF", "PatientClient", "Tries", "keep_trying", "transient"]
+
+T = TypeVar("T")
 
 FIRST_BACKOFF = 0.05
 # The longest wait between two tries: an endpoint back is used within this.
@@ -85,26 +89,58 @@ class PatientClient:
         return functools.partial(self._patiently, name, attr)
 
     def _patiently(self, name: str, call: Callable[..., Any], **params: Any) -> Any:
-        started = time.monotonic()
-        wait = FIRST_BACKOFF
-        while True:
-            try:
-                return call(**params)
-            except (BotoCoreError, ClientError) as e:
-                reason = transient(e)
-                if reason is None:
+        key = params.get("Key") or params.get("Prefix") or ""
+        uri = f"s3://{params.get('Bucket', '')}/{key}"
+        return keep_trying(functools.partial(call, **params), transient, Tries(
+            self._endpoint, _DOING.get(name, name), uri, seconds=self._seconds), name)
+
+
+@dataclass(frozen=True)
+class Tries:
+    """How long one request is made again, and what it is, for messages: ``doing`` (a
+    verb: "read") ``uri`` at ``endpoint`` (credentials redacted). ``seconds`` > 0: for that
+    long after the first try, then StoreUnavailable; else ``attempts`` tries at most."""
+
+    endpoint: str
+    doing: str
+    uri: str
+    seconds: float = 0.0
+    attempts: int = 1
+
+
+def keep_trying(call: Callable[[], T], reason: Callable[[BaseException], str | None],
+                tries: Tries, name: str = "") -> T:
+    """``call()``, made again (with backoff) while ``reason`` says why it failed for want of
+    the endpoint; an error it gives no reason for is raised at once. Past ``tries``, the
+    last error is raised (or, for a budget of seconds, StoreUnavailable from it)."""
+    started = time.monotonic()
+    wait = FIRST_BACKOFF
+    done = 0
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            why = reason(e)
+            if why is None:
+                raise
+            done += 1
+            spent = time.monotonic() - started
+            if tries.seconds <= 0:
+                if done >= tries.attempts:
                     raise
-                spent = time.monotonic() - started
-                key = params.get("Key") or params.get("Prefix") or ""
-                uri = f"s3://{params.get('Bucket', '')}/{key}"
-                if spent >= self._seconds:
-                    raise StoreUnavailable(
-                        f"{self._endpoint} kept failing to {_DOING.get(name, name)} {uri} "
-                        f"for {spent:.0f} s ({reason}); given up after the store's retry "
-                        f"budget of {self._seconds:g} s (timeouts.backendErrorSeconds)") from e
+                pause = wait * _JITTER.uniform(_JITTER_FLOOR, 1.0)
+                log.warning("retrying (%d/%d) %s %s: %s", done + 1, tries.attempts,
+                            name or tries.doing, tries.uri, why)
+            elif spent >= tries.seconds:
+                raise StoreUnavailable(
+                    f"{tries.endpoint} kept failing to {tries.doing} {tries.uri} for "
+                    f"{spent:.0f} s ({why}); given up after the store's retry budget of "
+                    f"{tries.seconds:g} s (timeouts.backendErrorSeconds)") from e
+            else:
                 # The last try falls at the budget's end.
-                pause = min(wait * _JITTER.uniform(_JITTER_FLOOR, 1.0), self._seconds - spent)
+                pause = min(wait * _JITTER.uniform(_JITTER_FLOOR, 1.0), tries.seconds - spent)
                 log.warning("%s %s failed for %.0f s (%s); trying again in %.2f s, for up to "
-                            "%g s", name, uri, spent, reason, pause, self._seconds)
-                time.sleep(pause)
-                wait = min(2 * wait, MAX_BACKOFF)
+                            "%g s", name or tries.doing, tries.uri, spent, why, pause,
+                            tries.seconds)
+            time.sleep(pause)
+            wait = min(2 * wait, MAX_BACKOFF)

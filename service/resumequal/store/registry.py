@@ -1,7 +1,8 @@
 """Which store class serves which URI scheme.
 
-A store class declares its scheme and registers itself with :func:`register`, in its own
-module of this package; nothing else names it. :func:`store_class` finds the class of a
+A store class declares its scheme and its settings model (:mod:`resumequal.store.settings`,
+or None) and registers itself with :func:`register`, in its own module of this package;
+nothing else names it. :func:`store_class` finds the class of a
 scheme, importing every module of the package once so that each registers (a new store is
 one file here). :func:`open_store` and the spec's validation of store URIs both ask here.
 
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from resumequal.store.base import Store
-    from resumequal.store.s3settings import S3Config
+    from resumequal.store.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ class StoreClass(Protocol):
     """The URI scheme it serves, e.g. ``"s3"`` for ``s3://bucket/prefix``."""
     example: ClassVar[str]
     """A URI of the scheme, for messages: ``"s3://bucket/prefix"``."""
+    settings: ClassVar[type[StoreSettings] | None]
+    """The model of the spec section that says how such a store is reached; None: the
+    URI says it all (a folder)."""
 
     @classmethod
     def authority_problem(cls, authority: str) -> str | None:
@@ -39,8 +43,10 @@ class StoreClass(Protocol):
         ...
 
     @classmethod
-    def open(cls, uri: str, s3: S3Config | None) -> Store:
-        """The store at ``uri``; ``s3`` configures an S3 endpoint, other stores ignore it."""
+    def open(cls, uri: str, settings: StoreSettings | None, retry_seconds: float) -> Store:
+        """The store at ``uri``, reached with ``settings`` (an instance of :attr:`settings`;
+        None: its defaults and the environment). ``retry_seconds``: how long a request that
+        the endpoint cannot serve is made again (0: the settings' attempts alone)."""
         ...
 
 

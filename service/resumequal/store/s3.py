@@ -23,7 +23,6 @@ import os
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
-from urllib.parse import urlparse
 
 # boto3 ships no type information (no py.typed); its objects are Any here. boto3 itself
 # (a tenth of a second) loads with the first client, never for a process that only imports
@@ -45,9 +44,9 @@ from resumequal.errors import StoreError
 from resumequal.redact import redact
 from resumequal.store.base import (
     CHUNK,
+    BucketPath,
     LocalPath,
     ObjectInfo,
-    check_key,
     download_verified,
     folder,
 )
@@ -62,7 +61,8 @@ from resumequal.store.errors import (
 from resumequal.store.multipart import PartWriter, copy_file, download, get_range
 from resumequal.store.patience import PatientClient
 from resumequal.store.registry import register
-from resumequal.store.s3settings import S3Config, endpoint_problem
+from resumequal.store.s3settings import S3Config, S3Settings, endpoint_problem, s3_config
+from resumequal.store.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -154,25 +154,20 @@ class S3Store:
 
     scheme: ClassVar[str] = "s3"
     example: ClassVar[str] = "s3://bucket/prefix"
+    settings: ClassVar[type[S3Settings]] = S3Settings
 
     @classmethod
     def authority_problem(cls, authority: str) -> str | None:
         return None if authority else "an s3:// store names a bucket (s3://bucket/prefix)"
 
     @classmethod
-    def open(cls, uri: str, s3: S3Config | None) -> S3Store:
-        return cls(uri, s3)
+    def open(cls, uri: str, settings: StoreSettings | None, retry_seconds: float) -> S3Store:
+        spec = settings if isinstance(settings, S3Settings) else None
+        return cls(uri, s3_config(spec, retry_seconds))
 
     def __init__(self, uri: str, config: S3Config | None = None) -> None:
-        parsed = urlparse(uri)
-        if parsed.scheme != "s3" or not parsed.netloc:
-            raise StoreError(f"{uri!r}: S3Store takes s3://bucket[/prefix]")
-        if parsed.query or parsed.fragment:
-            raise StoreError(f"{uri!r}: an s3:// URI has no query or fragment")
-        self.bucket = parsed.netloc
-        self.prefix = parsed.path.strip("/")
-        if self.prefix:
-            check_key(self.prefix)
+        self._where = BucketPath.parse(uri, self.scheme, type(self).__name__)
+        self.bucket, self.prefix = self._where.bucket, self._where.prefix
         self.config = config or S3Config()
         c = self.config
         import boto3.session  # type: ignore[import-untyped]
@@ -231,12 +226,10 @@ class S3Store:
         return redact(str(self._client.meta.endpoint_url))
 
     def uri(self, key: str = "") -> str:
-        path = "/".join(p for p in (self.prefix, key and check_key(key)) if p)
-        return f"s3://{self.bucket}/{path}"
+        return self._where.uri(key)
 
     def _key(self, key: str) -> str:
-        check_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
+        return self._where.name(key)
 
     def _bucket_missing(self) -> bool:
         """Whether the bucket is gone: a HEAD 404 does not say if the key or the bucket is."""

@@ -1,5 +1,5 @@
 """How an ``s3://`` store is reached: the spec's ``checkpoint.s3`` section
-(:class:`S3Spec`), the client settings it becomes (:class:`S3Config`, :func:`s3_config`)
+(:class:`S3Settings`), the client settings it becomes (:class:`S3Config`, :func:`s3_config`)
 and the environment variables that carry them to a worker without a spec.
 
 Settings only: no SDK and no store, as the spec imports this module for its
@@ -13,25 +13,20 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from resumequal.errors import StoreError
+from resumequal.store.settings import (
+    MAX_SECONDS,
+    MAX_URL,
+    StoreSettings,
+    connect_timeout_field,
+    max_attempts_field,
+)
 
-# S3Spec is a section of the spec and is spelt like every other one
-# (resumequal.spec.SECTION_CONFIG: camelCase on the wire, unknown keys refused, finite
-# floats, inputs kept out of messages) and bounded by the spec's ceilings (MAX_URI,
-# MAX_SECONDS). Written out here because the spec imports this module; test_store checks
-# that the two agree, and the generated spec reference and CRD would show any difference.
-_SPEC_SECTION = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel,
-                           validate_by_name=True, validate_by_alias=True,
-                           serialize_by_alias=True, allow_inf_nan=False,
-                           hide_input_in_errors=True)
-_MAX_URL = 2048
-_MAX_SECONDS = 7 * 24 * 3600.0
 # S3 rejects a multipart part under 5 MiB (except the last) and over 5 GiB.
 _MIN_PART_MB = 5
 _MAX_PART_MB = 5 * 1024
@@ -92,15 +87,19 @@ def check_endpoint(value: str | None) -> str | None:
     return value.rstrip("/")
 
 
-class S3Spec(BaseModel):
+# An endpoint field of a store's settings, checked as above.
+Endpoint = Annotated[str | None, AfterValidator(check_endpoint)]
+
+
+class S3Settings(StoreSettings):
     """How workers and the comparator reach an ``s3://`` checkpoint store (AWS S3, MinIO,
     Ceph RGW). No credentials here: they come from the standard AWS chain (env, profile,
     web identity, instance role), since specs are written into run files and reports."""
 
-    model_config = _SPEC_SECTION
+    scheme: ClassVar[str] = "s3"
 
-    endpoint_url: str | None = Field(
-        default=None, max_length=_MAX_URL,
+    endpoint_url: Endpoint = Field(
+        default=None, max_length=MAX_URL,
         description="http(s)://host:port of MinIO / RGW; None for AWS S3.",
     )
     region: str | None = Field(default=None, max_length=64,
@@ -108,18 +107,10 @@ class S3Spec(BaseModel):
     addressing_style: Literal["path", "virtual", "auto"] = Field(
         default="auto", description="'path' for MinIO and RGW without wildcard DNS."
     )
-    max_attempts: int = Field(
-        default=5, ge=1, le=20,
-        description="Attempts botocore makes per request (exponential backoff) for the runner "
-        "and the operator: 5 ride out ~15 s of endpoint trouble. A worker makes its own "
-        "attempts for timeouts.backendErrorSeconds instead.",
-    )
-    connect_timeout_seconds: float = Field(
-        default=3.0, gt=0, le=_MAX_SECONDS,
-        description="Seconds to open a connection before the attempt fails (and is retried).",
-    )
+    max_attempts: int = max_attempts_field("botocore")
+    connect_timeout_seconds: float = connect_timeout_field()
     read_timeout_seconds: float = Field(
-        default=8.0, gt=0, le=_MAX_SECONDS,
+        default=8.0, gt=0, le=MAX_SECONDS,
         description="Seconds without a byte from the endpoint before the attempt fails (and "
         "is retried). An endpoint that accepts connections and never answers fails a request "
         "after maxAttempts x readTimeoutSeconds plus backoff (at most 15 s): under a minute "
@@ -133,10 +124,22 @@ class S3Spec(BaseModel):
         "its authenticated manifest, so nothing is hashed twice.",
     )
 
-    @field_validator("endpoint_url")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        return check_endpoint(value)
+    def endpoint(self) -> str | None:
+        return self.endpoint_url
+
+    def environment(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.endpoint_url:
+            # S3's own variable: AWS_ENDPOINT_URL would also send STS (web identity) there.
+            env["AWS_ENDPOINT_URL_S3"] = self.endpoint_url
+        if self.region:
+            env.update(AWS_REGION=self.region, AWS_DEFAULT_REGION=self.region)
+        if self.addressing_style != "auto":
+            # botocore has no variable of its own for these (s3_config reads them back).
+            env[ADDRESSING_STYLE_ENV] = self.addressing_style
+        if self.sign_payloads:
+            env[SIGN_PAYLOADS_ENV] = "1"
+        return env
 
 
 class S3Config(BaseModel):
@@ -145,7 +148,7 @@ class S3Config(BaseModel):
     # Inputs stay out of validation messages: a misplaced secret must not be echoed.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
-    endpoint_url: str | None = None
+    endpoint_url: Endpoint = None
     """``http(s)://host:port`` of MinIO, Ceph RGW or another S3 API; ``None`` for AWS."""
     region: str | None = None
     """Signing region; ``None`` takes ``AWS_REGION`` / the profile. MinIO accepts any."""
@@ -180,18 +183,13 @@ class S3Config(BaseModel):
     """Seconds without a byte from the server before an attempt fails. With the defaults an
     endpoint that accepts connections and never answers fails a request after 5 x 8 s plus
     the backoff between attempts (at most 15 s): under a minute, a warning per retry."""
-    retry_seconds: float = Field(0.0, ge=0, le=_MAX_SECONDS)
+    retry_seconds: float = Field(0.0, ge=0, le=MAX_SECONDS)
     """How long a request is made again, with backoff (0.5 s doubling to 5 s), once
     botocore's attempts have failed for want of the endpoint (a connection refused or
     dropped, a timeout, a 5xx, throttling); 0: botocore's attempts alone. A worker's is its
     spec's ``timeouts.backendErrorSeconds``, the time the runner and the operator give
     their own store errors: an outage shorter than that is ridden out, a longer one ends
     the request naming the endpoint, the object and the time."""
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        return check_endpoint(value)
 
 
 # botocore reads endpoint, region and credentials from the environment, but has no
@@ -202,7 +200,7 @@ ADDRESSING_STYLE_ENV = "RESUMEQUAL_S3_ADDRESSING_STYLE"
 SIGN_PAYLOADS_ENV = "RESUMEQUAL_S3_SIGN_PAYLOADS"
 
 
-def s3_config(spec: S3Spec | None, retry_seconds: float = 0.0) -> S3Config:
+def s3_config(spec: S3Settings | None, retry_seconds: float = 0.0) -> S3Config:
     """Client settings from a spec's ``checkpoint.s3``; without one, AWS defaults plus
     ``RESUMEQUAL_S3_ADDRESSING_STYLE`` and ``RESUMEQUAL_S3_SIGN_PAYLOADS`` from the
     environment. ``retry_seconds``: see :attr:`S3Config.retry_seconds`."""
@@ -218,5 +216,5 @@ def s3_config(spec: S3Spec | None, retry_seconds: float = 0.0) -> S3Config:
                     retry_seconds=retry_seconds)
 
 
-__all__ = ["ADDRESSING_STYLE_ENV", "SIGN_PAYLOADS_ENV", "S3Config", "S3Spec", "check_endpoint",
-           "endpoint_problem", "s3_config"]
+__all__ = ["ADDRESSING_STYLE_ENV", "SIGN_PAYLOADS_ENV", "Endpoint", "S3Config", "S3Settings",
+           "check_endpoint", "endpoint_problem", "s3_config"]

@@ -75,7 +75,8 @@ def replay_leg(spec: QualificationSpec, leg: str, run: str, omit: frozenset[str]
     as attempt ``attempt`` did; the capture and the replay's trace go under ``out``."""
     seal = RunSeal.from_env()
     patience = spec.timeouts.backend_error_seconds  # as a leg's workers wait for the store
-    location = RunLocation.open(run, spec.checkpoint.s3, seal=seal, retry_seconds=patience)
+    location = RunLocation.open(run, spec.checkpoint.store_settings, seal=seal,
+                            retry_seconds=patience)
     spec = location.leg_spec(spec)
     scratch = out / "scratch"
     placement = init_process_group(spec.world.backend, spec.timeouts.process_group_seconds)
@@ -83,7 +84,8 @@ def replay_leg(spec: QualificationSpec, leg: str, run: str, omit: frozenset[str]
     placement = dataclasses.replace(placement, attempt=attempt)
     try:
         local = RunLocation.open(str(out / "run"), seal=seal)
-        ckpt = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
+        ckpt = checkpoint_location(spec.checkpoint.store or location.uri,
+                                   spec.checkpoint.store_settings,
                                    scratch / f"rank-{placement.rank}", leg, run=seal.run,
                                    retry_seconds=patience)
         replayer = Replayer(spec, leg, local.leg(leg), placement, omit=omit,

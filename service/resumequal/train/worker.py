@@ -42,7 +42,8 @@ def check_run_dir(run_dir: Path, spec: QualificationSpec) -> None:
 def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> CheckpointRoot:
     """Where a leg's checkpoints live: the spec's store (a folder or ``s3://``), else the
     leg's folder. ``run_dir`` is the local folder (the run's, or scratch on S3)."""
-    return checkpoint_location(spec.checkpoint.store, spec.checkpoint.s3, run_dir, leg)
+    return checkpoint_location(spec.checkpoint.store, spec.checkpoint.store_settings, run_dir,
+                               leg)
 
 
 def run_leg(
@@ -70,7 +71,8 @@ def run_leg(
     # Every request to the store rides out an outage as long as the runner and the
     # operator ride out their own store errors (resumequal.store.patience).
     patience = spec.timeouts.backend_error_seconds
-    location = RunLocation.open(run, spec.checkpoint.s3, seal=seal, retry_seconds=patience)
+    location = RunLocation.open(run, spec.checkpoint.store_settings, seal=seal,
+                            retry_seconds=patience)
     spec = location.leg_spec(spec)
     scratch = scratch or location.scratch()
     files = location.leg(leg)
@@ -92,8 +94,9 @@ def run_leg(
         location.check_claim(spec)
         sink = location.trace_sink(leg, placement.rank, placement.attempt, trace_every)
         # Checkpoints default to the run location itself; scratch holds only local copies.
-        ckpt = checkpoint_location(spec.checkpoint.store or location.uri, spec.checkpoint.s3,
-                                   scratch, leg, run=seal.run, retry_seconds=patience)
+        ckpt = checkpoint_location(spec.checkpoint.store or location.uri,
+                                   spec.checkpoint.store_settings, scratch, leg, run=seal.run,
+                                   retry_seconds=patience)
         worker = Trainer(spec, leg, files, placement, omit=omit, checkpoint_root=ckpt, trace=sink,
                          scratch=scratch)
         try:

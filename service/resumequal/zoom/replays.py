@@ -101,9 +101,9 @@ def _replay(start: ReplayStart, step: int, location: RunLocation,
     if start.start is not None:
         cmd += ["--from-checkpoint", start.start]
     env = dict(os.environ, OMP_NUM_THREADS=str(spec.world.threads_per_rank))
-    s3 = spec.checkpoint.s3
-    if s3 is not None and s3.endpoint_url:
-        env["AWS_ENDPOINT_URL_S3"] = s3.endpoint_url
+    settings = spec.checkpoint.store_settings
+    if settings is not None:
+        env.update(settings.environment())
     log_path = work / f"{start.leg}.replay.log"
     tree = ProcessTree()
     proc = tree.spawn(cmd, log_path, env)
