@@ -120,7 +120,8 @@ def test_the_table_holds_the_models_defaults() -> None:
             node = defaults
             for key in parents:
                 node = node[key]
-            assert node[leaf] == v1, path
+            # A field left out of dumps while unset (checkpoint.gcs) reads as absent.
+            assert node.get(leaf) == v1, path
 
 
 def test_a_later_field_set_away_from_its_v1_value_changes_the_digest() -> None:

@@ -34,6 +34,8 @@ ADDED_AFTER_V1: Final[tuple[Mapping[str, Any], ...]] = tuple(MappingProxyType(m)
     {"compile": {"enabled": False, "mode": "default", "cache": "shared"}},
     {"workload.loader": None},
     {"world.launcher": "torchrun"},
+    # Left out of dumps while unset (sections.CheckpointSpec), so absent rather than null.
+    {"checkpoint.gcs": None},
 ))
 
 
@@ -44,7 +46,7 @@ def spec_digest(spec: SpecSections) -> str:
     for added in ADDED_AFTER_V1:
         if all(_parent(data, path).get(_leaf(path)) == v1 for path, v1 in added.items()):
             for path in added:
-                del _parent(data, path)[_leaf(path)]
+                _parent(data, path).pop(_leaf(path), None)
     if spec.preemption.resize is not None:
         # Every leg of a resize run draws its data globally, the reference leg too.
         data["data"] = "global"
