@@ -31,11 +31,11 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.spec import load_spec
-from resumequal.state import seed_everything
 from resumequal.train.distributed import process_started_at
 from resumequal.train.precision import Precision
 from resumequal.train.recording import parameter_names
 from resumequal.train.sharding import rebind_optimizer, shard_units
+from resumequal.train.state import seed_everything
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import WorkloadContext
 

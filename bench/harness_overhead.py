@@ -41,7 +41,7 @@ import yaml
 
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import local_torchrun_args
+from resumequal.qualify.plan import local_torchrun_args
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.spec import QualificationSpec, load_spec

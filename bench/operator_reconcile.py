@@ -72,18 +72,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from resumequal.local.backend import free_port  # noqa: E402
-from resumequal.plan import qualification_plan  # noqa: E402
-from resumequal.qualify import LegRun, Phase, QualificationStatus, Reason  # noqa: E402
+from resumequal.qualify.machine import LegRun, Phase, QualificationStatus, Reason  # noqa: E402
+from resumequal.qualify.plan import qualification_plan  # noqa: E402
+from resumequal.results.verdict import PhaseEvent, Result  # noqa: E402
 from resumequal.run.location import RunLocation  # noqa: E402
 from resumequal.run.name import run_uri  # noqa: E402
 from resumequal.run.signing import new_key  # noqa: E402
-from resumequal.verdict import PhaseEvent, Result  # noqa: E402
 from resumequal_operator import pytorchjob  # noqa: E402
 from resumequal_operator.controller import FINALIZER  # noqa: E402
 from resumequal_operator.kube import QUALIFICATION_RUNS  # noqa: E402
-from resumequal_operator.resource import parse_run_spec, qualification_spec  # noqa: E402
 from resumequal_operator.runkeys import MasterKey  # noqa: E402
 from resumequal_operator.status import run_status  # noqa: E402
+from resumequal_operator.validation import parse_run_spec, qualification_spec  # noqa: E402
 from testing.cluster.node.scriptnode import NodeRuntime  # noqa: E402
 from tests.operator.harness import run_manifest  # noqa: E402
 from tests.operator.workers import Workers, verdict  # noqa: E402

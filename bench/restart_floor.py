@@ -3,7 +3,7 @@ stage, next to the bare worker's.
 
 Under the default launcher (stock torchrun) every worker is a fresh interpreter and pays
 this at every start. Under ``world.launcher: forked`` a leg's workers are forked from the
-agent's forkserver (``resumequal.agent``), which loads this code once, before the first
+agent's forkserver (``resumequal.worker.agent``), which loads this code once, before the first
 attempt (``resumequal.train.preload``): a restart loads none of it, and what it costs is
 paid there, once per agent (at a leg's start, and by the new agent of a replaced node or
 pod). A worker started as a fresh interpreter pays it at every start:

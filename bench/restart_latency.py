@@ -5,7 +5,7 @@ Every side runs with LocalBackend's launch options (c10d rendezvous on loopback,
 ``--max-restarts 1``, ``--monitor-interval 0.1``, OMP_NUM_THREADS=1) and loses rank 1 to a
 SIGKILL on attempt 0. For each launcher (``world.launcher``: stock torchrun, the default,
 every worker a fresh interpreter; forked, workers forked from a process that loaded their
-code once, :mod:`resumequal.agent`):
+code once, :mod:`resumequal.worker.agent`):
 
 - resumequal: the preempted leg of the default spec (hard cut at step 6, microstep 1, on
   rank 1), launched as LocalBackend launches it under that launcher. The bench waits for
@@ -61,7 +61,7 @@ import yaml
 
 from resumequal.local.backend import free_port
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import local_torchrun_args
+from resumequal.qualify.plan import local_torchrun_args
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.spec.launchers import LAUNCHERS, TORCHRUN, command

@@ -23,8 +23,8 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
 from resumequal.bisect.result import BisectResult
+from resumequal.results.verdict import Report, Verdict
 from resumequal.spec import QualificationSpec
-from resumequal.verdict import Report, Verdict
 from resumequal_operator.resource import QualificationRunSpec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -42,7 +42,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from resumequal_operator.podsecurity import ANY_CAPABILITY, capability, departures
-from resumequal_operator.resource import Problem, QualificationRunSpec, SecuritySpec
+from resumequal_operator.resource import QualificationRunSpec, SecuritySpec
+from resumequal_operator.validation import Problem
 
 DEFAULT_SERVICE_ACCOUNT = "default"
 _MAX_PATTERN = 1024

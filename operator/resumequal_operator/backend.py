@@ -1,8 +1,9 @@
 """KubernetesBackend: the legs of one QualificationRun as PyTorchJobs or TrainJobs
 (``spec.backend``, :mod:`.legjobs`), its comparator a Job.
 
-The same interface as the local torchrun backend, so :class:`resumequal.qualify.Qualification`
-drives both. The backend keeps no memory of its own: every answer is read from the cluster
+The same interface as the local torchrun backend, so
+:class:`resumequal.qualify.machine.Qualification` drives both. The backend keeps no memory
+of its own: every answer is read from the cluster
 (job conditions, from the operator's watch of its jobs where it holds them; pods) and from
 the run location (progress, beacons, failure markers, verdict), so a backend built afresh
 on every reconcile, or by a restarted operator, sees what the previous one saw. Launching
@@ -32,14 +33,14 @@ from functools import partial
 from pydantic import ValidationError
 
 from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
-from resumequal.plan import LegPlan, Plan
-from resumequal.qualify import LegObservation, LegState, kill_order
+from resumequal.qualify.machine import LegObservation, LegState, kill_order
+from resumequal.qualify.plan import LegPlan, Plan
+from resumequal.results.verdict import Verdict, Zoom
 from resumequal.run.beacons import GROW, Beacon, InvalidBeacon, PodKill
 from resumequal.run.layout import ZOOM_JSON
 from resumequal.run.location import RunLocation
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.store import StoreNotFound
-from resumequal.verdict import Verdict, Zoom
 from resumequal.words import clip
 from resumequal_operator import netpolicy, pytorchjob, resize
 from resumequal_operator.kube import (
@@ -55,7 +56,8 @@ from resumequal_operator.kube import (
     Obj,
 )
 from resumequal_operator.legjobs import LegJobs, PyTorchJobLegs, job_kinds
-from resumequal_operator.resource import QualificationRunSpec, ZoomStatus, is_object_name
+from resumequal_operator.resource import QualificationRunSpec, is_object_name
+from resumequal_operator.runstatus import ZoomStatus
 from resumequal_operator.runtime import fanout
 from resumequal_operator.runtime.cache import CachedReads
 

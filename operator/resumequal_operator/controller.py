@@ -31,17 +31,23 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from resumequal.assembly import build_report
 from resumequal.errors import ClusterError, ReportError, ResumequalError, StoreError
-from resumequal.plan import Plan, qualification_plan
-from resumequal.qualify import Phase, Qualification, QualificationStatus, Reason, failed_verdict
+from resumequal.qualify.machine import (
+    Phase,
+    Qualification,
+    QualificationStatus,
+    Reason,
+    failed_verdict,
+)
+from resumequal.qualify.plan import Plan, qualification_plan
+from resumequal.qualify.timeline import Timeline
 from resumequal.redact import redact
+from resumequal.results.assembly import build_report
+from resumequal.results.verdict import Result, Zoom
 from resumequal.run.layout import ZOOM_JSON
 from resumequal.run.location import RunLocation
 from resumequal.run.name import run_uri
-from resumequal.run.timeline import Timeline
 from resumequal.spec import QualificationSpec
-from resumequal.verdict import Result, Zoom
 from resumequal.words import clip
 from resumequal_operator import pytorchjob
 from resumequal_operator.allowlist import Allowlist
@@ -58,16 +64,9 @@ from resumequal_operator.events import EventRecorder
 from resumequal_operator.kube import QUALIFICATION_RUNS, Conflict, Kube, Obj
 from resumequal_operator.legjobs import TrainerSettings, job_kinds, leg_jobs
 from resumequal_operator.opmetrics import OperatorMetrics
-from resumequal_operator.resource import (
-    Backend,
-    QualificationRunSpec,
-    QualificationRunStatus,
-    RunSpecError,
-    ZoomStatus,
-    parse_run_spec,
-    qualification_spec,
-)
+from resumequal_operator.resource import Backend, QualificationRunSpec
 from resumequal_operator.runkeys import MasterKey
+from resumequal_operator.runstatus import QualificationRunStatus, ZoomStatus
 from resumequal_operator.runtime import fanout
 from resumequal_operator.runtime.cache import CachedReads, ObjectCache, key_of
 from resumequal_operator.status import (
@@ -82,6 +81,7 @@ from resumequal_operator.status import (
     stored_machine,
 )
 from resumequal_operator.support import unsupported
+from resumequal_operator.validation import RunSpecError, parse_run_spec, qualification_spec
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from resumequal_operator.resource import (
     SINGULAR,
     VERSION,
     QualificationRunSpec,
-    QualificationRunStatus,
 )
+from resumequal_operator.runstatus import QualificationRunStatus
 
 Schema = dict[str, Any]
 

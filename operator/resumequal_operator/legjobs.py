@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from resumequal.plan import LegPlan
+from resumequal.qualify.plan import LegPlan
 from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, TRAINJOBS, Kind, Obj
 from resumequal_operator.resource import Backend, QualificationRunSpec

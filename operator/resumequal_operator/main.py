@@ -46,7 +46,7 @@ def render(file: TextIO, namespace: str | None, default_backend: str, trainjob_r
     Job and its NetworkPolicy), without a cluster. Exit 2 on a bad spec."""
     from resumequal_operator.legjobs import TrainerSettings
     from resumequal_operator.render import render_yaml
-    from resumequal_operator.resource import RunSpecError
+    from resumequal_operator.validation import RunSpecError
 
     trainer = TrainerSettings(trainjob_runtime, trainjob_runtime_kind)  # type: ignore[arg-type]
     try:

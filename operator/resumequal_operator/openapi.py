@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from resumequal_operator.resource import Problem
+from resumequal_operator.validation import Problem
 
 Schema = Mapping[str, Any]
 

@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from resumequal.metrics import QualificationMetrics
+from resumequal.results.metrics import QualificationMetrics
 
 # A reconcile is a few API calls and store reads (milliseconds), up to a status write
 # retried after conflicts on a slow API server (seconds). Bounds at 35 and 75 ms either

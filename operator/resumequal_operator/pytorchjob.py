@@ -12,8 +12,8 @@ choices below follow from it:
   replicas to shrink the world and raises them again to grow it (:mod:`.backend`).
   ``rdzvConf`` carries the spec's timeouts: torchrun's default 60 s store read timeout
   fails a worker whose pod starts a minute before worker-0's (uneven image pulls). A
-  resize adds the local backend's rendezvous settings (:data:`resumequal.plan.
-  NODE_KEEP_ALIVE`, :data:`resumequal.plan.RESIZE_LAST_CALL`): the deleted node leaves the
+  resize adds the local backend's rendezvous settings (:data:`resumequal.qualify.plan.
+  NODE_KEEP_ALIVE`, :data:`resumequal.qualify.plan.RESIZE_LAST_CALL`): the deleted node leaves the
   rendezvous within seconds, and each re-rendezvous at the smaller size closes after 1 s.
 - The container runs ``resumequal launch --mode M --launcher L -- <torchrun args>``, not torchrun
   itself: torchrun exits 1 on SIGTERM, which the ``ExitCode`` policy treats as the leg's own
@@ -52,7 +52,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from resumequal.plan import (
+from resumequal.qualify.plan import (
     NODE_KEEP_ALIVE,
     RESIZE_LAST_CALL,
     LegPlan,

@@ -25,22 +25,15 @@ from typing import Any
 
 import yaml
 
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.run.name import run_uri
 from resumequal.spec.yamlread import YAMLInputError, load_yaml_all
 from resumequal_operator import netpolicy, openapi, pytorchjob
 from resumequal_operator.crd import open_api_schema
 from resumequal_operator.kube import Obj
 from resumequal_operator.legjobs import TrainerSettings, leg_jobs
-from resumequal_operator.resource import (
-    API_VERSION,
-    KIND,
-    Backend,
-    Problem,
-    RunSpecError,
-    parse_run_spec,
-    qualification_spec,
-)
+from resumequal_operator.resource import API_VERSION, KIND, Backend
+from resumequal_operator.validation import Problem, RunSpecError, parse_run_spec, qualification_spec
 
 # Stands in for metadata.uid, which only the API server assigns: it names the jobs
 # (a hash of it) and the run location.

@@ -6,7 +6,7 @@ training operator v1.9 deletes the pods whose replica index is >= ``replicas`` w
 lowered, and creates the missing indices, under the same names, when they are raised
 (``ReconcilePods``, pkg/controller.v1/common/pod.go); the torchrun agents, launched with
 ``PET_NNODES=toNodes:nnodes``, re-rendezvous at the size the pods give them. Which legs
-resize, and the ranks that finish them, are the plan's (:class:`resumequal.plan.LegPlan`).
+resize, and the ranks that finish them, are the plan's (:class:`resumequal.qualify.plan.LegPlan`).
 """
 
 from __future__ import annotations

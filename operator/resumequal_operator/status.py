@@ -1,7 +1,7 @@
 """A QualificationRun's status from the qualification machine's memory, and back.
 
 The status is derived, never edited in place: every reconcile computes it whole from the
-machine (:class:`resumequal.qualify.QualificationStatus`, kept in ``status.machine``) and
+machine (:class:`resumequal.qualify.machine.QualificationStatus`, kept in ``status.machine``) and
 the previous status, which only contributes what the machine does not keep: condition
 transition times and the verdict summary of a finished run.
 """
@@ -14,13 +14,13 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus, failed_reason
+from resumequal.qualify.machine import MAIN_LEG, Phase, QualificationStatus, failed_reason
+from resumequal.qualify.timeline import restart_seconds
 from resumequal.redact import redact
-from resumequal.run.timeline import restart_seconds
+from resumequal.results.verdict import Result, Verdict
 from resumequal.spec.launchers import caveats
-from resumequal.verdict import Result, Verdict
 from resumequal.words import clip
-from resumequal_operator.resource import (
+from resumequal_operator.runstatus import (
     Condition,
     FirstDivergence,
     LegStatus,

@@ -12,7 +12,8 @@ Must not: talk to the cluster or the store, or import torch.
 from __future__ import annotations
 
 from resumequal.spec.capabilities import TorchInfo, missing_features, refusal
-from resumequal_operator.resource import Problem, QualificationRunSpec, qualification_spec
+from resumequal_operator.resource import QualificationRunSpec
+from resumequal_operator.validation import Problem, qualification_spec
 
 
 def unsupported(spec: QualificationRunSpec) -> list[Problem]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from resumequal.plan import LegPlan
+from resumequal.qualify.plan import LegPlan
 from resumequal_operator import pytorchjob
 from resumequal_operator.resource import QualificationRunSpec
 

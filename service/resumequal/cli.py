@@ -197,8 +197,8 @@ def launch(mode: str, launcher: str, torchrun_args: tuple[str, ...]) -> None:
     Exits with torchrun's code, or with 128+signal when this process was signalled
     (never 1, which the training operator takes for a permanent failure).
     """
-    from resumequal.launch import Mode
-    from resumequal.launch import launch as launch_torchrun
+    from resumequal.worker.launch import Mode
+    from resumequal.worker.launch import launch as launch_torchrun
 
     sys.exit(launch_torchrun(cast(Mode, mode), list(torchrun_args), launcher))
 

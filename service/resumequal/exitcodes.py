@@ -21,7 +21,7 @@ from resumequal.spec import SpecError
 if TYPE_CHECKING:
     # The verdict's models load where a verdict is made: a worker's entry point (the same
     # CLI) never loads them.
-    from resumequal.verdict import Result
+    from resumequal.results.verdict import Result
 
 
 class ExitCode(IntEnum):

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from resumequal.metrics import QualificationMetrics
+from resumequal.results.metrics import QualificationMetrics
 
 DURATION = (
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
@@ -120,7 +120,7 @@ def validate_monitoring(obj: dict[str, Any]) -> None:
 
 
 # The operator's own families (resumequal-operator run serves them next to the
-# qualification families of resumequal.metrics).
+# qualification families of resumequal.results.metrics).
 OPERATOR_FAMILIES = {
     "resumequal_operator_reconcile_total",
     "resumequal_operator_reconcile_errors_total",

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from resumequal.metrics import QualificationMetrics
-from resumequal.verdict import Result
+from resumequal.results.metrics import QualificationMetrics
+from resumequal.results.verdict import Result
 from resumequal_operator import opmetrics
 from tests.chart.monitoring import OPERATOR_FAMILIES, metric_names
 from tests.chart.prometheus import metrics_endpoint, running_prometheus

@@ -21,9 +21,9 @@ from helm_python import _native as helm_native
 
 from resumequal_operator import main as operator_main
 from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
-from resumequal_operator.resource import parse_run_spec
 from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.trainjob import leg_runtime
+from resumequal_operator.validation import parse_run_spec
 from tests import k8s_schemas
 from tests.chart.monitoring import validate_monitoring
 from tests.tools import require

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from resumequal.metrics import RUN_LABELS, QualificationMetrics
-from resumequal.verdict import Result
+from resumequal.results.metrics import RUN_LABELS, QualificationMetrics
+from resumequal.results.verdict import Result
 from resumequal_operator import opmetrics
 from tests.chart.monitoring import metric_names
 from tests.chart.prometheus import metrics_endpoint, running_prometheus

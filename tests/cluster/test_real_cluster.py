@@ -37,8 +37,8 @@ from kubernetes import client, config
 from tests.waiting import eventually
 
 if TYPE_CHECKING:
+    from resumequal.results.verdict import Verdict
     from resumequal.run.location import RunLocation
-    from resumequal.verdict import Verdict
     from testing.cluster.audit import Request
     from testing.cluster.cluster import Cluster
 
@@ -229,7 +229,7 @@ def _events(target: Target, name: str) -> list[tuple[str, str]]:
 def _check_files(location: RunLocation, kind: str, rank: int, node: str) -> None:
     """What the run's files say of the kill and the resume: the checkpoint restored, the
     comparator's timeline of the kill, the armed rank's pod."""
-    from resumequal.verdict import Report
+    from resumequal.results.verdict import Report
 
     verdict = _verdict_file(location)
     assert verdict.resumed_from == RESUMED_FROM[kind], verdict.resumed_from

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import yaml
 
-from resumequal.plan import leg_module_args, local_torchrun_args
+from resumequal.qualify.plan import leg_module_args, local_torchrun_args
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
 from resumequal.spec import launchers

@@ -1,4 +1,4 @@
-"""``python -m resumequal.agent``: torchrun's agent with ``-m`` workers forked from a
+"""``python -m resumequal.worker.agent``: torchrun's agent with ``-m`` workers forked from a
 forkserver that loaded their code once. Real agents on loopback, 2 workers, real SIGKILLs."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import local_torchrun_args
+from resumequal.qualify.plan import local_torchrun_args
 from resumequal.spec.launchers import command
 from testing.ports import free_port
 from tests.waiting import eventually
@@ -149,7 +149,7 @@ def test_a_torch_without_the_internals_it_patches_runs_stock_torchrun_with_a_war
 ) -> None:
     # A torch whose MultiprocessContext has no _poll: the agent cannot work there.
     without = ("import sys; import torch.distributed.elastic.multiprocessing.api as api; "
-               "del api.MultiprocessContext._poll; import resumequal.agent as agent; "
+               "del api.MultiprocessContext._poll; import resumequal.worker.agent as agent; "
                "agent.main(sys.argv[1:])")
     agent, out, log = _agent(tree, tmp_path, ["-m", WORKER], "ok", agent=("-c", without))
     assert agent.wait(120) == 0, log.read_text()[-3000:]
@@ -173,7 +173,7 @@ def test_a_traceback_is_logged_without_loading_dynamo(tmp_path: Path) -> None:
     probe = textwrap.dedent("""
         import logging, sys
         import torch.distributed.run  # torch's log handlers, as in the agent
-        from resumequal.agent import format_tracebacks_first
+        from resumequal.worker.agent import format_tracebacks_first
         if sys.argv[1] == "filtered":
             format_tracebacks_first()
         try:

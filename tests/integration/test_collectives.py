@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from resumequal.errors import CheckpointError
-from resumequal.state import Counters
 from resumequal.train.loop import check_counters_agree
+from resumequal.train.state import Counters
 from testing.ports import free_port
 
 

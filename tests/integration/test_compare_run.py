@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from resumequal.compare import compare_run
+from resumequal.results.verdict import Result
 from resumequal.run.location import RunLocation
-from resumequal.verdict import Result
 from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from resumequal.results.verdict import Result
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key
-from resumequal.verdict import Result
 from tests.integration import legs
 
 if TYPE_CHECKING:

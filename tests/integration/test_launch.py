@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from resumequal.local.processes import ProcessTree, alive
-from resumequal.plan import local_torchrun_args
+from resumequal.qualify.plan import local_torchrun_args
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
 from resumequal.spec import parse_spec

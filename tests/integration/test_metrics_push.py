@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from resumequal.errors import MetricsError
-from resumequal.metrics import QualificationMetrics, push
-from resumequal.verdict import Result
+from resumequal.results.metrics import QualificationMetrics, push
+from resumequal.results.verdict import Result
 from tests.exposition import value
 from tests.unit.report_samples import make_report
 

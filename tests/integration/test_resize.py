@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from resumequal.plan import leg_module_args, local_torchrun_args
+from resumequal.qualify.plan import leg_module_args, local_torchrun_args
 from resumequal.spec.launchers import TORCHRUN
 from testing.ports import free_port
 from tests.integration import legs

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from resumequal.errors import ReportError, StoreError, TraceError, TrainingError
+from resumequal.results.verdict import Cut, Result, Verdict
 from resumequal.run.beacons import KillOrder
 from resumequal.run.layout import SMALL_OBJECT_BYTES
 from resumequal.run.legfiles import LegFiles
@@ -20,7 +21,6 @@ from resumequal.store import StoreAccessDenied, StoreObjectTooLarge, StoreUnavai
 from resumequal.store.gcssettings import GCSSettings
 from resumequal.store.log import parse_segment, segment_bytes
 from resumequal.store.s3settings import S3Settings
-from resumequal.verdict import Cut, Result, Verdict
 from tests.trace_records import startup_record, step_record, trace_line
 
 if TYPE_CHECKING:

@@ -17,10 +17,10 @@ import pytest
 from resumequal.checkpoint import Position, RemoteRoot, checkpoint_location, remote
 from resumequal.checkpoint.manifest import Manifest
 from resumequal.compare import compare_run
+from resumequal.results.verdict import Result
 from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.store.s3settings import S3Settings
-from resumequal.verdict import Result
 from tests.integration import legs
 from tests.integration.conftest import ControlRuns, spec_for
 from tests.outage import Outage

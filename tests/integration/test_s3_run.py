@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from resumequal.plan import leg_module_args, local_torchrun_args
+from resumequal.qualify.plan import leg_module_args, local_torchrun_args
+from resumequal.results.verdict import Result
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key
-from resumequal.verdict import Result
 from testing.ports import free_port
 from tests.exposition import value
 from tests.integration import legs

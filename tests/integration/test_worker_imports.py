@@ -1,7 +1,7 @@
 """What a worker process loads before its first collective.
 
 A leg's workers are forked from a process that loaded the leg's code once
-(``resumequal.agent``, ``resumequal.train.preload``), and a leg started by plain torchrun
+(``resumequal.worker.agent``, ``resumequal.train.preload``), and a leg started by plain torchrun
 pays its imports at every start; either way the leg's entry point (``python -m resumequal
 leg``) must not load what only the runner, the comparator, the reports or an S3 store
 use: the forkserver loads it before a leg's first attempt, and a replaced node or pod
@@ -27,13 +27,13 @@ NOT_IN_A_WORKER = (
     "resumequal.compare",
     "resumequal.local",
     "resumequal.jobs",
-    "resumequal.qualify",
-    "resumequal.assembly",
-    "resumequal.publish",
-    "resumequal.run.timeline",
-    "resumequal.matrix",
-    "resumequal.metrics",
-    "resumequal.verdict",  # read by the runner and the operator, never written by a worker
+    "resumequal.qualify.machine",
+    "resumequal.results.assembly",
+    "resumequal.results.publish",
+    "resumequal.qualify.timeline",
+    "resumequal.results.matrix",
+    "resumequal.results.metrics",
+    "resumequal.results.verdict",  # read by the runner and the operator, never written by a worker
 )
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from resumequal.verdict import Result
+from resumequal.results.verdict import Result
 from resumequal_operator.kube import Kube
 from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster

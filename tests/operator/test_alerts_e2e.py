@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from resumequal.verdict import Result
+from resumequal.results.verdict import Result
 from resumequal_operator.kube import QUALIFICATION_RUNS
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI

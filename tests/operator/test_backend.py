@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 
 from resumequal.errors import NotAuthentic
-from resumequal.plan import qualification_plan
-from resumequal.qualify import LegState
+from resumequal.qualify.machine import LegState
+from resumequal.qualify.plan import qualification_plan
+from resumequal.results.verdict import Result
 from resumequal.run.beacons import GROW, Beacon
 from resumequal.run.location import RunLocation
 from resumequal.spec import PreemptionSpec
-from resumequal.verdict import Result
 from resumequal_operator.backend import ComparatorFailed, KillRefused, KubernetesBackend, RunRef
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
-from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.runkeys import MasterKey
+from resumequal_operator.validation import parse_run_spec, qualification_spec
 from testing.cluster.testapi import RealAPI
 from tests.operator.harness import NAMESPACE, failed_job_status, run_location, run_manifest
 from tests.operator.workers import verdict

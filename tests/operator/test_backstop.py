@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.run.signing import new_key
 from resumequal_operator import pytorchjob
-from resumequal_operator.resource import parse_run_spec, qualification_spec
+from resumequal_operator.validation import parse_run_spec, qualification_spec
 from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.node.scriptrt import hold
 from testing.cluster.podcluster import PodCluster

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from resumequal.errors import ClusterError
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal_operator import pytorchjob
 from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS, Kube
-from resumequal_operator.resource import parse_run_spec, qualification_spec
+from resumequal_operator.validation import parse_run_spec, qualification_spec
 from testing.cluster.testapi import RealAPI
 from tests.operator.harness import (
     NAMESPACE,

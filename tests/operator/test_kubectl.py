@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from resumequal.verdict import Result
+from resumequal.results.verdict import Result
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
 from tests.operator.harness import (

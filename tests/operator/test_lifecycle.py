@@ -47,7 +47,7 @@ def test_a_failing_verdict_and_graceful_kill(
     api: RealAPI, operators: Operators, pods: PodCluster, workers: Workers,
     store: dict[str, str]
 ) -> None:
-    from resumequal.verdict import Result
+    from resumequal.results.verdict import Result
 
     workers.result = Result.FAIL
     op = operators.start()
@@ -84,7 +84,7 @@ def test_a_failing_verdict_is_zoomed_by_a_job_of_its_own_when_asked(
     api: RealAPI, operators: Operators, pods: PodCluster, workers: Workers,
     store: dict[str, str]
 ) -> None:
-    from resumequal.verdict import Result
+    from resumequal.results.verdict import Result
 
     workers.result = Result.FAIL
     op = operators.start()
@@ -117,7 +117,7 @@ def test_a_zoom_job_that_fails_leaves_the_verdict_and_says_so(
     api: RealAPI, operators: Operators, pods: PodCluster, workers: Workers,
     store: dict[str, str]
 ) -> None:
-    from resumequal.verdict import Result
+    from resumequal.results.verdict import Result
 
     workers.result, workers.zoom_exit = Result.FAIL, 2
     operators.start()

@@ -11,7 +11,7 @@ from resumequal.run.location import RunLocation
 from resumequal_operator import pytorchjob
 from resumequal_operator.backend import Notice, RunRef, observe_zoom
 from resumequal_operator.kube import JOBS, NETWORK_POLICIES, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
-from resumequal_operator.resource import parse_run_spec
+from resumequal_operator.validation import parse_run_spec
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
 from tests.k8s_schemas import validate_core

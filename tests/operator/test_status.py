@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from resumequal.qualify import LegRun, Phase, QualificationStatus, Reason
+from resumequal.qualify.machine import LegRun, Phase, QualificationStatus, Reason
+from resumequal.results.verdict import Cut, Divergence, Result, Verdict
 from resumequal.run.beacons import Beacon
-from resumequal.verdict import Cut, Divergence, Result, Verdict
-from resumequal_operator.resource import QualificationRunStatus
+from resumequal_operator.runstatus import QualificationRunStatus
 from resumequal_operator.status import machine_of, run_status
 
 

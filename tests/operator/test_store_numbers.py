@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from resumequal.errors import NotAuthentic
-from resumequal.plan import qualification_plan
-from resumequal.qualify import LegRun, Phase, QualificationStatus
+from resumequal.qualify.machine import LegRun, Phase, QualificationStatus
+from resumequal.qualify.plan import qualification_plan
 from resumequal.run.beacons import MAX_EPOCH_SECONDS, InvalidBeacon
 from resumequal.run.progress import progress_of
 from resumequal.trace.records import StepRecord
 from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
-from resumequal_operator.resource import parse_run_spec, qualification_spec
 from resumequal_operator.status import run_status
+from resumequal_operator.validation import parse_run_spec, qualification_spec
 from testing.cluster.testapi import RealAPI
 from tests.k8s_schemas import validate_qualificationrun
 from tests.operator.harness import NAMESPACE, run_location, run_manifest

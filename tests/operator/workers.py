@@ -18,10 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from resumequal.run.location import RunLocation
-from resumequal.run.signing import RunSeal
-from resumequal.store.s3settings import S3Settings
-from resumequal.verdict import (
+from resumequal.results.verdict import (
     Cut,
     Divergence,
     DriftSummary,
@@ -32,6 +29,9 @@ from resumequal.verdict import (
     Zoom,
     ZoomReplay,
 )
+from resumequal.run.location import RunLocation
+from resumequal.run.signing import RunSeal
+from resumequal.store.s3settings import S3Settings
 from testing.cluster.node.scriptrt import SIGTERM_EXIT, Container
 from tests.trace_records import step_record, trace_line
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 
-from resumequal.spec import SCENARIOS
-from resumequal.spec.boundaries import BOUNDARIES
-from resumequal.verdict import (
+from resumequal.results.verdict import (
     BoundaryRow,
     Bucket,
     ControlOutcome,
@@ -36,6 +34,8 @@ from resumequal.verdict import (
     ZoomStage,
     ZoomTensor,
 )
+from resumequal.spec import SCENARIOS
+from resumequal.spec.boundaries import BOUNDARIES
 
 STEPS = 12
 KILL_STEP = 7

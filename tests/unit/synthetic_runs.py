@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import write_manifest
-from resumequal.plan import LegPlan, qualification_plan
+from resumequal.qualify.plan import LegPlan, qualification_plan
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
 from resumequal.spec import QualificationSpec

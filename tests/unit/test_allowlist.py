@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from resumequal_operator.allowlist import Allowlist, endpoint_key, qualified_image
 from resumequal_operator.main import main
-from resumequal_operator.resource import QualificationRunSpec, parse_run_spec
+from resumequal_operator.resource import QualificationRunSpec
+from resumequal_operator.validation import parse_run_spec
 
 
 def _spec(**sections: Any) -> QualificationRunSpec:

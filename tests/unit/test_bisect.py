@@ -32,7 +32,7 @@ from resumequal.bisect.pins import (
 )
 from resumequal.bisect.probe import Qualified
 from resumequal.bisect.search import Outcome, ddmin, first_flip
-from resumequal.verdict import Cut, Divergence, Result, Verdict
+from resumequal.results.verdict import Cut, Divergence, Result, Verdict
 
 SCHEMA = Path(__file__).resolve().parents[2] / "docs/reference/bisect.schema.json"
 

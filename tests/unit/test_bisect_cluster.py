@@ -21,9 +21,9 @@ from resumequal.bisect.bisection import BisectOptions
 from resumequal.bisect.cluster import ClusterOptions, ClusterRunner, ManifestError
 from resumequal.bisect.result import RunRef
 from resumequal.errors import ClusterError, UsageError
-from resumequal.qualify import Phase, Reason
-from resumequal.verdict import Result
-from resumequal_operator.resource import FirstDivergence, QualificationRunStatus, VerdictStatus
+from resumequal.qualify.machine import Phase, Reason
+from resumequal.results.verdict import Result
+from resumequal_operator.runstatus import FirstDivergence, QualificationRunStatus, VerdictStatus
 from resumequal_operator.status import conditions, invalid_status
 
 SCHEMA = Path(__file__).resolve().parents[2] / "docs/reference/bisect.schema.json"

@@ -11,6 +11,7 @@ from typing import get_args
 import pytest
 
 from resumequal.compare import controls, tensors, walk
+from resumequal.results.verdict import ZoomStage
 from resumequal.spec import ComparisonSpec
 from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary, of_kind
 from resumequal.trace.capture import STAGES, STAGES_BEFORE
@@ -23,7 +24,6 @@ from resumequal.trace.records import (
     TensorDigests,
     boundary_value,
 )
-from resumequal.verdict import ZoomStage
 from resumequal.zoom import captures
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

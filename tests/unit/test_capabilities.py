@@ -153,8 +153,8 @@ def test_a_leg_refuses_a_feature_its_torch_lacks_before_it_joins_the_group(
 def test_the_operator_judges_a_run_by_the_torch_its_image_carries(
     torch_version: str | None, parallelism: str, refused: bool
 ) -> None:
-    from resumequal_operator.resource import parse_run_spec
     from resumequal_operator.support import unsupported
+    from resumequal_operator.validation import parse_run_spec
 
     stack = {"image": "ghcr.io/acme/train:1", "torchVersion": torch_version}
     spec = parse_run_spec({"stack": stack, "store": {"uri": "s3://bucket/runs"},

@@ -24,7 +24,7 @@ from resumequal.checkpoint.chunks import CHUNK_BYTES
 from resumequal.checkpoint.manifest import entry_of, read_manifest, write_manifest_file
 from resumequal.errors import CheckpointError
 from resumequal.spec import OMISSIONS
-from resumequal.state import (
+from resumequal.train.state import (
     LiveState,
     RankState,
     capture_rng,
@@ -518,7 +518,7 @@ def test_pending_gradients_of_a_parameter_without_grad_still_resume(tmp_path: Pa
     assert dict(fresh.model.named_parameters())["bias"].grad is not None
 
 
-# Written out here rather than read from resumequal.state, so a wrong table there fails.
+# Written out here rather than read from resumequal.train.state, so a wrong table there fails.
 EXPECTED_OMITTED: dict[str, set[str]] = {
     "rng": {"rng"},
     "data_cursor": {"data_cursor"},

@@ -201,7 +201,7 @@ def test_run_refuses_a_run_dir_another_run_holds(
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
     """Replace the launcher so no torchrun starts; record its calls (the launcher's name
     appended to the mode where it is not stock torchrun's)."""
-    from resumequal import launch
+    from resumequal.worker import launch
 
     calls: list[tuple[str, list[str]]] = []
 

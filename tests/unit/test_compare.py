@@ -20,10 +20,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from resumequal.assembly import leg_summary
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.compare import checkpoint_drift, compare_run, drift, expected_checkpoint
 from resumequal.compare.drift import tensor_stats, values_equal
+from resumequal.results.assembly import leg_summary
+from resumequal.results.verdict import DriftSummary, Result, Verdict
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
 from resumequal.spec import QualificationSpec, SpecError
@@ -40,7 +41,6 @@ from resumequal.trace.records import (
     TraceRecord,
     TraceWriter,
 )
-from resumequal.verdict import DriftSummary, Result, Verdict
 
 STEPS = 6
 WORLD = 2
@@ -876,7 +876,7 @@ def test_a_dropped_scaler_diverges_at_the_loss_scale_before_the_gradients(
 
 def test_scaler_evidence_only_when_the_resume_found_the_initial_scaler(tmp_path: Path) -> None:
     from resumequal.compare.controls import not_applicable_evidence
-    from resumequal.plan import LegPlan
+    from resumequal.qualify.plan import LegPlan
 
     spec = make_spec(training={"precision": "fp16", "gradScaler": {"growthInterval": 5}})
     nc = LegPlan("preempted", "negative_control", spec, ("scaler",))

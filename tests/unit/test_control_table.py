@@ -8,13 +8,13 @@ from typing import Any, get_args
 import pytest
 
 from resumequal.compare.controls import _blind
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.spec import OMISSIONS, Omission, QualificationSpec, parse_spec
 from resumequal.spec.boundaries import BOUNDARIES
 from resumequal.spec.omissions import CONTROLS, StatePart, control, left_out, planted
-from resumequal.state import omitted_parts
 from resumequal.trace.records import StepRecord
 from resumequal.train.globaldata import GlobalData
+from resumequal.train.state import omitted_parts
 
 RESIZE: dict[str, Any] = {
     "world": {"nnodes": 2, "nprocPerNode": 1},

@@ -13,7 +13,9 @@ from click.testing import CliRunner
 
 from resumequal_operator.crd import CHART_CRD, build_crd, crd_yaml, structural, write_crd
 from resumequal_operator.main import main
-from resumequal_operator.resource import QualificationRun, QualificationRunSpec, parse_run_spec
+from resumequal_operator.resource import QualificationRunSpec
+from resumequal_operator.runstatus import QualificationRun
+from resumequal_operator.validation import parse_run_spec
 from tests.k8s_schemas import crd_schema, validate_qualificationrun
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("qualificationrun*.yaml"))
@@ -246,7 +248,7 @@ def test_crd_validation_rejects_bad_objects() -> None:
 
 
 def test_status_round_trips_through_the_schema() -> None:
-    from resumequal_operator.resource import QualificationRunStatus
+    from resumequal_operator.runstatus import QualificationRunStatus
 
     status = QualificationRunStatus.model_validate({
         "phase": "Succeeded", "observedGeneration": 2, "pin": "train:1",

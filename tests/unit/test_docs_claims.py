@@ -82,7 +82,7 @@ def test_the_sample_run_output_is_what_a_run_prints() -> None:
 
     from rich.console import Console
 
-    from resumequal.plan import qualification_plan
+    from resumequal.qualify.plan import qualification_plan
     from resumequal.report.terminal import ProgressDisplay
     from resumequal.spec import QualificationSpec
 

@@ -21,6 +21,7 @@ from resumequal.errors import (
 from resumequal.exitcodes import MEANINGS, ExitCode, for_error, for_result
 from resumequal.jobs import comparator
 from resumequal.local import runner
+from resumequal.results.verdict import Result
 from resumequal.spec import SpecError
 from resumequal.store.errors import (
     StoreAccessDenied,
@@ -28,7 +29,6 @@ from resumequal.store.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
-from resumequal.verdict import Result
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "exit-codes.md"
 

@@ -16,7 +16,6 @@ from torch.distributed.tensor import DTensor
 from resumequal import cli
 from resumequal.errors import TrainingError
 from resumequal.spec import SpecError, TrainingSpec, WorkloadSpec, parse_spec
-from resumequal.state import _set_pending_grads, pending_grads
 from resumequal.trace.digest import named_tensors_digest, sharding, tensor_digest
 from resumequal.trace.records import StepRecord, boundary_value
 from resumequal.train import precision
@@ -28,6 +27,7 @@ from resumequal.train.sharding import (
     shard_model,
     shard_units,
 )
+from resumequal.train.state import _set_pending_grads, pending_grads
 from resumequal.train.update import no_sync
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import Workload, WorkloadContext

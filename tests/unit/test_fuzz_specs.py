@@ -32,7 +32,8 @@ from resumequal.spec import (
     spec_from_text,
 )
 from resumequal_operator.render import render_yaml
-from resumequal_operator.resource import QualificationRunSpec, parse_run_spec
+from resumequal_operator.resource import QualificationRunSpec
+from resumequal_operator.validation import parse_run_spec
 
 EXAMPLES = 200
 DEADLINE = timedelta(seconds=5)

@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from resumequal.launch import exit_code
-from resumequal.plan import rdzv_conf
+from resumequal.qualify.plan import rdzv_conf
 from resumequal.spec import parse_spec
+from resumequal.worker.launch import exit_code
 
 
 def _exited(code: int) -> int:
@@ -62,7 +62,7 @@ def test_one_leg_command_line_parses_as_torchrun_means_it() -> None:
     # argument to the module (a "--run" would be taken for its --run-path).
     from torch.distributed.run import get_args_parser
 
-    from resumequal.plan import leg_module_args, local_torchrun_args
+    from resumequal.qualify.plan import leg_module_args, local_torchrun_args
 
     flags = local_torchrun_args(endpoint="127.0.0.1:29500", nproc=3, max_restarts=2,
                                 rdzv={"join_timeout": "120", "read_timeout": "120"})

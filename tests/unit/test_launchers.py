@@ -8,21 +8,21 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from resumequal.launch import Launcher
 from resumequal.spec import QualificationSpec, SpecError, apply_overrides, parse_spec
 from resumequal.spec.launchers import FORKED_BLIND_SPOTS, caveats, command
+from resumequal.worker.launch import Launcher
 
 
 def test_the_default_spec_runs_stock_torchrun_and_a_pod_launcher_too() -> None:
     assert QualificationSpec().world.launcher == "torchrun"
     assert Launcher("hard", ["--nproc-per-node=2"]).cmd == [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
-    assert Launcher("hard", ["x"], launcher="forked").cmd[1:3] == ["-m", "resumequal.agent"]
+    assert Launcher("hard", ["x"], launcher="forked").cmd[1:3] == ["-m", "resumequal.worker.agent"]
 
 
 def test_forked_is_asked_for_by_name_and_a_typo_names_the_field() -> None:
     spec = apply_overrides(QualificationSpec(), ["world.launcher=forked"])
-    assert command(spec.world.launcher) == ("-m", "resumequal.agent")
+    assert command(spec.world.launcher) == ("-m", "resumequal.worker.agent")
     with pytest.raises(SpecError, match=r"world\.launcher"):
         parse_spec({"world": {"launcher": "warm"}})
     with pytest.raises(ValueError, match="unknown launcher 'warm'"):

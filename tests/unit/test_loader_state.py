@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from resumequal.errors import CheckpointError, TrainingError
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.spec import (
     LoaderSpec,
     QualificationSpec,
@@ -25,7 +25,7 @@ from resumequal.spec import (
     WorkloadSpec,
     apply_overrides,
 )
-from resumequal.state import LiveState, RankState, rank_state, restore, tensor_state
+from resumequal.train.state import LiveState, RankState, rank_state, restore, tensor_state
 from resumequal.workloads import Workload, WorkloadContext, load_workload
 from resumequal.workloads.loader import LoaderStream, SampleDataset, split_batch
 from resumequal.workloads.plainstate import decode, encode

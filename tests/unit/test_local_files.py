@@ -18,7 +18,7 @@ from resumequal.errors import ResumequalError
 from resumequal.local import backend as local_backend
 from resumequal.local.backend import LocalBackend
 from resumequal.local.processes import ProcessTree
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.spec import parse_spec
 
 SPEC = parse_spec({"controls": {"enabled": False}})

@@ -19,7 +19,8 @@ from resumequal.redact import redact, redact_tree
 from resumequal_operator import main as operator_main
 from resumequal_operator import service
 from resumequal_operator.events import EventRecorder
-from resumequal_operator.resource import Condition, Problem, QualificationRunStatus
+from resumequal_operator.runstatus import Condition, QualificationRunStatus
+from resumequal_operator.validation import Problem
 
 KEY_ID = "AKIARQTESTDUMMYKEY00"
 SECRET = "rq-dummy-secret-for-tests-only"

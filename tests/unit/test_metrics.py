@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from resumequal.errors import MetricsError
-from resumequal.metrics import PHASE_BUCKETS, QualificationMetrics, push, write_textfile
+from resumequal.results.metrics import PHASE_BUCKETS, QualificationMetrics, push, write_textfile
+from resumequal.results.verdict import Report, Result
 from resumequal.spec import SCENARIOS
-from resumequal.verdict import Report, Result
 from tests.unit.report_samples import (
     FAILING_CELL,
     FAILING_STEP,

@@ -18,10 +18,10 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.futures import Future
 
-from resumequal import state
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, layout
 from resumequal.checkpoint import manager as manager_module
 from resumequal.errors import CheckpointError
+from resumequal.train import state
 from tests.unit.rank_states import Plain
 
 WAIT_S = 30.0

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from resumequal_operator.main import main
-from resumequal_operator.resource import RunSpecError, parse_run_spec
+from resumequal_operator.validation import RunSpecError, parse_run_spec
 from tests.k8s_schemas import validate_qualificationrun
 from tests.unit.test_spec_bounds import ALIAS_BOMB, DEEP
 

@@ -11,19 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from resumequal.plan import LegPlan, qualification_plan
+from resumequal.qualify.plan import LegPlan, qualification_plan
 from resumequal.run.name import run_uri
 from resumequal.run.signing import KEY_ENV
 from resumequal.spec import MAX_NODES, QualificationSpec
 from resumequal.store import GCSSettings, S3Settings, StoreSettings
 from resumequal_operator import pytorchjob, trainjob
-from resumequal_operator.resource import (
-    QualificationRunSpec,
-    RunSpecError,
-    parse_run_spec,
-    pin_of,
-    qualification_spec,
-)
+from resumequal_operator.resource import QualificationRunSpec, pin_of
+from resumequal_operator.validation import RunSpecError, parse_run_spec, qualification_spec
 from tests.k8s_schemas import validate_core, validate_pytorchjob
 from tests.pod_security import restricted_violations
 

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from resumequal.cli import main
-from resumequal_operator.resource import RunSpecError, parse_run_spec, pin_of
+from resumequal_operator.resource import pin_of
+from resumequal_operator.validation import RunSpecError, parse_run_spec
 from tests.k8s_schemas import validate_qualificationrun
 from tests.operator.harness import run_manifest
 

@@ -15,7 +15,7 @@ from torch import nn
 from resumequal import cli
 from resumequal.checkpoint import FolderRoot
 from resumequal.errors import TrainingError
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.run.location import RunLocation
 from resumequal.spec import parse_spec
 from resumequal.store.log import FileSink

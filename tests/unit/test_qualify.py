@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from resumequal.errors import ClusterError, StoreError
-from resumequal.plan import LegPlan
-from resumequal.qualify import (
+from resumequal.qualify.machine import (
     LegObservation,
     LegState,
     Phase,
@@ -17,9 +16,10 @@ from resumequal.qualify import (
     QualificationStatus,
     Reason,
 )
+from resumequal.qualify.plan import LegPlan
+from resumequal.results.verdict import Cut, Result, Verdict
 from resumequal.run.beacons import Beacon, InvalidBeacon
 from resumequal.spec import PreemptionSpec, QualificationSpec, parse_spec
-from resumequal.verdict import Cut, Result, Verdict
 
 
 def _verdict(result: Result) -> Verdict:
@@ -330,8 +330,8 @@ def test_negative_controls_run_after_the_main_leg_through_the_same_steps() -> No
 
 
 def test_a_seed_matrix_with_a_failing_cell_fails_the_qualification() -> None:
-    from resumequal.matrix import fold_matrix
-    from resumequal.verdict import Matrix, MatrixCell, MatrixRow
+    from resumequal.results.matrix import fold_matrix
+    from resumequal.results.verdict import Matrix, MatrixCell, MatrixRow
 
     cells = [MatrixCell(scenario="mid-hard", seed=s, result=Result.PASS, reason="exact")
              for s in (1, 2)]

@@ -29,9 +29,9 @@ from resumequal.report import (
 )
 from resumequal.report.sections import CONTROL_STATUS_LABELS
 from resumequal.report.svg import SVG_NS, fmt, nice_ticks
+from resumequal.results.verdict import SCHEMA_VERSION, AttemptCompile, Report, Result
 from resumequal.spec import SCENARIOS
 from resumequal.spec.boundaries import BOUNDARIES
-from resumequal.verdict import SCHEMA_VERSION, AttemptCompile, Report, Result
 from tests.unit.report_samples import (
     BLIND_OMISSION,
     FAILING_BOUNDARY,
@@ -765,7 +765,7 @@ def test_summary_prints_one_line_per_resize_part() -> None:
 
 
 def _with_tensors(report: Report) -> Report:
-    from resumequal.verdict import ModuleDifference, TensorDifference
+    from resumequal.results.verdict import ModuleDifference, TensorDifference
 
     first = report.verdict.first_divergence
     assert first is not None
@@ -799,7 +799,7 @@ def test_a_divergence_names_its_differing_tensors_by_module() -> None:
 
 
 def test_a_divergence_at_the_restore_shows_its_tensors_cause_and_fix() -> None:
-    from resumequal.verdict import RestoredTensor
+    from resumequal.results.verdict import RestoredTensor
 
     report = make_report(Result.FAIL)
     d = report.verdict.first_divergence

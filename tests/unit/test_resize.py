@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.spec import SpecError, parse_spec
 from resumequal.train.globaldata import GlobalData, microbatch_seed
 from resumequal.workloads.stream import ShardedStream

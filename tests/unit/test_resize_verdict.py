@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from resumequal.assembly import leg_summary
 from resumequal.checkpoint.layout import Position
 from resumequal.compare import judge
 from resumequal.compare.controls import mechanism
+from resumequal.results.assembly import leg_summary
+from resumequal.results.verdict import DriftSummary, Result, ValidityCheck, Verdict
 from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import (
@@ -32,7 +33,6 @@ from resumequal.trace.records import (
     TraceRecord,
     TraceWriter,
 )
-from resumequal.verdict import DriftSummary, Result, ValidityCheck, Verdict
 from tests.unit.synthetic_runs import inventory
 
 STEPS = 8

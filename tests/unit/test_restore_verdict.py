@@ -16,8 +16,8 @@ import pytest
 
 from resumequal.compare import compare_run
 from resumequal.compare.restore import restore_divergence
+from resumequal.results.verdict import Result
 from resumequal.trace.records import RestoreRecord, StepRecord, TensorDigests
-from resumequal.verdict import Result
 from tests.unit.test_compare import RESUMED_FROM, WORLD, SyntheticRun
 
 MEAN = "features.1.running_mean"

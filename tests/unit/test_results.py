@@ -16,11 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from resumequal.assembly import build_report, leg_summary
 from resumequal.built import BuiltOptimizer
 from resumequal.jobs.comparator import compare_location
-from resumequal.publish import publish
-from resumequal.qualify import (
+from resumequal.qualify.machine import (
     LegRun,
     Phase,
     QualificationStatus,
@@ -28,16 +26,18 @@ from resumequal.qualify import (
     failed_verdict,
     kill_order,
 )
+from resumequal.qualify.timeline import Timeline, read_timeline, restart_seconds
 from resumequal.report.files import read_report
 from resumequal.report.html import render_html
 from resumequal.report.terminal import print_summary
+from resumequal.results.assembly import build_report, leg_summary
+from resumequal.results.publish import publish
+from resumequal.results.verdict import PhaseEvent, Result
 from resumequal.run.beacons import Beacon
 from resumequal.run.location import RunLocation
 from resumequal.run.name import run_names, run_uri
-from resumequal.run.timeline import Timeline, read_timeline, restart_seconds
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.trace.records import InventoryRecord, StartupRecord
-from resumequal.verdict import PhaseEvent, Result
 from tests.unit.test_compare import STEPS, WORLD, SyntheticRun, at, make_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -9,10 +9,10 @@ from click.testing import CliRunner
 
 from resumequal import cli
 from resumequal.errors import UsageError
+from resumequal.results.verdict import Cut, Result, Verdict
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV
 from resumequal.spec import QualificationSpec
-from resumequal.verdict import Cut, Result, Verdict
 from resumequal.zoom.replays import zoom_of
 
 

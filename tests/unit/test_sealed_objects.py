@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from resumequal.errors import CheckpointError, NotAuthentic, ReportError, TrainingError
+from resumequal.results.verdict import Result
 from resumequal.run.beacons import KillOrder, PodKill
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal, derive_run_key, new_key
 from resumequal.spec import QualificationSpec, SpecError
-from resumequal.verdict import Result
 from resumequal_operator.runkeys import MasterKey
 from tests.operator.workers import verdict
 

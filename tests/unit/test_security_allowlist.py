@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 from resumequal_operator.main import main
-from resumequal_operator.resource import QualificationRunSpec, RunSpecError, parse_run_spec
+from resumequal_operator.resource import QualificationRunSpec
+from resumequal_operator.validation import RunSpecError, parse_run_spec
 from tests.pod_security import restricted_violations
 
 POD = "spec.security.podSecurityContext"
@@ -98,8 +99,8 @@ def test_each_is_permitted_where_the_allowlist_says_so_and_rendered_as_asked(
 
 
 def _leg() -> Any:
-    from resumequal.plan import qualification_plan
-    from resumequal_operator.resource import qualification_spec
+    from resumequal.qualify.plan import qualification_plan
+    from resumequal_operator.validation import qualification_spec
 
     return qualification_plan(qualification_spec(_spec(), "s3://acme-runs/q/x")).legs[0]
 

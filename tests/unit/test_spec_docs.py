@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from resumequal.report.files import REPORT_JSON, VERDICT_JSON, write_reports
-from resumequal.verdict import Report, Result
+from resumequal.results.verdict import Report, Result
 from tests.unit.report_samples import (
     make_controls_report,
     make_matrix_report,

@@ -39,8 +39,9 @@ import resumequal.local.trial  # noqa: F401
 from resumequal import cli
 from resumequal.exitcodes import ExitCode, for_error
 from resumequal.jobs.comparator import compare_location
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.report.files import read_report
+from resumequal.results.verdict import Result, Verdict
 from resumequal.spec import (
     OMISSIONS,
     QualificationSpec,
@@ -49,7 +50,6 @@ from resumequal.spec import (
     spec_from_text,
 )
 from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, Boundary
-from resumequal.verdict import Result, Verdict
 from tests.unit.synthetic_runs import (
     OVER,
     Case,

@@ -107,8 +107,8 @@ def test_modules_are_names_without_their_last_part() -> None:
 
 def test_a_divergence_without_tensors_of_its_own_names_where_the_step_spreads() -> None:
     from resumequal.compare.tensors import bucket_layouts, step_tensors
+    from resumequal.results.verdict import Divergence
     from resumequal.trace.records import BucketRecord
-    from resumequal.verdict import Divergence
 
     grads = {f"l{i}.weight": f"{i:032x}" for i in range(4)}
     a = _record(local_grads=grads, reduced_grads=grads, params=grads).model_copy(update={

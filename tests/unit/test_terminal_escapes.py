@@ -17,7 +17,7 @@ from resumequal import cli
 from resumequal.logs import RedactFilter
 from resumequal.redact import printable
 from resumequal.report.terminal import print_summary
-from resumequal.verdict import Result, ValidityCheck
+from resumequal.results.verdict import Result, ValidityCheck
 from tests.unit.report_samples import make_report
 
 EVIL = "\x1b]0;evil\x07"  # sets the terminal's title, if printed as it is

@@ -10,12 +10,12 @@ from typing import Any
 import yaml
 from click.testing import CliRunner
 
-from resumequal.plan import qualification_plan
+from resumequal.qualify.plan import qualification_plan
 from resumequal.run.name import run_uri
 from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.legjobs import PyTorchJobLegs, TrainerSettings, TrainJobLegs, leg_jobs
 from resumequal_operator.main import main
-from resumequal_operator.resource import parse_run_spec, qualification_spec
+from resumequal_operator.validation import parse_run_spec, qualification_spec
 from tests.k8s_schemas import RESERVED_ENV, trainer_problem, validate_trainer
 from tests.trainer_refusals import refused
 from tests.trainer_refusals import trainjob as plain_trainjob

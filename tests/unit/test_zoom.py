@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
-from resumequal.metrics import QualificationMetrics
 from resumequal.report.html import render_html
 from resumequal.report.zoom import zoom_lines
+from resumequal.results.metrics import QualificationMetrics
+from resumequal.results.verdict import Result, ZoomReplay
 from resumequal.trace.capture import CAPTURE_FORMAT, ROOT
-from resumequal.verdict import Result, ZoomReplay
 from resumequal.zoom.captures import compare_captures, summary, tensor_diff
 from tests.unit.report_samples import make_report, make_zoom, with_forensics
 
@@ -254,7 +254,7 @@ def test_a_replay_that_did_not_reproduce_the_step_says_so_first() -> None:
 
 def test_stages_with_nothing_differing_show_a_dash_and_the_table_says_why() -> None:
     from resumequal.report.zoom import EQUAL, LEGEND, SHAPES, zoom_section
-    from resumequal.verdict import ZoomStage, ZoomTensor
+    from resumequal.results.verdict import ZoomStage, ZoomTensor
 
     shaped = ZoomTensor(name="w", rank=0, numel=4, differ=4, max_abs_diff=None)
     z = make_zoom().model_copy(update={"stages": [

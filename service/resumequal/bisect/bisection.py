@@ -46,8 +46,8 @@ from resumequal.bisect.runner import Prepared, ProbeId, Runner, VenvRunner
 from resumequal.bisect.search import BudgetSpent, Outcome
 from resumequal.errors import UsageError
 from resumequal.exitcodes import ExitCode
+from resumequal.results.verdict import Result
 from resumequal.spec import QualificationSpec, apply_overrides, load_spec
-from resumequal.verdict import Result
 
 log = logging.getLogger(__name__)
 

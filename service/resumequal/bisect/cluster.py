@@ -29,9 +29,9 @@ from resumequal.bisect.runner import Prepared, ProbeId
 from resumequal.errors import ClusterError
 from resumequal.exitcodes import ExitCode, for_result
 from resumequal.redact import redact
+from resumequal.results.verdict import Result
 from resumequal.spec import SpecError
 from resumequal.spec.yamlread import YAMLInputError, load_yaml
-from resumequal.verdict import Result
 from resumequal.words import clip
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from resumequal.bisect.result import FirstDivergence, RunRef
-from resumequal.verdict import Result, Verdict
+from resumequal.results.verdict import Result, Verdict
 
 log = logging.getLogger(__name__)
 

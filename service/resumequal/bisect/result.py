@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resumequal.results.verdict import Result
 from resumequal.spec.boundaries import Boundary
-from resumequal.verdict import Result
 
 SCHEMA_VERSION = "resumequal.dev/bisect/v1"
 

@@ -1,7 +1,7 @@
 """Checkpoints: DCP save/load, the barrier-guarded atomic commit, manifests, retention.
 
 Owns the files of a checkpoint and the protocol that makes them appear atomically. Must
-not know what the tensors mean (that is ``resumequal.state``) nor drive training.
+not know what the tensors mean (that is ``resumequal.train.state``) nor drive training.
 """
 
 from resumequal.checkpoint.folder import FolderRoot

@@ -3,7 +3,7 @@
 Reads what the workers wrote to a run location (the spec, per-rank traces, beacons,
 committed checkpoints) through :class:`~resumequal.run.location.RunLocation`, and concludes
 PASS, FAIL, NONDETERMINISTIC or INVALID. It must not import the worker side
-(``resumequal.train``, ``resumequal.state``, workloads): it judges the files, not the code
+(``resumequal.train``, ``resumequal.train.state``, workloads): it judges the files, not the code
 that wrote them.
 
 Modules: ``files`` (reading a run location), ``validity`` (did the experiment test what

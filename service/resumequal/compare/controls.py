@@ -17,13 +17,13 @@ from typing import Final
 
 from resumequal.compare.files import LegTrace
 from resumequal.compare.judge import compare_run
-from resumequal.plan import LegPlan, NotRun, qualification_plan
+from resumequal.qualify.plan import LegPlan, NotRun, qualification_plan
+from resumequal.results.verdict import BoundaryRow, ControlOutcome, Result, Verdict
 from resumequal.run.location import RunLocation
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.spec.boundaries import TABLE
 from resumequal.spec.omissions import control
 from resumequal.trace.records import RestoreRecord
-from resumequal.verdict import BoundaryRow, ControlOutcome, Result, Verdict
 
 # "learning rate differed from step 6": each boundary as a sentence names it.
 _NAMES: Final[Mapping[str, str]] = {b.name: b.label for b in TABLE}

@@ -37,7 +37,7 @@ from resumequal.checkpoint.layout import DCP_DIR
 from resumequal.checkpoint.manager import DCP_ERRORS
 from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.errors import CheckpointError
-from resumequal.verdict import DriftSummary, TensorDrift
+from resumequal.results.verdict import DriftSummary, TensorDrift
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,7 @@ from resumequal.compare.validity import (
 )
 from resumequal.compare.walk import Rules, Walk, divergence, loss_deltas, walk
 from resumequal.errors import CheckpointError, CheckpointMissing, StoreError
-from resumequal.run.location import RunLocation
-from resumequal.spec import REFERENCE_LEG, QualificationSpec
-from resumequal.spec.boundaries import BOUNDARIES, Boundary
-from resumequal.trace.records import CompiledRecord, RestoreRecord, StepRecord
-from resumequal.verdict import (
+from resumequal.results.verdict import (
     Cut,
     Divergence,
     DriftSummary,
@@ -40,6 +36,10 @@ from resumequal.verdict import (
     ValidityCheck,
     Verdict,
 )
+from resumequal.run.location import RunLocation
+from resumequal.spec import REFERENCE_LEG, QualificationSpec
+from resumequal.spec.boundaries import BOUNDARIES, Boundary
+from resumequal.trace.records import CompiledRecord, RestoreRecord, StepRecord
 from resumequal.words import count
 
 

@@ -39,10 +39,7 @@ from resumequal.compare.ledger import (
     within,
 )
 from resumequal.compare.walk import Rules, Steps, Walk, divergence, loss_deltas, walk
-from resumequal.spec import QualificationSpec
-from resumequal.spec.boundaries import BOUNDARIES
-from resumequal.trace.records import RestoreRecord, StepRecord
-from resumequal.verdict import (
+from resumequal.results.verdict import (
     BoundaryRow,
     Cut,
     Divergence,
@@ -55,6 +52,9 @@ from resumequal.verdict import (
     ValidityCheck,
     Verdict,
 )
+from resumequal.spec import QualificationSpec
+from resumequal.spec.boundaries import BOUNDARIES
+from resumequal.trace.records import RestoreRecord, StepRecord
 from resumequal.words import count
 
 _SHOWN: Final = 3  # failing steps a part's detail names

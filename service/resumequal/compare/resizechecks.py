@@ -13,8 +13,8 @@ from resumequal.checkpoint.layout import Position
 from resumequal.compare.files import LegTrace
 from resumequal.compare.ledger import StepRecords, authoritative
 from resumequal.compare.resize import Shape, handoffs, restores_of
+from resumequal.results.verdict import ValidityCheck
 from resumequal.spec import QualificationSpec
-from resumequal.verdict import ValidityCheck
 from resumequal.words import count
 
 

@@ -26,14 +26,14 @@ from typing import Final, Literal
 
 from resumequal.compare.files import LegTrace
 from resumequal.compare.tensors import MAX_LISTED, module_of
-from resumequal.trace.records import RestoreRecord, SavedRecord, StepRecord
-from resumequal.verdict import (
+from resumequal.results.verdict import (
     Divergence,
     ModuleDifference,
     RestoreCause,
     RestoredTensor,
     TensorDifference,
 )
+from resumequal.trace.records import RestoreRecord, SavedRecord, StepRecord
 
 __all__ = ["restore_divergence", "restore_words", "saved_records"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from resumequal.results.verdict import Bucket, ModuleDifference, TensorDifference
 from resumequal.spec.boundaries import BOUNDARIES, TABLE, Boundary
 from resumequal.trace.records import StepRecord, TensorDigests
-from resumequal.verdict import Bucket, ModuleDifference, TensorDifference
 
 # The boundaries whose tensors are digested one by one (TensorDigests has a field of each).
 PER_TENSOR: Final = frozenset(b.name for b in TABLE if b.kind == "tensors")

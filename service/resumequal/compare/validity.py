@@ -1,6 +1,6 @@
 """Validity checks: did the experiment test what it claims?
 
-Each check is a :class:`~resumequal.verdict.ValidityCheck`; any failed check makes the
+Each check is a :class:`~resumequal.results.verdict.ValidityCheck`; any failed check makes the
 verdict INVALID with that check's detail as the reason, before any boundary is compared.
 The details are written to follow "invalid: " in a sentence.
 """
@@ -14,10 +14,10 @@ from typing import Any
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.compare.files import LegTrace
+from resumequal.results.verdict import ValidityCheck
 from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
 from resumequal.trace.records import ArmRecord, InventoryRecord, RestoreRecord
-from resumequal.verdict import ValidityCheck
 from resumequal.words import count
 
 

@@ -30,10 +30,10 @@ from typing import Final, Literal
 
 from resumequal.compare.drift import values_equal
 from resumequal.compare.tensors import bucket_layouts, step_tensors, tensor_difference
+from resumequal.results.verdict import BoundaryRow, Divergence, DriftSummary, StepDelta
 from resumequal.spec import ComparisonSpec
 from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary
 from resumequal.trace.records import StepRecord, boundary_value
-from resumequal.verdict import BoundaryRow, Divergence, DriftSummary, StepDelta
 from resumequal.words import count
 
 Status = Literal["equal", "within_tolerance", "differs", "missing", "not_compared"]

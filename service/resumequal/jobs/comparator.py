@@ -7,7 +7,7 @@ comparison includes the negative controls, as ``resumequal run`` does. With ``wr
 ``verdict.json``, ``report.json``, ``report.html`` and ``metrics.prom`` are written into
 the run location, with the zoom section of a ``zoom.json`` already there; the report's
 phases, kill time and restart time come from what the legs left there
-(:func:`resumequal.run.timeline.read_timeline`).
+(:func:`resumequal.qualify.timeline.read_timeline`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-from resumequal.assembly import build_report
 from resumequal.compare import compare_qualification
 from resumequal.jobs.location import open_run, publish_aside
+from resumequal.qualify.timeline import read_timeline
+from resumequal.results.assembly import build_report
+from resumequal.results.verdict import Verdict
 from resumequal.run.name import run_names
-from resumequal.run.timeline import read_timeline
-from resumequal.verdict import Verdict
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import tempfile
 from pathlib import Path
 
 from resumequal.local import runkey
-from resumequal.publish import publish
+from resumequal.results.publish import publish
+from resumequal.results.verdict import Report
 from resumequal.run.location import RunLocation
 from resumequal.spec import QualificationSpec
-from resumequal.verdict import Report
 
 
 def open_run(uri: str, doing: str) -> tuple[RunLocation, QualificationSpec]:
@@ -32,7 +32,7 @@ def open_run(uri: str, doing: str) -> tuple[RunLocation, QualificationSpec]:
 
 def publish_aside(report: Report, location: RunLocation, *, namespace: str) -> dict[str, str]:
     """Put ``report``'s files into ``location``; name -> URI. They are written into a
-    temporary folder first, as :func:`resumequal.publish.publish` writes into a folder."""
+    temporary folder first, as :func:`resumequal.results.publish.publish` writes into a folder."""
     work = Path(tempfile.mkdtemp(prefix="resumequal-results-"))
     try:
         return publish(report, location, work / "results", namespace=namespace)

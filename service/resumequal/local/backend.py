@@ -1,11 +1,11 @@
 """LocalBackend: each leg is a torchrun elastic launch on this machine: stock torchrun, or
 with ``world.launcher: forked`` torchrun's agent with its workers forked from a process
-that loaded their code once (:mod:`resumequal.spec.launchers`, :mod:`resumequal.agent`).
+that loaded their code once (:mod:`resumequal.spec.launchers`, :mod:`resumequal.worker.agent`).
 
 Legs use a c10d rendezvous on a free loopback port, served by a store process of the leg's
 own that listens on loopback alone (:mod:`resumequal.local.rdzv_store`: torch's rendezvous
 state is pickled there), the spec's max restarts and rendezvous timeouts from the spec
-(:func:`resumequal.plan.rdzv_conf`). The backend reads what workers
+(:func:`resumequal.qualify.plan.rdzv_conf`). The backend reads what workers
 write (traces, beacons, completion and failure markers) through the run location — a
 folder, or an ``s3://`` prefix, the way the operator reads them — to observe them, kills
 the armed worker by pid (a process kill: SIGKILL, or SIGTERM then SIGKILL after the
@@ -62,8 +62,8 @@ from pathlib import Path
 from resumequal.errors import ResumequalError
 from resumequal.local.comparison import QUALIFICATION, Comparison, first_failing
 from resumequal.local.processes import ProcessTree, Tagged, send_signal
-from resumequal.loopback import LOOPBACK
-from resumequal.plan import (
+from resumequal.qualify.machine import LegObservation, LegState, kill_order
+from resumequal.qualify.plan import (
     NODE_KEEP_ALIVE,
     RESIZE_LAST_CALL,
     LegPlan,
@@ -71,14 +71,14 @@ from resumequal.plan import (
     local_torchrun_args,
     rdzv_conf,
 )
-from resumequal.qualify import LegObservation, LegState, kill_order
+from resumequal.results.verdict import Verdict
 from resumequal.run.beacons import GROW, Beacon
 from resumequal.run.location import RunLocation, default_scratch
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import PreemptionSpec, QualificationSpec
 from resumequal.spec.launchers import command
 from resumequal.store import regular
-from resumequal.verdict import Verdict
+from resumequal.train.loopback import LOOPBACK
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def free_port() -> int:
 # interface (dynamic_rendezvous.py ``_create_tcp_store_server``: a TCPStore torch binds
 # itself). Without it the agent opens none, hands the workers ``MASTER_ADDR`` =
 # ``--local-addr`` (127.0.0.1), and rank 0 binds the group's store there
-# (resumequal.train.distributed.init_process_group, resumequal.loopback).
+# (resumequal.train.distributed.init_process_group, resumequal.train.loopback).
 _OWN_WORKER_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 

@@ -30,8 +30,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from resumequal.errors import ResumequalError
 from resumequal.local.processes import ProcessTree
+from resumequal.results.verdict import Result, Verdict
 from resumequal.store import regular
-from resumequal.verdict import Result, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 torchrun starts each worker it runs as a program in a session of its own, so killing the
 launcher's process group does not reach the workers, and a SIGKILLed launcher leaves them
-orphaned (as it leaves those a forkserver forked, :mod:`resumequal.agent`, and the
+orphaned (as it leaves those a forkserver forked, :mod:`resumequal.worker.agent`, and the
 forkserver itself). Every process we start therefore carries a tag in its environment,
 inherited by its children; cleanup finds tagged processes through /proc, whoever their
 parent is now.

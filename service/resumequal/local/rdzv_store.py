@@ -11,7 +11,7 @@ It also keeps the store off the network. The rendezvous state is pickled in the 
 (``torch.rendezvous.*`` keys, dynamic_rendezvous.py ``_BackendRendezvousStateHolder``) and
 the agents unpickle it, so whoever can write the store runs code in the agents. A TCPStore
 torch opens listens on every interface whatever host it is given; this process binds
-127.0.0.1 itself and hands torch the listening socket (:mod:`resumequal.loopback`), so only
+127.0.0.1 itself and hands torch the listening socket (:mod:`resumequal.train.loopback`), so only
 this machine's processes reach it.
 
     python -m resumequal.local.rdzv_store --port PORT
@@ -28,7 +28,7 @@ import signal
 import threading
 from datetime import timedelta
 
-from resumequal.loopback import LOOPBACK, loopback_store
+from resumequal.train.loopback import LOOPBACK, loopback_store
 
 __all__ = ["LOOPBACK", "loopback_store", "main"]
 

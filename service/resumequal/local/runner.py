@@ -14,27 +14,27 @@ from types import FrameType
 
 from rich.console import Console
 
-from resumequal.assembly import build_report
 from resumequal.errors import TrainingError, UsageError
 from resumequal.exitcodes import for_result
 from resumequal.local import runkey
 from resumequal.local.backend import LocalBackend
 from resumequal.local.comparison import ComparisonFailed
 from resumequal.local.trial import trial_build
-from resumequal.matrix import matrix_cell, seed_matrix
-from resumequal.plan import Plan, qualification_plan, scenario_plan
-from resumequal.publish import publish
-from resumequal.qualify import Qualification, QualificationStatus, failed_verdict
+from resumequal.qualify.machine import Qualification, QualificationStatus, failed_verdict
+from resumequal.qualify.plan import Plan, qualification_plan, scenario_plan
+from resumequal.qualify.timeline import Timeline
 from resumequal.redact import printable
 from resumequal.report.terminal import ProgressDisplay, say
+from resumequal.results.assembly import build_report
+from resumequal.results.matrix import matrix_cell, seed_matrix
+from resumequal.results.publish import publish
+from resumequal.results.verdict import Matrix, MatrixCell, Report, Result, Verdict
 from resumequal.run.layout import RUN_FILE
 from resumequal.run.location import RunLocation
 from resumequal.run.name import run_uri
 from resumequal.run.signing import KEY_ENV, RunSeal, key_from_env, new_key, new_run_id
-from resumequal.run.timeline import Timeline
 from resumequal.spec import Omission, QualificationSpec, SpecError, apply_overrides
 from resumequal.store import open_store
-from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Reports: rendering a :class:`~resumequal.verdict.Report` for files, browsers and terminals.
+"""Reports: rendering a :class:`~resumequal.results.verdict.Report` for files, browsers and
+terminals.
 
 This package owns the presentation of a finished qualification: ``report.json`` and
 ``verdict.json`` (the versioned schema, written atomically), ``report.html`` (one

@@ -9,8 +9,8 @@ from __future__ import annotations
 from html import escape
 
 from resumequal.report.markup import num_td, value_text
+from resumequal.results.verdict import BoundaryRow, Divergence, Verdict
 from resumequal.spec.boundaries import BOUNDARIES
-from resumequal.verdict import BoundaryRow, Divergence, Verdict
 from resumequal.words import count
 
 FIRST_DIVERGENCE_ID = "first-divergence"

@@ -22,9 +22,9 @@ from pydantic import BaseModel, ValidationError
 
 from resumequal.errors import ReportError
 from resumequal.report.html import render_html
+from resumequal.results.verdict import SCHEMA_VERSION, Report, Verdict
 from resumequal.store import regular
 from resumequal.store.file import fsync_dir
-from resumequal.verdict import SCHEMA_VERSION, Report, Verdict
 
 VERDICT_JSON = "verdict.json"
 REPORT_JSON = "report.json"

@@ -10,7 +10,7 @@ from html import escape
 
 from resumequal.report.divergence import FIRST_DIVERGENCE_ID, divergence_box
 from resumequal.report.markup import seconds_text
-from resumequal.verdict import Matrix, Report, Verdict
+from resumequal.results.verdict import Matrix, Report, Verdict
 from resumequal.words import count
 
 # One fact of the header: its label and its value, already escaped HTML.

@@ -30,8 +30,8 @@ from resumequal.report.sections import (
     spec_section,
 )
 from resumequal.report.zoom import zoom_section
+from resumequal.results.verdict import Report, Result, Verdict
 from resumequal.spec import REFERENCE_LEG
-from resumequal.verdict import Report, Result, Verdict
 
 VERDICT_COLORS: dict[Result, str] = {
     Result.PASS: "#1a7f37",

@@ -1,6 +1,6 @@
 """The resize parts of the reports: the HTML section, the chart markers, the terminal lines.
 
-Reads :class:`~resumequal.verdict.ResizeOutcome` and lays it out; computes nothing.
+Reads :class:`~resumequal.results.verdict.ResizeOutcome` and lays it out; computes nothing.
 Every piece of text from the report is escaped.
 """
 
@@ -11,7 +11,7 @@ from typing import Final
 
 from resumequal.report import svg
 from resumequal.report.markup import check_items, opt
-from resumequal.verdict import ResizeOutcome, ResizeStepRow
+from resumequal.results.verdict import ResizeOutcome, ResizeStepRow
 
 RESIZE_COLOR: Final = "#8250df"
 GROW_COLOR: Final = "#1a7f37"

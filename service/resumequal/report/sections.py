@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from resumequal.built import BuiltOptimizer
 from resumequal.report import svg
 from resumequal.report.markup import check_items, num_td, opt, seconds_text, utc_text, value_text
-from resumequal.verdict import (
+from resumequal.results.verdict import (
     ControlOutcome,
     DriftSummary,
     Matrix,

@@ -21,9 +21,9 @@ from rich.text import Text
 
 from resumequal.redact import printable, printable_tree
 from resumequal.report.resize import resize_lines
+from resumequal.results.verdict import Matrix, MatrixCell, Report, Result, Verdict
 from resumequal.spec import REFERENCE_LEG
 from resumequal.spec.boundaries import BOUNDARIES
-from resumequal.verdict import Matrix, MatrixCell, Report, Result, Verdict
 
 VERDICT_STYLES: dict[Result, str] = {
     Result.PASS: "bold white on green",

@@ -1,6 +1,6 @@
 """The zoom parts of the reports: the HTML section and the terminal lines.
 
-Reads :class:`~resumequal.verdict.Zoom` and lays it out; computes nothing. Every piece of
+Reads :class:`~resumequal.results.verdict.Zoom` and lays it out; computes nothing. Every piece of
 text from the report is escaped.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Final
 
-from resumequal.verdict import Bucket, Zoom, ZoomTensor
+from resumequal.results.verdict import Bucket, Zoom, ZoomTensor
 from resumequal.words import count
 
 KIND_LABELS: Final = {"origin": "origin", "propagation": "propagation",

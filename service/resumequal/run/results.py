@@ -36,7 +36,7 @@ from resumequal.store import Store, StoreIntegrityError, StoreNotFound
 
 if TYPE_CHECKING:
     # The verdict's models load only where one is read: a worker never reads one.
-    from resumequal.verdict import Verdict, Zoom
+    from resumequal.results.verdict import Verdict, Zoom
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class RunResults:
 
         ReportError naming the URI if it is not a verdict of a schema this code reads.
         """
-        from resumequal.verdict import SCHEMA_VERSION, Verdict
+        from resumequal.results.verdict import SCHEMA_VERSION, Verdict
 
         where = self.store.uri(VERDICT_JSON)
         try:
@@ -130,7 +130,7 @@ class RunResults:
     def read_zoom(self) -> Zoom | None:
         """``zoom.json``, authenticated as every result file is, or None before ``resumequal
         zoom`` has written it; ReportError naming the URI for one that is not a zoom."""
-        from resumequal.verdict import Zoom
+        from resumequal.results.verdict import Zoom
 
         where = self.store.uri(ZOOM_JSON)
         try:

@@ -5,7 +5,7 @@ Imports nothing (a pod's launcher process and the operator use it too).
 - ``torchrun`` (the default): stock torchrun, ``python -m torch.distributed.run``. Every
   worker of every attempt is a fresh interpreter, as a production restart (torchrun's, or
   a new pod's) makes it, so a verdict sees everything a restart changes in a process.
-- ``forked`` (opt-in): :mod:`resumequal.agent`, torchrun's own agent with each worker forked
+- ``forked`` (opt-in): :mod:`resumequal.worker.agent`, torchrun's own agent with each worker forked
   from a forkserver that loaded torch and the leg's code once. A restart costs what the
   training does, but a forked worker inherits what the forkserver had (see
   :data:`FORKED_BLIND_SPOTS`), so its verdict cannot see a resume that depends on them.
@@ -22,7 +22,7 @@ DEFAULT_LAUNCHER: Final[Launcher] = "torchrun"
 # After the interpreter: ``[sys.executable, *COMMANDS[launcher], TORCHRUN_OPTIONS...]``.
 COMMANDS: Final[dict[str, tuple[str, ...]]] = {
     "torchrun": ("-m", "torch.distributed.run"),
-    "forked": ("-m", "resumequal.agent"),
+    "forked": ("-m", "resumequal.worker.agent"),
 }
 # Stock torchrun, for what always runs fresh processes (zoom's replays).
 TORCHRUN: Final = COMMANDS["torchrun"]

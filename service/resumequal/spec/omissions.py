@@ -2,9 +2,9 @@
 
 A negative control is a preempted-and-restarted leg whose resume leaves one part of the
 training state out (or, for a resize, plants one rank-keyed bug). Its descriptor says what
-it leaves out of a restore (:mod:`resumequal.state`), what it plants in a resized world's
+it leaves out of a restore (:mod:`resumequal.train.state`), what it plants in a resized world's
 data (:mod:`resumequal.train.globaldata`), when it cannot apply to a spec and why
-(:mod:`resumequal.plan`: no leg runs), which kill it needs, where leaving it out first
+(:mod:`resumequal.qualify.plan`: no leg runs), which kill it needs, where leaving it out first
 shows, and what in the reference leg's trace shows that the state never mattered
 (:mod:`resumequal.compare.controls`: not applicable rather than blind).
 
@@ -29,7 +29,7 @@ __all__ = ["CONTROLS", "Inapplicable", "NegativeControl", "Planted", "StatePart"
            "TracedLossScale", "TracedMicrostep", "TracedRestore", "TracedStep", "control",
            "left_out", "planted"]
 
-# The parts of a rank's state a restore may leave out (resumequal.state.restore).
+# The parts of a rank's state a restore may leave out (resumequal.train.state.restore).
 StatePart = Literal["rng", "data_cursor", "loader", "scheduler", "optimizer", "scaler",
                     "pending_grads"]
 # What a rank-keyed control takes by rank and microstep in a resized world, as if it had

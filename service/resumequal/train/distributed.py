@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from resumequal.errors import TrainingError
-from resumequal.loopback import is_loopback, loopback_store
+from resumequal.train.loopback import is_loopback, loopback_store
 
 log = logging.getLogger(__name__)
 

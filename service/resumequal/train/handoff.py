@@ -19,8 +19,8 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 
-from resumequal.state import LiveState
 from resumequal.trace.digest import value_digest
+from resumequal.train.state import LiveState
 
 _FULL = StateDictOptions(full_state_dict=True)
 

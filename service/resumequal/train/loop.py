@@ -27,16 +27,6 @@ from resumequal.checkpoint.manifest import CheckpointInfo, manifest_digest
 from resumequal.errors import CheckpointError, TrainingError
 from resumequal.run.legfiles import LegFiles
 from resumequal.spec import REFERENCE_LEG, QualificationSpec, SpecError, check_leg_name
-from resumequal.state import (
-    Counters,
-    LiveState,
-    RankState,
-    pending_grads_template,
-    rank_state,
-    restore,
-    seed_everything,
-    tensor_state,
-)
 from resumequal.trace.digest import Digests, bucket_layout_digest, rng_digests
 from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
@@ -94,6 +84,16 @@ from resumequal.train.sharding import (
     shard_units,
 )
 from resumequal.train.startup import resume_gc, thaw_gc
+from resumequal.train.state import (
+    Counters,
+    LiveState,
+    RankState,
+    pending_grads_template,
+    rank_state,
+    restore,
+    seed_everything,
+    tensor_state,
+)
 from resumequal.train.update import forward_backward, step_optimizer, unscale_and_clip
 from resumequal.workloads import load_workload
 from resumequal.workloads.base import PositionalDataset, WorkloadContext

@@ -3,7 +3,7 @@
 Made from ``training.precision`` (and ``training.gradScaler``) for the device the rank
 trains on. The loop and the reducer prime compute every loss through
 :meth:`Precision.loss`, so both see the same graph; the loop owns the scaler this module
-makes (its state is checkpointed with the rank state, see :mod:`resumequal.state`).
+makes (its state is checkpointed with the rank state, see :mod:`resumequal.train.state`).
 
 A device whose torch cannot autocast to the dtype is refused before training: torch
 itself only warns and runs the region in fp32, which would qualify fp32 under a bf16 label.

@@ -1,4 +1,4 @@
-"""What the forkserver of :mod:`resumequal.agent` loads once, before it forks any worker.
+"""What the forkserver of :mod:`resumequal.worker.agent` loads once, before it forks any worker.
 
 The code every leg's worker loads before its first step (see ``bench/restart_floor.py``):
 torch and torch.distributed, torchrun's module (with the elastic agent's wrapper, which

@@ -21,9 +21,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resumequal.errors import TrainingError
-from resumequal.state import LiveState, capture_rng, restore_rng
 from resumequal.trace.digest import named_tensors_digest, optimizer_state_digest, rng_digests
 from resumequal.train.precision import Precision
+from resumequal.train.state import LiveState, capture_rng, restore_rng
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ def build(spec: QualificationSpec) -> None:
     """Build the workload as the training loop does (seeded, its threads), then drop it."""
     t = spec.training
     torch.set_num_threads(spec.world.threads_per_rank)
-    # As resumequal.state.seed_everything seeds, without the checkpoint machinery that
+    # As resumequal.train.state.seed_everything seeds, without the checkpoint machinery that
     # module loads (0.7 s of the trial's 2 s of imports).
     random.seed(t.seed)
     np.random.seed(t.seed % 2**32)

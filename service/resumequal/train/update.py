@@ -16,11 +16,11 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resumequal.state import LiveState
 from resumequal.trace.records import LossScaleRecord
 from resumequal.train.capture import StepCapture, named_optimizer_tensors
 from resumequal.train.precision import Precision, scaler_state
 from resumequal.train.recording import named_state, parameter_names, unwrapped
+from resumequal.train.state import LiveState
 from resumequal.workloads.base import Microbatch
 
 

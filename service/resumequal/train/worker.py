@@ -16,7 +16,7 @@ from resumequal.checkpoint import CheckpointRoot, checkpoint_location
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
 from resumequal.spec import QualificationSpec
-from resumequal.train.distributed import destroy_process_group, init_process_group
+from resumequal.train.distributed import Placement, destroy_process_group, init_process_group
 from resumequal.train.loop import Trainer
 from resumequal.train.preemption import (
     EXIT_PREEMPTED,
@@ -46,6 +46,16 @@ def checkpoint_root(spec: QualificationSpec, run_dir: Path, leg: str) -> Checkpo
                                leg)
 
 
+def _hold_if_the_world_is_short(spec: QualificationSpec, placement: Placement) -> None:
+    """A resize run's first attempt formed before every node joined waits for the rest."""
+    if (spec.preemption.resize is not None and placement.attempt == 0
+            and placement.world_size < spec.world.world_size):
+        # Nodes that join after the first ones' last call make torchrun form a smaller
+        # world first (--nnodes MIN:MAX); it restarts at the full size once they join.
+        hold_for_full_world(placement.world_size, spec.world.world_size,
+                            spec.timeouts.process_group_seconds)
+
+
 def run_leg(
     spec: QualificationSpec,
     leg: str,
@@ -72,7 +82,7 @@ def run_leg(
     # operator ride out their own store errors (resumequal.store.patience).
     patience = spec.timeouts.backend_error_seconds
     location = RunLocation.open(run, spec.checkpoint.store_settings, seal=seal,
-                            retry_seconds=patience)
+                                retry_seconds=patience)
     spec = location.leg_spec(spec)
     scratch = scratch or location.scratch()
     files = location.leg(leg)
@@ -82,12 +92,7 @@ def run_leg(
     placement = init_process_group(spec.world.backend, spec.timeouts.process_group_seconds,
                                    lambda: location.attempts_started(leg))
     try:
-        if (spec.preemption.resize is not None and placement.attempt == 0
-                and placement.world_size < spec.world.world_size):
-            # Nodes that join after the first ones' last call make torchrun form a smaller
-            # world first (--nnodes MIN:MAX); it restarts at the full size once they join.
-            hold_for_full_world(placement.world_size, spec.world.world_size,
-                                spec.timeouts.process_group_seconds)
+        _hold_if_the_world_is_short(spec, placement)
         if placement.rank == 0:
             location.claim(spec)
         dist.barrier()

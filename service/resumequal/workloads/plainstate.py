@@ -1,6 +1,6 @@
 """Plain-value encoding of a library's state dict, so that a checkpoint can hold it as JSON.
 
-Rank state is JSON, never a pickle (see :mod:`resumequal.state`), but the state dicts of
+Rank state is JSON, never a pickle (see :mod:`resumequal.train.state`), but the state dicts of
 data loaders hold more than JSON can: tuples, tensors (a sampler's generator state), NumPy
 arrays, dicts with integer keys. :func:`encode` turns such a value into JSON values, tagging
 what JSON lacks as a one-key object (``{"$tensor": ...}``, ``{"$tuple": [...]}``);

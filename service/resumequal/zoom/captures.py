@@ -32,9 +32,7 @@ from typing import Any, Final
 import torch
 
 from resumequal.errors import ReportError
-from resumequal.spec.boundaries import TABLE, StageOrigin
-from resumequal.trace.capture import CAPTURE_FORMAT, ROOT, STAGES, STAGES_BEFORE
-from resumequal.verdict import (
+from resumequal.results.verdict import (
     Bucket,
     ZoomKind,
     ZoomModule,
@@ -43,6 +41,8 @@ from resumequal.verdict import (
     ZoomStage,
     ZoomTensor,
 )
+from resumequal.spec.boundaries import TABLE, StageOrigin
+from resumequal.trace.capture import CAPTURE_FORMAT, ROOT, STAGES, STAGES_BEFORE
 from resumequal.words import count
 
 MODULE_TENSORS = 8

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 
 from resumequal.errors import ReportError
 from resumequal.jobs.location import open_run, publish_aside
+from resumequal.results.verdict import Report, Zoom
 from resumequal.run.layout import REPORT_JSON, ZOOM_JSON
 from resumequal.run.location import RunLocation
 from resumequal.run.name import run_names
 from resumequal.store import StoreNotFound
-from resumequal.verdict import Report, Zoom
 from resumequal.zoom.replays import MAIN_LEG, write_zoom, zoom_of
 
 

@@ -35,6 +35,7 @@ from resumequal.errors import ReportError, ResumequalError, UsageError
 from resumequal.local.processes import ProcessTree
 from resumequal.redact import printable
 from resumequal.report.terminal import say
+from resumequal.results.verdict import Report, Verdict, Zoom, ZoomReplay
 from resumequal.run.layout import ZOOM_JSON
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal, key_from_env
@@ -47,7 +48,6 @@ from resumequal.trace.records import (
     StepRecord,
     boundary_value,
 )
-from resumequal.verdict import Report, Verdict, Zoom, ZoomReplay
 from resumequal.zoom.captures import Capture, compare_captures, load_capture, summary
 
 log = logging.getLogger(__name__)

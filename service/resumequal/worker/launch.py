@@ -2,7 +2,7 @@
 
 "torchrun" here is the leg's launcher (:mod:`resumequal.spec.launchers`): stock torchrun by
 default, or with ``--launcher forked`` torchrun's own agent, options and exits with its
-workers forked from a process that loaded their code once (:mod:`resumequal.agent`).
+workers forked from a process that loaded their code once (:mod:`resumequal.worker.agent`).
 
 torchrun as a container's main process answers SIGTERM by re-raising it and exiting 1,
 which the training operator's ExitCode policy takes for a permanent failure of the whole

@@ -62,8 +62,8 @@ from prometheus_client.exposition import (
 )
 
 from resumequal.errors import MetricsError
+from resumequal.results.verdict import Matrix, Report, Result
 from resumequal.store import regular
-from resumequal.verdict import Matrix, Report, Result
 
 RUN_LABELS: tuple[str, ...] = ("namespace", "run", "pin", "scenario")
 ORIGIN_LABELS: tuple[str, ...] = ("origin_kind", "origin")

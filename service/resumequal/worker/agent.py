@@ -1,4 +1,4 @@
-"""``python -m resumequal.agent``: torchrun, with its workers forked from a warm process.
+"""``python -m resumequal.worker.agent``: torchrun, with its workers forked from a warm process.
 
 torchrun starts every worker of every attempt as a fresh interpreter, and a resumed
 worker then spends most of its restart loading code: torch, DCP (which loads DTensor, FX
@@ -15,7 +15,7 @@ What a worker sees is what torchrun gives it: the same environment variables (RA
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_RESTART_COUNT, ...), its own pid, the
 agent's stdout and stderr, ``sys.argv`` as ``python -m MODULE ARGS`` would set it, and its
 exit code as the agent's verdict on it. A pod's main process is still the launcher
-(:mod:`resumequal.launch`), with this agent as its child instead of torchrun's CLI.
+(:mod:`resumequal.worker.launch`), with this agent as its child instead of torchrun's CLI.
 
 Only ``-m MODULE`` scripts run this way; anything else (a path, ``--no-python``) runs as
 torchrun runs it, and so does everything when a torch internal the agent relies on is

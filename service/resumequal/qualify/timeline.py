@@ -18,13 +18,13 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict, Field
 
 from resumequal.errors import StoreError
-from resumequal.qualify import MAIN_LEG, Phase, QualificationStatus, Reason
+from resumequal.qualify.machine import MAIN_LEG, Phase, QualificationStatus, Reason
+from resumequal.results.verdict import PhaseEvent, Result, Verdict
 from resumequal.run.beacons import Beacon, InvalidBeacon
 from resumequal.run.location import RunLocation
 from resumequal.run.progress import progress_of
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.trace.records import ArmRecord, StartupRecord, StepRecord
-from resumequal.verdict import PhaseEvent, Result, Verdict
 
 log = logging.getLogger(__name__)
 

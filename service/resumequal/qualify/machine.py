@@ -21,11 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ClusterError, NotAuthentic, StoreError
-from resumequal.plan import LegPlan, Plan, qualification_plan
+from resumequal.qualify.plan import LegPlan, Plan, qualification_plan
 from resumequal.redact import redact
+from resumequal.results.verdict import Cut, PhaseEvent, Result, ValidityCheck, Verdict
 from resumequal.run.beacons import Beacon, InvalidBeacon, KillOrder
 from resumequal.spec import PreemptionSpec, QualificationSpec
-from resumequal.verdict import Cut, PhaseEvent, Result, ValidityCheck, Verdict
 from resumequal.words import clip
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ _STATE_CONFIG = ConfigDict(alias_generator=to_camel, validate_by_name=True,
 
 def kill_order(beacon: Beacon, preemption: PreemptionSpec) -> KillOrder:
     """The order that kills the worker ``beacon`` names, as ``preemption`` says, issued now;
-    in the store it also dates the kill (see ``resumequal.run.timeline``)."""
+    in the store it also dates the kill (see ``resumequal.qualify.timeline``)."""
     return KillOrder(rank=beacon.rank, attempt=beacon.attempt, pid=beacon.pid,
                      pod_uid=beacon.pod_uid, mode=preemption.mode,
                      grace_seconds=preemption.grace_seconds, issued_at=time.time())

@@ -3,7 +3,7 @@
 The local runner, the comparator (``resumequal compare``, the cluster's comparator Job) and
 the operator's controller all build their report here: the verdict folded with the seed
 matrix, the timeline, the legs' summaries, the runtime inventory and what was built.
-Publishing the report is :mod:`resumequal.publish`'s.
+Publishing the report is :mod:`resumequal.results.publish`'s.
 
 Shared with the operator: it must import neither torch nor numpy, nor ``compare`` or the
 worker side; traces are read as their records' models (:mod:`resumequal.trace.records`)
@@ -16,14 +16,14 @@ import statistics
 from typing import Any
 
 from resumequal.built import BuiltOptimizer
-from resumequal.matrix import fold_matrix
-from resumequal.qualify import QualificationStatus
+from resumequal.qualify.machine import QualificationStatus
+from resumequal.qualify.timeline import REPORTED_LEGS, Timeline
+from resumequal.results.matrix import fold_matrix
+from resumequal.results.verdict import AttemptCompile, LegSummary, Matrix, Report, Verdict
 from resumequal.run.location import RunLocation
-from resumequal.run.timeline import REPORTED_LEGS, Timeline
 from resumequal.spec import REFERENCE_LEG, QualificationSpec
 from resumequal.spec.launchers import caveats
 from resumequal.trace.records import CompiledRecord, InventoryRecord, StepRecord
-from resumequal.verdict import AttemptCompile, LegSummary, Matrix, Report, Verdict
 
 __all__ = ["build_report", "built", "claimed_spec", "inventory", "leg_summary"]
 

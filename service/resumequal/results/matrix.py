@@ -1,14 +1,14 @@
 """The seed matrix: each scenario of each seed as a cell, each scenario's count of exact
 seeds, and how the matrix folds into the qualification's verdict.
 
-Pure logic on the verdict's schema (:mod:`resumequal.verdict`): no I/O, no torch.
+Pure logic on the verdict's schema (:mod:`resumequal.results.verdict`): no I/O, no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from resumequal.verdict import Matrix, MatrixCell, MatrixRow, Result, Verdict
+from resumequal.results.verdict import Matrix, MatrixCell, MatrixRow, Result, Verdict
 
 __all__ = ["fold_matrix", "matrix_cell", "seed_matrix"]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from resumequal.metrics import QualificationMetrics, push, write_textfile
 from resumequal.report.files import report_files, write_reports
+from resumequal.results.metrics import QualificationMetrics, push, write_textfile
+from resumequal.results.verdict import Report
 from resumequal.run.layout import METRICS_PROM
 from resumequal.run.location import RunLocation
-from resumequal.verdict import Report
 
 __all__ = ["publish"]
 
