@@ -13,8 +13,8 @@ The package's modules: :mod:`~resumequal.spec.section` (what every section share
 :mod:`~resumequal.spec.capabilities`, :mod:`~resumequal.spec.yamlread`.
 
 Every command, every worker and the operator read the spec, so it must not import torch,
-nor anything of ours but the error base, redaction, and the store's registry and S3
-settings (an import-linter contract checks it): it never trains, compares, reports or runs.
+nor anything of ours but the error base, redaction, and the store's registry and
+settings models (an import-linter contract checks it): it never trains, compares, reports or runs.
 """
 
 from resumequal.spec.legs import REFERENCE_LEG, check_leg_name
