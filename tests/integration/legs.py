@@ -190,7 +190,8 @@ def records(run: Path | str, leg: str, kind: str, ranks: tuple[int, ...] = (0, 1
             ) -> list[dict[str, Any]]:
     """The records of one kind in the ranks' traces, as JSON objects, rank by rank."""
     per_rank = RunLocation.open(str(run)).traces(leg).records_so_far(max(ranks) + 1)
-    return [r.model_dump(mode="json") for rank in ranks for r in per_rank.get(rank, [])
+    # As written (model_dump_json): a non-finite float reads "Infinity", as in the trace.
+    return [json.loads(r.model_dump_json()) for rank in ranks for r in per_rank.get(rank, [])
             if r.kind == kind]
 
 
