@@ -85,8 +85,8 @@ from resumequal_operator.runkeys import MasterKey  # noqa: E402
 from resumequal_operator.status import run_status  # noqa: E402
 from resumequal_operator.validation import parse_run_spec, qualification_spec  # noqa: E402
 from testing.cluster.node.scriptnode import NodeRuntime  # noqa: E402
-from tests.operator.harness import run_manifest  # noqa: E402
-from tests.operator.workers import Workers, verdict  # noqa: E402
+from testing.operator.harness import run_manifest  # noqa: E402
+from testing.operator.workers import Workers, verdict  # noqa: E402
 
 NAMESPACE = "quals"
 # The pods' process runs at the lowest CPU priority (see measure).

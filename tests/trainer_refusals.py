@@ -1,6 +1,6 @@
 """Objects Kubeflow Trainer's and JobSet's validating webhooks refuse, each with the words
 of the refusal: checked against the real webhooks in the cluster suite and against
-:func:`tests.k8s_schemas.trainer_problem` in the unit tests, so that the check the
+:func:`testing.k8s_schemas.trainer_problem` in the unit tests, so that the check the
 operator's tests rely on refuses what the real Trainer refuses."""
 
 from __future__ import annotations

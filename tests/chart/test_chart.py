@@ -24,7 +24,7 @@ from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.trainjob import leg_runtime
 from resumequal_operator.validation import parse_run_spec
-from tests import k8s_schemas
+from testing import k8s_schemas
 from tests.chart.monitoring import validate_monitoring
 from tests.tools import require
 

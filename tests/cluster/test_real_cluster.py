@@ -459,9 +459,9 @@ def test_a_trainjob_leg_that_outlives_its_timeout_ends_the_run(target: Target) -
 
 
 def test_the_trainers_webhooks_refuse_what_the_schema_check_refuses(target: Target) -> None:
-    """The objects tests/k8s_schemas.py's Trainer check refuses (the operator's other tests
+    """The objects testing/k8s_schemas.py's Trainer check refuses (the operator's other tests
     rely on it), refused by the real Trainer's webhooks and API server for the same cause."""
-    from tests.k8s_schemas import trainer_problem
+    from testing.k8s_schemas import trainer_problem
     from tests.trainer_refusals import refused
 
     objects = client.CustomObjectsApi(target.api)

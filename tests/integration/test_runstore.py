@@ -21,7 +21,7 @@ from resumequal.store import StoreAccessDenied, StoreObjectTooLarge, StoreUnavai
 from resumequal.store.gcssettings import GCSSettings
 from resumequal.store.log import parse_segment, segment_bytes
 from resumequal.store.s3settings import S3Settings
-from tests.trace_records import startup_record, step_record, trace_line
+from testing.trace_records import startup_record, step_record, trace_line
 
 if TYPE_CHECKING:
     from tests.gcsserver import FakeGCS

@@ -20,8 +20,8 @@ from resumequal_operator.kube import Kube
 from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import APIServer, RealAPI
-from tests.operator.harness import NAMESPACE, Admission, Operators, s3_store, store_s3
-from tests.operator.workers import Workers
+from testing.operator.harness import NAMESPACE, Admission, Operators, s3_store, store_s3
+from testing.operator.workers import Workers
 
 if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here defeats
     # assert rewriting
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # loaded as a plugin by tests/conftest.py; importing it here 
 
 @pytest.fixture
 def admission(api: RealAPI) -> Admission:
-    """What was checked by the schemas of ``tests/k8s_schemas.py`` (Kubeflow's webhooks'
+    """What was checked by the schemas of ``testing/k8s_schemas.py`` (Kubeflow's webhooks'
     rules among them): what the operator creates or replaces, as a validating webhook sees
     it, before the server's own validation."""
     check = Admission()

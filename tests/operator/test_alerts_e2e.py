@@ -18,9 +18,9 @@ from resumequal.results.verdict import Result
 from resumequal_operator.kube import QUALIFICATION_RUNS
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
+from testing.operator.harness import NAMESPACE, Operators, run_manifest, wait_phase
 from tests.chart.prometheus import JOB, Prometheus, running_prometheus
 from tests.exposition import samples, scrape, value
-from tests.operator.harness import NAMESPACE, Operators, run_manifest, wait_phase
 from tests.tools import require
 from tests.waiting import eventually
 

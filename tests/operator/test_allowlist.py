@@ -15,7 +15,7 @@ import pytest
 from resumequal_operator.allowlist import Allowlist, SecurityAllowlist
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     Operators,
     condition,

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from resumequal.errors import ClusterError
 from resumequal_operator.kube import QUALIFICATION_RUNS, SECRETS, Kube
 from resumequal_operator.manager import Operator, Settings
-from tests.operator.harness import FAST, NAMESPACE, run_manifest
+from testing.operator.harness import FAST, NAMESPACE, run_manifest
 
 HISTOGRAM = "resumequal_operator_api_request_duration_seconds"
 

@@ -22,9 +22,9 @@ from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.validation import parse_run_spec, qualification_spec
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import NAMESPACE, failed_job_status, run_location, run_manifest
-from tests.operator.workers import verdict
-from tests.trace_records import step_record, trace_line
+from testing.operator.harness import NAMESPACE, failed_job_status, run_location, run_manifest
+from testing.operator.workers import verdict
+from testing.trace_records import step_record, trace_line
 
 # The run of :func:`run_manifest` shrunk to worker-0 at the kill, grown back after step 4.
 RESIZE = {"preemption": {"mode": "hard", "resize": {"toNodes": 1, "growAfterStep": 4}},

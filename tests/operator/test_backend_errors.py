@@ -7,8 +7,7 @@ import time
 from resumequal_operator.allowlist import Allowlist
 from resumequal_operator.kube import QUALIFICATION_RUNS
 from testing.cluster.testapi import RealAPI
-from testing.ports import free_port
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     Operators,
     condition,
@@ -16,6 +15,7 @@ from tests.operator.harness import (
     run_manifest,
     wait_phase,
 )
+from testing.ports import free_port
 
 BOUND_S = 2.0  # timeouts.backendErrorSeconds of these runs
 

@@ -11,7 +11,7 @@ from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS, TRAINJOBS
 from resumequal_operator.legjobs import TrainerSettings
 from resumequal_operator.trainjob import leg_runtime
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import Admission, Operators, condition, qr, run_manifest, wait_phase
+from testing.operator.harness import Admission, Operators, condition, qr, run_manifest, wait_phase
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,7 +24,7 @@ from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.node.scriptrt import hold
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import NAMESPACE, run_manifest
+from testing.operator.harness import NAMESPACE, run_manifest
 
 DEADLINE_S = 2
 

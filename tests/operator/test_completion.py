@@ -19,8 +19,8 @@ from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
 from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import NAMESPACE, Operators, qr, run_manifest, wait_phase
-from tests.operator.workers import Workers
+from testing.operator.harness import NAMESPACE, Operators, qr, run_manifest, wait_phase
+from testing.operator.workers import Workers
 from tests.waiting import eventually
 
 SLOW_S = 4.0  # how long rank 1 still writes after its last step

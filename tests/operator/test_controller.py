@@ -11,7 +11,7 @@ from resumequal_operator.runtime.cache import ObjectCache
 from resumequal_operator.runtime.leader import LeaseSettings
 from resumequal_operator.runtime.watching import Watcher
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     Admission,
     Operators,

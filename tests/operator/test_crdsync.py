@@ -11,7 +11,7 @@ from resumequal_operator.crd import CRD_NAME, DIGEST_ANNOTATION, build_crd
 from resumequal_operator.crdsync import CRDS, CRDMismatch, ensure_crd
 from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import NAMESPACE, run_manifest
+from testing.operator.harness import NAMESPACE, run_manifest
 from tests.waiting import eventually
 
 

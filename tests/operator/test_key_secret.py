@@ -17,7 +17,7 @@ from resumequal_operator.backend import KubernetesBackend, RunRef
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS, Kube
 from resumequal_operator.validation import parse_run_spec, qualification_spec
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     Operators,
     qr,

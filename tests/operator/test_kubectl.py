@@ -25,7 +25,7 @@ import yaml
 from resumequal.results.verdict import Result
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     Operators,
     flush_events,

@@ -10,7 +10,7 @@ import pytest
 
 from resumequal_operator.kube import PYTORCHJOBS, QUALIFICATION_RUNS
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import Operators, qr, run_manifest
+from testing.operator.harness import Operators, qr, run_manifest
 
 pytestmark = pytest.mark.timeout(60)
 

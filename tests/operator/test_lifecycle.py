@@ -20,8 +20,7 @@ from resumequal_operator import pytorchjob
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
-from tests.exposition import scrape, value
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     Operators,
     condition,
@@ -31,7 +30,8 @@ from tests.operator.harness import (
     run_manifest,
     wait_phase,
 )
-from tests.operator.workers import Workers
+from testing.operator.workers import Workers
+from tests.exposition import scrape, value
 from tests.waiting import eventually
 
 if TYPE_CHECKING:

@@ -23,14 +23,14 @@ from resumequal_operator.kube import LEASES, QUALIFICATION_RUNS
 from resumequal_operator.main import main
 from resumequal_operator.service import ServiceOptions, freeze_startup, settings_from
 from testing.cluster.testapi import RealAPI
-from testing.ports import free_port
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     condition,
     run_manifest,
     wait_phase,
     write_kubeconfig,
 )
+from testing.ports import free_port
 from tests.waiting import eventually
 
 

@@ -14,8 +14,8 @@ from resumequal_operator.kube import JOBS, NETWORK_POLICIES, PYTORCHJOBS, QUALIF
 from resumequal_operator.validation import parse_run_spec
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
-from tests.k8s_schemas import validate_core
-from tests.operator.harness import NAMESPACE, Admission, Operators, run_manifest, wait_phase
+from testing.k8s_schemas import validate_core
+from testing.operator.harness import NAMESPACE, Admission, Operators, run_manifest, wait_phase
 from tests.waiting import eventually
 
 # The label the training operator puts on a job's pods (kubeflow/training-operator

@@ -12,7 +12,7 @@ import pytest
 
 from testing.cluster.cluster import WORKER_IMAGE
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import NAMESPACE
+from testing.operator.harness import NAMESPACE
 
 pytestmark = pytest.mark.timeout(180)
 Obj = dict[str, Any]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from resumequal_operator.kube import JOBS, PYTORCHJOBS, QUALIFICATION_RUNS
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import Operators, condition, events, run_manifest, wait_phase
+from testing.operator.harness import Operators, condition, events, run_manifest, wait_phase
 from tests.waiting import eventually
 
 FSDP2 = {"parallelism": {"kind": "fsdp2"}}

@@ -26,8 +26,7 @@ from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.proxy import Deletion
 from testing.cluster.testapi import History, RealAPI
-from tests.exposition import scrape, value
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     Admission,
     Operators,
@@ -40,7 +39,8 @@ from tests.operator.harness import (
     store_s3,
     wait_phase,
 )
-from tests.operator.workers import Workers
+from testing.operator.workers import Workers
+from tests.exposition import scrape, value
 from tests.s3server import use_dummy_credentials
 from tests.waiting import eventually
 

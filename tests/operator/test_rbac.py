@@ -25,7 +25,7 @@ from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from testing.cluster.node.scriptnode import NodeRuntime
 from testing.cluster.podcluster import PodCluster
 from testing.cluster.testapi import RealAPI
-from tests.operator.harness import (
+from testing.operator.harness import (
     NAMESPACE,
     Admission,
     Operators,
@@ -34,7 +34,7 @@ from tests.operator.harness import (
     store_s3,
     wait_phase,
 )
-from tests.operator.workers import Workers
+from testing.operator.workers import Workers
 from tests.s3server import use_dummy_credentials
 
 if TYPE_CHECKING:

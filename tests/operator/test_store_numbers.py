@@ -23,9 +23,9 @@ from resumequal_operator.kube import QUALIFICATION_RUNS, Kube
 from resumequal_operator.status import run_status
 from resumequal_operator.validation import parse_run_spec, qualification_spec
 from testing.cluster.testapi import RealAPI
-from tests.k8s_schemas import validate_qualificationrun
-from tests.operator.harness import NAMESPACE, run_location, run_manifest
-from tests.trace_records import step_record, trace_line
+from testing.k8s_schemas import validate_qualificationrun
+from testing.operator.harness import NAMESPACE, run_location, run_manifest
+from testing.trace_records import step_record, trace_line
 
 OUT_OF_RANGE = [1e300, -1e300, MAX_EPOCH_SECONDS + 1, float("inf"), float("nan")]
 

@@ -16,7 +16,7 @@ from resumequal_operator.main import main
 from resumequal_operator.resource import QualificationRunSpec
 from resumequal_operator.runstatus import QualificationRun
 from resumequal_operator.validation import parse_run_spec
-from tests.k8s_schemas import crd_schema, validate_qualificationrun
+from testing.k8s_schemas import crd_schema, validate_qualificationrun
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("qualificationrun*.yaml"))
 # Keywords a structural schema may use (apiextensions.k8s.io/v1).

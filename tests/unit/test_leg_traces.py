@@ -10,7 +10,7 @@ from resumequal.errors import TraceError
 from resumequal.run.layout import SEGMENT_BYTES
 from resumequal.run.location import RunLocation
 from resumequal.store import StoreNotFound, StoreObjectTooLarge
-from tests.trace_records import step_record, trace_line
+from testing.trace_records import step_record, trace_line
 
 
 def _step(rank: int, attempt: int, step: int) -> bytes:

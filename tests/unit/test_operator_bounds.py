@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from resumequal_operator.main import main
 from resumequal_operator.validation import RunSpecError, parse_run_spec
-from tests.k8s_schemas import validate_qualificationrun
+from testing.k8s_schemas import validate_qualificationrun
 from tests.unit.test_spec_bounds import ALIAS_BOMB, DEEP
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qualificationrun.yaml"

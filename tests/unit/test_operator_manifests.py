@@ -19,7 +19,7 @@ from resumequal.store import GCSSettings, S3Settings, StoreSettings
 from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.resource import QualificationRunSpec, pin_of
 from resumequal_operator.validation import RunSpecError, parse_run_spec, qualification_spec
-from tests.k8s_schemas import validate_core, validate_pytorchjob
+from testing.k8s_schemas import validate_core, validate_pytorchjob
 from tests.pod_security import restricted_violations
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qualificationrun.yaml"

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from resumequal.cli import main
 from resumequal_operator.resource import pin_of
 from resumequal_operator.validation import RunSpecError, parse_run_spec
-from tests.k8s_schemas import validate_qualificationrun
-from tests.operator.harness import run_manifest
+from testing.k8s_schemas import validate_qualificationrun
+from testing.operator.harness import run_manifest
 
 STORE = {"uri": "s3://bucket/runs"}
 INJECTIONS = [

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from resumequal_operator import pytorchjob
 from resumequal_operator.main import main
 from resumequal_operator.render import PLACEHOLDER_KEY, PLACEHOLDER_NAME_SUFFIX, PLACEHOLDER_UID
-from tests.k8s_schemas import validate_core, validate_pytorchjob
+from testing.k8s_schemas import validate_core, validate_pytorchjob
 from tests.pod_security import restricted_violations
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

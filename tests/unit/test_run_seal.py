@@ -20,7 +20,7 @@ from resumequal.run.location import RunLocation
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, RunSeal, new_key, new_run_id
 from resumequal.spec import QualificationSpec
 from resumequal.store.log import parse_segment, segment_bytes
-from tests.trace_records import step_record, trace_line
+from testing.trace_records import step_record, trace_line
 
 SEAL = RunSeal(new_key().encode(), "run-a")
 NAME = "preempted/trace/rank-1/attempt-1/00000003.jsonl"

@@ -20,7 +20,7 @@ from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal, derive_run_key, new_key
 from resumequal.spec import QualificationSpec, SpecError
 from resumequal_operator.runkeys import MasterKey
-from tests.operator.workers import verdict
+from testing.operator.workers import verdict
 
 KEY = new_key().encode()
 

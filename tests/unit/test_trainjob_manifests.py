@@ -16,7 +16,7 @@ from resumequal_operator import pytorchjob, trainjob
 from resumequal_operator.legjobs import PyTorchJobLegs, TrainerSettings, TrainJobLegs, leg_jobs
 from resumequal_operator.main import main
 from resumequal_operator.validation import parse_run_spec, qualification_spec
-from tests.k8s_schemas import RESERVED_ENV, trainer_problem, validate_trainer
+from testing.k8s_schemas import RESERVED_ENV, trainer_problem, validate_trainer
 from tests.trainer_refusals import refused
 from tests.trainer_refusals import trainjob as plain_trainjob
 from tests.unit.test_operator_manifests import EXAMPLE, NS, RUN, UID, example_spec, problems

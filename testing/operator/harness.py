@@ -1,7 +1,7 @@
 """What the operator tests share: admission, run manifests, operator replicas, waits.
 
 Every object the operator writes passes admission by the schemas in
-``tests/k8s_schemas.py``: PyTorchJobs against Kubeflow's CRD, QualificationRuns (status
+``testing/k8s_schemas.py``: PyTorchJobs against Kubeflow's CRD, QualificationRuns (status
 included) against the chart's CRD, Jobs, Leases, Events and NetworkPolicies against
 Kubernetes' own.
 """
@@ -26,7 +26,7 @@ from resumequal_operator.manager import Operator, Settings
 from resumequal_operator.runkeys import MasterKey
 from resumequal_operator.runtime.leader import LeaseSettings
 from testing.cluster.testapi import RealAPI
-from tests.k8s_schemas import (
+from testing.k8s_schemas import (
     validate_core,
     validate_pytorchjob,
     validate_qualificationrun,

@@ -33,7 +33,7 @@ from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
 from resumequal.store.s3settings import S3Settings
 from testing.cluster.node.scriptrt import SIGTERM_EXIT, Container
-from tests.trace_records import step_record, trace_line
+from testing.trace_records import step_record, trace_line
 
 
 def verdict(result: Result = Result.PASS) -> Verdict:
