@@ -107,17 +107,12 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def histogram_quantile(q: float, metrics: dict[str, float], family: str,
-                       labels: str = "") -> float:
-    """Prometheus' histogram_quantile over one histogram family (the series whose labels
-    after ``le`` are ``labels``, e.g. ``,priority="normal"``)."""
-    buckets = sorted((float(k.split('le="')[1].split('"')[0]), v)
-                     for k, v in metrics.items()
-                     if k.startswith(f"{family}_bucket{{le=") and k.endswith(f'"{labels}}}'))
-    total = buckets[-1][1]
-    rank = q * total
+def _bucket_quantile(q: float, buckets: dict[float, float]) -> float:
+    """Prometheus' histogram_quantile over one series' cumulative buckets (bound: count)."""
+    ordered = sorted(buckets.items())
+    rank = q * ordered[-1][1]
     lower_bound, lower_count = 0.0, 0.0
-    for bound, count in buckets:
+    for bound, count in ordered:
         if count >= rank:
             if bound == float("inf"):
                 return lower_bound
@@ -125,6 +120,44 @@ def histogram_quantile(q: float, metrics: dict[str, float], family: str,
                 count - lower_count, 1e-12)
         lower_bound, lower_count = bound, count
     return lower_bound
+
+
+def api_server_waits(controlplane: Any) -> None:
+    """Where the API server's time went over the run, from its own metrics: the wait of
+    each priority level's requests in API Priority and Fairness' queues, and each verb's
+    whole request (all clients; the node agent's and the controllers' too)."""
+    with urllib.request.urlopen(f"{controlplane.server}/metrics", timeout=30,
+                                context=controlplane.ssl_context()) as r:
+        text = r.read().decode()
+    wanted = {"apiserver_flowcontrol_request_wait_duration_seconds_bucket": "priority_level",
+              "apiserver_request_duration_seconds_bucket": "verb"}
+    series: dict[tuple[str, str], dict[float, float]] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name not in wanted or 'execute="false"' in rest:
+            continue
+        labels, _, value = rest.rpartition("} ")
+        fields = dict(part.split("=", 1) for part in labels.split(",") if "=" in part)
+        key = (name, fields[wanted[name]].strip('"'))
+        bound = float(fields["le"].strip('"'))
+        series.setdefault(key, {})
+        series[key][bound] = series[key].get(bound, 0.0) + float(value)
+    for (name, group), buckets in sorted(series.items()):
+        count = buckets.get(float("inf"), 0.0)
+        if count:
+            what = "APF queue wait" if "flowcontrol" in name else "API server request"
+            print(f"{what} {group:24s} {count:7.0f}, p50 "
+                  f"{_bucket_quantile(0.5, buckets) * 1000:7.1f}ms, p99 "
+                  f"{_bucket_quantile(0.99, buckets) * 1000:7.1f}ms")
+
+
+def histogram_quantile(q: float, metrics: dict[str, float], family: str,
+                       labels: str = "") -> float:
+    """Prometheus' histogram_quantile over one histogram family (the series whose labels
+    after ``le`` are ``labels``, e.g. ``,priority="normal"``)."""
+    return _bucket_quantile(q, {
+        float(k.split('le="')[1].split('"')[0]): v for k, v in metrics.items()
+        if k.startswith(f"{family}_bucket{{le=") and k.endswith(f'"{labels}}}')})
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -336,8 +369,10 @@ def measure_real(args: argparse.Namespace, held: int) -> dict[str, float]:
             key_file.write_text(new_key())
             key_file.chmod(0o400)
             hold_finished_real(objects, store, held, MasterKey.from_file(key_file))
-            return _run_operator(args, held, cluster.id, kubeconfig, key_file, objects,
-                                 store, node.pid, Path(tmp))
+            figures = _run_operator(args, held, cluster.id, kubeconfig, key_file, objects,
+                                    store, node.pid, Path(tmp))
+            api_server_waits(cp)
+            return figures
     finally:
         pods.close()
 
