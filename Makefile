@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # The theme prints an end-of-life notice on every build unless told not to.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
-.PHONY: env tools bytecode run test test-serial test-fast lint docs chart images images-build images-smoke images-push bench gpu-check compat compat-env cluster-build cluster-up cluster-down clean
+.PHONY: env tools bytecode run test test-serial test-fast lint docs chart images images-build images-smoke images-push bench bench-device gpu-check compat compat-env cluster-build cluster-up cluster-down clean
 
 env: $(VENV)/.installed
 
@@ -125,6 +125,12 @@ bench: env
 	$(PY) bench/harness_overhead.py
 	$(PY) bench/restart_latency.py
 	$(PY) bench/compare_drift.py
+
+# The trace's digests on this machine's GPU at 1B parameters: each algorithm's share of a
+# step, and the fingerprint's GB/s against the device's own copy GB/s (targets: <= 3% and
+# >= 50%).
+bench-device: env bytecode
+	$(PY) bench/trace_overhead.py --device cuda --size 1b --steps 6 --bandwidth
 
 # The NCCL cells (DDP fp32, DDP bf16, FSDP2 bf16, compile) on this machine's GPUs with the
 # default launcher, in under ten minutes on one GPU; a Markdown table. TORCH_SPEC should be

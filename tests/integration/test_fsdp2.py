@@ -27,9 +27,9 @@ def test_fsdp2_graceful_mid_accumulation_resumes_exactly_and_its_controls_are_ca
 ) -> None:
     run_dir = tmp_path / "run"
     # One run, two controls: the pending gradients the emergency checkpoint carries, and
-    # the sharded optimizer state.
+    # the sharded optimizer state; digested as a GPU run would be (wsum128, local shards).
     verdict = _run(run_dir, "preemption.mode=graceful",
-                   "controls.omissions=[pending_grads, optimizer]")
+                   "controls.omissions=[pending_grads, optimizer]", "comparison.digest=wsum128")
     legs.assert_exact(verdict, "graceful")
     controls = {c["omission"]: c for c in verdict["controls"]}
     assert {(name, c["leg"], c["status"]) for name, c in controls.items()} == {
@@ -45,6 +45,7 @@ def test_fsdp2_graceful_mid_accumulation_resumes_exactly_and_its_controls_are_ca
     assert (optimizer["first_divergence"]["step"],
             optimizer["first_divergence"]["boundary"]) == (6, "lr")
     assert "parameters from step 6" in optimizer["mechanism"]
+    assert {r["digest"] for r in legs.records(run_dir, "preempted", "inventory")} == {"wsum128"}
     restores = legs.records(run_dir, "nc-optimizer", "restore")
     assert [(r["omitted"], r["checkpoint"]) for r in restores] == [
         (["optimizer"], "step-00000005+1")] * 2

@@ -72,3 +72,16 @@ def trial_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(trial, "trial_build", trial_build)
     monkeypatch.setattr(runner, "trial_build", trial_build)
     return built
+
+
+@pytest.fixture(params=["xxh3_128", "wsum128"])
+def each_digest_algorithm(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test once per digest algorithm, this process digesting with it; xxh3_128 again
+    afterwards."""
+    from resumequal.trace import digest
+
+    digest.use(request.param)
+    try:
+        yield request.param
+    finally:
+        digest.use(digest.DIGEST_ALGORITHM)

@@ -3,10 +3,12 @@ optimizer's state per parameter; and which tensors differ when a boundary differ
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from resumequal.compare.tensors import module_of, tensor_difference
+from resumequal.trace import digest
 from resumequal.trace.digest import (
     NO_TENSOR,
     PARAM_GROUPS,
@@ -16,12 +18,14 @@ from resumequal.trace.digest import (
 )
 from resumequal.trace.records import StepRecord, TensorDigests
 
+pytestmark = pytest.mark.usefixtures("each_digest_algorithm")
+
 
 def test_each_tensor_gets_its_digest_and_the_whole_follows_from_them() -> None:
     a, b = torch.arange(4.0), torch.ones(2, 2)
     d = tensor_digests([("a", a), ("b", b), ("c", None)])
     assert list(d.tensors) == ["a", "b", "c"] and d.tensors["c"] == NO_TENSOR
-    assert d.whole == combined_digest(d.tensors) and d.whole.startswith("xxh3_128:")
+    assert d.whole == combined_digest(d.tensors) and d.whole.startswith(f"{digest.used()}:")
     # One changed bit changes that tensor's digest, and the whole, and nothing else.
     flipped = a.clone()
     flipped.view(torch.int32)[1] ^= 1

@@ -55,21 +55,28 @@ def _flip_bit(t: torch.Tensor, index: int, bit: int) -> torch.Tensor:
     return out
 
 
-def test_digest_names_its_algorithm() -> None:
-    assert tensor_digest(torch.zeros(3)).startswith(f"{DIGEST_ALGORITHM}:")
+def test_digest_names_its_algorithm(each_digest_algorithm: str) -> None:
+    assert tensor_digest(torch.zeros(3)).startswith(f"{each_digest_algorithm}:")
+
+
+def test_traces_that_name_no_algorithm_were_digested_with_xxh3() -> None:
+    assert DIGEST_ALGORITHM == "xxh3_128"
 
 
 @pytest.mark.parametrize("bit", [0, 22, 31])
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_one_flipped_bit_changes_the_digest(bit: int) -> None:
     t = torch.randn(1000)
     assert tensor_digest(_flip_bit(t, 517, bit)) != tensor_digest(t)
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_negative_zero_differs_from_zero() -> None:
     assert torch.equal(torch.tensor([-0.0]), torch.tensor([0.0]))
     assert tensor_digest(torch.tensor([-0.0])) != tensor_digest(torch.tensor([0.0]))
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_nan_payloads_differ() -> None:
     quiet = torch.tensor([0x7FC00000], dtype=torch.int32).view(torch.float32)
     payload = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
@@ -77,6 +84,7 @@ def test_nan_payloads_differ() -> None:
     assert tensor_digest(quiet) != tensor_digest(payload)
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_dtype_is_part_of_the_digest() -> None:
     t = torch.randn(16)
     same_bytes = t.view(torch.int32)
@@ -84,6 +92,7 @@ def test_dtype_is_part_of_the_digest() -> None:
     assert tensor_digest(torch.zeros(4)) != tensor_digest(torch.zeros(4, dtype=torch.float64))
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_shape_is_part_of_the_digest() -> None:
     t = torch.randn(12)
     assert tensor_digest(t) != tensor_digest(t.view(3, 4))
@@ -91,30 +100,35 @@ def test_shape_is_part_of_the_digest() -> None:
     assert tensor_digest(torch.tensor(1.0)) != tensor_digest(torch.tensor([1.0]))
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_same_tensor_same_digest() -> None:
     t = torch.randn(64, 32)
     assert tensor_digest(t) == tensor_digest(t)
     assert tensor_digest(t) == tensor_digest(t.clone())
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_non_contiguous_views_match_contiguous_copies() -> None:
     base = torch.randn(8, 6)
     for view in (base.t(), base[:, 1:4], base[::2], base[3:]):
         assert tensor_digest(view) == tensor_digest(view.contiguous().clone())
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_lazy_conjugate_and_negative_views_digest_their_values() -> None:
     z = torch.randn(5, dtype=torch.complex64)
     assert tensor_digest(z.conj()) == tensor_digest(z.conj().resolve_conj())
     assert tensor_digest(z.conj()) != tensor_digest(z)
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_dtypes_without_a_numpy_equivalent_are_digested() -> None:
     t = torch.randn(10).to(torch.bfloat16)
     assert tensor_digest(t) != tensor_digest(_flip_bit(t.float(), 0, 31).to(torch.bfloat16))
     assert tensor_digest(torch.tensor([True, False])) != tensor_digest(torch.tensor([True, True]))
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_requires_grad_tensors_are_digested() -> None:
     p = torch.nn.Parameter(torch.randn(3))
     assert tensor_digest(p) == tensor_digest(p.detach().clone())
@@ -123,6 +137,7 @@ def test_requires_grad_tensors_are_digested() -> None:
 # -------------------------------------------------------------------- named digests
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_a_mapping_digests_by_its_keys_in_sorted_order_whatever_it_was_built_in() -> None:
     t = torch.arange(4.0)
     forward = value_digest({"exp_avg": t, "step": torch.tensor(3.0)})
@@ -132,6 +147,7 @@ def test_a_mapping_digests_by_its_keys_in_sorted_order_whatever_it_was_built_in(
     assert value_digest({"exp_avg": t, "step": torch.tensor(4.0)}) != forward
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_keys_that_compare_equal_across_types_still_digest_apart() -> None:
     # 1 == True == 1.0 and they hash alike, but their reprs differ: so must the digests.
     digests = {value_digest({key: 0}) for key in (1, True, 1.0, "1")}
@@ -139,6 +155,7 @@ def test_keys_that_compare_equal_across_types_still_digest_apart() -> None:
     assert value_digest({1: 0}) == value_digest({1: 0})
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_name_and_order_are_part_of_named_digest() -> None:
     a, b = torch.randn(3), torch.randn(3)
     base = named_tensors_digest([("a", a), ("b", b)])
@@ -149,6 +166,7 @@ def test_name_and_order_are_part_of_named_digest() -> None:
     assert named_tensors_digest([("b", a), ("a", b)]) != base
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_none_is_distinct_from_zeros_and_from_absence() -> None:
     w = torch.randn(3)
     with_none = named_tensors_digest([("w", w), ("b", None)])
@@ -157,6 +175,7 @@ def test_none_is_distinct_from_zeros_and_from_absence() -> None:
     assert with_none != named_tensors_digest([("w", w)])
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_names_cannot_run_into_each_other() -> None:
     t = torch.zeros(1)
     assert named_tensors_digest([("ab", t), ("c", t)]) != named_tensors_digest(
@@ -164,6 +183,7 @@ def test_names_cannot_run_into_each_other() -> None:
     )
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_model_grads_with_an_unused_parameter() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     model(torch.randn(2, 4)).sum().backward()
@@ -187,10 +207,12 @@ def _trained(lr: float, steps: int) -> torch.optim.Optimizer:
     return opt
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_optimizer_digest_is_reproducible() -> None:
     assert optimizer_state_digest(_trained(1e-3, 2)) == optimizer_state_digest(_trained(1e-3, 2))
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_optimizer_digest_sees_state_and_hyperparameters() -> None:
     base = optimizer_state_digest(_trained(1e-3, 2))
     assert optimizer_state_digest(_trained(1e-3, 3)) != base
@@ -199,6 +221,7 @@ def test_optimizer_digest_sees_state_and_hyperparameters() -> None:
     assert optimizer_state_digest(opt) != base
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_optimizer_digest_leaves_lr_to_its_own_boundary() -> None:
     opt = _trained(1e-3, 2)
     base = optimizer_state_digest(opt)
@@ -206,6 +229,7 @@ def test_optimizer_digest_leaves_lr_to_its_own_boundary() -> None:
     assert optimizer_state_digest(opt) == base
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_optimizer_digest_sees_one_bit_of_a_moment() -> None:
     opt = _trained(1e-3, 2)
     base = optimizer_state_digest(opt)
@@ -225,6 +249,7 @@ def test_optimizer_digest_sees_one_bit_of_a_moment() -> None:
         ("torch", lambda: torch.rand(1)),
     ],
 )
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_rng_digest_changes_when_its_rng_advances(key: str, advance: object) -> None:
     before = rng_digests()
     assert set(before) >= {"python", "numpy", "torch"}
@@ -237,6 +262,7 @@ def test_rng_digest_changes_when_its_rng_advances(key: str, advance: object) -> 
     }
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_rng_digests_follow_seeding() -> None:
     random.seed(7)
     np.random.seed(7)
@@ -251,6 +277,7 @@ def test_rng_digests_follow_seeding() -> None:
     assert rng_digests() == first
 
 
+@pytest.mark.usefixtures("each_digest_algorithm")
 def test_numpy_gaussian_cache_is_seen() -> None:
     np.random.seed(3)
     np.random.standard_normal()  # draws two, caches one

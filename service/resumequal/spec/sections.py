@@ -290,6 +290,12 @@ class TimeoutSpec(Section):
 _EXACT = of_kind("exact")
 
 
+# How a trace digests tensors (resumequal.trace.digest): xxh3-128 over bytes copied to the
+# host, or the wsum128 fingerprint computed where the tensor lives.
+DigestAlgorithm = Literal["xxh3_128", "wsum128"]
+DIGEST_ALGORITHMS: tuple[DigestAlgorithm, ...] = get_args(DigestAlgorithm)
+
+
 class ComparisonSpec(Section):
     """How the legs' traces and final checkpoints are compared."""
 
@@ -308,6 +314,19 @@ class ComparisonSpec(Section):
         description="Boundaries the comparator looks at (all by default). Fewer boundaries "
         "make it blind to some faults; the negative controls show which.",
     )
+
+    digest: Literal["auto", "xxh3_128", "wsum128"] = Field(
+        default="auto",
+        description="How the trace digests tensors (both legs alike): xxh3_128 hashes their "
+        "bytes on the host; wsum128 fingerprints them on their device, so that only 16 bytes "
+        "per tensor leave a GPU; auto: wsum128 where the leg trains on a GPU, else xxh3_128.",
+    )
+
+    def digest_on(self, device_type: str) -> DigestAlgorithm:
+        """The algorithm a leg training on ``device_type`` digests with."""
+        if self.digest != "auto":
+            return self.digest
+        return "wsum128" if device_type == "cuda" else "xxh3_128"
 
     @field_validator("boundaries")
     @classmethod

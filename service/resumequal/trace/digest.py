@@ -8,9 +8,20 @@ optimizer state) is digested as what this rank holds: its local shard, plus what
 identifies the sharding (global shape, placements, mesh shape and this rank's coordinate in
 it), so the same bytes sharded differently never digest alike.
 
-The hash is xxh3-128, chosen by measurement (``bench/trace_overhead.py --hashes``): it runs
-at memory speed, so per-step digests of a whole model and optimizer cost little next to the
-step itself, and each digest string names its algorithm.
+A process digests with one algorithm (:func:`use`, set before training starts; a run's
+legs must agree on it, which the inventory records):
+
+- ``xxh3_128``: each tensor's bytes are copied to the host (where they are not already) and
+  hashed by xxh3-128, chosen by measurement (``bench/trace_overhead.py --hashes``): on a CPU
+  it runs at memory speed, so per-step digests of a whole model and optimizer cost little
+  next to the step itself.
+- ``wsum128``: each tensor's bytes are read where they live by the order-aware fingerprint
+  of :mod:`resumequal.trace.fingerprint`, a boundary's tensors at once, and only the 16
+  bytes of each fingerprint cross to the host, to be hashed by xxh3-128 in place of the
+  bytes. On a GPU, copying gigabytes of state to one host core every step would dominate it.
+
+Both frame the same things (names, dtypes, shapes, byte lengths, structure) alike, and each
+whole-boundary digest string names its algorithm.
 
 This is the torch side of the trace, run inside workers: it imports torch and numpy, and
 must not import ``train``, ``state`` or ``checkpoint`` (it only observes what they hand
@@ -19,10 +30,11 @@ it). The records these digests go into live in :mod:`resumequal.trace.records`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,14 +43,19 @@ import torch
 import xxhash
 from torch.distributed.tensor import DTensor
 
-from resumequal.trace.records import BucketRecord
+from resumequal.spec.sections import DIGEST_ALGORITHMS as ALGORITHMS
+from resumequal.spec.sections import DigestAlgorithm as Algorithm
+from resumequal.trace import fingerprint
+from resumequal.trace.records import DIGEST_ALGORITHM, BucketRecord
 
-DIGEST_ALGORITHM: Final = "xxh3_128"
+assert fingerprint.ALGORITHM in ALGORITHMS
 
 __all__ = [
+    "ALGORITHMS",
     "DIGEST_ALGORITHM",
     "NO_TENSOR",
     "Digests",
+    "batched",
     "bucket_layout_digest",
     "combined_digest",
     "named_tensors_digest",
@@ -48,7 +65,33 @@ __all__ = [
     "sharding",
     "tensor_digest",
     "tensor_digests",
+    "use",
+    "used",
 ]
+
+
+@dataclass
+class _Use:
+    algorithm: Algorithm = DIGEST_ALGORITHM
+    # Fingerprints computed ahead for one digest call, by id() of the tensor handed in (the
+    # objects are held by the caller throughout, so no id is reused meanwhile).
+    ready: dict[int, bytes] | None = None
+
+
+_USE = _Use()
+
+
+def use(algorithm: Algorithm) -> None:
+    """Digest with ``algorithm`` from now on, in this process."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown digest algorithm {algorithm!r}; "
+                         f"known: {', '.join(ALGORITHMS)}")
+    _USE.algorithm = algorithm
+
+
+def used() -> Algorithm:
+    """The algorithm this process digests with."""
+    return _USE.algorithm
 
 # Every item fed to the hasher is tagged and length-prefixed, so no two different
 # sequences of (name, tensor, value) can produce the same byte stream.
@@ -95,11 +138,12 @@ def sharding(t: DTensor) -> str:
             f"|coordinate={tuple(mesh.get_coordinate() or ())}")
 
 
-def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
-    # Per-tensor Python overhead, not hashing, dominates for models of many small tensors,
-    # so this path keeps the number of torch calls low.
+def _plain(t: torch.Tensor) -> tuple[torch.Tensor, bytes | None]:
+    """The dense tensor whose bytes stand for ``t`` (on its device, contiguous), and what
+    identifies its sharding where it is a DTensor's local shard."""
+    shard = None
     if isinstance(t, DTensor):
-        _feed_bytes(h, b"S", sharding(t).encode())
+        shard = sharding(t).encode()
         t = t.to_local().detach()
     if t.requires_grad:
         t = t.detach()
@@ -107,14 +151,57 @@ def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
     # so the digest sees the values the tensor stands for.
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
-    if not (t.is_cpu and t.is_contiguous()):
-        t = t.contiguous().cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t, shard
+
+
+def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
+    # Per-tensor Python overhead, not hashing, dominates for models of many small tensors,
+    # so this path keeps the number of torch calls low.
+    ready = None if _USE.ready is None else _USE.ready.get(id(t))
+    t, shard = _plain(t)
+    if shard is not None:
+        _feed_bytes(h, b"S", shard)
     h.update(_tensor_prefix(t.dtype, t.shape, t.nbytes))
+    if _USE.algorithm == "wsum128":
+        h.update(b"F" + (ready or fingerprint.fingerprints([t])[0]))
+        return
+    if not t.is_cpu:
+        t = t.cpu()
     # Zero-copy: the ndarray shares the tensor's memory and exports it as a buffer.
     if t.dtype in _NUMPY_DTYPES:
         h.update(t.numpy().data)
     else:
         h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
+def _tensors_in(value: object) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors_in(item)
+
+
+@contextlib.contextmanager
+def batched(values: Iterable[object]) -> Iterator[None]:
+    """Under wsum128, every tensor in ``values`` fingerprinted at once (one transfer to the
+    host per device, not one per tensor) for the digests taken inside; nested, the
+    outermost batch serves."""
+    if _USE.algorithm != "wsum128" or _USE.ready is not None:
+        yield
+        return
+    tensors = [t for value in values for t in _tensors_in(value)]
+    prints = fingerprint.fingerprints([_plain(t)[0] for t in tensors])
+    _USE.ready = {id(t): p for t, p in zip(tensors, prints, strict=True)}
+    try:
+        yield
+    finally:
+        _USE.ready = None
 
 
 # The fed order and bytes of a mapping's keys, by its keys in insertion order: each
@@ -159,7 +246,7 @@ def _feed_value(h: xxhash.xxh3_128, value: object) -> None:
 
 
 def _finish(h: xxhash.xxh3_128) -> str:
-    return f"{DIGEST_ALGORITHM}:{h.hexdigest()}"
+    return f"{_USE.algorithm}:{h.hexdigest()}"
 
 
 def tensor_digest(t: torch.Tensor) -> str:
@@ -172,19 +259,22 @@ def tensor_digest(t: torch.Tensor) -> str:
 def value_digest(value: object) -> str:
     """Digest of nested mappings and sequences of tensors and plain values, structurally."""
     h = xxhash.xxh3_128()
-    _feed_value(h, value)
+    with batched([value]):
+        _feed_value(h, value)
     return _finish(h)
 
 
 def named_tensors_digest(items: Iterable[tuple[str, torch.Tensor | None]]) -> str:
     """Digest of named tensors in the given order; ``None`` (e.g. a param without grad) counts."""
     h = xxhash.xxh3_128()
-    for name, t in items:
-        _feed_bytes(h, b"N", name.encode())
-        if t is None:
-            h.update(b"0")
-        else:
-            _feed_tensor(h, t)
+    items = list(items)
+    with batched(t for _, t in items if t is not None):
+        for name, t in items:
+            _feed_bytes(h, b"N", name.encode())
+            if t is None:
+                h.update(b"0")
+            else:
+                _feed_tensor(h, t)
     return _finish(h)
 
 
@@ -214,13 +304,15 @@ def combined_digest(tensors: Mapping[str, str]) -> str:
 def tensor_digests(items: Iterable[tuple[str, torch.Tensor | None]]) -> Digests:
     """Each named tensor's digest (``NO_TENSOR`` for None), and the whole boundary's."""
     tensors: dict[str, str] = {}
-    for name, t in items:
-        if t is None:
-            tensors[name] = NO_TENSOR
-            continue
-        h = xxhash.xxh3_128()
-        _feed_tensor(h, t)
-        tensors[name] = h.hexdigest()
+    items = list(items)
+    with batched(t for _, t in items if t is not None):
+        for name, t in items:
+            if t is None:
+                tensors[name] = NO_TENSOR
+                continue
+            h = xxhash.xxh3_128()
+            _feed_tensor(h, t)
+            tensors[name] = h.hexdigest()
     return Digests(combined_digest(tensors), tensors)
 
 
@@ -235,14 +327,17 @@ def optimizer_digests(optimizer: torch.optim.Optimizer, names: Mapping[int, str]
     # What state_dict() holds, read in place: building it costs more than the hashing.
     tensors: dict[str, str] = {}
     index = 0
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state.get(param)
-            if state:
-                h = xxhash.xxh3_128()
-                _feed_value(h, state)
-                tensors[names.get(id(param)) or f"#{index}"] = h.hexdigest()
-            index += 1
+    states = [optimizer.state.get(param) for group in optimizer.param_groups
+              for param in group["params"]]
+    with batched(states):
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                state = optimizer.state.get(param)
+                if state:
+                    h = xxhash.xxh3_128()
+                    _feed_value(h, state)
+                    tensors[names.get(id(param)) or f"#{index}"] = h.hexdigest()
+                index += 1
     h = xxhash.xxh3_128()
     for group in optimizer.param_groups:
         _feed_value(h, {k: v for k, v in group.items() if k not in _NOT_OPTIMIZER_STATE})
@@ -260,9 +355,10 @@ def optimizer_state_digest(optimizer: torch.optim.Optimizer) -> str:
     h = xxhash.xxh3_128()
     state: dict[int, dict[str, Any]] = sd["state"]
     h.update(b"S" + _U32.pack(len(state)))
-    for index in sorted(state):
-        _feed_bytes(h, b"P", str(index).encode())
-        _feed_value(h, state[index])
+    with batched([state]):
+        for index in sorted(state):
+            _feed_bytes(h, b"P", str(index).encode())
+            _feed_value(h, state[index])
     groups: list[dict[str, Any]] = sd["param_groups"]
     h.update(b"G" + _U32.pack(len(groups)))
     for group in groups:

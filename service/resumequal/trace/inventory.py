@@ -17,6 +17,7 @@ import torch
 
 from resumequal.built import BuiltOptimizer
 from resumequal.spec.launchers import FORKED_ENV
+from resumequal.trace import digest
 from resumequal.trace.records import CompileRecord, InventoryRecord
 
 __all__ = ["collect_inventory", "relevant_env"]
@@ -83,5 +84,6 @@ def collect_inventory(rank: int, attempt: int, compile: CompileRecord | None = N
         compile=compile,
         launcher="forked" if os.environ.get(FORKED_ENV) == "1" else "torchrun",
         built=built,
+        digest=digest.used(),
     )
 

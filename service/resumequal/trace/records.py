@@ -29,6 +29,11 @@ from resumequal.built import BuiltOptimizer
 from resumequal.errors import TraceError
 from resumequal.spec import Omission
 from resumequal.spec.boundaries import BOUNDARIES, BY_NAME, TABLE, Boundary
+from resumequal.spec.sections import DigestAlgorithm
+
+# What a trace that names no digest algorithm was digested with: every trace written before
+# there was a choice.
+DIGEST_ALGORITHM: Final[DigestAlgorithm] = "xxh3_128"
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +240,10 @@ class InventoryRecord(_Record):
     # one (the forked launcher).
     launcher: Literal["torchrun", "forked"] = Field(
         default="torchrun", description="how this worker process was started")
+    # Traces written before wsum128 existed name none: they were digested with xxh3_128.
+    digest: DigestAlgorithm = Field(
+        default=DIGEST_ALGORITHM, description="the algorithm every digest of this trace was "
+        "made with; both legs must use the same")
     # None in traces written before it was recorded.
     built: BuiltOptimizer | None = Field(
         default=None, description="the optimizer and scheduler the workload built, before "

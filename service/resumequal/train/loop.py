@@ -27,6 +27,7 @@ from resumequal.checkpoint.manifest import CheckpointInfo, manifest_digest
 from resumequal.errors import CheckpointError, TrainingError
 from resumequal.run.legfiles import LegFiles
 from resumequal.spec import REFERENCE_LEG, QualificationSpec, SpecError, check_leg_name
+from resumequal.trace import digest
 from resumequal.trace.digest import Digests, bucket_layout_digest, rng_digests
 from resumequal.trace.inventory import collect_inventory
 from resumequal.trace.records import (
@@ -126,6 +127,9 @@ class Trainer:
         self.files = files
         self.p = placement
         self.omit = omit
+        # Before anything is digested: every digest of this process, the inventory's name
+        # for them included, comes from this algorithm.
+        digest.use(spec.comparison.digest_on(placement.device.type))
         self.scratch = scratch
         self.compiled: CompileRecord | None = None
         self.compile_watch: CompileWatch | None = None

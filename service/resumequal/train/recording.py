@@ -17,6 +17,7 @@ from torch import nn
 
 from resumequal.trace.digest import (
     Digests,
+    batched,
     named_tensors_digest,
     optimizer_digests,
     tensor_digests,
@@ -62,10 +63,11 @@ class GradRecorder:
 
     def digest(self, params: list[str], grads: list[torch.Tensor]) -> None:
         """Digest one bucket's rank-local gradients, each by its parameter's name."""
-        for name, grad in zip(params, grads, strict=True):
-            self.local[name] = named_tensors_digest([(name, grad)])
-            if self.keep:
-                self.tensors[name] = grad.detach().to("cpu", copy=True)
+        with batched(grads):
+            for name, grad in zip(params, grads, strict=True):
+                self.local[name] = named_tensors_digest([(name, grad)])
+                if self.keep:
+                    self.tensors[name] = grad.detach().to("cpu", copy=True)
 
     def local_digest(self) -> str:
         return joined_digest(self.local)
