@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal, Protocol, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -390,12 +390,7 @@ class TraceWriter:
     def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
