@@ -7,7 +7,6 @@ On a terminal rich shows the spinner; in a CI log (no terminal) only the lines a
 from __future__ import annotations
 
 import time
-from types import TracebackType
 
 from rich.console import Console
 from rich.status import Status
@@ -34,8 +33,7 @@ class TerminalProgress(Listener):
     def __enter__(self) -> TerminalProgress:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop()
 
     def _elapsed(self) -> str:

@@ -359,23 +359,25 @@ def _series_path(frame: _Frame, s: Series, py: Callable[[float], float]) -> str:
                 f"<title>{escape(s.name)} step {escape(fmt(x))}: {escape(fmt(y))}</title>"
                 "</circle>"
             )
-    dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
     name = escape(s.name)
     return (
         f'<g class="leg-{name}"><path class="series series-{name}" d="{" ".join(commands)}" '
-        f'fill="none" stroke="{s.color}" stroke-width="{s.width}"{dash} '
-        f'stroke-linejoin="round"/>{"".join(dots)}</g>'
+        f'fill="none" {_pen(s)} stroke-linejoin="round"/>{"".join(dots)}</g>'
     )
+
+
+def _pen(s: Series) -> str:
+    """How ``s``'s line is drawn, in its path and in its legend alike."""
+    dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+    return f'stroke="{s.color}" stroke-width="{s.width}"{dash}'
 
 
 def _legend(frame: _Frame, series: Sequence[Series]) -> list[str]:
     parts: list[str] = []
     x = frame.width - _RIGHT - sum(40 + len(s.name) * _CHAR_PX + 16 for s in series)
     for s in series:
-        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
         parts.append(
-            f'<line x1="{x:.1f}" y1="{_TOP - 18}" x2="{x + 32:.1f}" y2="{_TOP - 18}" '
-            f'stroke="{s.color}" stroke-width="{s.width}"{dash}/>'
+            f'<line x1="{x:.1f}" y1="{_TOP - 18}" x2="{x + 32:.1f}" y2="{_TOP - 18}" {_pen(s)}/>'
             f'<text x="{x + 38:.1f}" y="{_TOP - 14}" {_FONT} fill="#24292f">'
             f"{escape(s.name)}</text>"
         )

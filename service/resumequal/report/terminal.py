@@ -10,7 +10,6 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -248,12 +247,7 @@ class ProgressDisplay:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def start(self) -> None:

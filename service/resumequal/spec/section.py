@@ -16,8 +16,9 @@ qualification and appear in the CRD schema too.
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from resumequal.errors import ResumequalError
@@ -44,6 +45,11 @@ MAX_URI = 2048
 # train@sha256:0123abcd4567, pt-2.6-cu124, torch==2.13.0+cpu).
 PIN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+:@=-]{0,127}$"
 _PIN = re.compile(PIN_PATTERN)
+
+# The bounds of a step (or of a number of steps, at least one) and of a timeout or grace
+# period, said once for every section that holds one.
+Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 
 
 def check_pin(value: str) -> str:

@@ -16,12 +16,12 @@ from resumequal.spec.section import (
     MAX_LIST,
     MAX_NODES,
     MAX_NPROC_PER_NODE,
-    MAX_SECONDS,
     MAX_SEED,
     MAX_SEEDS,
-    MAX_STEPS,
     MAX_URI,
+    Seconds,
     Section,
+    Steps,
 )
 from resumequal.spec.training import (
     CompileSpec,
@@ -90,12 +90,12 @@ class CheckpointSpec(Section):
     # ``async`` is a Python keyword, so the field is ``async_save`` with the YAML key as its
     # explicit alias (which wins over the generated ``asyncSave``).
 
-    every_steps: int | None = Field(
-        default=4, ge=1, le=MAX_STEPS,
+    every_steps: Steps | None = Field(
+        default=4,
         description="Commit a checkpoint after every step that is a multiple of this; null: "
         "no periodic ones. The last step is always saved.",
     )
-    at_steps: list[Annotated[int, Field(ge=1, le=MAX_STEPS)]] = Field(
+    at_steps: list[Steps] = Field(
         default_factory=list, max_length=MAX_LIST,
         description="More steps after which a checkpoint is committed (e.g. the one "
         "preemption.at: checkpoint_commit holds in).",
@@ -197,8 +197,8 @@ class ResizeSpec(Section):
 
     to_nodes: int = Field(ge=1, le=MAX_NODES,
                           description="nodes the leg continues on after the kill")
-    grow_after_step: int | None = Field(
-        default=None, ge=1, le=MAX_STEPS,
+    grow_after_step: Steps | None = Field(
+        default=None,
         description="grow back to world.nnodes once the checkpoint after this step is "
         "committed (none: the leg finishes at toNodes)")
 
@@ -228,8 +228,8 @@ class PreemptionSpec(Section):
         "written, not committed; microstep 0).",
     )
 
-    step: int = Field(default=6, ge=1, le=MAX_STEPS,
-                      description="Optimizer step the cut lands in (1 to training.steps).")
+    step: Steps = Field(default=6,
+                        description="Optimizer step the cut lands in (1 to training.steps).")
     microstep: int = Field(
         default=1, ge=0, le=MAX_ACCUMULATION,
         description="Microbatch of that step the cut lands before: 0 at the optimizer-step "
@@ -249,8 +249,8 @@ class PreemptionSpec(Section):
         "pod: the armed rank's node dies (its pod is deleted; locally its torchrun agent and "
         "workers) and a new one takes its place.",
     )
-    grace_seconds: float = Field(
-        default=20.0, gt=0, le=MAX_SECONDS,
+    grace_seconds: Seconds = Field(
+        default=20.0,
         description="graceful: how long the killed worker, or the deleted pod, may take to "
         "stop before SIGKILL.",
     )
@@ -264,22 +264,20 @@ class TimeoutSpec(Section):
     """Time limits in seconds: the process group's, each phase's (past one the run fails
     with reason Timeout) and that of an error that persists."""
 
-    process_group_seconds: float = Field(
-        default=120.0, gt=0, le=MAX_SECONDS,
+    process_group_seconds: Seconds = Field(
+        default=120.0,
         description="Timeout of each worker's process group (store, collectives, checkpoint "
         "barriers) and, with restartSeconds, of torchrun's rendezvous. Above armSeconds: the "
         "other ranks wait in a collective while the armed rank holds.",
     )
-    arm_seconds: float = Field(default=60.0, gt=0, le=MAX_SECONDS,
-                               description="cut reached -> killed")
-    restart_seconds: float = Field(default=120.0, gt=0, le=MAX_SECONDS,
-                                   description="killed -> resumed")
-    leg_seconds: float = Field(default=900.0, gt=0, le=MAX_SECONDS, description="whole leg")
-    backend_error_seconds: float = Field(
-        default=300.0, gt=0, le=MAX_SECONDS,
+    arm_seconds: Seconds = Field(default=60.0, description="cut reached -> killed")
+    restart_seconds: Seconds = Field(default=120.0, description="killed -> resumed")
+    leg_seconds: Seconds = Field(default=900.0, description="whole leg")
+    backend_error_seconds: Seconds = Field(
+        default=300.0,
         description="an API or store error that persists this long ends the run (Error)")
-    build_seconds: float = Field(
-        default=120.0, gt=0, le=MAX_SECONDS,
+    build_seconds: Seconds = Field(
+        default=120.0,
         description="Limit of the trial build resumequal validate and run make before "
         "anything launches (the factory imported and called once, on the CPU, in a process of "
         "its own); past it the spec is refused. The operator makes none: it cannot import "

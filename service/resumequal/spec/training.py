@@ -18,6 +18,7 @@ from resumequal.spec.section import (
     MAX_SEED,
     MAX_STEPS,
     Section,
+    Steps,
 )
 
 BUILTIN_WORKLOADS: tuple[str, ...] = ("dropout-mlp", "tiny-gpt")
@@ -158,8 +159,7 @@ class ScheduleSpec(Section):
         "warmup-cosine: linear warmup over warmupSteps, then a cosine down to minLrRatio x lr "
         "at training.steps.",
     )
-    step_size: int = Field(default=4, ge=1, le=MAX_STEPS,
-                           description="step: decay every this many steps")
+    step_size: Steps = Field(default=4, description="step: decay every this many steps")
     gamma: float = Field(default=0.5, gt=0, description="step: multiplicative decay")
     warmup_steps: int = Field(default=3, ge=0, le=MAX_STEPS,
                               description="warmup-cosine: linear warmup")
@@ -184,8 +184,8 @@ class GradScalerSpec(Section):
                                  description="scale *= this after growthInterval good steps")
     backoff_factor: float = Field(default=0.5, gt=0, lt=1,
                                   description="scale *= this after a step with inf/NaN grads")
-    growth_interval: int = Field(default=2, ge=1, le=MAX_STEPS,
-                                 description="consecutive finite steps before the scale grows")
+    growth_interval: Steps = Field(default=2,
+                                   description="consecutive finite steps before the scale grows")
 
 
 class TrainingSpec(Section):
@@ -199,7 +199,7 @@ class TrainingSpec(Section):
     torch cannot autocast to the dtype is refused before training, naming this field.
     """
 
-    steps: int = Field(default=12, ge=1, le=MAX_STEPS, description="optimizer steps per leg")
+    steps: Steps = Field(default=12, description="optimizer steps per leg")
     accumulation_steps: int = Field(default=3, ge=1, le=MAX_ACCUMULATION,
                                     description="microbatches per update")
     microbatch_size: int = Field(

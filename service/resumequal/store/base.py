@@ -1,4 +1,5 @@
-"""The ``Store`` protocol, object keys, and the sha256 checks both stores share.
+"""The ``Store`` protocol, object keys, the sha256 checks every store shares, and what the
+object stores (a bucket and a prefix) share.
 
 A store is a flat namespace of objects under one root URI. Keys are relative, ``/``
 separated strings (``ns/run/uid/control/checkpoints/step-00000004/manifest.json``); there
@@ -14,10 +15,10 @@ import contextlib
 import hashlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, ClassVar, Protocol, Self
 from urllib.parse import urlparse
 
 from typing_extensions import Buffer
@@ -238,6 +239,68 @@ class BucketPath:
         return f"{self.prefix}/{key}" if self.prefix else key
 
 
+class BucketStore:
+    """The part of a :class:`Store` over ``scheme://bucket[/prefix]`` that is the same
+    whatever the service: its URIs, listing by key, deleting the root's objects, and
+    being reached alike from every machine. A subclass makes the requests."""
+
+    scheme: ClassVar[str]
+
+    def __init__(self, uri: str) -> None:
+        self._where = BucketPath.parse(uri, self.scheme, type(self).__name__)
+        self.bucket, self.prefix = self._where.bucket, self._where.prefix
+
+    def _at(self, uri: str) -> Self:
+        """The store at ``uri``, in the same bucket, reached as this one is."""
+        raise NotImplementedError
+
+    def _names(self, prefix: str, key: str) -> Iterable[tuple[str, int]]:
+        """Every object whose name starts with ``prefix``, with its size; errors name
+        ``key``."""
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``: the service's own request."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri()!r})"
+
+    def uri(self, key: str = "") -> str:
+        return self._where.uri(key)
+
+    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        base = folder(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+        found = []
+        for name, size in self._names(root + base, base.rstrip("/")):
+            key = name[len(root) :]
+            if key and not key.endswith("/"):  # "folder" markers made by consoles
+                found.append(ObjectInfo(key, size))
+        return sorted(found)
+
+    def delete_prefix(self, prefix: str) -> int:
+        # One request an object: a service that deletes in batches (S3) does better.
+        keys = [o.key for o in self.list(deletable(prefix))]
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def delete_all(self) -> int:
+        if not self.prefix:
+            raise ValueError(f"{self.uri()}: delete_all would empty the whole bucket")
+        return self._at(f"{self.scheme}://{self.bucket}").delete_prefix(self.prefix)
+
+    def child(self, name: str) -> Self:
+        return self._at(self.uri(name))
+
+    def local_folder(self) -> None:
+        return None
+
+    def shared(self) -> bool:
+        return True
+
+
 def check_key(key: str) -> str:
     """``key`` if it is a well-formed relative key, else ``ValueError`` saying why."""
     parts = key.split("/")
@@ -255,6 +318,15 @@ def folder(prefix: str) -> str:
     """The folder form of a prefix: ``""`` for the root, else ``"a/b/"``."""
     stripped = prefix.rstrip("/")
     return "" if not stripped else check_key(stripped) + "/"
+
+
+def deletable(prefix: str) -> str:
+    """The folder form of ``prefix``, which must name a folder: emptying a whole store is
+    ``delete_all``'s to do, never ``delete_prefix('')``'s."""
+    base = folder(prefix)
+    if not base:
+        raise ValueError("delete_prefix('') would empty the whole store; name a folder")
+    return base
 
 
 def sha256_file(path: LocalPath) -> str:

@@ -40,6 +40,7 @@ from resumequal.store.base import (
     LocalPath,
     ObjectInfo,
     check_key,
+    deletable,
     download_verified,
     folder,
     sha256_file,
@@ -272,9 +273,7 @@ class FileStore:
             regular.unlink(self.root, check_key(key))
 
     def delete_prefix(self, prefix: str) -> int:
-        base = folder(prefix)
-        if not base:
-            raise ValueError("delete_prefix('') would empty the whole store; name a folder")
+        base = deletable(prefix)
         count = len(self.list(base))
         with self._errors("delete", base.rstrip("/")):
             regular.remove_tree(self.root, base.rstrip("/"))

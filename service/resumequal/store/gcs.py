@@ -28,7 +28,7 @@ import hashlib
 import logging
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, ClassVar, TypeVar
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, ClassVar, Self, TypeVar
 from urllib.parse import quote
 
 from typing_extensions import Buffer
@@ -36,13 +36,11 @@ from typing_extensions import Buffer
 from resumequal.errors import StoreError
 from resumequal.redact import redact
 from resumequal.store.base import (
-    BucketPath,
+    BucketStore,
     LocalFileWriter,
     LocalPath,
-    ObjectInfo,
     check_key,
     download_verified,
-    folder,
     sha256_file,
 )
 from resumequal.store.errors import (
@@ -121,7 +119,7 @@ class _SpooledWriter(LocalFileWriter):
 
 
 @register
-class GCSStore:
+class GCSStore(BucketStore):
     """A :class:`~resumequal.store.base.Store` over ``gs://bucket[/prefix]``."""
 
     scheme: ClassVar[str] = "gs"
@@ -139,8 +137,7 @@ class GCSStore:
 
     def __init__(self, uri: str, settings: GCSSettings | None = None,
                  retry_seconds: float = 0.0, *, _client: Any = None) -> None:
-        self._where = BucketPath.parse(uri, self.scheme, type(self).__name__)
-        self.bucket, self.prefix = self._where.bucket, self._where.prefix
+        super().__init__(uri)
         self.config = settings or GCSSettings()
         self.retry_seconds = retry_seconds
         self.endpoint = redact(self.config.endpoint_url or PUBLIC_ENDPOINT)
@@ -180,11 +177,8 @@ class GCSStore:
         client._bucket_metadata_cache = None
         return client
 
-    def __repr__(self) -> str:
-        return f"GCSStore({self.uri()!r})"
-
-    def uri(self, key: str = "") -> str:
-        return self._where.uri(key)
+    def _at(self, uri: str) -> Self:
+        return type(self)(uri, self.config, self.retry_seconds, _client=self._client)
 
     def _blob(self, key: str) -> Any:
         return self._bucket.blob(self._where.name(key))
@@ -365,21 +359,14 @@ class GCSStore:
             raise self._no_bucket("look up", self.uri(key))
         return found
 
-    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        base = folder(prefix)
-        root = f"{self.prefix}/" if self.prefix else ""
+    def _names(self, prefix: str, key: str) -> builtins.list[tuple[str, int]]:
+        def listing() -> builtins.list[tuple[str, int]]:
+            return [(str(blob.name), int(blob.size or 0))
+                    for blob in self._client.list_blobs(self.bucket, prefix=prefix,
+                                                        timeout=self._timeout, retry=None)]
 
-        def listing() -> builtins.list[ObjectInfo]:
-            found = []
-            for blob in self._client.list_blobs(self.bucket, prefix=root + base,
-                                                timeout=self._timeout, retry=None):
-                key = str(blob.name)[len(root):]
-                if key and not key.endswith("/"):  # "folder" markers made by consoles
-                    found.append(ObjectInfo(key, int(blob.size or 0)))
-            return found
-
-        with self._call("list", base.rstrip("/")):
-            return sorted(self._request("list", base.rstrip("/"), listing))
+        with self._call("list", key):
+            return self._request("list", key, listing)
 
     # -- deletes --------------------------------------------------------------------------------
 
@@ -394,31 +381,6 @@ class GCSStore:
             except NotFound:
                 if self._bucket_missing():
                     raise self._no_bucket("delete", self.uri(key)) from None
-
-    def delete_prefix(self, prefix: str) -> int:
-        base = folder(prefix)
-        if not base:
-            raise ValueError("delete_prefix('') would empty the whole store; name a folder")
-        keys = [o.key for o in self.list(base)]
-        for key in keys:
-            self.delete(key)
-        return len(keys)
-
-    def delete_all(self) -> int:
-        if not self.prefix:
-            raise ValueError(f"{self.uri()}: delete_all would empty the whole bucket")
-        return GCSStore(f"gs://{self.bucket}", self.config, self.retry_seconds,
-                        _client=self._client).delete_prefix(self.prefix)
-
-    def child(self, name: str) -> GCSStore:
-        return GCSStore(self.uri(name), self.config, self.retry_seconds,
-                        _client=self._client)
-
-    def local_folder(self) -> None:
-        return None
-
-    def shared(self) -> bool:
-        return True
 
 
 __all__ = ["PUBLIC_ENDPOINT", "GCSStore", "transient"]

@@ -17,11 +17,11 @@ from pydantic import Field
 from resumequal.store.errors import StoreConfigError
 from resumequal.store.s3settings import Endpoint, endpoint_problem
 from resumequal.store.settings import (
-    MAX_SECONDS,
     MAX_URL,
     StoreSettings,
     connect_timeout_field,
     max_attempts_field,
+    read_timeout_field,
 )
 
 # The Cloud Storage client's own variable for an emulator (scheme included): requests go
@@ -45,12 +45,9 @@ class GCSSettings(StoreSettings):
     )
     max_attempts: int = max_attempts_field("the store")
     connect_timeout_seconds: float = connect_timeout_field()
-    read_timeout_seconds: float = Field(
-        default=60.0, gt=0, le=MAX_SECONDS,
-        description="Seconds without a byte from the endpoint before the attempt fails (and "
-        "is retried); an upload of one object is one request, so raise it for large "
-        "checkpoint shards on a slow link.",
-    )
+    read_timeout_seconds: float = read_timeout_field(
+        60.0, "; an upload of one object is one request, so raise it for large checkpoint "
+        "shards on a slow link.")
 
     def endpoint(self) -> str | None:
         return self.endpoint_url

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 # boto3 ships no type information (no py.typed); its objects are Any here. boto3 itself
 # (a tenth of a second) loads with the first client, never for a process that only imports
@@ -44,11 +44,10 @@ from resumequal.errors import StoreError
 from resumequal.redact import redact
 from resumequal.store.base import (
     CHUNK,
-    BucketPath,
+    BucketStore,
     LocalPath,
-    ObjectInfo,
+    deletable,
     download_verified,
-    folder,
 )
 from resumequal.store.errors import (
     StoreAccessDenied,
@@ -149,7 +148,7 @@ def _retry_reason(response: Any, caught: Exception | None) -> str | None:
 
 
 @register
-class S3Store:
+class S3Store(BucketStore):
     """A :class:`~resumequal.store.base.Store` over ``s3://bucket[/prefix]``."""
 
     scheme: ClassVar[str] = "s3"
@@ -166,8 +165,7 @@ class S3Store:
         return cls(uri, s3_config(spec, retry_seconds))
 
     def __init__(self, uri: str, config: S3Config | None = None) -> None:
-        self._where = BucketPath.parse(uri, self.scheme, type(self).__name__)
-        self.bucket, self.prefix = self._where.bucket, self._where.prefix
+        super().__init__(uri)
         self.config = config or S3Config()
         c = self.config
         import boto3.session  # type: ignore[import-untyped]
@@ -217,16 +215,13 @@ class S3Store:
         # Objects up to the threshold (or one part, if that is larger) go in one request.
         self._first_part = max(c.multipart_threshold_mb, c.multipart_chunk_mb) * MiB
 
-    def __repr__(self) -> str:
-        return f"S3Store({self.uri()!r})"
+    def _at(self, uri: str) -> Self:
+        return type(self)(uri, self.config)
 
     @property
     def endpoint(self) -> str:
         """The endpoint, for messages: userinfo (from ``AWS_ENDPOINT_URL_S3``) redacted."""
         return redact(str(self._client.meta.endpoint_url))
-
-    def uri(self, key: str = "") -> str:
-        return self._where.uri(key)
 
     def _key(self, key: str) -> str:
         return self._where.name(key)
@@ -377,17 +372,10 @@ class S3Store:
                 return False
         return True
 
-    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        base = folder(prefix)
-        root = f"{self.prefix}/" if self.prefix else ""
-        found = []
-        with self._call("list", base.rstrip("/")):
-            for page in self._pages(root + base):
-                for obj in page.get("Contents", []):
-                    key = str(obj["Key"])[len(root) :]
-                    if key and not key.endswith("/"):  # "folder" markers made by consoles
-                        found.append(ObjectInfo(key, int(obj["Size"])))
-        return sorted(found)
+    def _names(self, prefix: str, key: str) -> builtins.list[tuple[str, int]]:
+        with self._call("list", key):
+            return [(str(obj["Key"]), int(obj["Size"]))
+                    for page in self._pages(prefix) for obj in page.get("Contents", [])]
 
     def _pages(self, prefix: str) -> Iterator[dict[str, Any]]:
         """ListObjectsV2's pages of ``prefix``, each one request (each retried as one)."""
@@ -404,9 +392,7 @@ class S3Store:
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def delete_prefix(self, prefix: str) -> int:
-        base = folder(prefix)
-        if not base:
-            raise ValueError("delete_prefix('') would empty the whole store; name a folder")
+        base = deletable(prefix)
         keys = [o.key for o in self.list(base)]
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
             batch = keys[start : start + 1000]
@@ -425,17 +411,3 @@ class S3Store:
                     raise StoreAccessDenied(f"wrong credentials or no permission: {message}")
                 raise StoreError(message)
         return len(keys)
-
-    def delete_all(self) -> int:
-        if not self.prefix:
-            raise ValueError(f"{self.uri()}: delete_all would empty the whole bucket")
-        return S3Store(f"s3://{self.bucket}", self.config).delete_prefix(self.prefix)
-
-    def child(self, name: str) -> S3Store:
-        return S3Store(self.uri(name), self.config)
-
-    def local_folder(self) -> None:
-        return None
-
-    def shared(self) -> bool:
-        return True

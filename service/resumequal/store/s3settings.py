@@ -25,6 +25,7 @@ from resumequal.store.settings import (
     StoreSettings,
     connect_timeout_field,
     max_attempts_field,
+    read_timeout_field,
 )
 
 # S3 rejects a multipart part under 5 MiB (except the last) and over 5 GiB.
@@ -109,13 +110,10 @@ class S3Settings(StoreSettings):
     )
     max_attempts: int = max_attempts_field("botocore")
     connect_timeout_seconds: float = connect_timeout_field()
-    read_timeout_seconds: float = Field(
-        default=8.0, gt=0, le=MAX_SECONDS,
-        description="Seconds without a byte from the endpoint before the attempt fails (and "
-        "is retried). An endpoint that accepts connections and never answers fails a request "
-        "after maxAttempts x readTimeoutSeconds plus backoff (at most 15 s): under a minute "
-        "by default. Raise it for a gateway slow to complete large uploads.",
-    )
+    read_timeout_seconds: float = read_timeout_field(
+        8.0, ". An endpoint that accepts connections and never answers fails a request after "
+        "maxAttempts x readTimeoutSeconds plus backoff (at most 15 s): under a minute by "
+        "default. Raise it for a gateway slow to complete large uploads.")
     sign_payloads: bool = Field(
         default=False,
         description="Sign request bodies (SigV4's payload sha256) over http too, for a "

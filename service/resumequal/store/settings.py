@@ -49,6 +49,16 @@ def connect_timeout_field() -> Any:
     )
 
 
+def read_timeout_field(default: float, advice: str) -> Any:
+    """The field of how long the endpoint may send nothing before an attempt fails;
+    ``advice`` ends the description (punctuation first) with this store's own words."""
+    return Field(
+        default=default, gt=0, le=MAX_SECONDS,
+        description="Seconds without a byte from the endpoint before the attempt fails (and "
+        f"is retried){advice}",
+    )
+
+
 class StoreSettings(BaseModel):
     """How workers and the comparator reach a store of :attr:`scheme`: a section of the
     spec, never holding a credential (specs are written into run files and reports)."""
@@ -78,4 +88,4 @@ def settings_problem(name: str, value: object, uri: str | None) -> str | None:
 
 
 __all__ = ["MAX_SECONDS", "MAX_URL", "SPEC_SECTION", "StoreSettings", "connect_timeout_field",
-           "max_attempts_field", "settings_problem"]
+           "max_attempts_field", "read_timeout_field", "settings_problem"]

@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal, Protocol, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -136,11 +136,19 @@ class TensorDigests(_Record):
         default_factory=dict, description="by parameter, and param_groups' hyperparameters")
 
 
-class StepRecord(_Record):
+class _RankRecord(_Record):
+    """A record one rank's worker writes: its kind (each record narrows it to its tag;
+    declared here so that it stays first on every line), its rank and restart attempt."""
+
+    kind: str
+    rank: int
+    attempt: int
+
+
+class StepRecord(_RankRecord):
     """What one rank did in one optimizer step, boundary by boundary."""
 
     kind: Literal["step"] = "step"
-    rank: int
     attempt: int = Field(description="TORCHELASTIC_RESTART_COUNT of the writing process")
     step: int = Field(ge=1, description="1-based optimizer step")
     microsteps: list[MicrostepRecord]
@@ -189,13 +197,11 @@ class AutotuneChoice(_Record):
     choice: str = Field(description="the winning kernel")
 
 
-class CompiledRecord(_Record):
+class CompiledRecord(_RankRecord):
     """What ``torch.compile`` did in this process up to a step: time spent compiling, what
     came from inductor's caches and what its autotuner chose (where inductor exposes it)."""
 
     kind: Literal["compiled"] = "compiled"
-    rank: int
-    attempt: int
     step: int = Field(description="the step that ended when this was collected: what "
                                   "compiled since the previous step (a reducer prime's too)")
     graphs: int = Field(description="forward and backward graphs compiled (or loaded)")
@@ -259,12 +265,10 @@ class InventoryRecord(_Record):
                                         "compile": {"cache_dir", "warm"}})
 
 
-class RestoreRecord(_Record):
+class RestoreRecord(_RankRecord):
     """A resume: which checkpoint was loaded and where training picks up."""
 
     kind: Literal["restore"] = "restore"
-    rank: int
-    attempt: int
     checkpoint: str
     step: int = Field(description="optimizer steps completed in the checkpoint")
     microstep: int = Field(description="microbatches of the next step already done")
@@ -300,38 +304,32 @@ class RestoreRecord(_Record):
         "(non-persistent): rebuilt by the workload, never restored")
 
 
-class SavedRecord(_Record):
+class SavedRecord(_RankRecord):
     """What a rank put into a checkpoint taken in the middle of a step (a graceful stop's):
     the state a restore of it must give back. A checkpoint taken after a step holds what
     that step's record says."""
 
     kind: Literal["saved"] = "saved"
-    rank: int
-    attempt: int
     checkpoint: str
     params: str = Field(description="digest of parameters and buffers as saved")
     optimizer_state: str
     tensors: TensorDigests = Field(description="per-tensor digests (params, optimizer_state)")
 
 
-class ArmRecord(_Record):
+class ArmRecord(_RankRecord):
     """The target rank reached the cut point and is waiting to be killed."""
 
     kind: Literal["arm"] = "arm"
-    rank: int
-    attempt: int
     step: int
     microstep: int
     pid: int
     armed_at: float
 
 
-class StartupRecord(_Record):
+class StartupRecord(_RankRecord):
     """When this worker process started and when it had joined its process group."""
 
     kind: Literal["startup"] = "startup"
-    rank: int
-    attempt: int
     pid: int
     process_started_at: float = Field(description="process creation time (from /proc)")
     group_joined_at: float
@@ -401,12 +399,7 @@ class TraceWriter:
     def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
