@@ -58,7 +58,9 @@ Every local rank maps both slots (its resident size counts the pages it touched)
 
 FSDP and resharding: ranks that load different ranges are served from the union, each chunk
 of it still read once per node; a round holds what any local rank loads. A world of one, a
-rank alone on its machine and the comparator read as before, each rank its own chunks.
+rank alone on its machine and the comparator read as before, each rank its own chunks, and
+so does every rank for DCP's ``.metadata`` and its rank state (small files, read and
+checked whole before DCP plans the load).
 """
 
 from __future__ import annotations
