@@ -10,8 +10,14 @@ under DDP), and measures side by side in each round, every step between barriers
   fsynced, the manifest, the rename) next to ``dcp.save`` with ``sync_files`` (its fsync
   per file) and one fsync of the folder;
 - restore, cold (every file of the checkpoint dropped from the page cache first with
-  ``posix_fadvise(DONTNEED)``): ``newest()`` + ``load()`` (manifest, then every chunk a
-  rank reads checked as it is read) next to ``dcp.load`` of the plain checkpoint;
+  ``posix_fadvise(DONTNEED)``): ``newest()`` + ``load()`` (manifest, then every chunk
+  checked as it is read; the ranks, all on this machine, read and check each chunk once
+  between them and load from the memory it was checked in,
+  :mod:`resumequal.checkpoint.node`) next to ``dcp.load`` of the plain checkpoint, and,
+  with several ranks, the same load with each rank reading and checking every chunk it
+  loads alone (as before the ranks shared their reads, and as a rank alone on its machine
+  does). The shared restore's ratio to plain DCP is printed against its target
+  (:data:`NODE_TARGET`);
 - on S3 (unless ``--no-s3``; a moto server started here, ``bench/moto_ranges.py``, which
   serves a ranged GET from the bytes asked for where moto copies the whole object, its
   objects in its memory: there is no cache to drop; or, with ``--server seaweedfs``, a
@@ -58,6 +64,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -71,6 +78,7 @@ from torch.futures import Future
 
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, RemoteRoot
 from resumequal.checkpoint.manifest import copy_verified, fsync_dir, write_manifest
+from resumequal.checkpoint.node import Door
 from resumequal.local.backend import free_port
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.store import Store
@@ -80,6 +88,9 @@ from resumequal.workloads.tiny_gpt import TinyGPT, TinyGPTParams
 from seaweedfs import SERVERS, seaweedfs_server
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+# A restore by the ranks of one machine, which share their reads, at most this many times
+# plain DCP's load by as many ranks.
+NODE_TARGET = 1.3
 
 
 @dataclass(frozen=True)
@@ -394,10 +405,18 @@ def _round(cfg: Config, state: dict[str, Any], work: Path, n: int) -> dict[str, 
     saves: list[tuple[str, Callable[[], Any]]] = [
         ("rq_save", lambda: mgr.save(position, state, BenchState(step=n + 1))),
         ("dcp_save", lambda: _plain_save(state, plain))]
+    def alone_load(template: dict[str, Any]) -> None:
+        # As before the ranks of a machine shared their reads (and as a rank alone on its
+        # machine still does): every rank reads and checks every chunk it loads.
+        with mock.patch.object(Door, "open", return_value=None):
+            rq_load(template)
+
     loads: list[tuple[str, Callable[[dict[str, Any]], Any], Path | None]] = [
         ("rq_load", rq_load, root.root / position.name),
         ("dcp_load", lambda t: dcp.load(t, storage_reader=dcp.FileSystemReader(str(plain))),
          plain)]
+    if world > 1:
+        loads.append(("alone_load", alone_load, root.root / position.name))
     if cfg.endpoint:
         s3_root = RemoteRoot(_s3(cfg, "rq"), "ckpt", work / "s3-local")
         s3_mgr = CheckpointManager(s3_root, rank=rank, world_size=world, attempt=0,
@@ -531,15 +550,35 @@ def summary(figures: dict[str, Any]) -> dict[str, float]:
             for name in names}
 
 
-def _round_ratios(figures: dict[str, Any], op: str) -> list[float]:
-    """resumequal's time over plain DCP's in each round, the slowest rank's of each."""
+def _round_ratios(figures: dict[str, Any], op: str, ours: str = "rq") -> list[float]:
+    """resumequal's time (``ours``: its figure's prefix) over plain DCP's in each round, the
+    slowest rank's of each."""
     ranks: list[list[dict[str, float]]] = figures["ranks"]
-    return [max(r[n][f"rq_{op}_s"] for r in ranks) / max(r[n][f"dcp_{op}_s"] for r in ranks)
+    return [max(r[n][f"{ours}_{op}_s"] for r in ranks) / max(r[n][f"dcp_{op}_s"] for r in ranks)
             for n in range(len(ranks[0]))]
 
 
-def _ratio(figures: dict[str, Any], op: str) -> float:
-    return statistics.geometric_mean(_round_ratios(figures, op))
+def _ratio(figures: dict[str, Any], op: str, ours: str = "rq") -> float:
+    return statistics.geometric_mean(_round_ratios(figures, op, ours))
+
+
+def node_lines(figures: dict[str, Any]) -> list[str]:
+    """The restore of several ranks on one machine, which share their reads (each chunk
+    read and checked once per machine), next to plain DCP's load by as many ranks, against
+    the target; and the same ranks each reading and checking alone, as before."""
+    s = summary(figures)
+    if "alone_load_s" not in s:
+        return []
+    ratio, alone = _ratio(figures, "load"), _ratio(figures, "load", "alone")
+    return [
+        f"folder restore (cold), ranks of one machine: shared reads {s['rq_load_s']:.2f}s, "
+        f"each rank alone {s['alone_load_s']:.2f}s, plain DCP {s['dcp_load_s']:.2f}s "
+        f"(CPU s {s['alone_load_cpu']:.2f} alone)",
+        f"ratio to plain DCP: shared {ratio:.2f} (target: at most {NODE_TARGET:.2f}, "
+        f"{'met' if ratio <= NODE_TARGET else 'NOT met'}), alone {alone:.2f}; per round, "
+        "shared: " + ", ".join(f"{r:.2f}" for r in _round_ratios(figures, "load"))
+        + "; alone: " + ", ".join(f"{r:.2f}" for r in _round_ratios(figures, "load", "alone")),
+    ]
 
 
 def report(cfg: Config, figures: dict[str, Any]) -> str:
@@ -579,6 +618,7 @@ def report(cfg: Config, figures: dict[str, Any]) -> str:
             lines.append(f"peak RSS+ per rank, resumequal {label}: "
                          + ", ".join(f"rank {i} {mb:.0f} MB" for i, mb in enumerate(peaks))
                          + f" (bound: what a rank loads + 1 GB = {bound / 1e6:.0f} MB)")
+    lines += node_lines(figures)
     lines.append("folder restores are cold: every file of the checkpoint dropped from the page "
                  "cache first (posix_fadvise DONTNEED, no root needed); "
                  + ("S3's objects live in moto's memory: no cache to drop" if cfg.server == "moto"

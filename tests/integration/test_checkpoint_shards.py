@@ -1,6 +1,8 @@
-"""Two gloo ranks save shards of their own into one folder checkpoint; a byte changed in a
-chunk only rank 1 reads is refused by rank 1, naming the file and the chunk, while rank 0
-loads its part untouched — and the failure reaches both ranks."""
+"""Two gloo ranks, each as if on a machine of its own (one rank per node: each reads its own
+chunks), save shards of their own into one folder checkpoint; a byte changed in a chunk
+only rank 1 reads is refused by rank 1, naming the file and the chunk, while rank 0 loads
+its part untouched — and the failure reaches both ranks. (Ranks that share a machine check
+each chunk once between them: tests/integration/test_node_restore.py.)"""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, layout
+from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, layout, node
 from resumequal.checkpoint.chunks import CHUNK_BYTES
 from resumequal.errors import CheckpointError
 from tests.integration.legs import free_port
@@ -31,6 +34,7 @@ def _state(rank: int) -> dict[str, Any]:
 
 
 def _worker(rank: int, port: int, root: str, phase: str, out: dict[int, str]) -> None:
+    pytest.MonkeyPatch().setattr(node, "machine", lambda: f"machine-{rank}")
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))

@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, layout, reading
-from resumequal.checkpoint.chunks import CHUNK_BYTES, ChunkHasher, chunk_digests
+from resumequal.checkpoint.chunks import CHUNK_BYTES, ChunkHasher, chunk_digests, chunk_runs
 from resumequal.checkpoint.manifest import (
     MANIFEST_FORMAT,
     FileEntry,
@@ -25,7 +25,7 @@ from resumequal.checkpoint.manifest import (
     authenticate,
     signed,
 )
-from resumequal.checkpoint.reading import VerifiedCheckpoint, _windows
+from resumequal.checkpoint.reading import VerifiedCheckpoint
 from resumequal.errors import CheckpointError
 from resumequal.run.signing import key_from_env, sign
 from tests.checkpoint_attacks import payload
@@ -194,12 +194,12 @@ def test_loads_in_runs_of_any_length_give_back_every_tensor(
 
 def test_runs_hold_whole_ranges_skip_untouched_chunks_and_stop_at_the_cap() -> None:
     c = 10
-    assert _windows([(0, 5), (5, 20), (25, 1)], c, 8) == [(0, 2)]
-    assert _windows([(0, 5), (45, 10)], c, 8) == [(0, 0), (4, 5)]  # chunks 1-3 unread
-    assert _windows([(0, 30), (30, 30), (60, 30)], c, 4) == [(0, 2), (3, 5), (6, 8)]
-    assert _windows([(0, 35), (35, 30)], c, 4) == [(0, 3), (3, 6)]  # chunk 3 in both
-    assert _windows([(0, 100), (50, 5)], c, 4) == [(0, 9)]  # one long range, then inside it
-    assert _windows([(0, 0), (5, 0)], c, 4) == []
+    assert chunk_runs([(0, 5), (5, 20), (25, 1)], c, 8) == [(0, 2)]
+    assert chunk_runs([(0, 5), (45, 10)], c, 8) == [(0, 0), (4, 5)]  # chunks 1-3 unread
+    assert chunk_runs([(0, 30), (30, 30), (60, 30)], c, 4) == [(0, 2), (3, 5), (6, 8)]
+    assert chunk_runs([(0, 35), (35, 30)], c, 4) == [(0, 3), (3, 6)]  # chunk 3 in both
+    assert chunk_runs([(0, 100), (50, 5)], c, 4) == [(0, 9)]  # one long range, then inside it
+    assert chunk_runs([(0, 0), (5, 0)], c, 4) == []
 
 
 @pytest.mark.parametrize("threads", [0, 2])

@@ -9,13 +9,14 @@ verifies just the chunks holding them. Imports no torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 
 import blake3
 from typing_extensions import Buffer
 
-__all__ = ["CHUNK_BYTES", "HASH_THREADS", "ChunkHasher", "chunk_count", "chunk_digests", "digest"]
+__all__ = ["CHUNK_BYTES", "HASH_THREADS", "ChunkHasher", "chunk_count", "chunk_digests",
+           "chunk_runs", "digest"]
 
 # Large enough that a chunk's own costs (a digest, a task) vanish and a manifest stays small
 # (a 1 GB file: 256 digests), small enough that a rank reading one tensor reads little
@@ -97,3 +98,22 @@ def digest(data: Buffer, threads: int = 1) -> str:
     if threads > 1:
         return blake3.blake3(data, max_threads=threads).hexdigest()
     return blake3.blake3(data).hexdigest()
+
+
+def chunk_runs(ranges: Sequence[tuple[int, int]], chunk: int,
+               most: int) -> list[tuple[int, int]]:
+    """Runs of chunks (first, last) to read for ``ranges``, in order: each holds whole
+    ranges, spans at most ``most`` chunks unless one range is longer, and skips chunks
+    no range touches. Consecutive runs may share their boundary chunk."""
+    runs: list[tuple[int, int]] = []
+    for offset, length in ranges:
+        if length == 0:
+            continue
+        first, last = offset // chunk, (offset + length - 1) // chunk
+        if runs and first <= runs[-1][1] + 1 and max(last, runs[-1][1]) - runs[-1][0] < most:
+            runs[-1] = (runs[-1][0], max(last, runs[-1][1]))
+        elif runs and first >= runs[-1][0] and last <= runs[-1][1]:
+            continue
+        else:
+            runs.append((first, last))
+    return runs

@@ -17,8 +17,9 @@ What publishing and committing mean is the checkpoint root's (a small commit bac
 reports their sizes and chunk digests; in a folder every rank sees, the commit writes them
 into the manifest and renames the folder into place; on an object store every rank first
 uploads the files it wrote, and the commit uploads the manifest, then a ``COMMITTED``
-marker. Loading reads the committed folder where it lies (an object store's checkpoint is
-downloaded first).
+marker. Loading reads the committed checkpoint where it lies; the ranks of one machine read
+and check each chunk once between them (:mod:`resumequal.checkpoint.node`), having met in
+the gather that precedes every load.
 
 Decisions that must agree across ranks (which checkpoint to resume, whether it verified)
 are taken by rank 0 and broadcast, so a failure on one rank becomes an error on all ranks
@@ -78,6 +79,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from resumequal.checkpoint import layout
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest, entry_of
+from resumequal.checkpoint.node import Card, Door, Meeting
 from resumequal.checkpoint.reading import VerifiedCheckpoint, VerifiedReader
 from resumequal.checkpoint.space import no_space
 from resumequal.checkpoint.storage import CheckpointRoot
@@ -86,6 +88,8 @@ from resumequal.store import regular
 
 log = logging.getLogger(__name__)
 
+# torch's own default for a gloo group's collectives.
+_DEFAULT_TIMEOUT = timedelta(minutes=30)
 # DCP's CheckpointException derives from BaseException (torch 2.13), not Exception.
 DCP_ERRORS = (Exception, CheckpointException)
 
@@ -180,11 +184,16 @@ def _store_failures(error: BaseException) -> list[str]:
 
 def _failures(error: BaseException, kind: type[BaseException]) -> list[str]:
     """``"rank N: ..."`` for every rank whose part of a DCP save or load failed with a
-    ``kind``, from DCP's exception, which carries every rank's."""
+    ``kind``, from DCP's exception, which carries every rank's; ``"ranks N, M: ..."`` for
+    ranks that failed alike (those of a node refused by one of them)."""
     if not isinstance(error, CheckpointException):
         return []
-    return [f"rank {r}: {exc}" for r, (exc, _) in sorted(error.failures.items())
-            if isinstance(exc, kind)]
+    ranks: dict[str, list[int]] = {}  # the ranks of a node fail alike: each error once
+    for r, (exc, _) in sorted(error.failures.items()):
+        if isinstance(exc, kind):
+            ranks.setdefault(str(exc), []).append(r)
+    return [f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {text}"
+            for text, rs in ranks.items()]
 
 
 def _gather_errors(error: str | None, world_size: int,
@@ -221,6 +230,9 @@ class CheckpointManager:
         self.keep_last = keep_last
         self._pending: _Pending | None = None
         self._opened: VerifiedCheckpoint | None = None
+        # How long a rank waits for the others of its machine at a load (its collectives
+        # wait as long as the process group lets them).
+        self._group_timeout = group_timeout or _DEFAULT_TIMEOUT
         self._io_group: dist.ProcessGroup | None = None
         self._commit_group: dist.ProcessGroup | None = None
         if async_save:
@@ -523,19 +535,41 @@ class CheckpointManager:
             error = str(e)
         finally:
             self._opened = None  # opened for this load only: a later save may replace it
-        errors = _gather_errors(error, self.world_size)
-        if errors:
-            raise CheckpointError(f"cannot load {self.root.uri(name)}: {'; '.join(errors)}")
-        assert prepared is not None and manifest is not None
-        rank_state, tensors, reader = prepared
+        door = Door.open() if self.world_size > 1 else None
         try:
-            dcp.load(tensors, storage_reader=reader)
-        except DCP_ERRORS as e:  # DCP wraps per-rank failures in CheckpointException
-            refused = _failures(e, CheckpointError)
-            raise CheckpointError(f"rank {self.rank}: DCP load of {name} failed: "
-                                  f"{'; '.join(refused) if refused else e}") from e
+            errors, meeting = self._meet(error, door)
+            if errors:
+                raise CheckpointError(
+                    f"cannot load {self.root.uri(name)}: {'; '.join(errors)}")
+            assert prepared is not None and manifest is not None
+            rank_state, tensors, reader = prepared
+            reader.meeting = meeting
+            try:
+                dcp.load(tensors, storage_reader=reader)
+            except DCP_ERRORS as e:  # DCP wraps per-rank failures in CheckpointException
+                refused = _failures(e, CheckpointError)
+                raise CheckpointError(f"rank {self.rank}: DCP load of {name} failed: "
+                                      f"{'; '.join(refused) if refused else e}") from e
+        finally:
+            if door is not None:
+                door.close()
         return Loaded(name=name, position=position, tensors=tensors, rank_state=rank_state,
                       manifest=manifest)
+
+    def _meet(self, error: str | None,
+              door: Door | None) -> tuple[list[str], Meeting | None]:
+        """Every rank's error before a load (``"rank N: ..."``, the same list on every
+        rank) and, with this rank's ``door``, every rank's card with it: what the ranks of
+        a machine need to read and check each chunk once between them
+        (:mod:`resumequal.checkpoint.node`). One collective."""
+        gathered: list[tuple[str | None, Card | None] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, (error, door.card if door is not None else None))
+        errors = [f"rank {r}: {g[0]}" for r, g in enumerate(gathered)
+                  if g is not None and g[0] is not None]
+        if door is None:
+            return errors, None
+        cards = tuple(g[1] if g is not None else None for g in gathered)
+        return errors, Meeting(door, cards, self.rank, self._group_timeout.total_seconds())
 
     def _prepare_load(
         self,

@@ -11,13 +11,20 @@ before they are parsed, and no pickle is run even then: tensor records are read 
 restricted unpicklers (:mod:`resumequal.checkpoint.unpickling`). The manifest itself was
 authenticated before (:func:`resumequal.checkpoint.manifest.authenticate`), so nothing is
 read before its MAC.
+
+The ranks of one machine loading the same bytes (DDP's replicated state) split that work
+when the manager asks (:attr:`VerifiedReader.meeting`): each chunk is read and checked once
+per machine, by one of its ranks, into memory they share, and every rank loads from there
+(:mod:`resumequal.checkpoint.node`); the chunks are read and checked by the same code
+(:meth:`VerifiedCheckpoint.read_checked`) either way.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Generator, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
 from concurrent import futures
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import closing
@@ -33,9 +40,10 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from resumequal.checkpoint.chunks import HASH_THREADS, digest
+from resumequal.checkpoint.chunks import HASH_THREADS, chunk_runs, digest
 from resumequal.checkpoint.layout import DCP_DIR
 from resumequal.checkpoint.manifest import FileEntry, Manifest
+from resumequal.checkpoint.node import Meeting, Node
 from resumequal.checkpoint.records import Memory, tensor_in_place
 from resumequal.checkpoint.unpickling import load_item, load_metadata
 from resumequal.errors import CheckpointError
@@ -50,6 +58,8 @@ WINDOW_BYTES = 32 << 20
 # Runs past the one being read that a source is told are read next (Opened.prefetch).
 _PREFETCH_RUNS = 2
 _METADATA = ".metadata"
+# Loads one item of DCP's plan from its checked bytes.
+_Load = Callable[[ReadItem, _StorageInfo, memoryview], None]
 
 
 class Opened(Protocol):
@@ -153,22 +163,30 @@ class VerifiedCheckpoint:
         with closing(self.read_ranges(rel, [(0, size)])) as views:
             return bytes(next(views))
 
+    def sized(self, rel: str, ranges: Sequence[tuple[int, int]]) -> int:
+        """The size of file ``rel``, once every ``(offset, length)`` of ``ranges`` is
+        within it."""
+        size = self.entry(rel).size
+        for offset, length in ranges:
+            if offset < 0 or length < 0 or offset + length > size:
+                raise CheckpointError(
+                    f"checkpoint {self.where} is refused: its metadata reads bytes "
+                    f"{offset}-{offset + length} of {rel}, which has {size}")
+        return size
+
     def read_ranges(self, rel: str,
                     ranges: Sequence[tuple[int, int]]) -> Generator[memoryview, None, None]:
         """The bytes of file ``rel`` at each ``(offset, length)`` of ``ranges`` (sorted by
         offset), each once every chunk it touches matched the manifest. A view is valid
         until the next one is taken.
 
-        The file is read in runs of chunks (:func:`_windows`); while the caller uses one
-        run, the next is read and checked in a thread (:meth:`_fill`)."""
+        The file is read in runs of chunks (:func:`~resumequal.checkpoint.chunks.chunk_runs`);
+        while the caller uses one run, the next is read and checked in a thread
+        (:meth:`_fill`)."""
         entry = self.entry(rel)
+        self.sized(rel, ranges)
         chunk = self.manifest.chunk_bytes
-        for offset, length in ranges:
-            if offset < 0 or length < 0 or offset + length > entry.size:
-                raise CheckpointError(
-                    f"checkpoint {self.where} is refused: its metadata reads bytes "
-                    f"{offset}-{offset + length} of {rel}, which has {entry.size}")
-        runs = _windows(ranges, chunk, max(1, WINDOW_BYTES // chunk))
+        runs = chunk_runs(ranges, chunk, max(1, WINDOW_BYTES // chunk))
         with (closing(self.source.open(rel, entry.size)) as f, ThreadPoolExecutor(1) as ahead,
               ThreadPoolExecutor(self.source.parallel) as hashers):
             buffers = [bytearray(), bytearray()]  # the run in use and the one read ahead
@@ -205,10 +223,8 @@ class VerifiedCheckpoint:
               carry: memoryview | None, buffers: list[bytearray], slot: int,
               hashers: Executor) -> memoryview:
         """Chunks ``window`` (first, last) of file ``f``, read into ``buffers[slot]`` and
-        checked; the first of them is ``carry`` when the previous window ended with it
-        (checked already). A source read in order is read in one call and each chunk
-        hashed here; one fetched in parallel has each chunk fetched and hashed in
-        ``hashers``."""
+        checked (:meth:`read_checked`); the first of them is ``carry`` when the previous
+        window ended with it (checked already)."""
         chunk = self.manifest.chunk_bytes
         start, end = window[0] * chunk, min((window[1] + 1) * chunk, entry.size)
         if len(buffers[slot]) < end - start:  # a new one: a caller may still see the old
@@ -218,30 +234,43 @@ class VerifiedCheckpoint:
         if carry is not None:  # checked when the previous window was read
             buf[:len(carry)] = carry
             first += 1
+        if first <= window[1]:
+            self.read_checked(f, rel, first, window[1], buf[(first - window[0]) * chunk:],
+                              hashers)
+        return buf
+
+    def read_checked(self, f: Opened, rel: str, first: int, last: int, out: memoryview,
+                     hashers: Executor) -> None:
+        """Chunks ``first``..``last`` of file ``rel`` (open as ``f``) read into ``out``, each
+        checked against the manifest where it lies in ``out``. A source read in order is
+        read in one call and each chunk hashed here; one fetched in parallel has each chunk
+        fetched and hashed in ``hashers``."""
+        chunk, entry = self.manifest.chunk_bytes, self.entry(rel)
+
+        def piece(i: int) -> memoryview:
+            return out[(i - first) * chunk:(i + 1 - first) * chunk]
 
         def read(i: int) -> memoryview:
-            piece = buf[(i - window[0]) * chunk:(i + 1 - window[0]) * chunk]
-            _read_fully(f, i * chunk, piece, self.where, rel, entry.size)
-            return piece
+            _read_fully(f, i * chunk, piece(i), self.where, rel, entry.size)
+            return piece(i)
 
         digests: list[tuple[int, futures.Future[str]]] = []
         try:
-            if self.source.parallel == 1 and first <= window[1]:  # one read, in order
-                _read_fully(f, first * chunk, buf[(first - window[0]) * chunk:], self.where,
-                            rel, entry.size)
-            for i in range(first, window[1] + 1):
+            if self.source.parallel == 1:  # one read, in order
+                end = min((last + 1) * chunk, entry.size)
+                _read_fully(f, first * chunk, out[:end - first * chunk], self.where, rel,
+                            entry.size)
+            for i in range(first, last + 1):
                 if self.source.parallel > 1:  # each chunk fetched and hashed in the pool
                     digests.append((i, hashers.submit(lambda i: digest(read(i)), i)))
                 else:  # hashed here, each chunk's parts side by side in BLAKE3's threads
-                    piece = buf[(i - window[0]) * chunk:(i + 1 - window[0]) * chunk]
-                    self._check(rel, entry, i, digest(piece, HASH_THREADS))
+                    self._check(rel, entry, i, digest(piece(i), HASH_THREADS))
             for i, digested in digests:
                 self._check(rel, entry, i, digested.result())
         except BaseException:
             for _, pending in digests:  # no more reads of a file already refused
                 pending.cancel()
             raise
-        return buf
 
     def _check(self, rel: str, entry: FileEntry, i: int, found: str) -> None:
         chunk = self.manifest.chunk_bytes
@@ -268,33 +297,53 @@ def _read_fully(f: Opened, offset: int, out: memoryview, where: str, rel: str,
         done += n
 
 
-def _windows(ranges: Sequence[tuple[int, int]], chunk: int,
-             most: int) -> list[tuple[int, int]]:
-    """Runs of chunks (first, last) to read for ``ranges``, in order: each holds whole
-    ranges, spans at most ``most`` chunks unless one range is longer, and skips chunks
-    no range touches. Consecutive runs may share their boundary chunk."""
-    runs: list[tuple[int, int]] = []
-    for offset, length in ranges:
-        if length == 0:
-            continue
-        first, last = offset // chunk, (offset + length - 1) // chunk
-        if runs and first <= runs[-1][1] + 1 and max(last, runs[-1][1]) - runs[-1][0] < most:
-            runs[-1] = (runs[-1][0], max(last, runs[-1][1]))
-        elif runs and first >= runs[-1][0] and last <= runs[-1][1]:
-            continue
-        else:
-            runs.append((first, last))
-    return runs
+class _Shares:
+    """This rank's reads of its shares of a node's restore
+    (:class:`resumequal.checkpoint.node.Shares`): each chunk read and checked as a rank
+    alone reads and checks it (:meth:`VerifiedCheckpoint.read_checked`), the files kept
+    open until the restore ends."""
+
+    def __init__(self, checkpoint: VerifiedCheckpoint) -> None:
+        self._checkpoint = checkpoint
+        self._opened: dict[str, Opened] = {}
+        self._hashers = ThreadPoolExecutor(checkpoint.source.parallel)
+
+    def size(self, rel: str, ranges: Sequence[tuple[int, int]]) -> int:
+        return self._checkpoint.sized(rel, ranges)
+
+    def fill(self, rel: str, first: int, last: int, out: memoryview) -> None:
+        self._checkpoint.read_checked(self._open(rel), rel, first, last, out, self._hashers)
+
+    def prefetch(self, rel: str, first: int, last: int) -> None:
+        chunk = self._checkpoint.manifest.chunk_bytes
+        self._open(rel).prefetch(first * chunk, (last + 1 - first) * chunk)
+
+    def _open(self, rel: str) -> Opened:
+        if rel not in self._opened:
+            self._opened[rel] = self._checkpoint.source.open(rel,
+                                                             self._checkpoint.entry(rel).size)
+        return self._opened[rel]
+
+    def close(self) -> None:
+        self._hashers.shutdown(cancel_futures=True)
+        for opened in self._opened.values():
+            opened.close()
 
 
 class VerifiedReader(dcp.FileSystemReader):
     """DCP's file reader, reading only through a :class:`VerifiedCheckpoint`: each rank's
     byte ranges checked chunk by chunk, ``.metadata`` checked whole before it is
-    unpickled, and torch given the very bytes that were checked."""
+    unpickled, and torch given the very bytes that were checked.
 
-    def __init__(self, checkpoint: VerifiedCheckpoint) -> None:
+    ``meeting``: the ranks of the process group DCP loads with met (their cards gathered,
+    see :mod:`resumequal.checkpoint.node`): the ranks of one machine then read and check
+    each chunk once between them and load it from the memory it was checked in. None: this
+    rank reads and checks its own chunks."""
+
+    def __init__(self, checkpoint: VerifiedCheckpoint, meeting: Meeting | None = None) -> None:
         super().__init__(f"{checkpoint.where}/{DCP_DIR}")  # a name: DCP opens nothing
         self.checkpoint = checkpoint
+        self.meeting = meeting
         self._metadata: Metadata | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -312,20 +361,59 @@ class VerifiedReader(dcp.FileSystemReader):
         return self._metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        per_file: dict[str, list[ReadItem]] = {}
+        per_file: dict[str, list[tuple[ReadItem, _StorageInfo]]] = {}
         for item in plan.items:
             info: _StorageInfo = self.storage_data[item.storage_index]
-            per_file.setdefault(info.relative_path, []).append(item)
-        for rel, items in per_file.items():
-            items.sort(key=lambda it: self.storage_data[it.storage_index].offset)
-            infos = [self.storage_data[it.storage_index] for it in items]
-            ranges = [(info.offset, info.length) for info in infos]
-            with closing(self.checkpoint.read_ranges(f"{DCP_DIR}/{rel}", ranges)) as views:
-                for item, info, view in zip(items, infos, views, strict=True):
-                    self._load(item, info, view, planner)
+            per_file.setdefault(f"{DCP_DIR}/{info.relative_path}", []).append((item, info))
+        for pairs in per_file.values():
+            pairs.sort(key=lambda pair: pair[1].offset)
+
+        def load(item: ReadItem, info: _StorageInfo, view: memoryview) -> None:
+            self._load(item, info, view, planner)
+
+        node = self.meeting.node() if self.meeting is not None else None
+        if node is None:
+            self._read_alone(per_file, load)
+        else:
+            with closing(node):  # whatever fails here, its peers learn it at once
+                self._read_shared(per_file, node, load)
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _read_alone(self, per_file: dict[str, list[tuple[ReadItem, _StorageInfo]]],
+                    load: _Load) -> None:
+        """Load each item from its bytes, this rank reading and checking the chunks they
+        are in."""
+        for rel, pairs in per_file.items():
+            ranges = [(info.offset, info.length) for _, info in pairs]
+            with closing(self.checkpoint.read_ranges(rel, ranges)) as views:
+                for (item, info), view in zip(pairs, views, strict=True):
+                    load(item, info, view)
+
+    def _read_shared(self, per_file: dict[str, list[tuple[ReadItem, _StorageInfo]]],
+                     node: Node, load: _Load) -> None:
+        """Load each item from its bytes in the rounds of this machine's restore: each
+        round holds whole ranges, and the rounds of a file come in order of offset."""
+        pending: dict[str, deque[tuple[ReadItem, _StorageInfo]]] = {}
+        for rel, pairs in per_file.items():
+            for item, info in pairs:
+                if info.length == 0:  # nothing to read
+                    load(item, info, memoryview(b""))
+            pending[rel] = deque(pair for pair in pairs if pair[1].length)
+        wanted = {rel: [(info.offset, info.length) for _, info in queue]
+                  for rel, queue in pending.items()}
+        shares = _Shares(self.checkpoint)
+        rounds = node.restore(wanted, where=self.checkpoint.where,
+                              chunk=self.checkpoint.manifest.chunk_bytes, shares=shares)
+        with closing(shares), closing(rounds):
+            for rel, base, window in rounds:
+                queue = pending.get(rel, deque())
+                while queue and queue[0][1].offset + queue[0][1].length <= base + len(window):
+                    item, info = queue.popleft()
+                    start = info.offset - base
+                    load(item, info, window[start:start + info.length])
+        assert not any(pending.values()), "a range no round of the node's restore held"
 
     def _load(self, item: ReadItem, info: _StorageInfo, data: memoryview,
               planner: LoadPlanner) -> None:
