@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.futures import Future as TorchFuture
 
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, layout, verify
-from resumequal.checkpoint.manager import WriteState, commit_decision
+from resumequal.checkpoint.agreement import WriteState, commit_decision
 from resumequal.checkpoint.manifest import write_manifest
 from resumequal.checkpoint.writing import HashingWriter
 from resumequal.errors import CheckpointError

@@ -63,7 +63,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -77,6 +76,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
 from resumequal.checkpoint import layout
+from resumequal.checkpoint.agreement import (
+    WriteState,
+    broadcast,
+    commit_decision,
+    failures,
+    gather_errors,
+    store_failures,
+)
 from resumequal.checkpoint.layout import Position
 from resumequal.checkpoint.manifest import CheckpointInfo, FileEntry, Manifest, entry_of
 from resumequal.checkpoint.node import Card, Door, Meeting
@@ -108,29 +115,6 @@ class Loaded(Generic[RankState]):
     rank_state: RankState
     # Its authenticated manifest: which run, leg and position it says it is.
     manifest: Manifest
-
-
-class WriteState(IntEnum):
-    """Where one rank's background write stands; gathered from every rank at a poll."""
-
-    WRITING = 0
-    WRITTEN = 1
-    FAILED = 2
-
-
-def commit_decision(states: Sequence[int], name: str) -> bool:
-    """Whether a background save may be committed, from every rank's ``WriteState``.
-
-    True only when every rank has written its part. A failure on any rank is an error on
-    every rank (naming the ranks), even while others are still writing: the checkpoint
-    can never be committed, and waiting for the others would gain nothing.
-    """
-    failed = [r for r, s in enumerate(states) if s == WriteState.FAILED]
-    if failed:
-        raise CheckpointError(
-            f"background write of {name} failed on rank(s) {', '.join(map(str, failed))}"
-        )
-    return all(s == WriteState.WRITTEN for s in states)
 
 
 @functools.cache
@@ -166,42 +150,8 @@ class _Pending:
     state: FileEntry  # the rank state's entry, from the bytes written
 
 
-def _broadcast(value: Any, group: dist.ProcessGroup | None = None) -> Any:
-    holder = [value]
-    dist.broadcast_object_list(holder, src=0, group=group)
-    return holder[0]
-
-
 # One rank's upload: the entries of the files it uploaded, or why it could not.
 _Upload = tuple[dict[str, FileEntry], str | None]
-
-
-def _store_failures(error: BaseException) -> list[str]:
-    """``"rank N: ..."`` for every rank whose DCP write failed on the store (an upload of a
-    shard sent while written), from DCP's exception, which carries every rank's."""
-    return _failures(error, StoreError)
-
-
-def _failures(error: BaseException, kind: type[BaseException]) -> list[str]:
-    """``"rank N: ..."`` for every rank whose part of a DCP save or load failed with a
-    ``kind``, from DCP's exception, which carries every rank's; ``"ranks N, M: ..."`` for
-    ranks that failed alike (those of a node refused by one of them)."""
-    if not isinstance(error, CheckpointException):
-        return []
-    ranks: dict[str, list[int]] = {}  # the ranks of a node fail alike: each error once
-    for r, (exc, _) in sorted(error.failures.items()):
-        if isinstance(exc, kind):
-            ranks.setdefault(str(exc), []).append(r)
-    return [f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {text}"
-            for text, rs in ranks.items()]
-
-
-def _gather_errors(error: str | None, world_size: int,
-                   group: dist.ProcessGroup | None = None) -> list[str]:
-    """Every rank's error, ``"rank N: ..."``; the same list on every rank."""
-    gathered: list[str | None] = [None] * world_size
-    dist.all_gather_object(gathered, error, group=group)
-    return [f"rank {r}: {e}" for r, e in enumerate(gathered) if e is not None]
 
 
 class CheckpointManager:
@@ -279,7 +229,7 @@ class CheckpointManager:
             else:
                 dcp.save(tensors, storage_writer=writer)
         except DCP_ERRORS as e:  # DCP raises CheckpointException on every rank
-            failed = _store_failures(e)
+            failed = store_failures(e)
             if failed:  # a shard sent while written did not make it
                 raise CheckpointError(self._upload_failed(position, failed)) from e
             what = "async save" if background else "save"
@@ -349,7 +299,7 @@ class CheckpointManager:
                 self.root.prepare(position.name)
             except (StoreError, OSError) as e:
                 error = f"cannot save {position.name}: {e}"
-        error = _broadcast(error, group)
+        error = broadcast(error, group)
         if error is not None:
             raise CheckpointError(error)
         try:
@@ -399,7 +349,7 @@ class CheckpointManager:
             ready = commit_decision([int(s.item()) for s in states], pending.position.name)
         except CheckpointError as e:
             self._pending = None
-            failed = _store_failures(error) if error is not None else []
+            failed = store_failures(error) if error is not None else []
             full = None if error is None else no_space(error, pending.staging)
             cause = (f"; {'; '.join(failed)}" if failed
                      else f"; rank {self.rank}: {f'{full}: ' if full else ''}{error}"
@@ -443,7 +393,7 @@ class CheckpointManager:
                                  attempt=self.attempt, info=info)
             except (StoreError, OSError, CheckpointError) as e:
                 error = f"commit of {position.name} failed; it stays uncommitted: {e}"
-        error = _broadcast(error, group)
+        error = broadcast(error, group)
         # Committed (a folder renamed away) or garbage either way.
         with contextlib.suppress(OSError):
             regular.remove_tree(self.root.scratch, staging.relative_to(self.root.scratch))
@@ -482,7 +432,7 @@ class CheckpointManager:
                     None if self.resizable else self.world_size), None)
             except CheckpointError as e:
                 decision = (None, str(e))
-        name, error = _broadcast(decision)
+        name, error = broadcast(decision)
         if error is not None:
             raise CheckpointError(error)
         if name is not None:
@@ -496,7 +446,7 @@ class CheckpointManager:
             self._opened = self.root.open(name, self.rank)
         except (StoreError, CheckpointError, OSError) as e:
             error = str(e)
-        errors = _gather_errors(error, self.world_size)
+        errors = gather_errors(error, self.world_size)
         if errors:
             raise CheckpointError(
                 f"cannot resume from {self.root.uri(name)}: {'; '.join(errors)}"
@@ -547,7 +497,7 @@ class CheckpointManager:
             try:
                 dcp.load(tensors, storage_reader=reader)
             except DCP_ERRORS as e:  # DCP wraps per-rank failures in CheckpointException
-                refused = _failures(e, CheckpointError)
+                refused = failures(e, CheckpointError)
                 raise CheckpointError(f"rank {self.rank}: DCP load of {name} failed: "
                                       f"{'; '.join(refused) if refused else e}") from e
         finally:
