@@ -77,15 +77,17 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.futures import Future
 
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, RemoteRoot
-from resumequal.checkpoint.manifest import copy_verified, fsync_dir, write_manifest
+from resumequal.checkpoint.manifest import copy_verified
 from resumequal.checkpoint.node import Door
 from resumequal.local.backend import free_port
 from resumequal.run.signing import KEY_ENV, RUN_ID_ENV, new_key, new_run_id
 from resumequal.store import Store
+from resumequal.store.file import fsync_dir
 from resumequal.store.s3 import S3Store
 from resumequal.store.s3settings import S3Config
 from resumequal.workloads.tiny_gpt import TinyGPT, TinyGPTParams
 from seaweedfs import SERVERS, seaweedfs_server
+from testing.checkpoints import write_manifest
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 # A restore by the ranks of one machine, which share their reads, at most this many times

@@ -25,7 +25,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from resumequal.checkpoint.layout import Position
-from resumequal.checkpoint.manifest import write_manifest
 from resumequal.qualify.plan import LegPlan, qualification_plan
 from resumequal.run.location import RunLocation
 from resumequal.run.signing import RunSeal
@@ -45,6 +44,7 @@ from resumequal.trace.records import (
     TraceRecord,
     TraceWriter,
 )
+from testing.checkpoints import write_manifest
 
 TENSORS = ("block.weight", "block.bias")
 # Far over any tolerance a test draws: a planted difference that must be seen.

@@ -23,10 +23,10 @@ from torch.futures import Future as TorchFuture
 
 from resumequal.checkpoint import CheckpointManager, FolderRoot, Position, layout, verify
 from resumequal.checkpoint.agreement import WriteState, commit_decision
-from resumequal.checkpoint.manifest import write_manifest
 from resumequal.checkpoint.writing import HashingWriter
 from resumequal.errors import CheckpointError
 from resumequal.spec import SpecError, apply_overrides, parse_spec
+from testing.checkpoints import write_manifest
 from tests.unit.checkpoint_managers import rank0_manager
 from tests.unit.rank_states import Plain
 from tests.unit.tensors import clone_tree

@@ -249,15 +249,22 @@ def test_a_save_reads_nothing_back_to_hash_it(
 ) -> None:
     """The shards, DCP's metadata and the rank state are hashed as they are written, never
     read back (whoever can write the folder could have changed them since)."""
-    from resumequal.checkpoint import manifest
+    from resumequal.store import regular
 
-    hashed: list[str] = []
-    entry = manifest.file_entry
-    monkeypatch.setattr(manifest, "file_entry", lambda p: hashed.append(p.name) or entry(p))
+    read: list[str] = []
+    for name in ("open_file", "open_path", "read_file", "read_fd"):
+        original = getattr(regular, name)
+
+        def reading(*args: Any, _name: str = name, _f: Any = original, **kw: Any) -> Any:
+            read.append(f"{_name}{args}")
+            return _f(*args, **kw)
+
+        monkeypatch.setattr(regular, name, reading)
     mgr = CheckpointManager(FolderRoot(tmp_path), rank=0, world_size=1, attempt=0, keep_last=2)
     assert mgr.save(Position(4), _state(), Plain(step=4)) == NAME
-    assert hashed == []
+    assert read == []
     assert torch.equal(_load(FolderRoot(tmp_path).open(NAME, 0), ["a"])["a"], _state()["a"])
+    assert read, "a load reads through these: none seen, so nothing above was watched"
 
 
 def test_a_file_no_rank_reported_fails_the_commit(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from resumequal.checkpoint.manifest import write_manifest
 from resumequal.compare import checkpoint_drift, compare_run, drift, expected_checkpoint
 from resumequal.compare.drift import tensor_stats, values_equal
 from resumequal.results.assembly import leg_summary
@@ -41,6 +40,7 @@ from resumequal.trace.records import (
     TraceRecord,
     TraceWriter,
 )
+from testing.checkpoints import write_manifest
 
 STEPS = 6
 WORLD = 2

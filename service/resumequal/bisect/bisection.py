@@ -232,18 +232,20 @@ class _Bisection(Generic[S]):
         named = ("the good pin", "the bad pin") if names is None else (
             f"the good pin, {names[0]}", f"the bad pin, {names[1]}")
         if not self.options.assume_good:
-            probe = self._probe("good", named[0], good, pin_index=first)
-            self.good_sig = probe.signature
-            if probe.status != "judged":
-                return "undecided", f"could not decide: the good pin was not judged ({probe.why})"
+            probed = self._probe("good", named[0], good, pin_index=first)
+            self.good_sig = probed.signature
+            if probed.probe.status != "judged":
+                return "undecided", ("could not decide: the good pin was not judged "
+                                     f"({probed.probe.why})")
         if not self.options.assume_bad:
-            probe = self._probe("bad", named[1], bad, pin_index=last)
-            if probe.status != "judged":
-                return "undecided", f"could not decide: the bad pin was not judged ({probe.why})"
-            if probe.signature == self.good_sig:
+            probed = self._probe("bad", named[1], bad, pin_index=last)
+            if probed.probe.status != "judged":
+                return "undecided", ("could not decide: the bad pin was not judged "
+                                     f"({probed.probe.why})")
+            if probed.signature == self.good_sig:
                 return "no-flip", (f"no flip: the bad pin ends as the good one "
                                    f"({describe(self.good_sig)}); nothing to bisect")
-            self.bad_sig = probe.signature
+            self.bad_sig = probed.signature
         return None
 
     def _budgeted(self, probe: Callable[[T], Outcome]) -> Callable[[T], Outcome]:
@@ -407,14 +409,6 @@ class _Probed:
     probe: Probe
     outcome_enum: Outcome
     signature: Signature | None
-
-    @property
-    def status(self) -> str:
-        return self.probe.status
-
-    @property
-    def why(self) -> str:
-        return self.probe.why
 
 
 def _attempt(q: Qualified) -> Attempt:

@@ -22,7 +22,7 @@ folder cannot change a file between its check and its load.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
@@ -33,8 +33,8 @@ from resumequal.checkpoint.manifest import (
     CheckpointInfo,
     FileEntry,
     Manifest,
+    Owned,
     check_listing,
-    fsync_dir,
     make_manifest,
     read_manifest,
     write_manifest_file,
@@ -43,19 +43,16 @@ from resumequal.checkpoint.reading import FolderSource, VerifiedCheckpoint
 from resumequal.checkpoint.writing import HashingWriter
 from resumequal.errors import CheckpointError, CheckpointMissing
 from resumequal.store import regular
+from resumequal.store.file import fsync_dir
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class FolderRoot:
+class FolderRoot(Owned):
     """One leg's checkpoint folder; staging lives inside it, so the commit is a rename."""
 
     root: Path
-    # The leg whose checkpoints these are: a manifest naming another is refused.
-    leg: str | None = field(default=None, compare=False)
-    # The run they belong to (default: this process's RESUMEQUAL_RUN_ID).
-    run: str | None = field(default=None, compare=False)
     # The staged files are the checkpoint itself once renamed: fsync them.
     durable_staging = True
 

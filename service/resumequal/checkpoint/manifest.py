@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Self
 
@@ -39,7 +39,7 @@ from pydantic import (
 )
 from typing_extensions import Buffer, TypedDict  # pydantic needs it before Python 3.12
 
-from resumequal.checkpoint.chunks import CHUNK_BYTES, ChunkHasher, chunk_count, chunk_digests
+from resumequal.checkpoint.chunks import CHUNK_BYTES, chunk_count, chunk_digests
 from resumequal.checkpoint.layout import MANIFEST, MANIFEST_MAC, Position
 from resumequal.errors import CheckpointError
 from resumequal.run.signing import authentic, key_from_env, run_id_from_env, sign
@@ -100,19 +100,19 @@ class Manifest(BaseModel):
         return self
 
 
+@dataclass(frozen=True)
+class Owned:
+    """Whose checkpoints a root holds: a manifest that names another leg or run is refused."""
+
+    # The leg whose checkpoints these are (None: any).
+    leg: str | None = field(default=None, compare=False, kw_only=True)
+    # The run they belong to (default: this process's RESUMEQUAL_RUN_ID).
+    run: str | None = field(default=None, compare=False, kw_only=True)
+
+
 def entry_of(data: Buffer) -> FileEntry:
     """The manifest entry of a file holding ``data``."""
     return FileEntry(size=len(memoryview(data).cast("B")), chunks=chunk_digests(data))
-
-
-def file_entry(path: Path) -> FileEntry:
-    """The manifest entry of the regular file at ``path``, read from disk (a link or a
-    FIFO there is refused): for whole folders of one's own (:func:`write_manifest`)."""
-    hasher = ChunkHasher()
-    with open(regular.open_path(path, follow=False), "rb", buffering=0) as f:
-        while block := f.read(CHUNK_BYTES):
-            hasher.update(block)
-    return FileEntry(size=hasher.size, chunks=hasher.digests())
 
 
 def folder_files(directory: Path) -> dict[str, int]:
@@ -124,45 +124,6 @@ def folder_files(directory: Path) -> dict[str, int]:
     except regular.NotRegular as e:
         raise CheckpointError(f"checkpoint {directory} is refused: {e.strerror}") from e
     return {rel: size for rel, size in found.items() if rel not in _UNLISTED}
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or file creation inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_manifest(
-    directory: Path,
-    *,
-    name: str,
-    step: int,
-    microstep: int,
-    world_size: int,
-    attempt: int,
-    info: CheckpointInfo | None = None,
-    run: str | None = None,
-) -> Manifest:
-    """Hash every file under ``directory`` and write the manifest durably, naming run ``run``
-    (default: this process's run id). A save passes the digests taken while writing to
-    :func:`write_manifest_file` instead; this reads every file once more."""
-    files = {rel: file_entry(directory / rel) for rel in folder_files(directory)}
-    manifest = Manifest(
-        name=name,
-        step=step,
-        microstep=microstep,
-        world_size=world_size,
-        attempt=attempt,
-        created_at=time.time(),
-        files=files,
-        info=info or {},
-        run=run if run is not None else run_id_from_env() or "",
-    )
-    write_manifest_file(directory, manifest)
-    return manifest
 
 
 def make_manifest(

@@ -31,7 +31,7 @@ import re
 import shutil
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
@@ -44,6 +44,7 @@ from resumequal.checkpoint.manifest import (
     CheckpointInfo,
     FileEntry,
     Manifest,
+    Owned,
     authenticate,
     check_sizes,
     entry_of,
@@ -71,7 +72,7 @@ _RANK_STATE = re.compile(r"^rank-(\d+)\.json$")
 
 
 @dataclass(frozen=True)
-class RemoteRoot:
+class RemoteRoot(Owned):
     """Where one leg's checkpoints live on an object store, and its local working folder.
 
     ``local`` holds the staging folders of saves (loads read the store where it lies); it
@@ -81,10 +82,6 @@ class RemoteRoot:
     store: Store
     prefix: str
     local: Path
-    # The leg whose checkpoints these are: a manifest naming another is refused.
-    leg: str | None = field(default=None, compare=False)
-    # The run they belong to (default: this process's RESUMEQUAL_RUN_ID).
-    run: str | None = field(default=None, compare=False)
     # Staged files are scratch: the uploaded objects are the durable copy (a kill before
     # the marker leaves garbage either way), so no fsync of every shard.
     durable_staging = False

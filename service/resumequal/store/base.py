@@ -245,6 +245,12 @@ class BucketStore:
     being reached alike from every machine. A subclass makes the requests."""
 
     scheme: ClassVar[str]
+    example: ClassVar[str]
+
+    @classmethod
+    def authority_problem(cls, authority: str) -> str | None:
+        """What is wrong with a URI's authority: a bucket store's names its bucket."""
+        return None if authority else f"a {cls.scheme}:// URI names a bucket ({cls.example})"
 
     def __init__(self, uri: str) -> None:
         self._where = BucketPath.parse(uri, self.scheme, type(self).__name__)

@@ -127,10 +127,6 @@ class GCSStore(BucketStore):
     settings: ClassVar[type[GCSSettings]] = GCSSettings
 
     @classmethod
-    def authority_problem(cls, authority: str) -> str | None:
-        return None if authority else "a gs:// store names a bucket (gs://bucket/prefix)"
-
-    @classmethod
     def open(cls, uri: str, settings: StoreSettings | None, retry_seconds: float) -> GCSStore:
         own = settings if isinstance(settings, GCSSettings) else None
         return cls(uri, gcs_settings(own), retry_seconds)

@@ -156,10 +156,6 @@ class S3Store(BucketStore):
     settings: ClassVar[type[S3Settings]] = S3Settings
 
     @classmethod
-    def authority_problem(cls, authority: str) -> str | None:
-        return None if authority else "an s3:// store names a bucket (s3://bucket/prefix)"
-
-    @classmethod
     def open(cls, uri: str, settings: StoreSettings | None, retry_seconds: float) -> S3Store:
         spec = settings if isinstance(settings, S3Settings) else None
         return cls(uri, s3_config(spec, retry_seconds))
