@@ -66,6 +66,9 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+# The repository root: the checkpoints written by hand (testing/) beside ours.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
