@@ -73,8 +73,9 @@ __all__ = [
 @dataclass
 class _Use:
     algorithm: Algorithm = DIGEST_ALGORITHM
-    # Fingerprints computed ahead for one digest call, by id() of the tensor handed in (the
-    # objects are held by the caller throughout, so no id is reused meanwhile).
+    # What each tensor feeds (framing and fingerprint), computed ahead for one digest call,
+    # by id() of the tensor handed in (the objects are held by the caller throughout, so
+    # no id is reused meanwhile).
     ready: dict[int, bytes] | None = None
 
 
@@ -156,16 +157,24 @@ def _plain(t: torch.Tensor) -> tuple[torch.Tensor, bytes | None]:
     return t, shard
 
 
+def _framing(t: torch.Tensor, shard: bytes | None) -> bytes:
+    """What is fed before a dense tensor's bytes (or fingerprint): its sharding, if any,
+    dtype, shape and byte length."""
+    prefix = _tensor_prefix(t.dtype, t.shape, t.nbytes)
+    return prefix if shard is None else _framed(b"S", shard) + prefix
+
+
 def _feed_tensor(h: xxhash.xxh3_128, t: torch.Tensor) -> None:
     # Per-tensor Python overhead, not hashing, dominates for models of many small tensors,
     # so this path keeps the number of torch calls low.
-    ready = None if _USE.ready is None else _USE.ready.get(id(t))
+    fed = None if _USE.ready is None else _USE.ready.get(id(t))
+    if fed is not None:  # framed and fingerprinted by the batch
+        h.update(fed)
+        return
     t, shard = _plain(t)
-    if shard is not None:
-        _feed_bytes(h, b"S", shard)
-    h.update(_tensor_prefix(t.dtype, t.shape, t.nbytes))
+    h.update(_framing(t, shard))
     if _USE.algorithm == "wsum128":
-        h.update(b"F" + (ready or fingerprint.fingerprints([t])[0]))
+        h.update(b"F" + fingerprint.fingerprints([t])[0])
         return
     if not t.is_cpu:
         t = t.cpu()
@@ -196,8 +205,12 @@ def batched(values: Iterable[object]) -> Iterator[None]:
         yield
         return
     tensors = [t for value in values for t in _tensors_in(value)]
-    prints = fingerprint.fingerprints([_plain(t)[0] for t in tensors])
-    _USE.ready = {id(t): p for t, p in zip(tensors, prints, strict=True)}
+    plain = [_plain(t) for t in tensors]
+    prints = fingerprint.fingerprints([dense for dense, _ in plain])
+    # Each tensor's whole feed, so that a digest inside neither normalises it again (a
+    # DTensor's local shard, a contiguous copy) nor frames it anew.
+    _USE.ready = {id(t): _framing(dense, shard) + b"F" + p
+                  for t, (dense, shard), p in zip(tensors, plain, prints, strict=True)}
     try:
         yield
     finally:
