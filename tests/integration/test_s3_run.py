@@ -267,9 +267,9 @@ def test_a_ten_second_outage_of_the_store_is_ridden_out_by_a_local_run(
 def test_an_outage_past_the_budget_ends_the_run_invalid_naming_the_store_and_the_time(
     s3_server: SeaweedFS, tmp_path: Path
 ) -> None:
-    # Down for 7 s against a budget of 4: the workers give up after 4 s of failures, and
-    # every request of the report, made from then on, retries for 4 s, past the outage's
-    # end (down for 9 s, one begun at 5 s gave up as the store came back).
+    # Down for 7 s against a budget of 4: the workers give up after 4 s of failures. The
+    # report's requests, made from then on, retry for 4 s each; whether they outlast the
+    # outage or not, the verdict is written into the run folder (test_runner_conclude.py).
     outage = Outage(("127.0.0.1", s3_server.port))
     try:
         proc, _ = _outage_run(s3_server, tmp_path, outage, 7,

@@ -9,12 +9,13 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
 from rich.console import Console
 
-from resumequal.errors import TrainingError, UsageError
+from resumequal.errors import StoreError, TrainingError, UsageError
 from resumequal.exitcodes import for_result
 from resumequal.local import runkey
 from resumequal.local.backend import LocalBackend
@@ -27,9 +28,9 @@ from resumequal.redact import printable
 from resumequal.report.terminal import ProgressDisplay, say
 from resumequal.results.assembly import build_report
 from resumequal.results.matrix import matrix_cell, seed_matrix
-from resumequal.results.publish import publish
+from resumequal.results.publish import upload, write_results
 from resumequal.results.verdict import Matrix, MatrixCell, Report, Result, Verdict
-from resumequal.run.layout import RUN_FILE
+from resumequal.run.layout import METRICS_PROM, RUN_FILE
 from resumequal.run.location import RunLocation
 from resumequal.run.name import run_uri
 from resumequal.run.signing import KEY_ENV, RunSeal, key_from_env, new_key, new_run_id
@@ -142,17 +143,47 @@ def qualify_here(spec: QualificationSpec, opts: RunOptions, console: Console,
         say(console, f"run location {printable(location.uri)}")
     matrix = run_matrix(spec, opts, console, location) if spec.matrix.seeds else None
     status = _run_plan(spec, plan, opts.run_dir, opts, console, location=location)
+    report, published = conclude(spec, status, opts, console, zoom, location, matrix)
+    return Outcome(report, location, published)
+
+
+def conclude(spec: QualificationSpec, status: QualificationStatus, opts: RunOptions,
+             console: Console, zoom: Zoomer, location: RunLocation,
+             matrix: Matrix | None = None) -> tuple[Report, dict[str, str]]:
+    """The report of a run that has ended, written into the run folder and published; name
+    -> where each result file is. The verdict is written whatever the store does."""
     verdict = status.verdict or failed_verdict(spec, status)
     # The report is made and published as patiently as the workers write: a verdict is not
     # lost to a store that is back within timeouts.backendErrorSeconds.
     patient = location.patient(spec.timeouts.backend_error_seconds)
-    report = build_report(spec, verdict, Timeline.of(status), run=opts.run_dir.name,
-                          pin=opts.pin, location=patient, status=status, matrix=matrix)
-    if spec.zoom == "onFail" and verdict.result is Result.FAIL:
-        report = zoom(report, patient, spec, console)
-    published = publish(report, patient, opts.run_dir, namespace=opts.namespace,
-                        metrics_file=opts.metrics_file, pushgateway=opts.pushgateway)
-    return Outcome(report, location, published)
+    report_of = partial(build_report, spec, verdict, Timeline.of(status), run=opts.run_dir.name,
+                        pin=opts.pin, status=status, matrix=matrix)
+    try:
+        report = report_of(location=patient)
+    except StoreError as e:
+        # The verdict was reached before: only what the report reads back is lost.
+        log.warning("the report is made without the legs' traces: %s", e)
+        report = report_of(location=None).model_copy(
+            update={"incomplete": f"the legs' traces could not be read: {e}"})
+    if spec.zoom == "onFail" and verdict.result is Result.FAIL and report.incomplete is None:
+        try:
+            report = zoom(report, patient, spec, console)
+        except StoreError as e:
+            log.warning("the first divergence is not zoomed: %s", e)
+            report = report.model_copy(
+                update={"incomplete": f"the first divergence could not be zoomed: {e}"})
+    contents = write_results(report, opts.run_dir, namespace=opts.namespace,
+                             metrics_file=opts.metrics_file, pushgateway=opts.pushgateway)
+    try:
+        return report, upload(contents, patient, metrics_file=opts.metrics_file)
+    except StoreError as e:
+        log.warning("the result files are not in the run location: %s", e)
+        say(console, f"the result files are in {printable(str(opts.run_dir))} only: they "
+                     f"could not be put into {printable(location.uri)}: {printable(str(e))}")
+        local = {name: str(opts.run_dir / name) for name in contents}
+        if opts.metrics_file is not None:
+            local[METRICS_PROM] = str(opts.metrics_file)
+        return report, local
 
 
 def _run_plan(

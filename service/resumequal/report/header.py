@@ -54,6 +54,8 @@ def _run_facts(report: Report, resume_step: int | None) -> list[_Fact]:
         ("launcher", escape(_launcher_words(report.launcher))
          + "".join(f'<br><span class="bad">{escape(c)}</span>' for c in report.caveats)),
         *([("optimizer", escape(report.built.words()))] if report.built is not None else []),
+        *([("report", f'<span class="bad">incomplete: {escape(report.incomplete)}</span>')]
+          if report.incomplete is not None else []),
         ("exact through step", escape(str(v.exact_through_step))),
         ("compared", escape(f"{count(v.steps_compared, 'step')} on "
                             f"{count(v.ranks_compared, 'rank')}")),

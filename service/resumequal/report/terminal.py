@@ -96,6 +96,8 @@ def _facts(report: Report) -> Table:
               style="yellow"))
     if report.built is not None:
         fact("optimizer", report.built.words())
+    if report.incomplete is not None:
+        fact("report", Text(f"incomplete: {report.incomplete}", style="yellow"))
     fact("exact through", f"step {v.exact_through_step}")
     skipped = _not_compared(v)
     if skipped:

@@ -17,7 +17,7 @@ from resumequal.results.verdict import Report
 from resumequal.run.layout import METRICS_PROM
 from resumequal.run.location import RunLocation
 
-__all__ = ["publish"]
+__all__ = ["publish", "upload", "write_results"]
 
 
 def publish(report: Report, location: RunLocation, out: Path, *, namespace: str,
@@ -27,6 +27,16 @@ def publish(report: Report, location: RunLocation, out: Path, *, namespace: str,
     One order everywhere: ``verdict.json``, ``report.json``, ``report.html`` (atomically),
     then ``metrics.prom`` (to ``metrics_file`` when given), the push, and the upload.
     """
+    contents = write_results(report, out, namespace=namespace, metrics_file=metrics_file,
+                             pushgateway=pushgateway)
+    return upload(contents, location, metrics_file=metrics_file)
+
+
+def write_results(report: Report, out: Path, *, namespace: str,
+                  metrics_file: Path | None = None,
+                  pushgateway: str | None = None) -> dict[str, bytes]:
+    """The result files written into ``out`` (``metrics.prom`` to ``metrics_file`` when
+    given) and the metrics pushed; name -> the bytes written."""
     contents = report_files(report)
     write_reports(report, out, contents)
     registry = CollectorRegistry()
@@ -35,9 +45,15 @@ def publish(report: Report, location: RunLocation, out: Path, *, namespace: str,
     contents[METRICS_PROM] = write_textfile(registry, metrics)
     if pushgateway:
         push(registry, pushgateway, job="resumequal")
-    # A metrics file asked for elsewhere stays there, and the location gets a copy. Each
-    # goes in with its MAC from the bytes made here, never from a file read back (the out
-    # folder may be the run folder, which others may write).
+    return contents
+
+
+def upload(contents: dict[str, bytes], location: RunLocation, *,
+           metrics_file: Path | None = None) -> dict[str, str]:
+    """Put the result files into ``location``; name -> URI (``metrics_file`` for the
+    metrics when one was asked for: it stays there, and the location gets a copy)."""
+    # Each goes in with its MAC from the bytes made here, never from a file read back (the
+    # out folder may be the run folder, which others may write).
     published = {name: location.put_result(name, data) for name, data in contents.items()}
     if metrics_file is not None:
         published[METRICS_PROM] = str(metrics_file)

@@ -529,6 +529,11 @@ class Report(_Model):
                           "(world.launcher): torchrun (fresh interpreters) or forked")
     caveats: list[str] = Field(default_factory=list,
                                description="what this verdict cannot see, and why")
+    incomplete: str | None = Field(
+        default=None, description="why the report lacks what it reads from the run "
+        "location (the legs' summaries, their runtime inventory, what was built, a zoom): "
+        "the store failed past timeouts.backendErrorSeconds while it was made. The verdict "
+        "stands: it was reached before")
     matrix: Matrix | None = None
     zoom: Zoom | None = Field(default=None, description="resumequal zoom's replay of the "
                               "first divergent step, once it has run")
