@@ -91,6 +91,10 @@ from testing.operator.workers import Workers, verdict  # noqa: E402
 NAMESPACE = "quals"
 # The pods' process runs at the lowest CPU priority (see measure).
 NODE_NICE = 19
+# --placement spread: the control plane on both cores, below the operator and its node's
+# services (which take a core's CPU from it at once when they want it), above the node
+# agent and the pods (other machines' in a cluster).
+CONTROL_PLANE_SPREAD_NICE = 5
 # Timeouts sized for many runs' pods simulated on 2 cores.
 TIMEOUTS = {"armSeconds": 900, "restartSeconds": 900, "processGroupSeconds": 1000,
             "legSeconds": 1800}
@@ -142,6 +146,19 @@ def api_server_waits(controlplane: Any) -> None:
         bound = float(fields["le"].strip('"'))
         series.setdefault(key, {})
         series[key][bound] = series[key].get(bound, 0.0) + float(value)
+    # What the API server served most (every client's requests), by verb and resource.
+    served: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels, _, value = line[len("apiserver_request_total{"):].rpartition("} ")
+            fields = {k: v.strip('"') for k, v in
+                      (part.split("=", 1) for part in labels.split(",") if "=" in part)}
+            what = fields["resource"] + (f"/{fields['subresource']}"
+                                         if fields.get("subresource") else "")
+            key = f"{fields['verb']} {what}"
+            served[key] = served.get(key, 0.0) + float(value)
+    top = sorted(served.items(), key=lambda kv: -kv[1])[:16]
+    print("API server served most: " + ", ".join(f"{k} {v:.0f}" for k, v in top))
     for (name, group), buckets in sorted(series.items()):
         count = buckets.get(float("inf"), 0.0)
         if count:
@@ -178,12 +195,13 @@ def percentiles(values: list[float]) -> str:
     return f"p50 {qs[49]:.3f}s  p90 {qs[89]:.3f}s  p99 {qs[98]:.3f}s"
 
 
-def pin_threads(pid: int, cpu: int, nice: int | None = None) -> None:
-    """Every thread of process ``pid`` (and those it starts later) onto ``cpu``, at
+def pin_threads(pid: int, cpus: int | set[int], nice: int | None = None) -> None:
+    """Every thread of process ``pid`` (and those it starts later) onto ``cpus``, at
     ``nice`` if given (a thread's priority is its own on Linux; new ones inherit it)."""
+    allowed = {cpus} if isinstance(cpus, int) else cpus
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(ProcessLookupError):  # a thread that has ended
-            os.sched_setaffinity(int(task.name), {cpu})
+            os.sched_setaffinity(int(task.name), allowed)
             if nice is not None:
                 os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
@@ -260,17 +278,20 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=0,
                         help="also run with this many more runs finished beforehand, and "
                              "print the ratios")
-    parser.add_argument("--shared", action="store_true",
-                        help="every process on both CPUs, placed by the scheduler (default: "
-                             "the operator apart from the API server: see the docstring)")
+    parser.add_argument("--placement", choices=("apart", "spread", "shared"), default="apart",
+                        help="apart: the control plane alone on one core, the operator on "
+                             "the other; spread: the control plane on both, below the "
+                             "operator; shared: every process on both, placed by the "
+                             "scheduler (see the docstring)")
     args = parser.parse_args()
     # A SIGTERM (a timeout's) unwinds like Ctrl-C, so the cluster started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.cpus = None
-    if not args.shared:
+    if args.placement != "shared":
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2:
-            parser.error("placing the operator apart needs two CPUs; with one, use --shared")
+            parser.error("placing the operator apart needs two CPUs; with one, use "
+                         "--placement shared")
         args.cpus = (cpus[0], cpus[1])  # the operator's, the control plane's
         # This process is the node agent: a worker node's, beside the operator at the
         # lowest priority, the other core left to the control plane (place_cluster).
@@ -294,10 +315,26 @@ def main() -> None:
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller", "kube-scheduler")
 
 
-def place_cluster(cluster_id: str, control_plane_cpu: int, nodes_cpu: int) -> None:
+def cluster_cpu(cluster_id: str) -> dict[str, float]:
+    """CPU seconds so far of each of the local cluster's processes, by program (etcd, the
+    API server, the controller manager, the scheduler, the Kubeflow controllers...)."""
+    from resumequal.local.processes import tagged
+    from testing.cluster.daemons import TAG
+
+    seconds: dict[str, float] = {}
+    for pid in tagged(cluster_id, TAG):
+        with contextlib.suppress(OSError):
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            seconds[comm] = seconds.get(comm, 0.0) + cpu_seconds(pid)
+    return seconds
+
+
+def place_cluster(cluster_id: str, nodes_cpu: int, control_plane_cpu: int,
+                  spread: bool = False) -> None:
     """The local cluster's processes placed as a cluster's machines hold them: etcd, the API
     server, the controller manager and the scheduler (a control plane node's) alone on
-    ``control_plane_cpu``; the rest (CoreDNS, the Kubeflow controllers, SeaweedFS: services
+    ``control_plane_cpu`` (``spread``: on both cores, below every other process but the
+    node agent's); the rest (CoreDNS, the Kubeflow controllers, SeaweedFS: services
     on worker nodes, as the operator is) on ``nodes_cpu`` beside the operator, at its
     priority (this process, the node agent, and the scripted pods' at the lowest)."""
     from resumequal.local.processes import tagged
@@ -307,8 +344,13 @@ def place_cluster(cluster_id: str, control_plane_cpu: int, nodes_cpu: int) -> No
         with contextlib.suppress(OSError):
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
             # Started by this process (or the node agent in it): its priority undone.
-            pin_threads(pid, control_plane_cpu if comm in CONTROL_PLANE else nodes_cpu,
-                        nice=0)
+            if comm not in CONTROL_PLANE:
+                pin_threads(pid, nodes_cpu, nice=0)
+            elif spread:
+                # Go's runtime follows the affinity: two cores, GOMAXPROCS 2 within a second.
+                pin_threads(pid, {nodes_cpu, control_plane_cpu}, nice=CONTROL_PLANE_SPREAD_NICE)
+            else:
+                pin_threads(pid, control_plane_cpu, nice=0)
 
 
 def hold_finished_real(objects: Any, store: dict[str, str], count: int,
@@ -422,12 +464,14 @@ def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconf
         wait_ready(proc, port, tmp / "operator.log")
         if args.cpus is not None:
             pin_threads(proc.pid, args.cpus[0], nice=0)
-            place_cluster(cluster_id, args.cpus[1], args.cpus[0])
+            place_cluster(cluster_id, args.cpus[0], args.cpus[1],
+                          spread=args.placement == "spread")
         threading.Thread(target=follow, daemon=True).start()
         created: dict[str, float] = {}
         start = time.monotonic()
         bench_cpu_start = time.process_time()
         pods_cpu_start = cpu_seconds(node_pid)
+        cluster_cpu_start = cluster_cpu(cluster_id)
         mine = {n for n in finished}  # the held ones, finished before
         while len(set(finished) - mine) < args.runs:
             done = len(set(finished) - mine)
@@ -447,6 +491,9 @@ def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconf
         operator_cpu = cpu_seconds(proc.pid)
         bench_cpu = time.process_time() - bench_cpu_start
         pods_cpu = cpu_seconds(node_pid) - pods_cpu_start
+        cluster_cpu_end = cluster_cpu(cluster_id)
+        cluster_used = {comm: seconds - cluster_cpu_start.get(comm, 0.0)
+                        for comm, seconds in cluster_cpu_end.items()}
     finally:
         stop.set()
         proc.send_signal(signal.SIGTERM)
@@ -458,7 +505,7 @@ def _run_operator(args: argparse.Namespace, held: int, cluster_id: str, kubeconf
         log.close()
     return summarize(args, held, Figures(
         metrics, created, {n: v for n, v in finished.items() if n in created}, wall, rss,
-        operator_cpu, bench_cpu, pods_cpu,
+        operator_cpu, bench_cpu, pods_cpu, cluster_used,
         "the node agent, at the lowest priority beside the operator"))
 
 
@@ -474,6 +521,7 @@ class Figures:
     operator_cpu: float
     bench_cpu: float
     pods_cpu: float | None
+    cluster_cpu: dict[str, float]  # by program
     here: str  # what this process serves besides the bench
 
 
@@ -510,9 +558,11 @@ def summarize(args: argparse.Namespace, held: int, f: Figures) -> dict[str, floa
                       "concurrency": args.concurrency, "workers": args.workers,
                       "poll_seconds": args.poll_seconds,
                       "pods": f"a process of their own, nice {NODE_NICE}",
+                      "placement": args.placement,
                       "cpus": None if args.cpus is None else
                       {"operator, worker nodes' services, node agent and pods": args.cpus[0],
-                       "control plane": args.cpus[1]}}))
+                       "control plane": [args.cpus[1]] if args.placement == "apart" else
+                       [args.cpus[1], args.cpus[0]]}}))
     print(f"reconciles: {reconciles:.0f} in {wall:.1f}s ({reconciles / wall:.0f}/s), "
           f"errors {metrics.get('resumequal_operator_reconcile_errors_total', 0):.0f}")
     mean_ms = metrics[f"{family}_sum"] / reconciles * 1000
@@ -541,7 +591,9 @@ def summarize(args: argparse.Namespace, held: int, f: Figures) -> dict[str, floa
     operator_cpu, bench_cpu, pods_cpu, rss = f.operator_cpu, f.bench_cpu, f.pods_cpu, f.rss
     pods = "" if pods_cpu is None else f", the pods' process {pods_cpu:.1f}s"
     print(f"CPU:                operator {operator_cpu:.1f}s "
-          f"({operator_cpu / reconciles * 1000:.2f}ms/reconcile, whole process), this "
+          f"({operator_cpu / reconciles * 1000:.2f}ms/reconcile, whole process), the "
+          f"control plane {sum(v for k, v in f.cluster_cpu.items() if k in CONTROL_PLANE):.1f}s"
+          f" ({', '.join(f'{k} {v:.1f}s' for k, v in sorted(f.cluster_cpu.items()))}), this "
           f"process ({here}) {bench_cpu:.1f}s{pods}, in {wall:.1f}s on "
           f"{os.cpu_count()} CPUs")
     print(f"operator peak RSS:  {rss:.0f} MiB")

@@ -95,3 +95,49 @@ def test_a_sigterm_ignored_ends_137_after_the_grace_period(pods: Any, api: RealA
         return ended[-1] if ended else {}
     terminated = api.wait_for(last_status, timeout=60, message="the pod removed")
     assert terminated.get("exitCode") == 137, terminated
+
+
+def _served(api: RealAPI, verb: str, resource: str) -> float:
+    """How many ``verb`` requests of ``resource`` the API server has served (its metrics)."""
+    import urllib.request
+
+    cp = api.server.cp
+    with urllib.request.urlopen(f"{cp.server}/metrics", timeout=30,
+                                context=cp.ssl_context()) as r:
+        text = r.read().decode()
+    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+               if line.startswith("apiserver_request_total{") and f'verb="{verb}"' in line
+               and f'resource="{resource}"' in line and 'subresource=""' in line)
+
+
+def test_a_container_sees_its_namespaces_services_from_the_agents_watch(
+    pods: Any, api: RealAPI
+) -> None:
+    """Each container's environment names the Services of its namespace (and the API
+    server's) as the kubelet's does, from the agent's watch: no listing per container."""
+    created = api.create("services", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "my-db"},
+        "spec": {"selector": {"app": "none"}, "ports": [{"name": "sql", "port": 5432}]}})
+    ip = created["spec"]["clusterIP"]
+    script = ("import os, sys\n"
+              "env = os.environ\n"
+              "sys.exit(0 if env.get('MY_DB_SERVICE_HOST') == sys.argv[1]\n"
+              "         and env.get('MY_DB_SERVICE_PORT_SQL') == '5432'\n"
+              "         and env.get('KUBERNETES_SERVICE_HOST') else 7)\n")
+    lists = _served(api, "LIST", "services")
+    for i in range(3):
+        api.create("pods", _pod(f"sees-db-{i}", ["python3", "-c", script, ip]))
+    for i in range(3):
+        _, terminated = _ended(api, f"sees-db-{i}")
+        assert terminated["exitCode"] == 0, terminated
+    # A relisting at most (a watch that ended), never one per container.
+    assert _served(api, "LIST", "services") - lists <= 1
+
+    api.delete("services", NAMESPACE, "my-db")
+    gone = "import os, sys; sys.exit(7 if 'MY_DB_SERVICE_HOST' in os.environ else 0)"
+
+    def unseen() -> bool | None:
+        name = f"after-{len(api.list('pods', NAMESPACE))}"
+        api.create("pods", _pod(name, ["python3", "-c", gone]))
+        return _ended(api, name)[1]["exitCode"] == 0 or None
+    api.wait_for(unseen, timeout=60, message="a container without the deleted Service")

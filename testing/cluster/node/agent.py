@@ -13,6 +13,9 @@ and Lease, the pods bound to it, the Secrets, ConfigMaps and tokens those pods n
 - The Lease in ``kube-node-lease`` renewed every 10 s, 40 s long (``nodelease``).
 - Pods bound to the node, from a watch on ``spec.nodeName`` (``config/apiserver.go``
   NewSourceApiserver), each run by a worker of its own (:mod:`.pods`).
+- Services from a watch of every namespace's, kept for containers' environment variables
+  (``kubelet.go`` NewMainKubelet: a Service informer's lister, read by
+  ``kubelet_pods.go`` getServiceEnvVarMap), never listed per container.
 - Events as the kubelet writes them (source ``kubelet``, host the node).
 """
 
@@ -32,7 +35,7 @@ from kubernetes.client import ApiException
 
 from ..network import Bridge
 from . import sandbox as sandboxes
-from .envvars import container_env, service_variables
+from .envvars import ConfigError, container_env, service_variables
 from .images import Images, by_repository
 from .pods import PodWorker, ProcessRuntime, Runtime, now_rfc3339
 from .volumes import MountError, PodVolumes
@@ -46,6 +49,10 @@ LEASE_S, LEASE_RENEW_S = 40, 10.0
 # with the client's default pool (5 per CPU) a burst of pods' status writes opened a new
 # TLS connection for each request past it, a handshake on the API server's CPU every time.
 API_CONNECTIONS = 64
+# How long a container start waits for the first listing of Services before it fails
+# CreateContainerConfigError and is tried again (kubelet_pods.go getServiceEnvVarMap fails
+# at once while the informer has not synced).
+SERVICES_SYNC_WAIT_S = 10.0
 
 
 class NodeAgent:
@@ -73,6 +80,9 @@ class NodeAgent:
         self.stopping = threading.Event()
         self._workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
+        # Every namespace's Services by uid, from the watch (_watch_services).
+        self._services: dict[str, Obj] = {}
+        self._services_synced = threading.Event()
 
     # ------------------------------------------------------------------ the node
 
@@ -200,6 +210,41 @@ class NodeAgent:
                 log.exception("node %s: pod watch failed", self.name)
                 time.sleep(1)
 
+    def _watch_services(self) -> None:
+        """Every namespace's Services, listed once and then watched (a reflector's loop)."""
+        while not self.stopping.is_set():
+            try:
+                listed = self.core.list_service_for_all_namespaces()
+                services = {}
+                for svc in listed.items:
+                    obj = self.api.sanitize_for_serialization(svc)
+                    services[obj["metadata"]["uid"]] = obj
+                with self._lock:
+                    self._services = services
+                self._services_synced.set()
+                stream = watch.Watch().stream(
+                    self.core.list_service_for_all_namespaces,
+                    resource_version=listed.metadata.resource_version,
+                    allow_watch_bookmarks=True, timeout_seconds=300, _preload_content=False)
+                for event in stream:
+                    if self.stopping.is_set():
+                        return
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    obj = event["raw_object"]
+                    with self._lock:
+                        if event["type"] == "DELETED":
+                            self._services.pop(obj["metadata"]["uid"], None)
+                        else:
+                            self._services[obj["metadata"]["uid"]] = obj
+            except ApiException as e:
+                if e.status != 410:  # an expired resourceVersion: list again
+                    log.warning("node %s: service watch: %s", self.name, e.reason)
+                    time.sleep(1)
+            except Exception:
+                log.exception("node %s: service watch failed", self.name)
+                time.sleep(1)
+
     def _dispatch(self, pod: Obj, *, deleted: bool) -> None:
         uid = pod["metadata"]["uid"]
         with self._lock:
@@ -253,8 +298,11 @@ class NodeAgent:
         return PodVolumes(pod, root, self.lookup, self.request_token, self.capacity)
 
     def container_env(self, pod: Obj, container: Obj) -> dict[str, str]:
-        services = [self.api.sanitize_for_serialization(s) for s in
-                    self.core.list_service_for_all_namespaces().items]
+        if not self._services_synced.wait(SERVICES_SYNC_WAIT_S):
+            raise ConfigError("services have not yet been read at least once, cannot "
+                              "construct envvars")
+        with self._lock:
+            services = list(self._services.values())
         variables = service_variables(services, self.api_host, self.api_port,
                                       pod["metadata"]["namespace"])
         return container_env(pod, container, services=variables, lookup=self.lookup,
@@ -281,6 +329,8 @@ class NodeAgent:
         self.register()
         self._renew_lease()
         threads = [threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat"),
+                   threading.Thread(target=self._watch_services, daemon=True,
+                                    name="services"),
                    threading.Thread(target=self._watch_pods, daemon=True, name="pods")]
         for t in threads:
             t.start()
