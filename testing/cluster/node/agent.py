@@ -15,7 +15,7 @@ and Lease, the pods bound to it, the Secrets, ConfigMaps and tokens those pods n
   NewSourceApiserver), each run by a worker of its own (:mod:`.pods`).
 - Services from a watch of every namespace's, kept for containers' environment variables
   (``kubelet.go`` NewMainKubelet: a Service informer's lister, read by
-  ``kubelet_pods.go`` getServiceEnvVarMap), never listed per container.
+  ``kubelet_pods.go`` makeEnvironmentVariables), never listed per container.
 - Events as the kubelet writes them (source ``kubelet``, host the node).
 """
 
@@ -50,8 +50,9 @@ LEASE_S, LEASE_RENEW_S = 40, 10.0
 # TLS connection for each request past it, a handshake on the API server's CPU every time.
 API_CONNECTIONS = 64
 # How long a container start waits for the first listing of Services before it fails
-# CreateContainerConfigError and is tried again (kubelet_pods.go getServiceEnvVarMap fails
-# at once while the informer has not synced).
+# CreateContainerConfigError and is tried again (kubelet_pods.go makeEnvironmentVariables
+# fails at once while the informer has not synced: a start just after the agent's own
+# would fail once, and be tried again, for nothing).
 SERVICES_SYNC_WAIT_S = 10.0
 
 
