@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -150,31 +151,32 @@ def _interrupt(proc: subprocess.Popen[bytes]) -> None:
         raise
 
 
-def test_nothing_of_a_running_local_leg_listens_beyond_loopback(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def armed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One armed run for the tests below (they only look at it): its run folder."""
+    run_dir = tmp_path_factory.mktemp("armed") / "run"
+    proc = _armed_run(run_dir)
+    try:
+        yield run_dir
+    finally:
+        _interrupt(proc)
+
+
+def test_nothing_of_a_running_local_leg_listens_beyond_loopback(armed_run: Path) -> None:
     """Every process of a local run (the runner, the leg's rendezvous store, its torchrun
     agent, its workers) listens on 127.0.0.1 alone: the workers' group store too (rank 0's,
     not the agent's, which torch would bind to every interface)."""
-    run_dir = tmp_path / "run"
-    proc = _armed_run(run_dir)
-    try:
-        listening = _listening_sockets(_marked(run_dir))
-        assert listening, "nothing of the run listens: not the process tree expected"
-        everywhere = {pid: addresses - {"0100007F"} for pid, addresses in listening.items()}
-        assert not any(everywhere.values()), {
-            pid: (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200],
-                  addresses) for pid, addresses in everywhere.items() if addresses}
-    finally:
-        _interrupt(proc)
+    listening = _listening_sockets(_marked(armed_run))
+    assert listening, "nothing of the run listens: not the process tree expected"
+    everywhere = {pid: addresses - {"0100007F"} for pid, addresses in listening.items()}
+    assert not any(everywhere.values()), {
+        pid: (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200],
+              addresses) for pid, addresses in everywhere.items() if addresses}
 
 
-def test_a_running_legs_rendezvous_port_listens_on_loopback_alone(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    proc = _armed_run(run_dir)
-    try:
-        store_log = (run_dir / "preempted.rdzv-store.log").read_text()
-        port = int(store_log.rsplit(":", 1)[1])
-        on_port = {address for address, p in _listening() if p == port}
-        # 127.0.0.1 in /proc/net/tcp's little-endian hex; nothing on a wildcard address.
-        assert on_port == {"0100007F"}, on_port
-    finally:
-        _interrupt(proc)
+def test_a_running_legs_rendezvous_port_listens_on_loopback_alone(armed_run: Path) -> None:
+    store_log = (armed_run / "preempted.rdzv-store.log").read_text()
+    port = int(store_log.rsplit(":", 1)[1])
+    on_port = {address for address, p in _listening() if p == port}
+    # 127.0.0.1 in /proc/net/tcp's little-endian hex; nothing on a wildcard address.
+    assert on_port == {"0100007F"}, on_port
